@@ -1,0 +1,25 @@
+# `make demo` and `make test` bootstrap .venv on a fresh machine, then run.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test venv clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first and pinned: any other torch spec pulls several GB of CUDA wheels.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(PY) -m stability_callbacks demo $(DEMO_ARGS)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q -p no:cacheprovider $(TEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,25 @@
+"""One phenomenon per module. ``DETECTORS`` maps the config key to the class, in the order
+the Monitor runs them (``loss_spike`` first: later loss detectors read its episode state)."""
+from .base import Context, Detector
+from .data_repetition import DataRepetition
+from .divergence import Divergence
+from .grad_norm_spike import GradNormSpike
+from .growth import GradNormGrowth, ParamNormGrowth
+from .level_shift import LevelShift
+from .loss_scale_collapse import LossScaleCollapse
+from .loss_spike import LossSpike
+from .lr_anomaly import LrAnomaly
+from .nonfinite import NonFinite
+from .overflow_burst import OverflowBurst
+from .resume_spike import ResumeSpike
+from .second_moment_surge import SecondMomentSurge
+from .stall import Stall
+from .sudden_drop import SuddenDrop
+
+DETECTORS: dict[str, type[Detector]] = {cls.name: cls for cls in (
+    NonFinite, LossSpike, Divergence, LevelShift, SuddenDrop, Stall, GradNormSpike,
+    GradNormGrowth, ParamNormGrowth, SecondMomentSurge, OverflowBurst, LossScaleCollapse,
+    LrAnomaly, ResumeSpike, DataRepetition,
+)}
+
+__all__ = ["DETECTORS", "Context", "Detector"] + [c.__name__ for c in DETECTORS.values()]

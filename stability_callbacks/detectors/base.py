@@ -1,0 +1,98 @@
+"""What every detector shares: the per-update context, the state contract, the finding factory."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..record import Finding, StepRecord
+
+
+@dataclass(slots=True)
+class Context:
+    """Facts the Monitor knows about this step, shared read-only with every detector."""
+
+    step: int
+    phase: str | None = None
+    in_risk_window: bool = False
+    in_startup: bool = False
+    steps_since_resume: int | None = None   # None: no resume in this run (or long ago)
+    loss_spike_open: bool = False           # set by LossSpike for the detectors after it
+
+
+class Detector:
+    """One phenomenon. Subclasses set ``name`` (the config key), ``kind``, ``signals`` (the
+    metric keys it needs: the Monitor skips it when none is present) and ``_state`` (the
+    attribute names ``update`` changes — never configuration).
+
+    State values are JSON scalars/lists or statistics objects with ``state_dict``.
+    """
+
+    name: ClassVar[str]
+    kind: ClassVar[str]
+    signals: ClassVar[tuple[str, ...]]
+    _state: ClassVar[tuple[str, ...]] = ()
+
+    def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
+        raise NotImplementedError
+
+    def on_segment(self, start_step: int, reason: str) -> None:
+        """A new run segment starts (resume / rollback). Default: nothing to do."""
+
+    def state_dict(self) -> dict:
+        out = {}
+        for k in self._state:
+            v = getattr(self, k)
+            out[k] = v.state_dict() if hasattr(v, "state_dict") else v
+        return out
+
+    def load_state_dict(self, d: dict) -> None:
+        if set(d) != set(self._state):
+            raise ValueError(f"{self.name}: state keys {sorted(d)} do not match {sorted(self._state)}")
+        for k in self._state:
+            cur = getattr(self, k)
+            if hasattr(cur, "load_state_dict"):
+                cur.load_state_dict(d[k])
+            else:
+                setattr(self, k, d[k])
+
+    def finding(self, step: int, message: str, *, severity: str, kind: str | None = None,
+                signal: str | None = None, value=None, baseline=None, threshold=None,
+                onset_step: int | None = None, **details) -> Finding:
+        return Finding(step=step, kind=kind or self.kind, severity=severity, message=message,
+                       signal=signal or (self.signals[0] if self.signals else None),
+                       value=_f(value), baseline=_f(baseline), threshold=_f(threshold),
+                       onset_step=onset_step, details=details)
+
+
+def _f(v):
+    return None if v is None else float(v)
+
+
+def check(name: str, value, ok: bool, want: str):
+    """Constructor validation: ``ValueError`` naming the parameter and the bad value."""
+    if not ok:
+        raise ValueError(f"{name} must be {want}, got {value!r}")
+    return value
+
+
+def positive(name: str, value):
+    return check(name, value, isinstance(value, (int, float)) and not isinstance(value, bool)
+                 and math.isfinite(value) and value > 0, "a positive number")
+
+
+def positive_int(name: str, value):
+    return check(name, value, isinstance(value, int) and not isinstance(value, bool) and value > 0,
+                 "a positive integer")
+
+
+def fmt(x: float | None) -> str:
+    """A number for a sentence: 3 significant digits, scientific when huge or tiny."""
+    if x is None:
+        return "n/a"
+    if not math.isfinite(x):
+        return str(x)
+    ax = abs(x)
+    if ax != 0 and (ax >= 1e5 or ax < 1e-3):
+        return f"{x:.3g}"
+    return f"{x:.4g}"

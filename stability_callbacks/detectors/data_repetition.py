@@ -1,0 +1,94 @@
+"""After a resume, the data stream repeats batches the model has already seen."""
+from __future__ import annotations
+
+import math
+
+from .. import keys
+from ..record import Finding, StepRecord
+from ..stats import RobustLevel, finite_positive
+from .base import Context, Detector, fmt, positive, positive_int
+
+
+class DataRepetition(Detector):
+    """Two rules, both critical, checked for ``check_steps`` steps after every resume:
+
+    - *fingerprints* (exact): integrations put a hash of each batch's token ids under
+      ``batch_fingerprint``. Fingerprints are remembered for the first ``record_first_steps``
+      steps of every segment and every ``sample_every_steps`` otherwise (at most
+      ``max_fingerprints``, oldest dropped), and saved with the state. After a resume a batch whose
+      fingerprint was already seen names the step it repeats.
+    - *falsely low loss* (no fingerprints): the loss stays ``min_drop`` below its pre-checkpoint
+      baseline for ``persist_samples`` points — a model re-reading memorised data (the
+      "6x the same 50B tokens" story).
+    State: the fingerprint table (≤ ``max_fingerprints`` pairs), 1 level, 4 scalars.
+    """
+
+    name = "data_repetition"
+    kind = "data_repetition"
+    signals = (keys.LOSS, keys.BATCH_FINGERPRINT)
+    _state = ("seen", "base", "segment_start", "resume_step", "low_count", "fired")
+
+    def __init__(self, *, check_steps: int = 200, record_first_steps: int = 256,
+                 sample_every_steps: int = 50, max_fingerprints: int = 4096, min_drop: float = 0.1,
+                 persist_samples: int = 5, baseline_alpha: float = 0.05):
+        self.check_steps = positive_int("check_steps", check_steps)
+        self.record_first_steps = positive_int("record_first_steps", record_first_steps)
+        self.sample_every_steps = positive_int("sample_every_steps", sample_every_steps)
+        self.max_fingerprints = positive_int("max_fingerprints", max_fingerprints)
+        self.min_drop = positive("min_drop", min_drop)
+        self.persist_samples = positive_int("persist_samples", persist_samples)
+        self.seen: dict[str, int] = {}      # fingerprint (as str for JSON) → first step seen
+        self.base = RobustLevel(positive("baseline_alpha", baseline_alpha))
+        self.segment_start = 0
+        self.resume_step: int | None = None
+        self.low_count = 0
+        self.fired = False
+
+    def on_segment(self, start_step: int, reason: str) -> None:
+        self.segment_start = start_step
+        if reason in ("resume", "rollback"):
+            self.resume_step, self.low_count, self.fired = start_step, 0, False
+
+    def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
+        m, step = record.metrics, record.step
+        checking = (self.resume_step is not None and not self.fired
+                    and 0 <= step - self.resume_step <= self.check_steps)
+        out: list[Finding] = []
+        fp = m.get(keys.BATCH_FINGERPRINT)
+        if fp is not None and math.isfinite(fp):
+            key = str(int(fp))
+            first = self.seen.get(key)
+            if checking and first is not None and first < step:
+                self.fired = True
+                out.append(self.finding(
+                    step, severity="critical", signal=keys.BATCH_FINGERPRINT, value=fp, onset_step=first,
+                    message=(f"The batch of step {step} is the batch already trained on at step {first}: "
+                             f"after the resume at step {self.resume_step} the data stream restarted "
+                             f"instead of continuing. The loss will look falsely low while the model "
+                             f"re-reads memorised data. Stop, fix the data-loader/sampler state (HF: do "
+                             f"not set ignore_data_skip; Lightning: restore the sampler) and resume again."),
+                    repeats_step=first, resume_step=self.resume_step, rule="fingerprint"))
+            elif first is None and (step - self.segment_start < self.record_first_steps
+                                    or step % self.sample_every_steps == 0):
+                self.seen[key] = step
+                if len(self.seen) > self.max_fingerprints:
+                    del self.seen[next(iter(self.seen))]
+        x = m.get(keys.LOSS)
+        if finite_positive(x):
+            base = self.base.baseline if self.base.n else None
+            low = (checking and fp is None and base is not None and self.base.n >= 10
+                   and x < base * (1 - self.min_drop))
+            self.low_count = self.low_count + 1 if low else 0
+            self.base.update(x, flagged=checking)
+            if low and not out and self.low_count >= self.persist_samples:
+                self.fired = True
+                out.append(self.finding(
+                    step, severity="critical", value=x, baseline=base, threshold=base * (1 - self.min_drop),
+                    onset_step=self.resume_step,
+                    message=(f"The loss has been falsely low since the resume at step {self.resume_step}: "
+                             f"{fmt(x)} at step {step} vs {fmt(base)} before the checkpoint "
+                             f"({x / base - 1:.0%}). A resumed run that suddenly does better is usually "
+                             f"re-reading data it memorised (the data loader restarted from the "
+                             f"beginning). Check the data-loader/sampler state before training on."),
+                    rule="falsely_low_loss", resume_step=self.resume_step))
+        return out

@@ -1,0 +1,83 @@
+"""Divergence without a spike: the loss drifts up and keeps going."""
+from __future__ import annotations
+
+import math
+
+from .. import keys
+from ..record import Finding, StepRecord
+from ..stats import RollingMedian, finite_positive
+from .base import Context, Detector, fmt, positive, positive_int
+
+
+class Divergence(Detector):
+    """Sustained upward drift of the loss (the 104B "diverging that didn't go through a spike").
+
+    Rule: the median of the last ``window`` losses (blind to one-step blips) has stood more
+    than ``min_rise`` (and ``noise_sigmas`` × its own noise) above its lowest value for
+    ``persist_samples`` consecutive points. Spike episodes are left to ``loss_spike``: the
+    window restarts after one. Critical, once per episode; re-armed when the median falls back.
+    O(window) per update with a window of 7; state: the window and 5 scalars.
+    """
+
+    name = "divergence"
+    kind = "divergence"
+    signals = (keys.LOSS,)
+    _state = ("med", "low", "low_step", "noise", "count", "armed")
+
+    def __init__(self, *, window: int = 7, min_rise: float = 0.1, noise_sigmas: float = 4.0,
+                 persist_samples: int = 4):
+        self.window = positive_int("window", window)
+        self.min_rise = positive("min_rise", min_rise)
+        self.noise_sigmas = positive("noise_sigmas", noise_sigmas)
+        self.persist_samples = positive_int("persist_samples", persist_samples)
+        self.med = RollingMedian(window)
+        self.low: float | None = None
+        self.low_step: int | None = None
+        self.noise = 0.0
+        self.count = 0
+        self.armed = True
+
+    def _restart(self):
+        self.med = RollingMedian(self.window)
+        self.low = self.low_step = None
+        self.count = 0
+
+    def on_segment(self, start_step: int, reason: str) -> None:
+        self._restart()
+
+    def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
+        x = record.metrics.get(keys.LOSS)
+        if not finite_positive(x):
+            return []
+        if ctx.loss_spike_open:
+            self._restart()
+            return []
+        lx = math.log(x)
+        self.med.update(lx)
+        if not self.med.full:
+            return []
+        m = self.med.median
+        self.noise += 0.05 * (abs(lx - m) - self.noise)
+        if self.low is None or m < self.low:
+            self.low, self.low_step = m, record.step
+        thr = max(math.log1p(self.min_rise), self.noise_sigmas * 1.25 * self.noise)
+        rise = m - self.low
+        if rise <= thr:
+            self.count = 0
+            if rise < thr / 2:
+                self.armed = True
+            return []
+        self.count += 1
+        if self.count < self.persist_samples or not self.armed:
+            return []
+        self.armed = False
+        lo, now = math.exp(self.low), math.exp(m)
+        return [self.finding(
+            record.step, severity="critical", value=now, baseline=lo, threshold=lo * math.exp(thr),
+            onset_step=self.low_step,
+            message=(f"The loss is diverging without a spike: its running median rose from "
+                     f"{fmt(lo)} at step {self.low_step} to {fmt(now)} at step {record.step} "
+                     f"(+{now / lo - 1:.0%}) and keeps climbing. Training on will not fix it: roll "
+                     f"back to a checkpoint before step {self.low_step} and lower the LR or change "
+                     f"the data order."),
+            rise=now / lo - 1)]

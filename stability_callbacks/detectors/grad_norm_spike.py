@@ -1,0 +1,82 @@
+"""Outliers of the global grad norm — often the leading signal of a loss spike."""
+from __future__ import annotations
+
+from .. import keys
+from ..record import Finding, StepRecord
+from ..stats import RobustLevel, finite_positive
+from .base import Context, Detector, fmt, positive, positive_int
+
+
+class GradNormSpike(Detector):
+    """An episode opens when the grad norm is ``z_threshold`` σ and ``min_ratio`` × above its
+    robust baseline (with a short history: ``cold_start_ratio`` ×) and closes when it falls
+    below ``close_ratio`` ×. Info when isolated; warning when it is the ``repeat_count``-th
+    onset within ``repeat_window_steps`` (healthy runs have pairs of blips; a train of them is
+    an optimizer going bad). Zero norms (a print artefact of some builds) and skipped fp16
+    steps are ignored. O(1); state: the baseline and 3 scalars.
+
+    >>> d = GradNormSpike()
+    >>> [f.kind for s, g in enumerate([1.0, 1.1, 20.0], 1)
+    ...  for f in d.update(StepRecord(s, {"grad_norm": g}), Context(s))]
+    ['grad_norm_spike']
+    """
+
+    name = "grad_norm_spike"
+    kind = "grad_norm_spike"
+    signals = (keys.GRAD_NORM,)
+    _state = ("base", "open", "onsets")
+
+    def __init__(self, *, baseline_alpha: float = 0.05, z_threshold: float = 6.0,
+                 min_ratio: float = 2.0, cold_start_samples: int = 20, cold_start_ratio: float = 3.0,
+                 close_ratio: float = 1.5, repeat_window_steps: int = 200, repeat_count: int = 3):
+        self.z_threshold = positive("z_threshold", z_threshold)
+        self.min_ratio = positive("min_ratio", min_ratio)
+        self.cold_start_samples = positive_int("cold_start_samples", cold_start_samples)
+        self.cold_start_ratio = positive("cold_start_ratio", cold_start_ratio)
+        self.close_ratio = positive("close_ratio", close_ratio)
+        self.repeat_window_steps = positive_int("repeat_window_steps", repeat_window_steps)
+        self.repeat_count = positive_int("repeat_count", repeat_count)
+        self.base = RobustLevel(positive("baseline_alpha", baseline_alpha))
+        self.open = False
+        self.onsets: list[int] = []   # recent onset steps, inside the repeat window
+
+    def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
+        m = record.metrics
+        g = m.get(keys.GRAD_NORM)
+        if not finite_positive(g) or (m.get(keys.SKIPPED) or 0.0) >= 1.0:
+            return []
+        b = self.base
+        if b.n == 0:
+            b.update(g)
+            return []
+        ratio = b.ratio(g)
+        if b.n < self.cold_start_samples:
+            abnormal = ratio >= self.cold_start_ratio
+        else:
+            abnormal = ratio >= self.min_ratio and b.z(g) >= self.z_threshold
+        if self.open:
+            if ratio < self.close_ratio:
+                self.open = False
+                b.update(g)
+            else:
+                b.update(g, flagged=True)
+            return []
+        if not abnormal:
+            b.update(g)
+            return []
+        self.open = True
+        self.onsets = [s for s in self.onsets if record.step - s <= self.repeat_window_steps]
+        self.onsets.append(record.step)
+        repeat = len(self.onsets) >= self.repeat_count
+        prev = self.onsets[-2] if len(self.onsets) > 1 else None
+        base = b.baseline
+        b.update(g, flagged=True)
+        tail = (f" It repeats ({len(self.onsets)} spikes since step {self.onsets[0]}): the optimizer state may be going bad; a "
+                f"checkpoint is being saved." if repeat else
+                " Isolated grad-norm spikes are common; a loss spike often follows within a few steps.")
+        return [self.finding(
+            record.step, severity="warning" if repeat else "info", value=g, baseline=base,
+            threshold=base * (self.cold_start_ratio if b.n <= self.cold_start_samples else self.min_ratio),
+            message=(f"Grad norm jumped to {fmt(g)} at step {record.step}, {ratio:.1f}x its baseline "
+                     f"{fmt(base)}.{tail}"),
+            ratio=ratio, repeat_of=prev if repeat else None)]

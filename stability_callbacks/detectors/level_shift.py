@@ -1,0 +1,64 @@
+"""The loss settles at a new, higher level and stays there."""
+from __future__ import annotations
+
+import math
+
+from .. import keys
+from ..record import Finding, StepRecord
+from ..stats import RobustLevel, finite_positive
+from .base import Context, Detector, fmt, positive, positive_int
+
+
+class LevelShift(Detector):
+    """A fast level (EW of log-loss) stands ``min_shift`` above the slow robust baseline and is
+    *stable* there (moves less than half the shift) for ``persist_samples`` points: the loss did
+    not spike-and-recover nor keep rising; it switched level. Warning, then the slow baseline
+    restarts at the new level. O(1); state: 2 levels, 3 scalars.
+    """
+
+    name = "level_shift"
+    kind = "level_shift"
+    signals = (keys.LOSS,)
+    _state = ("slow", "fast", "anchor", "anchor_step", "count")
+
+    def __init__(self, *, min_shift: float = 0.1, persist_samples: int = 30,
+                 fast_alpha: float = 0.2, slow_alpha: float = 0.01):
+        self.min_shift = positive("min_shift", min_shift)
+        self.persist_samples = positive_int("persist_samples", persist_samples)
+        self.fast_alpha = positive("fast_alpha", fast_alpha)
+        self.slow_alpha = positive("slow_alpha", slow_alpha)
+        self.slow = RobustLevel(slow_alpha)
+        self.fast: float | None = None
+        self.anchor: float | None = None
+        self.anchor_step: int | None = None
+        self.count = 0
+
+    def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
+        x = record.metrics.get(keys.LOSS)
+        if not finite_positive(x):
+            return []
+        lx = math.log(x)
+        self.fast = lx if self.fast is None else self.fast + self.fast_alpha * (lx - self.fast)
+        thr = math.log1p(self.min_shift)
+        shifted = self.slow.n >= self.persist_samples and self.fast - self.slow.level > thr
+        self.slow.update(x, flagged=shifted)
+        if not shifted:
+            self.anchor, self.count = None, 0
+            return []
+        if self.anchor is None or abs(self.fast - self.anchor) > thr / 2:
+            self.anchor, self.anchor_step, self.count = self.fast, record.step, 0
+            return []
+        self.count += 1
+        if self.count < self.persist_samples:
+            return []
+        before, now = self.slow.baseline, math.exp(self.fast)
+        self.slow = RobustLevel(self.slow_alpha)
+        self.slow.update(now)
+        self.anchor, self.count = None, 0
+        return [self.finding(
+            record.step, severity="warning", value=now, baseline=before, onset_step=self.anchor_step,
+            message=(f"The loss settled at a new, higher level: ~{fmt(now)} since step "
+                     f"{self.anchor_step} vs {fmt(before)} before (+{now / before - 1:.0%}), "
+                     f"neither recovering nor diverging. Check for repeated or changed data and "
+                     f"compare with a rollback to before step {self.anchor_step}."),
+            shift=now / before - 1)]

@@ -1,0 +1,163 @@
+"""Loss spikes: the onset of an abnormal rise, then how (and whether) the loss came back."""
+from __future__ import annotations
+
+import math
+
+from .. import keys
+from ..record import Finding, StepRecord
+from ..stats import RobustLevel, finite_positive
+from .base import Context, Detector, check, fmt, positive, positive_int
+
+
+class LossSpike(Detector):
+    """Onset of an abnormal rise of a loss against a robust, detrended baseline.
+
+    Rule: with a warm baseline (≥ ``cold_start_samples`` points) a point is abnormal when it
+    is ``z_threshold`` noise-σ above the baseline *and* ``min_rise`` above it relatively; with a
+    short history (a log snippet, the first steps of a run) only a relative jump of
+    ``cold_start_rise`` counts. Abnormal points do not enter the baseline (winsorized), so
+    the episode is judged against the level before it.
+
+    An episode emits ``loss_spike`` at its onset (``info``; ``warning`` when the rise is at
+    least ``large_rise`` or once it persists ``persist_samples`` points), then exactly one of
+    ``spike_recovered`` (back within ``recover_fraction`` of the rise or 3σ of noise; ``fast`` when within
+    ``fast_recovery_steps``) or ``spike_unrecovered`` (not back after ``horizon_steps``:
+    critical). A healthy 20k-step run has ~190 one-step blips: they stay ``info``.
+    O(1) per update; state: the baseline (3 floats) and the episode (6 scalars).
+
+    >>> d = LossSpike()
+    >>> out = [f.kind for s, x in enumerate([3.0] * 30 + [6.0, 3.0], 1)
+    ...        for f in d.update(StepRecord(s, {"loss": x}), Context(s))]
+    >>> out
+    ['loss_spike', 'spike_recovered']
+    """
+
+    name = "loss_spike"
+    kind = "loss_spike"
+    _state = ("base", "episode", "prev_step", "prev_z")
+
+    def __init__(self, *, signal: str = keys.LOSS, baseline_alpha: float = 0.05,
+                 z_threshold: float = 6.0, min_rise: float = 0.15, cold_start_samples: int = 20,
+                 cold_start_rise: float = 0.3, large_rise: float = 1.5, persist_samples: int = 3,
+                 recover_fraction: float = 0.1, fast_recovery_steps: int = 100,
+                 horizon_steps: int = 300):
+        self.signals = (signal,)
+        self.baseline_alpha = check("baseline_alpha", baseline_alpha, 0 < baseline_alpha <= 1, "in (0, 1]")
+        self.z_threshold = positive("z_threshold", z_threshold)
+        self.min_rise = positive("min_rise", min_rise)
+        self.cold_start_samples = positive_int("cold_start_samples", cold_start_samples)
+        self.cold_start_rise = positive("cold_start_rise", cold_start_rise)
+        self.large_rise = positive("large_rise", large_rise)
+        self.persist_samples = positive_int("persist_samples", persist_samples)
+        self.recover_fraction = check("recover_fraction", recover_fraction, 0 < recover_fraction < 1, "in (0, 1)")
+        self.fast_recovery_steps = positive_int("fast_recovery_steps", fast_recovery_steps)
+        self.horizon_steps = positive_int("horizon_steps", horizon_steps)
+        self.base = RobustLevel(baseline_alpha)
+        # episode: [onset_step, baseline, peak, samples, warned, unrecovered] or None
+        self.episode: list | None = None
+        self.prev_step: int | None = None
+        self.prev_z = 0.0
+
+    @property
+    def open(self) -> bool:
+        return self.episode is not None
+
+    def threshold(self) -> float:
+        """The value above which a point is abnormal right now."""
+        b = self.base
+        if b.n < self.cold_start_samples:
+            return b.baseline * (1 + self.cold_start_rise)
+        return b.baseline * max(1 + self.min_rise, math.exp(self.z_threshold * b.scale))
+
+    def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
+        sig = self.signals[0]
+        x = record.metrics.get(sig)
+        if not finite_positive(x):
+            return []
+        step = record.step
+        b = self.base
+        if b.n == 0:
+            b.update(x)
+            self.prev_step, self.prev_z = step, 0.0
+            return []
+        thr = self.threshold()
+        abnormal = x > thr
+        z = b.z(x) if b.n >= 2 else 0.0
+        out: list[Finding] = []
+        if self.episode is None:
+            if abnormal:
+                onset = self.prev_step if (self.prev_z > 3.0 and b.n >= self.cold_start_samples
+                                           and self.prev_step is not None) else step
+                rise = x / b.baseline - 1
+                severity = "warning" if rise >= self.large_rise else "info"
+                self.episode = [onset, b.baseline, x, 1, severity == "warning", False]
+                out.append(self._onset_finding(step, x, b.baseline, thr, onset, severity, ctx))
+            else:
+                b.update(x)
+        else:
+            onset, base0, peak, samples, warned, unrec = self.episode
+            peak = max(peak, x)
+            samples += 1
+            back = x <= self._recovery_level(base0, peak)
+            if back:
+                took = step - onset
+                speed = "fast" if took <= self.fast_recovery_steps else "slow"
+                out.append(self.finding(
+                    step, kind="spike_recovered", severity="info" if speed == "fast" else "warning",
+                    value=x, baseline=base0, onset_step=onset,
+                    message=(f"{self._what()} came back at step {step}: {fmt(x)} vs {fmt(base0)} "
+                             f"before the spike (peak {fmt(peak)}), {took} steps after its onset at "
+                             f"step {onset} ({speed} recovery). No action needed"
+                             + ("." if speed == "fast" else "; keep an eye on the next spikes.")),
+                    recovery_steps=took, speed=speed, peak=peak))
+                self.episode = None
+                b.update(x)
+            else:
+                if not warned and samples >= self.persist_samples:
+                    warned = True
+                    out.append(self.finding(
+                        step, severity="warning", value=x, baseline=base0, threshold=thr,
+                        onset_step=onset,
+                        message=(f"{self._what()} spike that began at step {onset} persists: "
+                                 f"{fmt(x)} at step {step} vs {fmt(base0)} before it "
+                                 f"({samples} points above). A checkpoint is being saved; if it "
+                                 f"does not come back, roll back to a checkpoint before step {onset}."),
+                        escalated=True, persisted_samples=samples))
+                if not unrec and step - onset >= self.horizon_steps:
+                    unrec = True
+                    out.append(self.finding(
+                        step, kind="spike_unrecovered", severity="critical", value=x, baseline=base0,
+                        onset_step=onset, threshold=self._recovery_level(base0, peak),
+                        message=(f"{self._what()} has not recovered {step - onset} steps after the "
+                                 f"spike at step {onset}: {fmt(x)} vs {fmt(base0)} before it (peak "
+                                 f"{fmt(peak)}). Training more rarely fixes this: roll back to the last "
+                                 f"checkpoint before step {onset} and skip the batches since "
+                                 f"(or change the seed/data order)."),
+                        peak=peak))
+                    # Start a fresh baseline at the new level so later spikes are judged anew.
+                    self.episode = None
+                    self.base = RobustLevel(self.baseline_alpha)
+                    self.base.update(x)
+                else:
+                    self.episode = [onset, base0, peak, samples, warned, unrec]
+        self.prev_step, self.prev_z = step, z
+        return out
+
+    def _recovery_level(self, base0: float, peak: float) -> float:
+        """Back means within ``recover_fraction`` of the rise, or within the normal noise (3σ)."""
+        noise = base0 * math.exp(3.0 * self.base.scale) if self.base.n >= self.cold_start_samples else base0
+        return max(base0 + self.recover_fraction * (peak - base0), noise)
+
+    def _what(self) -> str:
+        sig = self.signals[0]
+        return "The loss" if sig == keys.LOSS else f"The {sig} loss"
+
+    def _onset_finding(self, step, x, base, thr, onset, severity, ctx) -> Finding:
+        rise = x / base - 1
+        return self.finding(
+            step, severity=severity, value=x, baseline=base, threshold=thr, onset_step=onset,
+            message=(f"{self._what()} jumped to {fmt(x)} at step {step}, {rise:.0%} above its "
+                     f"baseline {fmt(base)} (threshold {fmt(thr)}). Most spikes recover within "
+                     f"~100 steps; watching. If it persists, roll back to a checkpoint before "
+                     f"step {onset}."),
+            rise=rise)

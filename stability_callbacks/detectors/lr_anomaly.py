@@ -1,0 +1,70 @@
+"""LR discontinuities — e.g. a resume that changed the schedule."""
+from __future__ import annotations
+
+import math
+
+from .. import keys
+from ..record import Finding, StepRecord
+from .base import Context, Detector, fmt, positive
+
+
+class LrAnomaly(Detector):
+    """Warning when the LR moves by more than ``min_change`` (relative) and more than ``ratio`` ×
+    the typical per-step change of the schedule so far. A warmup ramp, a cosine or a linear
+    warmdown change smoothly and never trigger; a resume that silently swapped the schedule does.
+    Printed LRs are rounded, so a smooth schedule moves in stairs: a change is spread over the
+    steps since the previous change. O(1); state: 5 scalars.
+
+    >>> d = LrAnomaly()
+    >>> lrs = [1e-4 * (1 - s / 1000) for s in range(1, 20)] + [5e-5]
+    >>> [f.step for s, lr in enumerate(lrs, 1) for f in d.update(StepRecord(s, {"lr": lr}), Context(s))]
+    [20]
+    """
+
+    name = "lr_anomaly"
+    kind = "lr_anomaly"
+    signals = (keys.LR,)
+    _state = ("prev", "prev_step", "last_change_step", "typical", "n")
+
+    def __init__(self, *, min_change: float = 0.02, ratio: float = 10.0, alpha: float = 0.1):
+        self.min_change = positive("min_change", min_change)
+        self.ratio = positive("ratio", ratio)
+        self.alpha = positive("alpha", alpha)
+        self.prev: float | None = None
+        self.prev_step: int | None = None
+        self.last_change_step: int | None = None
+        self.typical = 0.0
+        self.n = 0
+
+    def on_segment(self, start_step: int, reason: str) -> None:
+        if reason == "rollback":
+            self.prev = None   # a rollback re-runs an earlier part of the schedule
+
+    def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
+        lr = record.metrics.get(keys.LR)
+        if lr is None or not math.isfinite(lr) or lr <= 0:
+            return []
+        prev, prev_step = self.prev, self.prev_step
+        self.prev, self.prev_step = lr, record.step
+        if prev is None:
+            self.last_change_step = record.step
+            return []
+        change = abs(math.log(lr / prev))
+        if change == 0.0:
+            return []
+        since = self.last_change_step if self.last_change_step is not None else prev_step
+        self.last_change_step = record.step
+        per_step = change / max(record.step - since, 1)
+        anomalous = (self.n >= 3 and change >= self.min_change
+                     and per_step > self.ratio * max(self.typical, 1e-12))
+        if not anomalous:
+            self.n += 1
+            self.typical += max(self.alpha, 1 / self.n) * (per_step - self.typical)
+            return []
+        return [self.finding(
+            record.step, severity="warning", value=lr, baseline=prev,
+            message=(f"The learning rate jumped from {fmt(prev)} at step {prev_step} to {fmt(lr)} at "
+                     f"step {record.step} ({lr / prev - 1:+.1%}), unlike the schedule so far. If this "
+                     f"follows a resume, the scheduler state was not restored (or was overridden): "
+                     f"check the LR schedule against the checkpoint."),
+            change=lr / prev - 1)]

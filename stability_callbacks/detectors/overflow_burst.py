@@ -1,0 +1,58 @@
+"""Consecutive fp16 overflow skips after start-up."""
+from __future__ import annotations
+
+from collections import deque
+
+from .. import keys
+from ..record import Finding, StepRecord
+from .base import Context, Detector, positive_int
+
+
+class OverflowBurst(Detector):
+    """Warning when at least ``min_skips`` optimizer steps were skipped for overflow within the
+    last ``window_steps`` steps, outside the start-up loss-scale search. Dynamic loss scaling
+    skips one or two steps every few hundred by design; that is not a burst. ``skipped`` may be
+    a count (logs that print every k steps). O(window) with a tiny window; state: the window.
+
+    >>> d = OverflowBurst()
+    >>> [f.step for s in range(101, 106) for f in d.update(StepRecord(s, {"skipped": 1.0}), Context(s))]
+    [103]
+    """
+
+    name = "overflow_burst"
+    kind = "overflow_burst"
+    signals = (keys.SKIPPED,)
+    _state = ("recent", "open")
+
+    def __init__(self, *, min_skips: int = 3, window_steps: int = 10):
+        self.min_skips = positive_int("min_skips", min_skips)
+        self.window_steps = positive_int("window_steps", window_steps)
+        self.recent: list = []          # [[step, skipped_count], ...] inside the window
+        self.open = False
+
+    def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
+        k = record.metrics.get(keys.SKIPPED)
+        if k is None or k != k:
+            return []
+        step = record.step
+        recent = deque((s, c) for s, c in self.recent if step - s < self.window_steps)
+        if k > 0:
+            recent.append((step, k))
+        self.recent = [list(e) for e in recent]
+        total = sum(c for _, c in recent)
+        if total < self.min_skips:
+            if total == 0:
+                self.open = False
+            return []
+        if self.open or ctx.in_startup:
+            return []
+        self.open = True
+        first = int(recent[0][0])
+        scale = record.metrics.get(keys.LOSS_SCALE)
+        scale_txt = f" (loss scale now {scale:g})" if scale is not None and scale > 0 else ""
+        return [self.finding(
+            step, severity="warning", value=total, threshold=self.min_skips, onset_step=first,
+            message=(f"{int(total)} optimizer steps were skipped for fp16 overflow between steps "
+                     f"{first} and {step}{scale_txt}. Gradients are overflowing: a loss spike or a "
+                     f"loss-scale collapse often follows. A checkpoint is being saved."),
+            skips=total)]

@@ -1,0 +1,52 @@
+"""The loss jumps right after a resume (data-loader state or RNG not restored)."""
+from __future__ import annotations
+
+from .. import keys
+from ..record import Finding, StepRecord
+from ..stats import RobustLevel, finite_positive
+from .base import Context, Detector, fmt, positive, positive_int
+
+
+class ResumeSpike(Detector):
+    """Warning when, within ``window_steps`` after a resume, the loss stands ``min_rise`` above
+    the baseline it had before the checkpoint (restored with the detector state). One per
+    resume. O(1); state: 1 level, 2 scalars.
+    """
+
+    name = "resume_spike"
+    kind = "resume_spike"
+    signals = (keys.LOSS,)
+    _state = ("base", "resume_step", "fired")
+
+    def __init__(self, *, min_rise: float = 0.1, window_steps: int = 50, baseline_alpha: float = 0.05):
+        self.min_rise = positive("min_rise", min_rise)
+        self.window_steps = positive_int("window_steps", window_steps)
+        self.base = RobustLevel(positive("baseline_alpha", baseline_alpha))
+        self.resume_step: int | None = None
+        self.fired = False
+
+    def on_segment(self, start_step: int, reason: str) -> None:
+        if reason in ("resume", "rollback"):
+            self.resume_step, self.fired = start_step, False
+
+    def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
+        x = record.metrics.get(keys.LOSS)
+        if not finite_positive(x):
+            return []
+        inside = self.resume_step is not None and 0 <= record.step - self.resume_step <= self.window_steps
+        if not inside or self.base.n < 5:
+            self.base.update(x)
+            return []
+        base = self.base.baseline
+        high = x > base * (1 + self.min_rise)
+        self.base.update(x, flagged=high)
+        if not high or self.fired:
+            return []
+        self.fired = True
+        return [self.finding(
+            record.step, severity="warning", value=x, baseline=base, threshold=base * (1 + self.min_rise),
+            onset_step=self.resume_step,
+            message=(f"The loss jumped to {fmt(x)} at step {record.step}, right after the resume at step "
+                     f"{self.resume_step}, {x / base - 1:.0%} above {fmt(base)} before the checkpoint. "
+                     f"Usually the data-loader or RNG state was not restored; small ones recover."),
+            rise=x / base - 1)]

@@ -1,0 +1,180 @@
+"""The one streaming Monitor that live callbacks and offline replay both feed.
+
+``update(record)`` runs the phase tracker, every detector and the policy, and returns the
+findings of that step; ``control`` holds the requests for the integration. Every part is
+O(1) per update. A detector that raises is logged once and switched off: monitoring never
+takes training down.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Mapping
+
+from . import keys
+from .config import load_config
+from .control import Control
+from .detectors import DETECTORS, Context, Detector, LossSpike
+from .phase import PhaseTracker
+from .policy import Policy
+from .record import Finding, StepRecord
+
+log = logging.getLogger("stability_callbacks")
+
+STATE_VERSION = 1
+
+
+class Monitor:
+    """Feed it one :class:`StepRecord` per optimizer step; read findings and ``control``.
+
+    >>> m = Monitor({"phase": {"warmup_steps": 5}})
+    >>> found = []
+    >>> for s in range(1, 41):
+    ...     loss = 9.0 if s == 30 else 3.0 - s / 100
+    ...     found += m.update(StepRecord(s, {"loss": loss, "lr": 1e-4 * min(s, 5) / 5}))
+    >>> [(f.step, f.kind, f.severity) for f in found]
+    [(5, 'warmup_end', 'info'), (30, 'loss_spike', 'warning'), (31, 'spike_recovered', 'info')]
+    >>> m.control.save_now   # the policy asked for a save at step 30; the integration resets it
+    True
+    """
+
+    def __init__(self, config: str | Mapping | None = None):
+        self.config = load_config(config)
+        self.phase = PhaseTracker(**self.config["phase"])
+        self.policy = Policy(**self.config["policy"])
+        dcfg = self.config["detectors"]
+        self.detectors: list[Detector] = [cls(**(dcfg.get(name) or {})) for name, cls in DETECTORS.items()
+                                          if dcfg.get(name, {}) is not False]
+        self._loss_spike = next((d for d in self.detectors if isinstance(d, LossSpike)), None)
+        self._stream_kwargs = {k: v for k, v in (dcfg.get("loss_spike") or {}).items() if k != "signal"}
+        self.streams: dict[str, LossSpike] = {}
+        self.control = Control()
+        self.last_step: int | None = None
+        self.segment = 0
+        self.segment_start = 0
+        self.resume_step: int | None = None
+        self.success_seen = False
+        self.phase_at_last_step: str | None = None
+        self._broken: set[str] = set()
+
+    # -- feeding ------------------------------------------------------------------------------
+    def set_warmup_steps(self, warmup_steps: int | None) -> None:
+        self.phase.declare_warmup(warmup_steps)
+
+    def update(self, record: StepRecord) -> list[Finding]:
+        out: list[Finding] = []
+        step = record.step
+        if record.segment != self.segment and record.segment > self.segment:
+            out += self.begin_segment(step, "resume", segment=record.segment)
+        elif self.last_step is not None and step <= self.last_step:
+            out += self.begin_segment(step, "rollback", segment=self.segment + 1)
+        self.last_step = step
+        m = record.metrics
+        out += self.phase.update(step, m.get(keys.LR))
+        skipped = m.get(keys.SKIPPED)
+        loss = m.get(keys.LOSS)
+        if not self.success_seen and (skipped is None or skipped == 0 or (loss is not None and math.isfinite(loss))):
+            self.success_seen = True
+        ctx = Context(step=step, phase=self.phase.phase, in_risk_window=self.phase.in_risk_window(step),
+                      in_startup=step <= self.policy.startup_steps or not self.success_seen,
+                      steps_since_resume=(step - self.resume_step if self.resume_step is not None else None))
+        for d in self.detectors:
+            if d.signals and not any(s in m for s in d.signals):
+                continue
+            out += self._run(d, record, ctx)
+            if d is self._loss_spike:
+                ctx.loss_spike_open = d.open
+        for k in keys.loss_streams(m):
+            det = self.streams.get(k)
+            if det is None:
+                det = self.streams[k] = LossSpike(signal=k, **self._stream_kwargs)
+            out += self._run(det, record, ctx)
+        self._name_streams(out)
+        out += self.policy.decide(out, ctx, self.control, self.phase.risk_window)
+        for f in out:
+            if f.phase is None:
+                f.phase = ctx.phase
+            f.in_warmup_risk_window = ctx.in_risk_window
+        self.phase_at_last_step = ctx.phase
+        return out
+
+    def _run(self, d: Detector, record: StepRecord, ctx: Context) -> list[Finding]:
+        name = f"{d.name}:{d.signals[0]}" if d.signals else d.name
+        if name in self._broken:
+            return []
+        try:
+            return d.update(record, ctx)
+        except Exception:   # a broken detector must not take training down
+            self._broken.add(name)
+            log.exception("stability_callbacks: detector %s failed at step %s and is now off", name, record.step)
+            return []
+
+    def _name_streams(self, out: list[Finding]) -> None:
+        """A main-loss spike says which per-dataset streams spiked with it (IDEFICS cm4/pmd)."""
+        spiking = sorted(k for k, d in self.streams.items() if d.open)
+        for f in out:
+            if f.kind == "loss_spike" and f.signal == keys.LOSS and spiking:
+                f.details["streams"] = spiking
+                f.message += f" Streams spiking with it: {', '.join(spiking)}."
+
+    # -- run structure ------------------------------------------------------------------------
+    def begin_segment(self, start_step: int, reason: str, *, segment: int | None = None) -> list[Finding]:
+        """A run segment starts: ``start`` (fresh), ``resume`` (from a checkpoint) or ``rollback``."""
+        if reason not in ("start", "resume", "rollback"):
+            raise ValueError(f"reason must be start, resume or rollback, got {reason!r}")
+        self.segment = segment if segment is not None else (self.segment + (reason != "start"))
+        self.segment_start = start_step
+        if reason == "start":
+            return []
+        self.resume_step = start_step
+        self.last_step = None
+        self.control.state_is_good = True
+        self.control.rollback = None
+        self.policy.forget_after(start_step)
+        for d in self.detectors + list(self.streams.values()):
+            d.on_segment(start_step, reason)
+        return [Finding(step=start_step, kind="resume", severity="info", phase=self.phase.phase,
+                        message=(f"Training {'rolled back and ' if reason == 'rollback' else ''}resumed at "
+                                 f"step {start_step} (segment {self.segment}). Watching the next steps for "
+                                 f"a resume spike, an LR discontinuity and repeated data."),
+                        details={"reason": reason, "segment": self.segment})]
+
+    def note_checkpoint(self, step: int, path: str | None = None) -> None:
+        """A checkpoint was written; it counts as 'good' if the state was good at that time."""
+        self.policy.note_checkpoint(step, path, self.control.state_is_good)
+
+    # -- state ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Small JSON: what ``update`` changed, keyed by part. Never configuration."""
+        return {
+            "version": STATE_VERSION,
+            "monitor": {"last_step": self.last_step, "segment": self.segment,
+                        "segment_start": self.segment_start, "resume_step": self.resume_step,
+                        "success_seen": self.success_seen, "state_is_good": self.control.state_is_good},
+            "phase": self.phase.state_dict(),
+            "policy": self.policy.state_dict(),
+            "detectors": {d.name: d.state_dict() for d in self.detectors},
+            "streams": {k: d.state_dict() for k, d in self.streams.items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Strict: a state from another configuration (other detectors) is an error."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"stability state version {state.get('version')!r} is not {STATE_VERSION}")
+        names = {d.name for d in self.detectors}
+        if set(state["detectors"]) != names:
+            raise ValueError(f"stability state has detectors {sorted(state['detectors'])}, "
+                             f"this Monitor has {sorted(names)}")
+        mon = state["monitor"]
+        self.last_step, self.segment = mon["last_step"], mon["segment"]
+        self.segment_start, self.resume_step = mon["segment_start"], mon["resume_step"]
+        self.success_seen = mon["success_seen"]
+        self.control.state_is_good = mon["state_is_good"]
+        self.phase.load_state_dict(state["phase"])
+        self.policy.load_state_dict(state["policy"])
+        for d in self.detectors:
+            d.load_state_dict(state["detectors"][d.name])
+        self.streams = {}
+        for k, s in state["streams"].items():
+            det = self.streams[k] = LossSpike(signal=k, **self._stream_kwargs)
+            det.load_state_dict(s)

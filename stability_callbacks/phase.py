@@ -1,0 +1,148 @@
+"""LR schedule phase per step, the end of warmup, and the warmup-end risk window.
+
+BigScience tr8-104B: every glitch came right after the LR warmup ended, when Adam's variance
+peaked. The tracker names the phase of every step (``warmup`` / ``peak`` / ``decay`` /
+``rewarm``), emits one ``warmup_end`` finding, and answers whether a step lies in the risk
+window ``(warmup_end, warmup_end + risk_window_factor × warmup_length]``.
+
+The warmup length is declared (``warmup_steps``, e.g. read from the scheduler) or inferred
+from the LR stream: it ended at the last step of a rise, which is known one sample later.
+State: 8 scalars.
+
+>>> t = PhaseTracker(warmup_steps=10)
+>>> [f.kind for s in range(1, 13) for f in t.update(s, 1e-4 * min(s, 10) / 10)]
+['warmup_end']
+>>> t.phase, t.in_risk_window(12), t.risk_window
+('peak', True, (10, 40))
+"""
+from __future__ import annotations
+
+import math
+
+from .record import Finding
+
+#: Relative LR change below which two LRs count as equal (printed LRs are rounded).
+_LR_TOL = 1e-6
+
+
+class PhaseTracker:
+    def __init__(self, *, warmup_steps: int | None = None, risk_window_factor: float = 3.0,
+                 min_warmup_samples: int = 2, flat_samples: int = 3):
+        if warmup_steps is not None and (not isinstance(warmup_steps, int) or warmup_steps < 0):
+            raise ValueError(f"warmup_steps must be a non-negative integer or null, got {warmup_steps!r}")
+        if not (isinstance(risk_window_factor, (int, float)) and risk_window_factor >= 0):
+            raise ValueError(f"risk_window_factor must be ≥ 0, got {risk_window_factor!r}")
+        self.warmup_steps = warmup_steps or None
+        self.risk_window_factor = float(risk_window_factor)
+        self.min_warmup_samples = min_warmup_samples
+        # A printed LR is rounded (llm.c: 6 decimals), so a warmup ramp is a staircase with short
+        # plateaus: warmup has ended when the LR falls, or stays flat this many samples.
+        self.flat_samples = flat_samples
+        self.phase: str | None = None
+        self.warmup_end_step: int | None = None
+        self.warmup_start_step: int | None = None
+        self.risk_window_end: int | None = None
+        self.peak_lr = 0.0
+        self.prev_lr: float | None = None
+        self.prev_step: int | None = None
+        self.rising_samples = 0
+        self.flat = 0
+        self.last_rise_step: int | None = None
+        self.decayed = False
+
+    _STATE = ("phase", "warmup_end_step", "warmup_start_step", "risk_window_end", "peak_lr",
+              "prev_lr", "prev_step", "rising_samples", "flat", "last_rise_step", "decayed")
+
+    def declare_warmup(self, warmup_steps: int | None) -> None:
+        """Set the warmup length once an integration reads it from the scheduler."""
+        if warmup_steps and self.warmup_end_step is None:
+            self.warmup_steps = int(warmup_steps)
+
+    @property
+    def risk_window(self) -> tuple[int, int] | None:
+        if self.warmup_end_step is None or self.risk_window_end is None:
+            return None
+        return (self.warmup_end_step, self.risk_window_end)
+
+    def in_risk_window(self, step: int) -> bool:
+        w = self.risk_window
+        return w is not None and w[0] < step <= w[1]
+
+    def update(self, step: int, lr: float | None) -> list[Finding]:
+        out: list[Finding] = []
+        if self.warmup_steps is not None:
+            if step <= self.warmup_steps:
+                self.phase = "warmup"
+            elif self.warmup_end_step is None:
+                out.append(self._end_warmup(self.warmup_steps, 0, lr))
+        if lr is None or not math.isfinite(lr):
+            if self.phase is None and self.warmup_end_step is not None:
+                self.phase = "peak"
+            return out
+        prev = self.prev_lr
+        self.prev_lr = lr
+        prev_step, self.prev_step = self.prev_step, step
+        if self.warmup_steps is not None and step <= self.warmup_steps:
+            self.peak_lr = max(self.peak_lr, lr)
+            return out
+        if prev is None:
+            self.peak_lr = max(self.peak_lr, lr)
+            if self.phase is None:
+                self.phase = "warmup" if lr == 0.0 else "peak"
+                if lr == 0.0:
+                    self.warmup_start_step = step
+            return out
+        rising = lr > prev * (1 + _LR_TOL) and lr > 0
+        falling = lr < prev * (1 - _LR_TOL)
+        self.flat = 0 if (rising or falling) else self.flat + 1
+        if rising:
+            if self.rising_samples == 0 and self.phase not in ("warmup", "rewarm"):
+                self.warmup_start_step = prev_step
+                self.phase = "rewarm" if self.decayed else "warmup"
+            self.rising_samples += 1
+            self.last_rise_step = step
+        elif self.phase in ("warmup", "rewarm") and (falling or self.flat >= self.flat_samples):
+            if self.rising_samples >= self.min_warmup_samples - 1 and (
+                    self.warmup_steps is None or self.phase == "rewarm"):
+                out.append(self._end_warmup(self.last_rise_step or prev_step, self.warmup_start_step or 0,
+                                            self.peak_lr, rewarm=self.phase == "rewarm"))
+            self.rising_samples = 0
+            self.phase = "decay" if falling else "peak"
+        elif falling:
+            self.phase = "decay"
+        elif self.phase is None:
+            self.phase = "peak"
+        if falling:
+            self.decayed = True
+        self.peak_lr = max(self.peak_lr, lr)
+        return out
+
+    def _end_warmup(self, end_step: int, start_step: int, lr, *, rewarm: bool = False) -> Finding:
+        length = max(end_step - start_step, 1)
+        self.warmup_end_step = end_step
+        self.risk_window_end = end_step + int(round(self.risk_window_factor * length))
+        if self.phase in (None, "warmup", "rewarm"):
+            self.phase = "peak"
+        what = "LR re-warmup" if rewarm else "LR warmup"
+        lr_txt = f" at LR {lr:.3g}" if lr else ""
+        return Finding(
+            step=end_step, kind="warmup_end", severity="info", signal="lr", value=lr,
+            message=(f"{what} ended at step {end_step}{lr_txt} after {length} steps. Steps "
+                     f"{end_step + 1}-{self.risk_window_end} are the risk window where large runs "
+                     f"glitched right after warmup (BigScience tr8-104B): checkpoints come more "
+                     f"often until then and any instability is escalated."),
+            details={"warmup_steps": length, "risk_window_end_step": self.risk_window_end,
+                     "rewarm": rewarm})
+
+    def state_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self._STATE}
+        d["warmup_steps"] = self.warmup_steps
+        return d
+
+    def load_state_dict(self, d: dict) -> None:
+        expected = set(self._STATE) | {"warmup_steps"}
+        if set(d) != expected:
+            raise ValueError(f"phase state keys {sorted(d)} do not match {sorted(expected)}")
+        for k in self._STATE:
+            setattr(self, k, d[k])
+        self.warmup_steps = d["warmup_steps"] or self.warmup_steps

@@ -1,0 +1,95 @@
+"""Core values: one optimizer step's metrics, and one finding (DESIGN 2.1, 2.2)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+SEVERITIES = ("info", "warning", "critical")
+_RANK = {name: i for i, name in enumerate(SEVERITIES)}
+
+KINDS = (
+    "nonfinite", "loss_spike", "spike_recovered", "spike_unrecovered", "divergence",
+    "level_shift", "sudden_drop", "stall", "grad_norm_spike", "grad_norm_growth",
+    "param_norm_growth", "second_moment_surge", "overflow_burst", "loss_scale_collapse",
+    "lr_anomaly", "warmup_end", "warmup_instability", "resume", "resume_spike",
+    "data_repetition", "preflight", "rollback_advice",
+)
+
+
+def severity_rank(severity: str) -> int:
+    """``info`` < ``warning`` < ``critical`` as 0 < 1 < 2."""
+    return _RANK[severity]
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One optimizer step: ``step`` plus metric keys (``stability_callbacks.keys``) → floats.
+
+    >>> StepRecord(7, {"loss": 2.5}).get("grad_norm") is None
+    True
+    """
+
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    segment: int = 0
+
+    def get(self, key: str) -> float | None:
+        return self.metrics.get(key)
+
+    def to_json(self) -> dict[str, Any]:
+        """The run-log line (DESIGN 2.3); non-finite floats become strings JSON can carry."""
+        return {"type": "step", "step": self.step, "segment": self.segment,
+                "metrics": {k: _json_float(v) for k, v in self.metrics.items()}}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "StepRecord":
+        return cls(int(obj["step"]), {k: float(v) for k, v in obj.get("metrics", {}).items()},
+                   int(obj.get("segment", 0)))
+
+
+@dataclass(slots=True)
+class Finding:
+    """What a detector saw (DESIGN 2.2). ``message`` is the 3 a.m. sentence."""
+
+    step: int
+    kind: str
+    severity: str
+    message: str
+    signal: str | None = None
+    value: float | None = None
+    baseline: float | None = None
+    threshold: float | None = None
+    phase: str | None = None
+    in_warmup_risk_window: bool = False
+    onset_step: int | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "kind": self.kind, "severity": self.severity,
+                "signal": self.signal, "value": _json_float(self.value),
+                "baseline": _json_float(self.baseline), "threshold": _json_float(self.threshold),
+                "phase": self.phase, "in_warmup_risk_window": self.in_warmup_risk_window,
+                "onset_step": self.onset_step, "message": self.message, "details": self.details}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "Finding":
+        def f(key):
+            v = obj.get(key)
+            return None if v is None else float(v)
+        return cls(step=int(obj["step"]), kind=obj["kind"], severity=obj["severity"],
+                   message=obj.get("message", ""), signal=obj.get("signal"), value=f("value"),
+                   baseline=f("baseline"), threshold=f("threshold"), phase=obj.get("phase"),
+                   in_warmup_risk_window=bool(obj.get("in_warmup_risk_window", False)),
+                   onset_step=obj.get("onset_step"), details=dict(obj.get("details") or {}))
+
+    def at_least(self, severity: str) -> bool:
+        return _RANK[self.severity] >= _RANK[severity]
+
+
+def _json_float(v):
+    # JSON has no NaN/Inf; json.dumps would write invalid tokens. Keep them as strings that
+    # float() reads back ("nan", "inf", "-inf").
+    if v is None or isinstance(v, bool) or not isinstance(v, float) or math.isfinite(v):
+        return v
+    return repr(v)

@@ -1,0 +1,164 @@
+"""O(1) streaming statistics the detectors are built from (river-style: ``update`` / ``get``).
+
+Everything works on Python floats. State is a handful of floats (plus one short fixed window
+in :class:`RollingMedian`), exported with ``state_dict`` for checkpoints.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+
+
+class EWMeanVar:
+    """Exponentially weighted mean and variance (West/Finch incremental update).
+
+    Never E[x²]−E[x]²: the update is written in the residual so it stays exact in floats.
+    The first ``1/alpha`` updates use ``1/n`` weights (a plain running mean), so a short
+    history is not dominated by the first value. State: 3 floats.
+
+    >>> s = EWMeanVar(alpha=0.1)
+    >>> for x in [1.0, 2.0, 3.0]: s.update(x)
+    >>> round(s.mean, 6), round(s.var, 6)
+    (2.0, 0.666667)
+    """
+
+    __slots__ = ("alpha", "n", "mean", "var")
+
+    def __init__(self, alpha: float):
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
+        self.alpha = alpha
+        self.n = 0
+        self.mean = 0.0
+        self.var = 0.0
+
+    def update(self, x: float) -> None:
+        self.n += 1
+        a = max(self.alpha, 1.0 / self.n)
+        d = x - self.mean
+        incr = a * d
+        self.mean += incr
+        # Finch (2009), "Incremental calculation of weighted mean and variance", eq. 143.
+        self.var = (1.0 - a) * (self.var + d * incr)
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.var) if self.var > 0.0 else 0.0
+
+    def state_dict(self) -> list:
+        return [self.n, self.mean, self.var]
+
+    def load_state_dict(self, s) -> None:
+        self.n, self.mean, self.var = int(s[0]), float(s[1]), float(s[2])
+
+
+class RobustLevel:
+    """A robust, trend-following baseline of a positive signal, in log space.
+
+    ``level`` is an EW mean of ``log(x)``; ``scale`` an EW mean absolute deviation of the
+    residuals (×1.25 ≈ σ for Gaussian noise). Points flagged by the caller are *winsorized*
+    before they enter (clipped to ``level ± clip_sigmas·scale``), so a spike barely moves the
+    baseline while a genuine new level is still reached, slowly. A downward-trending loss is
+    followed because the residual mean is small next to the clip band.
+
+    ``z(x)`` is the standardized residual; ``ratio(x)`` is ``x / exp(level)``.
+    State: 4 floats.
+
+    >>> b = RobustLevel(alpha=0.1)
+    >>> for x in [2.0] * 10: b.update(x)
+    >>> round(b.baseline, 3), b.ratio(4.0)
+    (2.0, 2.0)
+    """
+
+    __slots__ = ("alpha", "clip_sigmas", "n", "level", "mad", "min_scale")
+
+    def __init__(self, alpha: float = 0.05, *, clip_sigmas: float = 3.0, min_scale: float = 1e-3):
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
+        self.alpha = alpha
+        self.clip_sigmas = clip_sigmas
+        self.min_scale = min_scale
+        self.n = 0
+        self.level = 0.0
+        self.mad = 0.0
+
+    @property
+    def baseline(self) -> float:
+        return math.exp(self.level)
+
+    @property
+    def scale(self) -> float:
+        """Noise scale of ``log(x)`` (≈σ); never below ``min_scale`` (a perfectly flat signal)."""
+        return max(1.25 * self.mad, self.min_scale)
+
+    def z(self, x: float) -> float:
+        return (math.log(x) - self.level) / self.scale
+
+    def ratio(self, x: float) -> float:
+        return x / math.exp(self.level)
+
+    def update(self, x: float, *, flagged: bool = False) -> None:
+        lx = math.log(x)
+        self.n += 1
+        a = max(self.alpha, 1.0 / self.n)
+        r = lx - self.level
+        if self.n == 1:
+            self.level = lx
+            return
+        if flagged or self.n > 3:
+            band = self.clip_sigmas * self.scale
+            r = min(max(r, -band), band)
+        self.level += a * r
+        self.mad += a * (abs(r) - self.mad)
+
+    def state_dict(self) -> list:
+        return [self.n, self.level, self.mad]
+
+    def load_state_dict(self, s) -> None:
+        self.n, self.level, self.mad = int(s[0]), float(s[1]), float(s[2])
+
+
+class RollingMedian:
+    """Median of the last ``size`` values: a fixed window, used where blips must not count.
+
+    O(size) per update with a small ``size`` (≤ 15 here). State: the window.
+
+    >>> m = RollingMedian(3)
+    >>> for x in [1.0, 100.0, 2.0, 3.0]: m.update(x)
+    >>> m.median
+    3.0
+    """
+
+    __slots__ = ("size", "window")
+
+    def __init__(self, size: int):
+        if size < 1:
+            raise ValueError(f"size must be ≥ 1, got {size!r}")
+        self.size = size
+        self.window: deque[float] = deque(maxlen=size)
+
+    def update(self, x: float) -> None:
+        self.window.append(x)
+
+    @property
+    def full(self) -> bool:
+        return len(self.window) == self.size
+
+    @property
+    def median(self) -> float:
+        s = sorted(self.window)
+        n = len(s)
+        if n == 0:
+            return math.nan
+        return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+    def state_dict(self) -> list:
+        return list(self.window)
+
+    def load_state_dict(self, s) -> None:
+        self.window = deque((float(v) for v in s), maxlen=self.size)
+
+
+def finite_positive(v) -> bool:
+    """True for a float that can go through ``log``: finite and > 0."""
+    return v is not None and v > 0.0 and math.isfinite(v)
