@@ -84,6 +84,7 @@ class Monitor:
             out += self._run(d, record, ctx)
             if d is self._loss_spike:
                 ctx.loss_spike_open = d.open
+                ctx.loss_spike_onset = d.episode[0] if d.open else None
         for k in keys.loss_streams(m):
             det = self.streams.get(k)
             if det is None:

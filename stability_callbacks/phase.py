@@ -97,7 +97,8 @@ class PhaseTracker:
         self.flat = 0 if (rising or falling) else self.flat + 1
         if rising:
             if self.rising_samples == 0 and self.phase not in ("warmup", "rewarm"):
-                self.warmup_start_step = prev_step
+                # steps are 1-based: a ramp already under way at step 1 began at step 0
+                self.warmup_start_step = prev_step - 1 if prev_step == 1 else prev_step
                 self.phase = "rewarm" if self.decayed else "warmup"
             self.rising_samples += 1
             self.last_rise_step = step

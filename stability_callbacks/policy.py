@@ -82,7 +82,9 @@ class Policy:
                     f.severity = "info"
             if f.kind in LEADING_KINDS:
                 self.leads.append([f.onset_step if f.onset_step is not None else f.step, f.kind])
-        self.leads = [lead for lead in self.leads if step - lead[0] <= self.lead_window_steps][-_MAX_LEADS:]
+        # Leads older than the window are dropped, except those leading a still-open loss spike.
+        horizon = min(step, ctx.loss_spike_onset if ctx.loss_spike_onset is not None else step)
+        self.leads = [lead for lead in self.leads if horizon - lead[0] <= self.lead_window_steps][-_MAX_LEADS:]
 
         serious = [f for f in findings if f.kind not in EVENT_KINDS and severity_rank(f.severity) >= 1]
         if serious and ctx.in_risk_window and (
@@ -104,7 +106,7 @@ class Policy:
         damaged = [f for f in findings if f.kind in DAMAGE_KINDS and f.severity == "critical"]
         if damaged and control.state_is_good:
             control.state_is_good = False
-            advice = self._rollback_advice(step, damaged[0])
+            advice = self._rollback_advice(step, damaged[0], ctx.loss_spike_onset)
             control.rollback = advice
             extra.append(advice)
 
@@ -122,11 +124,15 @@ class Policy:
         control.alerts.extend(every)
         return extra
 
-    def _rollback_advice(self, step: int, trigger: Finding) -> Finding:
+    def _rollback_advice(self, step: int, trigger: Finding, open_spike_onset: int | None) -> Finding:
+        """Onset = the earliest of the trigger's onset, an open loss spike, and the leading signals
+        (grad norm, Adam variance, overflows) within ``lead_window_steps`` before it."""
         onset = trigger.onset_step if trigger.onset_step is not None else trigger.step
+        if open_spike_onset is not None:
+            onset = min(onset, open_spike_onset)
         led_by = None
-        for lead_step, kind in self.leads:
-            if lead_step < onset:
+        for lead_step, kind in sorted(self.leads):
+            if onset - self.lead_window_steps <= lead_step < onset:
                 onset, led_by = lead_step, kind
         good = [c for c in self.checkpoints if c[0] < onset and c[2]]
         ckpt = good[-1] if good else None

@@ -55,14 +55,15 @@ class EWMeanVar:
 class RobustLevel:
     """A robust, trend-following baseline of a positive signal, in log space.
 
-    ``level`` is an EW mean of ``log(x)``; ``scale`` an EW mean absolute deviation of the
-    residuals (×1.25 ≈ σ for Gaussian noise). Points flagged by the caller are *winsorized*
-    before they enter (clipped to ``level ± clip_sigmas·scale``), so a spike barely moves the
-    baseline while a genuine new level is still reached, slowly. A downward-trending loss is
-    followed because the residual mean is small next to the clip band.
+    ``level`` is an EW mean of ``log(x)`` with a damped EW trend (Holt's method, per sample),
+    so the baseline follows the natural downward drift of a loss curve instead of lagging
+    above it; ``scale`` is an EW mean absolute deviation of the residuals (×1.25 ≈ σ for
+    Gaussian noise). Points flagged by the caller are *winsorized* before they enter (clipped
+    to ``forecast ± clip_sigmas·scale``), so a spike barely moves the baseline while a genuine
+    new level is still reached, slowly.
 
-    ``z(x)`` is the standardized residual; ``ratio(x)`` is ``x / exp(level)``.
-    State: 4 floats.
+    ``baseline`` is the forecast for the next point; ``z(x)`` the standardized residual
+    against it; ``ratio(x)`` is ``x / baseline``. State: 4 floats.
 
     >>> b = RobustLevel(alpha=0.1)
     >>> for x in [2.0] * 10: b.update(x)
@@ -70,21 +71,30 @@ class RobustLevel:
     (2.0, 2.0)
     """
 
-    __slots__ = ("alpha", "clip_sigmas", "n", "level", "mad", "min_scale")
+    __slots__ = ("alpha", "clip_sigmas", "n", "level", "mad", "min_scale", "trend_alpha", "trend", "damping")
 
-    def __init__(self, alpha: float = 0.05, *, clip_sigmas: float = 3.0, min_scale: float = 1e-3):
+    def __init__(self, alpha: float = 0.05, *, clip_sigmas: float = 3.0, min_scale: float = 1e-3,
+                 trend_alpha: float = 0.05, damping: float = 0.98):
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
         self.alpha = alpha
         self.clip_sigmas = clip_sigmas
         self.min_scale = min_scale
+        self.trend_alpha = trend_alpha
+        self.damping = damping
         self.n = 0
         self.level = 0.0
+        self.trend = 0.0
         self.mad = 0.0
 
     @property
+    def forecast(self) -> float:
+        """The expected ``log(x)`` of the next point."""
+        return self.level + self.damping * self.trend
+
+    @property
     def baseline(self) -> float:
-        return math.exp(self.level)
+        return math.exp(self.forecast)
 
     @property
     def scale(self) -> float:
@@ -92,30 +102,40 @@ class RobustLevel:
         return max(1.25 * self.mad, self.min_scale)
 
     def z(self, x: float) -> float:
-        return (math.log(x) - self.level) / self.scale
+        return (math.log(x) - self.forecast) / self.scale
 
     def ratio(self, x: float) -> float:
-        return x / math.exp(self.level)
+        return x / self.baseline
 
     def update(self, x: float, *, flagged: bool = False) -> None:
         lx = math.log(x)
         self.n += 1
         a = max(self.alpha, 1.0 / self.n)
-        r = lx - self.level
         if self.n == 1:
             self.level = lx
             return
+        pred = self.forecast
+        r = lx - pred
+        clipped = False
         if flagged or self.n > 3:
             band = self.clip_sigmas * self.scale
+            clipped = abs(r) > band
             r = min(max(r, -band), band)
-        self.level += a * r
-        self.mad += a * (abs(r) - self.mad)
+        new = pred + a * r
+        # Flagged points move the level (clipped, so slowly) but never the noise scale or the
+        # trend: an anomaly must not widen the band it is judged by. The trend learns only from
+        # ordinary points, so a regime change does not wind it up into an overshoot.
+        if self.n > 3 and not flagged and not clipped:   # a trend from 2-3 points is noise
+            self.trend = self.damping * self.trend + self.trend_alpha * (new - self.level - self.damping * self.trend)
+        self.level = new
+        if not flagged:
+            self.mad += a * (abs(r) - self.mad)
 
     def state_dict(self) -> list:
-        return [self.n, self.level, self.mad]
+        return [self.n, self.level, self.trend, self.mad]
 
     def load_state_dict(self, s) -> None:
-        self.n, self.level, self.mad = int(s[0]), float(s[1]), float(s[2])
+        self.n, self.level, self.trend, self.mad = int(s[0]), float(s[1]), float(s[2]), float(s[3])
 
 
 class RollingMedian:

@@ -19,24 +19,26 @@ class LevelShift(Detector):
     name = "level_shift"
     kind = "level_shift"
     signals = (keys.LOSS,)
-    _state = ("slow", "fast", "anchor", "anchor_step", "count")
+    _state = ("slow", "fast", "anchor", "anchor_step", "count", "last")
 
     def __init__(self, *, min_shift: float = 0.1, persist_samples: int = 30,
-                 fast_alpha: float = 0.2, slow_alpha: float = 0.01):
+                 fast_alpha: float = 0.2, slow_alpha: float = 0.05):
         self.min_shift = positive("min_shift", min_shift)
         self.persist_samples = positive_int("persist_samples", persist_samples)
         self.fast_alpha = positive("fast_alpha", fast_alpha)
         self.slow_alpha = positive("slow_alpha", slow_alpha)
-        self.slow = RobustLevel(slow_alpha)
+        self.slow = RobustLevel(self.slow_alpha)
         self.fast: float | None = None
         self.anchor: float | None = None
         self.anchor_step: int | None = None
         self.count = 0
+        self.last: float | None = None
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         x = record.metrics.get(keys.LOSS)
-        if not finite_positive(x):
+        if not finite_positive(x) or x == self.last:   # a frozen value is `stall`'s business
             return []
+        self.last = x
         lx = math.log(x)
         self.fast = lx if self.fast is None else self.fast + self.fast_alpha * (lx - self.fast)
         thr = math.log1p(self.min_shift)

@@ -42,14 +42,17 @@ class LrAnomaly(Detector):
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         lr = record.metrics.get(keys.LR)
-        if lr is None or not math.isfinite(lr) or lr <= 0:
+        if lr is None or not (0.0 < lr < math.inf):
             return []
         prev, prev_step = self.prev, self.prev_step
         self.prev, self.prev_step = lr, record.step
         if prev is None:
             self.last_change_step = record.step
             return []
-        change = abs(math.log(lr / prev))
+        ratio = lr / prev
+        if not 0.0 < ratio < math.inf:
+            return []
+        change = abs(math.log(ratio))
         if change == 0.0:
             return []
         since = self.last_change_step if self.last_change_step is not None else prev_step

@@ -1,6 +1,7 @@
 """Consecutive fp16 overflow skips after start-up."""
 from __future__ import annotations
 
+import math
 from collections import deque
 
 from .. import keys
@@ -32,11 +33,11 @@ class OverflowBurst(Detector):
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         k = record.metrics.get(keys.SKIPPED)
-        if k is None or k != k:
+        if k is None or not 0.0 <= k < math.inf:
             return []
         step = record.step
         recent = deque((s, c) for s, c in self.recent if step - s < self.window_steps)
-        if k > 0:
+        if k > 0 and not ctx.in_startup:   # the start-up loss-scale search is not a burst
             recent.append((step, k))
         self.recent = [list(e) for e in recent]
         total = sum(c for _, c in recent)
@@ -44,7 +45,7 @@ class OverflowBurst(Detector):
             if total == 0:
                 self.open = False
             return []
-        if self.open or ctx.in_startup:
+        if self.open:
             return []
         self.open = True
         first = int(recent[0][0])

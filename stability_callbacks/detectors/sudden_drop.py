@@ -30,7 +30,7 @@ class SuddenDrop(Detector):
         self.startup_steps = positive_int("startup_steps", startup_steps)
         self.min_gap_steps = positive_int("min_gap_steps", min_gap_steps)
         self.fast_alpha = positive("fast_alpha", fast_alpha)
-        self.base = RobustLevel(baseline_alpha)
+        self.base = RobustLevel(positive("baseline_alpha", baseline_alpha))
         self.fast: float | None = None
         self.count = 0
         self.last_step: int | None = None

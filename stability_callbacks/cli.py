@@ -1,0 +1,148 @@
+"""``stability-callbacks`` (also ``python -m stability_callbacks``): replay, timeline, preflight, demo.
+
+Exit codes: 0 no critical finding; 1 a critical finding (or, for preflight, a warning);
+2 unreadable input or a bad config (the message names the file and line, or the key).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from .config import ConfigError
+from .record import Finding, severity_rank
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stability-callbacks",
+                                     description="Catch training instabilities; replay real logs offline.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("replay", help="run the live detector over a training log")
+    p.add_argument("path")
+    p.add_argument("--format", default="auto",
+                   help="auto|megatron|hf|hf-state|nanogpt|llmc|deepspeed|litgpt|mlx|fairseq|llamafactory|"
+                        "jsonl|csv|tensorboard|wandb-csv")
+    p.add_argument("--config", help="YAML config or preset name (default, pretrain-fp16, ...)")
+    p.add_argument("--json", dest="json_out", help="write findings as JSON lines to this file (- = stdout)")
+    p.add_argument("--report", help="write a report: OUT.html (self-contained) or OUT.png")
+    p.add_argument("--warmup-steps", type=int, help="declare the LR warmup length (else inferred from the LR)")
+    p = sub.add_parser("timeline", help="stitch a run log's segments after rollbacks")
+    p.add_argument("runlog")
+    p.add_argument("--png", help="write the stitched trajectory as a PNG")
+    p = sub.add_parser("preflight", help="audit a transformers config.json for known causes of instability")
+    p.add_argument("target")
+    p = sub.add_parser("demo", help="a tiny real training run that goes wrong, caught live")
+    p.add_argument("--scenario", default="warmup-spike")
+    p.add_argument("--framework", default="hf")
+    p.add_argument("--out", default="out/demo")
+    p.add_argument("--steps", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.command == "replay":
+        return replay(args)
+    if args.command == "timeline":
+        return timeline(args)
+    if args.command == "preflight":
+        from . import preflight
+        return preflight.main([args.target])
+    from .demo.run import main as demo_main
+    return demo_main(scenario=args.scenario, framework=args.framework, out_dir=args.out, steps=args.steps)
+
+
+def replay(args) -> int:
+    from .monitor import Monitor
+    from .replay.readers import LogFormatError, read_records
+
+    err = sys.stderr
+    try:
+        config = None
+        if args.config:
+            config = args.config
+        monitor = Monitor(config)
+        if args.warmup_steps:
+            monitor.set_warmup_steps(args.warmup_steps)
+    except ConfigError as e:
+        print(f"error: {e}", file=err)
+        return 2
+    skipped: list[tuple[int, str, str]] = []
+    keep = bool(args.report)
+    records, phases, findings = [], [], []
+    n = 0
+    try:
+        stream = read_records(args.path, args.format, on_skip=lambda *s: skipped.append(s),
+                              progress=err.isatty())
+        for rec in stream:
+            n += 1
+            findings += monitor.update(rec)
+            if keep:
+                records.append(rec)
+                phases.append((rec.step, monitor.phase_at_last_step))
+    except (LogFormatError, OSError, ValueError) as e:
+        print(f"error: {e}", file=err)
+        return 2
+    if skipped:
+        first = skipped[0]
+        print(f"note: skipped {len(skipped)} unreadable line(s) of {args.path} (first: line {first[0]}: "
+              f"{first[2]})", file=err)
+    if args.json_out:
+        out = sys.stdout if args.json_out == "-" else open(args.json_out, "w", encoding="utf-8")
+        for f in findings:
+            out.write(json.dumps(f.to_json()) + "\n")
+        if out is not sys.stdout:
+            out.close()
+    summary_to = err if args.json_out == "-" else sys.stdout
+    print_summary(findings, n, Path(args.path).name, file=summary_to)
+    if args.report:
+        from .replay.report import write_report
+        path = write_report(args.report, records, findings, title=Path(args.path).name, phases=phases)
+        print(f"report: {path}", file=summary_to)
+    return 1 if any(f.severity == "critical" for f in findings) else 0
+
+
+def print_summary(findings: list[Finding], num_records: int, name: str, *, file=None) -> None:
+    """A table of finding kinds, then every warning-or-worse finding with its sentence."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=file or sys.stdout, width=120, highlight=False, soft_wrap=False)
+    table = Table(title=f"{name}: {num_records} steps, {len(findings)} findings")
+    for col in ("kind", "severity", "count", "first step", "last step"):
+        table.add_column(col)
+    groups: dict[tuple[str, str], list[Finding]] = {}
+    for f in findings:
+        groups.setdefault((f.kind, f.severity), []).append(f)
+    for (kind, sev), fs in sorted(groups.items(), key=lambda kv: (-severity_rank(kv[0][1]), kv[1][0].step)):
+        table.add_row(kind, sev, str(len(fs)), str(fs[0].step), str(fs[-1].step))
+    console.print(table)
+    serious = [f for f in findings if severity_rank(f.severity) >= 1]
+    for f in serious[:50]:
+        console.print(f"[{f.severity}] step {f.step} {f.kind}: {f.message}", markup=False)
+        if f.kind == "rollback_advice":
+            from .actions.rollback import native_forms
+            for fw, text in native_forms(f.details).items():
+                console.print(f"    {fw}: {text}", markup=False)
+    if len(serious) > 50:
+        console.print(f"... and {len(serious) - 50} more warning-or-worse findings (see --json)")
+    counts = Counter(f.severity for f in findings)
+    console.print(f"critical: {counts['critical']}  warning: {counts['warning']}  info: {counts['info']}")
+
+
+def timeline(args) -> int:
+    from .replay.timeline import stitch, write_timeline_png
+
+    try:
+        result = stitch(args.runlog)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    live, superseded = result[0], result[1]
+    print(f"{args.runlog}: {len(live)} live steps, {len(superseded)} superseded by later segments")
+    if args.png:
+        write_timeline_png(args.png, result)
+        print(f"timeline: {args.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""The run log (DESIGN 2.3): one JSON object per line — steps, findings, segments, checkpoints.
+
+Written by every integration (rank 0), read by ``replay`` and ``timeline``. Lines are buffered
+and flushed every ``flush_every`` steps and at every finding, segment and checkpoint, so a
+crash loses at most a few step lines and never a finding.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .record import Finding, StepRecord
+
+RUNLOG_NAME = "runlog.jsonl"
+
+
+class RunLog:
+    def __init__(self, path: str | Path, *, flush_every: int = 50):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a", encoding="utf-8")
+        self.flush_every = flush_every
+        self._pending = 0
+
+    def _write(self, obj: dict, *, flush: bool) -> None:
+        self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        self._pending += 1
+        if flush or self._pending >= self.flush_every:
+            self._f.flush()
+            self._pending = 0
+
+    def step(self, record: StepRecord) -> None:
+        self._write(record.to_json(), flush=False)
+
+    def finding(self, finding: Finding) -> None:
+        self._write({"type": "finding", **finding.to_json()}, flush=True)
+
+    def segment(self, segment: int, start_step: int, reason: str) -> None:
+        self._write({"type": "segment", "segment": segment, "start_step": start_step, "reason": reason},
+                    flush=True)
+
+    def checkpoint(self, step: int, path: str | None) -> None:
+        self._write({"type": "checkpoint", "step": step, "path": path}, flush=True)
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()

@@ -1,0 +1,34 @@
+"""Seeded synthetic metric streams: a healthy run plus one planted phenomenon each."""
+from __future__ import annotations
+
+import math
+import random
+
+from stability_callbacks import StepRecord
+
+
+def healthy(n: int = 600, *, seed: int = 0, warmup: int = 50, noise: float = 0.01,
+            grad_norm: bool = True, adam: bool = False) -> list[StepRecord]:
+    """A decreasing loss with 1% multiplicative noise, linear warmup then cosine decay."""
+    rng = random.Random(seed)
+    out = []
+    for s in range(1, n + 1):
+        loss = (2.0 + 6.0 * math.exp(-s / 150)) * math.exp(rng.gauss(0, noise))
+        lr = 3e-4 * s / warmup if s <= warmup else 3e-4 * 0.5 * (1 + math.cos(math.pi * (s - warmup) / (2 * n)))
+        m = {"loss": loss, "lr": lr}
+        if grad_norm:
+            m["grad_norm"] = (0.5 + 2.0 * math.exp(-s / 100)) * math.exp(rng.gauss(0, 0.05))
+        if adam:
+            v = 1e-6 * (1 + 3 * math.exp(-s / 100)) * math.exp(rng.gauss(0, 0.02))
+            m.update({"adam/exp_avg_sq_max": v * 50, "adam/exp_avg_sq_l1": v * 1e6,
+                      "adam/exp_avg_sq_numel": 1e6})
+        out.append(StepRecord(s, m))
+    return out
+
+
+def scale(records, key, factor_by_step):
+    """Multiply ``key`` by ``factor_by_step(step)`` (returning 1.0 leaves it alone)."""
+    for r in records:
+        if key in r.metrics:
+            r.metrics[key] *= factor_by_step(r.step)
+    return records

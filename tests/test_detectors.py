@@ -1,0 +1,304 @@
+"""Every detector on a seeded synthetic stream: the exact steps of its findings."""
+import json
+import math
+
+import pytest
+from streams import healthy, scale
+
+from stability_callbacks import Monitor, StepRecord
+from stability_callbacks.detectors import DETECTORS, Context
+
+
+def run(records, config=None, *, warmup_steps=None):
+    m = Monitor(config)
+    if warmup_steps:
+        m.set_warmup_steps(warmup_steps)
+    out = []
+    for r in records:
+        out += m.update(r)
+    return out
+
+
+def kinds(findings, *, min_severity="info"):
+    order = {"info": 0, "warning": 1, "critical": 2}
+    return [(f.step, f.kind, f.severity) for f in findings if order[f.severity] >= order[min_severity]
+            and f.kind != "warmup_end"]
+
+
+def test_healthy_stream_is_quiet():
+    found = run(healthy(2000, adam=True))
+    assert kinds(found) == []
+    assert [(f.step, f.kind) for f in found if f.kind == "warmup_end"] == [(50, "warmup_end")]
+
+
+def test_fast_spike_is_info_and_recovers():
+    recs = scale(healthy(), "loss", lambda s: 1.8 if s == 300 else 1.0)
+    assert kinds(run(recs)) == [(300, "loss_spike", "info"), (301, "spike_recovered", "info")]
+
+
+def test_slow_spike_warns_and_recovers_slowly():
+    # a spike decaying over ~150 steps
+    recs = scale(healthy(800), "loss", lambda s: 1 + 1.2 * math.exp(-(s - 300) / 100) if s >= 300 else 1.0)
+    found = run(recs)
+    assert kinds(found) == [(300, "loss_spike", "info"), (302, "loss_spike", "warning"),   # persisted 3 points
+                            (421, "spike_recovered", "warning")]                           # slow: > 100 steps
+    assert found[-1].details["speed"] == "slow" and found[-1].details["recovery_steps"] == 121
+
+
+def test_unrecovered_spike_is_critical_with_rollback_advice():
+    recs = scale(healthy(800), "loss", lambda s: 1.6 if s >= 300 else 1.0)
+    found = run(recs)
+    assert kinds(found) == [(300, "loss_spike", "info"), (302, "loss_spike", "warning"),
+                            (340, "level_shift", "warning"), (600, "spike_unrecovered", "critical"),
+                            (600, "rollback_advice", "critical")]
+    assert found[-1].onset_step == 300 and found[-1].details["skip_steps"] == [300, 600]
+
+
+def test_divergence_without_spike():
+    recs = scale(healthy(800), "loss", lambda s: math.exp(0.004 * (s - 400)) if s >= 400 else 1.0)
+    assert kinds(run(recs)) == [(438, "divergence", "critical"), (438, "rollback_advice", "critical")]
+
+
+def test_level_shift():
+    recs = scale(healthy(900), "loss", lambda s: 1.25 if s >= 400 else 1.0)
+    found = kinds(run(recs, {"detectors": {"loss_spike": False, "divergence": False}}))
+    assert found == [(445, "level_shift", "warning")]
+
+
+def test_sudden_drop_is_info():
+    recs = scale(healthy(1500), "loss", lambda s: 0.6 if s >= 800 else 1.0)
+    found = kinds(run(recs))
+    assert found == [(804, "sudden_drop", "info")]
+
+
+def test_stall_and_exact_zero():
+    recs = healthy(300)
+    for r in recs[200:]:
+        r.metrics["loss"] = 1.234
+    assert kinds(run(recs)) == [(216, "stall", "critical")]
+    recs = healthy(300)
+    for r in recs[100:]:
+        r.metrics["loss"] = 0.0
+    assert kinds(run(recs)) == [(115, "stall", "critical"), (115, "warmup_instability", "critical")]
+
+
+def test_nonfinite_once_per_episode():
+    recs = healthy(400)
+    for r in recs[299:305]:
+        r.metrics["loss"] = math.nan
+    recs[350].metrics["grad_norm"] = math.inf
+    found = kinds(run(recs))
+    assert found == [(300, "nonfinite", "critical"), (300, "rollback_advice", "critical"),
+                     (351, "nonfinite", "critical")]
+
+
+def test_grad_norm_spike_isolated_then_repeating():
+    recs = scale(healthy(800), "grad_norm", lambda s: 8.0 if s in (300, 500, 540, 580) else 1.0)
+    found = kinds(run(recs))
+    assert found == [(300, "grad_norm_spike", "info"), (500, "grad_norm_spike", "info"),
+                     (540, "grad_norm_spike", "info"), (580, "grad_norm_spike", "warning")]
+
+
+def test_grad_norm_growth():
+    recs = scale(healthy(1500), "grad_norm", lambda s: math.exp((s - 600) / 200) if s >= 600 else 1.0)
+    assert kinds(run(recs)) == [(883, "grad_norm_growth", "warning")]
+
+
+def test_param_norm_growth():
+    recs = healthy(1000)
+    for r in recs:
+        r.metrics["param_norm"] = 100.0 * (1 + max(0, r.step - 400) / 300)
+    assert kinds(run(recs)) == [(575, "param_norm_growth", "warning")]
+
+
+def test_second_moment_surge_jump_and_post_peak_rise():
+    recs = scale(healthy(800, adam=True), "adam/exp_avg_sq_max", lambda s: 30.0 if s == 400 else 1.0)
+    assert kinds(run(recs)) == [(400, "second_moment_surge", "warning")]
+    recs = healthy(800, adam=True)
+    for r in recs:
+        if r.step > 50:
+            r.metrics["adam/exp_avg_sq_l1"] *= 1 + (r.step - 50) / 25
+    found = [f for f in run(recs) if f.kind == "second_moment_surge"]
+    assert [(f.step, f.details["rule"]) for f in found] == [(136, "post_peak_rise")]
+
+
+def test_overflow_burst_and_loss_scale_collapse():
+    recs = healthy(600)
+    scale_ = 65536.0
+    for r in recs:
+        skip = 400 <= r.step < 410
+        if skip:
+            scale_ /= 2
+        r.metrics.update(skipped=1.0 if skip else 0.0, loss_scale=scale_)
+    assert kinds(run(recs)) == [(402, "overflow_burst", "warning"), (405, "loss_scale_collapse", "critical"),
+                                (405, "rollback_advice", "critical")]
+
+
+def test_startup_scale_search_and_periodic_overflow_are_healthy():
+    recs = healthy(3000)
+    scale_ = 2.0 ** 32
+    for r in recs:
+        skip = r.step <= 16 or r.step % 200 in (0, 1)
+        if skip:
+            scale_ /= 2
+        elif r.step % 100 == 50:
+            scale_ *= 2
+        r.metrics.update(skipped=1.0 if skip else 0.0, loss_scale=scale_)
+    assert kinds(run(recs)) == []
+
+
+def test_lr_anomaly_on_schedule_swap():
+    recs = healthy(600)
+    for r in recs[400:]:
+        r.metrics["lr"] *= 0.7
+    assert kinds(run(recs)) == [(401, "lr_anomaly", "warning")]
+
+
+def test_warmup_instability_escalation_and_save_interval_bump():
+    recs = scale(healthy(600), "loss", lambda s: 3.0 if s == 70 else 1.0)
+    m = Monitor({"policy": {"bump_save_interval_to": 25}})
+    intervals, found = {}, []
+    for r in recs:
+        found += m.update(r)
+        intervals[r.step] = m.control.save_interval_steps
+        m.control.step_done()
+    assert kinds(found) == [(70, "loss_spike", "warning"), (70, "warmup_instability", "critical"),
+                            (71, "spike_recovered", "info")]
+    assert m.phase.risk_window == (50, 200)
+    assert intervals[40] is None and intervals[51] == 25 and intervals[200] == 25
+    assert intervals[600] == 25   # still bumped: 1000 steps after the warning
+
+
+def test_resume_spike_and_lr_anomaly_after_resume():
+    recs = healthy(600)
+    m = Monitor()
+    found = []
+    for r in recs[:300]:
+        found += m.update(r)
+    state = json.loads(json.dumps(m.state_dict()))
+    m2 = Monitor()
+    m2.load_state_dict(state)
+    found2 = m2.begin_segment(301, "resume")
+    for r in recs[300:]:
+        r.metrics["loss"] *= 1.3 if r.step < 310 else 1.0
+        found2 += m2.update(r)
+    assert kinds(found2) == [(301, "resume", "info"), (301, "loss_spike", "info"),
+                             (301, "resume_spike", "warning"), (303, "loss_spike", "warning"),
+                             (310, "spike_recovered", "info")]
+    # the same resume with the data continuing correctly: nothing but the resume itself
+    m3 = Monitor()
+    m3.load_state_dict(state)
+    clean = m3.begin_segment(301, "resume") + [f for r in healthy(600)[300:] for f in m3.update(r)]
+    assert kinds(clean) == [(301, "resume", "info")]
+
+
+def test_data_repetition_from_fingerprints_and_from_falsely_low_loss():
+    recs = healthy(600)
+    for r in recs:
+        r.metrics["batch_fingerprint"] = float(1000 + r.step)
+    m = Monitor()
+    for r in recs[:300]:
+        m.update(r)
+    m.begin_segment(301, "resume")
+    found = []
+    for r in recs[300:320]:
+        r.metrics["batch_fingerprint"] = float(1000 + r.step - 300)   # the data restarted
+        found += m.update(r)
+    rep = [f for f in found if f.kind == "data_repetition"]
+    assert [(f.step, f.details["repeats_step"], f.severity) for f in rep] == [(301, 1, "critical")]
+    # no fingerprints: the loss is falsely low after the resume
+    recs = healthy(600)
+    m = Monitor()
+    for r in recs[:300]:
+        m.update(r)
+    m.begin_segment(301, "resume")
+    found = []
+    for r in recs[300:]:
+        r.metrics["loss"] *= 0.7 if r.step < 400 else 1.0
+        found += m.update(r)
+    rep = [(f.step, f.kind) for f in found if f.kind == "data_repetition"]
+    assert rep == [(305, "data_repetition")]
+    assert found[0].kind == "data_repetition" and found[0].details["rule"] == "falsely_low_loss"
+
+
+def test_per_stream_losses_are_watched_and_named():
+    recs = healthy(500)
+    for r in recs:
+        r.metrics["loss/cm4"] = r.metrics["loss"] * 1.2 * (2.5 if r.step == 300 else 1.0)
+        r.metrics["loss/pmd"] = r.metrics["loss"] * 0.8
+        r.metrics["loss"] *= 2.2 if r.step == 300 else 1.0
+    found = [f for f in run(recs) if f.kind == "loss_spike"]
+    assert [(f.step, f.signal) for f in found] == [(300, "loss"), (300, "loss/cm4")]
+    main = found[0]
+    assert main.details["streams"] == ["loss/cm4"] and "loss/cm4" in main.message
+
+
+def test_cold_start_catches_huge_jumps_in_short_snippets():
+    recs = [StepRecord(s, {"loss": x, "grad_norm": g}) for s, x, g in
+            [(11446, 3.06, 12952.0), (11447, 3.11, 262623.0), (11448, 7.71, 254699.0)]]
+    assert kinds(run(recs)) == [(11447, "grad_norm_spike", "info"), (11448, "loss_spike", "info")]
+
+
+def test_early_findings_are_info_unless_unmistakable():
+    recs = [StepRecord(s, {"loss": x}) for s, x in [(1, 12.4), (2, 12.5), (3, 44.0), (4, 40.0), (5, math.nan)]]
+    assert kinds(run(recs)) == [(3, "loss_spike", "info"), (5, "nonfinite", "critical"),
+                                (5, "rollback_advice", "critical")]
+
+
+# -- contract tests: every detector --------------------------------------------------------------
+def _stream():
+    recs = healthy(900, adam=True)
+    for r in recs:
+        r.metrics.update(param_norm=100 + r.step / 10, loss_scale=2.0 ** 16, skipped=0.0,
+                         batch_fingerprint=float(r.step), **{"loss/a": r.metrics["loss"] * 1.1})
+    scale(recs, "loss", lambda s: 2.5 if 600 <= s < 620 else 1.0)
+    scale(recs, "grad_norm", lambda s: 9.0 if s == 599 else 1.0)
+    return recs
+
+
+@pytest.mark.parametrize("name", sorted(DETECTORS))
+def test_state_round_trips_mid_stream(name):
+    recs = _stream()
+    cfg = {"detectors": {n: (None if n == name else False) for n in DETECTORS}}
+    a = Monitor(cfg)
+    first = [f for r in recs[:590] for f in a.update(r)]
+    state = json.loads(json.dumps(a.state_dict()))
+    b = Monitor(cfg)
+    b.load_state_dict(state)
+    rest_a = [f.to_json() for r in recs[590:] for f in a.update(r)]
+    rest_b = [f.to_json() for r in recs[590:] for f in b.update(r)]
+    assert rest_a == rest_b
+    assert len(json.dumps(state)) < 200_000 and first is not None
+
+
+@pytest.mark.parametrize("name", sorted(DETECTORS))
+def test_odd_values_never_raise(name):
+    det = DETECTORS[name]()
+    odd = [None, math.nan, math.inf, -math.inf, 0.0, -1.0, 1e300, 1e-300]
+    for i, v in enumerate(odd * 3, 1):
+        m = {k: v for k in ("loss", "grad_norm", "lr", "loss_scale", "skipped", "adam/exp_avg_sq_max",
+                            "adam/exp_avg_sq_l1", "adam/exp_avg_sq_numel", "param_norm",
+                            "batch_fingerprint") if v is not None}
+        det.update(StepRecord(i, m), Context(i))
+
+
+@pytest.mark.parametrize("name", sorted(DETECTORS))
+def test_bad_constructor_values_name_the_key(name):
+    import inspect
+    params = [p for p, v in inspect.signature(DETECTORS[name].__init__).parameters.items()
+              if v.kind == inspect.Parameter.KEYWORD_ONLY and isinstance(v.default, (int, float))
+              and not isinstance(v.default, bool)]
+    for p in params:
+        with pytest.raises(ValueError, match=p):
+            DETECTORS[name](**{p: -1})
+
+
+def test_state_load_is_strict():
+    m = Monitor()
+    state = m.state_dict()
+    other = Monitor({"detectors": {"stall": False}})
+    with pytest.raises(ValueError, match="detectors"):
+        other.load_state_dict(state)
+    state["detectors"]["loss_spike"]["extra"] = 1
+    with pytest.raises(ValueError, match="loss_spike"):
+        m.load_state_dict(state)
