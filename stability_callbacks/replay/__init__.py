@@ -1,0 +1,1 @@
+"""Offline replay: readers (one per log format), the report, the rollback timeline."""

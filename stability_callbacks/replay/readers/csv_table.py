@@ -1,0 +1,97 @@
+"""Tables: our CSV (DESIGN 2.4) and W&B CSV exports.
+
+Our CSV: header ``step,loss,grad_norm,lr,loss_scale,skipped`` (any subset; other metric-key
+columns such as ``adam/exp_avg_sq_max`` or ``loss/<name>`` kept); an empty cell is a missing value,
+``nan`` is NaN.
+
+W&B: a run-history export (``_step,_runtime,_timestamp,train/loss,...``; HF runs also carry
+``train/global_step``, which is the optimizer step and wins over ``_step``) or a chart-panel export
+(``Step,<run> - train/loss,<run> - train/loss__MIN,<run> - train/loss__MAX``: the ``__MIN``/``__MAX``
+envelopes are dropped, the ``<run> - `` prefix is stripped, the first run of the panel is read).
+W&B rows without one of our metrics are not steps (W&B writes a row per ``log`` call); a row
+of our CSV is a step even when every cell is empty (the step happened, nothing was printed).
+"""
+from __future__ import annotations
+
+import csv
+from typing import Iterator
+
+from ...record import StepRecord
+from .source import LogFormatError, SkipReport, numbered_lines, to_float
+from .tags import metric_key
+
+_WANDB_STEP_COLUMNS = ("train/global_step", "trainer/global_step", "global_step", "Step", "_step")
+_OUR_STEP_COLUMNS = ("step", "Step", "iteration", "iter", "global_step", "_step")
+
+
+def read_csv(path, *, on_skip: SkipReport, progress: bool = False, tag_map=None, **_
+             ) -> Iterator[StepRecord]:
+    yield from _read(path, on_skip, progress, tag_map, wandb=False)
+
+
+def read_wandb(path, *, on_skip: SkipReport, progress: bool = False, tag_map=None, **_
+               ) -> Iterator[StepRecord]:
+    yield from _read(path, on_skip, progress, tag_map, wandb=True)
+
+
+def _columns(header: list[str], tag_map, wandb: bool):
+    """(index of the step column(s) in priority order, [(index, metric key)])."""
+    names = [h.strip() for h in header]
+    step_names = _WANDB_STEP_COLUMNS if wandb else _OUR_STEP_COLUMNS
+    steps = [names.index(s) for s in step_names if s in names]
+    run = None
+    metrics = []
+    for i, name in enumerate(names):
+        if i in steps or name.endswith("__MIN") or name.endswith("__MAX"):
+            continue
+        if wandb and " - " in name:
+            prefix, name = name.split(" - ", 1)
+            if run is None:
+                run = prefix
+            elif prefix != run:
+                continue
+        key = metric_key(name, tag_map)
+        if key is not None and key not in [k for _, k in metrics]:
+            metrics.append((i, key))
+    return steps, metrics
+
+
+def _read(path, on_skip, progress, tag_map, wandb):
+    lines = numbered_lines(path, progress=progress)
+    numbers = [0]    # the line the csv module last consumed (rows may span lines)
+
+    def text_lines():
+        for line_no, text in lines:
+            numbers[-1] = line_no
+            yield text
+
+    rows = csv.reader(text_lines())
+    header = next(rows, None)
+    while header is not None and not any(c.strip() for c in header):
+        header = next(rows, None)
+    if header is None:
+        raise LogFormatError(path, None, "empty file (no CSV header)")
+    steps, metrics = _columns(header, tag_map, wandb)
+    if not steps:
+        raise LogFormatError(path, numbers[-1], f"no step column in header {header!r}")
+    if not metrics:
+        raise LogFormatError(path, numbers[-1], f"no metric column in header {header!r}")
+    for row in rows:
+        line_no = numbers[-1]
+        if not row or not any(c.strip() for c in row):
+            continue
+        try:
+            step_cell = next((row[i] for i in steps if i < len(row) and row[i].strip()), None)
+            if step_cell is None:
+                raise ValueError("no step")
+            step = int(to_float(step_cell))
+            values = {}
+            for i, key in metrics:
+                cell = row[i].strip() if i < len(row) else ""
+                if cell:
+                    values[key] = to_float(cell)
+        except (ValueError, OverflowError) as e:
+            on_skip(line_no, ",".join(row), f"unreadable CSV row: {e}")
+            continue
+        if values or not wandb:
+            yield StepRecord(step, values)

@@ -1,0 +1,122 @@
+"""Megatron-LM / Megatron-DeepSpeed / gpt-neox iteration lines.
+
+    iteration  31219/ 115311 | consumed samples: ... | learning rate: 5.279E-05 |
+      lm loss: 5.098124E+00 | loss scale: 65536.0 | grad norm: 960.351 |
+      number of skipped iterations:   0 | number of nan iterations:   0 |
+
+Rules taken from the real logs (tests/data/real_logs, CSVs are the ground truth):
+- ``lm loss``, ``lm-loss`` (Megatron-DeepSpeed) and ``lm_loss`` (gpt-neox) are the loss.
+- A line without a loss field: Megatron drops the field when every iteration of the interval was
+  skipped or NaN. With ``number of skipped iterations`` > 0 and no NaN iteration it is the fp16
+  start-up loss-scale search (loss absent); otherwise the loss went NaN (``loss = nan``).
+- ``skipped`` is the printed skipped count, raised to the number of DeepSpeed
+  ``OVERFLOW! ... Skipping step`` lines seen since the previous iteration (ZeRO prints those and
+  may still count 0); their ``reducing to S`` gives ``loss_scale`` when the line has none.
+- Print artefacts (``grad norm: 0.000``, ``loss scale: -1.0``) are kept verbatim: they are what
+  the log says, and the CSVs keep them.
+- Hand-wrapped lines (a line that does not end in ``|``) are joined with the following lines;
+  fields are matched with all whitespace removed, so ``learning\\n rate`` and
+  ``iteratio\\nns`` read the same.
+- ``validation loss at iteration N`` lines are ignored (no ``N/M``).
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+from ...record import StepRecord
+from ... import keys
+from .source import SkipReport, numbered_lines, to_float
+
+SIGNATURE = re.compile(r"iteration\s*\d+\s*/\s*\d+\s*\|")
+OVERFLOW = re.compile(r"OVERFLOW!.*?Skipping step.*?(?:reducing to\s*([0-9.eE+-]+))?\s*$")
+_ITER = re.compile(r"iteration(\d+)/(\d+)")
+_MAX_JOINED_LINES = 6
+
+# Whitespace-free field names -> metric keys.
+_FIELDS = {
+    "lmloss": keys.LOSS, "lm-loss": keys.LOSS, "lm_loss": keys.LOSS,
+    "learningrate": keys.LR, "gradnorm": keys.GRAD_NORM, "lossscale": keys.LOSS_SCALE,
+    "consumedsamples": keys.CONSUMED_SAMPLES,
+}
+
+
+def read(path, *, on_skip: SkipReport, progress: bool = False, **_) -> Iterator[StepRecord]:
+    pending: list[str] = []          # a wrapped iteration line being joined
+    pending_line = 0
+    overflows = 0
+    overflow_scale: float | None = None
+    for line_no, text in numbered_lines(path, progress=progress):
+        if pending:
+            if SIGNATURE.search(text) or "OVERFLOW!" in text:
+                rec = _finish(pending, pending_line, on_skip, overflows, overflow_scale)
+                pending = []
+                if rec is not None:
+                    overflows, overflow_scale = 0, None
+                    yield rec
+            else:
+                pending.append(text)
+                if text.rstrip().endswith("|") or len(pending) >= _MAX_JOINED_LINES:
+                    rec = _finish(pending, pending_line, on_skip, overflows, overflow_scale)
+                    pending = []
+                    if rec is not None:
+                        overflows, overflow_scale = 0, None
+                        yield rec
+                continue
+        if "OVERFLOW!" in text:
+            m = OVERFLOW.search(text)
+            if m:
+                overflows += 1
+                if m.group(1):
+                    overflow_scale = to_float(m.group(1))
+            continue
+        m = SIGNATURE.search(text)
+        if not m:
+            continue
+        body = text[m.start():]
+        if body.rstrip().endswith("|"):
+            rec = _finish([body], line_no, on_skip, overflows, overflow_scale)
+            if rec is not None:
+                overflows, overflow_scale = 0, None
+                yield rec
+        else:
+            pending, pending_line = [body], line_no
+    if pending:
+        rec = _finish(pending, pending_line, on_skip, overflows, overflow_scale)
+        if rec is not None:
+            yield rec
+
+
+def _finish(parts: list[str], line_no: int, on_skip: SkipReport, overflows: int,
+            overflow_scale: float | None) -> StepRecord | None:
+    flat = "".join("".join(parts).split())
+    m = _ITER.search(flat)
+    if m is None:
+        on_skip(line_no, " ".join(parts), "iteration line without an iteration number")
+        return None
+    metrics: dict[str, float] = {}
+    skipped_count = 0.0
+    nan_count = 0.0
+    try:
+        for field in flat[m.end():].split("|"):
+            name, sep, value = field.rpartition(":")
+            if not sep or not value:
+                continue
+            if name in _FIELDS:
+                metrics[_FIELDS[name]] = to_float(value)
+            elif name == "numberofskippediterations":
+                skipped_count = to_float(value)
+            elif name == "numberofnaniterations":
+                nan_count = to_float(value)
+        # The skipped count is only known when printed; keep "absent" apart from 0.
+        printed_skip = "numberofskippediterations:" in flat
+    except ValueError as e:
+        on_skip(line_no, " ".join(parts), f"unreadable number in iteration line: {e}")
+        return None
+    if keys.LOSS not in metrics and (nan_count > 0 or skipped_count == 0):
+        metrics[keys.LOSS] = float("nan")
+    if printed_skip or overflows:
+        metrics[keys.SKIPPED] = max(skipped_count, float(overflows))
+    if keys.LOSS_SCALE not in metrics and overflow_scale is not None:
+        metrics[keys.LOSS_SCALE] = overflow_scale
+    return StepRecord(int(m.group(1)), metrics)

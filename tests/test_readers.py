@@ -1,0 +1,262 @@
+"""Readers: every real log reads to the numbers of its CSV; every format fixture to its records."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from stability_callbacks.record import StepRecord
+from stability_callbacks.replay.readers import (FORMATS, LogFormatError, detect_format,
+                                                read_records)
+from stability_callbacks.replay.readers import source
+
+DATA = Path(__file__).parent / "data"
+REAL = DATA / "real_logs"
+FIXTURES = DATA / "formats"
+LABELS = {e["name"]: e for e in json.loads((REAL / "labels.json").read_text())}
+REAL_LOGS = sorted(REAL.glob("*.log"))
+
+# labels.json `format` -> the reader that must be auto-detected.
+LABEL_FORMAT = {"megatron": "megatron", "megatron+deepspeed-overflow": "megatron",
+                "nanogpt-speedrun": "nanogpt", "llmc": "llmc", "deepspeed-chat": "deepspeed",
+                "csv": "csv"}
+
+FIXTURE_FORMAT = {
+    "hf_printed.log": "hf", "trainer_state.json": "hf-state", "nanogpt_karpathy.log": "nanogpt",
+    "build_nanogpt.log": "nanogpt", "llmc_stdout.log": "llmc", "litgpt_old.log": "litgpt",
+    "litgpt_new.log": "litgpt", "mlx_lora.log": "mlx", "fairseq_inner.log": "fairseq",
+    "fairseq_summary.log": "fairseq", "trainer_log.jsonl": "llamafactory",
+    "megatron_quoted.log": "megatron", "nanogpt_quoted.log": "nanogpt",
+    "wandb_history.csv": "wandb-csv", "wandb_panel.csv": "wandb-csv",
+    "plain_metrics.jsonl": "jsonl",
+}
+
+
+def expected_rows(csv_path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return [c for c in rows[0] if c != "step"], rows
+
+
+def assert_same(records: list[StepRecord], csv_path: Path, allowed_extra=()):
+    """Every record's step and every metric of the CSV: NaN == NaN, empty cell = key absent."""
+    columns, rows = expected_rows(csv_path)
+    assert [r.step for r in records] == [int(row["step"]) for row in rows]
+    for rec, row in zip(records, rows):
+        for col in columns:
+            cell = row[col]
+            if cell == "":
+                assert col not in rec.metrics, (rec.step, col, rec.metrics)
+                continue
+            want, got = float(cell), rec.metrics.get(col)
+            assert got is not None, (rec.step, col)
+            assert got == want or (math.isnan(want) and math.isnan(got)), (rec.step, col, got, want)
+        assert set(rec.metrics) - set(columns) <= set(allowed_extra), (rec.step, rec.metrics)
+
+
+@pytest.mark.parametrize("log", REAL_LOGS, ids=lambda p: p.stem)
+def test_real_log_auto_reads_to_its_csv(log):
+    label = LABELS[log.stem]
+    assert detect_format(log) == LABEL_FORMAT[label["format"]]
+    # Megatron prints consumed samples: kept (the resume auditor uses it), not in the CSVs.
+    assert_same(list(read_records(log, format="auto")), REAL / label["csv"],
+                allowed_extra=("consumed_samples",))
+
+
+def test_every_real_log_is_covered():
+    assert len(REAL_LOGS) == 21
+    assert {LABELS[p.stem]["format"] for p in REAL_LOGS} <= set(LABEL_FORMAT)
+
+
+@pytest.mark.parametrize("table", sorted(REAL.glob("*.csv")), ids=lambda p: p.stem)
+def test_real_csv_reads_itself(table):
+    assert detect_format(table) == "csv"
+    assert_same(list(read_records(table)), table)
+
+
+def test_megatron_rules_from_the_real_logs():
+    # The loss field vanished with no skipped iteration: the run went NaN.
+    recs = {r.step: r for r in read_records(REAL / "bs_tr8_104B_exp12_spike8740_diverge9027.log")}
+    assert math.isnan(recs[9027].metrics["loss"]) and recs[9027].metrics["loss_scale"] == 8192.0
+    # Start-up loss-scale search: all iterations skipped, no loss at all.
+    recs = list(read_records(REAL / "bs_exp_gpt2meg_base_n4_fp16_scale_search_early_spike.log"))
+    assert "loss" not in recs[0].metrics and recs[0].metrics["skipped"] == 10.0
+    # DeepSpeed OVERFLOW lines mark the next iteration skipped although it prints 0.
+    recs = list(read_records(REAL / "bs_tr8b_104B_embnorm_exp7_optreset_spike17062.log"))
+    assert [r.metrics["skipped"] for r in recs] == [0, 0, 1, 1, 1, 1, 0, 1, 1]
+    # Hard-wrapped lines: each record joined from three physical lines.
+    recs = list(read_records(REAL / "bs_tr11_176B_throughput_drop_wrapped.log"))
+    assert [r.step for r in recs] == [42780, 42781, 42782, 42783, 42784]
+    assert recs[0].metrics["lr"] == 4.475e-05 and recs[0].metrics["skipped"] == 0
+
+
+def test_deepspeed_chat_counts_skips_per_interval():
+    recs = list(read_records(REAL / "dschat_opt1.3b_sft_fp16_periodic_overflow.log"))
+    assert recs[0].step == 10 and recs[0].metrics == {
+        "lr": 9.649992967150629e-06, "loss_scale": 2048.0, "skipped": 6.0}
+    assert recs[1].metrics == {"lr": 9.649913847830647e-06, "skipped": 0.0}
+    # The per-interval counts add up to the engine's final cumulative count.
+    assert sum(r.metrics["skipped"] for r in recs) == 139
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURE_FORMAT))
+def test_format_fixture(name):
+    path = FIXTURES / name
+    assert detect_format(path) == FIXTURE_FORMAT[name]
+    assert_same(list(read_records(path)), FIXTURES / (path.name.split(".")[0] + ".expected.csv"))
+
+
+def test_every_format_has_a_test():
+    covered = set(FIXTURE_FORMAT.values()) | set(LABEL_FORMAT.values()) | {"tensorboard"}
+    assert covered == set(FORMATS)
+
+
+def test_records_without_step_numbers_are_numbered_in_order():
+    recs = list(read_records(FIXTURES / "hf_printed.log", format="hf"))
+    assert [r.step for r in recs] == [1, 2, 3, 4]
+
+
+def test_format_aliases_and_forced_format():
+    log = REAL / "mn_gpt2_124M_valueembed_blip946.log"
+    assert len(list(read_records(log, format="nanogpt-speedrun"))) == 1530
+    with pytest.raises(ValueError, match="format: unknown 'nope'"):
+        read_records(log, format="nope")
+
+
+def test_tensorboard_summary_writer_round_trip(tmp_path):
+    torch_tb = pytest.importorskip("torch.utils.tensorboard")
+    n = 10_050   # more than the 10,000 the default size guidance would keep (FRAMEWORK_NOTES 6)
+    writer = torch_tb.SummaryWriter(str(tmp_path / "run"))
+    for step in range(n):
+        writer.add_scalar("train/loss", 10.0 / (step + 1), step)
+        if step % 100 == 0:
+            writer.add_scalar("train/grad_norm", 0.5, step)
+            writer.add_scalar("my odd loss", 3.0, step)
+    writer.add_scalar("train/learning_rate", 1e-3, 7, new_style=True)
+    writer.add_scalar("train/loss", float("nan"), n)
+    writer.add_scalar("eval/accuracy", 0.5, 3)   # not a metric we use
+    writer.close()
+    assert detect_format(tmp_path) == "tensorboard"
+    recs = list(read_records(tmp_path, tag_map={"my odd loss": "loss/odd"}))
+    assert [r.step for r in recs] == list(range(n + 1))
+    assert recs[9].metrics == {"loss": pytest.approx(1.0)}
+    assert recs[100].metrics == {"loss": pytest.approx(10 / 101), "grad_norm": 0.5, "loss/odd": 3.0}
+    assert recs[7].metrics["lr"] == pytest.approx(1e-3)
+    assert math.isnan(recs[-1].metrics["loss"])
+
+
+def test_wandb_history_csv_round_trip(tmp_path):
+    truth = [StepRecord(s, {"loss": 3.0 - s / 100, "grad_norm": 0.25 * s, "lr": 1e-4})
+             for s in range(1, 40)]
+    truth[5].metrics["loss"] = float("nan")
+    del truth[7].metrics["grad_norm"]
+    path = tmp_path / "wandb_export.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["_step", "_runtime", "train/loss", "train/grad_norm", "train/learning_rate",
+                    "train/global_step"])
+        for i, r in enumerate(truth):
+            m = r.metrics
+            w.writerow([i, i * 0.5, "NaN" if math.isnan(m["loss"]) else repr(m["loss"]),
+                        repr(m["grad_norm"]) if "grad_norm" in m else "", repr(m["lr"]), r.step])
+            if i == 3:   # an eval-only row W&B writes between steps
+                w.writerow([i, i * 0.5, "", "", "", ""])
+    assert detect_format(path) == "wandb-csv"
+    got = list(read_records(path))
+    assert [r.step for r in got] == [r.step for r in truth]
+    for a, b in zip(got, truth):
+        assert set(a.metrics) == set(b.metrics)
+        for k, v in b.metrics.items():
+            assert a.metrics[k] == v or (math.isnan(v) and math.isnan(a.metrics[k]))
+
+
+def test_run_log_jsonl_reads_step_lines_in_file_order(tmp_path):
+    path = tmp_path / "run.jsonl"
+    lines = [
+        {"type": "segment", "segment": 0, "start_step": 1, "reason": "start"},
+        StepRecord(1, {"loss": 2.0}).to_json(),
+        StepRecord(2, {"loss": float("nan"), "grad_norm": float("inf")}).to_json(),
+        {"type": "finding", "step": 2, "kind": "nonfinite", "severity": "critical",
+         "message": "NaN"},
+        {"type": "segment", "segment": 1, "start_step": 2, "reason": "rollback"},
+        StepRecord(2, {"loss": 1.9}, segment=1).to_json(),
+    ]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    assert detect_format(path) == "jsonl"
+    recs = list(read_records(path))
+    assert [(r.step, r.segment) for r in recs] == [(1, 0), (2, 0), (2, 1)]
+    assert math.isnan(recs[1].metrics["loss"]) and recs[1].metrics["grad_norm"] == math.inf
+
+
+def test_partly_unreadable_file_reports_skips_and_replays_the_rest(tmp_path):
+    path = tmp_path / "broken.jsonl"
+    path.write_bytes(b'{"step": 1, "loss": 2.0}\n{"step": 2, "loss": \n\xff\xfe garbage\n'
+                     b'{"step": 3, "loss": 1.5}\n')
+    skipped = []
+    recs = list(read_records(path, on_skip=lambda n, text, why: skipped.append((n, why))))
+    assert [r.step for r in recs] == [1, 3]
+    assert [n for n, _ in skipped] == [2, 3] and all("not JSON" in w for _, w in skipped)
+
+    path = tmp_path / "broken.csv"
+    path.write_text("step,loss\n1,2.0\n2,two\n3,1.5\n")
+    skipped.clear()
+    recs = list(read_records(path, on_skip=lambda n, text, why: skipped.append((n, text))))
+    assert [r.step for r in recs] == [1, 3] and skipped == [(3, "2,two")]
+
+
+def test_unreadable_skip_without_callback_is_logged_once(tmp_path, caplog):
+    path = tmp_path / "broken.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\nnot json\nnor this\n')
+    recs = list(read_records(path))
+    assert [r.step for r in recs] == [1]
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 1 and "skipped 2 unreadable line(s); first at line 2" in msgs[0]
+
+
+def test_fatal_errors_name_the_file_and_line(tmp_path):
+    with pytest.raises(LogFormatError, match="missing.log: no such file"):
+        read_records(tmp_path / "missing.log")
+    junk = tmp_path / "notes.txt"
+    junk.write_text("hello\nthis is no training log\n")
+    with pytest.raises(LogFormatError, match=r"notes\.txt: unknown log format"):
+        read_records(junk)
+    table = tmp_path / "t.csv"
+    table.write_text("step,colour\n1,red\n")
+    with pytest.raises(LogFormatError, match=r"t\.csv:1: no metric column"):
+        list(read_records(table))
+    empty = tmp_path / "empty.log"
+    empty.write_text("iteration line? no\n")
+    with pytest.raises(LogFormatError, match=r"empty\.log: no megatron records found"):
+        list(read_records(empty, format="megatron"))
+    assert str(LogFormatError("a.log", 7, "bad")) == "a.log:7: bad"
+
+
+def test_tag_map_values_must_be_metric_keys(tmp_path):
+    with pytest.raises(ValueError, match=r"tag_map\.foo: 'lossy' is not a metric key"):
+        read_records(FIXTURES / "wandb_panel.csv", tag_map={"foo": "lossy"})
+
+
+def test_tag_map_renames_and_drops_columns():
+    recs = list(read_records(FIXTURES / "wandb_history.csv",
+                             tag_map={"train/grad_norm": None, "eval/loss": "loss/eval"}))
+    assert [r.step for r in recs] == [10, 20, 20, 30]
+    assert recs[2].metrics == {"loss/eval": 2.3} and "grad_norm" not in recs[0].metrics
+
+
+def test_reading_is_fast_and_streams():
+    log = REAL / "mn_gpt2_1p5B_scaleup_20k.log"
+    t0 = time.perf_counter()
+    n = sum(1 for _ in read_records(log))
+    elapsed = time.perf_counter() - t0
+    assert n == 20344
+    assert elapsed < 1.5, f"{elapsed:.2f}s for 20k lines"   # ~0.2 s measured on this machine
+
+
+def test_progress_bar_on_large_inputs(monkeypatch, capsys):
+    monkeypatch.setattr(source, "PROGRESS_MIN_BYTES", 0)
+    recs = list(read_records(REAL / "llmc_gpt2_124M_adamw_oldformat.log", progress=True))
+    assert len(recs) == 9536
