@@ -16,6 +16,10 @@ from .record import Finding, severity_rank
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["preflight"]:   # its own parser, flags included
+        from . import preflight
+        return preflight.main(argv[1:])
     parser = argparse.ArgumentParser(prog="stability-callbacks",
                                      description="Catch training instabilities; replay real logs offline.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -31,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("timeline", help="stitch a run log's segments after rollbacks")
     p.add_argument("runlog")
     p.add_argument("--png", help="write the stitched trajectory as a PNG")
-    p = sub.add_parser("preflight", help="audit a transformers config.json for known causes of instability")
-    p.add_argument("target")
+    sub.add_parser("preflight", help="audit a transformers config.json for known causes of instability "
+                                     "(stability-callbacks preflight --help)")
     p = sub.add_parser("demo", help="a tiny real training run that goes wrong, caught live")
     p.add_argument("--scenario", default="warmup-spike")
     p.add_argument("--framework", default="hf")
@@ -43,9 +47,6 @@ def main(argv: list[str] | None = None) -> int:
         return replay(args)
     if args.command == "timeline":
         return timeline(args)
-    if args.command == "preflight":
-        from . import preflight
-        return preflight.main([args.target])
     from .demo.run import main as demo_main
     return demo_main(scenario=args.scenario, framework=args.framework, out_dir=args.out, steps=args.steps)
 

@@ -81,6 +81,10 @@ class LiveRun:
         self._emit(found)
         return found
 
+    def emit(self, found: list[Finding]) -> None:
+        """Findings that come from no step record (the preflight audit): run log + alerts."""
+        self._emit(list(found))
+
     def _emit(self, found: list[Finding]) -> None:
         self.findings.extend(found)
         for f in found:

@@ -22,6 +22,7 @@ from .record import Finding, StepRecord
 log = logging.getLogger("stability_callbacks")
 
 STATE_VERSION = 1
+_CONTRACT_KEYS = frozenset(keys.ALL)
 
 
 class Monitor:
@@ -78,19 +79,26 @@ class Monitor:
         ctx = Context(step=step, phase=self.phase.phase, in_risk_window=self.phase.in_risk_window(step),
                       in_startup=step <= self.policy.startup_steps or not self.success_seen,
                       steps_since_resume=(step - self.resume_step if self.resume_step is not None else None))
+        broken = self._broken
         for d in self.detectors:
-            if d.signals and not any(s in m for s in d.signals):
+            if d.signals and m.keys().isdisjoint(d.signals):
                 continue
-            out += self._run(d, record, ctx)
+            if d.name in broken:
+                continue
+            try:
+                found = d.update(record, ctx)
+            except Exception:   # a broken detector must not take training down
+                self._disable(d.name, step)
+                found = ()
+            if found:
+                out += found
             if d is self._loss_spike:
-                ctx.loss_spike_open = d.open
-                ctx.loss_spike_onset = d.episode[0] if d.open else None
-        for k in keys.loss_streams(m):
-            det = self.streams.get(k)
-            if det is None:
-                det = self.streams[k] = LossSpike(signal=k, **self._stream_kwargs)
-            out += self._run(det, record, ctx)
-        self._name_streams(out)
+                ctx.loss_baseline = d.baseline_before
+                ctx.loss_spike_open = d.episode is not None
+                ctx.loss_spike_onset = d.episode[0] if d.episode is not None else None
+        if self.streams or not _CONTRACT_KEYS.issuperset(m.keys()):
+            out += self._update_streams(record, ctx)
+            self._name_streams(out)
         out += self.policy.decide(out, ctx, self.control, self.phase.risk_window)
         for f in out:
             if f.phase is None:
@@ -99,16 +107,24 @@ class Monitor:
         self.phase_at_last_step = ctx.phase
         return out
 
-    def _run(self, d: Detector, record: StepRecord, ctx: Context) -> list[Finding]:
-        name = f"{d.name}:{d.signals[0]}" if d.signals else d.name
-        if name in self._broken:
-            return []
-        try:
-            return d.update(record, ctx)
-        except Exception:   # a broken detector must not take training down
-            self._broken.add(name)
-            log.exception("stability_callbacks: detector %s failed at step %s and is now off", name, record.step)
-            return []
+    def _disable(self, name: str, step: int) -> None:
+        self._broken.add(name)
+        log.exception("stability_callbacks: detector %s failed at step %s and is now off", name, step)
+
+    def _update_streams(self, record: StepRecord, ctx: Context) -> list[Finding]:
+        out: list[Finding] = []
+        for k in keys.loss_streams(record.metrics):
+            det = self.streams.get(k)
+            if det is None:
+                det = self.streams[k] = LossSpike(signal=k, **self._stream_kwargs)
+            name = f"loss_spike:{k}"
+            if name in self._broken:
+                continue
+            try:
+                out += det.update(record, ctx)
+            except Exception:
+                self._disable(name, record.step)
+        return out
 
     def _name_streams(self, out: list[Finding]) -> None:
         """A main-loss spike says which per-dataset streams spiked with it (IDEFICS cm4/pmd)."""

@@ -74,6 +74,10 @@ class Policy:
     def decide(self, findings: list[Finding], ctx: Context, control: Control,
                risk_window: tuple[int, int] | None) -> list[Finding]:
         step = ctx.step
+        if not findings:   # the ordinary step: only the save interval can change
+            bumped = ctx.in_risk_window or (self.bump_until is not None and step <= self.bump_until)
+            control.save_interval_steps = self.bump_save_interval_to if bumped else None
+            return []
         extra: list[Finding] = []
         for f in findings:
             if ctx.in_startup and f.kind not in UNMISTAKABLE_KINDS and f.kind not in EVENT_KINDS:

@@ -114,11 +114,11 @@ class RobustLevel:
         if self.n == 1:
             self.level = lx
             return
-        pred = self.forecast
+        pred = self.level + self.damping * self.trend
         r = lx - pred
         clipped = False
         if flagged or self.n > 3:
-            band = self.clip_sigmas * self.scale
+            band = self.clip_sigmas * max(1.25 * self.mad, self.min_scale)
             clipped = abs(r) > band
             r = min(max(r, -band), band)
         new = pred + a * r

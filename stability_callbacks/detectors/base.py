@@ -19,6 +19,7 @@ class Context:
     steps_since_resume: int | None = None   # None: no resume in this run (or long ago)
     loss_spike_open: bool = False           # set by LossSpike for the detectors after it
     loss_spike_onset: int | None = None     # onset of the open loss-spike episode, if any
+    loss_baseline: float | None = None      # LossSpike's baseline before this point (warm only)
 
 
 class Detector:

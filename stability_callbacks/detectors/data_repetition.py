@@ -5,7 +5,7 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import RobustLevel, finite_positive
+from ..stats import finite_positive
 from .base import Context, Detector, fmt, positive, positive_int
 
 
@@ -20,17 +20,18 @@ class DataRepetition(Detector):
     - *falsely low loss* (no fingerprints): the loss stays ``min_drop`` below its pre-checkpoint
       baseline for ``persist_samples`` points — a model re-reading memorised data (the
       "6x the same 50B tokens" story).
-    State: the fingerprint table (≤ ``max_fingerprints`` pairs), 1 level, 4 scalars.
+    The loss rule judges against ``loss_spike``'s baseline from before the checkpoint.
+    State: the fingerprint table (≤ ``max_fingerprints`` pairs) and 4 scalars.
     """
 
     name = "data_repetition"
     kind = "data_repetition"
     signals = (keys.LOSS, keys.BATCH_FINGERPRINT)
-    _state = ("seen", "base", "segment_start", "resume_step", "low_count", "fired")
+    _state = ("seen", "segment_start", "resume_step", "low_count", "fired")
 
     def __init__(self, *, check_steps: int = 200, record_first_steps: int = 256,
                  sample_every_steps: int = 50, max_fingerprints: int = 4096, min_drop: float = 0.1,
-                 persist_samples: int = 5, baseline_alpha: float = 0.05):
+                 persist_samples: int = 5):
         self.check_steps = positive_int("check_steps", check_steps)
         self.record_first_steps = positive_int("record_first_steps", record_first_steps)
         self.sample_every_steps = positive_int("sample_every_steps", sample_every_steps)
@@ -38,7 +39,6 @@ class DataRepetition(Detector):
         self.min_drop = positive("min_drop", min_drop)
         self.persist_samples = positive_int("persist_samples", persist_samples)
         self.seen: dict[str, int] = {}      # fingerprint (as str for JSON) → first step seen
-        self.base = RobustLevel(positive("baseline_alpha", baseline_alpha))
         self.segment_start = 0
         self.resume_step: int | None = None
         self.low_count = 0
@@ -74,12 +74,10 @@ class DataRepetition(Detector):
                 if len(self.seen) > self.max_fingerprints:
                     del self.seen[next(iter(self.seen))]
         x = m.get(keys.LOSS)
-        if finite_positive(x):
-            base = self.base.baseline if self.base.n else None
-            low = (checking and fp is None and base is not None and self.base.n >= 10
-                   and x < base * (1 - self.min_drop))
+        base = ctx.loss_baseline
+        if checking and fp is None and base is not None and finite_positive(x):
+            low = x < base * (1 - self.min_drop)
             self.low_count = self.low_count + 1 if low else 0
-            self.base.update(x, flagged=checking)
             if low and not out and self.low_count >= self.persist_samples:
                 self.fired = True
                 out.append(self.finding(

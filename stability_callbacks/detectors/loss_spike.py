@@ -35,6 +35,8 @@ class LossSpike(Detector):
     name = "loss_spike"
     kind = "loss_spike"
     _state = ("base", "episode", "prev_step", "prev_z")
+    #: Other loss detectors (resume spike, falsely low loss) judge against this baseline.
+    baseline_before: float | None = None
 
     def __init__(self, *, signal: str = keys.LOSS, baseline_alpha: float = 0.05,
                  z_threshold: float = 6.0, min_rise: float = 0.15, cold_start_samples: int = 20,
@@ -76,6 +78,7 @@ class LossSpike(Detector):
             return []
         step = record.step
         b = self.base
+        self.baseline_before = b.baseline if b.n >= self.cold_start_samples else None
         if b.n == 0:
             b.update(x)
             self.prev_step, self.prev_z = step, 0.0

@@ -3,25 +3,24 @@ from __future__ import annotations
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import RobustLevel, finite_positive
+from ..stats import finite_positive
 from .base import Context, Detector, fmt, positive, positive_int
 
 
 class ResumeSpike(Detector):
     """Warning when, within ``window_steps`` after a resume, the loss stands ``min_rise`` above
-    the baseline it had before the checkpoint (restored with the detector state). One per
-    resume. O(1); state: 1 level, 2 scalars.
+    the loss baseline it had before the checkpoint (``loss_spike``'s baseline, restored with the
+    detector state). One per resume. O(1); state: 2 scalars.
     """
 
     name = "resume_spike"
     kind = "resume_spike"
     signals = (keys.LOSS,)
-    _state = ("base", "resume_step", "fired")
+    _state = ("resume_step", "fired")
 
-    def __init__(self, *, min_rise: float = 0.1, window_steps: int = 50, baseline_alpha: float = 0.05):
+    def __init__(self, *, min_rise: float = 0.1, window_steps: int = 50):
         self.min_rise = positive("min_rise", min_rise)
         self.window_steps = positive_int("window_steps", window_steps)
-        self.base = RobustLevel(positive("baseline_alpha", baseline_alpha))
         self.resume_step: int | None = None
         self.fired = False
 
@@ -30,17 +29,13 @@ class ResumeSpike(Detector):
             self.resume_step, self.fired = start_step, False
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
+        if self.resume_step is None or self.fired or ctx.loss_baseline is None:
+            return []
         x = record.metrics.get(keys.LOSS)
-        if not finite_positive(x):
+        if not finite_positive(x) or not 0 <= record.step - self.resume_step <= self.window_steps:
             return []
-        inside = self.resume_step is not None and 0 <= record.step - self.resume_step <= self.window_steps
-        if not inside or self.base.n < 5:
-            self.base.update(x)
-            return []
-        base = self.base.baseline
-        high = x > base * (1 + self.min_rise)
-        self.base.update(x, flagged=high)
-        if not high or self.fired:
+        base = ctx.loss_baseline
+        if x <= base * (1 + self.min_rise):
             return []
         self.fired = True
         return [self.finding(

@@ -345,3 +345,16 @@ def _guard(what: str, fn, fallback):
             log.warning("stability_callbacks preflight: %s failed (%s: %s); that part of the audit "
                         "is skipped", what, type(exc).__name__, exc)
         return fallback
+
+
+def run_preflight(run, model, optimizer=None, scheduler=None, **facts_kwargs) -> list:
+    """What every integration does at train begin: measure, audit, and emit ``preflight``
+    findings through the LiveRun (run log + alerts). Never raises into training."""
+    from stability_callbacks.preflight import audit
+    try:
+        findings = audit(collect_facts(model, optimizer, scheduler, **facts_kwargs))
+    except Exception:   # the audit is advice; a failure must not stop training
+        log.exception("stability_callbacks: preflight audit failed; skipped")
+        return []
+    run.emit(findings)
+    return findings
