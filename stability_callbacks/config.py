@@ -94,11 +94,16 @@ def validate(raw: Mapping) -> dict[str, Any]:
         out["detectors"][name] = _checked(f"detectors.{name}", DETECTORS[name], kwargs)
     out["policy"] = _checked("policy", Policy, _section(raw, "policy"))
     actions = _section(raw, "actions") if "actions" in raw else {"log": {"min_severity": "info"}}
+    from .actions import SINK_CLASSES
     for name, v in actions.items():
         if name not in SINKS:
             raise ConfigError(f"actions.{name}: unknown sink (known: {', '.join(SINKS)})")
         if v is not None and v is not False and not isinstance(v, Mapping):
             raise ConfigError(f"actions.{name} must be a mapping (or false to turn it off), got {v!r}")
+        known = sorted(SINK_CLASSES[name].CONFIG_KEYS)
+        for k in (v or {}):
+            if k not in known:
+                raise ConfigError(f"actions.{name}.{k}: unknown key (known: {', '.join(known)})")
     out["actions"] = {k: dict(v or {}) for k, v in actions.items() if v is not False}
     return out
 

@@ -49,7 +49,10 @@ class LiveRun:
         self._failed: set[str] = set()
         self.runlog = RunLog(self.run_dir / RUNLOG_NAME) if (is_rank0 and self.run_dir) else None
         from .actions import build_sinks   # config errors (bad URL, unset variable) surface here, early
-        self.dispatcher = build_sinks(self.monitor.config["actions"], is_rank0=is_rank0,
+        actions = dict(self.monitor.config["actions"])
+        if "tensorboard" in actions and tb_writer is None and self.run_dir is not None:
+            actions["tensorboard"] = {"log_dir": str(self.run_dir / "tensorboard"), **actions["tensorboard"]}
+        self.dispatcher = build_sinks(actions, is_rank0=is_rank0,
                                       run_name=self.run_name, report_path=report_path,
                                       wandb_run=wandb_run, tb_writer=tb_writer)
 

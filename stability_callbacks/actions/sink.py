@@ -1,0 +1,197 @@
+"""What every alert sink shares: the per-sink config keys, the delivery error, message text.
+
+A sink turns one :class:`Alert` into one delivery (a Slack POST, a W&B alert, a TensorBoard
+text event, a log line). It never filters, retries or queues: the
+:class:`~stability_callbacks.actions.dispatch.AlertDispatcher` does that for all of them, so a
+sink is a few lines around its transport.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ..record import SEVERITIES, Finding, severity_rank
+
+
+@dataclass(slots=True)
+class Alert:
+    """One finding as a sink delivers it, with the run context the message needs."""
+
+    finding: Finding
+    run_name: str
+    report_path: str | None = None
+    suppressed: int = 0          # findings of this kind held back by the rate limit since the last one
+
+
+class DeliveryError(Exception):
+    """A delivery failed. ``retryable`` (429, 5xx, timeout, connection) → the dispatcher backs off
+    and tries again; otherwise it gives up at once. ``description`` is safe to log: no secret."""
+
+    def __init__(self, description: str, *, retryable: bool, retry_after_s: float | None = None):
+        super().__init__(description)
+        self.description = description
+        self.retryable = retryable
+        self.retry_after_s = retry_after_s
+
+
+class AlertSink:
+    """Base class: the keys every sink accepts (keyword-only; the constructor is the config).
+
+    - ``min_severity``: findings below it are not delivered by this sink.
+    - ``rate_limit_s``: at most one alert per finding kind per this many seconds; a higher
+      severity of the same kind is never held back (an escalation must page).
+    - ``queue_size``: pending deliveries kept for the background thread; beyond it new ones are
+      dropped (counted, logged once) so a stuck endpoint costs bounded memory.
+    - ``max_retries`` / ``backoff_s`` / ``max_backoff_s``: retries of a retryable failure with
+      exponential backoff (``backoff_s * 2**attempt``, or the server's ``Retry-After``), capped.
+    """
+
+    name = "sink"                 # the config section, e.g. "slack"
+    config_path = "actions.sink"  # prefix of the key path in ValueError messages
+    inline = False                # True: delivered on the caller's thread (cheap, local sinks)
+    handles_metrics = False       # True: also receives ``log_metrics`` batches
+
+    def __init__(self, *, min_severity: str = "warning", rate_limit_s: float = 300.0,
+                 queue_size: int = 256, max_retries: int = 0, backoff_s: float = 1.0,
+                 max_backoff_s: float = 30.0):
+        if min_severity not in SEVERITIES:
+            raise ValueError(f"{self.config_path}.min_severity must be one of {SEVERITIES}, "
+                             f"got {min_severity!r}")
+        self.min_severity = min_severity
+        self.rate_limit_s = check_number(self.config_path + ".rate_limit_s", rate_limit_s, minimum=0)
+        self.queue_size = check_int(self.config_path + ".queue_size", queue_size, minimum=1)
+        self.max_retries = check_int(self.config_path + ".max_retries", max_retries, minimum=0)
+        self.backoff_s = check_number(self.config_path + ".backoff_s", backoff_s, minimum=0)
+        self.max_backoff_s = check_number(self.config_path + ".max_backoff_s", max_backoff_s,
+                                          minimum=0)
+
+    def wants(self, finding: Finding) -> bool:
+        return severity_rank(finding.severity) >= severity_rank(self.min_severity)
+
+    def deliver(self, alert: Alert) -> None:  # pragma: no cover - interface
+        """Deliver one alert; raise :class:`DeliveryError` on failure."""
+        raise NotImplementedError
+
+    def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Record scalar metrics (only sinks with ``handles_metrics``)."""
+
+    def close(self) -> None:
+        """Flush local buffers at shutdown (never blocks on the network)."""
+
+    def redact(self, text: str) -> str:
+        """``text`` with this sink's secrets removed (every logged description goes through it)."""
+        return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation shared by the sinks' constructors.
+
+def check_number(key: str, value: Any, *, minimum: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{key} must be a finite number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{key} must be >= {minimum}, got {value!r}")
+    return float(value)
+
+
+def check_int(key: str, value: Any, *, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{key} must be >= {minimum}, got {value!r}")
+    return value
+
+
+_ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+
+
+def resolve_env_reference(key: str, value: Any) -> tuple[str | None, str | None]:
+    """``"${VAR}"`` → (value of VAR or None, "VAR"); a literal → (literal, None).
+
+    Never puts the value into an error message: it may be a secret."""
+    if not isinstance(value, str):
+        raise ValueError(f"{key} must be a string (a URL or \"${{ENV_VAR}}\"), "
+                         f"got a {type(value).__name__}")
+    m = _ENV_REF.match(value.strip())
+    if m is None:
+        return value.strip(), None
+    return os.environ.get(m.group(1)) or None, m.group(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Message text, shared so that Slack, W&B and TensorBoard say the same thing.
+
+_SEVERITY_EMOJI = {"info": ":information_source:", "warning": ":warning:",
+                   "critical": ":rotating_light:"}
+
+
+def alert_title(finding: Finding) -> str:
+    """A stable title per kind and severity (W&B throttles per title; it must stay < 64 chars)."""
+    return f"stability: {finding.kind} ({finding.severity})"[:63]
+
+
+def alert_lines(alert: Alert, *, markdown: bool) -> list[str]:
+    """The message as lines: headline, the finding's sentence, context, report, rollback forms.
+
+    ``markdown=True`` gives Slack mrkdwn (``*bold*``, ``&<>`` escaped, code blocks)."""
+    f = alert.finding
+    esc = _slack_escape if markdown else (lambda s: s)
+    if markdown:
+        head = (f"{_SEVERITY_EMOJI.get(f.severity, '')} *{f.severity.upper()}: {f.kind}* "
+                f"at step {f.step} (run `{esc(alert.run_name)}`)")
+    else:
+        head = f"{f.severity.upper()}: {f.kind} at step {f.step} (run {alert.run_name})"
+    lines = [head, esc(f.message)]
+    context = []
+    if f.onset_step is not None and f.onset_step != f.step:
+        context.append(f"onset step {f.onset_step}")
+    if f.phase:
+        context.append(f"LR phase {f.phase}")
+    if f.in_warmup_risk_window:
+        context.append("inside the warmup-end risk window")
+    if f.signal and f.value is not None:
+        context.append(f"{f.signal} = {_num(f.value)}"
+                       + (f", baseline {_num(f.baseline)}" if f.baseline is not None else "")
+                       + (f", threshold {_num(f.threshold)}" if f.threshold is not None else ""))
+    if context:
+        lines.append("; ".join(context))
+    if alert.suppressed:
+        lines.append(f"({alert.suppressed} more {f.kind} finding(s) held back by the rate limit "
+                     f"since the last alert)")
+    if alert.report_path:
+        lines.append(f"Report: `{esc(alert.report_path)}`" if markdown
+                     else f"Report: {alert.report_path}")
+    if f.kind == "rollback_advice":
+        lines.extend(_rollback_lines(f, markdown=markdown))
+    return lines
+
+
+def alert_text(alert: Alert, *, markdown: bool) -> str:
+    return "\n".join(alert_lines(alert, markdown=markdown))
+
+
+def _rollback_lines(f: Finding, *, markdown: bool) -> list[str]:
+    from .rollback import native_forms  # local: rollback is only needed for this one kind
+    try:
+        forms = native_forms(f.details)
+    except (KeyError, TypeError, ValueError) as exc:
+        # The advice is still in the message; a malformed details dict must not lose the alert.
+        return [f"(rollback forms unavailable: {type(exc).__name__})"]
+    labels = {"hf": "HF Trainer / accelerate", "lightning": "Lightning",
+              "megatron": "Megatron", "deepspeed": "DeepSpeed"}
+    body = [f"{labels.get(k, k)}: {v}" for k, v in forms.items()]
+    if markdown:
+        return ["*Rollback advice*", "```", *[_slack_escape(b) for b in body], "```"]
+    return ["Rollback advice:", *body]
+
+
+def _slack_escape(text: str) -> str:
+    # Slack mrkdwn treats these three as control characters (api.slack.com "Escaping text").
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _num(v: float) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)

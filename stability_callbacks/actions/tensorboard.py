@@ -1,0 +1,109 @@
+"""TensorBoard: findings as text and scalars, metrics as scalars (FRAMEWORK_NOTES 6).
+
+Writes through the integration's writer (torch ``SummaryWriter``, HF
+``TensorBoardCallback.tb_writer``, anything with ``add_scalar``/``add_text``) or, given
+``log_dir``, through a small writer on the ``tensorboard`` package itself (no torch needed).
+"""
+from __future__ import annotations
+
+import time
+from typing import Mapping
+
+from ..record import severity_rank
+from .sink import Alert, AlertSink, alert_text
+
+PREFIX = "stability/"
+TEXT_TAG = "stability/findings"   # readers see it as "stability/findings/text_summary"
+
+
+class WriteTensorBoard(AlertSink):
+    """Per finding: text ``stability/findings`` and scalar ``stability/findings/<kind>`` =
+    severity rank + 1 at the finding's step; metrics as scalars under ``stability/``.
+
+    Keys: ``log_dir`` (used when the integration has no writer), ``min_severity`` (info),
+    ``rate_limit_s`` (0), ``queue_size``. Without a writer or ``log_dir`` the sink is off
+    (``enabled`` False): there is nowhere to write.
+    """
+
+    name = "tensorboard"
+    config_path = "actions.tensorboard"
+    handles_metrics = True
+    CONFIG_KEYS = ("log_dir", "min_severity", "rate_limit_s", "queue_size")
+
+    def __init__(self, *, writer=None, log_dir: str | None = None, min_severity: str = "info",
+                 rate_limit_s: float = 0.0, queue_size: int = 4096):
+        super().__init__(min_severity=min_severity, rate_limit_s=rate_limit_s,
+                         queue_size=queue_size)
+        if log_dir is not None and (not isinstance(log_dir, str) or not log_dir):
+            raise ValueError(f"actions.tensorboard.log_dir must be a path, got {log_dir!r}")
+        if writer is not None and not (hasattr(writer, "add_scalar") and hasattr(writer, "add_text")):
+            raise ValueError(f"tensorboard writer must have add_scalar and add_text, got {writer!r}")
+        self.log_dir = log_dir
+        self._writer = writer
+        self._owns_writer = False
+        self.enabled = writer is not None or log_dir is not None
+
+    def _get_writer(self):
+        if self._writer is None:   # created lazily: a constructor has no side effects
+            self._writer = EventWriter(self.log_dir)
+            self._owns_writer = True
+        return self._writer
+
+    def deliver(self, alert: Alert) -> None:
+        f = alert.finding
+        w = self._get_writer()
+        w.add_scalar(f"{PREFIX}findings/{f.kind}", float(severity_rank(f.severity) + 1), f.step)
+        w.add_text(TEXT_TAG, alert_text(alert, markdown=False).replace("\n", "  \n"), f.step)
+        w.flush()   # findings are rare and should show up while the run is still going
+
+    def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        w = self._get_writer()
+        for k, v in metrics.items():
+            w.add_scalar(k if k.startswith(PREFIX) else PREFIX + k, float(v), step)
+
+    def close(self) -> None:
+        if self._writer is None:
+            return
+        if self._owns_writer:
+            self._writer.close()
+        else:
+            self._writer.flush()   # the integration closes its own writer
+
+
+class EventWriter:
+    """The two ``SummaryWriter`` methods we need, on ``tensorboard``'s own event file writer.
+
+    Scalars are legacy ``simple_value`` (``EventAccumulator.Scalars``); text uses the text
+    plugin under ``<tag>/text_summary`` exactly like torch's ``add_text``.
+    """
+
+    def __init__(self, log_dir: str):
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        self._file = EventFileWriter(log_dir)
+
+    def add_scalar(self, tag: str, value: float, global_step: int) -> None:
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag,
+                                                                       simple_value=value)])
+        self._file.add_event(event_pb2.Event(wall_time=time.time(), step=int(global_step),
+                                             summary=summary))
+
+    def add_text(self, tag: str, text: str, global_step: int) -> None:
+        from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+        from tensorboard.plugins.text import plugin_data_pb2
+        metadata = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(
+            plugin_name="text", content=plugin_data_pb2.TextPluginData(version=0).SerializeToString()))
+        tensor = tensor_pb2.TensorProto(
+            dtype="DT_STRING", string_val=[text.encode("utf-8")],
+            tensor_shape=tensor_shape_pb2.TensorShapeProto(
+                dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=1)]))
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(
+            tag=tag + "/text_summary", metadata=metadata, tensor=tensor)])
+        self._file.add_event(event_pb2.Event(wall_time=time.time(), step=int(global_step),
+                                             summary=summary))
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()

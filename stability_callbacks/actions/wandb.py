@@ -1,0 +1,82 @@
+"""W&B: ``run.alert`` per finding, and metrics under ``stability/`` (FRAMEWORK_NOTES 5).
+
+``wandb`` is never imported here: the run comes from the integration (HF
+``WandbCallback._wandb.run``, Lightning ``WandbLogger.experiment``) or, lazily at each
+delivery, from an already imported ``wandb.run`` (HF starts its run after our callback is
+built). Offline runs record alerts in the run file without sending them.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Mapping
+
+from ..record import severity_rank
+from .sink import Alert, AlertSink, DeliveryError, alert_text, alert_title, check_number
+
+_LEVELS = {"info": "INFO", "warning": "WARN", "critical": "ERROR"}
+PREFIX = "stability/"
+STEP_KEY = "stability/step"
+
+
+class NotifyWandb(AlertSink):
+    """``run.alert(title, text, level, wait_duration)`` + ``run.log`` of ``stability/*`` metrics.
+
+    The title is stable per kind and severity because W&B throttles per title
+    (``wait_duration_s``). Metrics are logged without ``step=`` against their own x-axis
+    ``stability/step`` (``define_metric``), so they never fight the framework's own step
+    counter. Each alert also logs ``stability/findings/<kind>`` = severity rank + 1.
+    Keys: ``min_severity`` (warning), ``rate_limit_s`` (300), ``wait_duration_s`` (300),
+    ``metrics`` (True), ``queue_size``.
+    """
+
+    name = "wandb"
+    config_path = "actions.wandb"
+    handles_metrics = True
+    CONFIG_KEYS = ("min_severity", "rate_limit_s", "wait_duration_s", "metrics", "queue_size")
+
+    def __init__(self, *, run=None, min_severity: str = "warning", rate_limit_s: float = 300.0,
+                 wait_duration_s: float = 300.0, metrics: bool = True, queue_size: int = 1024):
+        super().__init__(min_severity=min_severity, rate_limit_s=rate_limit_s,
+                         queue_size=queue_size)
+        # wandb turns 0 into its 1-minute default; insist on a positive value instead.
+        self.wait_duration_s = check_number("actions.wandb.wait_duration_s", wait_duration_s,
+                                            minimum=1)
+        if not isinstance(metrics, bool):
+            raise ValueError(f"actions.wandb.metrics must be true or false, got {metrics!r}")
+        self.metrics = metrics
+        self._run = run
+        self._axis_defined_for = None
+
+    def _current_run(self):
+        if self._run is not None:
+            return self._run
+        wandb = sys.modules.get("wandb")   # only if the user's code imported it
+        run = getattr(wandb, "run", None) if wandb is not None else None
+        if run is None:
+            raise DeliveryError("no active W&B run (wandb.init() not called yet)", retryable=False)
+        return run
+
+    def _define_axis(self, run) -> None:
+        if self._axis_defined_for is not run:
+            run.define_metric(STEP_KEY)
+            run.define_metric(PREFIX + "*", step_metric=STEP_KEY)
+            self._axis_defined_for = run
+
+    def deliver(self, alert: Alert) -> None:
+        f = alert.finding
+        run = self._current_run()
+        run.alert(title=alert_title(f), text=alert_text(alert, markdown=False),
+                  level=_LEVELS[f.severity], wait_duration=self.wait_duration_s)
+        if self.metrics:
+            self._define_axis(run)
+            run.log({f"{PREFIX}findings/{f.kind}": float(severity_rank(f.severity) + 1),
+                     STEP_KEY: f.step})
+
+    def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        if not self.metrics:
+            return
+        run = self._current_run()
+        self._define_axis(run)
+        row = {(k if k.startswith(PREFIX) else PREFIX + k): v for k, v in metrics.items()}
+        row[STEP_KEY] = step
+        run.log(row)
