@@ -1,0 +1,278 @@
+"""Lightning StabilityCallback: real ``Trainer.fit`` on the planted-fault scenarios (CPU)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pl = pytest.importorskip("lightning.pytorch")
+
+from stability_callbacks.demo.scenarios import build_scenario  # noqa: E402
+from stability_callbacks.integrations.lightning import StabilityCallback  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class ScenarioModule(pl.LightningModule):
+    """The scenario's tiny GPT-2 with its AdamW + linear-warmup schedule (stepped per step)."""
+
+    def __init__(self, scenario):
+        super().__init__()
+        self.scenario = scenario
+        self.model = scenario.make_model()
+
+    def training_step(self, batch, batch_idx):
+        return self.model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+
+    def configure_optimizers(self):
+        opt, sched = self.scenario.make_optimizer(self.model)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def fit(sc, tmp_path, *, config=None, dataset=None, max_steps=None, ckpt_path=None,
+        run_dir="stability", callbacks=(), module=None, **trainer_kwargs):
+    cb = StabilityCallback(config=config, run_dir=tmp_path / run_dir,
+                           checkpoint_dir=tmp_path / "ckpt")
+    loader = torch.utils.data.DataLoader(sc.train_dataset() if dataset is None else dataset,
+                                         batch_size=sc.batch_size, shuffle=False)
+    kwargs = dict(accelerator="cpu", devices=1, max_steps=max_steps or sc.max_steps,
+                  accumulate_grad_batches=sc.grad_accum, gradient_clip_val=1.0, logger=False,
+                  enable_progress_bar=False, enable_model_summary=False,
+                  enable_checkpointing=False, default_root_dir=tmp_path)
+    kwargs.update(trainer_kwargs)
+    trainer = pl.Trainer(callbacks=[cb, *callbacks], **kwargs)
+    module = module or ScenarioModule(sc)
+    trainer.fit(module, loader, ckpt_path=ckpt_path)
+    return cb, trainer
+
+
+def first_steps(findings) -> dict[str, int]:
+    """kind -> step of its first finding (Finding objects or their JSON dicts)."""
+    out: dict[str, int] = {}
+    for f in findings:
+        kind, step = (f["kind"], f["step"]) if isinstance(f, dict) else (f.kind, f.step)
+        out.setdefault(kind, step)
+    return out
+
+
+def runlog(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# ------------------------------------------------------------------------------ planted faults
+# The same scenarios (model, data order, LR schedule, clipping at 1.0) as the HF Trainer tests.
+# Trainer.max_steps stops a little after the fault (the schedule is the scenario's, unchanged)
+# to keep the suite short.
+SCENARIO_CONFIG = {"policy": {"halt_on": "critical", "bump_save_interval_to": 4}}
+
+
+def _config(sc, **policy):
+    cfg = json.loads(json.dumps(SCENARIO_CONFIG))
+    # Risk window = (warmup_end, warmup_end + 2 x warmup]: the bumped saves inside are exact.
+    cfg["phase"] = {"warmup_steps": sc.warmup_steps, "risk_window_factor": 2}
+    cfg["policy"].update(policy)
+    return cfg
+
+
+def _stop_step(sc) -> int:
+    return sc.fault_steps[-1] + 5      # the spike, its recovery, and a few steps more
+
+
+def _resume_step(sc) -> int:
+    return sc.fault_steps[0] - 5       # a checkpoint before the fault: the resumed run meets it
+
+
+@pytest.fixture(scope="module")
+def pocket_run(tmp_path_factory):
+    """data-pocket, uninterrupted; a ModelCheckpoint also saves the resume point mid-run."""
+    tmp = tmp_path_factory.mktemp("pocket")
+    sc = build_scenario("data-pocket")
+    mc = pl.callbacks.ModelCheckpoint(dirpath=tmp / "mc", every_n_train_steps=_resume_step(sc),
+                                      save_top_k=-1)
+    cb, trainer = fit(sc, tmp, config=_config(sc), max_steps=_stop_step(sc), callbacks=[mc],
+                      enable_checkpointing=True)
+    return sc, cb, trainer, tmp
+
+
+def _resume_checkpoint(tmp, step: int) -> Path:
+    (path,) = (tmp / "mc").glob(f"epoch=*-step={step}.ckpt")
+    return path
+
+
+def test_data_pocket(pocket_run):
+    sc, cb, trainer, tmp = pocket_run
+    first = first_steps(cb.findings)
+    spike = sc.fault_steps[0]
+    assert first["loss_spike"] == spike == sc.expected["loss_spike"][0]
+    lo, hi = sc.expected["spike_recovered"]
+    assert lo <= first["spike_recovered"] <= min(hi, _stop_step(sc))
+    assert [f.severity for f in cb.findings if f.kind == "loss_spike" and f.step == spike] == \
+        ["warning"]
+    assert trainer.global_step == _stop_step(sc) and not trainer.should_stop
+    # The bumped interval (4) inside the risk window, a save now at the spike (warning), then
+    # the bumped interval again after the warning; trainer.save_checkpoint each time.
+    w = sc.warmup_steps
+    assert [s for s, _ in cb.saved] == [s for s in range(w + 1, 3 * w + 1) if s % 4 == 0] + \
+        [spike] + [s for s in range(spike + 1, _stop_step(sc) + 1) if s % 4 == 0]
+    assert all(Path(p).is_file() for _, p in cb.saved)
+    # The user's ModelCheckpoint keeps its own interval; the Monitor hears of its saves too.
+    mc_steps = sorted(int(p.stem.split("step=")[1]) for p in (tmp / "mc").glob("epoch=*.ckpt"))
+    assert mc_steps == [_resume_step(sc)]
+    lines = runlog(tmp / "stability" / "runlog.jsonl")
+    assert lines[0] == {"type": "segment", "segment": 0, "start_step": 0, "reason": "start"}
+    logged = [r for r in lines if r["type"] == "checkpoint"]
+    assert sorted(r["step"] for r in logged) == sorted([s for s, _ in cb.saved] + mc_steps)
+    # Every step's record carries the batch fingerprint (the resume auditor reads it).
+    steps = [r for r in lines if r["type"] == "step"]
+    assert [r["step"] for r in steps] == list(range(1, _stop_step(sc) + 1))
+    assert all("batch_fingerprint" in r["metrics"] and "grad_norm" in r["metrics"] for r in steps)
+
+
+def test_resume_continues_detector_state(pocket_run, tmp_path):
+    sc, ref_cb, _, tmp = pocket_run
+    r = _resume_step(sc)
+    g = sc.samples_per_step()
+    rest = torch.utils.data.Subset(sc.train_dataset(), range(r * g, _stop_step(sc) * g))
+    cb, trainer = fit(sc, tmp_path, config=_config(sc), dataset=rest, max_steps=_stop_step(sc),
+                      ckpt_path=_resume_checkpoint(tmp, r))
+    assert trainer.global_step == _stop_step(sc)
+    ref = [(f.step, f.kind, f.severity) for f in ref_cb.findings if f.step > r]
+    got = [(f.step, f.kind, f.severity) for f in cb.findings
+           if f.kind not in ("resume", "resume_spike")]
+    assert got == ref and ("loss_spike" in {k for _, k, _ in ref})   # carried on where it stopped
+    # The resume-spike watch (steps right after a resume) sees the planted spike as well.
+    assert [f.step for f in cb.findings if f.kind == "resume_spike"] == [sc.fault_steps[0]]
+    assert [(f.step, f.kind) for f in cb.findings if f.kind == "resume"] == [(r, "resume")]
+    seg = [x for x in runlog(tmp_path / "stability" / "runlog.jsonl") if x["type"] == "segment"]
+    assert seg == [{"type": "segment", "segment": 1, "start_step": r, "reason": "resume"}]
+
+
+def test_resume_with_data_from_scratch_finds_repetition(pocket_run, tmp_path):
+    """Lightning restores the loop, not a map-style loader's position: the data restarts at the
+    first batch. The fingerprints say so at the first step after the resume."""
+    sc, _, _, tmp = pocket_run
+    r = _resume_step(sc)
+    cb, trainer = fit(sc, tmp_path, config=_config(sc), max_steps=r + 2,
+                      ckpt_path=_resume_checkpoint(tmp, r))
+    rep = [f for f in cb.findings if f.kind == "data_repetition"]
+    assert [(f.step, f.severity, f.details.get("repeats_step")) for f in rep] == \
+        [(r + 1, "critical", 1)]
+
+
+def test_nan_halts_without_saving_damaged_weights(tmp_path):
+    sc = build_scenario("nan")
+    (fault,) = sc.fault_steps
+    # A ModelCheckpoint that would save every step: damaged weights must not reach it either.
+    mc = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "mc", every_n_train_steps=1,
+                                      save_top_k=-1, save_last=True)
+    cb, trainer = fit(sc, tmp_path, config=_config(sc), callbacks=[mc], enable_checkpointing=True)
+    first = first_steps(cb.findings)
+    assert first["nonfinite"] == fault
+    assert cb.findings[[f.kind for f in cb.findings].index("nonfinite")].severity == "critical"
+    assert trainer.global_step == fault and trainer.should_stop      # halted at the fault
+    w = sc.warmup_steps
+    # Only the bumped saves of the risk window, all before the fault; nothing from it on.
+    assert [s for s, _ in cb.saved] == [s for s in range(w + 1, 3 * w + 1) if s % 4 == 0]
+    assert max(s for s, _ in cb.saved) < fault
+    steps = sorted(int(p.stem.split("step=")[1]) for p in (tmp_path / "mc").glob("epoch=*.ckpt"))
+    assert steps == list(range(1, fault))                            # nothing from step 35 on
+    last = torch.load(tmp_path / "mc" / "last.ckpt", weights_only=False)
+    assert last["global_step"] == fault - 1
+    # The last checkpoint holds good weights (wte keeps its planted +inf row, nothing else).
+    assert all(torch.isfinite(v).all() for k, v in last["state_dict"].items()
+               if v.is_floating_point() and "wte" not in k)
+
+
+def test_warmup_spike_escalates_saves_and_halts(tmp_path):
+    sc = build_scenario("warmup-spike")
+    spike = sc.fault_steps[0]
+    cb, trainer = fit(sc, tmp_path, config=_config(sc, bump_save_interval_to=2))
+    first = first_steps(cb.findings)
+    assert first["warmup_end"] == sc.warmup_steps
+    assert first["loss_spike"] == spike
+    lo, hi = sc.expected["warmup_instability"]
+    assert lo <= first["warmup_instability"] <= hi
+    assert trainer.global_step == spike and trainer.should_stop
+    # Inside the risk window the bumped interval (2) saves; the spike saves now, then halts.
+    assert [s for s, _ in cb.saved] == \
+        [s for s in range(sc.warmup_steps + 1, spike) if s % 2 == 0] + [spike]
+    # Lightning's logging: the signals and findings went through pl_module.log.
+    assert trainer.callback_metrics["stability/finding/warmup_instability"] == 3.0
+    assert float(trainer.callback_metrics["stability/lr"]) == pytest.approx(sc.lr_at(spike))
+
+
+def test_grad_norm_is_pre_clip_and_clipping_reuses_it(tmp_path):
+    """The recorded norm is Lightning's pre-clip norm, and the clipping (taken over) gives the
+    same weights as Lightning's own clip_grad_norm_."""
+    sc = build_scenario("healthy", max_steps=6)
+    cb, trainer = fit(sc, tmp_path, config=_config(sc), max_steps=3, gradient_clip_val=0.05)
+    ref_module = ScenarioModule(sc)
+    loader = torch.utils.data.DataLoader(sc.train_dataset(), batch_size=sc.batch_size)
+    norms = []
+
+    class Reference(pl.Callback):
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            norms.append(float(torch.nn.utils.get_total_norm(
+                [p.grad for p in pl_module.parameters() if p.grad is not None])))
+
+    ref = pl.Trainer(accelerator="cpu", max_steps=3, gradient_clip_val=0.05, logger=False,
+                     enable_progress_bar=False, enable_model_summary=False,
+                     enable_checkpointing=False, callbacks=[Reference()],
+                     default_root_dir=tmp_path / "ref")
+    ref.fit(ref_module, loader)
+    got = [r["metrics"]["grad_norm"] for r in runlog(tmp_path / "stability" / "runlog.jsonl")
+           if r["type"] == "step"]
+    assert got == pytest.approx(norms, rel=1e-6) and max(norms) > 0.05   # clipping was active
+    mine = trainer.lightning_module.state_dict()
+    for k, v in ref_module.state_dict().items():
+        torch.testing.assert_close(mine[k], v, equal_nan=True)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_process_ddp_and_deepspeed_decide_the_same(tmp_path):
+    """2 ranks (gloo, CPU), DDP then DeepSpeed ZeRO-2 in the same processes: every rank takes the
+    same decisions at the same steps (collective saves in the risk window and at the spike),
+    halts at the spike and exits cleanly."""
+    pytest.importorskip("deepspeed")
+    sc = build_scenario("warmup-spike")
+    spike = sc.fault_steps[0]
+    cfg = {"phase": {"warmup_steps": sc.warmup_steps},
+           "policy": {"halt_on": "critical", "bump_save_interval_to": 2}}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+           f"--master_port={_free_port()}", str(ROOT / "tests" / "dist" / "lightning_worker.py"),
+           "--scenario", "warmup-spike", "--batch-size", str(sc.batch_size // 2),
+           "--config", json.dumps(cfg), "--out", str(tmp_path)]
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=480)
+    assert proc.returncode == 0, (proc.stdout[-4000:], proc.stderr[-4000:])
+    decisions = {}
+    for strategy in ("ddp", "deepspeed"):
+        r0, r1 = (json.loads((tmp_path / f"{strategy}_rank{r}.json").read_text()) for r in (0, 1))
+        assert r0["findings"] == r1["findings"]          # bit-identical reduced values
+        first = first_steps(r0["findings"])
+        # The same finding kinds at the same steps as one process (and as the HF Trainer).
+        assert first["warmup_end"] == sc.warmup_steps
+        assert first["loss_spike"] == spike == first["warmup_instability"]
+        assert [f["severity"] for f in r0["findings"] if f["kind"] == "loss_spike"] == ["warning"]
+        # Bumped interval (2) inside the risk window, then save now + halt at the escalation.
+        saves = [s for s in range(sc.warmup_steps + 1, spike) if s % 2 == 0] + [spike]
+        assert r0["saved"] == r1["saved"] == saves
+        assert r0["global_step"] == r1["global_step"] == spike
+        assert r0["should_stop"] and r1["should_stop"]
+        decisions[strategy] = [(f["step"], f["kind"], f["severity"]) for f in r0["findings"]]
+    assert decisions["ddp"] == decisions["deepspeed"]
+    assert sorted(p.name for p in (tmp_path / "deepspeed" / "ckpt").iterdir()) == \
+        sorted(f"stability-step={s}.ckpt" for s in saves)
+
