@@ -302,3 +302,10 @@ def test_state_load_is_strict():
     state["detectors"]["loss_spike"]["extra"] = 1
     with pytest.raises(ValueError, match="loss_spike"):
         m.load_state_dict(state)
+
+
+def test_big_spike_right_after_a_fast_early_fall():
+    # the loss falls 10x in 30 steps (a wide noise estimate), then jumps 16x at step 40
+    recs = [StepRecord(s, {"loss": (0.55 + 9.5 * math.exp(-s / 6)) * (16.0 if s == 40 else 1.0)})
+            for s in range(1, 60)]
+    assert kinds(run(recs)) == [(40, "loss_spike", "warning"), (41, "spike_recovered", "info")]

@@ -9,7 +9,8 @@ from .base import Context, Detector, fmt, positive, positive_int
 
 class GradNormSpike(Detector):
     """An episode opens when the grad norm is ``z_threshold`` σ and ``min_ratio`` × above its
-    robust baseline (with a short history: ``cold_start_ratio`` ×) and closes when it falls
+    robust baseline (with a short history: ``cold_start_ratio`` ×; always at ``max_ratio`` ×,
+    however wide the noise estimate) and closes when it falls
     below ``close_ratio`` ×. Info when isolated; warning when it is the ``repeat_count``-th
     onset within ``repeat_window_steps`` (healthy runs have pairs of blips; a train of them is
     an optimizer going bad). Zero norms (a print artefact of some builds) and skipped fp16
@@ -28,11 +29,12 @@ class GradNormSpike(Detector):
 
     def __init__(self, *, baseline_alpha: float = 0.05, z_threshold: float = 6.0,
                  min_ratio: float = 2.0, cold_start_samples: int = 20, cold_start_ratio: float = 3.0,
-                 close_ratio: float = 1.5, repeat_window_steps: int = 200, repeat_count: int = 3):
+                 max_ratio: float = 5.0, close_ratio: float = 1.5, repeat_window_steps: int = 200, repeat_count: int = 3):
         self.z_threshold = positive("z_threshold", z_threshold)
         self.min_ratio = positive("min_ratio", min_ratio)
         self.cold_start_samples = positive_int("cold_start_samples", cold_start_samples)
         self.cold_start_ratio = positive("cold_start_ratio", cold_start_ratio)
+        self.max_ratio = positive("max_ratio", max_ratio)
         self.close_ratio = positive("close_ratio", close_ratio)
         self.repeat_window_steps = positive_int("repeat_window_steps", repeat_window_steps)
         self.repeat_count = positive_int("repeat_count", repeat_count)
@@ -53,7 +55,7 @@ class GradNormSpike(Detector):
         if b.n < self.cold_start_samples:
             abnormal = ratio >= self.cold_start_ratio
         else:
-            abnormal = ratio >= self.min_ratio and b.z(g) >= self.z_threshold
+            abnormal = ratio >= self.max_ratio or (ratio >= self.min_ratio and b.z(g) >= self.z_threshold)
         if self.open:
             if ratio < self.close_ratio:
                 self.open = False

@@ -13,8 +13,9 @@ class LossSpike(Detector):
     """Onset of an abnormal rise of a loss against a robust, detrended baseline.
 
     Rule: with a warm baseline (≥ ``cold_start_samples`` points) a point is abnormal when it
-    is ``z_threshold`` noise-σ above the baseline *and* ``min_rise`` above it relatively; with a
-    short history (a log snippet, the first steps of a run) only a relative jump of
+    is ``z_threshold`` noise-σ above the baseline *and* ``min_rise`` above it relatively — and
+    always once it is ``max_threshold_rise`` above (after a fast early fall the noise estimate
+    stays wide for a while; a doubling is a spike whatever it says); with a short history (a log snippet, the first steps of a run) only a relative jump of
     ``cold_start_rise`` counts. Abnormal points do not enter the baseline (winsorized), so
     the episode is judged against the level before it.
 
@@ -40,7 +41,8 @@ class LossSpike(Detector):
 
     def __init__(self, *, signal: str = keys.LOSS, baseline_alpha: float = 0.05,
                  z_threshold: float = 6.0, min_rise: float = 0.15, cold_start_samples: int = 20,
-                 cold_start_rise: float = 0.3, large_rise: float = 1.5, persist_samples: int = 3,
+                 cold_start_rise: float = 0.3, max_threshold_rise: float = 1.0,
+                 large_rise: float = 1.5, persist_samples: int = 3,
                  recover_fraction: float = 0.1, fast_recovery_steps: int = 100,
                  horizon_steps: int = 300):
         self.signals = (signal,)
@@ -49,6 +51,7 @@ class LossSpike(Detector):
         self.min_rise = positive("min_rise", min_rise)
         self.cold_start_samples = positive_int("cold_start_samples", cold_start_samples)
         self.cold_start_rise = positive("cold_start_rise", cold_start_rise)
+        self.max_threshold_rise = positive("max_threshold_rise", max_threshold_rise)
         self.large_rise = positive("large_rise", large_rise)
         self.persist_samples = positive_int("persist_samples", persist_samples)
         self.recover_fraction = check("recover_fraction", recover_fraction, 0 < recover_fraction < 1, "in (0, 1)")
@@ -69,7 +72,8 @@ class LossSpike(Detector):
         b = self.base
         if b.n < self.cold_start_samples:
             return b.baseline * (1 + self.cold_start_rise)
-        return b.baseline * max(1 + self.min_rise, math.exp(self.z_threshold * b.scale))
+        noise_rise = max(1 + self.min_rise, math.exp(self.z_threshold * b.scale))
+        return b.baseline * min(noise_rise, 1 + self.max_threshold_rise)
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         sig = self.signals[0]

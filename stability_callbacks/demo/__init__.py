@@ -1,0 +1,6 @@
+"""Planted-fault training scenarios shared by the integration tests and the ``demo`` command.
+
+Framework-neutral: :mod:`stability_callbacks.demo.scenarios` builds a tiny GPT, a dataset with a
+planted fault at a known optimizer step, and the findings that fault must produce. It imports
+torch and transformers; the core never imports this package.
+"""

@@ -1,0 +1,67 @@
+"""One rank of a 2-process HF Trainer run of a planted-fault scenario (DDP, DeepSpeed ZeRO-2/3).
+
+Launched by tests/test_hf.py with ``python -m torch.distributed.run --nproc_per_node=2``; writes
+``<out>/rank<R>.json`` with this rank's findings, its last global step and its checkpoints, so the
+test can check that both ranks decided the same.
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+torch.set_num_threads(1)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--backend", choices=("ddp", "zero2", "zero3"), required=True)
+    ap.add_argument("--scenario", required=True)
+    ap.add_argument("--max-steps", type=int, default=None)
+    ap.add_argument("--halt-on", default="never")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+
+    from transformers import Trainer, TrainingArguments
+
+    from stability_callbacks.demo.scenarios import build_scenario
+    from stability_callbacks.integrations.hf import StabilityCallback
+
+    world = int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
+    sc = build_scenario(a.scenario, max_steps=a.max_steps, batch_size=4)
+    ds_config = None
+    if a.backend.startswith("zero"):
+        ds_config = {"zero_optimization": {"stage": int(a.backend[-1])}, "bf16": {"enabled": False},
+                     "train_micro_batch_size_per_gpu": "auto",
+                     "gradient_accumulation_steps": "auto", "gradient_clipping": "auto"}
+    args = TrainingArguments(
+        output_dir=os.path.join(a.out, "ckpt"), max_steps=sc.max_steps,
+        per_device_train_batch_size=sc.batch_size, gradient_accumulation_steps=sc.grad_accum,
+        learning_rate=sc.lr, warmup_steps=sc.warmup_steps, weight_decay=0.0, logging_steps=10,
+        save_strategy="steps", save_steps=1000, report_to="none",
+        train_sampling_strategy="sequential", disable_tqdm=True, logging_nan_inf_filter=False,
+        ddp_backend="gloo", ddp_find_unused_parameters=False, deepspeed=ds_config, use_cpu=True,
+        save_only_model=True)
+    trainer = Trainer(model=sc.make_model(), args=args, train_dataset=sc.train_dataset(world))
+    config = {"policy": {"halt_on": a.halt_on}}
+    cb = StabilityCallback.attach(trainer, config=config, run_dir=os.path.join(a.out, "stability"))
+    trainer.train()
+    ckpts = sorted(d for d in os.listdir(args.output_dir) if d.startswith("checkpoint-")) \
+        if os.path.isdir(args.output_dir) else []
+    with open(os.path.join(a.out, f"rank{rank}.json"), "w") as fh:
+        json.dump({"rank": rank, "world": world, "global_step": trainer.state.global_step,
+                   "findings": [f.to_json() for f in cb.findings], "checkpoints": ckpts,
+                   "is_deepspeed": bool(trainer.is_deepspeed_enabled),
+                   "zero_stage": (trainer.model_wrapped.zero_optimization_stage()
+                                  if trainer.is_deepspeed_enabled else None),
+                   "num_params": sum(p.numel() for p in trainer.model.parameters())}, fh)
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,368 @@
+"""HF Trainer integration: real ``Trainer.train()`` runs of the planted-fault scenarios (CPU).
+
+Each run is a tiny GPT-2 (stability_callbacks.demo.scenarios) for 22-45 steps, ~1-3 s with one
+thread. The data-pocket run is shared (module fixture) by the signal, run-log, TensorBoard and
+resume tests.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from transformers import Trainer, TrainingArguments  # noqa: E402
+
+from stability_callbacks.demo.scenarios import build_scenario  # noqa: E402
+from stability_callbacks.integrations.hf import STATE_FILE, StabilityCallback  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # 2 shared cores: intra-op threads only add contention at this model size.
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)
+
+
+def _args(out, sc, **overrides) -> TrainingArguments:
+    kw = dict(output_dir=str(out), max_steps=sc.max_steps,
+              per_device_train_batch_size=sc.batch_size,
+              gradient_accumulation_steps=sc.grad_accum, learning_rate=sc.lr,
+              warmup_steps=sc.warmup_steps, weight_decay=0.0, logging_steps=5,
+              save_strategy="steps", save_steps=1000, report_to="none",
+              train_sampling_strategy="sequential", use_cpu=True, disable_tqdm=True,
+              logging_nan_inf_filter=False)
+    kw.update(overrides)
+    return TrainingArguments(**kw)
+
+
+def _checkpoints(out) -> list[int]:
+    return sorted(int(d.split("-")[1]) for d in os.listdir(out) if d.startswith("checkpoint-"))
+
+
+def _kinds(findings, min_severity=("info", "warning", "critical")):
+    return [(f.step, f.kind) for f in findings if f.severity in min_severity]
+
+
+def _first(findings, kind):
+    return next((f for f in findings if f.kind == kind), None)
+
+
+def _runlog(run_dir) -> list[dict]:
+    with open(Path(run_dir) / "runlog.jsonl") as fh:
+        return [json.loads(line) for line in fh]
+
+
+# ------------------------------------------------------------------------------ data pocket
+@pytest.fixture(scope="module")
+def pocket(tmp_path_factory):
+    """data-pocket, GA=2, TensorBoard on, a regular save at step 22 (the resume point)."""
+    out = tmp_path_factory.mktemp("pocket")
+    sc = build_scenario("data-pocket", batch_size=4, grad_accum=2)
+    args = _args(out / "ckpt", sc, save_steps=22, report_to=["tensorboard"])
+    trainer = Trainer(model=sc.make_model(), args=args, train_dataset=sc.train_dataset())
+    cb = StabilityCallback.attach(trainer, run_dir=out / "stability")
+    trainer.train()
+    return {"sc": sc, "out": out, "trainer": trainer, "cb": cb}
+
+
+def test_data_pocket_spike_at_the_pocket_and_recovery(pocket):
+    sc, cb = pocket["sc"], pocket["cb"]
+    first, last = sc.fault_steps[0], sc.fault_steps[-1]
+    spike = _first(cb.findings, "loss_spike")
+    assert (spike.step, spike.severity, spike.onset_step) == (first, "warning", first)
+    assert _first(cb.findings, "spike_recovered").step == last + 1
+    # Nothing serious before the pocket: the healthy stretch is quiet.
+    assert _kinds([f for f in cb.findings if f.step < first], ("warning", "critical")) == []
+    assert not any(f.kind in ("nonfinite", "spike_unrecovered", "divergence") for f in cb.findings)
+    # The policy asked for a save at the spike; the Trainer made it, with our state inside.
+    ckpt = pocket["out"] / "ckpt"
+    assert _checkpoints(ckpt) == [22, first, 44, 45]
+    for step in (22, first):
+        state = json.loads((ckpt / f"checkpoint-{step}" / STATE_FILE).read_text())
+        assert state["step"] == step and "monitor" in state["live"]
+    assert pocket["trainer"].state.save_steps == 22          # the user's interval, untouched
+
+
+def test_signals_are_the_trainers_own_values(pocket):
+    """Loss (GA=2, summed on device), pre-clip grad norm and LR equal what the Trainer logs."""
+    records = {r["step"]: r["metrics"] for r in _runlog(pocket["out"] / "stability")
+               if r["type"] == "step"}
+    assert sorted(records) == list(range(1, pocket["sc"].max_steps + 1))
+    hf = [h for h in pocket["trainer"].state.log_history if "loss" in h and "step" in h]
+    assert [h["step"] for h in hf] == list(range(5, 46, 5))     # HF's own line at every logging step
+    for h in hf:
+        s = h["step"]
+        window = [records[i]["loss"] for i in range(s - 4, s + 1)]
+        assert sum(window) / 5 == pytest.approx(h["loss"], rel=1e-5)
+        assert records[s]["grad_norm"] == pytest.approx(h["grad_norm"], rel=1e-6)
+        assert records[s]["lr"] == pytest.approx(h["learning_rate"], rel=1e-9)
+    m = records[30]
+    assert m["adam/exp_avg_sq_numel"] == sum(p.numel() for p in pocket["trainer"].model.parameters())
+    assert m["adam/exp_avg_sq_max"] > 0 and math.isfinite(m["adam/exp_avg_sq_l1"])
+    assert records[1]["batch_fingerprint"] != records[2]["batch_fingerprint"]
+
+
+def test_runlog_has_segment_findings_and_checkpoints(pocket):
+    lines = _runlog(pocket["out"] / "stability")
+    assert lines[0] == {"type": "segment", "segment": 0, "start_step": 0, "reason": "start"}
+    found = [(x["step"], x["kind"]) for x in lines if x["type"] == "finding"]
+    assert (25, "loss_spike") in found and (28, "spike_recovered") in found
+    assert [x["step"] for x in lines if x["type"] == "checkpoint"] == [22, 25, 44, 45]
+
+
+def test_tensorboard_gets_stability_scalars_and_keeps_the_trainers_line(pocket):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = (pocket["out"] / "ckpt" / "runs").glob("*/events.out.tfevents.*")
+    ea = EventAccumulator(str(events.parent), size_guidance={"scalars": 0})
+    ea.Reload()
+    tags = ea.Tags()["scalars"]
+    # HF's own loss and grad_norm are at every logging step: our trainer.log() calls did not
+    # swallow them (FRAMEWORK_NOTES pitfall H4).
+    assert [e.step for e in ea.Scalars("train/loss")] == list(range(5, 46, 5))
+    assert [e.step for e in ea.Scalars("train/grad_norm")] == list(range(5, 46, 5))
+    assert {"train/stability/loss", "train/stability/grad_norm", "train/stability/lr"} <= set(tags)
+    spike = [(e.step, e.value) for e in ea.Scalars("train/stability/finding/loss_spike")]
+    assert spike == [(25, 2.0)]                                  # warning at the pocket
+    stab_loss = {e.step: e.value for e in ea.Scalars("train/stability/loss")}
+    assert stab_loss[25] > 5.0
+
+
+# -------------------------------------------------------------------------------- resume
+def _resume(pocket, tmp_path, **overrides):
+    sc = pocket["sc"]
+    args = _args(pocket["out"] / "ckpt", sc, save_steps=22, **overrides)
+    trainer = Trainer(model=sc.make_model(), args=args, train_dataset=sc.train_dataset())
+    cb = StabilityCallback.attach(trainer, run_dir=tmp_path / "stability")
+    # Saves of the resumed run go elsewhere: the fixture's checkpoints stay as they were.
+    trainer.args.output_dir = str(tmp_path / "ckpt")
+    trainer.train(resume_from_checkpoint=str(pocket["out"] / "ckpt" / "checkpoint-22"))
+    return trainer, cb
+
+
+def test_resume_continues_detector_state(pocket, tmp_path):
+    trainer, cb = _resume(pocket, tmp_path)
+    whole = [(f.step, f.kind, f.severity) for f in pocket["cb"].findings if f.step > 22]
+    resumed = [(f.step, f.kind, f.severity) for f in cb.findings]
+    assert resumed[0] == (22, "resume", "info")
+    # The pocket 3 steps after the resume also reads as a resume spike: that one is extra.
+    assert (25, "resume_spike", "warning") in resumed
+    # A fresh monitor would re-detect the warmup end (step 23) and re-learn its baselines; the
+    # restored one carries on exactly as the uninterrupted run did.
+    assert [r for r in resumed[1:] if r[1] != "resume_spike"] == whole
+    spike_a = next(d for d in pocket["cb"].run.monitor.detectors if d.name == "loss_spike")
+    spike_b = next(d for d in cb.run.monitor.detectors if d.name == "loss_spike")
+    assert spike_b.base.n == spike_a.base.n                      # 45 points, not 23
+    lines = _runlog(tmp_path / "stability")
+    assert lines[0] == {"type": "segment", "segment": 1, "start_step": 22, "reason": "resume"}
+    assert trainer.state.global_step == 45
+    assert _first(cb.findings, "data_repetition") is None
+
+
+def test_resume_without_data_skip_reports_data_repetition(pocket, tmp_path):
+    # ignore_data_skip: the dataloader starts from the first batch again, so step 23 sees the
+    # batch of step 1 (issue 9: batch fingerprints in the step records).
+    trainer, cb = _resume(pocket, tmp_path, ignore_data_skip=True, max_steps=pocket["sc"].max_steps)
+    rep = _first(cb.findings, "data_repetition")
+    assert rep is not None and rep.step == 23
+    assert rep.severity == "critical"
+    assert rep.details.get("repeats_step") == rep.step - 22
+
+
+# ----------------------------------------------------------------------------------- NaN
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+def test_nan_halts_cleanly_without_saving_damaged_weights(tmp_path, bf16):
+    sc = build_scenario("nan")
+    # bf16 autocast on CPU, and the Trainer's own NaN filter on: it masks the NaN in *its* logged
+    # loss, not in the value training_step returns, which is what the monitor reads.
+    args = _args(tmp_path / "ckpt", sc, save_steps=10, bf16=bf16, logging_nan_inf_filter=bf16)
+    trainer = Trainer(model=sc.make_model(), args=args, train_dataset=sc.train_dataset())
+    cb = StabilityCallback.attach(trainer, config={"policy": {"halt_on": "critical"}},
+                                  run_dir=tmp_path / "stability")
+    trainer.train()
+    (bad,) = sc.fault_steps
+    nonfinite = _first(cb.findings, "nonfinite")
+    assert (nonfinite.step, nonfinite.severity) == (bad, "critical")
+    assert trainer.state.global_step == bad                      # stopped at the NaN step
+    assert _checkpoints(tmp_path / "ckpt") == [10, 20]           # no save of the NaN weights
+    advice = cb.run.control.rollback   # names the last good checkpoint before the onset
+    good = max(c for c in (10, 20) if c < advice.details["onset_step"])
+    assert advice.details["checkpoint_step"] == good
+    assert advice.details["checkpoint_path"].endswith(f"checkpoint-{good}")
+    assert not any(f.kind == "loss_spike" and f.severity != "info" for f in cb.findings)
+
+
+def test_unbound_callback_still_sees_the_nan_and_suppresses_saves(tmp_path, caplog):
+    """``trainer.add_callback(StabilityCallback(...))`` without the trainer: loss from the model's
+    forward (no grad norm); a NaN without halting keeps training but saves nothing after it."""
+    sc = build_scenario("nan")
+    trainer = Trainer(model=sc.make_model(), args=_args(tmp_path / "ckpt", sc, save_steps=10),
+                      train_dataset=sc.train_dataset())
+    cb = StabilityCallback(run_dir=tmp_path / "stability")
+    trainer.add_callback(cb)
+    with caplog.at_level("WARNING", logger="stability_callbacks"):
+        trainer.train()
+    assert "added without the trainer" in caplog.text
+    (bad,) = sc.fault_steps
+    assert _first(cb.findings, "nonfinite").step == bad
+    assert trainer.state.global_step == sc.max_steps              # halt_on: never (default)
+    assert _checkpoints(tmp_path / "ckpt") == [10, 20]            # 30 (the final save) suppressed
+    steps = [r for r in _runlog(tmp_path / "stability") if r["type"] == "step"]
+    assert "grad_norm" not in steps[0]["metrics"] and "loss" in steps[0]["metrics"]
+
+
+# --------------------------------------------------------------------------- warmup spike
+def test_warmup_spike_escalates_and_bumps_the_save_interval(tmp_path):
+    sc = build_scenario("warmup-spike")
+    config = {"phase": {"risk_window_factor": 0.5},
+              "policy": {"bump_save_interval_to": 2, "bump_duration_steps": 4}}
+    trainer = Trainer(model=sc.make_model(), args=_args(tmp_path / "ckpt", sc, save_steps=1000),
+                      train_dataset=sc.train_dataset())
+    cb = StabilityCallback.attach(trainer, config=config, run_dir=tmp_path / "stability")
+    trainer.train()
+    first = sc.fault_steps[0]
+    esc = _first(cb.findings, "warmup_instability")
+    assert (esc.step, esc.severity) == (first, "critical")
+    assert _first(cb.findings, "loss_spike").step == first
+    end = _first(cb.findings, "warmup_end")
+    assert end.step == sc.warmup_steps
+    window_end = end.details["risk_window_end_step"]
+    serious = [f.step for f in cb.findings if f.severity != "info"
+               and f.kind not in ("warmup_instability", "rollback_advice")]
+    bump_end = max([window_end] + [s + 4 for s in serious])
+    # The interval decided after step s governs the save test of step s + 1 (the Trainer's
+    # DefaultFlowCallback runs before ours).
+    bumped = [s for s in range(sc.warmup_steps + 2, bump_end + 2) if s % 2 == 0]
+    ckpts = _checkpoints(tmp_path / "ckpt")
+    # Every even step while bumped, the save-now at the spike, the final save; nothing between
+    # the end of the bump and the end of training (the user's interval, 1000, is back).
+    assert ckpts == sorted(set(bumped) | {first, sc.max_steps})
+    assert bump_end < sc.max_steps - 2
+    assert trainer.state.save_steps == 1000
+
+
+def test_bind_twice_to_another_trainer_is_an_error(tmp_path):
+    sc = build_scenario("healthy", max_steps=2)
+    t1 = Trainer(model=sc.make_model(), args=_args(tmp_path / "a", sc), train_dataset=sc.train_dataset())
+    t2 = Trainer(model=sc.make_model(), args=_args(tmp_path / "b", sc), train_dataset=sc.train_dataset())
+    cb = StabilityCallback(trainer=t1)
+    with pytest.raises(ValueError, match="trainer"):
+        cb.bind(t2)
+    cb.close()
+    assert "training_step" not in t1.__dict__
+
+
+# ---------------------------------------------------------------------------- distributed
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _launch(tmp_path, backend: str, scenario: str, timeout_s: int = 300):
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu",
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+           f"--master_port={_free_port()}", str(REPO / "tests" / "dist" / "hf_worker.py"),
+           "--backend", backend, "--scenario", scenario, "--halt-on", "critical",
+           "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=timeout_s)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.mark.parametrize("backend,scenario", [("ddp", "warmup-spike"), ("zero2", "nan")])
+def test_two_ranks_decide_the_same_and_exit_cleanly(tmp_path, backend, scenario):
+    """torchrun, 2 CPU processes, gloo (~25 s each on 2 idle cores, mostly imports). ZeRO-3 was
+    checked by hand with the same worker (``--backend zero3``): same findings, halt and save."""
+    if backend.startswith("zero"):
+        pytest.importorskip("deepspeed")
+    sc = build_scenario(scenario)
+    r0, r1 = _launch(tmp_path, backend, scenario)
+    assert r0["findings"] == r1["findings"]                     # identical decisions
+    assert r0["global_step"] == r1["global_step"] == sc.fault_steps[0]   # halted together
+    assert (r0["is_deepspeed"], r0["zero_stage"]) == ((True, 2) if backend == "zero2" else (False, None))
+    kinds = {(f["step"], f["kind"]) for f in r0["findings"]}
+    # One run log, written by rank 0; Adam statistics cover the whole model (ZeRO-2: the two
+    # partitions summed; DDP: the replicated state counted once).
+    steps = [r for r in _runlog(tmp_path / "stability") if r["type"] == "step"]
+    assert [r["step"] for r in steps] == list(range(1, sc.fault_steps[0] + 1))
+    assert steps[5]["metrics"]["adam/exp_avg_sq_numel"] == r0["num_params"]
+    if scenario == "warmup-spike":
+        assert {(21, "loss_spike"), (21, "warmup_instability")} <= kinds
+        assert r0["checkpoints"] == ["checkpoint-21"]           # state good: saved, then stopped
+    else:
+        assert (22, "nonfinite") in kinds
+        assert r0["checkpoints"] == []                          # NaN weights: no save
+
+
+# ------------------------------------------------------------------- per-dataset losses
+def test_per_dataset_losses_from_the_model_output(tmp_path):
+    """A model whose output carries ``stream_losses`` gets ``loss/<name>`` in every record."""
+    from transformers import GPT2LMHeadModel
+
+    class TwoStreams(GPT2LMHeadModel):
+        def forward(self, input_ids=None, labels=None, **kwargs):
+            out = super().forward(input_ids=input_ids, labels=labels, **kwargs)
+            logits = out.logits[:, :-1].float()
+            tok = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                reduction="none").view(labels.shape[0], -1).mean(1)
+            half = labels.shape[0] // 2      # first rows: stream "a", the rest: "b"
+            out["stream_losses"] = {"a": tok[:half].mean(), "b": tok[half:].mean()}
+            seen.append((tok[:half].mean().item(), tok[half:].mean().item()))
+            return out
+
+    seen: list = []
+
+    sc = build_scenario("healthy", max_steps=6, batch_size=4, grad_accum=2)
+    model = TwoStreams(sc.make_model().config)
+    model.load_state_dict(sc.make_model().state_dict())
+    trainer = Trainer(model=model, args=_args(tmp_path / "ckpt", sc), train_dataset=sc.train_dataset())
+    StabilityCallback.attach(trainer, run_dir=tmp_path / "stability")
+    trainer.train()
+    steps = [r["metrics"] for r in _runlog(tmp_path / "stability") if r["type"] == "step"]
+    assert len(steps) == 6 and len(seen) == 12
+    for i, m in enumerate(steps):       # mean over the step's two micro-batches
+        a = (seen[2 * i][0] + seen[2 * i + 1][0]) / 2
+        b = (seen[2 * i][1] + seen[2 * i + 1][1]) / 2
+        assert (m["loss/a"], m["loss/b"]) == (pytest.approx(a, rel=1e-6), pytest.approx(b, rel=1e-6))
+
+
+# ------------------------------------------------------------------------ README snippet
+README_SNIPPET = '''
+from transformers import Trainer, TrainingArguments
+from stability_callbacks.demo.scenarios import build_scenario
+from stability_callbacks.integrations.hf import StabilityCallback
+
+sc = build_scenario("data-pocket")     # tiny GPT-2 that knows a pattern; random tokens at steps 25-27
+args = TrainingArguments("out/hf", max_steps=sc.max_steps, per_device_train_batch_size=sc.batch_size,
+                         learning_rate=sc.lr, warmup_steps=sc.warmup_steps, report_to="none",
+                         train_sampling_strategy="sequential", use_cpu=True)
+trainer = Trainer(model=sc.make_model(), args=args, train_dataset=sc.train_dataset())
+StabilityCallback.attach(trainer, config={"policy": {"halt_on": "critical"}}, run_dir="out/stability")
+trainer.train()   # WARNING: loss_spike at step 25 ... -> out/stability/runlog.jsonl, out/hf/checkpoint-25
+'''
+
+
+def test_readme_snippet_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    exec(compile(README_SNIPPET, "README", "exec"), {})
+    lines = _runlog(tmp_path / "out" / "stability")
+    assert (25, "loss_spike") in {(x["step"], x["kind"]) for x in lines if x["type"] == "finding"}
+    assert (tmp_path / "out" / "hf" / "checkpoint-25" / STATE_FILE).is_file()
