@@ -32,6 +32,17 @@ class Control:
     state_is_good: bool = True
     rollback: Finding | None = None
 
+    def save_due(self, step: int, last_saved_step: int | None = None) -> bool:
+        """Whether an integration that saves by itself should save at ``step``: never while the
+        state is damaged; otherwise on save-now, on the bumped interval, and once before a halt.
+
+        >>> Control(save_interval_steps=50).save_due(100), Control(stop=True, state_is_good=False).save_due(7)
+        (True, False)
+        """
+        if not self.state_is_good or step == last_saved_step:
+            return False
+        return self.save_now or self.stop or bool(self.save_interval_steps and step % self.save_interval_steps == 0)
+
     def step_done(self) -> None:
         """The integration has carried out the one-shot requests of this step."""
         self.save_now = False

@@ -22,6 +22,42 @@ log = logging.getLogger("stability_callbacks")
 STATE_FILE = "stability_state.json"
 
 
+_SEVERITY_CODE = {"info": 1.0, "warning": 2.0, "critical": 3.0}
+#: Not worth a chart: an integer hash (the repetition detector reads it from the run log).
+_NOT_CHARTED = frozenset({"batch_fingerprint"})
+
+
+def reporter_scalars(record: StepRecord, findings: list[Finding]) -> dict[str, float]:
+    """What integrations send to the framework's own loggers (TensorBoard, W&B, ...):
+    ``stability/<key>`` per signal and ``stability/finding/<kind>`` = severity (1 info,
+    2 warning, 3 critical) per finding.
+
+    >>> reporter_scalars(StepRecord(3, {"loss": 2.5}), [Finding(3, "loss_spike", "warning", "...")])
+    {'stability/loss': 2.5, 'stability/finding/loss_spike': 2.0}
+    """
+    out = {f"stability/{k}": float(v) for k, v in record.metrics.items() if k not in _NOT_CHARTED}
+    for f in findings:
+        out[f"stability/finding/{f.kind}"] = _SEVERITY_CODE[f.severity]
+    return out
+
+
+class LogOnce:
+    """Mixin for integrations: each problem is logged once, then monitoring carries on without
+    the failing part (DESIGN invariant 4). Subclasses set ``self._warned = set()``."""
+
+    _warned: set
+
+    def _warn(self, key: str, msg: str, *args) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(msg, *args)
+
+    def _degrade(self, key: str, what: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.exception("stability: %s; monitoring continues without it", what)
+
+
 class LiveRun:
     """One monitored training run.
 

@@ -62,21 +62,17 @@ import torch
 from transformers import TrainerCallback
 
 from stability_callbacks import keys
-from stability_callbacks.live import STATE_FILE, LiveRun
+from stability_callbacks.live import STATE_FILE, LiveRun, LogOnce, reporter_scalars
 from stability_callbacks.integrations._torch import (StepProbe, batch_fingerprint,
                                                      deepspeed_readings, grad_scaler_readings)
 
 log = logging.getLogger("stability_callbacks")
 
-_STATE_VERSION = 1
-_SEVERITY_CODE = {"info": 1.0, "warning": 2.0, "critical": 3.0}
-# Not worth a chart: an integer hash (the repetition detector reads it from the run log).
-_NOT_LOGGED = (keys.BATCH_FINGERPRINT,)
 
 __all__ = ["StabilityCallback", "STATE_FILE"]
 
 
-class StabilityCallback(TrainerCallback):
+class StabilityCallback(TrainerCallback, LogOnce):
     """Live stability monitoring for ``transformers.Trainer`` (DESIGN 2.6).
 
     Keyword arguments: ``config`` (path, dict or None = defaults) or ``monitor`` (a ready
@@ -184,18 +180,6 @@ class StabilityCallback(TrainerCallback):
             else:
                 setattr(self.trainer, name, prev)
         self._originals.clear()
-
-    # ------------------------------------------------------------------------- failure policy
-    def _warn(self, key: str, msg: str, *args) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(msg, *args)
-
-    def _degrade(self, key: str, what: str) -> None:
-        # Monitoring never takes training down: log once (with the traceback), carry on.
-        if key not in self._warned:
-            self._warned.add(key)
-            log.exception("stability: %s; monitoring continues without it", what)
 
     # ----------------------------------------------------------------------- training events
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
@@ -349,12 +333,8 @@ class StabilityCallback(TrainerCallback):
     def _observe(self, records, state) -> None:
         for record in records:
             findings = self.run.observe(record)
-            for k, v in record.metrics.items():
-                if k not in _NOT_LOGGED:
-                    self._to_report[f"stability/{k}"] = v
-            for f in findings or ():
-                self._to_report[f"stability/finding/{f.kind}"] = _SEVERITY_CODE.get(f.severity, 1.0)
-                self._finding_pending = True
+            self._to_report.update(reporter_scalars(record, findings))
+            self._finding_pending = self._finding_pending or bool(findings)
 
     def _act(self, args, state, control) -> None:
         c = self.run.control
@@ -418,8 +398,7 @@ class StabilityCallback(TrainerCallback):
             path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             self.run.checkpoint_saved(state.global_step, path)
             if state.is_world_process_zero and os.path.isdir(path):
-                blob = {"version": _STATE_VERSION, "step": state.global_step,
-                        "live": self.run.state_dict()}
+                blob = {"step": state.global_step, "live": self.run.state_dict()}
                 tmp = os.path.join(path, STATE_FILE + ".tmp")
                 with open(tmp, "w") as fh:
                     json.dump(blob, fh, allow_nan=True)
@@ -434,8 +413,6 @@ class StabilityCallback(TrainerCallback):
             return
         with open(path) as fh:
             blob = json.load(fh)
-        if blob.get("version") != _STATE_VERSION:
-            raise ValueError(f"{path}: version {blob.get('version')!r} is not {_STATE_VERSION}")
         self.run.load_state_dict(blob["live"])
 
     def on_train_end(self, args, state, control, **kwargs):

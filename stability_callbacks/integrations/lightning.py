@@ -69,6 +69,7 @@ from lightning.pytorch.plugins.precision import FSDPPrecision
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy   # no deepspeed import
 
 from stability_callbacks import keys
+from stability_callbacks.live import LogOnce, reporter_scalars
 from stability_callbacks.integrations._torch import (StepProbe, batch_fingerprint,
                                                      deepspeed_readings, grad_scaler_readings)
 
@@ -76,13 +77,8 @@ log = logging.getLogger("stability_callbacks")
 
 __all__ = ["StabilityCallback"]
 
-_SEVERITY_CODE = {"info": 1.0, "warning": 2.0, "critical": 3.0}
-# Not worth a chart: an integer hash (the repetition detector reads it from the run log).
-_NOT_LOGGED = (keys.BATCH_FINGERPRINT,)
-_STATE_VERSION = 1
 
-
-class StabilityCallback(Callback):
+class StabilityCallback(Callback, LogOnce):
     """Live stability monitoring for ``lightning.pytorch.Trainer`` (DESIGN 2.6).
 
     Keyword arguments: ``config`` (path, preset name, dict or None = defaults) or ``monitor`` (a
@@ -126,18 +122,6 @@ class StabilityCallback(Callback):
         self._warned: set[str] = set()
         self._failed = False
         self._closed = False
-
-    # ------------------------------------------------------------------------- failure policy
-    def _warn(self, key: str, msg: str, *args) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(msg, *args)
-
-    def _degrade(self, key: str, what: str) -> None:
-        # Monitoring never takes training down: log once (with the traceback), carry on.
-        if key not in self._warned:
-            self._warned.add(key)
-            log.exception("stability: %s; monitoring continues without it", what)
 
     def _off(self) -> bool:
         return self._failed or self.run is None or self.probe is None
@@ -207,10 +191,7 @@ class StabilityCallback(Callback):
         self._resumed = True
         if not state_dict:
             return            # saved while monitoring was off: the detectors start fresh
-        if state_dict.get("version") != _STATE_VERSION:
-            raise ValueError(f"stability callback state version {state_dict.get('version')!r} "
-                             f"is not {_STATE_VERSION}")
-        live = state_dict["live"]
+        live = state_dict   # LiveRun state; the Monitor inside checks its version
         if self.run is None:
             self._pending_state = live
         else:
@@ -224,7 +205,7 @@ class StabilityCallback(Callback):
             # include every step up to this one. Requests the flushed records raise are carried
             # out at the next step boundary (Control's flags persist until step_done()).
             self._observe(self.probe.flush(), None)
-            return {"version": _STATE_VERSION, "live": self.run.state_dict()}
+            return self.run.state_dict()
         except Exception:
             self._degrade("state", "saving the stability state into the checkpoint failed")
             return {}
@@ -343,12 +324,8 @@ class StabilityCallback(Callback):
             if pl_module is None or not self.log_to_loggers:
                 continue
             try:
-                for k, v in record.metrics.items():
-                    if k not in _NOT_LOGGED:
-                        pl_module.log(f"stability/{k}", float(v), on_step=True, on_epoch=False)
-                for f in findings or ():
-                    pl_module.log(f"stability/finding/{f.kind}",
-                                  _SEVERITY_CODE.get(f.severity, 1.0), on_step=True, on_epoch=False)
+                for name, v in reporter_scalars(record, findings or []).items():
+                    pl_module.log(name, v, on_step=True, on_epoch=False)
             except Exception:
                 self._degrade("log", "logging to the trainer's loggers failed")
 
@@ -366,14 +343,8 @@ class StabilityCallback(Callback):
                 if c.save_now:
                     self._warn("no-bad-save", "stability: not saving checkpoints from step %d on: "
                                "the monitor says the weights are damaged", step)
-            else:
-                due = c.save_now
-                if c.save_interval_steps and step % c.save_interval_steps == 0:
-                    due = True            # the bumped interval (risk window, after a warning)
-                if c.stop and self._last_saved_step != step:
-                    due = True            # halting does not save by itself
-                if due and self._last_saved_step != step:
-                    self._save(trainer, step)
+            elif c.save_due(step, self._last_saved_step):   # halting does not save by itself
+                self._save(trainer, step)
             if c.stop:
                 trainer.should_stop = True
             c.step_done()

@@ -245,7 +245,7 @@ def render_figure(records: Sequence[StepRecord], findings: Sequence[Finding], *,
                 ax.plot(s.steps, _moving_average(s.values, max(5, len(s.values) // 250)),
                         color="#08519c", linewidth=1.1, label="moving average")
                 _clip_startup(ax, s.values)
-                ax.legend(fontsize=7, loc="upper right")
+                ax.legend(fontsize=7, loc="best")
             else:
                 ax.plot(xs, ys, color="#1f77b4", label="loss", **style)
                 if _spread(s.values) > 4:
@@ -253,13 +253,13 @@ def render_figure(records: Sequence[StepRecord], findings: Sequence[Finding], *,
         for k in loss_streams:
             ax.plot(series[k].steps, series[k].values, linewidth=0.7, alpha=0.8, label=k)
         if loss_streams:
-            ax.legend(fontsize=7, loc="upper right")
+            ax.legend(fontsize=7, loc="best")
         bad = sorted(set(series["loss"].bad_steps)) if s else []
         for b in bad:
             ax.axvline(b, color="#d62728", alpha=0.5, linewidth=1.0, linestyle=":")
         if bad:
             ax.plot([], [], color="#d62728", linestyle=":", label="NaN/Inf loss")
-            ax.legend(fontsize=7, loc="upper right")
+            ax.legend(fontsize=7, loc="best")
     if "grad_norm" in axes:
         ax = axes["grad_norm"]
         s = series["grad_norm"]
@@ -285,7 +285,7 @@ def render_figure(records: Sequence[StepRecord], findings: Sequence[Finding], *,
                        label=None if name in seen else name)
             seen.add(name)
         if seen:
-            ax.legend(fontsize=7, loc="upper right", title="phase", title_fontsize=7)
+            ax.legend(fontsize=7, loc="best", title="phase", title_fontsize=7)
     if "loss_scale" in axes:
         ax = axes["loss_scale"]
         s = series["loss_scale"]
@@ -299,7 +299,7 @@ def render_figure(records: Sequence[StepRecord], findings: Sequence[Finding], *,
             if skipped:
                 ax.plot(skipped, [0.04] * len(skipped), "|", color="#d62728", markersize=9,
                         transform=ax.get_xaxis_transform(), label="skipped step(s)")
-                ax.legend(fontsize=7, loc="upper right")
+                ax.legend(fontsize=7, loc="best")
     if "adam" in axes:
         ax = axes["adam"]
         for key, colour, label in (("adam/exp_avg_sq_max", "#e377c2", "max"),
@@ -308,7 +308,7 @@ def render_figure(records: Sequence[StepRecord], findings: Sequence[Finding], *,
             if s:
                 ax.plot(s.steps, s.values, color=colour, label=label, **style)
         ax.set_yscale("log")
-        ax.legend(fontsize=7, loc="upper right")
+        ax.legend(fontsize=7, loc="best")
 
     warmup_end, risk_end = _warmup_marks(findings)
     for p, ax in axes.items():
@@ -319,7 +319,7 @@ def render_figure(records: Sequence[StepRecord], findings: Sequence[Finding], *,
             ax.axvspan(warmup_end, risk_end, color="#ff7f0e", alpha=0.08, hatch="//", linewidth=0,
                        label="warmup-end risk window" if p == panels[0] else None)
     if warmup_end is not None:
-        axes[panels[0]].legend(fontsize=7, loc="upper right")
+        axes[panels[0]].legend(fontsize=7, loc="best")
 
     _mark_findings(axes, series, findings, numbered)
     if steps:

@@ -1,0 +1,298 @@
+"""Planted-fault DeepSpeed runs for tests/test_deepspeed.py: real engines on CPU, 2 ranks, gloo.
+
+    DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 tests/dist/ds_scenarios.py OUT_DIR [CASE ...]
+
+Every case runs a hand-written loop (forward, engine.backward, engine.step) on a fresh engine
+with ``attach(engine, ...)`` and writes what the hook saw and did to
+``OUT_DIR/<case>.rank<r>.json``; the test compares the ranks and asserts exact steps. All cases
+share one launch: DeepSpeed's first ``initialize`` costs ~10-20 s of imports on this machine,
+later engines well under a second each.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import deepspeed  # noqa: E402
+import deepspeed.ops  # noqa: E402
+from deepspeed.accelerator import get_accelerator  # noqa: E402
+
+# The CPU accelerator JIT-builds a shared-memory all-reduce op at the first init_distributed
+# (~2.5 min on 2 cores, deepspeed/comm/torch.py build_shm_op); gloo does the same job here.
+deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+# DeepSpeed refuses fp16 on this CPU (mkldnn has no fp16); the engine's fp16 paths (loss
+# scaler, overflow skips) run fine once allowed (FRAMEWORK_NOTES 3.4).
+type(get_accelerator()).is_fp16_supported = lambda self: True
+
+from stability_callbacks.demo.scenarios import build_scenario  # noqa: E402
+from stability_callbacks.integrations.deepspeed import (CLIENT_STATE_KEY, attach,  # noqa: E402
+                                                        roll_back_latest)
+
+
+class GradBlowUp(torch.autograd.Function):
+    """Identity forward; the backward multiplies the gradient by 1e30 (inf in fp16): a planted
+    fp16 overflow with a finite loss, as a real overflow cascade looks."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 1e30
+
+
+def ds_config(sc, *, stage: int, precision: str) -> dict:
+    cfg = {
+        "train_micro_batch_size_per_gpu": sc.batch_size,
+        "gradient_accumulation_steps": sc.grad_accum,
+        "zero_optimization": {"stage": stage},
+        # torch_adam: the stock torch AdamW, no JIT-built fused/CPU Adam op.
+        "optimizer": {"type": "AdamW", "params": {"lr": sc.lr, "weight_decay": 0.0, "torch_adam": True}},
+        # Linear warmup then linear decay to 0 at max_steps: the scenario's (HF) schedule.
+        "scheduler": {"type": "WarmupDecayLR", "params": {
+            "total_num_steps": sc.max_steps, "warmup_min_lr": 0.0, "warmup_max_lr": sc.lr,
+            "warmup_num_steps": sc.warmup_steps, "warmup_type": "linear"}},
+        "gradient_clipping": 1.0,
+        "steps_per_print": 10 ** 9,
+    }
+    if precision == "fp16":
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8, "loss_scale_window": 1000,
+                       "hysteresis": 2, "min_loss_scale": 1}
+    elif precision == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    return cfg
+
+
+def make_engine(sc, *, stage: int, precision: str):
+    model = sc.make_model()
+    engine, _, _, _ = deepspeed.initialize(model=model, config=ds_config(sc, stage=stage, precision=precision),
+                                           model_parameters=model.parameters())
+    return engine
+
+
+def micro_batches(ids: torch.Tensor, sc, data_step: int):
+    """This rank's micro-batches of optimizer step ``data_step`` (1-based), in the order a
+    ``DistributedSampler(shuffle=False)`` deals them: rank r takes rows r, r+W, ... of the step."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    g = sc.samples_per_step(world)
+    mine = ids[(data_step - 1) * g: data_step * g][rank::world]
+    return [mine[m * sc.batch_size:(m + 1) * sc.batch_size] for m in range(sc.grad_accum)]
+
+
+def train(engine, hook, sc, *, last_step: int, ids=None, data_offset: int = 0, blow_up_from=None,
+          user_save_every=None, save_dir=None, stop_on_halt=True):
+    """The user's loop. Returns what happened: the step the loop left at and a DeepSpeed error."""
+    ids = sc.train_dataset(dist.get_world_size()).input_ids if ids is None else ids
+    out = {"error": None, "left_at": None, "user_saves": {}}
+    while engine.global_steps < last_step:
+        step = engine.global_steps + 1
+        try:
+            for mb in micro_batches(ids, sc, step + data_offset):
+                loss = engine(input_ids=mb, labels=mb).loss
+                if blow_up_from is not None and step >= blow_up_from:
+                    loss = GradBlowUp.apply(loss)
+                engine.backward(loss)
+                engine.step()
+        except Exception as e:   # DeepSpeed's own exit (minimum loss scale)
+            out["error"] = {"step": step, "message": str(e)}
+            break
+        if user_save_every and step % user_save_every == 0:
+            out["user_saves"][step] = engine.save_checkpoint(save_dir, tag=f"global_step{step}")
+        if hook.should_stop and stop_on_halt:
+            break
+    out["left_at"] = int(engine.global_steps)
+    return out
+
+
+def summary(hook, extra: dict) -> dict:
+    res = {
+        "findings": [[f.step, f.kind, f.severity] for f in hook.findings],
+        "stopped_at": hook.stopped_at,
+        "saved_steps": hook.saved_steps,
+        "control": {"stop": hook.control.stop, "state_is_good": hook.control.state_is_good},
+        "rollback": (hook.control.rollback.details if hook.control.rollback is not None else None),
+    }
+    res.update(extra)
+    return res
+
+
+def runlog_lines(run_dir):
+    path = os.path.join(run_dir, "runlog.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as fh:
+        return [json.loads(line) for line in fh]
+
+
+def shared_dir(out_dir, name):
+    d = os.path.join(out_dir, name)
+    if dist.get_rank() == 0:
+        os.makedirs(d, exist_ok=True)
+    dist.barrier()
+    return d
+
+
+# ---------------------------------------------------------------------------------------- cases
+def case_overflow(out_dir, stage):
+    """fp16: every step overflows from step 25 on. The hook must warn (overflow_burst), call the
+    collapse and halt before DeepSpeed's minimum-scale exit; we then keep going to see the exit."""
+    sc = build_scenario("healthy", max_steps=40, warmup_steps=5, batch_size=4, lr=3e-3)
+    engine = make_engine(sc, stage=stage, precision="fp16")
+    run_dir = shared_dir(out_dir, f"overflow-z{stage}")
+    hook = attach(engine, config={"policy": {"halt_on": "critical"}, "actions": {}},
+                  run_dir=run_dir, save_dir=os.path.join(run_dir, "ckpt"))
+    first = train(engine, hook, sc, last_step=40, blow_up_from=25)
+    halted_at = first["left_at"]
+    # Ignore the halt to find where DeepSpeed itself would have ended the run.
+    rest = train(engine, hook, sc, last_step=40, blow_up_from=25, stop_on_halt=False)
+    hook.close()
+    return summary(hook, {"halted_at": halted_at, "first_error": first["error"],
+                          "ds_error": rest["error"],
+                          "records": {r["step"]: r["metrics"] for r in runlog_lines(run_dir)
+                                      if r["type"] == "step"} if dist.get_rank() == 0 else None})
+
+
+def case_pocket(out_dir):
+    """bf16 ZeRO-2, a bad-data pocket at steps 40-42 after warmup: spike, saves, recovery."""
+    sc = build_scenario("data-pocket", max_steps=45, warmup_steps=5, fault_step=25, batch_size=4,
+                        lr=3e-3)
+    param_count = sum(p.numel() for p in sc.make_model().parameters())
+    engine = make_engine(sc, stage=2, precision="bf16")
+    run_dir = shared_dir(out_dir, "pocket-z2")
+    save_dir = os.path.join(run_dir, "ckpt")
+    hook = attach(engine, config={"policy": {"bump_save_interval_to": 5}, "actions": {}},
+                  run_dir=run_dir, save_dir=save_dir)
+    res = train(engine, hook, sc, last_step=sc.max_steps)
+    hook.close()
+    state = None
+    if hook.saved_steps:
+        blob = torch.load(os.path.join(save_dir, f"global_step{hook.saved_steps[0]}",
+                                       "mp_rank_00_model_states.pt"), map_location="cpu", weights_only=False)
+        state = blob.get(CLIENT_STATE_KEY)
+    lines = runlog_lines(run_dir)
+    return summary(hook, {"train": res, "expected": sc.expected, "saved_state": state,
+                          "param_count": param_count,
+                          "tags": sorted(os.listdir(save_dir)) if os.path.isdir(save_dir) else [],
+                          "runlog_steps": [r["step"] for r in lines if r["type"] == "step"],
+                          "runlog_checkpoints": [r["step"] for r in lines if r["type"] == "checkpoint"],
+                          "first_record": next((r["metrics"] for r in lines if r["type"] == "step"), None)})
+
+
+def case_nan(out_dir):
+    """fp32 ZeRO-0 (the hook computes the grad norm), a NaN at step 35: halt on every rank at
+    the same step, no save of the damaged state, latest rolled back to the advised checkpoint;
+    then a restart from it that skips the bad batch and carries the detector state on."""
+    # Gradient accumulation 2: the step loss is the mean of 2 micro-batches x 2 ranks.
+    sc = build_scenario("nan", max_steps=30, warmup_steps=5, fault_step=22, batch_size=2,
+                        grad_accum=2, lr=3e-3)
+    # Reference for step 1: the plain model on the whole global batch (both ranks' rows).
+    ref = sc.make_model()
+    rows = sc.train_dataset(dist.get_world_size()).input_ids[:sc.samples_per_step(dist.get_world_size())]
+    ref_loss = ref(input_ids=rows, labels=rows).loss
+    ref_loss.backward()
+    reference = {"loss": float(ref_loss), "grad_norm": float(torch.nn.utils.get_total_norm(
+        [p.grad for p in ref.parameters() if p.grad is not None]))}
+    engine = make_engine(sc, stage=0, precision="fp32")
+    run_dir = shared_dir(out_dir, "nan-z0")
+    save_dir = os.path.join(run_dir, "ckpt")
+    cfg = {"policy": {"halt_on": "critical"}, "actions": {}}
+    hook = attach(engine, config=cfg, run_dir=run_dir, rollback_on_halt=True)
+    res = train(engine, hook, sc, last_step=sc.max_steps, user_save_every=5, save_dir=save_dir)
+    # The loop's own save after the halt: refused on every rank (the weights hold NaN).
+    res["save_after_halt"] = engine.save_checkpoint(save_dir, tag="after_halt")
+    hook.close()
+    with open(os.path.join(save_dir, "latest")) as fh:
+        latest = fh.read().strip()
+    lines = runlog_lines(run_dir)
+    first = summary(hook, {"train": res, "latest": latest, "tags": sorted(os.listdir(save_dir)),
+                           "aside": sorted(os.listdir(os.path.join(save_dir, "rolled_back"))),
+                           "reference": reference, "expected": sc.expected,
+                           "step1": next((r["metrics"] for r in lines if r["type"] == "step"), None)})
+    dist.barrier()
+
+    # Restart: a fresh engine and hook, engine.load_checkpoint(save_dir) reads `latest`.
+    engine2 = make_engine(sc, stage=0, precision="fp32")
+    hook2 = attach(engine2, config=cfg, run_dir=run_dir)
+    load_path, _ = engine2.load_checkpoint(save_dir)
+    mon = hook2.run.monitor
+    restored = {"load_path": os.path.basename(os.path.dirname(load_path)), "global_steps": engine2.global_steps,
+                "segment": mon.segment, "warmup_end_step": mon.phase.warmup_end_step,
+                "checkpoints": [c[0] for c in mon.policy.checkpoints]}
+    skip = first["rollback"]["skip_steps"]
+    # Skip the advised batches: after step skip[0]-1 the data runs (last-first+1) steps ahead.
+    ids = sc.train_dataset(dist.get_world_size()).input_ids
+    res2 = train(engine2, hook2, sc, last_step=skip[0] - 1, ids=ids)
+    res3 = train(engine2, hook2, sc, last_step=sc.max_steps - (skip[1] - skip[0] + 1), ids=ids,
+                 data_offset=skip[1] - skip[0] + 1)
+    hook2.close()
+    lines = runlog_lines(run_dir)
+    second = summary(hook2, {"restored": restored, "train": [res2, res3],
+                             "segments": [[r["segment"], r["start_step"], r["reason"]]
+                                          for r in lines if r["type"] == "segment"]})
+    # The rollback helper itself on real checkpoint folders: back to the first save moves the
+    # others aside (a name already aside gets a suffix).
+    moved = roll_back_latest(save_dir, "global_step5") if dist.get_rank() == 0 else None
+    dist.barrier()
+    with open(os.path.join(save_dir, "latest")) as fh:
+        latest2 = fh.read().strip()
+    return {"first": first, "second": second, "helper": {
+        "moved": moved, "latest": latest2, "tags": sorted(os.listdir(save_dir)),
+        "aside": sorted(os.listdir(os.path.join(save_dir, "rolled_back")))}}
+
+
+def case_warmup_spike(out_dir):
+    """ZeRO-3 bf16, a data pocket right after the LR warmup (read from the DS scheduler)."""
+    sc = build_scenario("warmup-spike", max_steps=32, warmup_steps=18, batch_size=4, lr=3e-3)
+    engine = make_engine(sc, stage=3, precision="bf16")
+    run_dir = shared_dir(out_dir, "spike-z3")
+    hook = attach(engine, config={"actions": {}}, run_dir=run_dir,
+                  save_dir=os.path.join(run_dir, "ckpt"))
+    res = train(engine, hook, sc, last_step=sc.max_steps)
+    hook.close()
+    return summary(hook, {"train": res, "expected": sc.expected})
+
+
+CASES = {
+    "overflow-z1": lambda out: case_overflow(out, 1),
+    "overflow-z0": lambda out: case_overflow(out, 0),
+    "pocket-z2": case_pocket,
+    "nan-z0": case_nan,
+    "spike-z3": case_warmup_spike,
+}
+
+
+def main(argv):
+    out_dir, names = argv[0], argv[1:] or list(CASES)
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank = dist.get_rank()
+    try:
+        for name in names:
+            t0 = time.perf_counter()
+            try:
+                res = CASES[name](out_dir)
+            except Exception:
+                with open(os.path.join(out_dir, f"{name}.rank{rank}.json"), "w") as fh:
+                    json.dump({"crash": traceback.format_exc()}, fh)
+                # The other rank may sit in a collective this rank will never join: end the
+                # launch now (its peer then fails fast on the closed connection) instead of
+                # running the next case out of step.
+                os._exit(1)
+            res["seconds"] = round(time.perf_counter() - t0, 2)
+            with open(os.path.join(out_dir, f"{name}.rank{rank}.json"), "w") as fh:
+                json.dump(res, fh, indent=1, default=str)
+            dist.barrier()
+    finally:
+        # Without it gloo aborts at interpreter teardown (FRAMEWORK_NOTES 3.4).
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,240 @@
+"""DeepSpeed ``attach(engine)``: real engines on CPU, 2 ranks (torchrun + gloo), planted faults.
+
+One torchrun launch runs every case of ``tests/dist/ds_scenarios.py`` (DeepSpeed's first
+initialize pays ~20 s of imports; later engines under a second); the tests below read what each
+rank wrote. Steps are 1-based optimizer steps (``engine.global_steps`` after the step).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("deepspeed")
+
+from stability_callbacks.integrations.deepspeed import attach, roll_back_latest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+DRIVER = ROOT / "tests" / "dist" / "ds_scenarios.py"
+CASES = ("overflow-z1", "overflow-z0", "pocket-z2", "nan-z0", "spike-z3")
+LAUNCH_TIMEOUT_S = 420
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory) -> dict:
+    """case -> [rank0 result, rank1 result]."""
+    out = tmp_path_factory.mktemp("ds")
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
+               PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_port", str(_free_port()), str(DRIVER), str(out), *CASES]
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True,
+                              timeout=LAUNCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:   # a hang (e.g. a one-rank save) must fail, not block
+        pytest.fail(f"torchrun timed out after {LAUNCH_TIMEOUT_S}s:\n{(e.stderr or '')[-4000:]}")
+    results = {}
+    for case in CASES:
+        ranks = []
+        for r in (0, 1):
+            path = out / f"{case}.rank{r}.json"
+            ranks.append(json.loads(path.read_text()) if path.exists() else None)
+        results[case] = ranks
+    crashes = {c: rs for c, rs in results.items() if any(r is None or "crash" in r for r in rs)}
+    if proc.returncode != 0 or crashes:
+        pytest.fail(f"torchrun rc={proc.returncode}; crashed cases: "
+                    f"{ {c: [r and r.get('crash') for r in rs] for c, rs in crashes.items()} }\n"
+                    f"{proc.stderr[-4000:]}")
+    return results
+
+
+def kinds(result) -> list:
+    """(step, kind, severity) of every finding, in order."""
+    return [tuple(f) for f in result["findings"]]
+
+
+def first(result, kind: str):
+    return next((tuple(f) for f in result["findings"] if f[1] == kind), None)
+
+
+def _comparable(result):
+    # rank 0 alone reads the run log and moves folders; everything decided must be identical.
+    drop = {"records", "seconds"}
+    res = {k: v for k, v in result.items() if k not in drop}
+    if "helper" in res:
+        res["helper"] = {k: v for k, v in res["helper"].items() if k != "moved"}
+    return res
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_rank_decides_the_same(ds, case):
+    rank0, rank1 = ds[case]
+    assert _comparable(rank0) == _comparable(rank1)
+
+
+def test_fp16_overflow_cascade_is_called_before_deepspeeds_minimum_scale_exit(ds):
+    r = ds["overflow-z1"][0]
+    # Every step overflows from step 25 on. ZeRO's scaler (initial 2**8, hysteresis 2) keeps
+    # 256 at the first overflow, then halves: 128 at 26 ... 1 at 33, and exits at 34.
+    rec = {int(k): v for k, v in r["records"].items()}
+    assert [rec[s]["skipped"] for s in range(23, 34)] == [0.0] * 2 + [1.0] * 9
+    assert [rec[s]["loss_scale"] for s in range(24, 34)] == [256.0, 256.0, 128.0, 64.0, 32.0,
+                                                             16.0, 8.0, 4.0, 2.0, 1.0]
+    assert rec[25]["grad_norm"] == "inf" and 0 < rec[24]["grad_norm"] < 10
+    # The LR each step used (read before _take_model_step): DeepSpeed's linear WarmupDecayLR
+    # runs step s at iteration s-2, so 0, 0, lr/5, ... lr at step 7; frozen while steps skip.
+    assert [rec[s]["lr"] for s in (1, 2)] == [0.0, 0.0]
+    assert rec[3]["lr"] == pytest.approx(3e-3 / 5) and rec[7]["lr"] == pytest.approx(3e-3)
+    assert {rec[s]["lr"] for s in range(25, 34)} == {rec[25]["lr"]} and rec[25]["lr"] < rec[24]["lr"]
+    assert r["ds_error"]["step"] == 34 and "minimum" in r["ds_error"]["message"]
+    # Third skip in the window: overflow_burst; scale 4 (6 halvings down, 2 above the floor):
+    # loss_scale_collapse, critical -> halt (policy.halt_on: critical) three steps before the exit.
+    assert first(r, "overflow_burst") == (27, "overflow_burst", "warning")
+    assert first(r, "loss_scale_collapse") == (31, "loss_scale_collapse", "critical")
+    assert r["stopped_at"] == r["halted_at"] == 31 and r["first_error"] is None
+    # The warning saved a checkpoint while the state was good; nothing after the collapse.
+    assert r["saved_steps"] == [27]
+    assert r["control"] == {"stop": True, "state_is_good": False}
+
+
+def test_zero0_fp16_overflow_cascade(ds):
+    r = ds["overflow-z0"][0]
+    # ZeRO-0 fp16 is FP16_UnfusedOptimizer: no hysteresis (256 -> 128 at the first overflow),
+    # its scale lives elsewhere (loss_scale_config), and it clamps at the minimum, no exit.
+    rec = {int(k): v for k, v in r["records"].items()}
+    assert [rec[s]["skipped"] for s in range(23, 31)] == [0.0] * 2 + [1.0] * 6
+    assert [rec[s]["loss_scale"] for s in range(24, 31)] == [256.0, 128.0, 64.0, 32.0, 16.0, 8.0, 4.0]
+    assert first(r, "overflow_burst") == (27, "overflow_burst", "warning")
+    assert first(r, "loss_scale_collapse") == (30, "loss_scale_collapse", "critical")
+    assert first(r, "nonfinite") is None            # an fp16 overflow is not a NaN
+    assert r["stopped_at"] == r["halted_at"] == 30
+    assert r["ds_error"] is None and r["first_error"] is None
+
+
+def test_bf16_zero2_data_pocket_spike_saves_and_state(ds):
+    r = ds["pocket-z2"][0]
+    exp = r["expected"]
+    spike, recovered = first(r, "loss_spike"), first(r, "spike_recovered")
+    assert spike[1:] == ("loss_spike", "warning") and exp["loss_spike"][0] <= spike[0] <= exp["loss_spike"][1]
+    assert exp["spike_recovered"][0] <= recovered[0] <= exp["spike_recovered"][1]
+    assert not [f for f in r["findings"] if f[2] == "critical"]
+    # Saves the hook made itself (policy.bump_save_interval_to: 5): every 5 steps inside the
+    # warmup-end risk window (warmup 5 + 1 scheduler steps -> window (6, 24]), a save now at the
+    # spike (25), then the bumped interval after the warning to the end.
+    assert first(r, "warmup_end")[0] == 6
+    assert r["saved_steps"] == [10, 15, 20, 25, 30, 35, 40, 45]
+    assert [t for t in r["tags"] if t.startswith("global_step")] == sorted(
+        f"global_step{s}" for s in r["saved_steps"])
+    assert r["runlog_checkpoints"] == r["saved_steps"]
+    # client_state["stability"] of the first save: the live state as of that step.
+    st = r["saved_state"]
+    assert st["version"] == 1 and st["step"] == 10
+    assert st["live"]["monitor"]["monitor"]["last_step"] == 10
+    assert st["live"]["monitor"]["policy"]["checkpoints"][-1][0] == 10
+    # One record per optimizer step, with every signal; Adam statistics over both ZeRO-2
+    # partitions add up to exactly the model's parameter count (alignment padding excluded).
+    assert r["runlog_steps"] == list(range(1, 46))
+    rec = r["first_record"]
+    assert set(rec) >= {"loss", "grad_norm", "lr", "adam/exp_avg_sq_max", "adam/exp_avg_sq_l1",
+                        "adam/exp_avg_sq_numel", "consumed_samples", "batch_fingerprint"}
+    assert rec["adam/exp_avg_sq_numel"] == r["param_count"]
+    assert rec["lr"] == 0.0 and rec["consumed_samples"] == 8.0   # 2 ranks x micro-batch 4
+    assert "loss_scale" not in rec and "skipped" not in rec      # bf16: no scaler
+
+
+def test_nan_halts_every_rank_at_the_same_step_and_rolls_back_latest(ds):
+    r = ds["nan-z0"][0]["first"]
+    nan_step = r["expected"]["nonfinite"][0]
+    assert first(r, "nonfinite") == (nan_step, "nonfinite", "critical")
+    assert r["stopped_at"] == r["train"]["left_at"] == nan_step     # on CPU: at the step itself
+    # No save of damaged weights: neither before the halt nor the loop's own save after it.
+    assert r["saved_steps"] == [] and r["train"]["save_after_halt"] is False
+    assert r["train"]["user_saves"] == {"5": True, "10": True, "15": True, "20": True}
+    # rollback_on_halt: latest names the advised good checkpoint; newer tags moved aside.
+    adv = r["rollback"]
+    good = adv["checkpoint_step"]
+    assert good in (5, 10, 15, 20) and good < adv["onset_step"] <= nan_step
+    assert adv["checkpoint_path"].endswith(f"ckpt/global_step{good}")
+    assert r["latest"] == f"global_step{good}"
+    assert r["aside"] == sorted(f"global_step{s}" for s in (5, 10, 15, 20) if s > good)
+    assert sorted(t for t in r["tags"] if t.startswith("global_step")) == sorted(
+        f"global_step{s}" for s in (5, 10, 15, 20) if s <= good)
+
+
+def test_nan_step1_loss_and_grad_norm_match_the_plain_model(ds):
+    r = ds["nan-z0"][0]["first"]
+    # fp32 ZeRO-0: the engine keeps no grad norm, the hook computes it (pre-clip, before the
+    # step); the loss is the mean over 2 micro-batches x 2 ranks = the global batch's loss.
+    ref, got = r["reference"], r["step1"]
+    assert got["loss"] == pytest.approx(ref["loss"], rel=1e-6)
+    assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-6)
+
+
+def test_restart_from_latest_restores_the_detector_state(ds):
+    adv = ds["nan-z0"][0]["first"]["rollback"]
+    good = adv["checkpoint_step"]
+    r = ds["nan-z0"][0]["second"]
+    # A fresh engine + hook; engine.load_checkpoint(save_dir) follows `latest`.
+    assert r["restored"] == {"load_path": f"global_step{good}", "global_steps": good, "segment": 1,
+                             # restored from client_state (a fresh Monitor knows no warmup end yet)
+                             "warmup_end_step": 6,
+                             "checkpoints": [s for s in (5, 10, 15, 20) if s <= good]}
+    assert r["segments"] == [[0, 0, "start"], [1, good, "resume"]]
+    assert kinds(r)[0] == (good, "resume", "info")
+    # The advised batches skipped: no NaN again, no second warmup_end, no halt.
+    found = {f[1] for f in r["findings"]}
+    assert not found & {"nonfinite", "warmup_end", "rollback_advice"}
+    assert r["stopped_at"] is None and r["control"]["state_is_good"] is True
+
+
+def test_zero3_warmup_spike_escalates(ds):
+    r = ds["spike-z3"][0]
+    exp = r["expected"]
+    # warmup_num_steps 18 -> steps 1..19 run warmup LRs (DeepSpeed's scheduler lags one step).
+    assert first(r, "warmup_end") == (19, "warmup_end", "info")
+    spike = first(r, "loss_spike")
+    assert spike[1:] == ("loss_spike", "warning") and exp["loss_spike"][0] <= spike[0] <= exp["loss_spike"][1]
+    esc = first(r, "warmup_instability")
+    assert esc[2] == "critical" and exp["warmup_instability"][0] <= esc[0] <= exp["warmup_instability"][1]
+    assert not first(r, "nonfinite")
+    assert r["saved_steps"] == [spike[0]]   # save now at the warning (default interval: 300)
+
+
+def test_rollback_helper_on_real_checkpoints(ds):
+    good = ds["nan-z0"][0]["first"]["rollback"]["checkpoint_step"]
+    h = ds["nan-z0"][0]["helper"]
+    # roll_back_latest(save_dir, "global_step5") after the halt's own rollback to `good`: the
+    # tags still in place after 5 move too; everything newer than 5 is kept in rolled_back/.
+    assert h["moved"] == [f"global_step{s}" for s in (10, 15, 20) if s <= good]
+    assert h["latest"] == "global_step5"
+    assert [t for t in h["tags"] if t.startswith("global_step")] == ["global_step5"]
+    assert h["aside"] == ["global_step10", "global_step15", "global_step20"]
+
+
+def test_roll_back_latest_keeps_everything(tmp_path):
+    for tag in ("global_step100", "global_step200", "global_step300"):
+        (tmp_path / tag).mkdir()
+    (tmp_path / "rolled_back" / "global_step300").mkdir(parents=True)   # from an earlier rollback
+    (tmp_path / "latest").write_text("global_step300")
+    assert roll_back_latest(tmp_path, "global_step100") == ["global_step200", "global_step300"]
+    assert (tmp_path / "latest").read_text() == "global_step100"
+    assert sorted(os.listdir(tmp_path / "rolled_back")) == ["global_step200", "global_step300",
+                                                            "global_step300.1"]
+    with pytest.raises(ValueError, match="tag: 'global_step7'"):
+        roll_back_latest(tmp_path, "global_step7")
+
+
+def test_attach_rejects_what_is_not_an_engine():
+    with pytest.raises(ValueError, match="engine must be a deepspeed engine, got object"):
+        attach(object())
