@@ -93,7 +93,7 @@ class Monitor:
             if found:
                 out += found
             if d is self._loss_spike:
-                ctx.loss_baseline = d.baseline_before
+                ctx.loss_baseline, ctx.loss_noise = d.baseline_before, d.noise_before
                 ctx.loss_spike_open = d.episode is not None
                 ctx.loss_spike_onset = d.episode[0] if d.episode is not None else None
         if self.streams or not _CONTRACT_KEYS.issuperset(m.keys()):

@@ -139,7 +139,7 @@ def test_bf16_zero2_data_pocket_spike_saves_and_state(ds):
     assert r["runlog_checkpoints"] == r["saved_steps"]
     # client_state["stability"] of the first save: the live state as of that step.
     st = r["saved_state"]
-    assert st["version"] == 1 and st["step"] == 10
+    assert st["live"]["monitor"]["version"] == 1 and st["step"] == 10
     assert st["live"]["monitor"]["monitor"]["last_step"] == 10
     assert st["live"]["monitor"]["policy"]["checkpoints"][-1][0] == 10
     # One record per optimizer step, with every signal; Adam statistics over both ZeRO-2
@@ -164,7 +164,8 @@ def test_nan_halts_every_rank_at_the_same_step_and_rolls_back_latest(ds):
     # rollback_on_halt: latest names the advised good checkpoint; newer tags moved aside.
     adv = r["rollback"]
     good = adv["checkpoint_step"]
-    assert good in (5, 10, 15, 20) and good < adv["onset_step"] <= nan_step
+    # the last checkpoint before the NaN; start-up transients do not drag the onset back
+    assert (good, adv["onset_step"], adv["skip_steps"]) == (20, nan_step, [nan_step, nan_step])
     assert adv["checkpoint_path"].endswith(f"ckpt/global_step{good}")
     assert r["latest"] == f"global_step{good}"
     assert r["aside"] == sorted(f"global_step{s}" for s in (5, 10, 15, 20) if s > good)

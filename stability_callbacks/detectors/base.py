@@ -20,6 +20,7 @@ class Context:
     loss_spike_open: bool = False           # set by LossSpike for the detectors after it
     loss_spike_onset: int | None = None     # onset of the open loss-spike episode, if any
     loss_baseline: float | None = None      # LossSpike's baseline before this point (warm only)
+    loss_noise: float = 0.0                 # ... and the noise σ of log(loss) around it
 
 
 class Detector:

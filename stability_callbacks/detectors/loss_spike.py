@@ -38,6 +38,7 @@ class LossSpike(Detector):
     _state = ("base", "episode", "prev_step", "prev_z")
     #: Other loss detectors (resume spike, falsely low loss) judge against this baseline.
     baseline_before: float | None = None
+    noise_before: float = 0.0
 
     def __init__(self, *, signal: str = keys.LOSS, baseline_alpha: float = 0.05,
                  z_threshold: float = 6.0, min_rise: float = 0.15, cold_start_samples: int = 20,
@@ -83,6 +84,7 @@ class LossSpike(Detector):
         step = record.step
         b = self.base
         self.baseline_before = b.baseline if b.n >= self.cold_start_samples else None
+        self.noise_before = b.scale
         if b.n == 0:
             b.update(x)
             self.prev_step, self.prev_z = step, 0.0

@@ -1,6 +1,8 @@
 """The loss jumps right after a resume (data-loader state or RNG not restored)."""
 from __future__ import annotations
 
+import math
+
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import finite_positive
@@ -8,9 +10,9 @@ from .base import Context, Detector, fmt, positive, positive_int
 
 
 class ResumeSpike(Detector):
-    """Warning when, within ``window_steps`` after a resume, the loss stands ``min_rise`` above
-    the loss baseline it had before the checkpoint (``loss_spike``'s baseline, restored with the
-    detector state). One per resume. O(1); state: 2 scalars.
+    """Warning when, within ``window_steps`` after a resume, the loss stands ``min_rise`` and
+    ``noise_sigmas`` σ above the loss baseline it had before the checkpoint (``loss_spike``'s
+    baseline and noise, restored with the detector state). One per resume. O(1); state: 2 scalars.
     """
 
     name = "resume_spike"
@@ -18,8 +20,9 @@ class ResumeSpike(Detector):
     signals = (keys.LOSS,)
     _state = ("resume_step", "fired")
 
-    def __init__(self, *, min_rise: float = 0.1, window_steps: int = 50):
+    def __init__(self, *, min_rise: float = 0.1, noise_sigmas: float = 3.0, window_steps: int = 50):
         self.min_rise = positive("min_rise", min_rise)
+        self.noise_sigmas = positive("noise_sigmas", noise_sigmas)
         self.window_steps = positive_int("window_steps", window_steps)
         self.resume_step: int | None = None
         self.fired = False
@@ -35,11 +38,12 @@ class ResumeSpike(Detector):
         if not finite_positive(x) or not 0 <= record.step - self.resume_step <= self.window_steps:
             return []
         base = ctx.loss_baseline
-        if x <= base * (1 + self.min_rise):
+        threshold = base * max(1 + self.min_rise, math.exp(self.noise_sigmas * ctx.loss_noise))
+        if x <= threshold:
             return []
         self.fired = True
         return [self.finding(
-            record.step, severity="warning", value=x, baseline=base, threshold=base * (1 + self.min_rise),
+            record.step, severity="warning", value=x, baseline=base, threshold=threshold,
             onset_step=self.resume_step,
             message=(f"The loss jumped to {fmt(x)} at step {record.step}, right after the resume at step "
                      f"{self.resume_step}, {x / base - 1:.0%} above {fmt(base)} before the checkpoint. "

@@ -88,6 +88,7 @@ from typing import Any
 import torch
 
 from stability_callbacks import keys
+from stability_callbacks.live import LogOnce
 from stability_callbacks.integrations._torch import (StepProbe, batch_fingerprint,
                                                      deepspeed_readings)
 
@@ -97,7 +98,6 @@ log = logging.getLogger("stability_callbacks")
 CLIENT_STATE_KEY = "stability"
 #: Where :func:`roll_back_latest` moves the tags newer than the rollback target.
 ROLLED_BACK_DIR = "rolled_back"
-_STATE_VERSION = 1
 _TAG_STEP = re.compile(r"(\d+)$")
 _WRAPPED = ("forward", "backward", "scale", "_take_model_step", "step", "save_checkpoint",
             "load_checkpoint")
@@ -115,7 +115,7 @@ def attach(engine, **kwargs) -> "StabilityHook":
     return StabilityHook(engine, **kwargs)
 
 
-class StabilityHook:
+class StabilityHook(LogOnce):
     """Live stability monitoring of one DeepSpeed engine (DESIGN 2.6).
 
     Keyword arguments (the config): ``config`` (path, dict or None = defaults) or ``monitor``
@@ -146,7 +146,7 @@ class StabilityHook:
         self.rollback_on_halt = rollback_on_halt
         self.run = LiveRun(config=config, monitor=monitor, run_dir=self.run_dir,
                            is_rank0=int(getattr(engine, "global_rank", 0)) == 0, run_name=run_name)
-        sampling = _section(self.run, "sampling")
+        sampling = self.run.monitor.config["sampling"]
         self._every_n = int(sampling.get("every_n_steps", 1) or 1)
         self.probe = StepProbe(
             process_group=getattr(engine, "data_parallel_group", None),
@@ -215,10 +215,7 @@ class StabilityHook:
         except Exception:
             self._degrade("flush", "flushing the last records failed")
         finally:
-            try:
-                self.run.close()
-            except Exception:
-                self._degrade("close", "closing the run log failed")
+            self.run.close()   # never raises
             self._unwrap_engine()
 
     def __enter__(self) -> "StabilityHook":
@@ -390,11 +387,10 @@ class StabilityHook:
         c = self.run.control
         step = int(self.engine.global_steps)
         try:
-            due = c.save_now or bool(c.save_interval_steps and step % c.save_interval_steps == 0)
             if c.stop and self.stopped_at is None:
                 self.stopped_at = step
-                due = True   # stopping does not save by itself; save a good state first
-            if due and self.save_on_request and c.state_is_good and step not in self.saved_steps:
+            last = self.saved_steps[-1] if self.saved_steps else None
+            if self.save_on_request and c.save_due(step, last):   # a halt saves a good state first
                 self.engine.save_checkpoint(self._save_dir(), tag=f"global_step{step}")
                 self.saved_steps.append(step)
             if self.stopped_at == step and self.rollback_on_halt and c.rollback is not None:
@@ -429,8 +425,7 @@ class StabilityHook:
         try:
             # Noted before the state is taken, so a resume from this checkpoint knows it.
             self.run.checkpoint_saved(step, os.path.join(os.fspath(save_dir), name))
-            client_state[CLIENT_STATE_KEY] = {"version": _STATE_VERSION, "step": step,
-                                              "live": self.run.state_dict()}
+            client_state[CLIENT_STATE_KEY] = {"step": step, "live": self.run.state_dict()}
         except Exception:
             self._degrade("save-state", "adding the stability state to the checkpoint failed")
         return save_fn(save_dir, tag, client_state, *args, **kwargs)
@@ -452,10 +447,7 @@ class StabilityHook:
             if blob is None:
                 self._warn("no-state", "stability: %s has no stability state; detectors start "
                            "fresh", load_path)
-            elif blob.get("version") != _STATE_VERSION:
-                raise ValueError(f"{load_path}: stability state version {blob.get('version')!r} "
-                                 f"is not {_STATE_VERSION}")
-            else:
+            else:   # the Monitor inside checks its state version
                 self.run.load_state_dict(blob["live"])
             self._fp = None
             self._skipped_before = int(self.engine.skipped_steps)
@@ -471,7 +463,7 @@ class StabilityHook:
         return self.save_dir or self._loop_save_dir or os.path.join(self.run_dir, "checkpoints")
 
     def _declare_warmup(self) -> None:
-        if _section(self.run, "phase").get("warmup_steps") is not None:
+        if self.run.monitor.config["phase"].get("warmup_steps") is not None:
             return
         sched = getattr(self.engine, "lr_scheduler", None)
         warmup = getattr(sched, "warmup_num_steps", None)
@@ -487,17 +479,6 @@ class StabilityHook:
 
     def _is_rank0(self) -> bool:
         return int(getattr(self.engine, "global_rank", 0)) == 0
-
-    def _warn(self, key: str, msg: str, *args) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(msg, *args)
-
-    def _degrade(self, key: str, what: str) -> None:
-        # Monitoring never takes training down: log once (with the traceback), carry on.
-        if key not in self._warned:
-            self._warned.add(key)
-            log.exception("stability: %s; monitoring continues without it", what)
 
 
 def roll_back_latest(save_dir: str | os.PathLike, tag: str) -> list[str]:
@@ -542,12 +523,3 @@ def _tag_step(tag: str) -> int | None:
 def _barrier() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
-
-
-def _section(run, name: str) -> dict:
-    """A config section of the run's Monitor as a plain dict (empty if absent)."""
-    cfg = getattr(getattr(run, "monitor", None), "config", None)
-    if not isinstance(cfg, dict):
-        return {}
-    sec = cfg.get(name)
-    return sec if isinstance(sec, dict) else {}

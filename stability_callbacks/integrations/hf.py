@@ -208,7 +208,7 @@ class StabilityCallback(TrainerCallback, LogOnce):
                            is_rank0=state.is_world_process_zero,
                            run_name=self.run_name or getattr(args, "run_name", None),
                            wandb_run=wandb_run)
-        sampling = _section(self.run, "sampling")
+        sampling = self.run.monitor.config["sampling"]
         self._every_n = int(sampling.get("every_n_steps", 1) or 1)
         self.probe = StepProbe(
             adam_every_n_steps=int(sampling.get("adam_every_n_steps", 1) or 0),
@@ -218,7 +218,7 @@ class StabilityCallback(TrainerCallback, LogOnce):
         self._user_save_steps = _save_steps_from_args(args, state.max_steps)
 
         warmup = args.get_warmup_steps(state.max_steps) if state.max_steps > 0 else 0
-        if warmup > 0 and _section(self.run, "phase").get("warmup_steps") is None:
+        if warmup > 0 and self.run.monitor.config["phase"].get("warmup_steps") is None:
             self.run.monitor.set_warmup_steps(warmup)
 
         reason = "start"
@@ -424,10 +424,7 @@ class StabilityCallback(TrainerCallback, LogOnce):
         except Exception:
             self._degrade("flush", "flushing the last records failed")
         finally:
-            try:
-                self.run.close()
-            except Exception:
-                self._degrade("close", "closing the run log failed")
+            self.run.close()   # never raises
             if self._hook is not None:
                 self._hook.remove()
                 self._hook = None
@@ -458,16 +455,3 @@ def _save_steps_from_args(args, max_steps: int) -> int | None:
     if n < 1:
         n = math.ceil(max_steps * n)
     return int(n) or None
-
-
-def _section(run, name: str) -> dict:
-    """A config section of the run's Monitor as a plain dict (empty if absent)."""
-    cfg = getattr(getattr(run, "monitor", None), "config", None)
-    if cfg is None:
-        return {}
-    sec = cfg.get(name) if isinstance(cfg, dict) else getattr(cfg, name, None)
-    if sec is None:
-        return {}
-    if isinstance(sec, dict):
-        return sec
-    return dict(getattr(sec, "__dict__", {}))

@@ -213,7 +213,8 @@ def case_nan(out_dir):
         latest = fh.read().strip()
     lines = runlog_lines(run_dir)
     first = summary(hook, {"train": res, "latest": latest, "tags": sorted(os.listdir(save_dir)),
-                           "aside": sorted(os.listdir(os.path.join(save_dir, "rolled_back"))),
+                           "aside": sorted(os.listdir(os.path.join(save_dir, "rolled_back")))
+                           if os.path.isdir(os.path.join(save_dir, "rolled_back")) else [],
                            "reference": reference, "expected": sc.expected,
                            "step1": next((r["metrics"] for r in lines if r["type"] == "step"), None)})
     dist.barrier()
