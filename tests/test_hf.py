@@ -345,19 +345,14 @@ def test_per_dataset_losses_from_the_model_output(tmp_path):
 
 
 # ------------------------------------------------------------------------ README snippet
-README_SNIPPET = '''
-from transformers import Trainer, TrainingArguments
-from stability_callbacks.demo.scenarios import build_scenario
-from stability_callbacks.integrations.hf import StabilityCallback
+def _readme_snippet() -> str:
+    """The HF example exactly as README.md shows it (the README must not drift)."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = text.split("### HF Trainer\n```python\n", 1)[1]
+    return block.split("```", 1)[0]
 
-sc = build_scenario("data-pocket")     # tiny GPT-2 that knows a pattern; random tokens at steps 25-27
-args = TrainingArguments("out/hf", max_steps=sc.max_steps, per_device_train_batch_size=sc.batch_size,
-                         learning_rate=sc.lr, warmup_steps=sc.warmup_steps, report_to="none",
-                         train_sampling_strategy="sequential", use_cpu=True)
-trainer = Trainer(model=sc.make_model(), args=args, train_dataset=sc.train_dataset())
-StabilityCallback.attach(trainer, config={"policy": {"halt_on": "critical"}}, run_dir="out/stability")
-trainer.train()   # WARNING: loss_spike at step 25 ... -> out/stability/runlog.jsonl, out/hf/checkpoint-25
-'''
+
+README_SNIPPET = _readme_snippet()
 
 
 def test_readme_snippet_runs(tmp_path, monkeypatch):
