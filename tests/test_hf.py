@@ -361,3 +361,16 @@ def test_readme_snippet_runs(tmp_path, monkeypatch):
     lines = _runlog(tmp_path / "out" / "stability")
     assert (25, "loss_spike") in {(x["step"], x["kind"]) for x in lines if x["type"] == "finding"}
     assert (tmp_path / "out" / "hf" / "checkpoint-25" / STATE_FILE).is_file()
+
+
+@pytest.mark.parametrize("warmup, expected", [(0, [(0, "preflight", "warmup_steps")]), (8, [])])
+def test_preflight_audit_runs_once_at_train_begin(tmp_path, warmup, expected):
+    sc = build_scenario("healthy", max_steps=3)
+    trainer = Trainer(model=sc.make_model(), args=_args(tmp_path / "hf", sc, max_steps=3, warmup_steps=warmup),
+                      train_dataset=sc.train_dataset())
+    cb = StabilityCallback.attach(trainer, config={"actions": {}}, run_dir=tmp_path / "stability")
+    trainer.train()
+    pre = [(f.step, f.kind, f.signal) for f in cb.findings if f.kind == "preflight"]
+    assert pre == expected
+    logged = [x for x in _runlog(tmp_path / "stability") if x["type"] == "finding" and x["kind"] == "preflight"]
+    assert [(x["step"], x["signal"]) for x in logged] == [(s, sig) for s, _, sig in expected]

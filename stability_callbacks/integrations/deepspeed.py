@@ -88,6 +88,7 @@ from typing import Any
 import torch
 
 from stability_callbacks import keys
+from stability_callbacks.integrations._preflight import run_preflight
 from stability_callbacks.live import LogOnce
 from stability_callbacks.integrations._torch import (StepProbe, batch_fingerprint,
                                                      deepspeed_readings)
@@ -456,7 +457,12 @@ class StabilityHook(LogOnce):
             self._degrade("load-state", "restoring the stability state failed")
 
     def _start(self, reason: str) -> None:
-        self.run.start(int(self.engine.global_steps), reason=reason)
+        e = self.engine
+        self.run.start(int(e.global_steps), reason=reason)
+        if reason == "start":
+            precision = "fp16" if e.fp16_enabled() else "bf16" if e.bfloat16_enabled() else "fp32"
+            run_preflight(self.run, e.module, getattr(e, "basic_optimizer", None),
+                          getattr(e, "lr_scheduler", None), precision=precision)
         self._started = True
 
     def _save_dir(self) -> str:

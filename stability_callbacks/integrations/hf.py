@@ -62,6 +62,7 @@ import torch
 from transformers import TrainerCallback
 
 from stability_callbacks import keys
+from stability_callbacks.integrations._preflight import run_preflight
 from stability_callbacks.live import STATE_FILE, LiveRun, LogOnce, reporter_scalars
 from stability_callbacks.integrations._torch import (StepProbe, batch_fingerprint,
                                                      deepspeed_readings, grad_scaler_readings)
@@ -184,12 +185,12 @@ class StabilityCallback(TrainerCallback, LogOnce):
     # ----------------------------------------------------------------------- training events
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         try:
-            self._begin(args, state, model)
+            self._begin(args, state, model, optimizer, kwargs.get("lr_scheduler"))
         except Exception:
             self._failed = True
             self._degrade("begin", "starting the stability monitor failed; it is off for this run")
 
-    def _begin(self, args, state, model) -> None:
+    def _begin(self, args, state, model, optimizer=None, lr_scheduler=None) -> None:
         if self.trainer is None:
             self._fallback_loss = True
             self._warn("unbound", "stability: StabilityCallback was added without the trainer; "
@@ -230,6 +231,10 @@ class StabilityCallback(TrainerCallback, LogOnce):
                 self._degrade("load-state", f"restoring the stability state from "
                               f"{self._resume_path} failed; detectors start fresh")
         self.run.start(state.global_step, reason=reason)
+        if reason == "start":
+            precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
+            run_preflight(self.run, model, optimizer, lr_scheduler, precision=precision,
+                          warmup_steps=warmup, total_steps=state.max_steps or None)
 
         if model is not None:   # the unwrapped model: its hook fires inside DDP/DeepSpeed too
             self._hook = model.register_forward_hook(self._forward_hook)

@@ -69,6 +69,7 @@ from lightning.pytorch.plugins.precision import FSDPPrecision
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy   # no deepspeed import
 
 from stability_callbacks import keys
+from stability_callbacks.integrations._preflight import run_preflight
 from stability_callbacks.live import LogOnce, reporter_scalars
 from stability_callbacks.integrations._torch import (StepProbe, batch_fingerprint,
                                                      deepspeed_readings, grad_scaler_readings)
@@ -218,6 +219,11 @@ class StabilityCallback(Callback, LogOnce):
             # A checkpoint without this callback's state is a resume too (fresh detectors).
             reason = "resume" if self._resumed or trainer.ckpt_path else "start"
             self.run.start(trainer.global_step, reason=reason)
+            if reason == "start":
+                scheds = trainer.lr_scheduler_configs
+                run_preflight(self.run, pl_module, trainer.optimizers[0] if trainer.optimizers else None,
+                              scheds[0].scheduler if scheds else None, precision=str(trainer.precision),
+                              total_steps=trainer.max_steps if trainer.max_steps > 0 else None)
             world = trainer.world_size
             # CPU copies land at once (poll is deterministic); on accelerators the copy may land
             # at different times on different ranks, so multi-rank runs drain in lockstep.

@@ -1,0 +1,214 @@
+"""Worker for tests/test_probe_distributed.py: 2 ranks, gloo, CPU.
+
+Launched once with ``python -m torch.distributed.run --standalone --nproc_per_node=2``; it runs
+every case in one process group (DDP, FSDP2 with uneven/empty shards, DeepSpeed ZeRO 0/1/2/3,
+each in fp32 and bf16) and writes ``rank<r>.json`` into the directory given as argv[1]:
+per case, the probe's last StepRecord and a full-gather reference computed with collectives
+(``full_tensor()`` / ``safe_get_full_optimizer_state``) that are too costly per step.
+"""
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from stability_callbacks import keys  # noqa: E402
+from stability_callbacks.integrations._torch import (  # noqa: E402
+    StepProbe, batch_fingerprint, deepspeed_readings)
+
+STEPS = 2
+
+
+def make_model(dtype):
+    # 671 parameters (odd: ZeRO pads the last partition) and a (1, 7) / (1,) pair that FSDP2
+    # places wholly on rank 0, leaving rank 1 with empty shards; (7, 16) splits 4 / 3.
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(33, 16), torch.nn.Tanh(), torch.nn.Linear(16, 7),
+                               torch.nn.Tanh(), torch.nn.Linear(7, 1)).to(dtype)
+
+
+def batch(rank, step, dtype):
+    g = torch.Generator().manual_seed(1000 * step + rank)   # different data per rank
+    x = torch.randn(4, 33, generator=g).to(dtype)
+    y = torch.randn(4, 1, generator=g).to(dtype)
+    ids = torch.randint(0, 50257, (4, 16), generator=g)
+    return x, y, ids
+
+
+def ref_from_full(vs, params, world):
+    v = torch.cat([t.reshape(-1).double() for t in vs])
+    p = torch.cat([t.reshape(-1).double() for t in params])
+    return {"max": float(v.max()), "l1": float(v.sum()), "numel": v.numel(),
+            "param_norm": float(torch.linalg.vector_norm(p))}
+
+
+def reduced_expectations(losses, fps):
+    """Per-step loss mean and fingerprint sum over ranks, by explicit all_reduce."""
+    t = torch.tensor([losses[-1], fps[-1]], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t[0]) / dist.get_world_size(), float(t[1])
+
+
+def run_probe_steps(step_fn, optimizer_for_probe, rank, dtype, grad_norm_fn=None):
+    probe = StepProbe(adam_every_n_steps=1, param_norm_every_n_steps=1,
+                      extra_reductions={keys.BATCH_FINGERPRINT: "sum", "loss/rank0_only": "mean",
+                                        "loss/never_set": "max"})
+    losses, fps = [], []
+    for step in range(1, STEPS + 1):
+        x, y, ids = batch(rank, step, dtype)
+        loss = step_fn(x, y)
+        probe.add_loss(loss)
+        fp = batch_fingerprint(ids)
+        probe.set_extra(keys.BATCH_FINGERPRINT, fp)
+        if rank == 0:   # declared, set on one rank: reduced over the ranks that set it
+            probe.set_extra("loss/rank0_only", 0.25 * step)
+        else:           # undeclared, one rank only: dropped (and no hang)
+            probe.set_extra("loss/undeclared", 1.0)
+        probe.set_lr(0.01)
+        if grad_norm_fn is not None:
+            probe.set_grad_norm(grad_norm_fn())
+        probe.finish_step(step, optimizer=optimizer_for_probe())
+        losses.append(float(loss.detach().float()))
+        fps.append(float(fp))
+    records = probe.poll() + probe.flush()
+    loss_mean, fp_sum = reduced_expectations(losses, fps)
+    return records, {"loss": loss_mean, "fingerprint": fp_sum}
+
+
+def case_ddp(rank, world, dtype):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    model = DDP(make_model(dtype))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def step_fn(x, y):
+        loss = torch.nn.functional.mse_loss(model(x).float(), y.float())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    records, exp = run_probe_steps(step_fn, lambda: opt, rank, dtype)
+    params = [p.detach() for p in model.parameters()]
+    ref = ref_from_full([opt.state[p]["exp_avg_sq"] for p in model.parameters()], params, world)
+    return records, {**ref, **exp}
+
+
+def case_fsdp2(rank, world, dtype):
+    from torch.distributed.fsdp import fully_shard
+    model = make_model(dtype)
+    for layer in (model[0], model[2], model[4]):
+        fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    local = [p.to_local().numel() for p in model.parameters()]
+
+    def step_fn(x, y):
+        loss = torch.nn.functional.mse_loss(model(x).float(), y.float())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    records, exp = run_probe_steps(step_fn, lambda: opt, rank, dtype)
+    vs = [opt.state[p]["exp_avg_sq"].full_tensor() for p in model.parameters()]
+    params = [p.full_tensor().detach() for p in model.parameters()]
+    ref = ref_from_full(vs, params, world)
+    return records, {**ref, **exp, "local_numels": local}
+
+
+def case_deepspeed(rank, world, dtype, stage, fp32_grad_accum=False):
+    import deepspeed
+    from deepspeed.utils import safe_get_full_optimizer_state, safe_get_full_fp32_param
+    model = make_model(torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+           "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True,
+           "bf16": {"enabled": dtype == torch.bfloat16}, "gradient_clipping": 1.0,
+           "steps_per_print": 10 ** 9, "wall_clock_breakdown": False}
+    if fp32_grad_accum:   # selects DeepSpeed's BF16_Optimizer (its own flat partitions)
+        cfg["data_types"] = {"grad_accum_dtype": "fp32"}
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
+
+    def step_fn(x, y):
+        out = engine(x)
+        loss = torch.nn.functional.mse_loss(out.float(), y.float())
+        engine.backward(loss)
+        engine.step()
+        return loss
+
+    def grad_norm():
+        g = engine.get_global_grad_norm()
+        return None if g is None else g
+
+    records, exp = run_probe_steps(step_fn, lambda: engine, rank, dtype, grad_norm)
+    if stage == 0:
+        # replicated state: the basic optimizer holds every full tensor on every rank
+        basic = engine.basic_optimizer
+        ps = [p for g in basic.param_groups for p in g["params"]]
+        vs = [basic.state[p]["exp_avg_sq"] for p in ps]
+        params = [p.detach() for p in ps]
+    else:
+        mps = list(engine.module.parameters())
+        vs = [safe_get_full_optimizer_state(p, "exp_avg_sq") for p in mps]
+        params = [safe_get_full_fp32_param(p) for p in mps]
+    ref = ref_from_full(vs, params, world)
+    readings = deepspeed_readings(engine)
+    info = {"optimizer": type(engine.optimizer).__name__,
+            "readings": {"loss_scale": readings["loss_scale"],
+                         "skipped_steps": readings["skipped_steps"],
+                         "grad_norm_type": type(readings["grad_norm"]).__name__}}
+    del engine
+    return records, {**ref, **exp, **info}
+
+
+def main(out_dir):
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
+    try:
+        # DeepSpeed's CPU comm JIT-compiles a shared-memory kernel on first use (minutes on a
+        # busy 2-core box); gloo is all these tests need.
+        import deepspeed.comm.torch as ds_torch_comm
+        ds_torch_comm.build_shm_op = lambda: None
+        import deepspeed
+        deepspeed.init_distributed(dist_backend="gloo")
+        have_deepspeed = True
+    except ImportError:
+        have_deepspeed = False
+
+    cases = {}
+    for dname, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        cases[f"ddp_{dname}"] = lambda dtype=dtype: case_ddp(rank, world, dtype)
+        cases[f"fsdp2_{dname}"] = lambda dtype=dtype: case_fsdp2(rank, world, dtype)
+        for stage in (0, 1, 2, 3) if have_deepspeed else ():
+            cases[f"zero{stage}_{dname}"] = \
+                lambda dtype=dtype, stage=stage: case_deepspeed(rank, world, dtype, stage)
+    if have_deepspeed:
+        cases["zero1_bf16_fp32acc"] = lambda: case_deepspeed(rank, world, torch.bfloat16, 1, True)
+    only = os.environ.get("PROBE_CASES")
+    out = {"world": world, "cases": {}}
+    for name, fn in cases.items():
+        if only and name not in only.split(","):
+            continue
+        t0 = time.perf_counter()
+        try:
+            records, ref = fn()
+            out["cases"][name] = {"records": [r.to_json() for r in records], "ref": ref,
+                                  "seconds": time.perf_counter() - t0}
+        except Exception as e:  # report, keep the other cases running
+            import traceback
+            out["cases"][name] = {"error": f"{type(e).__name__}: {e}",
+                                  "trace": traceback.format_exc()[-2000:]}
+        dist.barrier()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,311 @@
+"""StepProbe and the Adam second-moment statistics, single process on CPU (issue 4)."""
+import logging
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from stability_callbacks import keys  # noqa: E402
+from stability_callbacks.integrations import _torch as probe_mod  # noqa: E402
+from stability_callbacks.integrations._torch import (  # noqa: E402
+    StepProbe, adam_second_moment_stats, batch_fingerprint, grad_scaler_readings,
+    second_moment_stats)
+
+
+def _model(seed=0, dtype=torch.float32):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 3)).to(dtype)
+
+
+def _batch(i, dtype=torch.float32):
+    g = torch.Generator().manual_seed(100 + i)
+    return torch.randn(8, 6, generator=g).to(dtype), torch.randn(8, 3, generator=g).to(dtype)
+
+
+def _reference_v(opt):
+    vs = [opt.state[p]["exp_avg_sq"].reshape(-1).double()
+          for g in opt.param_groups for p in g["params"]]
+    v = torch.cat(vs)
+    return float(v.max()), float(v.sum()), v.numel()
+
+
+@pytest.mark.parametrize("impl", ["default", "foreach", "fused"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_adam_stats_match_a_full_reference(impl, dtype):
+    model = _model(dtype=dtype)
+    kw = {"foreach": False} if impl == "default" else {impl: True}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, **kw)
+    probe = StepProbe(adam_every_n_steps=1)
+    for step in range(1, 4):
+        x, y = _batch(step, dtype)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        probe.add_loss(loss)
+        opt.step()
+        opt.zero_grad()
+        probe.finish_step(step, optimizer=opt)
+    rec = probe.poll()[-1]
+    mx, l1, n = _reference_v(opt)
+    assert rec.step == 3
+    assert rec.metrics[keys.ADAM_V_MAX] == mx          # max is exact
+    assert rec.metrics[keys.ADAM_V_L1] == pytest.approx(l1, rel=1e-6)
+    assert rec.metrics[keys.ADAM_V_NUMEL] == n == 6 * 16 + 16 + 16 * 3 + 3
+
+
+def test_stats_are_accurate_on_large_tensors_and_chunk_boundaries(monkeypatch):
+    # pitfall 9: _foreach_norm(ord=1) drifted by 1e-3 on CPU for GPT-2-sized state
+    monkeypatch.setattr(probe_mod, "_CPU_CHUNK_NUMEL", 1000)
+    p1 = torch.nn.Parameter(torch.zeros(2_500_001))
+    p2 = torch.nn.Parameter(torch.zeros(1001, dtype=torch.bfloat16))
+    opt = torch.optim.Adam([p1, p2])
+    p1.grad, p2.grad = torch.zeros_like(p1), torch.zeros_like(p2)
+    opt.step()  # creates state
+    g = torch.Generator().manual_seed(1)
+    opt.state[p1]["exp_avg_sq"].copy_(torch.rand(2_500_001, generator=g) * 3)
+    opt.state[p2]["exp_avg_sq"].copy_(torch.rand(1001, generator=g).bfloat16())
+    opt.state[p1]["exp_avg_sq"][1999] = 7.5   # the max sits at the end of a chunk
+    mx, l1, n = adam_second_moment_stats(opt)
+    ref = torch.cat([opt.state[p1]["exp_avg_sq"].double(), opt.state[p2]["exp_avg_sq"].double()])
+    assert float(mx) == 7.5
+    assert float(l1) == pytest.approx(float(ref.sum()), rel=1e-7)
+    assert int(n) == 2_501_002
+
+
+def test_nonfinite_state_gives_nan_max_whatever_the_sign_bit():
+    p = torch.nn.Parameter(torch.zeros(10))
+    opt = torch.optim.Adam([p])
+    p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.state[p]["exp_avg_sq"][3] = -float("nan")   # x86's default NaN has the sign bit set
+    st = second_moment_stats(opt)
+    assert math.isnan(float(st.max)) and math.isnan(float(st.l1))
+    opt.state[p]["exp_avg_sq"][3] = float("inf")
+    st = second_moment_stats(opt)
+    assert float(st.max) == math.inf
+
+
+def test_loss_is_summed_over_micro_batches_under_accumulation():
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = StepProbe(adam_every_n_steps=0)
+    expected = []
+    for step in range(1, 3):
+        parts = []
+        for micro in range(4):   # GA = 4; the loss handed over is already / 4
+            x, y = _batch(10 * step + micro)
+            loss = torch.nn.functional.mse_loss(model(x), y) / 4
+            loss.backward()
+            probe.add_loss(loss)
+            parts.append(float(loss.detach()))
+        opt.step()
+        opt.zero_grad()
+        probe.finish_step(step, optimizer=opt)
+        expected.append(math.fsum(parts))
+    recs = probe.poll()
+    assert [r.step for r in recs] == [1, 2]
+    assert [r.metrics[keys.LOSS] for r in recs] == pytest.approx(expected, rel=1e-6)
+    assert keys.ADAM_V_MAX not in recs[0].metrics   # adam sampling off
+
+
+def test_divide_by_and_nan_loss_is_data_not_an_error():
+    probe = StepProbe()
+    probe.add_loss(torch.tensor(3.0), divide_by=2)
+    probe.add_loss(torch.tensor(1.0), divide_by=2)
+    probe.finish_step(1)
+    probe.add_loss(torch.tensor(1.0))
+    probe.add_loss(torch.tensor(float("nan")))
+    probe.finish_step(2)
+    r1, r2 = probe.poll()
+    assert r1.metrics[keys.LOSS] == 2.0
+    assert math.isnan(r2.metrics[keys.LOSS])
+
+
+def test_grad_norm_reused_or_computed_once_and_usable_for_clipping():
+    model = _model()
+    x, y = _batch(0)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    ref = float(torch.nn.utils.clip_grad_norm_(model.parameters(), math.inf))
+    probe = StepProbe(adam_every_n_steps=0)
+    norm = probe.compute_grad_norm(model.parameters())
+    assert isinstance(norm, torch.Tensor) and float(norm) == pytest.approx(ref, rel=1e-6)
+    torch.nn.utils.clip_grads_with_norm_(model.parameters(), 0.01, norm)
+    probe.finish_step(1)
+    probe.set_grad_norm(1.25)               # a framework's host float (DeepSpeed ZeRO-0 fp16)
+    probe.finish_step(2)
+    probe.set_grad_norm(torch.tensor(0.5))  # a framework's device tensor
+    probe.finish_step(3)
+    r1, r2, r3 = probe.poll()
+    assert r1.metrics[keys.GRAD_NORM] == pytest.approx(ref, rel=1e-6)   # pre-clip value
+    assert r2.metrics[keys.GRAD_NORM] == 1.25 and r3.metrics[keys.GRAD_NORM] == 0.5
+
+
+def test_cadences_lr_extras_and_param_norm():
+    model = _model()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    probe = StepProbe(adam_every_n_steps=2, param_norm_every_n_steps=3)
+    for step in range(1, 7):
+        x, y = _batch(step)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        probe.add_loss(loss)
+        probe.set_lr(1e-3 * step)
+        probe.set_extra(keys.BATCH_FINGERPRINT, batch_fingerprint(torch.arange(step * 5)))
+        probe.set_extra("loss/a", 0.5, op="mean")
+        opt.step()
+        opt.zero_grad()
+        probe.finish_step(step, optimizer=opt)
+    recs = {r.step: r.metrics for r in probe.poll()}
+    assert sorted(s for s, m in recs.items() if keys.ADAM_V_MAX in m) == [2, 4, 6]
+    assert sorted(s for s, m in recs.items() if keys.PARAM_NORM in m) == [3, 6]
+    ref = float(torch.linalg.vector_norm(torch.cat([p.detach().reshape(-1)
+                                                    for p in model.parameters()])))
+    assert recs[6][keys.PARAM_NORM] == pytest.approx(ref, rel=1e-6)
+    assert recs[4][keys.LR] == pytest.approx(4e-3)
+    assert recs[5]["loss/a"] == 0.5
+    assert recs[5][keys.BATCH_FINGERPRINT] == float(batch_fingerprint(torch.arange(25)))
+
+
+def test_optimizers_without_second_moment_skip_with_one_warning(caplog):
+    probe_mod._warned.discard("no-second-moment")
+    model = _model()
+    for opt in (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                torch.optim.Adafactor(model.parameters(), lr=0.01)):
+        probe_mod._warned.discard("no-second-moment")
+        probe = StepProbe(adam_every_n_steps=1)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="stability_callbacks"):
+            for step in range(1, 4):
+                x, y = _batch(step)
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                probe.add_loss(loss)
+                opt.step()
+                opt.zero_grad()
+                probe.finish_step(step, optimizer=opt)
+        recs = probe.poll()
+        assert [r.step for r in recs] == [1, 2, 3]
+        assert all(keys.ADAM_V_MAX not in r.metrics and keys.LOSS in r.metrics for r in recs)
+        warnings = [r for r in caplog.records if "second moment" in r.getMessage()]
+        assert len(warnings) == 1, type(opt).__name__
+
+
+def test_empty_state_before_the_first_step_is_silent(caplog):
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters())
+    probe = StepProbe()
+    with caplog.at_level(logging.WARNING, logger="stability_callbacks"):
+        probe.finish_step(0, optimizer=opt)
+    (rec,) = probe.poll()
+    assert rec.metrics == {} and not caplog.records
+    assert second_moment_stats(opt) is None
+
+
+def test_wrapped_optimizers_are_unwrapped():
+    pl_optimizer = pytest.importorskip("lightning.pytorch.core.optimizer")
+    model = _model()
+    inner = torch.optim.AdamW(model.parameters())
+    x, y = _batch(0)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    inner.step()
+    wrapped = pl_optimizer.LightningOptimizer(inner)
+    got = adam_second_moment_stats(wrapped)
+    ref = _reference_v(inner)
+    assert float(got[0]) == ref[0] and int(got[2]) == ref[2]
+
+
+def test_grad_scaler_found_inf_and_scale_decrease():
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+    probe_a = StepProbe(adam_every_n_steps=0)   # found_inf read before update()
+    probe_b = StepProbe(adam_every_n_steps=0)   # skip derived from the scale falling
+    for step in range(1, 5):
+        x, y = _batch(step)
+        if step == 3:
+            x = x * float("inf")
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        scale, found_inf = grad_scaler_readings(scaler, opt)
+        probe_a.set_loss_scale(scale)
+        probe_a.set_skipped(found_inf)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        probe_a.finish_step(step)
+        probe_b.set_loss_scale(scaler._scale, detect_decrease=True)   # read after update()
+        probe_b.finish_step(step)
+    a = probe_a.poll()
+    assert [r.metrics[keys.SKIPPED] for r in a] == [0.0, 0.0, 1.0, 0.0]
+    assert [r.metrics[keys.LOSS_SCALE] for r in a] == [256.0, 256.0, 256.0, 128.0]
+    b = probe_b.poll()
+    assert [r.metrics.get(keys.SKIPPED) for r in b] == [None, 0.0, 1.0, 0.0]
+    assert [r.metrics[keys.LOSS_SCALE] for r in b] == [256.0, 256.0, 128.0, 128.0]
+
+
+def test_batch_fingerprint_is_exact_and_order_sensitive():
+    ids = torch.randint(0, 50257, (4, 128), generator=torch.Generator().manual_seed(0))
+    f = batch_fingerprint(ids)
+    assert f.dtype == torch.float64 and f.shape == ()
+    v = float(f)
+    assert v == int(v) and 0 <= v < 2 ** 40
+    assert float(batch_fingerprint(ids.clone())) == v
+    assert float(batch_fingerprint(ids.flip(0))) != v
+    bumped = ids.clone()
+    bumped[2, 77] += 1
+    assert float(batch_fingerprint(bumped)) != v
+    # sums over (many) ranks stay exact integers in float64
+    assert (f * 8192).item() == v * 8192 < 2 ** 53
+
+
+@pytest.mark.parametrize("kw", [{"adam_every_n_steps": -1}, {"param_norm_every_n_steps": 1.5},
+                                {"lag_steps": -1}, {"extra_reductions": {"x": "avg"}}])
+def test_bad_config_values_name_the_key(kw):
+    with pytest.raises(ValueError) as e:
+        StepProbe(**kw)
+    key = next(iter(kw))
+    assert key in str(e.value)
+    with pytest.raises(ValueError, match="'avg'"):
+        StepProbe().set_extra("y", 1.0, op="avg")
+
+
+def test_flush_returns_everything_and_probe_starts_clean():
+    probe = StepProbe()
+    probe.add_loss(torch.tensor(2.0))
+    probe.discard_step()
+    probe.add_loss(torch.tensor(5.0))
+    probe.finish_step(7)
+    assert [(r.step, r.metrics[keys.LOSS]) for r in probe.flush()] == [(7, 5.0)]
+    assert probe.flush() == [] and probe.num_pending == 0
+
+
+def test_records_come_out_a_fixed_number_of_steps_late():
+    # the lag is counted in steps so that every rank sees step N at the same point
+    probe = StepProbe(lag_steps=1)
+    got = []
+    for step in range(1, 4):
+        probe.add_loss(torch.tensor(float(step)))
+        probe.finish_step(step)
+        got.append([r.step for r in probe.poll()])
+    assert got == [[], [1], [2]]
+    assert [r.step for r in probe.flush()] == [3]
+
+
+def test_accelerator_branch_matches_the_cpu_branch(monkeypatch):
+    # the foreach branch (CUDA/XPU) runs here through torch's per-tensor CPU fallback
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = _batch(0)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    opt.state[next(iter(model.parameters()))]["exp_avg_sq"][0, 0] = 0.0   # v >= 0 kept
+    cpu = second_moment_stats(opt)
+    sq_cpu = probe_mod.param_sq_sum(model.parameters())
+    monkeypatch.setattr(probe_mod, "_FOREACH_FAST_DEVICES", ("cpu",))
+    fe = second_moment_stats(opt)
+    assert float(fe.max) == float(cpu.max)
+    assert float(fe.l1) == pytest.approx(float(cpu.l1), rel=1e-6)
+    assert float(probe_mod.param_sq_sum(model.parameters())) == pytest.approx(float(sq_cpu),
+                                                                              rel=1e-6)
