@@ -65,10 +65,12 @@ class Monitor:
     def update(self, record: StepRecord) -> list[Finding]:
         out: list[Finding] = []
         step = record.step
+        # A segment's start_step is the step it resumes from (its checkpoint): the step before
+        # its first record (DESIGN 2.3; what the integrations write).
         if record.segment != self.segment and record.segment > self.segment:
-            out += self.begin_segment(step, "resume", segment=record.segment)
+            out += self.begin_segment(step - 1, "resume", segment=record.segment)
         elif self.last_step is not None and step <= self.last_step:
-            out += self.begin_segment(step, "rollback", segment=self.segment + 1)
+            out += self.begin_segment(step - 1, "rollback", segment=self.segment + 1)
         self.last_step = step
         m = record.metrics
         out += self.phase.update(step, m.get(keys.LR))

@@ -29,13 +29,13 @@ def finding(s, kind="loss_spike", severity="warning"):
 
 
 def rollback_log(tmp_path):
-    items = [seg(0, 1, "start")]
+    items = [seg(0, 0, "start")]          # start_step = the step a segment resumes from
     items += [step(s, 3.0, 0, grad_norm=1.0) for s in range(1, 11)]
     items += [{"type": "checkpoint", "step": 5, "path": "ckpt/5"}, finding(9)]
     items += [{"type": "checkpoint", "step": 10, "path": "ckpt/10"}]
-    items += [seg(1, 6, "rollback")]
+    items += [seg(1, 5, "rollback")]      # back to checkpoint 5
     items += [step(s, 2.0, 1) for s in range(6, 9)]          # re-ran 6..8, not yet 9, 10
-    items += [seg(2, 9, "resume")]
+    items += [seg(2, 8, "resume")]        # a crash after 8, resumed from 8
     items += [step(s, 1.0, 2) for s in range(9, 13)]
     return write_runlog(tmp_path / "run.jsonl", items)
 
@@ -51,7 +51,7 @@ def test_later_segments_replace_the_steps_they_rerun(tmp_path):
     assert [(r.step, r.segment) for r in t.superseded] == [(s, 0) for s in range(6, 11)]
     assert [(s["segment"], s["start_step"], s["reason"], s["end_step"], s["num_steps"],
              s["num_superseded"]) for s in t.segments] == [
-        (0, 1, "start", 10, 10, 0), (1, 6, "rollback", 8, 3, 5), (2, 9, "resume", 12, 4, 0)]
+        (0, 0, "start", 10, 10, 0), (1, 5, "rollback", 8, 3, 5), (2, 8, "resume", 12, 4, 0)]
     assert [(c["step"], c["superseded"]) for c in t.checkpoints] == [(5, False), (10, True)]
     assert [(f.step, f.details["superseded"]) for f in t.findings] == [(9, True)]
 
@@ -62,12 +62,12 @@ def test_step_going_back_without_a_segment_line_is_an_implicit_resume(tmp_path):
     assert [r.step for r in t.live] == [1, 2, 3, 4, 5, 6, 7]
     assert [r.metrics["loss"] for r in t.live] == [3.0] * 3 + [2.5] * 4
     assert [r.step for r in t.superseded] == [4, 5]
-    assert [(s["start_step"], s["reason"]) for s in t.segments] == [(1, "start"), (4, "resume")]
+    assert [(s["start_step"], s["reason"]) for s in t.segments] == [(0, "start"), (3, "resume")]
 
 
 def test_nonfinite_points_and_unreadable_lines(tmp_path):
     path = tmp_path / "run.jsonl"
-    path.write_text(json.dumps(seg(0, 1, "start")) + "\n" + json.dumps(step(1, float("nan")))
+    path.write_text(json.dumps(seg(0, 0, "start")) + "\n" + json.dumps(step(1, float("nan")))
                     + "\n{broken\n" + json.dumps(step(2, 1.0)) + "\n")
     skipped = []
     t = stitch(path, on_skip=lambda n, text, why: skipped.append(n))
@@ -77,7 +77,7 @@ def test_nonfinite_points_and_unreadable_lines(tmp_path):
 
 def test_not_a_run_log(tmp_path):
     with pytest.raises(LogFormatError, match=r"run\.jsonl: no step lines"):
-        stitch(write_runlog(tmp_path / "run.jsonl", [seg(0, 1, "start")]))
+        stitch(write_runlog(tmp_path / "run.jsonl", [seg(0, 0, "start")]))
     with pytest.raises(LogFormatError, match="no such file|cannot open"):
         stitch(tmp_path / "missing.jsonl")
 

@@ -1,12 +1,13 @@
 """Stitching a run log (DESIGN 2.3) across resumes and rollbacks into one trajectory.
 
 A run log is appended to by every segment of a run: ``segment`` lines open a segment at
-``start_step`` ("start" / "resume" / "rollback"), ``step`` lines follow. A segment that starts at
-step ``s`` re-runs from ``s``: every point of earlier segments at a step >= ``s`` belongs to an
+``start_step`` ("start" / "resume" / "rollback"), ``step`` lines follow. ``start_step`` is the step
+the segment resumes from (the checkpoint's step, 0 for a fresh start), so its first step line is
+``start_step + 1``: every point of earlier segments at a step > ``s`` belongs to an
 abandoned branch (or to progress lost in a crash) and becomes *superseded*; the live trajectory is
 what the model that exists now went through. A step line whose step does not advance, with no
 segment line before it (an integration that did not write one), is taken as an implicit resume
-at that step.
+from the step before it.
 
 Cost: O(steps) time and memory (the whole trajectory is kept, for plotting).
 
@@ -53,7 +54,7 @@ def stitch(runlog_path, *, on_skip=None) -> Timeline:
                "num_steps": 0, "num_superseded": 0}
         # Everything at or after the restart point is a branch the run left behind.
         cut = len(live)
-        while cut > 0 and live[cut - 1].step >= start_step:
+        while cut > 0 and live[cut - 1].step > start_step:
             cut -= 1
         dropped = live[cut:]
         del live[cut:]
@@ -74,9 +75,9 @@ def stitch(runlog_path, *, on_skip=None) -> Timeline:
             elif kind == "step":
                 rec = StepRecord.from_json(obj)
                 if current is None:
-                    current = open_segment(rec.segment, rec.step, "start")
+                    current = open_segment(rec.segment, rec.step - 1, "start")
                 elif live and rec.step <= live[-1].step:
-                    current = open_segment(max(rec.segment, current["segment"] + 1), rec.step,
+                    current = open_segment(max(rec.segment, current["segment"] + 1), rec.step - 1,
                                            "resume")
                 live.append(rec)
                 current["num_steps"] += 1
@@ -99,8 +100,8 @@ def stitch(runlog_path, *, on_skip=None) -> Timeline:
 
 
 def _restarted_after(segments, segment: int, step: int) -> bool:
-    """Whether a segment after ``segment`` restarted at or before ``step``."""
-    return any(s["segment"] > segment and s["start_step"] <= step for s in segments)
+    """Whether a segment after ``segment`` resumed from a step before ``step``."""
+    return any(s["segment"] > segment and s["start_step"] < step for s in segments)
 
 
 def _mark_superseded_findings(findings, finding_segments, segments) -> None:
