@@ -57,6 +57,7 @@ class Monitor:
         self.success_seen = False
         self.phase_at_last_step: str | None = None
         self._broken: set[str] = set()
+        self._plans: dict[frozenset, list[Detector]] = {}
 
     # -- feeding ------------------------------------------------------------------------------
     def set_warmup_steps(self, warmup_steps: int | None) -> None:
@@ -81,10 +82,13 @@ class Monitor:
         ctx = Context(step=step, phase=self.phase.phase, in_risk_window=self.phase.in_risk_window(step),
                       in_startup=step <= self.policy.startup_steps or not self.success_seen,
                       steps_since_resume=(step - self.resume_step if self.resume_step is not None else None))
+        shape = frozenset(m)
+        plan = self._plans.get(shape)
+        if plan is None:   # which detectors this set of keys feeds (logs keep one shape)
+            plan = self._plans[shape] = [d for d in self.detectors
+                                         if not d.signals or not shape.isdisjoint(d.signals)]
         broken = self._broken
-        for d in self.detectors:
-            if d.signals and m.keys().isdisjoint(d.signals):
-                continue
+        for d in plan:
             if d.name in broken:
                 continue
             try:

@@ -108,7 +108,10 @@ class RobustLevel:
         return x / self.baseline
 
     def update(self, x: float, *, flagged: bool = False) -> None:
-        lx = math.log(x)
+        self.update_log(math.log(x), flagged=flagged)
+
+    def update_log(self, lx: float, *, flagged: bool = False) -> None:
+        """:meth:`update` with ``log(x)`` already computed (the hot path computes it once)."""
         self.n += 1
         a = max(self.alpha, 1.0 / self.n)
         if self.n == 1:

@@ -77,21 +77,30 @@ class LossSpike(Detector):
         return b.baseline * min(noise_rise, 1 + self.max_threshold_rise)
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
-        sig = self.signals[0]
-        x = record.metrics.get(sig)
-        if not finite_positive(x):
+        x = record.metrics.get(self.signals[0])
+        if x is None or not 0.0 < x < math.inf:
             return []
         step = record.step
         b = self.base
-        self.baseline_before = b.baseline if b.n >= self.cold_start_samples else None
-        self.noise_before = b.scale
-        if b.n == 0:
+        n = b.n
+        if n == 0:
             b.update(x)
-            self.prev_step, self.prev_z = step, 0.0
+            self.baseline_before, self.prev_step, self.prev_z = None, step, 0.0
             return []
-        thr = self.threshold()
+        # One forecast, one exp, one log per point: this is the hottest path of the Monitor.
+        f = b.level + b.damping * b.trend
+        base = math.exp(f)
+        scale = max(1.25 * b.mad, b.min_scale)
+        warm = n >= self.cold_start_samples
+        self.baseline_before, self.noise_before = (base if warm else None), scale
+        if warm:
+            thr = base * min(max(1 + self.min_rise, math.exp(self.z_threshold * scale)),
+                             1 + self.max_threshold_rise)
+        else:
+            thr = base * (1 + self.cold_start_rise)
+        lx = math.log(x)
         abnormal = x > thr
-        z = b.z(x) if b.n >= 2 else 0.0
+        z = (lx - f) / scale if n >= 2 else 0.0
         out: list[Finding] = []
         if self.episode is None:
             if abnormal:
@@ -102,7 +111,7 @@ class LossSpike(Detector):
                 self.episode = [onset, b.baseline, x, 1, severity == "warning", False]
                 out.append(self._onset_finding(step, x, b.baseline, thr, onset, severity, ctx))
             else:
-                b.update(x)
+                b.update_log(lx)
         else:
             onset, base0, peak, samples, warned, unrec = self.episode
             peak = max(peak, x)

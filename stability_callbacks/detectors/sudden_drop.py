@@ -5,32 +5,30 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import RobustLevel, finite_positive
+from ..stats import finite_positive
 from .base import Context, Detector, fmt, positive, positive_int
 
 
 class SuddenDrop(Detector):
-    """The fast level (EW of log-loss) falls ``min_drop`` below the robust baseline and stays
-    there ``persist_samples`` points. Info: usually benign (a "grokking moment"), except right
+    """The fast level (EW of log-loss) falls ``min_drop`` below ``loss_spike``'s robust baseline
+    and stays there ``persist_samples`` points. Info: usually benign (a "grokking moment"), except right
     after a resume, where a falsely low loss means repeated data — ``data_repetition`` owns that
     window, so this detector is silent there. Ignores the first ``startup_steps``.
-    O(1); state: 1 level, 3 scalars.
+    O(1); state: 3 scalars.
     """
 
     name = "sudden_drop"
     kind = "sudden_drop"
     signals = (keys.LOSS,)
-    _state = ("base", "fast", "count", "last_step")
+    _state = ("fast", "count", "last_step")
 
     def __init__(self, *, min_drop: float = 0.25, persist_samples: int = 3,
-                 startup_steps: int = 500, min_gap_steps: int = 1000, fast_alpha: float = 0.3,
-                 baseline_alpha: float = 0.02):
+                 startup_steps: int = 500, min_gap_steps: int = 1000, fast_alpha: float = 0.3):
         self.min_drop = positive("min_drop", min_drop)
         self.persist_samples = positive_int("persist_samples", persist_samples)
         self.startup_steps = positive_int("startup_steps", startup_steps)
         self.min_gap_steps = positive_int("min_gap_steps", min_gap_steps)
         self.fast_alpha = positive("fast_alpha", fast_alpha)
-        self.base = RobustLevel(positive("baseline_alpha", baseline_alpha))
         self.fast: float | None = None
         self.count = 0
         self.last_step: int | None = None
@@ -41,10 +39,9 @@ class SuddenDrop(Detector):
             return []
         lx = math.log(x)
         self.fast = lx if self.fast is None else self.fast + self.fast_alpha * (lx - self.fast)
-        dropped = (self.base.n >= 10 and self.fast - self.base.level < math.log1p(-min(self.min_drop, 0.99))
-                   and not ctx.loss_spike_open)
-        before = self.base.baseline
-        self.base.update(x, flagged=dropped)
+        before = ctx.loss_baseline
+        dropped = (before is not None and not ctx.loss_spike_open
+                   and self.fast - math.log(before) < math.log1p(-min(self.min_drop, 0.99)))
         quiet = (record.step <= self.startup_steps or ctx.steps_since_resume is not None
                  or (self.last_step is not None and record.step - self.last_step < self.min_gap_steps))
         self.count = self.count + 1 if dropped else 0

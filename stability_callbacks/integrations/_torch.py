@@ -511,24 +511,32 @@ def _world_size(group) -> int:
     return dist.get_world_size(group)
 
 
+def step_lr(optimizer) -> float:
+    """The LR in the optimizer's first param group, as a float (read it where the framework has
+    not yet stepped its scheduler: that is the LR this step uses)."""
+    lr = optimizer.param_groups[0]["lr"]
+    if isinstance(lr, torch.Tensor):
+        lr = lr.item()   # host-sync: a tensor LR (capturable optimizers) only
+    return float(lr)
+
+
 # --------------------------------------------------------------------------------------------
 # The probe
 # --------------------------------------------------------------------------------------------
 # Fixed slots (name, op, metric key). The layout is the same on every rank and every step so
 # the packed collective always matches; absent values travel with presence 0.
-_LOSS, _GRAD, _SCALE, _SKIP, _NONFINITE, _VMAX, _VL1, _VNUMEL, _PSQ = range(9)
-_BASE_SLOTS = ("loss", "grad_norm", "loss_scale", "skipped", "nonfinite",
+_LOSS, _GRAD, _SCALE, _SKIP, _VMAX, _VL1, _VNUMEL, _PSQ = range(8)
+_BASE_SLOTS = ("loss", "grad_norm", "loss_scale", "skipped",
                "adam_max", "adam_l1", "adam_numel", "param_sq")
 _NEEDS_EVERY_RANK = frozenset((keys.ADAM_V_MAX, keys.ADAM_V_L1, keys.ADAM_V_NUMEL,
                                keys.PARAM_NORM))
-_NONFINITE_KEY = "nonfinite"   # emitted only once keys.py knows it (contract owned by the lead)
 
 
 @dataclass
 class _Pending:
     step: int
     ops: list           # op per slot
-    names: list         # metric key per slot (None for the nonfinite flag if unknown)
+    names: list         # metric key per slot
     host: dict          # host values (already global)
     buf: torch.Tensor   # (world, 2 * slots) on the host, or still being copied
     event: Any          # torch.cuda.Event or None
@@ -720,25 +728,19 @@ class StepProbe:
         want_pnorm = (self.param_norm_every_n_steps > 0 and not self._param_norm_disabled
                       and step % self.param_norm_every_n_steps == 0
                       and (optimizer is not None or model is not None))
-        ops = ["mean", "max", "min", "max", "max", "max", "sum", "sum", "sum"]
+        ops = ["mean", "max", "min", "max", "max", "sum", "sum", "sum"]
         if want_adam:
             self._sample_adam(optimizer, ops)
         if want_pnorm:
             self._sample_param_norm(optimizer, model, ops)
         if self._loss is not None:
-            self._dev[_LOSS] = self._loss
-            bad = ~torch.isfinite(self._loss)
-            if self._dev[_GRAD] is not None:
-                bad = bad | ~torch.isfinite(self._dev[_GRAD])
-            self._dev[_NONFINITE] = bad
+            self._dev[_LOSS] = self._loss   # NaN/Inf travel as values: the NonFinite detector reads them
         if self._skip_from_scale and self._dev[_SKIP] is None and keys.SKIPPED not in self._host:
             cur, prev = self._skip_from_scale
             self._dev[_SKIP] = cur < prev
 
         values = list(self._dev)
-        names: list = [keys.LOSS, keys.GRAD_NORM, keys.LOSS_SCALE, keys.SKIPPED,
-                       _NONFINITE_KEY if keys.is_known(_NONFINITE_KEY) else None,
-                       keys.ADAM_V_MAX, keys.ADAM_V_L1, keys.ADAM_V_NUMEL, keys.PARAM_NORM]
+        names: list = [keys.LOSS, keys.GRAD_NORM, keys.LOSS_SCALE, keys.SKIPPED, keys.ADAM_V_MAX, keys.ADAM_V_L1, keys.ADAM_V_NUMEL, keys.PARAM_NORM]
         host = dict(self._host)
         if world > 1:
             # The packed layout must be identical on every rank, so across ranks only the

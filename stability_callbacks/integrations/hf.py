@@ -65,7 +65,8 @@ from stability_callbacks import keys
 from stability_callbacks.integrations._preflight import run_preflight
 from stability_callbacks.live import STATE_FILE, LiveRun, LogOnce, reporter_scalars
 from stability_callbacks.integrations._torch import (StepProbe, batch_fingerprint,
-                                                     deepspeed_readings, grad_scaler_readings)
+                                                     deepspeed_readings, grad_scaler_readings,
+                                                     step_lr)
 
 log = logging.getLogger("stability_callbacks")
 
@@ -247,10 +248,7 @@ class StabilityCallback(TrainerCallback, LogOnce):
         try:
             # The LR this step will use: HF steps the scheduler after the optimizer, and
             # DeepSpeed steps both inside backward, so only now is param_groups this step's.
-            lr = optimizer.param_groups[0]["lr"]
-            if isinstance(lr, torch.Tensor):
-                lr = lr.item()   # host-sync: a tensor LR (capturable optimizers) only
-            self.probe.set_lr(lr)
+            self.probe.set_lr(step_lr(optimizer))
         except Exception:
             self._degrade("lr", "reading the learning rate failed")
 

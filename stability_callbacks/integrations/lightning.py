@@ -72,7 +72,8 @@ from stability_callbacks import keys
 from stability_callbacks.integrations._preflight import run_preflight
 from stability_callbacks.live import LogOnce, reporter_scalars
 from stability_callbacks.integrations._torch import (StepProbe, batch_fingerprint,
-                                                     deepspeed_readings, grad_scaler_readings)
+                                                     deepspeed_readings, grad_scaler_readings,
+                                                     step_lr)
 
 log = logging.getLogger("stability_callbacks")
 
@@ -242,10 +243,7 @@ class StabilityCallback(Callback, LogOnce):
         if self._off():
             return
         try:
-            lr = optimizer.param_groups[0]["lr"]
-            if isinstance(lr, torch.Tensor):
-                lr = lr.item()   # host-sync: a tensor LR (capturable optimizers) only
-            self.probe.set_lr(lr)   # the LR this step uses; overwritten per DeepSpeed micro-batch
+            self.probe.set_lr(step_lr(optimizer))   # the LR this step uses; overwritten per DeepSpeed micro-batch
             if self._is_deepspeed(trainer):
                 engine = trainer.strategy.deepspeed_engine
                 # ZeRO-0 fp32 keeps no norm; grads still sit in p.grad before engine.step().
