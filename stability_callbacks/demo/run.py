@@ -466,24 +466,12 @@ def _train_deepspeed(sc, config: dict, ckpt_dir: Path, run_dir: Path, display: L
         for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(_free_port())),
                            ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
             os.environ.setdefault(key, value)
-    ds_config = {
-        "train_micro_batch_size_per_gpu": sc.batch_size,
-        "gradient_accumulation_steps": sc.grad_accum,
-        "zero_optimization": {"stage": 1},
-        "optimizer": {"type": "AdamW", "params": {"lr": sc.lr, "weight_decay": 0.0, "torch_adam": True}},
-        # DeepSpeed's own linear warmup + linear decay: the hook reads its warmup length.
-        "scheduler": {"type": "WarmupDecayLR", "params": {
-            "total_num_steps": sc.max_steps, "warmup_min_lr": 0.0, "warmup_max_lr": sc.lr,
-            "warmup_num_steps": sc.warmup_steps, "warmup_type": "linear"}},
-        "gradient_clipping": 1.0,
-        "steps_per_print": 10 ** 9,
-    }
     with _quiet_transformers():
         if created:
             deepspeed.init_distributed(dist_backend="gloo", verbose=False)
         try:
             model = sc.make_model()
-            engine, _, _, _ = deepspeed.initialize(model=model, config=ds_config,
+            engine, _, _, _ = deepspeed.initialize(model=model, config=sc.deepspeed_config(stage=1),
                                                    model_parameters=model.parameters())
             hook = attach(engine, config=config, run_dir=run_dir, run_name=f"demo-{sc.name}",
                           save_dir=ckpt_dir)

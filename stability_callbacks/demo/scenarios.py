@@ -100,6 +100,28 @@ class Scenario:
         return opt, sched
 
     # ----------------------------------------------------------------------------- data
+    def deepspeed_config(self, *, stage: int = 1, precision: str = "fp32") -> dict:
+        """A DeepSpeed config running this scenario: its batch, its LR with the same linear
+        warmup and decay (DeepSpeed's WarmupDecayLR), ``precision`` fp32 | bf16 | fp16."""
+        cfg = {
+            "train_micro_batch_size_per_gpu": self.batch_size,
+            "gradient_accumulation_steps": self.grad_accum,
+            "zero_optimization": {"stage": stage},
+            # torch_adam: the stock torch AdamW, no JIT-built fused/CPU Adam op.
+            "optimizer": {"type": "AdamW", "params": {"lr": self.lr, "weight_decay": 0.0, "torch_adam": True}},
+            "scheduler": {"type": "WarmupDecayLR", "params": {
+                "total_num_steps": self.max_steps, "warmup_min_lr": 0.0, "warmup_max_lr": self.lr,
+                "warmup_num_steps": self.warmup_steps, "warmup_type": "linear"}},
+            "gradient_clipping": 1.0,
+            "steps_per_print": 10 ** 9,
+        }
+        if precision == "fp16":
+            cfg["fp16"] = {"enabled": True, "initial_scale_power": 8, "loss_scale_window": 1000,
+                           "hysteresis": 2, "min_loss_scale": 1}
+        elif precision == "bf16":
+            cfg["bf16"] = {"enabled": True}
+        return cfg
+
     def samples_per_step(self, world_size: int = 1) -> int:
         return self.batch_size * self.grad_accum * world_size
 

@@ -494,9 +494,26 @@ def deepspeed_readings(engine) -> dict:
         scale = getattr(opt, "cur_scale", None)
         if scale is None:
             scale = getattr(getattr(opt, "loss_scaler", None), "cur_scale", None)
+        if scale is None and hasattr(engine, "_get_optimizer_loss_scale"):
+            # ZeRO-0 fp16 (FP16_UnfusedOptimizer / FP16_Optimizer) keeps it in
+            # loss_scale_config.cur_scale; the engine's own reader (engine.py:3771, what its
+            # monitor logs) knows every optimizer. Private, hence the fallback only.
+            scale = engine._get_optimizer_loss_scale()
     return {"loss_scale": None if scale is None else float(scale),
             "skipped_steps": int(getattr(engine, "skipped_steps", 0)),
             "grad_norm": engine.get_global_grad_norm()}
+
+
+def record_deepspeed_step(probe: "StepProbe", engine, skipped_before: int | None) -> tuple[dict, int]:
+    """Put what DeepSpeed knows after ``engine.step()`` into ``probe``: the fp16 loss scale and
+    the optimizer steps skipped since ``skipped_before`` (its scaler has hysteresis, so a skip
+    need not move the scale). Returns the readings and the new running skip count. No sync."""
+    r = deepspeed_readings(engine)
+    if r["loss_scale"] is not None:   # only fp16 skips steps
+        probe.set_loss_scale(r["loss_scale"])
+        if skipped_before is not None:
+            probe.set_skipped(float(r["skipped_steps"] - skipped_before))
+    return r, r["skipped_steps"]
 
 
 def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group) -> None:

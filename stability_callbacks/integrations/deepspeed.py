@@ -91,7 +91,7 @@ from stability_callbacks import keys
 from stability_callbacks.integrations._preflight import run_preflight
 from stability_callbacks.live import LogOnce
 from stability_callbacks.integrations._torch import (StepProbe, batch_fingerprint,
-                                                     deepspeed_readings)
+                                                     record_deepspeed_step)
 
 log = logging.getLogger("stability_callbacks")
 
@@ -352,20 +352,9 @@ class StabilityHook(LogOnce):
         probe = self.probe
         step = int(e.global_steps)
         try:
-            r = deepspeed_readings(e)
+            r, _ = record_deepspeed_step(probe, e, self._skipped_before)
             if r["grad_norm"] is not None:
                 probe.set_grad_norm(r["grad_norm"])
-            scale = r["loss_scale"]
-            if scale is None and e.fp16_enabled() and hasattr(e, "_get_optimizer_loss_scale"):
-                # ZeRO-0 fp16 (FP16_UnfusedOptimizer / FP16_Optimizer) keeps its scale in
-                # loss_scale_config.cur_scale; the engine's own reader (engine.py:3771, what its
-                # monitor logs) knows every optimizer. A host float: no sync.
-                scale = e._get_optimizer_loss_scale()
-            if scale is not None:
-                probe.set_loss_scale(float(scale))
-                # Only fp16 skips steps; DeepSpeed counts every skip in skipped_steps (the
-                # scale itself may not move: hysteresis).
-                probe.set_skipped(float(r["skipped_steps"] - self._skipped_before))
             probe.set_value(keys.CONSUMED_SAMPLES, float(e.global_samples))
             if self._fp is not None:
                 probe.set_extra(keys.BATCH_FINGERPRINT, self._fp, op="sum")

@@ -65,7 +65,7 @@ from stability_callbacks import keys
 from stability_callbacks.integrations._preflight import run_preflight
 from stability_callbacks.live import STATE_FILE, LiveRun, LogOnce, reporter_scalars
 from stability_callbacks.integrations._torch import (StepProbe, batch_fingerprint,
-                                                     deepspeed_readings, grad_scaler_readings,
+                                                     grad_scaler_readings, record_deepspeed_step,
                                                      step_lr)
 
 log = logging.getLogger("stability_callbacks")
@@ -314,12 +314,7 @@ class StabilityCallback(TrainerCallback, LogOnce):
         probe = self.probe
         if self._is_deepspeed():
             engine = self.trainer.model_wrapped
-            r = deepspeed_readings(engine)
-            if r["loss_scale"] is not None:
-                probe.set_loss_scale(r["loss_scale"])
-            if self._ds_skipped is not None:
-                probe.set_skipped(r["skipped_steps"] - self._ds_skipped)
-            self._ds_skipped = r["skipped_steps"]
+            _, self._ds_skipped = record_deepspeed_step(probe, engine, self._ds_skipped)
         if self._fp is not None:
             probe.set_extra(keys.BATCH_FINGERPRINT, self._fp, op="sum")
         for name, parts in self._streams.items():

@@ -72,7 +72,7 @@ from stability_callbacks import keys
 from stability_callbacks.integrations._preflight import run_preflight
 from stability_callbacks.live import LogOnce, reporter_scalars
 from stability_callbacks.integrations._torch import (StepProbe, batch_fingerprint,
-                                                     deepspeed_readings, grad_scaler_readings,
+                                                     grad_scaler_readings, record_deepspeed_step,
                                                      step_lr)
 
 log = logging.getLogger("stability_callbacks")
@@ -300,13 +300,8 @@ class StabilityCallback(Callback, LogOnce):
         early = probe.flush() if self._lockstep else []
         engine = trainer.strategy.deepspeed_engine if self._is_deepspeed(trainer) else None
         if engine is not None:
-            r = deepspeed_readings(engine)
+            r, self._ds_skipped = record_deepspeed_step(probe, engine, self._ds_skipped)
             probe.set_grad_norm(r["grad_norm"])
-            if r["loss_scale"] is not None:
-                probe.set_loss_scale(r["loss_scale"])
-            if self._ds_skipped is not None:
-                probe.set_skipped(r["skipped_steps"] - self._ds_skipped)
-            self._ds_skipped = r["skipped_steps"]
         if self._fp is not None:
             probe.set_extra(keys.BATCH_FINGERPRINT, self._fp, op="sum")
         self._fp = None

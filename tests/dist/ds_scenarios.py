@@ -49,31 +49,9 @@ class GradBlowUp(torch.autograd.Function):
         return g * 1e30
 
 
-def ds_config(sc, *, stage: int, precision: str) -> dict:
-    cfg = {
-        "train_micro_batch_size_per_gpu": sc.batch_size,
-        "gradient_accumulation_steps": sc.grad_accum,
-        "zero_optimization": {"stage": stage},
-        # torch_adam: the stock torch AdamW, no JIT-built fused/CPU Adam op.
-        "optimizer": {"type": "AdamW", "params": {"lr": sc.lr, "weight_decay": 0.0, "torch_adam": True}},
-        # Linear warmup then linear decay to 0 at max_steps: the scenario's (HF) schedule.
-        "scheduler": {"type": "WarmupDecayLR", "params": {
-            "total_num_steps": sc.max_steps, "warmup_min_lr": 0.0, "warmup_max_lr": sc.lr,
-            "warmup_num_steps": sc.warmup_steps, "warmup_type": "linear"}},
-        "gradient_clipping": 1.0,
-        "steps_per_print": 10 ** 9,
-    }
-    if precision == "fp16":
-        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8, "loss_scale_window": 1000,
-                       "hysteresis": 2, "min_loss_scale": 1}
-    elif precision == "bf16":
-        cfg["bf16"] = {"enabled": True}
-    return cfg
-
-
 def make_engine(sc, *, stage: int, precision: str):
     model = sc.make_model()
-    engine, _, _, _ = deepspeed.initialize(model=model, config=ds_config(sc, stage=stage, precision=precision),
+    engine, _, _, _ = deepspeed.initialize(model=model, config=sc.deepspeed_config(stage=stage, precision=precision),
                                            model_parameters=model.parameters())
     return engine
 
