@@ -182,6 +182,54 @@ class RollingMedian:
         self.window = deque((float(v) for v in s), maxlen=self.size)
 
 
+class RiseAboveLow:
+    """The lowest value seen, and whether the value has now stood more than ``threshold`` above
+    it for ``persist`` consecutive points. ``update`` returns True once per episode; it re-arms
+    when the value falls back below half the threshold. O(1); state: 4 scalars.
+
+    >>> r = RiseAboveLow(persist=2)
+    >>> [r.update(v, s, threshold=1.0) for s, v in enumerate([5.0, 4.0, 5.5, 5.6, 5.7], 1)]
+    [False, False, False, True, False]
+    >>> r.low, r.low_step
+    (4.0, 2)
+    """
+
+    __slots__ = ("persist", "low", "low_step", "count", "armed")
+
+    def __init__(self, persist: int):
+        self.persist = persist
+        self.low: float | None = None
+        self.low_step: int | None = None
+        self.count = 0
+        self.armed = True
+
+    def update(self, v: float, step: int, threshold: float) -> bool:
+        if self.low is None or v < self.low:
+            self.low, self.low_step = v, step
+        rise = v - self.low
+        if rise <= threshold:
+            self.count = 0
+            if rise < threshold / 2:
+                self.armed = True
+            return False
+        self.count += 1
+        if self.count < self.persist or not self.armed:
+            return False
+        self.armed = False
+        return True
+
+    def restart(self) -> None:
+        """Forget the low (a new episode of the signal begins)."""
+        self.low = self.low_step = None
+        self.count = 0
+
+    def state_dict(self) -> list:
+        return [self.low, self.low_step, self.count, self.armed]
+
+    def load_state_dict(self, s) -> None:
+        self.low, self.low_step, self.count, self.armed = s[0], s[1], int(s[2]), bool(s[3])
+
+
 def finite_positive(v) -> bool:
     """True for a float that can go through ``log``: finite and > 0."""
     return v is not None and v > 0.0 and math.isfinite(v)

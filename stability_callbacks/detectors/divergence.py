@@ -5,7 +5,7 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import RollingMedian, finite_positive
+from ..stats import RiseAboveLow, RollingMedian, finite_positive
 from .base import Context, Detector, fmt, positive, positive_int
 
 
@@ -22,7 +22,7 @@ class Divergence(Detector):
     name = "divergence"
     kind = "divergence"
     signals = (keys.LOSS,)
-    _state = ("med", "low", "low_step", "noise", "count", "armed")
+    _state = ("med", "noise", "rise")
 
     def __init__(self, *, window: int = 7, min_rise: float = 0.1, noise_sigmas: float = 4.0,
                  persist_samples: int = 4):
@@ -31,16 +31,12 @@ class Divergence(Detector):
         self.noise_sigmas = positive("noise_sigmas", noise_sigmas)
         self.persist_samples = positive_int("persist_samples", persist_samples)
         self.med = RollingMedian(window)
-        self.low: float | None = None
-        self.low_step: int | None = None
         self.noise = 0.0
-        self.count = 0
-        self.armed = True
+        self.rise = RiseAboveLow(self.persist_samples)
 
     def _restart(self):
         self.med = RollingMedian(self.window)
-        self.low = self.low_step = None
-        self.count = 0
+        self.rise.restart()
 
     def on_segment(self, start_step: int, reason: str) -> None:
         self._restart()
@@ -58,26 +54,16 @@ class Divergence(Detector):
             return []
         m = self.med.median
         self.noise += 0.05 * (abs(lx - m) - self.noise)
-        if self.low is None or m < self.low:
-            self.low, self.low_step = m, record.step
         thr = max(math.log1p(self.min_rise), self.noise_sigmas * 1.25 * self.noise)
-        rise = m - self.low
-        if rise <= thr:
-            self.count = 0
-            if rise < thr / 2:
-                self.armed = True
+        if not self.rise.update(m, record.step, thr):
             return []
-        self.count += 1
-        if self.count < self.persist_samples or not self.armed:
-            return []
-        self.armed = False
-        lo, now = math.exp(self.low), math.exp(m)
+        lo, now, low_step = math.exp(self.rise.low), math.exp(m), self.rise.low_step
         return [self.finding(
             record.step, severity="critical", value=now, baseline=lo, threshold=lo * math.exp(thr),
-            onset_step=self.low_step,
+            onset_step=low_step,
             message=(f"The loss is diverging without a spike: its running median rose from "
-                     f"{fmt(lo)} at step {self.low_step} to {fmt(now)} at step {record.step} "
+                     f"{fmt(lo)} at step {low_step} to {fmt(now)} at step {record.step} "
                      f"(+{now / lo - 1:.0%}) and keeps climbing. Training on will not fix it: roll "
-                     f"back to a checkpoint before step {self.low_step} and lower the LR or change "
+                     f"back to a checkpoint before step {low_step} and lower the LR or change "
                      f"the data order."),
             rise=now / lo - 1)]

@@ -5,17 +5,17 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import RobustLevel, finite_positive
+from ..stats import RiseAboveLow, RobustLevel, finite_positive
 from .base import Context, Detector, fmt, positive, positive_int
 
 
 class _SustainedGrowth(Detector):
     """A slow robust level (EW of the log) has stood ``min_growth`` × above its lowest value
     since the reference point for ``persist_samples`` points. Warning once; re-armed when it
-    falls back below half that growth. O(1); state: 1 level, 4 scalars.
+    falls back below half that growth (in log terms). O(1); state: 1 level, 4 scalars.
     """
 
-    _state = ("level", "low", "low_step", "count", "armed")
+    _state = ("level", "rise")
     what = ""
     advice = ""
 
@@ -26,10 +26,7 @@ class _SustainedGrowth(Detector):
         self.after_warmup = after_warmup
         self.startup_steps = positive_int("startup_steps", startup_steps)
         self.level = RobustLevel(positive("alpha", alpha))
-        self.low: float | None = None
-        self.low_step: int | None = None
-        self.count = 0
-        self.armed = True
+        self.rise = RiseAboveLow(self.persist_samples)
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
@@ -40,23 +37,14 @@ class _SustainedGrowth(Detector):
         if record.step <= self.startup_steps or (self.after_warmup and ctx.phase in (None, "warmup")):
             return []
         lv = self.level.level
-        if self.low is None or lv < self.low:
-            self.low, self.low_step = lv, record.step
-        growth = math.exp(lv - self.low)
-        if growth < 1 + self.min_growth:
-            self.count = 0
-            if growth < 1 + self.min_growth / 2:
-                self.armed = True
+        if not self.rise.update(lv, record.step, math.log1p(self.min_growth)):
             return []
-        self.count += 1
-        if self.count < self.persist_samples or not self.armed:
-            return []
-        self.armed = False
-        lo, now = math.exp(self.low), math.exp(lv)
+        lo, now, low_step = math.exp(self.rise.low), math.exp(lv), self.rise.low_step
+        growth = now / lo
         return [self.finding(
             record.step, severity="warning", value=now, baseline=lo,
-            threshold=lo * (1 + self.min_growth), onset_step=self.low_step,
-            message=(f"{self.what} has grown steadily from {fmt(lo)} at step {self.low_step} to "
+            threshold=lo * (1 + self.min_growth), onset_step=low_step,
+            message=(f"{self.what} has grown steadily from {fmt(lo)} at step {low_step} to "
                      f"{fmt(now)} at step {record.step} ({growth:.1f}x). {self.advice}"),
             growth=growth)]
 
