@@ -62,7 +62,7 @@ def test_divergence_without_spike():
 def test_level_shift():
     recs = scale(healthy(900), "loss", lambda s: 1.25 if s >= 400 else 1.0)
     found = kinds(run(recs, {"detectors": {"loss_spike": False, "divergence": False}}))
-    assert found == [(445, "level_shift", "warning")]
+    assert found == [(440, "level_shift", "warning")]
 
 
 def test_sudden_drop_is_info():

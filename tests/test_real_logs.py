@@ -68,3 +68,12 @@ def test_divergence_without_spike_on_the_52b_benchmark():
     assert [(f.step, f.kind, f.severity) for f in findings] == [
         (3, "loss_spike", "info"), (8, "warmup_end", "info"), (27, "spike_recovered", "info"),
         (43, "divergence", "critical"), (43, "rollback_advice", "critical")]
+
+
+def test_sparse_healthy_log_stays_below_warning():
+    # parameter-golf logs every 200 steps after step 10: a baseline that extrapolated the steep
+    # early fall once faked a level shift here (regression).
+    findings, _ = replay(DATA / "real_logs" / "pg_quasi10B_9x512_4h_healthy_step2_transient.csv")
+    assert [(f.step, f.kind) for f in findings if f.severity != "info"] == []
+    assert [(f.step, f.kind, f.details.get("speed")) for f in findings if f.kind == "spike_recovered"] == [
+        (4, "spike_recovered", "fast"), (262600, "spike_recovered", "fast")]

@@ -13,7 +13,10 @@ class LevelShift(Detector):
     """A fast level (EW of log-loss) stands ``min_shift`` above the slow robust baseline and is
     *stable* there (moves less than half the shift) for ``persist_samples`` points: the loss did
     not spike-and-recover nor keep rising; it switched level. Warning, then the slow baseline
-    restarts at the new level. O(1); state: 2 levels, 3 scalars.
+    restarts at the new level. The slow reference has no trend term: extrapolating the early,
+    steep fall of a sparsely logged run would put it far below the loss and fake a shift up
+    (it lags above a falling loss instead, which only makes the rule more conservative).
+    O(1); state: 2 levels, 4 scalars.
     """
 
     name = "level_shift"
@@ -27,7 +30,7 @@ class LevelShift(Detector):
         self.persist_samples = positive_int("persist_samples", persist_samples)
         self.fast_alpha = positive("fast_alpha", fast_alpha)
         self.slow_alpha = positive("slow_alpha", slow_alpha)
-        self.slow = RobustLevel(self.slow_alpha)
+        self.slow = RobustLevel(self.slow_alpha, trend_alpha=0.0)
         self.fast: float | None = None
         self.anchor: float | None = None
         self.anchor_step: int | None = None
@@ -43,7 +46,8 @@ class LevelShift(Detector):
         self.fast = lx if self.fast is None else self.fast + self.fast_alpha * (lx - self.fast)
         thr = math.log1p(self.min_shift)
         shifted = self.slow.n >= self.persist_samples and self.fast - self.slow.level > thr
-        self.slow.update(x, flagged=shifted)
+        if not shifted:   # the reference holds still while a candidate shift is judged
+            self.slow.update(x)
         if not shifted:
             self.anchor, self.count = None, 0
             return []
@@ -54,7 +58,7 @@ class LevelShift(Detector):
         if self.count < self.persist_samples:
             return []
         before, now = self.slow.baseline, math.exp(self.fast)
-        self.slow = RobustLevel(self.slow_alpha)
+        self.slow = RobustLevel(self.slow_alpha, trend_alpha=0.0)
         self.slow.update(now)
         self.anchor, self.count = None, 0
         return [self.finding(

@@ -119,7 +119,8 @@ class LossSpike(Detector):
             back = x <= self._recovery_level(base0, peak)
             if back:
                 took = step - onset
-                speed = "fast" if took <= self.fast_recovery_steps else "slow"
+                # gone by the next logged point is fast, however sparse the log
+                speed = "fast" if took <= self.fast_recovery_steps or samples <= 2 else "slow"
                 out.append(self.finding(
                     step, kind="spike_recovered", severity="info" if speed == "fast" else "warning",
                     value=x, baseline=base0, onset_step=onset,
