@@ -309,3 +309,18 @@ def test_big_spike_right_after_a_fast_early_fall():
     recs = [StepRecord(s, {"loss": (0.55 + 9.5 * math.exp(-s / 6)) * (16.0 if s == 40 else 1.0)})
             for s in range(1, 60)]
     assert kinds(run(recs)) == [(40, "loss_spike", "warning"), (41, "spike_recovered", "info")]
+
+
+def test_a_failing_detector_is_logged_once_and_switched_off(caplog):
+    m = Monitor()
+    stall = next(d for d in m.detectors if d.name == "stall")
+
+    def broken(record, ctx):
+        raise RuntimeError("boom")
+    stall.update = broken
+    recs = scale(healthy(400), "loss", lambda s: 2.0 if s == 300 else 1.0)
+    with caplog.at_level("ERROR", logger="stability_callbacks"):
+        found = [f for r in recs for f in m.update(r)]
+    assert kinds(found) == [(300, "loss_spike", "info"), (301, "spike_recovered", "info")]
+    errors = [r for r in caplog.records if "detector stall failed" in r.getMessage()]
+    assert len(errors) == 1 and "is now off" in errors[0].getMessage()
