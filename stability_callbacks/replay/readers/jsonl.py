@@ -18,8 +18,8 @@ from .tags import metric_key
 _STEP_NAMES = ("step", "_step", "global_step", "iteration", "iter")
 
 
-def read(path, *, on_skip: SkipReport, progress: bool = False, tag_map=None, **_
-         ) -> Iterator[StepRecord]:
+def json_objects(path, *, on_skip: SkipReport, progress: bool = False) -> Iterator[tuple[int, str, dict]]:
+    """``(line_no, text, object)`` for every JSON-object line; other lines go to ``on_skip``."""
     for line_no, text in numbered_lines(path, progress=progress):
         if not text.strip():
             continue
@@ -31,6 +31,12 @@ def read(path, *, on_skip: SkipReport, progress: bool = False, tag_map=None, **_
         if not isinstance(obj, dict):
             on_skip(line_no, text, "not a JSON object")
             continue
+        yield line_no, text, obj
+
+
+def read(path, *, on_skip: SkipReport, progress: bool = False, tag_map=None, **_
+         ) -> Iterator[StepRecord]:
+    for line_no, text, obj in json_objects(path, on_skip=on_skip, progress=progress):
         kind = obj.get("type")
         try:
             if kind == "step":

@@ -7,11 +7,11 @@ Older versions write ``learning_rate``; evaluation lines (``eval_loss`` only) ar
 """
 from __future__ import annotations
 
-import json
 from typing import Iterator
 
 from ...record import StepRecord
-from .source import SkipReport, numbered_lines, to_float
+from .jsonl import json_objects
+from .source import SkipReport, to_float
 from .tags import metric_key
 
 _IGNORED = ("current_steps", "total_steps", "epoch", "percentage", "elapsed_time",
@@ -20,11 +20,8 @@ _IGNORED = ("current_steps", "total_steps", "epoch", "percentage", "elapsed_time
 
 def read(path, *, on_skip: SkipReport, progress: bool = False, tag_map=None, **_
          ) -> Iterator[StepRecord]:
-    for line_no, text in numbered_lines(path, progress=progress):
-        if not text.strip():
-            continue
+    for line_no, text, obj in json_objects(path, on_skip=on_skip, progress=progress):
         try:
-            obj = json.loads(text)
             step = int(obj["current_steps"])
             metrics = {}
             for name, value in obj.items():
