@@ -72,6 +72,7 @@ class Monitor:
             out += self.begin_segment(step - 1, "resume", segment=record.segment)
         elif self.last_step is not None and step <= self.last_step:
             out += self.begin_segment(step - 1, "rollback", segment=self.segment + 1)
+            self._forget_future()
         self.last_step = step
         m = record.metrics
         out += self.phase.update(step, m.get(keys.LR))
@@ -161,6 +162,19 @@ class Monitor:
                                  f"step {start_step} (segment {self.segment}). Watching the next steps for "
                                  f"a resume spike, an LR discontinuity and repeated data."),
                         details={"reason": reason, "segment": self.segment})]
+
+    def _forget_future(self) -> None:
+        """A replayed log went back to an older step, and no checkpoint state came with it:
+        what the detectors learned since belongs to the abandoned branch (DESIGN invariant 5:
+        after a rollback, the past, not the future). They start afresh; the phase keeps the
+        warmup end and risk window it knows, but not the last LR."""
+        dcfg = self.config["detectors"]
+        self.detectors = [type(d)(**(dcfg.get(d.name) or {})) for d in self.detectors]
+        self._loss_spike = next((d for d in self.detectors if isinstance(d, LossSpike)), None)
+        self.streams = {}
+        self._plans = {}
+        self.phase.prev_lr = self.phase.prev_step = None
+        self.phase.rising_samples = self.phase.flat = 0
 
     def note_checkpoint(self, step: int, path: str | None = None) -> None:
         """A checkpoint was written; it counts as 'good' if the state was good at that time."""

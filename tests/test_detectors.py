@@ -324,3 +324,41 @@ def test_a_failing_detector_is_logged_once_and_switched_off(caplog):
     assert kinds(found) == [(300, "loss_spike", "info"), (301, "spike_recovered", "info")]
     errors = [r for r in caplog.records if "detector stall failed" in r.getMessage()]
     assert len(errors) == 1 and "is now off" in errors[0].getMessage()
+
+
+def test_data_repetition_from_consumed_samples_going_back():
+    recs = healthy(400)
+    for r in recs:
+        r.metrics["consumed_samples"] = 8.0 * r.step
+    m = Monitor()
+    for r in recs[:300]:
+        m.update(r)
+    m.begin_segment(300, "resume")
+    found = []
+    for r in recs[300:310]:
+        r.metrics["consumed_samples"] = 8.0 * (r.step - 300)   # the loader started from scratch
+        found += m.update(r)
+    rep = [(f.step, f.details["rule"], f.value, f.baseline) for f in found if f.kind == "data_repetition"]
+    assert rep == [(301, "consumed_samples", 8.0, 2400.0)]
+    # a correct resume continues the count: nothing
+    m2 = Monitor()
+    for r in healthy(400)[:300]:
+        r.metrics["consumed_samples"] = 8.0 * r.step
+        m2.update(r)
+    m2.begin_segment(300, "resume")
+    ok = []
+    for r in healthy(400)[300:]:
+        r.metrics["consumed_samples"] = 8.0 * r.step
+        ok += m2.update(r)
+    assert [f.kind for f in ok if f.kind == "data_repetition"] == []
+
+
+def test_a_rollback_in_a_replayed_log_is_not_data_repetition():
+    recs = healthy(400)
+    for r in recs:
+        r.metrics["consumed_samples"] = 8.0 * r.step
+    m = Monitor()
+    found = [f for r in recs[:300] for f in m.update(r)]
+    found += [f for r in recs[200:] for f in m.update(r)]   # steps go back: a rollback to 200
+    assert [(f.step, f.kind, f.details.get("reason")) for f in found] == [
+        (50, "warmup_end", None), (200, "resume", "rollback")]

@@ -10,13 +10,15 @@ from .base import Context, Detector, fmt, positive, positive_int
 
 
 class DataRepetition(Detector):
-    """Two rules, both critical, checked for ``check_steps`` steps after every resume:
+    """Three rules, all critical, checked for ``check_steps`` steps after every resume:
 
     - *fingerprints* (exact): integrations put a hash of each batch's token ids under
       ``batch_fingerprint``. Fingerprints are remembered for the first ``record_first_steps``
       steps of every segment and every ``sample_every_steps`` otherwise (at most
       ``max_fingerprints``, oldest dropped), and saved with the state. After a resume a batch whose
       fingerprint was already seen names the step it repeats.
+    - *consumed samples* (exact, where the loop reports ``consumed_samples``): the first count
+      after a resume is below the last one before it — the data stream started over.
     - *falsely low loss* (no fingerprints): the loss stays ``min_drop`` below its pre-checkpoint
       baseline for ``persist_samples`` points — a model re-reading memorised data (the
       "6x the same 50B tokens" story).
@@ -26,8 +28,8 @@ class DataRepetition(Detector):
 
     name = "data_repetition"
     kind = "data_repetition"
-    signals = (keys.LOSS, keys.BATCH_FINGERPRINT)
-    _state = ("seen", "segment_start", "resume_step", "low_count", "fired")
+    signals = (keys.LOSS, keys.BATCH_FINGERPRINT, keys.CONSUMED_SAMPLES)
+    _state = ("seen", "segment_start", "resume_step", "low_count", "fired", "consumed")
 
     def __init__(self, *, check_steps: int = 200, record_first_steps: int = 256,
                  sample_every_steps: int = 50, max_fingerprints: int = 4096, min_drop: float = 0.1,
@@ -43,17 +45,34 @@ class DataRepetition(Detector):
         self.resume_step: int | None = None
         self.low_count = 0
         self.fired = False
+        self.consumed: float | None = None   # the last consumed_samples seen
 
     def on_segment(self, start_step: int, reason: str) -> None:
         self.segment_start = start_step
         if reason in ("resume", "rollback"):
             self.resume_step, self.low_count, self.fired = start_step, 0, False
+        if reason == "rollback":
+            self.consumed = None   # going back to an older checkpoint re-reads data on purpose
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m, step = record.metrics, record.step
         checking = (self.resume_step is not None and not self.fired
                     and 0 <= step - self.resume_step <= self.check_steps)
         out: list[Finding] = []
+        consumed = m.get(keys.CONSUMED_SAMPLES)
+        if consumed is not None and math.isfinite(consumed):
+            before, self.consumed = self.consumed, consumed
+            if checking and before is not None and consumed < before:
+                self.fired = True
+                out.append(self.finding(
+                    step, severity="critical", signal=keys.CONSUMED_SAMPLES, value=consumed,
+                    baseline=before, onset_step=self.resume_step,
+                    message=(f"After the resume at step {self.resume_step} the consumed-samples counter "
+                             f"went back from {before:.0f} to {consumed:.0f} at step {step}: the data "
+                             f"stream started over, so the model is re-reading data it has seen. Stop, "
+                             f"restore the data-loader/sampler state, and resume again."),
+                    rule="consumed_samples", resume_step=self.resume_step))
+                return out
         fp = m.get(keys.BATCH_FINGERPRINT)
         if fp is not None and math.isfinite(fp):
             key = str(int(fp))
