@@ -15,7 +15,8 @@ import yaml
 
 SECTIONS = ("sampling", "phase", "detectors", "policy", "actions")
 SINKS = ("log", "slack", "wandb", "tensorboard")
-_SAMPLING = {"every_n_steps": 1, "adam_every_n_steps": 1, "param_norm_every_n_steps": 0}
+_SAMPLING = {"every_n_steps": 1, "adam_every_n_steps": 1, "param_norm_every_n_steps": 0,
+             "loss_streams": []}
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
@@ -77,6 +78,10 @@ def validate(raw: Mapping) -> dict[str, Any]:
     for k, v in sampling.items():
         if k not in _SAMPLING:
             raise ConfigError(f"sampling.{k}: unknown key (known: {', '.join(_SAMPLING)})")
+        if k == "loss_streams":   # per-dataset loss names, declared so ranks reduce them alike
+            if not (isinstance(v, list) and all(isinstance(x, str) and x for x in v)):
+                raise ConfigError(f"sampling.loss_streams must be a list of stream names, got {v!r}")
+            continue
         if not isinstance(v, int) or isinstance(v, bool) or v < (0 if k == "param_norm_every_n_steps" else 1):
             raise ConfigError(f"sampling.{k} must be an integer ≥ {0 if k == 'param_norm_every_n_steps' else 1}, got {v!r}")
     out["sampling"] = {**_SAMPLING, **sampling}

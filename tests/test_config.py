@@ -36,6 +36,8 @@ def test_default_yaml_shows_the_real_defaults():
     ({"phase": {"warmup_steps": -5}}, "phase.warmup_steps must be a non-negative integer or null, got -5"),
     ({"sampling": {"every_n_steps": 0}}, r"sampling.every_n_steps must be an integer ≥ 1, got 0"),
     ({"actions": {"email": {}}}, "actions.email: unknown sink"),
+    ({"sampling": {"loss_streams": "cm4"}}, "sampling.loss_streams must be a list of stream names, got 'cm4'"),
+    ({"actions": {"slack": {"webhook": "x"}}}, "actions.slack.webhook: unknown key"),
 ])
 def test_bad_values_name_key_path_and_value(cfg, message):
     with pytest.raises(ConfigError, match=message):

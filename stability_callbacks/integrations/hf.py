@@ -215,7 +215,8 @@ class StabilityCallback(TrainerCallback, LogOnce):
         self.probe = StepProbe(
             adam_every_n_steps=int(sampling.get("adam_every_n_steps", 1) or 0),
             param_norm_every_n_steps=int(sampling.get("param_norm_every_n_steps", 0) or 0),
-            extra_reductions={keys.BATCH_FINGERPRINT: "sum"})
+            extra_reductions={keys.BATCH_FINGERPRINT: "sum",
+                              **{keys.LOSS_STREAM_PREFIX + n: "mean" for n in sampling["loss_streams"]}})
         self._ga = max(1, int(args.gradient_accumulation_steps))
         self._user_save_steps = _save_steps_from_args(args, state.max_steps)
 

@@ -21,12 +21,9 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import deepspeed  # noqa: E402
-import deepspeed.ops  # noqa: E402
+import cpu_deepspeed  # noqa: E402,F401  (before DeepSpeed initialises)
 from deepspeed.accelerator import get_accelerator  # noqa: E402
 
-# The CPU accelerator JIT-builds a shared-memory all-reduce op at the first init_distributed
-# (~2.5 min on 2 cores, deepspeed/comm/torch.py build_shm_op); gloo does the same job here.
-deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 # DeepSpeed refuses fp16 on this CPU (mkldnn has no fp16); the engine's fp16 paths (loss
 # scaler, overflow skips) run fine once allowed (FRAMEWORK_NOTES 3.4).
 type(get_accelerator()).is_fp16_supported = lambda self: True

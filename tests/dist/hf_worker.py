@@ -11,6 +11,8 @@ import sys
 
 import torch
 
+import cpu_deepspeed  # noqa: F401  (before DeepSpeed initialises)
+
 torch.set_num_threads(1)
 
 
