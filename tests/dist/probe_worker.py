@@ -170,10 +170,7 @@ def main(out_dir):
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
     try:
-        # DeepSpeed's CPU comm JIT-compiles a shared-memory kernel on first use (minutes on a
-        # busy 2-core box); gloo is all these tests need.
-        import deepspeed.comm.torch as ds_torch_comm
-        ds_torch_comm.build_shm_op = lambda: None
+        import cpu_deepspeed  # noqa: F401  (before DeepSpeed initialises)
         import deepspeed
         deepspeed.init_distributed(dist_backend="gloo")
         have_deepspeed = True
