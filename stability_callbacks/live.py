@@ -42,10 +42,12 @@ def reporter_scalars(record: StepRecord, findings: list[Finding]) -> dict[str, f
 
 
 class LogOnce:
-    """Mixin for integrations: each problem is logged once, then monitoring carries on without
-    the failing part (DESIGN invariant 4). Subclasses set ``self._warned = set()``."""
+    """Each problem is logged once, then monitoring carries on without the failing part (DESIGN
+    invariant 4). A mixin for integrations (which set ``self._warned = set()`` in their own
+    ``__init__``), or an instance of its own for module-level code."""
 
-    _warned: set
+    def __init__(self):
+        self._warned: set = set()
 
     def _warn(self, key: str, msg: str, *args) -> None:
         if key not in self._warned:

@@ -24,6 +24,18 @@ def _batch(i, dtype=torch.float32):
     return torch.randn(8, 6, generator=g).to(dtype), torch.randn(8, 3, generator=g).to(dtype)
 
 
+def _train(model, opt, probe, steps, dtype=torch.float32):
+    """Plain optimizer steps, the probe fed as an integration would (loss, then finish_step)."""
+    for step in range(1, steps + 1):
+        x, y = _batch(step, dtype)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        probe.add_loss(loss)
+        opt.step()
+        opt.zero_grad()
+        probe.finish_step(step, optimizer=opt)
+
+
 def _reference_v(opt):
     vs = [opt.state[p]["exp_avg_sq"].reshape(-1).double()
           for g in opt.param_groups for p in g["params"]]
@@ -38,14 +50,7 @@ def test_adam_stats_match_a_full_reference(impl, dtype):
     kw = {"foreach": False} if impl == "default" else {impl: True}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, **kw)
     probe = StepProbe(adam_every_n_steps=1)
-    for step in range(1, 4):
-        x, y = _batch(step, dtype)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        probe.add_loss(loss)
-        opt.step()
-        opt.zero_grad()
-        probe.finish_step(step, optimizer=opt)
+    _train(model, opt, probe, 3, dtype)
     rec = probe.poll()[-1]
     mx, l1, n = _reference_v(opt)
     assert rec.step == 3
@@ -168,22 +173,15 @@ def test_cadences_lr_extras_and_param_norm():
 
 
 def test_optimizers_without_second_moment_skip_with_one_warning(caplog):
-    probe_mod._warned.discard("no-second-moment")
+    probe_mod._ONCE._warned.discard("no-second-moment")
     model = _model()
     for opt in (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                 torch.optim.Adafactor(model.parameters(), lr=0.01)):
-        probe_mod._warned.discard("no-second-moment")
+        probe_mod._ONCE._warned.discard("no-second-moment")
         probe = StepProbe(adam_every_n_steps=1)
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="stability_callbacks"):
-            for step in range(1, 4):
-                x, y = _batch(step)
-                loss = torch.nn.functional.mse_loss(model(x), y)
-                loss.backward()
-                probe.add_loss(loss)
-                opt.step()
-                opt.zero_grad()
-                probe.finish_step(step, optimizer=opt)
+            _train(model, opt, probe, 3)
         recs = probe.poll()
         assert [r.step for r in recs] == [1, 2, 3]
         assert all(keys.ADAM_V_MAX not in r.metrics and keys.LOSS in r.metrics for r in recs)

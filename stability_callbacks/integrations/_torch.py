@@ -49,6 +49,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from stability_callbacks import keys
+from stability_callbacks.live import LogOnce
 from stability_callbacks.record import StepRecord
 
 try:  # torch.distributed is optional in some builds
@@ -78,13 +79,7 @@ _CPU_CHUNK_NUMEL = 1 << 18
 # Devices with fused multi-tensor kernels (torch/utils/_foreach_utils.py).
 _FOREACH_FAST_DEVICES = ("cuda", "xpu", "mtia")
 
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, msg: str, *args) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        log.warning(msg, *args)
+_ONCE = LogOnce()   # process-wide: one warning per problem, whichever probe meets it
 
 
 # --------------------------------------------------------------------------------------------
@@ -767,7 +762,7 @@ class StepProbe:
             extra_names = sorted(self.extra_reductions)
             undeclared = sorted(set(self._extras) - set(self.extra_reductions))
             if undeclared:
-                _warn_once("undeclared-extra:" + ",".join(undeclared),
+                _ONCE._warn("undeclared-extra:" + ",".join(undeclared),
                            "stability: extras %s are not in extra_reductions and are dropped "
                            "under torch.distributed (declare them on every rank)", undeclared)
         else:
@@ -793,7 +788,7 @@ class StepProbe:
             st = second_moment_stats(optimizer)
         except _NoSecondMoment as e:
             self._adam_disabled = True
-            _warn_once("no-second-moment", "stability: %s keeps no Adam second moment "
+            _ONCE._warn("no-second-moment", "stability: %s keeps no Adam second moment "
                        "(exp_avg_sq); second-moment statistics are off for this run", e)
             return
         except Exception:  # monitoring never takes training down

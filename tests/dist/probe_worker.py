@@ -79,19 +79,22 @@ def run_probe_steps(step_fn, optimizer_for_probe, rank, dtype, grad_norm_fn=None
     return records, {"loss": loss_mean, "fingerprint": fp_sum}
 
 
-def case_ddp(rank, world, dtype):
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    model = DDP(make_model(dtype))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-
+def _mse_step(model, opt):
     def step_fn(x, y):
         loss = torch.nn.functional.mse_loss(model(x).float(), y.float())
         loss.backward()
         opt.step()
         opt.zero_grad()
         return loss
+    return step_fn
 
-    records, exp = run_probe_steps(step_fn, lambda: opt, rank, dtype)
+
+def case_ddp(rank, world, dtype):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    model = DDP(make_model(dtype))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    records, exp = run_probe_steps(_mse_step(model, opt), lambda: opt, rank, dtype)
     params = [p.detach() for p in model.parameters()]
     ref = ref_from_full([opt.state[p]["exp_avg_sq"] for p in model.parameters()], params, world)
     return records, {**ref, **exp}
@@ -106,14 +109,7 @@ def case_fsdp2(rank, world, dtype):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     local = [p.to_local().numel() for p in model.parameters()]
 
-    def step_fn(x, y):
-        loss = torch.nn.functional.mse_loss(model(x).float(), y.float())
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    records, exp = run_probe_steps(step_fn, lambda: opt, rank, dtype)
+    records, exp = run_probe_steps(_mse_step(model, opt), lambda: opt, rank, dtype)
     vs = [opt.state[p]["exp_avg_sq"].full_tensor() for p in model.parameters()]
     params = [p.full_tensor().detach() for p in model.parameters()]
     ref = ref_from_full(vs, params, world)
