@@ -59,23 +59,69 @@ def test_adam_stats_match_a_full_reference(impl, dtype):
     assert rec.metrics[keys.ADAM_V_NUMEL] == n == 6 * 16 + 16 + 16 * 3 + 3
 
 
-def test_stats_are_accurate_on_large_tensors_and_chunk_boundaries(monkeypatch):
+def _adam_with_state(*values):
+    """An Adam whose ``exp_avg_sq`` tensors are exactly ``values`` (one parameter each)."""
+    params = [torch.nn.Parameter(torch.zeros_like(v)) for v in values]
+    opt = torch.optim.Adam(params)
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt.step()  # creates the state
+    for p, v in zip(params, values):
+        opt.state[p]["exp_avg_sq"].copy_(v)
+    return opt
+
+
+def _reference(values):
+    ref = torch.cat([v.reshape(-1).double() for v in values])
+    return float(ref.max()), float(ref.sum()), ref.numel()
+
+
+def test_stats_are_accurate_on_large_tensors_and_block_boundaries():
     # pitfall 9: _foreach_norm(ord=1) drifted by 1e-3 on CPU for GPT-2-sized state
-    monkeypatch.setattr(probe_mod, "_CPU_CHUNK_NUMEL", 1000)
-    p1 = torch.nn.Parameter(torch.zeros(2_500_001))
-    p2 = torch.nn.Parameter(torch.zeros(1001, dtype=torch.bfloat16))
-    opt = torch.optim.Adam([p1, p2])
-    p1.grad, p2.grad = torch.zeros_like(p1), torch.zeros_like(p2)
-    opt.step()  # creates state
     g = torch.Generator().manual_seed(1)
-    opt.state[p1]["exp_avg_sq"].copy_(torch.rand(2_500_001, generator=g) * 3)
-    opt.state[p2]["exp_avg_sq"].copy_(torch.rand(1001, generator=g).bfloat16())
-    opt.state[p1]["exp_avg_sq"][1999] = 7.5   # the max sits at the end of a chunk
-    mx, l1, n = adam_second_moment_stats(opt)
-    ref = torch.cat([opt.state[p1]["exp_avg_sq"].double(), opt.state[p2]["exp_avg_sq"].double()])
-    assert float(mx) == 7.5
-    assert float(l1) == pytest.approx(float(ref.sum()), rel=1e-7)
-    assert int(n) == 2_501_002
+    big = torch.rand(2_500_001, generator=g) * 3
+    big[16383] = 7.5   # the max sits at the end of a block
+    small = torch.rand(1001, generator=g).bfloat16()
+    half = (torch.rand(40_000, generator=g) * 3).to(torch.bfloat16)   # blocks in bf16 too
+    half[20_000] = 8.0                                               # in the second block
+    mx, l1, n = adam_second_moment_stats(_adam_with_state(big, small, half))
+    ref_max, ref_l1, ref_n = _reference([big, small, half])
+    assert float(mx) == ref_max == 8.0
+    assert float(l1) == pytest.approx(ref_l1, rel=1e-7)
+    assert int(n) == ref_n == 2_541_002
+
+
+@pytest.mark.parametrize("where", ["same tensor", "other tensor", "tail", "small tensor", "flat"])
+def test_max_is_exact_wherever_it_hides(where):
+    # The CPU path reads the max only from blocks whose group sums (of 16 elements) can reach
+    # it, starting from the block with the largest group sum. Here that block holds 16 values of
+    # 1e5 (a group sum of 1.6e6) while the max is a lone 1e6 elsewhere.
+    g = torch.Generator().manual_seed(2)
+    heavy = torch.exp(2 * torch.randn(12 * 16384 + 5, generator=g))   # log-normal, like Adam's v
+    light = torch.exp(2 * torch.randn(3 * 16384 + 77, generator=g)) * 1e-3
+    tiny = torch.rand(40, generator=g).to(torch.float64) * 0.1
+    heavy[5 * 16384 + 7::1024][:16] = 1e5   # one whole group: the seed block
+    target = {"same tensor": (heavy, 9 * 16384 + 100), "other tensor": (light, 20000),
+              "tail": (heavy, 12 * 16384 + 2), "small tensor": (tiny, 7)}.get(where)
+    if target is not None:
+        target[0][target[1]] = 1e6
+    else:   # flat state: every block a candidate, so the max is read in full
+        heavy.fill_(0.25)
+        heavy[-1000] = 0.5
+        light.clamp_(max=0.1)
+    values = [heavy, light, tiny]
+    mx, l1, n = adam_second_moment_stats(_adam_with_state(*values))
+    ref_max, ref_l1, ref_n = _reference(values)
+    assert float(mx) == ref_max == (1e6 if target is not None else 0.5)
+    assert float(l1) == pytest.approx(ref_l1, rel=1e-7)
+    assert int(n) == ref_n
+
+
+def test_zero_and_negative_zero_state():
+    v = torch.zeros(20000)
+    v[5] = -0.0
+    mx, l1, _ = adam_second_moment_stats(_adam_with_state(v))
+    assert float(mx) == 0.0 and float(l1) == 0.0
 
 
 def test_nonfinite_state_gives_nan_max_whatever_the_sign_bit():
