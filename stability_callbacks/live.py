@@ -41,6 +41,31 @@ def reporter_scalars(record: StepRecord, findings: list[Finding]) -> dict[str, f
     return out
 
 
+class InstancePatches:
+    """Methods replaced on one object's instance ``__dict__``, put back by :meth:`restore`.
+
+    Instance attributes shadow the class's methods (``nn.Module.__setattr__`` stores plain
+    functions there too, where ``Module.__call__`` finds ``forward``). An earlier instance-level
+    wrap is kept and restored; otherwise the instance entry is removed and the class's shows.
+    """
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+        self._originals: dict[str, Any] = {}
+
+    def set(self, name: str, fn: Any) -> None:
+        self._originals[name] = self.obj.__dict__.get(name)
+        setattr(self.obj, name, fn)
+
+    def restore(self) -> None:
+        for name, prev in self._originals.items():
+            if prev is None:
+                self.obj.__dict__.pop(name, None)
+            else:
+                setattr(self.obj, name, prev)
+        self._originals.clear()
+
+
 class LogOnce:
     """Each problem is logged once, then monitoring carries on without the failing part (DESIGN
     invariant 4). A mixin for integrations (which set ``self._warned = set()`` in their own

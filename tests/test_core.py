@@ -27,3 +27,25 @@ def test_docstring_examples(name):
     mod = importlib.import_module(name)
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
+
+
+def test_instance_patches_restore_the_class_method_or_an_earlier_wrap():
+    from stability_callbacks.live import InstancePatches
+    torch = pytest.importorskip("torch")
+
+    class Engine(torch.nn.Module):   # nn.Module keeps plain functions in __dict__ too
+        def forward(self, x):
+            return x + 1
+
+        def step(self):
+            return "class"
+
+    e = Engine()
+    e.step = lambda: "earlier wrap"
+    patches = InstancePatches(e)
+    patches.set("forward", lambda x: x * 10)
+    patches.set("step", lambda: "ours")
+    assert e(torch.tensor(2.0)).item() == 20.0 and e.step() == "ours"
+    patches.restore()
+    assert e(torch.tensor(2.0)).item() == 3.0 and "forward" not in e.__dict__
+    assert e.step() == "earlier wrap"

@@ -89,7 +89,7 @@ import torch
 
 from stability_callbacks import keys
 from stability_callbacks.integrations._preflight import run_preflight
-from stability_callbacks.live import LogOnce
+from stability_callbacks.live import InstancePatches, LogOnce
 from stability_callbacks.integrations._torch import (StepProbe, batch_fingerprint,
                                                      record_deepspeed_step)
 
@@ -161,7 +161,7 @@ class StabilityHook(LogOnce):
         self._started = False
         self._failed = False
         self._warned: set[str] = set()
-        self._originals: dict[str, Any] = {}
+        self._patches = InstancePatches(engine)   # the engine's wrapped methods
         self._declare_warmup()
         self._wrap_engine()
 
@@ -217,7 +217,7 @@ class StabilityHook(LogOnce):
             self._degrade("flush", "flushing the last records failed")
         finally:
             self.run.close()   # never raises
-            self._unwrap_engine()
+            self._patches.restore()
 
     def __enter__(self) -> "StabilityHook":
         return self
@@ -290,18 +290,7 @@ class StabilityHook(LogOnce):
                 self._warn(f"no-{name}", "stability: this DeepSpeed engine has no %s; the parts of "
                            "monitoring that need it are off", name)
                 continue
-            self._originals[name] = e.__dict__.get(name)   # an earlier instance-level wrap
-            # nn.Module.__setattr__ stores plain functions in the instance __dict__, where
-            # attribute lookup (and Module.__call__ for forward) finds them first.
-            setattr(e, name, fn)
-
-    def _unwrap_engine(self) -> None:
-        for name, prev in self._originals.items():
-            if prev is None:
-                self.engine.__dict__.pop(name, None)
-            else:
-                setattr(self.engine, name, prev)
-        self._originals.clear()
+            self._patches.set(name, fn)
 
     # ------------------------------------------------------------------------------ per step
     def _fingerprint(self, args, kwargs) -> None:

@@ -63,7 +63,8 @@ from transformers import TrainerCallback
 
 from stability_callbacks import keys
 from stability_callbacks.integrations._preflight import run_preflight
-from stability_callbacks.live import STATE_FILE, LiveRun, LogOnce, reporter_scalars
+from stability_callbacks.live import (STATE_FILE, InstancePatches, LiveRun, LogOnce,
+                                      reporter_scalars)
 from stability_callbacks.integrations._torch import (StepProbe, batch_fingerprint,
                                                      grad_scaler_readings, record_deepspeed_step,
                                                      step_lr)
@@ -96,7 +97,7 @@ class StabilityCallback(TrainerCallback, LogOnce):
         self.probe: StepProbe | None = None
         self.trainer = None
         self._resume_path: str | None = None
-        self._originals: dict[str, Any] = {}
+        self._patches: InstancePatches | None = None   # the trainer's wrapped methods
         self._hook = None
         self._fallback_loss = False
         self._ga = 1
@@ -132,6 +133,7 @@ class StabilityCallback(TrainerCallback, LogOnce):
         if self.trainer is not None:
             raise ValueError(f"trainer: this StabilityCallback is already bound to {self.trainer!r}")
         self.trainer = trainer
+        self._patches = InstancePatches(trainer)
 
         orig_step = trainer.training_step
 
@@ -141,7 +143,7 @@ class StabilityCallback(TrainerCallback, LogOnce):
             self._micro_batch(loss, inputs)
             return loss
 
-        self._wrap("training_step", training_step)
+        self._patches.set("training_step", training_step)
 
         orig_norm = getattr(trainer, "_get_grad_norm", None)
         if orig_norm is not None:
@@ -153,7 +155,7 @@ class StabilityCallback(TrainerCallback, LogOnce):
                     except Exception:
                         self._degrade("grad-norm", "reading the grad norm failed")
                 return norm
-            self._wrap("_get_grad_norm", _get_grad_norm)
+            self._patches.set("_get_grad_norm", _get_grad_norm)
         else:
             self._warn("no-grad-norm", "stability: Trainer._get_grad_norm is gone in this "
                        "transformers version; the grad norm is not monitored")
@@ -168,20 +170,8 @@ class StabilityCallback(TrainerCallback, LogOnce):
             self._resume_path = None if ckpt in (None, False) else os.fspath(ckpt)
             return orig_train(*args, **kwargs)
 
-        self._wrap("train", train)
+        self._patches.set("train", train)
         return self
-
-    def _wrap(self, name: str, fn) -> None:
-        self._originals[name] = self.trainer.__dict__.get(name)   # an earlier instance wrap
-        setattr(self.trainer, name, fn)
-
-    def _unwrap(self) -> None:
-        for name, prev in self._originals.items():
-            if prev is None:
-                self.trainer.__dict__.pop(name, None)
-            else:
-                setattr(self.trainer, name, prev)
-        self._originals.clear()
 
     # ----------------------------------------------------------------------- training events
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
@@ -430,8 +420,8 @@ class StabilityCallback(TrainerCallback, LogOnce):
 
     def close(self) -> None:
         """Undo :meth:`bind` (the trainer's methods are restored)."""
-        if self.trainer is not None:
-            self._unwrap()
+        if self._patches is not None:
+            self._patches.restore()
 
     # --------------------------------------------------------------------------------- misc
     def _off(self) -> bool:
