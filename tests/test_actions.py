@@ -412,8 +412,8 @@ def test_wandb_offline_run_records_alerts_and_stability_metrics(tmp_path, monkey
         if r.WhichOneof("record_type") == "history":
             rows.append({i.nested_key[0] if i.nested_key else i.key: json.loads(i.value_json)
                          for i in r.history.item if not (i.nested_key or [i.key])[0].startswith("_")})
-    assert {"stability/findings/loss_spike": 2.0, "stability/step": 7} in rows
-    assert {"stability/findings/nonfinite": 3.0, "stability/step": 9} in rows
+    assert {"stability/finding/loss_spike": 2.0, "stability/step": 7} in rows
+    assert {"stability/finding/nonfinite": 3.0, "stability/step": 9} in rows
     assert {"stability/loss": 1.5, "stability/grad_norm": 0.25, "stability/step": 3} in rows
 
 
@@ -446,7 +446,7 @@ def test_tensorboard_event_files_contain_findings_and_metrics(tmp_path, writer_k
     if writer is not None:
         writer.close()
     acc = _read_tb(log_dir)
-    assert [(e.step, e.value) for e in acc.Scalars("stability/findings/loss_spike")] == [
+    assert [(e.step, e.value) for e in acc.Scalars("stability/finding/loss_spike")] == [
         (3, 1.0), (9, 3.0)]
     losses = acc.Scalars("stability/loss")
     assert [e.step for e in losses] == list(range(1, 21))

@@ -265,7 +265,7 @@ class AlertDispatcher:
             self._log_error_once("submit", exc)
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        """Scalars for the metric sinks (W&B, TensorBoard), keys under ``stability/``."""
+        """Scalars for the metric sinks (W&B, TensorBoard): metric keys, written as ``stability/<key>``."""
         if self._closed or not self._metric_workers:
             return
         try:

@@ -9,16 +9,15 @@ from __future__ import annotations
 import time
 from typing import Mapping
 
-from ..record import severity_rank
+from .. import keys
 from .sink import Alert, AlertSink, alert_text
-
-PREFIX = "stability/"
-TEXT_TAG = "stability/findings"   # readers see it as "stability/findings/text_summary"
 
 
 class WriteTensorBoard(AlertSink):
-    """Per finding: text ``stability/findings`` and scalar ``stability/findings/<kind>`` =
-    severity rank + 1 at the finding's step; metrics as scalars under ``stability/``.
+    """Per finding: text ``stability/findings`` and scalar ``stability/finding/<kind>`` =
+    severity code (1 info, 2 warning, 3 critical) at the finding's step; metrics as scalars
+    ``stability/<key>`` (the key scheme of :mod:`~stability_callbacks.keys`, which ``replay``
+    reads back).
 
     Keys: ``log_dir`` (used when the integration has no writer), ``min_severity`` (info),
     ``rate_limit_s`` (0), ``queue_size``. Without a writer or ``log_dir`` the sink is off
@@ -52,14 +51,14 @@ class WriteTensorBoard(AlertSink):
     def deliver(self, alert: Alert) -> None:
         f = alert.finding
         w = self._get_writer()
-        w.add_scalar(f"{PREFIX}findings/{f.kind}", float(severity_rank(f.severity) + 1), f.step)
-        w.add_text(TEXT_TAG, alert_text(alert, markdown=False).replace("\n", "  \n"), f.step)
+        w.add_scalar(keys.finding_tag(f.kind), keys.SEVERITY_CODE[f.severity], f.step)
+        w.add_text(keys.FINDING_TEXT, alert_text(alert, markdown=False).replace("\n", "  \n"), f.step)
         w.flush()   # findings are rare and should show up while the run is still going
 
     def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         w = self._get_writer()
-        for k, v in metrics.items():
-            w.add_scalar(k if k.startswith(PREFIX) else PREFIX + k, float(v), step)
+        for tag, v in keys.charted(metrics).items():
+            w.add_scalar(tag, v, step)
 
     def close(self) -> None:
         if self._writer is None:

@@ -10,12 +10,10 @@ from __future__ import annotations
 import sys
 from typing import Mapping
 
-from ..record import severity_rank
+from .. import keys
 from .sink import Alert, AlertSink, DeliveryError, alert_text, alert_title, check_number
 
 _LEVELS = {"info": "INFO", "warning": "WARN", "critical": "ERROR"}
-PREFIX = "stability/"
-STEP_KEY = "stability/step"
 
 
 class NotifyWandb(AlertSink):
@@ -24,7 +22,9 @@ class NotifyWandb(AlertSink):
     The title is stable per kind and severity because W&B throttles per title
     (``wait_duration_s``). Metrics are logged without ``step=`` against their own x-axis
     ``stability/step`` (``define_metric``), so they never fight the framework's own step
-    counter. Each alert also logs ``stability/findings/<kind>`` = severity rank + 1.
+    counter. Each alert also logs ``stability/finding/<kind>`` = severity code (1 info,
+    2 warning, 3 critical), the key scheme of :mod:`~stability_callbacks.keys` that the
+    integrations use too.
     Keys: ``min_severity`` (warning), ``rate_limit_s`` (300), ``wait_duration_s`` (300),
     ``metrics`` (True), ``queue_size``.
     """
@@ -58,8 +58,8 @@ class NotifyWandb(AlertSink):
 
     def _define_axis(self, run) -> None:
         if self._axis_defined_for is not run:
-            run.define_metric(STEP_KEY)
-            run.define_metric(PREFIX + "*", step_metric=STEP_KEY)
+            run.define_metric(keys.STEP_AXIS)
+            run.define_metric(keys.PREFIX + "*", step_metric=keys.STEP_AXIS)
             self._axis_defined_for = run
 
     def deliver(self, alert: Alert) -> None:
@@ -69,14 +69,13 @@ class NotifyWandb(AlertSink):
                   level=_LEVELS[f.severity], wait_duration=self.wait_duration_s)
         if self.metrics:
             self._define_axis(run)
-            run.log({f"{PREFIX}findings/{f.kind}": float(severity_rank(f.severity) + 1),
-                     STEP_KEY: f.step})
+            run.log({keys.finding_tag(f.kind): keys.SEVERITY_CODE[f.severity], keys.STEP_AXIS: f.step})
 
     def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         if not self.metrics:
             return
         run = self._current_run()
         self._define_axis(run)
-        row = {(k if k.startswith(PREFIX) else PREFIX + k): v for k, v in metrics.items()}
-        row[STEP_KEY] = step
+        row: dict = keys.charted(metrics)
+        row[keys.STEP_AXIS] = step
         run.log(row)
