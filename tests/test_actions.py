@@ -1,5 +1,6 @@
-"""Alert sinks against real local endpoints: an http.server Slack stand-in, an offline W&B run,
-TensorBoard event files read back with EventAccumulator. Nothing leaves the machine."""
+"""Alert sinks against real local endpoints: an http.server stand-in for Slack and a generic
+webhook; an offline W&B run; TensorBoard event files read
+back with EventAccumulator. Nothing leaves the machine."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ import math
 import struct
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -50,9 +52,12 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         with srv.lock:
             mode = srv.script.pop(0) if srv.script else srv.mode
-            srv.requests.append({"path": self.path, "time": time.monotonic(),
-                                 "content_type": self.headers.get("Content-Type"),
-                                 "json": json.loads(body)})
+            ctype = self.headers.get("Content-Type") or ""
+            srv.requests.append({"path": self.path, "time": time.monotonic(), "content_type": ctype,
+                                 "headers": dict(self.headers),
+                                 "json": json.loads(body) if "json" in ctype else None,
+                                 "form": (urllib.parse.parse_qs(body.decode()) if "form" in ctype
+                                          else None)})
         if mode == "hang":
             srv.release.wait(30)   # a server that never answers (until the test ends)
             return
@@ -527,16 +532,17 @@ def test_wandb_sink_without_a_run_degrades(caplog):
     ({"slack": {"webhook_url": "ftp://example.org/x"}},
      "actions.slack.webhook_url: the literal value is not an http(s) URL"),
     ({"slack": {"webhook_url": "${SLACK_WEBHOOK_URL}", "timeout": 3}},
-     "actions.slack: unknown key 'timeout'"),
+     "actions.slack.timeout: unknown key (known: backoff_s, channel, max_backoff_s, max_retries, "
+     "min_severity, queue_size, rate_limit_s, required, timeout_s, webhook_url)"),
     ({"slack": {"webhook_url": "http://x.test/h", "rate_limit_s": -1}},
-     "actions.slack.rate_limit_s must be >= 0, got -1"),
+     "actions.slack.rate_limit_s must be a number ≥ 0, got -1"),
     ({"slack": {"webhook_url": "http://x.test/h", "max_retries": 1.5}},
-     "actions.slack.max_retries must be an integer, got 1.5"),
+     "actions.slack.max_retries must be an integer ≥ 0, got 1.5"),
     ({"log": {"min_severity": "loud"}},
      "actions.log.min_severity must be one of ('info', 'warning', 'critical'), got 'loud'"),
-    ({"wandb": {"wait_duration_s": 0}}, "actions.wandb.wait_duration_s must be >= 1, got 0"),
-    ({"email": {}}, "actions: unknown sink 'email'"),
-    ({"tensorboard": []}, "actions.tensorboard must be a mapping, got []"),
+    ({"wandb": {"wait_duration_s": 0}}, "actions.wandb.wait_duration_s must be a number ≥ 1, got 0"),
+    ({"email": {}}, "actions.email: unknown sink (known: log, slack, webhook, wandb, tensorboard)"),
+    ({"tensorboard": []}, "actions.tensorboard must be a mapping (or false to turn it off), got []"),
 ])
 def test_config_errors_are_clear_and_early(config, message, monkeypatch):
     monkeypatch.delenv("SLACK_WEBHOOK_URL", raising=False)
@@ -562,3 +568,166 @@ def test_core_imports_without_wandb_or_tensorboard():
             "print(len(d.sinks))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "2"
+
+
+# --------------------------------------------------------------------------------------------
+# Generic webhook: templated JSON, secret headers, the same dispatcher guarantees
+
+SECRET_BEARER = "SecretBearer-0123456789"
+
+
+@pytest.fixture
+def hook_env(slack, monkeypatch):
+    """The stand-in as a generic endpoint: the URL (a token in path and query) and a bearer
+    token come from the environment."""
+    monkeypatch.setenv("ALERT_WEBHOOK_URL", slack.url + "?token=SECRETQUERY")
+    monkeypatch.setenv("ALERT_TOKEN", SECRET_BEARER)
+    return slack
+
+
+def _fast_hook(**overrides):
+    cfg = {"url": "${ALERT_WEBHOOK_URL}", "headers": {"Authorization": "Bearer ${ALERT_TOKEN}"},
+           "min_severity": "warning", "timeout_s": 0.5, "max_retries": 2, "backoff_s": 0.01,
+           "max_backoff_s": 0.05, "rate_limit_s": 3600.0}
+    cfg.update(overrides)
+    return cfg
+
+
+def test_webhook_posts_the_template_with_typed_fields_and_secret_headers(hook_env):
+    template = {"content": "{title}: {message} (step {step}, run {run})", "step": "{step}",
+                "finding": "{finding}", "tags": ["{kind}", "sev={severity}"], "literal": "{{x}}",
+                "n": 3, "flag": True}
+    d = build_sinks({"webhook": _fast_hook(headers={"Authorization": "Bearer ${ALERT_TOKEN}",
+                                                    "X-Team": "ml-infra"}, template=template)},
+                    is_rank0=True, run_name="gpt-tiny")
+    spike = Finding(7010, "loss_spike", "warning", "Loss rose to 11.42 against 6.41.", signal="loss",
+                    value=11.42, baseline=6.41)
+    d.submit(spike)
+    d.submit(Finding(7011, "grad_norm_spike", "info", "A blip."))          # below min_severity
+    d.close(timeout_s=5.0)
+    (req,) = hook_env.requests
+    assert req["path"] == SECRET_PATH + "?token=SECRETQUERY"
+    assert req["content_type"] == "application/json"
+    assert req["headers"]["Authorization"] == "Bearer " + SECRET_BEARER
+    assert req["headers"]["X-Team"] == "ml-infra"
+    assert req["json"] == {
+        "content": ("stability: loss_spike (warning): Loss rose to 11.42 against 6.41. "
+                    "(step 7010, run gpt-tiny)"),
+        "step": 7010, "finding": spike.to_json(), "tags": ["loss_spike", "sev=warning"],
+        "literal": "{x}", "n": 3, "flag": True}
+
+
+def test_webhook_default_body_has_title_text_run_and_finding(hook_env):
+    d = build_sinks({"webhook": _fast_hook()}, is_rank0=True, run_name="r")
+    f = Finding(5, "nonfinite", "critical", "Loss is NaN.")
+    d.submit(f)
+    d.close(timeout_s=5.0)
+    assert hook_env.requests[0]["json"] == {
+        "title": "stability: nonfinite (critical)", "run": "r", "finding": f.to_json(),
+        "text": "CRITICAL: nonfinite at step 5 (run r)\nLoss is NaN."}
+
+
+@pytest.mark.parametrize("script, requests, delivered", [
+    (["500", "500"], 3, 1),          # 5xx: retried with backoff until it succeeds
+    (["429"], 2, 1),                 # 429: retried after Retry-After
+    (["400"], 1, 0),                 # other 4xx: permanent, one attempt
+    (["500", "500", "500"], 3, 0),   # max_retries=2: gives up after three attempts
+])
+def test_webhook_retries_5xx_and_429_but_not_4xx(hook_env, script, requests, delivered):
+    hook_env.script = list(script)
+    hook_env.retry_after = "0.3"
+    d = build_sinks({"webhook": _fast_hook(max_backoff_s=5.0)}, is_rank0=True, run_name="r")
+    d.submit(Finding(5, "nonfinite", "critical", "Loss is NaN."))
+    d.close(timeout_s=5.0)
+    assert len(hook_env.requests) == requests
+    assert (d.stats()["webhook"]["delivered"], d.stats()["webhook"]["failed"]) == (delivered, 1 - delivered)
+    if script == ["429"]:
+        assert hook_env.requests[1]["time"] - hook_env.requests[0]["time"] >= 0.29
+
+
+def test_webhook_dedupes_and_a_silent_server_is_bounded_by_the_close_deadline(hook_env):
+    hook_env.mode = "hang"
+    d = build_sinks({"webhook": _fast_hook(timeout_s=0.3, rate_limit_s=0.0, queue_size=4)},
+                    is_rank0=True, run_name="r")
+    t0 = time.perf_counter()
+    for step in range(50):
+        d.submit(Finding(step, "nonfinite", "critical", f"NaN at {step}."))
+        d.submit(Finding(step, "nonfinite", "critical", f"NaN at {step}."))   # a duplicate
+    submit_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    d.close(timeout_s=0.4)
+    assert time.perf_counter() - t0 < 0.4 + 0.3
+    assert submit_s < 0.1
+    s = d.stats()["webhook"]
+    assert s["duplicates"] == 50 and s["delivered"] == 0 and s["dropped"] >= 45, s
+
+
+def test_webhook_secrets_never_reach_logs_reprs_errors_or_files(hook_env, tmp_path, monkeypatch, caplog):
+    from stability_callbacks.live import LiveRun
+    hook_env.mode = "500"
+    with caplog.at_level(logging.DEBUG):
+        run = LiveRun(config={"actions": {"log": {}, "webhook": _fast_hook()}}, run_dir=tmp_path / "run")
+        run.start(0)
+        run.emit([Finding(3, "divergence", "critical", "Loss diverges.")])
+        run.close(timeout_s=5.0)
+        text_of_repr = repr(run.dispatcher.sinks)
+        monkeypatch.setenv("ALERT_WEBHOOK_URL", "http://127.0.0.1:9" + SECRET_PATH)   # refused
+        d = build_sinks({"webhook": _fast_hook(max_retries=0)}, is_rank0=True, run_name="r")
+        d.submit(Finding(1, "stall", "critical", "Loss frozen."))
+        d.close(timeout_s=5.0)
+        errors = []
+        for env, cfg in [({"ALERT_WEBHOOK_URL": "hooks.example.com" + SECRET_PATH}, _fast_hook()),
+                         ({"ALERT_TOKEN": ""}, _fast_hook()),
+                         ({"ALERT_TOKEN": "Secret\nInjected"}, _fast_hook())]:
+            for k, v in env.items():
+                monkeypatch.setenv(k, v)
+            with pytest.raises(ValueError) as err:
+                build_sinks({"webhook": cfg}, is_rank0=True, run_name="r")
+            errors.append(str(err.value))
+            monkeypatch.setenv("ALERT_WEBHOOK_URL", hook_env.url)
+            monkeypatch.setenv("ALERT_TOKEN", SECRET_BEARER)
+    assert errors == [
+        "actions.webhook.url: environment variable ALERT_WEBHOOK_URL is not an http(s) URL",
+        "actions.webhook.headers.Authorization: environment variable ALERT_TOKEN is not set",
+        "actions.webhook.headers.Authorization: the value from the environment contains a line break"]
+    assert run.dispatcher.stats()["webhook"]["failed"] == 1 and d.stats()["webhook"]["failed"] == 1
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("webhook delivery failed: HTTP 500" in m for m in messages)
+    assert any("webhook delivery failed: connection error: Connection refused" in m for m in messages)
+    for rec in caplog.records:
+        text = rec.getMessage() + str(rec.__dict__)
+        assert "SECRET" not in text and "Secret" not in text, rec.getMessage()
+    assert "Secret" not in text_of_repr and "ALERT_WEBHOOK_URL" in text_of_repr
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "runlog.jsonl" for p in written)
+    for p in written:
+        data = p.read_bytes()
+        assert b"SECRET" not in data and b"Secret" not in data, p
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"template": {"content": "{txt}"}},
+     "actions.webhook.template.content: unknown placeholder {txt} (known: title, text, kind, "
+     "severity, step, message, run, report, finding)"),
+    ({"template": {"content": "{text"}},
+     "actions.webhook.template.content: expected '}' before end of string in '{text' "
+     "(write {{ and }} for literal braces)"),
+    ({"template": {"at": object}}, "actions.webhook.template.at must be JSON"),
+    ({"headers": {"Bad Header": "x"}}, "actions.webhook.headers: 'Bad Header' is not an HTTP header name"),
+    ({"url": "ftp://example.org/x"}, "actions.webhook.url: the literal value is not an http(s) URL"),
+    ({"required": "yes"}, "actions.webhook.required must be true or false, got 'yes'"),
+])
+def test_webhook_config_errors_name_the_key(overrides, message):
+    with pytest.raises(ValueError) as err:
+        build_sinks({"webhook": _fast_hook(**overrides)}, is_rank0=True, run_name="r")
+    assert str(err.value).startswith(message)
+
+
+def test_webhook_with_required_false_and_no_variable_is_off(monkeypatch, caplog):
+    monkeypatch.delenv("ALERT_WEBHOOK_URL", raising=False)
+    with caplog.at_level(logging.INFO, logger="stability_callbacks"):
+        d = build_sinks({"webhook": _fast_hook(required=False), "log": {}}, is_rank0=True, run_name="r")
+    assert [type(s) for s in d.sinks] == [LogFindings]
+    assert [r.getMessage() for r in caplog.records] == [
+        "stability alerts: actions.webhook is configured but off (its environment variable is "
+        "unset and required is false)"]

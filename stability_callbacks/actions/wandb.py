@@ -11,7 +11,8 @@ import sys
 from typing import Mapping
 
 from .. import keys
-from .sink import Alert, AlertSink, DeliveryError, alert_text, alert_title, check_number
+from ..params import at_least, flag
+from .sink import Alert, AlertSink, DeliveryError, alert_text, alert_title
 
 _LEVELS = {"info": "INFO", "warning": "WARN", "critical": "ERROR"}
 
@@ -24,26 +25,21 @@ class NotifyWandb(AlertSink):
     ``stability/step`` (``define_metric``), so they never fight the framework's own step
     counter. Each alert also logs ``stability/finding/<kind>`` = severity code (1 info,
     2 warning, 3 critical), the key scheme of :mod:`~stability_callbacks.keys` that the
-    integrations use too.
-    Keys: ``min_severity`` (warning), ``rate_limit_s`` (300), ``wait_duration_s`` (300),
-    ``metrics`` (True), ``queue_size``.
+    integrations use too. Keys: ``min_severity`` (warning), ``rate_limit_s`` (300),
+    ``wait_duration_s`` (300), ``metrics`` (True), ``queue_size``. ``run`` (not a config key)
+    is the integration's W&B run.
     """
 
     name = "wandb"
-    config_path = "actions.wandb"
     handles_metrics = True
-    CONFIG_KEYS = ("min_severity", "rate_limit_s", "wait_duration_s", "metrics", "queue_size")
 
-    def __init__(self, *, run=None, min_severity: str = "warning", rate_limit_s: float = 300.0,
+    def __init__(self, run=None, *, min_severity: str = "warning", rate_limit_s: float = 300.0,
                  wait_duration_s: float = 300.0, metrics: bool = True, queue_size: int = 1024):
         super().__init__(min_severity=min_severity, rate_limit_s=rate_limit_s,
                          queue_size=queue_size)
         # wandb turns 0 into its 1-minute default; insist on a positive value instead.
-        self.wait_duration_s = check_number("actions.wandb.wait_duration_s", wait_duration_s,
-                                            minimum=1)
-        if not isinstance(metrics, bool):
-            raise ValueError(f"actions.wandb.metrics must be true or false, got {metrics!r}")
-        self.metrics = metrics
+        self.wait_duration_s = float(at_least("wait_duration_s", wait_duration_s, 1))
+        self.metrics = flag("metrics", metrics)
         self._run = run
         self._axis_defined_for = None
 
