@@ -1,5 +1,5 @@
-"""Alert sinks against real local endpoints: an http.server stand-in for Slack and a generic
-webhook; an offline W&B run; TensorBoard event files read
+"""Alert sinks against real local endpoints: an http.server stand-in for Slack, a generic
+webhook and Apprise's json:// / form:// targets; an offline W&B run; TensorBoard event files read
 back with EventAccumulator. Nothing leaves the machine."""
 from __future__ import annotations
 
@@ -548,7 +548,7 @@ def test_wandb_sink_without_a_run_degrades(caplog):
     ({"log": {"min_severity": "loud"}},
      "actions.log.min_severity must be one of ('info', 'warning', 'critical'), got 'loud'"),
     ({"wandb": {"wait_duration_s": 0}}, "actions.wandb.wait_duration_s must be a number ≥ 1, got 0"),
-    ({"email": {}}, "actions.email: unknown sink (known: log, slack, webhook, wandb, tensorboard)"),
+    ({"email": {}}, "actions.email: unknown sink (known: log, slack, webhook, apprise, wandb, tensorboard)"),
     ({"tensorboard": []}, "actions.tensorboard must be a mapping (or false to turn it off), got []"),
 ])
 def test_config_errors_are_clear_and_early(config, message, monkeypatch):
@@ -738,3 +738,131 @@ def test_webhook_with_required_false_and_no_variable_is_off(monkeypatch, caplog)
     assert [r.getMessage() for r in caplog.records] == [
         "stability alerts: actions.webhook is configured but off (its environment variable is "
         "unset and required is false)"]
+
+
+# --------------------------------------------------------------------------------------------
+# Apprise (optional): json:// and form:// targets on the local stand-in
+
+@pytest.fixture
+def apprise_env(slack, monkeypatch):
+    pytest.importorskip("apprise")
+    port = slack.server_address[1]
+    monkeypatch.setenv("APPRISE_URL", f"json://127.0.0.1:{port}{SECRET_PATH}")
+    monkeypatch.setenv("APPRISE_URL_2", f"form://127.0.0.1:{port}{SECRET_PATH}/form")
+    return slack
+
+
+def _fast_apprise(**overrides):
+    cfg = {"urls": "${APPRISE_URL}", "min_severity": "warning", "timeout_s": 2.0, "max_retries": 2,
+           "backoff_s": 0.01, "max_backoff_s": 0.05, "rate_limit_s": 3600.0}
+    cfg.update(overrides)
+    return cfg
+
+
+def test_apprise_delivers_title_text_and_type_to_every_url(apprise_env):
+    d = build_sinks({"apprise": _fast_apprise(urls=["${APPRISE_URL}", "${APPRISE_URL_2}"])},
+                    is_rank0=True, run_name="gpt-tiny")
+    d.submit(Finding(7010, "loss_spike", "warning", "Loss rose to 11.42 against 6.41."))
+    d.submit(Finding(7010, "loss_spike", "warning", "Loss rose to 11.42 against 6.41."))  # duplicate
+    d.submit(Finding(9, "nonfinite", "critical", "Loss is NaN."))
+    d.close(timeout_s=10.0)
+    by_kind = sorted(apprise_env.requests, key=lambda r: (r["path"], r["time"]))
+    assert [r["path"] for r in by_kind] == [SECRET_PATH] * 2 + [SECRET_PATH + "/form"] * 2
+    json_spike, json_nan = by_kind[0]["json"], by_kind[1]["json"]
+    assert (json_spike["title"], json_spike["type"]) == ("stability: loss_spike (warning)", "warning")
+    assert json_spike["message"] == ("WARNING: loss_spike at step 7010 (run gpt-tiny)\n"
+                                     "Loss rose to 11.42 against 6.41.")
+    assert (json_nan["title"], json_nan["type"]) == ("stability: nonfinite (critical)", "failure")
+    assert by_kind[2]["form"]["title"] == ["stability: loss_spike (warning)"]
+    assert d.stats()["apprise"] == {"delivered": 2, "failed": 0, "duplicates": 1, "rate_limited": 0,
+                                    "dropped": 0, "metrics_failed": 0}
+
+
+def test_apprise_failures_are_retried_then_counted(apprise_env):
+    apprise_env.mode = "500"
+    d = build_sinks({"apprise": _fast_apprise()}, is_rank0=True, run_name="r")
+    d.submit(Finding(5, "nonfinite", "critical", "Loss is NaN."))
+    d.close(timeout_s=10.0)
+    assert len(apprise_env.requests) == 3                     # 1 + max_retries
+    assert d.stats()["apprise"]["failed"] == 1
+    apprise_env.requests.clear()
+    apprise_env.script = ["500"]
+    apprise_env.mode = "ok"
+    d = build_sinks({"apprise": _fast_apprise()}, is_rank0=True, run_name="r")
+    d.submit(Finding(5, "nonfinite", "critical", "Loss is NaN."))
+    d.close(timeout_s=10.0)
+    assert len(apprise_env.requests) == 2 and d.stats()["apprise"]["delivered"] == 1
+
+
+def test_apprise_silent_server_is_bounded_by_the_close_deadline(apprise_env):
+    apprise_env.mode = "hang"
+    d = build_sinks({"apprise": _fast_apprise(timeout_s=0.3, max_retries=0, rate_limit_s=0.0,
+                                              queue_size=4)}, is_rank0=True, run_name="r")
+    t0 = time.perf_counter()
+    for step in range(20):
+        d.submit(Finding(step, "nonfinite", "critical", f"NaN at {step}."))
+    submit_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    d.close(timeout_s=0.5)
+    assert time.perf_counter() - t0 < 0.5 + 0.3
+    assert submit_s < 0.1
+    s = d.stats()["apprise"]
+    assert s["delivered"] == 0 and s["dropped"] >= 15, s
+
+
+def test_apprise_gives_up_on_a_silent_server_after_timeout_s(apprise_env, caplog):
+    apprise_env.mode = "hang"
+    d = build_sinks({"apprise": _fast_apprise(timeout_s=0.3, max_retries=1)}, is_rank0=True, run_name="r")
+    t0 = time.perf_counter()
+    with caplog.at_level(logging.WARNING, logger="stability_callbacks"):
+        d.submit(Finding(5, "nonfinite", "critical", "Loss is NaN."))
+        d.close(timeout_s=5.0)
+    assert time.perf_counter() - t0 < 2 * 0.3 + 1.0          # two attempts, not Apprise's 4 s read timeout
+    assert len(apprise_env.requests) == 2 and d.stats()["apprise"]["failed"] == 1
+    assert ("stability alerts: apprise delivery failed: no answer within timeout_s=0.3 after 1 retries. "
+            "Training continues; further failures of this sink are counted and summarised at close."
+            ) in [r.getMessage() for r in caplog.records]
+
+
+def test_apprise_secrets_never_reach_logs_reprs_or_errors(apprise_env, monkeypatch, caplog):
+    apprise_env.mode = "500"
+    with caplog.at_level(logging.DEBUG):
+        d = build_sinks({"apprise": _fast_apprise(max_retries=0)}, is_rank0=True, run_name="r")
+        d.submit(Finding(5, "nonfinite", "critical", "Loss is NaN."))
+        d.close(timeout_s=10.0)
+        monkeypatch.setenv("APPRISE_URL", "nosuchscheme://SECRETHOST" + SECRET_PATH)
+        with pytest.raises(ValueError) as err:
+            build_sinks({"apprise": _fast_apprise()}, is_rank0=True, run_name="r")
+    assert str(err.value) == ("actions.apprise.urls[0]: environment variable APPRISE_URL is not a "
+                              "URL Apprise supports")
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("stability alerts: apprise delivery failed: apprise: 1 of 1 service(s) "
+                            "failed (JSON)") for m in messages), messages
+    assert any(r.name == "apprise" for r in caplog.records)    # Apprise did log, redacted
+    for rec in caplog.records:
+        text = rec.getMessage() + str(rec.__dict__)
+        assert "SECRET" not in text and "Secret" not in text, rec.getMessage()
+    assert "SECRET" not in repr(d.sinks) and "APPRISE_URL" in repr(d.sinks)
+    # the redaction filter leaves with the sink
+    assert not any(isinstance(f, type(d.sinks[0]._filter)) for f in logging.getLogger("apprise").filters)
+
+
+def test_apprise_is_optional():
+    """Without the package: the library imports and the other sinks work; configuring apprise
+    is a config error that says what to install."""
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['apprise'] = None; sys.modules['torch'] = None\n"
+            "import stability_callbacks.actions as a\n"
+            "from stability_callbacks import load_config\n"
+            "d = a.build_sinks({'log': {}, 'webhook': {'url': 'http://x.test/h'}},\n"
+            "                  is_rank0=True, run_name='r')\n"
+            "print(len(d.sinks))\n"
+            "try:\n"
+            "    load_config({'actions': {'apprise': {'urls': '${APPRISE_URL}'}}})\n"
+            "except ValueError as e:\n"
+            "    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [
+        "2", "actions.apprise: the apprise package is not installed (pip install "
+             "'stability-callbacks[apprise]')"]

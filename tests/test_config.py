@@ -1,4 +1,5 @@
 """Configuration: presets load, defaults are documented truthfully, errors name the key."""
+import importlib.util
 import inspect
 import re
 
@@ -72,11 +73,13 @@ def _sections():
     from stability_callbacks.config import Sampling
     from stability_callbacks.phase import PhaseTracker
     from stability_callbacks.preflight import Preflight
-    required = {"slack": {"webhook_url": "http://x.test/h"}, "webhook": {"url": "http://x.test/h"}}
+    required = {"slack": {"webhook_url": "http://x.test/h"}, "webhook": {"url": "http://x.test/h"},
+                "apprise": {"urls": "json://localhost/x"}}
     out = [("sampling", Sampling, {}), ("phase", PhaseTracker, {}), ("policy", Policy, {}),
            ("preflight", Preflight, {})]
     out += [(f"detectors.{n}", cls, {}) for n, cls in DETECTORS.items()]
-    out += [(f"actions.{n}", cls, required.get(n, {})) for n, cls in SINK_CLASSES.items()]
+    out += [(f"actions.{n}", cls, required.get(n, {})) for n, cls in SINK_CLASSES.items()
+            if n != "apprise" or importlib.util.find_spec("apprise") is not None]   # optional
     return out
 
 
@@ -111,7 +114,7 @@ def test_sections_keep_their_arguments_and_sampling_its_defaults():
 def test_sink_keys_are_their_constructor_signatures():
     from stability_callbacks.actions import SINK_CLASSES
     from stability_callbacks.config import config_keys
-    assert list(SINK_CLASSES) == ["log", "slack", "webhook", "wandb", "tensorboard"]
+    assert list(SINK_CLASSES) == ["log", "slack", "webhook", "apprise", "wandb", "tensorboard"]
     assert sorted(config_keys(SINK_CLASSES["tensorboard"])) == [
         "log_dir", "min_severity", "queue_size", "rate_limit_s"]       # `writer` is not config
     assert sorted(config_keys(SINK_CLASSES["wandb"])) == [
