@@ -12,14 +12,18 @@ from collections import Counter
 from pathlib import Path
 
 from .config import ConfigError
+from .preflight import PRECISIONS
 from .record import Finding, severity_rank
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["preflight"]:   # its own parser, flags included
-        from . import preflight
-        return preflight.main(argv[1:])
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    run = {"replay": replay, "timeline": timeline, "preflight": preflight, "demo": demo}[args.command]
+    return run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand in one tree (``main`` calls the function of the same name)."""
     parser = argparse.ArgumentParser(prog="stability-callbacks",
                                      description="Catch training instabilities; replay real logs offline.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -35,20 +39,28 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("timeline", help="stitch a run log's segments after rollbacks")
     p.add_argument("runlog")
     p.add_argument("--png", help="write the stitched trajectory as a PNG")
-    sub.add_parser("preflight", help="audit a transformers config.json for known causes of instability "
-                                     "(stability-callbacks preflight --help)")
+    p = sub.add_parser("preflight", help="audit a transformers config.json for known causes of instability",
+                       description="Audit a transformers config.json for known causes of instability. "
+                                   "Exit 1 on a warning, 0 otherwise, 2 when the input cannot be read. "
+                                   "Training settings a config.json does not hold come from flags.")
+    p.add_argument("model_config", metavar="CONFIG_OR_DIR",
+                   help="config.json path, or a directory holding config.json")
+    p.add_argument("--config", help="stability config (YAML or preset name) whose `preflight` section "
+                                    "sets the thresholds")
+    p.add_argument("--precision", choices=PRECISIONS, help="training precision (default: the config's dtype)")
+    p.add_argument("--bf16-available", choices=("yes", "no"), help="whether the GPUs support bf16")
+    p.add_argument("--optimizer", help="optimizer class name, e.g. AdamW")
+    p.add_argument("--beta2", type=float, help="Adam beta2")
+    p.add_argument("--weight-decay", type=float)
+    p.add_argument("--warmup-steps", type=int)
+    p.add_argument("--total-steps", type=int)
+    p.add_argument("--json", action="store_true", help="one JSON finding per line")
     p = sub.add_parser("demo", help="a tiny real training run that goes wrong, caught live")
     p.add_argument("--scenario", default="warmup-spike")
     p.add_argument("--framework", default="hf")
     p.add_argument("--out", default="out/demo")
     p.add_argument("--steps", type=int, default=None)
-    args = parser.parse_args(argv)
-    if args.command == "replay":
-        return replay(args)
-    if args.command == "timeline":
-        return timeline(args)
-    from .demo.run import main as demo_main
-    return demo_main(scenario=args.scenario, framework=args.framework, out_dir=args.out, steps=args.steps)
+    return parser
 
 
 def replay(args) -> int:
@@ -127,6 +139,47 @@ def print_summary(findings: list[Finding], num_records: int, name: str, *, file=
         console.print(f"... and {len(serious) - 50} more warning-or-worse findings (see --json)")
     counts = Counter(f.severity for f in findings)
     console.print(f"critical: {counts['critical']}  warning: {counts['warning']}  info: {counts['info']}")
+
+
+def preflight(args) -> int:
+    """The preflight audit of a config.json, with the thresholds of ``--config``'s section."""
+    from .config import load_config
+    from .preflight import Preflight, format_finding, load_config_facts, weight_decay_is_decoupled
+
+    try:
+        rules = Preflight(**load_config(args.config)["preflight"])
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        facts = load_config_facts(args.model_config)
+    except (OSError, ValueError) as exc:
+        print(f"stability-callbacks preflight: cannot read {args.model_config}: {exc}", file=sys.stderr)
+        return 2
+    if args.precision:
+        facts.precision = args.precision
+    if args.bf16_available:
+        facts.bf16_available = args.bf16_available == "yes"
+    if args.optimizer:
+        facts.optimizer = args.optimizer
+        facts.weight_decay_decoupled = weight_decay_is_decoupled(args.optimizer)
+    if args.beta2 is not None:
+        facts.betas = (0.9, args.beta2)
+    if args.weight_decay is not None:
+        facts.weight_decay = args.weight_decay
+    facts.warmup_steps = args.warmup_steps
+    facts.total_steps = args.total_steps
+    findings = rules.audit(facts)
+    for f in findings:
+        print(json.dumps({"type": "finding", **f.to_json()}) if args.json else format_finding(f))
+    if not findings and not args.json:
+        print(f"preflight: no known cause of instability in {facts.source}")
+    return 1 if any(f.at_least("warning") for f in findings) else 0
+
+
+def demo(args) -> int:
+    from .demo.run import main as demo_main
+    return demo_main(scenario=args.scenario, framework=args.framework, out_dir=args.out, steps=args.steps)
 
 
 def timeline(args) -> int:

@@ -1,27 +1,66 @@
 """Configuration: YAML (or the same structure as a dict) → validated once → constructor args.
 
-Validation builds the very objects the Monitor will use, so a bad value fails here with the
-key path and the value (``detectors.loss_spike.z_threshold must be a positive number, got -1``),
-never later from deep inside a training step.
+Every section maps onto constructors (DESIGN 2.5, with ``preflight`` added): ``sampling`` →
+:class:`Sampling`, ``phase`` → ``PhaseTracker``, ``detectors.<name>`` → the detector,
+``policy`` → ``Policy``, ``actions.<sink>`` → the sink class, ``preflight`` → ``Preflight``.
+The allowed keys are the keyword-only parameters of those constructors, and validation builds
+the very objects the Monitor will use, so a bad value fails here with the key path and the
+value (``detectors.loss_spike.z_threshold must be a positive number, got -1``), never later
+from deep inside a training step. Nothing here reads the environment: ``${VAR}`` references
+of the alert sinks are resolved when the sinks are built (``actions.build_sinks``).
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
-SECTIONS = ("sampling", "phase", "detectors", "policy", "actions")
-SINKS = ("log", "slack", "wandb", "tensorboard")
-_SAMPLING = {"every_n_steps": 1, "adam_every_n_steps": 1, "param_norm_every_n_steps": 0,
-             "loss_streams": []}
+from .params import check, int_at_least
+
+SECTIONS = ("sampling", "phase", "detectors", "policy", "actions", "preflight")
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
+#: The actions when the section is absent: findings go to Python logging.
+DEFAULT_ACTIONS = {"log": {"min_severity": "info"}}
 
 
 class ConfigError(ValueError):
     """A configuration problem; the message names the key path and the bad value."""
+
+
+@dataclass(kw_only=True)
+class Sampling:
+    """How often the integrations sample (the ``sampling`` section).
+
+    - ``every_n_steps``: feed the Monitor every n-th optimizer step.
+    - ``adam_every_n_steps``: Adam ``exp_avg_sq`` max / L1 every n-th sampled step (one pass
+      over the local optimizer state).
+    - ``param_norm_every_n_steps``: the parameter L2 norm (one more pass); 0 = off.
+    - ``loss_streams``: per-dataset loss names (``loss/<name>``), declared so every rank
+      reduces the same ones.
+
+    >>> Sampling(every_n_steps=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: every_n_steps must be an integer ≥ 1, got 0
+    """
+
+    every_n_steps: int = 1
+    adam_every_n_steps: int = 1
+    param_norm_every_n_steps: int = 0
+    loss_streams: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        int_at_least("every_n_steps", self.every_n_steps, 1)
+        int_at_least("adam_every_n_steps", self.adam_every_n_steps, 1)
+        int_at_least("param_norm_every_n_steps", self.param_norm_every_n_steps, 0)
+        check("loss_streams", self.loss_streams, isinstance(self.loss_streams, list) and all(
+            isinstance(x, str) and x for x in self.loss_streams), "a list of stream names")
 
 
 def preset_path(name: str) -> Path:
@@ -69,22 +108,13 @@ def validate(raw: Mapping) -> dict[str, Any]:
     from .detectors import DETECTORS
     from .phase import PhaseTracker
     from .policy import Policy
+    from .preflight import Preflight
 
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown section (known: {', '.join(SECTIONS)})")
     out: dict[str, Any] = {}
-    sampling = _section(raw, "sampling")
-    for k, v in sampling.items():
-        if k not in _SAMPLING:
-            raise ConfigError(f"sampling.{k}: unknown key (known: {', '.join(_SAMPLING)})")
-        if k == "loss_streams":   # per-dataset loss names, declared so ranks reduce them alike
-            if not (isinstance(v, list) and all(isinstance(x, str) and x for x in v)):
-                raise ConfigError(f"sampling.loss_streams must be a list of stream names, got {v!r}")
-            continue
-        if not isinstance(v, int) or isinstance(v, bool) or v < (0 if k == "param_norm_every_n_steps" else 1):
-            raise ConfigError(f"sampling.{k} must be an integer ≥ {0 if k == 'param_norm_every_n_steps' else 1}, got {v!r}")
-    out["sampling"] = {**_SAMPLING, **sampling}
+    out["sampling"] = dataclasses.asdict(construct("sampling", Sampling, _section(raw, "sampling")))
     out["phase"] = _checked("phase", PhaseTracker, _section(raw, "phase"))
     detectors = _section(raw, "detectors")
     out["detectors"] = {}
@@ -98,19 +128,70 @@ def validate(raw: Mapping) -> dict[str, Any]:
         kwargs.pop("enabled", None)
         out["detectors"][name] = _checked(f"detectors.{name}", DETECTORS[name], kwargs)
     out["policy"] = _checked("policy", Policy, _section(raw, "policy"))
-    actions = _section(raw, "actions") if "actions" in raw else {"log": {"min_severity": "info"}}
-    from .actions import SINK_CLASSES
-    for name, v in actions.items():
-        if name not in SINKS:
-            raise ConfigError(f"actions.{name}: unknown sink (known: {', '.join(SINKS)})")
-        if v is not None and v is not False and not isinstance(v, Mapping):
-            raise ConfigError(f"actions.{name} must be a mapping (or false to turn it off), got {v!r}")
-        known = sorted(SINK_CLASSES[name].CONFIG_KEYS)
-        for k in (v or {}):
-            if k not in known:
-                raise ConfigError(f"actions.{name}.{k}: unknown key (known: {', '.join(known)})")
-    out["actions"] = {k: dict(v or {}) for k, v in actions.items() if v is not False}
+    out["actions"] = validate_actions(raw["actions"] if "actions" in raw else DEFAULT_ACTIONS)
+    preflight = {"enabled": False} if raw.get("preflight") is False else _section(raw, "preflight")
+    out["preflight"] = _checked("preflight", Preflight, preflight)
     return out
+
+
+def validate_actions(actions: Any) -> dict[str, dict]:
+    """The ``actions`` section: sink name → its keyword arguments (``false`` = off, dropped;
+    ``null`` or ``{}`` = on with defaults). Every sink is built once to check its values; the
+    environment is not read here (that happens when the sinks are built for a run)."""
+    from .actions import SINK_CLASSES
+
+    if actions is None:
+        return {}
+    if not isinstance(actions, Mapping):
+        raise ConfigError(f"actions must be a mapping, got {actions!r}")
+    out = {}
+    for name, v in actions.items():
+        if name not in SINK_CLASSES:
+            raise ConfigError(f"actions.{name}: unknown sink (known: {', '.join(SINK_CLASSES)})")
+        if v is False:
+            continue
+        if v is not None and not isinstance(v, Mapping):
+            raise ConfigError(f"actions.{name} must be a mapping (or false to turn it off), got {v!r}")
+        out[name] = _checked(f"actions.{name}", SINK_CLASSES[name], dict(v or {}))
+    return out
+
+
+def config_keys(cls) -> dict[str, inspect.Parameter]:
+    """The config keys of ``cls``: the keyword-only parameters of its constructor (runtime
+    objects such as a W&B run or a TensorBoard writer are positional-or-keyword, not config)."""
+    params = inspect.signature(cls).parameters
+    return {k: p for k, p in params.items() if p.kind == inspect.Parameter.KEYWORD_ONLY}
+
+
+def construct(path: str, cls, kwargs: Mapping[str, Any], **runtime):
+    """``cls(**kwargs, **runtime)``; an unknown or missing key, or a bad value, raises
+    :class:`ConfigError` naming ``path.key`` (and the value: the constructor's own message).
+
+    >>> construct("sampling", Sampling, {"every_n_steps": 0})
+    Traceback (most recent call last):
+    ...
+    stability_callbacks.config.ConfigError: sampling.every_n_steps must be an integer ≥ 1, got 0
+    """
+    params = config_keys(cls)
+    for k in kwargs:
+        if k not in params:
+            raise ConfigError(f"{path}.{k}: unknown key (known: {', '.join(sorted(params))})")
+    for k, p in params.items():
+        if p.default is inspect.Parameter.empty and k not in kwargs:
+            raise ConfigError(f"{path}.{k}: required key missing")
+    try:
+        return cls(**kwargs, **runtime)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(with_path(path, str(e), params)) from None
+
+
+def with_path(path: str, message: str, keys=()) -> str:
+    """``message`` from a constructor (``"z_threshold must be ..."``, ``"urls[0]: ..."``) with the
+    key path in front: ``path.z_threshold must be ...``; ``path: message`` when it names no key."""
+    m = re.match(r"([A-Za-z_]\w*)(?=[\s:.\[])", message)
+    if m and m.group(1) in keys:
+        return f"{path}.{message}"
+    return f"{path}: {message}"
 
 
 def _section(raw: Mapping, name: str) -> dict:
@@ -123,16 +204,6 @@ def _section(raw: Mapping, name: str) -> dict:
 
 
 def _checked(path: str, cls, kwargs: dict) -> dict:
-    """Build ``cls(**kwargs)`` once to validate; errors name ``path.key`` and the value."""
-    params = inspect.signature(cls.__init__).parameters
-    known = sorted(p for p in params if p != "self" and params[p].kind == inspect.Parameter.KEYWORD_ONLY)
-    for k in kwargs:
-        if k not in known:
-            raise ConfigError(f"{path}.{k}: unknown key (known: {', '.join(known)})")
-    try:
-        cls(**kwargs)
-    except (ValueError, TypeError) as e:
-        msg = str(e)
-        key = msg.split()[0] if msg else ""
-        raise ConfigError(f"{path}.{msg}" if key in kwargs else f"{path}: {msg}") from None
+    """Build ``cls(**kwargs)`` once to validate; return the arguments as given."""
+    construct(path, cls, kwargs)
     return kwargs

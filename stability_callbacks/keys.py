@@ -29,3 +29,54 @@ def is_known(key: str) -> bool:
 def loss_streams(metrics) -> list[str]:
     """The per-stream loss keys present in ``metrics``, sorted."""
     return sorted(k for k in metrics if k.startswith(LOSS_STREAM_PREFIX))
+
+
+# -- What we write to framework loggers and sinks (TensorBoard, W&B, CSV exports), and read back.
+# HF's reporters put `train/` in front of everything `trainer.log` sends (`train/stability/loss`);
+# Lightning's loggers and our own sinks write the names as they are.
+PREFIX = "stability/"                  # stability/<metric key>: a signal as the Monitor saw it
+FINDING_PREFIX = PREFIX + "finding/"   # stability/finding/<kind> = SEVERITY_CODE of the finding
+FINDING_TEXT = PREFIX + "findings"     # TensorBoard text of each finding (`.../text_summary`)
+STEP_AXIS = PREFIX + "step"            # W&B x-axis of our scalars: the optimizer step
+SEVERITY_CODE = {"info": 1.0, "warning": 2.0, "critical": 3.0}
+NOT_CHARTED = frozenset({BATCH_FINGERPRINT})   # an integer hash, not worth a chart
+FRAMEWORK_PREFIXES = ("train/",)
+
+
+def signal_tag(key: str) -> str:
+    """``stability/<key>`` (a key already under the prefix is left as it is)."""
+    return key if key.startswith(PREFIX) else PREFIX + key
+
+
+def finding_tag(kind: str) -> str:
+    """``stability/finding/<kind>``: one scalar per finding, its value the severity code."""
+    return FINDING_PREFIX + kind
+
+
+def charted(metrics) -> dict[str, float]:
+    """The scalars a sink or framework logger records for one step's metrics.
+
+    >>> charted({"loss": 2.5, "adam/exp_avg_sq_max": 0.1, "batch_fingerprint": 7.0})
+    {'stability/loss': 2.5, 'stability/adam/exp_avg_sq_max': 0.1}
+    """
+    return {signal_tag(k): float(v) for k, v in metrics.items()
+            if k.removeprefix(PREFIX) not in NOT_CHARTED}
+
+
+def from_tag(tag: str) -> str | None:
+    """The metric key one of our writers encoded in ``tag``, or None (not ours, or not a
+    signal: findings, the step axis).
+
+    >>> from_tag("train/stability/adam/exp_avg_sq_max"), from_tag("stability/loss/cm4")
+    ('adam/exp_avg_sq_max', 'loss/cm4')
+    >>> from_tag("stability/finding/loss_spike"), from_tag("stability/step"), from_tag("train/loss")
+    (None, None, None)
+    """
+    for p in FRAMEWORK_PREFIXES:
+        if tag.startswith(p + PREFIX):
+            tag = tag[len(p):]
+            break
+    if not tag.startswith(PREFIX):
+        return None
+    key = tag[len(PREFIX):]
+    return key if is_known(key) and key not in NOT_CHARTED else None

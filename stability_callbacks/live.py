@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping
 
+from . import keys
 from .control import Control
 from .monitor import Monitor
 from .record import Finding, StepRecord
@@ -22,22 +23,17 @@ log = logging.getLogger("stability_callbacks")
 STATE_FILE = "stability_state.json"
 
 
-_SEVERITY_CODE = {"info": 1.0, "warning": 2.0, "critical": 3.0}
-#: Not worth a chart: an integer hash (the repetition detector reads it from the run log).
-_NOT_CHARTED = frozenset({"batch_fingerprint"})
-
-
 def reporter_scalars(record: StepRecord, findings: list[Finding]) -> dict[str, float]:
-    """What integrations send to the framework's own loggers (TensorBoard, W&B, ...):
-    ``stability/<key>`` per signal and ``stability/finding/<kind>`` = severity (1 info,
-    2 warning, 3 critical) per finding.
+    """What integrations send to the framework's own loggers (TensorBoard, W&B, ...), in the
+    one key scheme of :mod:`~stability_callbacks.keys`: ``stability/<key>`` per signal and
+    ``stability/finding/<kind>`` = severity (1 info, 2 warning, 3 critical) per finding.
 
     >>> reporter_scalars(StepRecord(3, {"loss": 2.5}), [Finding(3, "loss_spike", "warning", "...")])
     {'stability/loss': 2.5, 'stability/finding/loss_spike': 2.0}
     """
-    out = {f"stability/{k}": float(v) for k, v in record.metrics.items() if k not in _NOT_CHARTED}
+    out = keys.charted(record.metrics)
     for f in findings:
-        out[f"stability/finding/{f.kind}"] = _SEVERITY_CODE[f.severity]
+        out[keys.finding_tag(f.kind)] = keys.SEVERITY_CODE[f.severity]
     return out
 
 
@@ -142,8 +138,7 @@ class LiveRun:
         if self.runlog:
             self._guard("runlog", lambda: self.runlog.step(record))
         if self.metrics_every_n_steps and record.step % self.metrics_every_n_steps == 0:
-            self._guard("metrics", lambda: self.dispatcher.log_metrics(
-                record.step, {f"stability/{k}": v for k, v in record.metrics.items()}))
+            self._guard("metrics", lambda: self.dispatcher.log_metrics(record.step, record.metrics))
         self._emit(found)
         return found
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+from .params import at_least, check, positive_int
 from .record import Finding
 
 #: Relative LR change below which two LRs count as equal (printed LRs are rounded).
@@ -28,16 +29,15 @@ _LR_TOL = 1e-6
 class PhaseTracker:
     def __init__(self, *, warmup_steps: int | None = None, risk_window_factor: float = 3.0,
                  min_warmup_samples: int = 2, flat_samples: int = 3):
-        if warmup_steps is not None and (not isinstance(warmup_steps, int) or warmup_steps < 0):
-            raise ValueError(f"warmup_steps must be a non-negative integer or null, got {warmup_steps!r}")
-        if not (isinstance(risk_window_factor, (int, float)) and risk_window_factor >= 0):
-            raise ValueError(f"risk_window_factor must be ≥ 0, got {risk_window_factor!r}")
+        check("warmup_steps", warmup_steps, warmup_steps is None or (
+            isinstance(warmup_steps, int) and not isinstance(warmup_steps, bool) and warmup_steps >= 0),
+            "a non-negative integer or null")
         self.warmup_steps = warmup_steps or None
-        self.risk_window_factor = float(risk_window_factor)
-        self.min_warmup_samples = min_warmup_samples
+        self.risk_window_factor = float(at_least("risk_window_factor", risk_window_factor, 0))
+        self.min_warmup_samples = positive_int("min_warmup_samples", min_warmup_samples)
         # A printed LR is rounded (llm.c: 6 decimals), so a warmup ramp is a staircase with short
         # plateaus: warmup has ended when the LR falls, or stays flat this many samples.
-        self.flat_samples = flat_samples
+        self.flat_samples = positive_int("flat_samples", flat_samples)
         self.phase: str | None = None
         self.warmup_end_step: int | None = None
         self.warmup_start_step: int | None = None

@@ -3,7 +3,9 @@
 Pure rules on plain values (no torch): an integration measures the model once at train begin
 (``stability_callbacks.integrations._preflight.collect_facts``) and hands the
 :class:`PreflightFacts` to :func:`audit`; the CLI builds the same facts from a transformers
-``config.json`` (no weights, no transformers import). Every rule cites where it comes from:
+``config.json`` (no weights, no transformers import). The thresholds are :class:`Preflight`'s
+keywords, set under the ``preflight`` config section for both. Every rule cites where it comes
+from:
 
 * init std too large for the width: Megatron's 0.02 default kept BigScience's 104B from training
   past a few thousand steps; BLOOM used sqrt(1/(3*hidden)) (MT-NLG 530B), 0.0048 at 14336.
@@ -23,18 +25,18 @@ Cost: O(number of layer groups) once per run; no state.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from stability_callbacks.params import at_least, flag, in_interval, int_at_least, positive, positive_int
 from stability_callbacks.record import Finding
 
 __all__ = ["PreflightFacts", "Preflight", "audit", "facts_from_config", "load_config_facts",
-           "init_std_formulas", "normalize_precision", "weight_decay_is_decoupled", "format_finding", "main"]
+           "init_std_formulas", "normalize_precision", "weight_decay_is_decoupled", "format_finding",
+           "PRECISIONS"]
 
 # Sources, cited in every finding's details["source"].
 SRC_BEKMAN_INIT = ("Bekman, ML Engineering, 'Avoiding, Recovering From and Understanding "
@@ -164,34 +166,35 @@ class Preflight:
     * warmup too short: shorter than both ``min_warmup_steps`` (100; GPT-3's 375M-token warmup
       was ~120 steps, BLOOM's ~100) and ``min_warmup_fraction`` (1%) of ``total_steps``.
 
+    * ``enabled``: the integrations run the audit at train begin only when true
+      (``preflight: false`` in a config is the same as ``{enabled: false}``);
+      ``stability-callbacks preflight`` always runs it.
+    * ``max_sample_elements``: the integrations measure the std of each weight from at most
+      this many elements (a fixed strided subset; ~1M keeps the estimate within 0.1%).
+
     >>> Preflight(init_std_factor=0)
     Traceback (most recent call last):
     ...
-    ValueError: preflight.init_std_factor must be > 0, got 0
+    ValueError: init_std_factor must be a positive number, got 0
     """
 
-    def __init__(self, *, init_std_factor: float = 1.5, min_hidden_size_for_init: int = 1024,
-                 large_model_min_params: int = 1_000_000_000, large_model_min_hidden_size: int = 2048,
-                 max_adam_beta2: float = 0.99, recommended_adam_beta2: float = 0.95,
-                 min_warmup_steps: int = 100, min_warmup_fraction: float = 0.01):
-        _positive("init_std_factor", init_std_factor)
-        _positive("min_hidden_size_for_init", min_hidden_size_for_init, allow_zero=True)
-        _positive("large_model_min_params", large_model_min_params, allow_zero=True)
-        _positive("large_model_min_hidden_size", large_model_min_hidden_size, allow_zero=True)
-        for key, v in (("max_adam_beta2", max_adam_beta2), ("recommended_adam_beta2", recommended_adam_beta2)):
-            if not (isinstance(v, (int, float)) and 0.0 < v < 1.0):
-                raise ValueError(f"preflight.{key} must be in (0, 1), got {v!r}")
-        _positive("min_warmup_steps", min_warmup_steps, allow_zero=True)
-        if not (isinstance(min_warmup_fraction, (int, float)) and 0.0 <= min_warmup_fraction < 1.0):
-            raise ValueError(f"preflight.min_warmup_fraction must be in [0, 1), got {min_warmup_fraction!r}")
-        self.init_std_factor = init_std_factor
-        self.min_hidden_size_for_init = min_hidden_size_for_init
-        self.large_model_min_params = large_model_min_params
-        self.large_model_min_hidden_size = large_model_min_hidden_size
-        self.max_adam_beta2 = max_adam_beta2
-        self.recommended_adam_beta2 = recommended_adam_beta2
-        self.min_warmup_steps = min_warmup_steps
-        self.min_warmup_fraction = min_warmup_fraction
+    def __init__(self, *, enabled: bool = True, init_std_factor: float = 1.5,
+                 min_hidden_size_for_init: int = 1024, large_model_min_params: int = 1_000_000_000,
+                 large_model_min_hidden_size: int = 2048, max_adam_beta2: float = 0.99,
+                 recommended_adam_beta2: float = 0.95, min_warmup_steps: int = 100,
+                 min_warmup_fraction: float = 0.01, max_sample_elements: int = 1 << 20):
+        self.enabled = flag("enabled", enabled)
+        self.init_std_factor = positive("init_std_factor", init_std_factor)
+        self.min_hidden_size_for_init = int_at_least("min_hidden_size_for_init", min_hidden_size_for_init, 0)
+        self.large_model_min_params = at_least("large_model_min_params", large_model_min_params, 0)
+        self.large_model_min_hidden_size = int_at_least("large_model_min_hidden_size",
+                                                        large_model_min_hidden_size, 0)
+        self.max_adam_beta2 = in_interval("max_adam_beta2", max_adam_beta2, 0, 1)
+        self.recommended_adam_beta2 = in_interval("recommended_adam_beta2", recommended_adam_beta2, 0, 1)
+        self.min_warmup_steps = int_at_least("min_warmup_steps", min_warmup_steps, 0)
+        self.min_warmup_fraction = in_interval("min_warmup_fraction", min_warmup_fraction, 0, 1,
+                                               low_open=False)
+        self.max_sample_elements = positive_int("max_sample_elements", max_sample_elements)
 
     # -- the audit ---------------------------------------------------------------------------
     def audit(self, facts: PreflightFacts) -> list[Finding]:
@@ -442,61 +445,10 @@ def format_finding(f: Finding) -> str:
     return f"[{f.severity}] {f.signal}: {f.message}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``stability-callbacks preflight CONFIG_OR_DIR [--precision ...] [--beta2 ...] ...``.
-
-    Prints the findings; exit 1 if any is a warning (or worse), 0 otherwise, 2 when the config
-    cannot be read. Training settings that a config.json does not hold come from flags.
-    """
-    p = argparse.ArgumentParser(prog="stability-callbacks preflight",
-                                description="Audit a transformers config.json for known causes of instability.")
-    p.add_argument("config", help="config.json path, or a directory holding config.json")
-    p.add_argument("--precision", choices=PRECISIONS, help="training precision (default: the config's dtype)")
-    p.add_argument("--bf16-available", choices=("yes", "no"), help="whether the GPUs support bf16")
-    p.add_argument("--optimizer", help="optimizer class name, e.g. AdamW")
-    p.add_argument("--beta2", type=float, help="Adam beta2")
-    p.add_argument("--weight-decay", type=float)
-    p.add_argument("--warmup-steps", type=int)
-    p.add_argument("--total-steps", type=int)
-    p.add_argument("--json", action="store_true", help="one JSON finding per line")
-    args = p.parse_args(argv)
-    try:
-        facts = load_config_facts(args.config)
-    except (OSError, ValueError) as exc:
-        print(f"stability-callbacks preflight: cannot read {args.config}: {exc}", file=sys.stderr)
-        return 2
-    if args.precision:
-        facts.precision = args.precision
-    if args.bf16_available:
-        facts.bf16_available = args.bf16_available == "yes"
-    if args.optimizer:
-        facts.optimizer = args.optimizer
-        facts.weight_decay_decoupled = weight_decay_is_decoupled(args.optimizer)
-    if args.beta2 is not None:
-        facts.betas = (0.9, args.beta2)
-    if args.weight_decay is not None:
-        facts.weight_decay = args.weight_decay
-    facts.warmup_steps = args.warmup_steps
-    facts.total_steps = args.total_steps
-    findings = audit(facts)
-    for f in findings:
-        print(json.dumps({"type": "finding", **f.to_json()}) if args.json else format_finding(f))
-    if not findings and not args.json:
-        print(f"preflight: no known cause of instability in {facts.source}")
-    return 1 if any(f.at_least("warning") for f in findings) else 0
-
-
 # -- small pieces ---------------------------------------------------------------------------
 def _finding(signal, severity, message, value, baseline, threshold, details) -> Finding:
     return Finding(step=0, kind="preflight", severity=severity, message=message, signal=signal,
                    value=value, baseline=baseline, threshold=threshold, details=details)
-
-
-def _positive(key, v, *, allow_zero=False):
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (
-        v >= 0 if allow_zero else v > 0)
-    if not ok:
-        raise ValueError(f"preflight.{key} must be {'>= 0' if allow_zero else '> 0'}, got {v!r}")
 
 
 def _finite(v) -> bool:
@@ -527,7 +479,3 @@ def _size_words(facts: PreflightFacts) -> str:
     if facts.hidden_size is not None:
         parts.append(f"hidden {facts.hidden_size}")
     return ", ".join(parts) or "size unknown"
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -12,7 +12,9 @@ import torch
 from stability_callbacks import preflight as preflight_mod
 from stability_callbacks.integrations import _preflight as torch_side
 from stability_callbacks.integrations._preflight import collect_facts
-from stability_callbacks.preflight import Preflight, PreflightFacts, audit, init_std_formulas, main
+from stability_callbacks.cli import main as cli_main
+from stability_callbacks.config import load_config
+from stability_callbacks.preflight import Preflight, PreflightFacts, audit, init_std_formulas
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "preflight")
 
@@ -130,7 +132,9 @@ def test_embedding_notes_on_large_models_only():
 @pytest.mark.parametrize("key,value", [("init_std_factor", 0), ("max_adam_beta2", 1.0),
                                        ("min_warmup_fraction", -0.1), ("min_warmup_steps", "100")])
 def test_bad_thresholds_raise_naming_key_and_value(key, value):
-    with pytest.raises(ValueError, match=f"preflight.{key} .*{value!r}"):
+    with pytest.raises(ValueError, match=rf"^preflight\.{key} .*{value!r}"):
+        load_config({"preflight": {key: value}})
+    with pytest.raises(ValueError, match=rf"^{key} .*{value!r}"):
         Preflight(**{key: value})
 
 
@@ -290,7 +294,7 @@ def test_unreadable_parts_degrade_to_unknown(caplog):
 
 # -- offline CLI ---------------------------------------------------------------------------------
 def test_cli_wide_fp16_config_with_training_flags(capsys):
-    rc = main([os.path.join(DATA, "wide_fp16"), "--bf16-available", "yes", "--beta2", "0.999",
+    rc = cli_main(["preflight", os.path.join(DATA, "wide_fp16"), "--bf16-available", "yes", "--beta2", "0.999",
                "--warmup-steps", "0", "--total-steps", "100000", "--json"])
     out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert rc == 1
@@ -302,7 +306,7 @@ def test_cli_wide_fp16_config_with_training_flags(capsys):
 
 
 def test_cli_config_file_alone(capsys):
-    rc = main([os.path.join(DATA, "wide_fp16", "config.json")])
+    rc = cli_main(["preflight", os.path.join(DATA, "wide_fp16", "config.json")])
     out = capsys.readouterr().out
     assert rc == 1
     assert [line.split(":")[0] for line in out.splitlines()] == [
@@ -310,20 +314,20 @@ def test_cli_config_file_alone(capsys):
 
 
 def test_cli_bloom_shaped_config_is_clean(capsys):
-    assert main([os.path.join(DATA, "bloom_like")]) == 0
+    assert cli_main(["preflight", os.path.join(DATA, "bloom_like")]) == 0
     assert "no known cause of instability" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("name", ["broken.json", "missing.json", "no_config_dir"])
 def test_cli_unreadable_input_exits_2_naming_the_file(name, tmp_path, capsys):
     path = os.path.join(DATA, name) if name != "no_config_dir" else str(tmp_path)
-    assert main([path]) == 2
+    assert cli_main(["preflight", path]) == 2
     err = capsys.readouterr().err
     assert "cannot read" in err and (name if name != "no_config_dir" else "config.json") in err
 
 
 def test_cli_lion_flags(capsys):
-    rc = main([os.path.join(DATA, "bloom_like"), "--optimizer", "DecoupledLionW",
+    rc = cli_main(["preflight", os.path.join(DATA, "bloom_like"), "--optimizer", "DecoupledLionW",
                "--weight-decay", "2.56e-5", "--warmup-steps", "2000", "--total-steps", "200000"])
     assert rc == 1
     assert capsys.readouterr().out.startswith("[warning] weight_decay: DecoupledLionW with decoupled")
@@ -345,3 +349,44 @@ def test_rules_import_without_torch():
             "print(len(audit(PreflightFacts(hidden_size=4096, initializer_range=0.02))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1"
+
+
+# -- the `preflight` config section: one set of thresholds for the CLI and the integrations ------
+def test_preflight_section_is_validated_and_false_turns_it_off():
+    assert load_config(None)["preflight"] == {}
+    assert load_config({"preflight": False})["preflight"] == {"enabled": False}
+    cfg = load_config({"preflight": {"init_std_factor": 3.0, "max_sample_elements": 4096}})
+    assert cfg["preflight"] == {"init_std_factor": 3.0, "max_sample_elements": 4096}
+    with pytest.raises(ValueError, match=r"^preflight\.init_std_facter: unknown key \(known: enabled, "):
+        load_config({"preflight": {"init_std_facter": 3.0}})
+
+
+def test_integrations_audit_with_the_run_configs_thresholds(tmp_path):
+    from stability_callbacks.integrations._preflight import run_preflight
+    from stability_callbacks.live import LiveRun
+
+    model = _wide_linear(std=0.02)          # 2.6x sqrt(1/(3*2048)): flagged at the default 1.5x
+    found = {}
+    for name, section in [("default", {}), ("lenient", {"init_std_factor": 3.0}),
+                          ("off", False), ("narrow-only", {"min_hidden_size_for_init": 4096})]:
+        run = LiveRun(config={"actions": {}, "preflight": section}, run_dir=tmp_path / name)
+        found[name] = signals(run_preflight(run, model))
+        run.close()
+        lines = (tmp_path / name / "runlog.jsonl").read_text().splitlines()
+        assert [json.loads(x)["signal"] for x in lines if '"finding"' in x] == [s for s, _ in found[name]]
+    assert found == {"default": [("init_std", "warning")], "lenient": [], "off": [], "narrow-only": []}
+
+
+def test_cli_takes_the_thresholds_from_config(tmp_path, capsys):
+    wide = os.path.join(DATA, "wide_fp16")
+    cfg = tmp_path / "stability.yaml"
+    cfg.write_text("preflight: {init_std_factor: 10.0}\n")
+    assert cli_main(["preflight", wide]) == 1
+    assert capsys.readouterr().out.splitlines()[0].startswith("[warning] init_std:")
+    assert cli_main(["preflight", wide, "--config", str(cfg)]) == 0
+    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == [
+        "[info] embedding_layernorm", "[info] precision"]
+    cfg.write_text("preflight: {init_std_factor: -1}\n")
+    assert cli_main(["preflight", wide, "--config", str(cfg)]) == 2
+    assert capsys.readouterr().err == (f"error: {cfg}: preflight.init_std_factor must be a positive "
+                                       f"number, got -1\n")

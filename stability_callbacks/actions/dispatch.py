@@ -265,7 +265,7 @@ class AlertDispatcher:
             self._log_error_once("submit", exc)
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        """Scalars for the metric sinks (W&B, TensorBoard), keys under ``stability/``."""
+        """Scalars for the metric sinks (W&B, TensorBoard): metric keys, written as ``stability/<key>``."""
         if self._closed or not self._metric_workers:
             return
         try:
@@ -310,44 +310,37 @@ class AlertDispatcher:
 
 # ---------------------------------------------------------------------------------------------
 
-_SECTIONS = ("log", "slack", "wandb", "tensorboard")
-
-
 def build_sinks(actions_config: Mapping[str, Any] | None, *, is_rank0: bool, run_name: str,
                 report_path: str | None = None, wandb_run=None, tb_writer=None) -> AlertDispatcher:
     """The dispatcher for the ``actions`` config section (DESIGN 2.5).
 
     A missing section (or ``false``) = that sink off; ``{}`` or ``null`` = on with defaults.
-    Every rank validates (a bad URL or unset variable fails everywhere, early, alike); only
-    rank 0 gets sinks, the others a dispatcher that does nothing (DESIGN 3.2).
+    Validation is the config's (``actions.<sink>.<key>`` in every message); then each sink reads
+    the environment (:meth:`AlertSink.resolve`). Every rank does both (a bad URL or unset
+    variable fails everywhere, early, alike); only rank 0 gets sinks, the others a dispatcher
+    that does nothing (DESIGN 3.2).
     """
+    from ..config import ConfigError, config_keys, construct, validate_actions, with_path
     from . import SINK_CLASSES
 
-    config = dict(actions_config or {})
-    unknown = sorted(set(config) - set(_SECTIONS))
-    if unknown:
-        raise ValueError(f"actions: unknown sink {unknown[0]!r}; known: {list(_SECTIONS)}")
-    classes = SINK_CLASSES
+    config = validate_actions(actions_config)
     runtime = {"wandb": {"run": wandb_run}, "tensorboard": {"writer": tb_writer}}
     sinks: list[AlertSink] = []
-    for name in _SECTIONS:
-        if name not in config or config[name] is False:
+    for name, cls in SINK_CLASSES.items():
+        if name not in config:
             continue
-        section = config[name] if config[name] is not None else {}
-        if not isinstance(section, Mapping):
-            raise ValueError(f"actions.{name} must be a mapping, got {section!r}")
-        cls = classes[name]
-        allowed = set(cls.CONFIG_KEYS)
-        for key in section:
-            if key not in allowed:
-                raise ValueError(f"actions.{name}: unknown key {key!r}; known: {sorted(allowed)}")
-        sink = cls(**dict(section), **runtime.get(name, {}))
-        if getattr(sink, "enabled", True):
+        path = f"actions.{name}"
+        sink = construct(path, cls, config[name], **runtime.get(name, {}))
+        try:
+            off = sink.resolve()
+        except ValueError as e:
+            raise ConfigError(with_path(path, str(e), config_keys(cls))) from None
+        if off is None:
             sinks.append(sink)
         elif is_rank0:
-            logger.info("stability alerts: actions.%s is configured but off (%s)", name,
-                        "no TensorBoard writer and no log_dir" if name == "tensorboard"
-                        else "its environment variable is unset and required is false")
+            logger.info("stability alerts: %s is configured but off (%s)", path, off)
     if not is_rank0:
+        for sink in sinks:
+            sink.close()
         return AlertDispatcher((), run_name=run_name, report_path=report_path)
     return AlertDispatcher(sinks, run_name=run_name, report_path=report_path)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 
+from ..params import text
 from .sink import Alert, AlertSink, alert_text
 
 _LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "critical": logging.ERROR}
@@ -19,20 +20,16 @@ class LogFindings(AlertSink):
     >>> LogFindings(min_severity="loud")
     Traceback (most recent call last):
     ...
-    ValueError: actions.log.min_severity must be one of ('info', 'warning', 'critical'), got 'loud'
+    ValueError: min_severity must be one of ('info', 'warning', 'critical'), got 'loud'
     """
 
     name = "log"
-    config_path = "actions.log"
     inline = True
-    CONFIG_KEYS = ("min_severity", "rate_limit_s", "logger")
 
     def __init__(self, *, min_severity: str = "info", rate_limit_s: float = 0.0,
                  logger: str = "stability_callbacks.findings"):
         super().__init__(min_severity=min_severity, rate_limit_s=rate_limit_s)
-        if not isinstance(logger, str) or not logger:
-            raise ValueError(f"actions.log.logger must be a logger name, got {logger!r}")
-        self.logger_name = logger
+        self.logger_name = text("logger", logger)
         self._logger = logging.getLogger(logger)
 
     def deliver(self, alert: Alert) -> None:

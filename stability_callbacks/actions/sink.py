@@ -1,4 +1,5 @@
-"""What every alert sink shares: the per-sink config keys, the delivery error, message text.
+"""What every alert sink shares: the common config keys, the delivery error, secrets from the
+environment, message text.
 
 A sink turns one :class:`Alert` into one delivery (a Slack POST, a W&B alert, a TensorBoard
 text event, a log line). It never filters, retries or queues: the
@@ -7,12 +8,12 @@ sink is a few lines around its transport.
 """
 from __future__ import annotations
 
-import math
 import os
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ..params import at_least, int_at_least, one_of, positive_int
 from ..record import SEVERITIES, Finding, severity_rank
 
 
@@ -38,7 +39,8 @@ class DeliveryError(Exception):
 
 
 class AlertSink:
-    """Base class: the keys every sink accepts (keyword-only; the constructor is the config).
+    """Base class: the keys every sink accepts (keyword-only; the constructor is the config, and
+    its keyword-only parameters are the sink's config keys).
 
     - ``min_severity``: findings below it are not delivered by this sink.
     - ``rate_limit_s``: at most one alert per finding kind per this many seconds; a higher
@@ -47,26 +49,30 @@ class AlertSink:
       dropped (counted, logged once) so a stuck endpoint costs bounded memory.
     - ``max_retries`` / ``backoff_s`` / ``max_backoff_s``: retries of a retryable failure with
       exponential backoff (``backoff_s * 2**attempt``, or the server's ``Retry-After``), capped.
+
+    A constructor checks values only (no environment, no I/O); :meth:`resolve` reads what comes
+    from the environment when the sinks are built for a run.
     """
 
     name = "sink"                 # the config section, e.g. "slack"
-    config_path = "actions.sink"  # prefix of the key path in ValueError messages
     inline = False                # True: delivered on the caller's thread (cheap, local sinks)
     handles_metrics = False       # True: also receives ``log_metrics`` batches
 
     def __init__(self, *, min_severity: str = "warning", rate_limit_s: float = 300.0,
                  queue_size: int = 256, max_retries: int = 0, backoff_s: float = 1.0,
                  max_backoff_s: float = 30.0):
-        if min_severity not in SEVERITIES:
-            raise ValueError(f"{self.config_path}.min_severity must be one of {SEVERITIES}, "
-                             f"got {min_severity!r}")
-        self.min_severity = min_severity
-        self.rate_limit_s = check_number(self.config_path + ".rate_limit_s", rate_limit_s, minimum=0)
-        self.queue_size = check_int(self.config_path + ".queue_size", queue_size, minimum=1)
-        self.max_retries = check_int(self.config_path + ".max_retries", max_retries, minimum=0)
-        self.backoff_s = check_number(self.config_path + ".backoff_s", backoff_s, minimum=0)
-        self.max_backoff_s = check_number(self.config_path + ".max_backoff_s", max_backoff_s,
-                                          minimum=0)
+        self.min_severity = one_of("min_severity", min_severity, SEVERITIES)
+        self.rate_limit_s = float(at_least("rate_limit_s", rate_limit_s, 0))
+        self.queue_size = positive_int("queue_size", queue_size)
+        self.max_retries = int_at_least("max_retries", max_retries, 0)
+        self.backoff_s = float(at_least("backoff_s", backoff_s, 0))
+        self.max_backoff_s = float(at_least("max_backoff_s", max_backoff_s, 0))
+
+    def resolve(self) -> str | None:
+        """Read what comes from the environment. ``None``: ready; a string: why this sink is
+        off (``build_sinks`` leaves it out). Raises ``ValueError`` naming the key, never the
+        secret, when the environment is wrong."""
+        return None
 
     def wants(self, finding: Finding) -> bool:
         return severity_rank(finding.severity) >= severity_rank(self.min_severity)
@@ -87,38 +93,30 @@ class AlertSink:
 
 
 # ---------------------------------------------------------------------------------------------
-# Validation shared by the sinks' constructors.
+# Secrets from the environment: "${VAR}" as a whole value, or inside one ("Bearer ${TOKEN}").
 
-def check_number(key: str, value: Any, *, minimum: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{key} must be a finite number, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{key} must be >= {minimum}, got {value!r}")
-    return float(value)
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
-def check_int(key: str, value: Any, *, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{key} must be an integer, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{key} must be >= {minimum}, got {value!r}")
-    return value
+def env_reference(key: str, value: Any) -> str | None:
+    """Check a value that may name an environment variable; return the variable when the whole
+    value is ``"${VAR}"``, else None (a literal). Never puts the value into a message."""
+    if not isinstance(value, str) or not value.strip():
+        got = "an empty string" if isinstance(value, str) else "a " + type(value).__name__
+        raise ValueError(f"{key} must be a string (a literal or \"${{ENV_VAR}}\"), got {got}")
+    m = _ENV_REF.fullmatch(value.strip())
+    return m.group(1) if m else None
 
 
-_ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
-
-
-def resolve_env_reference(key: str, value: Any) -> tuple[str | None, str | None]:
-    """``"${VAR}"`` → (value of VAR or None, "VAR"); a literal → (literal, None).
-
-    Never puts the value into an error message: it may be a secret."""
-    if not isinstance(value, str):
-        raise ValueError(f"{key} must be a string (a URL or \"${{ENV_VAR}}\"), "
-                         f"got a {type(value).__name__}")
-    m = _ENV_REF.match(value.strip())
-    if m is None:
-        return value.strip(), None
-    return os.environ.get(m.group(1)) or None, m.group(1)
+def expand_env(key: str, value: str) -> str:
+    """``value`` with every ``${VAR}`` replaced by the variable's value; an unset variable
+    raises ``ValueError`` naming ``key`` and the variable (not the value)."""
+    def sub(m):
+        v = os.environ.get(m.group(1))
+        if not v:
+            raise ValueError(f"{key}: environment variable {m.group(1)} is not set")
+        return v
+    return _ENV_REF.sub(sub, value.strip())
 
 
 # ---------------------------------------------------------------------------------------------

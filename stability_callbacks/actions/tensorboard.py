@@ -9,39 +9,39 @@ from __future__ import annotations
 import time
 from typing import Mapping
 
-from ..record import severity_rank
+from .. import keys
+from ..params import text
 from .sink import Alert, AlertSink, alert_text
-
-PREFIX = "stability/"
-TEXT_TAG = "stability/findings"   # readers see it as "stability/findings/text_summary"
 
 
 class WriteTensorBoard(AlertSink):
-    """Per finding: text ``stability/findings`` and scalar ``stability/findings/<kind>`` =
-    severity rank + 1 at the finding's step; metrics as scalars under ``stability/``.
+    """Per finding: text ``stability/findings`` and scalar ``stability/finding/<kind>`` =
+    severity code (1 info, 2 warning, 3 critical) at the finding's step; metrics as scalars
+    ``stability/<key>`` (the key scheme of :mod:`~stability_callbacks.keys`, which ``replay``
+    reads back).
 
     Keys: ``log_dir`` (used when the integration has no writer), ``min_severity`` (info),
-    ``rate_limit_s`` (0), ``queue_size``. Without a writer or ``log_dir`` the sink is off
-    (``enabled`` False): there is nowhere to write.
+    ``rate_limit_s`` (0), ``queue_size``. ``writer`` (not a config key) is the integration's
+    writer. Without a writer or ``log_dir`` the sink is off: there is nowhere to write.
     """
 
     name = "tensorboard"
-    config_path = "actions.tensorboard"
     handles_metrics = True
-    CONFIG_KEYS = ("log_dir", "min_severity", "rate_limit_s", "queue_size")
 
-    def __init__(self, *, writer=None, log_dir: str | None = None, min_severity: str = "info",
+    def __init__(self, writer=None, *, log_dir: str | None = None, min_severity: str = "info",
                  rate_limit_s: float = 0.0, queue_size: int = 4096):
         super().__init__(min_severity=min_severity, rate_limit_s=rate_limit_s,
                          queue_size=queue_size)
-        if log_dir is not None and (not isinstance(log_dir, str) or not log_dir):
-            raise ValueError(f"actions.tensorboard.log_dir must be a path, got {log_dir!r}")
+        self.log_dir = None if log_dir is None else text("log_dir", log_dir)
         if writer is not None and not (hasattr(writer, "add_scalar") and hasattr(writer, "add_text")):
-            raise ValueError(f"tensorboard writer must have add_scalar and add_text, got {writer!r}")
-        self.log_dir = log_dir
+            raise ValueError(f"writer must have add_scalar and add_text, got {writer!r}")
         self._writer = writer
         self._owns_writer = False
-        self.enabled = writer is not None or log_dir is not None
+
+    def resolve(self) -> str | None:
+        if self._writer is None and self.log_dir is None:
+            return "no TensorBoard writer and no log_dir"
+        return None
 
     def _get_writer(self):
         if self._writer is None:   # created lazily: a constructor has no side effects
@@ -52,14 +52,14 @@ class WriteTensorBoard(AlertSink):
     def deliver(self, alert: Alert) -> None:
         f = alert.finding
         w = self._get_writer()
-        w.add_scalar(f"{PREFIX}findings/{f.kind}", float(severity_rank(f.severity) + 1), f.step)
-        w.add_text(TEXT_TAG, alert_text(alert, markdown=False).replace("\n", "  \n"), f.step)
+        w.add_scalar(keys.finding_tag(f.kind), keys.SEVERITY_CODE[f.severity], f.step)
+        w.add_text(keys.FINDING_TEXT, alert_text(alert, markdown=False).replace("\n", "  \n"), f.step)
         w.flush()   # findings are rare and should show up while the run is still going
 
     def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         w = self._get_writer()
-        for k, v in metrics.items():
-            w.add_scalar(k if k.startswith(PREFIX) else PREFIX + k, float(v), step)
+        for tag, v in keys.charted(metrics).items():
+            w.add_scalar(tag, v, step)
 
     def close(self) -> None:
         if self._writer is None:

@@ -10,12 +10,11 @@ from __future__ import annotations
 import sys
 from typing import Mapping
 
-from ..record import severity_rank
-from .sink import Alert, AlertSink, DeliveryError, alert_text, alert_title, check_number
+from .. import keys
+from ..params import at_least, flag
+from .sink import Alert, AlertSink, DeliveryError, alert_text, alert_title
 
 _LEVELS = {"info": "INFO", "warning": "WARN", "critical": "ERROR"}
-PREFIX = "stability/"
-STEP_KEY = "stability/step"
 
 
 class NotifyWandb(AlertSink):
@@ -24,26 +23,23 @@ class NotifyWandb(AlertSink):
     The title is stable per kind and severity because W&B throttles per title
     (``wait_duration_s``). Metrics are logged without ``step=`` against their own x-axis
     ``stability/step`` (``define_metric``), so they never fight the framework's own step
-    counter. Each alert also logs ``stability/findings/<kind>`` = severity rank + 1.
-    Keys: ``min_severity`` (warning), ``rate_limit_s`` (300), ``wait_duration_s`` (300),
-    ``metrics`` (True), ``queue_size``.
+    counter. Each alert also logs ``stability/finding/<kind>`` = severity code (1 info,
+    2 warning, 3 critical), the key scheme of :mod:`~stability_callbacks.keys` that the
+    integrations use too. Keys: ``min_severity`` (warning), ``rate_limit_s`` (300),
+    ``wait_duration_s`` (300), ``metrics`` (True), ``queue_size``. ``run`` (not a config key)
+    is the integration's W&B run.
     """
 
     name = "wandb"
-    config_path = "actions.wandb"
     handles_metrics = True
-    CONFIG_KEYS = ("min_severity", "rate_limit_s", "wait_duration_s", "metrics", "queue_size")
 
-    def __init__(self, *, run=None, min_severity: str = "warning", rate_limit_s: float = 300.0,
+    def __init__(self, run=None, *, min_severity: str = "warning", rate_limit_s: float = 300.0,
                  wait_duration_s: float = 300.0, metrics: bool = True, queue_size: int = 1024):
         super().__init__(min_severity=min_severity, rate_limit_s=rate_limit_s,
                          queue_size=queue_size)
         # wandb turns 0 into its 1-minute default; insist on a positive value instead.
-        self.wait_duration_s = check_number("actions.wandb.wait_duration_s", wait_duration_s,
-                                            minimum=1)
-        if not isinstance(metrics, bool):
-            raise ValueError(f"actions.wandb.metrics must be true or false, got {metrics!r}")
-        self.metrics = metrics
+        self.wait_duration_s = float(at_least("wait_duration_s", wait_duration_s, 1))
+        self.metrics = flag("metrics", metrics)
         self._run = run
         self._axis_defined_for = None
 
@@ -58,8 +54,8 @@ class NotifyWandb(AlertSink):
 
     def _define_axis(self, run) -> None:
         if self._axis_defined_for is not run:
-            run.define_metric(STEP_KEY)
-            run.define_metric(PREFIX + "*", step_metric=STEP_KEY)
+            run.define_metric(keys.STEP_AXIS)
+            run.define_metric(keys.PREFIX + "*", step_metric=keys.STEP_AXIS)
             self._axis_defined_for = run
 
     def deliver(self, alert: Alert) -> None:
@@ -69,14 +65,13 @@ class NotifyWandb(AlertSink):
                   level=_LEVELS[f.severity], wait_duration=self.wait_duration_s)
         if self.metrics:
             self._define_axis(run)
-            run.log({f"{PREFIX}findings/{f.kind}": float(severity_rank(f.severity) + 1),
-                     STEP_KEY: f.step})
+            run.log({keys.finding_tag(f.kind): keys.SEVERITY_CODE[f.severity], keys.STEP_AXIS: f.step})
 
     def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         if not self.metrics:
             return
         run = self._current_run()
         self._define_axis(run)
-        row = {(k if k.startswith(PREFIX) else PREFIX + k): v for k, v in metrics.items()}
-        row[STEP_KEY] = step
+        row: dict = keys.charted(metrics)
+        row[keys.STEP_AXIS] = step
         run.log(row)

@@ -5,6 +5,8 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+# re-exported: the detectors import the parameter checks from here
+from ..params import check, positive, positive_int  # noqa: F401
 from ..record import Finding, StepRecord
 
 
@@ -70,23 +72,6 @@ class Detector:
 
 def _f(v):
     return None if v is None else float(v)
-
-
-def check(name: str, value, ok: bool, want: str):
-    """Constructor validation: ``ValueError`` naming the parameter and the bad value."""
-    if not ok:
-        raise ValueError(f"{name} must be {want}, got {value!r}")
-    return value
-
-
-def positive(name: str, value):
-    return check(name, value, isinstance(value, (int, float)) and not isinstance(value, bool)
-                 and math.isfinite(value) and value > 0, "a positive number")
-
-
-def positive_int(name: str, value):
-    return check(name, value, isinstance(value, int) and not isinstance(value, bool) and value > 0,
-                 "a positive integer")
 
 
 def fmt(x: float | None) -> str:

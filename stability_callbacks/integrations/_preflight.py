@@ -4,7 +4,7 @@
 the rules live in the torch-free :mod:`stability_callbacks.preflight`::
 
     facts = collect_facts(model, optimizer, scheduler, precision="bf16", total_steps=max_steps)
-    findings = audit(facts)       # list[Finding], kind "preflight", step 0
+    findings = Preflight(**config["preflight"]).audit(facts)   # list[Finding], kind "preflight", step 0
 
 Cost: one read of every matrix weight, sampled to at most ``max_sample_elements`` (a fixed
 strided subset) per tensor; one host transfer per device at the end (``# host-sync:``, once per
@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from stability_callbacks.params import positive_int
 from stability_callbacks.preflight import (PreflightFacts, facts_from_config, normalize_precision,
                                         weight_decay_is_decoupled)
 
@@ -51,8 +52,7 @@ def collect_facts(model: torch.nn.Module, optimizer: Any = None, scheduler: Any 
     >>> f.hidden_size, f.optimizer, f.betas, sorted(f.layer_init_std)
     (64, 'AdamW', (0.9, 0.95), ['<root>'])
     """
-    if max_sample_elements < 1:
-        raise ValueError(f"preflight.max_sample_elements must be >= 1, got {max_sample_elements!r}")
+    positive_int("max_sample_elements", max_sample_elements)
     facts = PreflightFacts(source=type(model).__name__)
     owner = _hf_config_owner(model)
     if owner is not None:
@@ -348,11 +348,16 @@ def _guard(what: str, fn, fallback):
 
 
 def run_preflight(run, model, optimizer=None, scheduler=None, **facts_kwargs) -> list:
-    """What every integration does at train begin: measure, audit, and emit ``preflight``
-    findings through the LiveRun (run log + alerts). Never raises into training."""
-    from stability_callbacks.preflight import audit
+    """What every integration does at train begin: measure, audit with the thresholds of the
+    run's ``preflight`` config section, and emit ``preflight`` findings through the LiveRun
+    (run log + alerts). Nothing when ``preflight.enabled`` is false. Never raises into training."""
+    from stability_callbacks.preflight import Preflight
     try:
-        findings = audit(collect_facts(model, optimizer, scheduler, **facts_kwargs))
+        rules = Preflight(**run.monitor.config.get("preflight", {}))
+        if not rules.enabled:
+            return []
+        facts_kwargs.setdefault("max_sample_elements", rules.max_sample_elements)
+        findings = rules.audit(collect_facts(model, optimizer, scheduler, **facts_kwargs))
     except Exception:   # the audit is advice; a failure must not stop training
         log.exception("stability_callbacks: preflight audit failed; skipped")
         return []

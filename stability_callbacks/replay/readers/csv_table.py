@@ -5,7 +5,8 @@ columns such as ``adam/exp_avg_sq_max`` or ``loss/<name>`` kept); an empty cell 
 ``nan`` is NaN.
 
 W&B: a run-history export (``_step,_runtime,_timestamp,train/loss,...``; HF runs also carry
-``train/global_step``, which is the optimizer step and wins over ``_step``) or a chart-panel export
+``train/global_step``, which is the optimizer step and wins over ``_step``; the rows of our W&B sink
+carry ``stability/step``, which wins over both) or a chart-panel export
 (``Step,<run> - train/loss,<run> - train/loss__MIN,<run> - train/loss__MAX``: the ``__MIN``/``__MAX``
 envelopes are dropped, the ``<run> - `` prefix is stripped, the first run of the panel is read).
 W&B rows without one of our metrics are not steps (W&B writes a row per ``log`` call); a row
@@ -16,11 +17,15 @@ from __future__ import annotations
 import csv
 from typing import Iterator
 
+from ... import keys
 from ...record import StepRecord
 from .source import LogFormatError, SkipReport, numbered_lines, to_float
-from .tags import metric_key
+from .tags import is_ours, metric_key
 
-_WANDB_STEP_COLUMNS = ("train/global_step", "trainer/global_step", "global_step", "Step", "_step")
+# Our W&B sink's rows carry `stability/step` first: HF's WandbCallback syncs `train/global_step`
+# into every row of the run (define_metric step_sync), ours included, with the reporter's step.
+_WANDB_STEP_COLUMNS = (keys.STEP_AXIS, "train/global_step", "trainer/global_step", "global_step", "Step",
+                       "_step")
 _OUR_STEP_COLUMNS = ("step", "Step", "iteration", "iter", "global_step", "_step")
 
 
@@ -51,9 +56,13 @@ def _columns(header: list[str], tag_map, wandb: bool):
             elif prefix != run:
                 continue
         key = metric_key(name, tag_map)
-        if key is not None and key not in [k for _, k in metrics]:
-            metrics.append((i, key))
-    return steps, metrics
+        if key is not None:
+            metrics.append((not is_ours(name), i, key))
+    # one column per key: ours (`train/stability/loss`) over a framework's alias (`train/loss`)
+    chosen = {}
+    for _, i, key in sorted(metrics):
+        chosen.setdefault(key, i)
+    return steps, sorted((i, key) for key, i in chosen.items())
 
 
 def _read(path, on_skip, progress, tag_map, wandb):

@@ -31,22 +31,28 @@ ALIASES: dict[str, str] = {
     "consumed_samples": keys.CONSUMED_SAMPLES, "consumed samples": keys.CONSUMED_SAMPLES,
 }
 
-# Prefixes loggers put in front of our own keys: HF's TensorBoard/W&B callbacks log `train/<k>`,
-# our integrations log `stab/<k>`.
-_PREFIXES = ("train/", "stab/", "train/stab/")
+# What loggers put in front of names: HF's TensorBoard/W&B callbacks log `train/<k>`.
+_PREFIXES = keys.FRAMEWORK_PREFIXES
 
 
 def metric_key(name: str, tag_map: Mapping[str, str | None] | None = None) -> str | None:
     """The metric key for a source name, or ``None`` when it is not a metric we use.
 
+    Our own names (:func:`stability_callbacks.keys.from_tag`: ``stability/<key>``, and
+    ``train/stability/<key>`` through HF's reporters) map back to the key they carry.
+
     >>> metric_key("train/grad_norm"), metric_key("lr-AdamW"), metric_key("eval_loss")
     ('grad_norm', 'lr', None)
-    >>> metric_key("my/loss", {"my/loss": "loss"}), metric_key("stab/adam/exp_avg_sq_max")
+    >>> metric_key("my/loss", {"my/loss": "loss"}), metric_key("train/stability/adam/exp_avg_sq_max")
     ('loss', 'adam/exp_avg_sq_max')
+    >>> metric_key("stability/finding/loss_spike"), metric_key("stability/step")
+    (None, None)
     """
     if tag_map and name in tag_map:
         return tag_map[name]
     n = name.strip()
+    if n.startswith(keys.PREFIX) or any(n.startswith(p + keys.PREFIX) for p in _PREFIXES):
+        return keys.from_tag(n)
     if keys.is_known(n):
         return n
     low = n.lower()
@@ -62,3 +68,14 @@ def metric_key(name: str, tag_map: Mapping[str, str | None] | None = None) -> st
     if low.startswith("lr-") or low.startswith("lr/"):   # Lightning LearningRateMonitor
         return keys.LR
     return None
+
+
+def is_ours(name: str) -> bool:
+    """True for a name one of our writers produced: it wins over a framework's alias of the
+    same key (HF's ``train/loss`` is a mean over the logging interval; ``train/stability/loss``
+    is the optimizer step's own value).
+
+    >>> is_ours("train/stability/loss"), is_ours("train/loss")
+    (True, False)
+    """
+    return keys.from_tag(name.strip()) is not None

@@ -2,7 +2,8 @@
 
 Every scalar is read (``size_guidance`` 0: the default keeps 10,000 per tag by reservoir
 sampling, FRAMEWORK_NOTES 6), both legacy ``simple_value`` scalars and ``new_style`` tensors.
-Tags map to metric keys through :mod:`.tags` (HF ``train/loss``, Megatron ``lm loss``, ...);
+Tags map to metric keys through :mod:`.tags` (HF ``train/loss``, Megatron ``lm loss``, ...; our
+``stability/<key>`` and HF's ``train/stability/<key>``, which win over an alias of the same key);
 values of one step from several tags make one record. A directory whose event files sit in
 sub-directories (one per run/version) is read as one run, later files winning on conflicts.
 Requires ``pip install stability-callbacks[tensorboard]``; loads the run into memory (event files
@@ -15,7 +16,7 @@ from typing import Iterator
 
 from ...record import StepRecord
 from .source import LogFormatError, SkipReport
-from .tags import metric_key
+from .tags import is_ours, metric_key
 
 
 def event_dirs(path) -> list[str]:
@@ -49,15 +50,16 @@ def read(path, *, on_skip: SkipReport, tag_map=None, **_) -> Iterator[StepRecord
             on_skip(0, d, f"unreadable event file: {e!r}")
             continue
         tags = ea.Tags()
-        for tag in tags.get("scalars", []):
+        # Our own tags last: they win over a framework's alias of the same key at the same step.
+        named = sorted([(t, False) for t in tags.get("scalars", [])]
+                       + [(t, True) for t in tags.get("tensors", [])], key=lambda tt: is_ours(tt[0]))
+        for tag, is_tensor in named:
             key = metric_key(tag, tag_map)
             if key is None:
                 continue
-            for ev in ea.Scalars(tag):
-                by_step.setdefault(int(ev.step), {})[key] = float(ev.value)
-        for tag in tags.get("tensors", []):
-            key = metric_key(tag, tag_map)
-            if key is None:
+            if not is_tensor:
+                for ev in ea.Scalars(tag):
+                    by_step.setdefault(int(ev.step), {})[key] = float(ev.value)
                 continue
             for ev in ea.Tensors(tag):
                 try:

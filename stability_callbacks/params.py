@@ -1,0 +1,89 @@
+"""Constructor parameter checks: the one vocabulary of every class whose constructor is the config.
+
+Each check returns the value it was given (``self.z = positive("z", z)``) or raises
+``ValueError("<name> must be <what>, got <value!r>")``. Constructors name only their own key;
+:func:`stability_callbacks.config.construct` puts the key path in front
+(``detectors.loss_spike.z_threshold must be a positive number, got -2``). Torch-free, no state.
+
+>>> positive("z_threshold", 6.0)
+6.0
+>>> int_at_least("every_n_steps", 0, 1)
+Traceback (most recent call last):
+...
+ValueError: every_n_steps must be an integer ≥ 1, got 0
+>>> one_of("min_severity", "loud", ("info", "warning", "critical"))
+Traceback (most recent call last):
+...
+ValueError: min_severity must be one of ('info', 'warning', 'critical'), got 'loud'
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+__all__ = ["check", "is_number", "positive", "positive_int", "at_least", "int_at_least",
+           "in_interval", "one_of", "flag", "text"]
+
+
+def check(name: str, value: Any, ok: bool, want: str) -> Any:
+    """The primitive: ``value`` when ``ok``, else ``ValueError`` naming ``name``, ``want`` and the value."""
+    if not ok:
+        raise ValueError(f"{name} must be {want}, got {value!r}")
+    return value
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float (``bool`` is not a number here: ``true`` in YAML is a typo)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def positive(name: str, value: Any):
+    """A finite number > 0."""
+    return check(name, value, is_number(value) and value > 0, "a positive number")
+
+
+def positive_int(name: str, value: Any) -> int:
+    """An integer > 0."""
+    return check(name, value, _is_int(value) and value > 0, "a positive integer")
+
+
+def at_least(name: str, value: Any, minimum: float):
+    """A finite number ≥ ``minimum``."""
+    return check(name, value, is_number(value) and value >= minimum, f"a number ≥ {minimum:g}")
+
+
+def int_at_least(name: str, value: Any, minimum: int) -> int:
+    """An integer ≥ ``minimum``."""
+    return check(name, value, _is_int(value) and value >= minimum, f"an integer ≥ {minimum}")
+
+
+def in_interval(name: str, value: Any, low: float, high: float, *, low_open: bool = True,
+                high_open: bool = True):
+    """A finite number in the interval, written as in maths: ``(0, 1]`` = ``0 < v <= 1``."""
+    ok = is_number(value) and (value > low if low_open else value >= low) and (
+        value < high if high_open else value <= high)
+    want = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    return check(name, value, ok, want)
+
+
+def one_of(name: str, value: Any, choices: Sequence[Any]):
+    """One of ``choices``."""
+    choices = tuple(choices)
+    want = (" or ".join(repr(c) for c in choices) if len(choices) == 2
+            else f"one of {choices!r}")
+    return check(name, value, value in choices, want)
+
+
+def flag(name: str, value: Any) -> bool:
+    """``true`` or ``false`` (not 0/1, not "yes")."""
+    return check(name, value, isinstance(value, bool), "true or false")
+
+
+def text(name: str, value: Any) -> str:
+    """A non-empty string."""
+    return check(name, value, isinstance(value, str) and bool(value.strip()), "a non-empty string")
