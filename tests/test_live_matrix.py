@@ -81,6 +81,7 @@ def test_judge_healthy_and_fault_runs(tmp_path):
     assert (r["ok"], r["warnings"], r["evidence_ok"]) == (True, [], True)
     _runlog(tmp_path, [3.0 - s / 20 for s in range(30)], [(22, "second_moment_surge", "warning")])
     assert judge(healthy, tmp_path)["warnings"] == [[22, "second_moment_surge", "warning", "m"]]
+    assert judge(healthy, tmp_path, log_warnings=["WARNING: x"])["ok"] is False
     _runlog(tmp_path, [3.0] * 30)                     # never learned: not a healthy scenario
     assert judge(healthy, tmp_path)["evidence_ok"] is False
 

@@ -219,7 +219,8 @@ def format_table(results: list[dict]) -> str:
 def summary(results: list[dict]) -> str:
     healthy = [r for r in results if r["healthy"]]
     faults = [r for r in results if not r["healthy"]]
-    warned = sum(bool(r["warnings"]) for r in healthy)
+    # A warning the library logs (not a finding) is a warning the user sees all the same.
+    warned = sum(bool(r["warnings"]) or bool(r.get("log_warnings")) for r in healthy)
     caught = [r for r in faults if r.get("caught")]
     delays = [r["delay"] for r in caught]
     med = f"{statistics.median(delays):g}" if delays else "n/a"
