@@ -130,13 +130,16 @@ def run_scenarios(scenarios: list[Scenario], out: Path, *, jobs: int = 2) -> lis
     logs = out / "_workers"
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir()
+    log_of: dict[str, Path] = {}
 
     def launch(i_chunk):
         i, chunk = i_chunk
         names = [s.name for s in chunk]
+        log = logs / f"worker{i}-{chunk[0].framework}.log"
         for n in names:
             (out / n / "result.json").unlink(missing_ok=True)
-        with open(logs / f"worker{i}-{chunk[0].framework}.log", "w") as fh:
+            log_of[n] = log
+        with open(log, "w") as fh:
             try:
                 subprocess.run([sys.executable, "-m", "live_suite.matrix", "--worker", str(out), *names],
                                env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
@@ -153,11 +156,10 @@ def run_scenarios(scenarios: list[Scenario], out: Path, *, jobs: int = 2) -> lis
         if path.exists():
             results.append(json.loads(path.read_text()))
         else:
-            log = next(logs.glob(f"worker*-{sc.framework}.log"), None)
             results.append({"name": sc.name, "framework": sc.framework, "healthy": sc.healthy,
                             "fault": None if sc.fault is None else sc.fault.kind, "ok": False,
-                            "error": "the worker died before writing a result; see "
-                                     f"{log if log else logs}", "warnings": [], "seconds": 0.0})
+                            "error": f"the worker died before writing a result; see {log_of[sc.name]}",
+                            "warnings": [], "seconds": 0.0})
     return results
 
 
