@@ -1,0 +1,310 @@
+"""One runner per framework: a real training run of a :class:`Scenario`, monitored through the
+library's public API only, its run log written to ``run_dir``.
+
+- HF Trainer: ``StabilityCallback.attach(trainer, run_dir=...)``, HF's own optimizers and
+  schedules (``optim``, ``adam_beta2``, ``lr_scheduler_type``), a sequential sampler;
+- Lightning: ``StabilityCallback(run_dir=...)`` in ``Trainer(callbacks=...)``, the torch
+  optimizer and ``LambdaLR`` a LightningModule configures;
+- DeepSpeed: ``attach(engine, run_dir=...)`` on a hand-written loop, single process on the CPU
+  accelerator, optimizer and scheduler from the DeepSpeed config (WSD: a client scheduler).
+
+Every runner uses the default monitoring config, as a user who adds one line would. Faults are
+planted right before the first micro-batch of their step (:func:`plant`); data faults live in
+the data (``scenarios.train_rows``). A resume is a second process-like start: a fresh model,
+framework object and callback/hook on the same ``run_dir``, loading the checkpoint.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import torch
+
+from .scenarios import Scenario, eval_rows, make_model, make_optimizer, make_scheduler, train_rows
+
+
+# -------------------------------------------------------------------------------- faults
+def plant(sc: Scenario, step: int, model, optimizer, scheduler=None) -> None:
+    """Plant ``sc.fault`` if optimizer step ``step`` (1-based, about to run) is where it acts."""
+    f = sc.fault
+    if f is None or step < f.step:
+        return
+    if (f.kind == "lr-jump" and step == f.step) or f.kind == "lr-ramp":
+        _scale_lr(optimizer, scheduler, f.factor)
+    elif f.kind == "nan-weight" and step == f.step:
+        weight = [p for p in model.parameters() if p.dim() == 2][-1]
+        with torch.no_grad():
+            weight.view(-1)[0] = float("nan")
+    elif f.kind == "weights-scale" and step == f.step:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() >= 2:
+                    p.mul_(f.factor)
+
+
+def _scale_lr(optimizer, scheduler, factor: float) -> None:
+    # The LR of this step was already set by the scheduler's last step(); base_lrs carries the
+    # change into every later step (LambdaLR: lr = base_lr * factor(step)).
+    for group in optimizer.param_groups:
+        group["lr"] *= factor
+    if scheduler is not None and hasattr(scheduler, "base_lrs"):
+        scheduler.base_lrs = [b * factor for b in scheduler.base_lrs]
+
+
+class GradBlowUp(torch.autograd.Function):
+    """Identity forward; the backward multiplies the gradient by 1e30 (inf in fp16): an fp16
+    overflow with a finite loss, as a real overflow cascade looks."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 1e30
+
+
+def _loss(out):
+    return out["loss"]
+
+
+# ------------------------------------------------------------------------------ HF Trainer
+_HF_SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup",
+                 "wsd": "warmup_stable_decay"}
+_HF_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor"}
+
+
+def run_hf(sc: Scenario, run_dir: Path) -> dict:
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from stability_callbacks.integrations.hf import StabilityCallback
+
+    class Plant(TrainerCallback):
+        def on_step_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kw):
+            plant(sc, state.global_step + 1, model, optimizer, lr_scheduler)
+
+    class StopAt(TrainerCallback):
+        """A preempted job: checkpoint at ``resume_at``, then gone."""
+
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step == sc.resume_at:
+                control.should_save = control.should_training_stop = True
+
+    ckpt = run_dir / "ckpt"
+    kw = dict(output_dir=str(ckpt), per_device_train_batch_size=sc.batch_size,
+              per_device_eval_batch_size=sc.batch_size, gradient_accumulation_steps=sc.grad_accum,
+              learning_rate=sc.lr, warmup_steps=sc.warmup, lr_scheduler_type=_HF_SCHEDULES[sc.schedule],
+              optim=_HF_OPTIM[sc.optimizer], adam_beta2=sc.beta2, max_grad_norm=sc.clip,
+              bf16=sc.precision == "bf16", logging_steps=50, save_strategy="no", report_to="none",
+              train_sampling_strategy="sequential", use_cpu=True, disable_tqdm=True, seed=sc.seed,
+              eval_strategy="steps" if sc.eval_every else "no", eval_steps=sc.eval_every or None)
+    if sc.epochs > 1:
+        kw.update(num_train_epochs=sc.epochs, max_steps=-1)
+    else:
+        kw.update(max_steps=sc.steps)
+    if sc.schedule == "wsd":
+        kw["lr_scheduler_kwargs"] = {"num_decay_steps": sc.decay_steps}
+    if sc.optimizer == "sgd":
+        kw["optim_args"] = "momentum=0.9"
+
+    def trainer(**extra):
+        t = Trainer(model=make_model(sc), args=TrainingArguments(**{**kw, **extra}),
+                    train_dataset=train_rows(sc), eval_dataset=eval_rows(sc) if sc.eval_every else None,
+                    callbacks=[Plant()])
+        StabilityCallback.attach(t, run_dir=run_dir)
+        return t
+
+    if sc.resume_at is None:
+        trainer().train()
+        return {}
+    first = trainer()
+    first.add_callback(StopAt())
+    first.train()
+    restart = sc.fault is not None and sc.fault.kind == "resume-restart"
+    # ignore_data_skip: the resumed run reads the data from its first batch again.
+    trainer(ignore_data_skip=restart).train(resume_from_checkpoint=str(ckpt / f"checkpoint-{sc.resume_at}"))
+    return {}
+
+
+# ------------------------------------------------------------------------------- Lightning
+def run_lightning(sc: Scenario, run_dir: Path) -> dict:
+    import lightning.pytorch as pl
+
+    from stability_callbacks.integrations.lightning import StabilityCallback
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = make_model(sc)
+
+        def training_step(self, batch, batch_idx):
+            return _loss(self.model(**batch))
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", _loss(self.model(**batch)))
+
+        def configure_optimizers(self):
+            opt = make_optimizer(sc, self.model.parameters())
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": make_scheduler(sc, opt), "interval": "step"}}
+
+    class Plant(pl.Callback):
+        def __init__(self):
+            self.last = None
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            step = trainer.global_step + 1
+            if step != self.last:        # the first micro-batch of the step
+                self.last = step
+                sched = trainer.lr_scheduler_configs[0].scheduler
+                plant(sc, step, pl_module.model, trainer.optimizers[0], sched)
+
+    rows = train_rows(sc)
+    loader = lambda ds: torch.utils.data.DataLoader(ds, batch_size=sc.batch_size, shuffle=False)  # noqa: E731
+    val = loader(eval_rows(sc)) if sc.eval_every else None
+
+    def fit(max_steps, data, ckpt_path=None, callbacks=()):
+        kw = dict(accelerator="cpu", devices=1, accumulate_grad_batches=sc.grad_accum,
+                  gradient_clip_val=sc.clip or None, logger=False, enable_progress_bar=False,
+                  enable_model_summary=False, enable_checkpointing=bool(callbacks),
+                  default_root_dir=str(run_dir), num_sanity_val_steps=0,
+                  precision="bf16-mixed" if sc.precision == "bf16" else "32-true")
+        if sc.epochs > 1:
+            kw.update(max_epochs=sc.epochs, max_steps=-1)
+        else:
+            kw.update(max_steps=max_steps)
+        if sc.eval_every:
+            kw.update(val_check_interval=sc.eval_every * sc.grad_accum, check_val_every_n_epoch=None)
+        cb = StabilityCallback(run_dir=run_dir, checkpoint_dir=run_dir / "ckpt")
+        trainer = pl.Trainer(callbacks=[Plant(), cb, *callbacks], **kw)
+        trainer.fit(Module(), loader(data), val, ckpt_path=ckpt_path)
+        return trainer
+
+    if sc.resume_at is None:
+        fit(sc.steps, rows)
+        return {}
+    r = sc.resume_at
+    mc = pl.callbacks.ModelCheckpoint(dirpath=run_dir / "ckpt", every_n_train_steps=r, save_top_k=-1)
+    fit(r, rows, callbacks=[mc])
+    (path,) = (run_dir / "ckpt").glob(f"epoch=*-step={r}.ckpt")
+    restart = sc.fault is not None and sc.fault.kind == "resume-restart"
+    # Lightning restores the loops, not a map-style loader's position: a correct resume hands
+    # over the rows not yet seen; a careless one the whole dataset again.
+    rest = rows if restart else torch.utils.data.Subset(rows, range(r * sc.samples_per_step, len(rows)))
+    fit(sc.steps, rest, ckpt_path=str(path))
+    return {}
+
+
+# ------------------------------------------------------------------------------- DeepSpeed
+def _init_single_process_dist() -> None:
+    import deepspeed
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0",
+                      WORLD_SIZE="1")
+    deepspeed.init_distributed(dist_backend="gloo")
+
+
+def ds_config(sc: Scenario) -> dict:
+    """What a DeepSpeed user writes: batch, ZeRO stage, AdamW (the stock torch one: no JIT-built
+    op), a DeepSpeed scheduler, clipping, precision (fp16 with DeepSpeed's default scale search)."""
+    cfg = {
+        "train_micro_batch_size_per_gpu": sc.batch_size,
+        "gradient_accumulation_steps": sc.grad_accum,
+        "zero_optimization": {"stage": sc.zero_stage},
+        "optimizer": {"type": "AdamW", "params": {"lr": sc.lr, "betas": [0.9, sc.beta2],
+                                                  "weight_decay": 0.0, "torch_adam": True}},
+        "gradient_clipping": sc.clip,
+        "steps_per_print": 10 ** 9,
+    }
+    warm = {"warmup_num_steps": sc.warmup, "warmup_type": sc.ds_warmup_type}
+    if sc.schedule == "linear":
+        cfg["scheduler"] = {"type": "WarmupDecayLR", "params": {
+            "total_num_steps": sc.steps, "warmup_min_lr": 0.0, "warmup_max_lr": sc.lr, **warm}}
+    elif sc.schedule == "cosine":
+        cfg["scheduler"] = {"type": "WarmupCosineLR", "params": {
+            "total_num_steps": sc.steps, "warmup_min_ratio": 0.0, **warm}}
+    elif sc.schedule == "constant":
+        cfg["scheduler"] = {"type": "WarmupLR", "params": {
+            "warmup_min_lr": 0.0, "warmup_max_lr": sc.lr, **warm}}
+    if sc.precision == "fp16":
+        cfg["fp16"] = {"enabled": True}
+    elif sc.precision == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    return cfg
+
+
+def run_deepspeed(sc: Scenario, run_dir: Path) -> dict:
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    import cpu_deepspeed  # noqa: F401  (tests/dist: no shared-memory op build on this CPU box)
+
+    from stability_callbacks.integrations.deepspeed import attach
+
+    if sc.precision == "fp16":
+        # DeepSpeed refuses fp16 on this CPU (mkldnn); its fp16 paths run once allowed
+        # (FRAMEWORK_NOTES 3.4).
+        type(get_accelerator()).is_fp16_supported = lambda self: True
+    _init_single_process_dist()
+    ids = train_rows(sc).columns["input_ids"]
+    val = eval_rows(sc).columns["input_ids"] if sc.eval_every else None
+    g, ckpt = sc.samples_per_step, run_dir / "ckpt"
+
+    def engine_and_hook():
+        model = make_model(sc)
+        client_sched = None
+        if sc.schedule == "wsd":
+            client_sched = lambda opt: make_scheduler(sc, opt)  # noqa: E731
+        engine, _, _, _ = deepspeed.initialize(model=model, config=ds_config(sc), lr_scheduler=client_sched,
+                                               model_parameters=model.parameters())
+        return engine, attach(engine, run_dir=run_dir)
+
+    def train(engine, hook, last_step, data_offset=0):
+        while engine.global_steps < last_step:
+            step = engine.global_steps + 1
+            plant(sc, step, engine.module, engine.optimizer)
+            d = (step - 1 - data_offset) % (len(ids) // g)
+            rows = ids[d * g:(d + 1) * g]
+            for m in range(sc.grad_accum):
+                mb = rows[m * sc.batch_size:(m + 1) * sc.batch_size]
+                loss = engine(input_ids=mb, labels=mb).loss
+                if sc.fault is not None and sc.fault.kind == "fp16-overflow" and step >= sc.fault.step:
+                    loss = GradBlowUp.apply(loss)
+                engine.backward(loss)
+                engine.step()
+            if sc.eval_every and step % sc.eval_every == 0:
+                engine.eval()
+                with torch.no_grad():
+                    for k in range(0, len(val), sc.batch_size):
+                        engine(input_ids=val[k:k + sc.batch_size], labels=val[k:k + sc.batch_size])
+                engine.train()
+
+    notes: dict = {}
+    engine, hook = engine_and_hook()
+    try:
+        if sc.resume_at is None:
+            train(engine, hook, sc.steps)
+        else:
+            train(engine, hook, sc.resume_at)
+            engine.save_checkpoint(str(ckpt), tag=f"global_step{sc.resume_at}")
+            hook.close()
+            engine, hook = engine_and_hook()
+            engine.load_checkpoint(str(ckpt))
+            restart = sc.fault is not None and sc.fault.kind == "resume-restart"
+            train(engine, hook, sc.steps, data_offset=sc.resume_at if restart else 0)
+    except Exception as e:   # DeepSpeed's own end of an fp16 run: the minimum loss scale
+        if "minimum" not in str(e):
+            raise
+        notes["deepspeed_exit"] = {"step": int(engine.global_steps) + 1, "message": str(e)[:200]}
+    finally:
+        hook.close()
+    return notes
+
+
+RUNNERS = {"hf": run_hf, "lightning": run_lightning, "deepspeed": run_deepspeed}

@@ -1,0 +1,409 @@
+"""The scenario table, and the tiny models, data and LR schedules every runner builds from it.
+
+One :class:`Scenario` is one real training run: framework, model, schedule, optimizer,
+precision, gradient accumulation, clipping, length, and either nothing planted (a healthy run:
+no warning or critical finding allowed) or a :class:`Fault` at a known optimizer step with the
+largest acceptable detection delay.
+
+Workloads (nothing downloaded; a step costs a few ms on one CPU thread):
+
+- ``gpt2`` / ``llama``: a 2-layer, 32-wide GPT-2 or LLaMA built from a config, on sequences
+  from a fixed random Markov chain over 64 tokens (each token has 4 successors with
+  probabilities .55/.25/.15/.05: the loss falls from ln 64 = 4.16 towards the chain's entropy,
+  1.11 nats, over hundreds of steps, like a language model's). The fine-tune task redraws the
+  successors of a quarter of the tokens.
+- ``mlp``: a classifier on four well separated Gaussian blobs, whose loss legitimately goes
+  to ~1e-4.
+
+Steps are 1-based optimizer steps; with a sequential sampler step ``s`` reads the samples
+``[(s-1)*G, s*G)``, ``G = batch_size * grad_accum``, so a data fault lands on a known step.
+
+>>> sc = SCENARIOS["hf-pocket"]
+>>> sc.fault.kind, sc.fault.step, sc.fault.within
+('data-pocket', 150, 3)
+>>> [round(lr_factor("wsd", i, 10, 100, 20), 3) for i in (0, 5, 10, 79, 80, 90, 99)]
+[0.0, 0.5, 1.0, 1.0, 1.0, 0.5, 0.006]
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+FRAMEWORKS = ("hf", "lightning", "deepspeed")
+VOCAB_SIZE = 64
+SEQ_LEN = 32
+SUCCESSOR_PROBS = (0.55, 0.25, 0.15, 0.05)
+FAULT_KINDS = ("lr-jump", "data-pocket", "nan-weight", "lr-ramp", "resume-restart",
+               "warmup-spike", "weights-scale", "fp16-overflow")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A planted fault: ``kind`` (one of :data:`FAULT_KINDS`) first acts on optimizer step
+    ``step``; it is caught when a warning-or-worse finding comes at a step in
+    ``[step, step + within]`` (and, with ``expect``, a finding of that kind is among them).
+    ``factor``: the LR multiplier (``lr-jump``), the per-step LR growth (``lr-ramp``) or the
+    weight scale (``weights-scale``); ``length``: how many steps of garbage data
+    (``data-pocket``, ``warmup-spike``)."""
+
+    kind: str
+    step: int
+    within: int
+    factor: float = 1.0
+    length: int = 0
+    expect: str | None = None
+
+    def __post_init__(self):
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"fault kind: {self.kind!r} is not one of {FAULT_KINDS}")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    framework: str
+    steps: int                          # optimizer steps of the whole run (all epochs)
+    model: str = "gpt2"                 # gpt2 | llama | mlp
+    warmup: int = 10
+    lr: float = 1e-3
+    schedule: str = "linear"            # linear | cosine | constant | wsd
+    optimizer: str = "adamw"            # adamw | sgd | adafactor
+    beta2: float = 0.999
+    precision: str = "fp32"             # fp32 | bf16 (autocast / bf16-mixed / DeepSpeed bf16) | fp16
+    grad_accum: int = 1
+    clip: float = 1.0                   # 0: no clipping
+    batch_size: int = 8                 # per micro-batch
+    epochs: int = 1                     # > 1: every epoch re-reads the same data
+    eval_every: int = 0                 # evaluation every N optimizer steps (0: none)
+    finetune: bool = False              # start from a trained model, fresh optimizer, new task
+    resume_at: int | None = None        # stop after this step's checkpoint, resume from it
+    zero_stage: int = 0                 # DeepSpeed only
+    ds_warmup_type: str = "linear"      # DeepSpeed schedulers: linear | log (DeepSpeed's default)
+    fault: Fault | None = None
+    quick: bool = False                 # in the quick subset (make test)
+    seed: int = 0
+    note: str = ""
+
+    def __post_init__(self):
+        checks = (("framework", self.framework, FRAMEWORKS),
+                  ("model", self.model, ("gpt2", "llama", "mlp")),
+                  ("schedule", self.schedule, ("linear", "cosine", "constant", "wsd")),
+                  ("optimizer", self.optimizer, ("adamw", "sgd", "adafactor")),
+                  ("precision", self.precision, ("fp32", "bf16", "fp16")))
+        for key, value, allowed in checks:
+            if value not in allowed:
+                raise ValueError(f"{self.name}: {key} {value!r} is not one of {allowed}")
+        if self.steps % self.epochs:
+            raise ValueError(f"{self.name}: steps {self.steps} is not a multiple of epochs {self.epochs}")
+        if self.precision == "fp16" and self.framework != "deepspeed":
+            raise ValueError(f"{self.name}: fp16 runs only under DeepSpeed on a CPU")
+        if self.fault is not None and not 1 <= self.fault.step <= self.steps:
+            raise ValueError(f"{self.name}: fault step {self.fault.step} outside 1..{self.steps}")
+
+    # ------------------------------------------------------------------------------ derived
+    @property
+    def healthy(self) -> bool:
+        return self.fault is None
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.steps // self.epochs
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.batch_size * self.grad_accum
+
+    @property
+    def decay_steps(self) -> int:
+        """The WSD decay phase: the last fifth of the run."""
+        return max(1, self.steps // 5)
+
+    def describe(self) -> str:
+        """One short line for the table: what a user would have typed."""
+        parts = [self.model, f"{self.schedule} w{self.warmup}", f"lr {self.lr:g}", self.optimizer]
+        if self.optimizer == "adamw":
+            parts[-1] += f" b2={self.beta2:g}"
+        if self.precision != "fp32":
+            parts.append(self.precision)
+        if self.grad_accum > 1:
+            parts.append(f"GA{self.grad_accum}")
+        parts.append(f"clip {self.clip:g}" if self.clip else "no clip")
+        if self.framework == "deepspeed":
+            parts.append(f"ZeRO-{self.zero_stage}")
+        if self.epochs > 1:
+            parts.append(f"{self.epochs} epochs")
+        if self.eval_every:
+            parts.append(f"eval/{self.eval_every}")
+        if self.finetune:
+            parts.append("fine-tune")
+        if self.resume_at:
+            parts.append(f"resume@{self.resume_at}")
+        return ", ".join(parts)
+
+
+def lr_factor(schedule: str, i: int, warmup: int, total: int, decay_steps: int) -> float:
+    """The LR multiplier of scheduler step ``i`` (0-based: optimizer step ``i + 1``), the
+    formulas of transformers' schedules (``get_linear_schedule_with_warmup``, ``..._cosine_...``,
+    ``get_constant_schedule_with_warmup``, ``get_wsd_schedule`` with cosine decay)."""
+    if i < warmup:
+        return i / max(1, warmup)
+    if schedule == "constant":
+        return 1.0
+    if schedule == "linear":
+        return max(0.0, (total - i) / max(1, total - warmup))
+    if schedule == "cosine":
+        progress = (i - warmup) / max(1, total - warmup)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+    if schedule == "wsd":
+        if i < total - decay_steps:
+            return 1.0
+        progress = (i - (total - decay_steps)) / decay_steps
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+    raise ValueError(f"schedule: {schedule!r}")
+
+
+# ------------------------------------------------------------------------------------ models
+class BlobClassifier(torch.nn.Module):
+    """A 16 → 64 → 4 MLP; ``forward(x, labels)`` returns ``{"loss", "logits"}`` as HF models do."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 4))
+
+    def forward(self, x, labels=None):
+        logits = self.net(x)
+        out = {"logits": logits}
+        if labels is not None:
+            out["loss"] = torch.nn.functional.cross_entropy(logits, labels)
+        return out
+
+
+def make_model(sc: Scenario) -> torch.nn.Module:
+    """A fresh model, identical for a given seed; a fine-tune starts from the trained one."""
+    torch.manual_seed(sc.seed)
+    if sc.model == "mlp":
+        return BlobClassifier()
+    if sc.model == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config(vocab_size=VOCAB_SIZE, n_positions=SEQ_LEN, n_embd=32, n_layer=2, n_head=2,
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                            bos_token_id=0, eos_token_id=0, pad_token_id=0)
+        model = GPT2LMHeadModel(config)
+    else:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64,
+                             num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                             max_position_embeddings=SEQ_LEN, bos_token_id=0, eos_token_id=0,
+                             pad_token_id=0)
+        model = LlamaForCausalLM(config)
+    if sc.finetune:
+        model.load_state_dict(_pretrained(sc.model, model))
+    return model
+
+
+_PRETRAINED: dict = {}
+
+
+def _pretrained(kind: str, model: torch.nn.Module) -> dict:
+    """Weights after 400 plain AdamW steps on the base task (cached per process)."""
+    if kind not in _PRETRAINED:
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        ids = markov_ids(400 * 8, seed=99, task=0)
+        for s in range(400):
+            batch = ids[s * 8:(s + 1) * 8]
+            for group in opt.param_groups:
+                group["lr"] = 3e-3 * min(1.0, (s + 1) / 20)
+            model(input_ids=batch, labels=batch).loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+        _PRETRAINED[kind] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return _PRETRAINED[kind]
+
+
+def make_optimizer(sc: Scenario, params):
+    """The torch optimizer users of Lightning (and of a DeepSpeed client optimizer) write."""
+    params = list(params)
+    if sc.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=sc.lr, momentum=0.9)
+    if sc.optimizer == "adafactor":
+        return torch.optim.Adafactor(params, lr=sc.lr)
+    return torch.optim.AdamW(params, lr=sc.lr, betas=(0.9, sc.beta2), weight_decay=0.0)
+
+
+def make_scheduler(sc: Scenario, optimizer):
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda i: lr_factor(sc.schedule, i, sc.warmup, sc.steps, sc.decay_steps))
+
+
+# -------------------------------------------------------------------------------------- data
+def markov_ids(n: int, *, seed: int, task: int = 0) -> torch.Tensor:
+    """``n`` sequences of ``SEQ_LEN`` tokens from the Markov chain of ``task`` (0: base; 1: the
+    fine-tune task, a quarter of the tokens with new successors)."""
+    g = torch.Generator().manual_seed(1000)
+    succ = torch.stack([torch.randperm(VOCAB_SIZE, generator=g)[:4] for _ in range(VOCAB_SIZE)])
+    if task == 1:
+        gt = torch.Generator().manual_seed(2000)
+        for tok in torch.randperm(VOCAB_SIZE, generator=gt)[:VOCAB_SIZE // 4]:
+            succ[tok] = torch.randperm(VOCAB_SIZE, generator=gt)[:4]
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.empty(n, SEQ_LEN, dtype=torch.long)
+    ids[:, 0] = torch.randint(0, VOCAB_SIZE, (n,), generator=gen)
+    choice = torch.multinomial(torch.tensor(SUCCESSOR_PROBS).expand(n, 4), SEQ_LEN,
+                               replacement=True, generator=gen)
+    for t in range(1, SEQ_LEN):
+        ids[:, t] = succ[ids[:, t - 1], choice[:, t]]
+    return ids
+
+
+class Rows(torch.utils.data.Dataset):
+    """Map-style rows: ``{"input_ids", "labels"}`` (LM) or ``{"x", "labels"}`` (classifier)."""
+
+    def __init__(self, columns: dict[str, torch.Tensor]):
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return next(iter(self.columns.values())).shape[0]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {k: v[i] for k, v in self.columns.items()}
+
+
+def train_rows(sc: Scenario) -> Rows:
+    """One epoch of training rows, faults of the data kind planted at their steps."""
+    n = sc.steps_per_epoch * sc.samples_per_step
+    if sc.model == "mlp":
+        return Rows(_blobs(n, seed=sc.seed + 1))
+    ids = markov_ids(n, seed=sc.seed + 1, task=1 if sc.finetune else 0)
+    f = sc.fault
+    if f is not None and f.kind in ("data-pocket", "warmup-spike"):
+        g = sc.samples_per_step
+        rows = slice((f.step - 1) * g, (f.step - 1 + f.length) * g)
+        gen = torch.Generator().manual_seed(sc.seed + 5)
+        ids[rows] = torch.randint(0, VOCAB_SIZE, ids[rows].shape, generator=gen)
+    return Rows({"input_ids": ids, "labels": ids})
+
+
+def eval_rows(sc: Scenario) -> Rows:
+    n = 4 * sc.batch_size
+    if sc.model == "mlp":
+        return Rows(_blobs(n, seed=sc.seed + 3))
+    ids = markov_ids(n, seed=sc.seed + 3, task=1 if sc.finetune else 0)
+    return Rows({"input_ids": ids, "labels": ids})
+
+
+def _blobs(n: int, *, seed: int) -> dict[str, torch.Tensor]:
+    centers = torch.randn(4, 16, generator=torch.Generator().manual_seed(7)) * 4.0
+    gen = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, 4, (n,), generator=gen)
+    x = centers[labels] + torch.randn(n, 16, generator=gen)
+    return {"x": x, "labels": labels}
+
+
+# ------------------------------------------------------------------------------- the table
+def _s(name, framework, steps, **kw) -> Scenario:
+    return Scenario(name=name, framework=framework, steps=steps, **kw)
+
+
+_ROWS = [
+    # ------------------------------------------------------------------ healthy: HF Trainer
+    _s("hf-linear-w100", "hf", 3000, warmup=100, lr=1e-3,
+       note="the default recipe, past beta2=0.999's horizon"),
+    _s("hf-cosine-w10-b095", "hf", 400, warmup=10, lr=3e-3, schedule="cosine", beta2=0.95),
+    _s("hf-constant-w0", "hf", 1500, warmup=0, lr=1e-4, schedule="constant", note="no warmup at all"),
+    _s("hf-wsd-w500-llama", "hf", 2000, model="llama", warmup=500, lr=3e-4, schedule="wsd"),
+    _s("hf-ga4-bf16-noclip", "hf", 400, warmup=100, lr=1e-3, beta2=0.95, grad_accum=4, batch_size=2,
+       precision="bf16", clip=0.0),
+    _s("hf-sgd", "hf", 400, warmup=10, lr=3e-2, schedule="cosine", optimizer="sgd"),
+    _s("hf-adafactor", "hf", 400, warmup=10, lr=1e-3, optimizer="adafactor"),
+    _s("hf-finetune", "hf", 600, warmup=10, lr=1e-4, finetune=True,
+       note="a trained model, a fresh AdamW, a related task"),
+    _s("hf-classifier", "hf", 1000, model="mlp", warmup=10, lr=1e-3, note="loss goes to ~1e-4"),
+    _s("hf-epochs3-eval", "hf", 600, warmup=30, lr=3e-4, schedule="cosine", epochs=3, eval_every=50),
+    _s("hf-resume", "hf", 600, warmup=100, lr=1e-3, beta2=0.95, resume_at=300, quick=True),
+    # ------------------------------------------------------------------- healthy: Lightning
+    _s("pl-cosine-w20-3e-3", "lightning", 1500, warmup=20, lr=3e-3, schedule="cosine",
+       note="issue 16: second_moment_surge at 22 + warmup_instability"),
+    _s("pl-linear-w500-b095", "lightning", 1500, model="llama", warmup=500, lr=1e-3, beta2=0.95),
+    _s("pl-constant-bf16", "lightning", 400, warmup=10, lr=3e-4, schedule="constant", beta2=0.95,
+       precision="bf16"),
+    _s("pl-wsd-ga4-noclip", "lightning", 1200, warmup=100, lr=1e-3, schedule="wsd", grad_accum=4,
+       batch_size=2, clip=0.0),
+    _s("pl-sgd", "lightning", 400, warmup=10, lr=3e-2, optimizer="sgd"),
+    _s("pl-adafactor", "lightning", 400, warmup=10, lr=1e-2, schedule="cosine", optimizer="adafactor",
+       note="torch.optim.Adafactor: lr is relative to the parameter RMS (its default, 1e-2)"),
+    _s("pl-finetune", "lightning", 600, model="llama", warmup=0, lr=1e-4, schedule="constant",
+       finetune=True),
+    _s("pl-classifier", "lightning", 1000, model="mlp", warmup=10, lr=1e-3, schedule="cosine"),
+    _s("pl-epochs3-eval", "lightning", 600, warmup=30, lr=1e-3, beta2=0.95, epochs=3, eval_every=50,
+       quick=True),
+    _s("pl-resume", "lightning", 600, warmup=100, lr=1e-3, beta2=0.95, resume_at=300),
+    # ------------------------------------------------------------------- healthy: DeepSpeed
+    _s("ds-z1-bf16-w100", "deepspeed", 3000, warmup=100, lr=1e-3, zero_stage=1, precision="bf16"),
+    _s("ds-z0-cosine-b095", "deepspeed", 400, warmup=10, lr=3e-3, schedule="cosine", beta2=0.95,
+       eval_every=50),
+    _s("ds-z2-fp16-logwarmup", "deepspeed", 1200, warmup=200, lr=3e-4, schedule="constant",
+       zero_stage=2, precision="fp16", ds_warmup_type="log",
+       note="forced fp16, DeepSpeed's default loss-scale search and log warmup"),
+    _s("ds-z1-ga4-noclip-wsd", "deepspeed", 400, warmup=10, lr=1e-3, schedule="wsd", beta2=0.95,
+       zero_stage=1, grad_accum=4, batch_size=2, clip=0.0),
+    _s("ds-resume", "deepspeed", 600, warmup=100, lr=1e-3, beta2=0.95, zero_stage=1, resume_at=300,
+       quick=True),
+    # --------------------------------------------------------------------------- faults
+    _s("hf-lr-x100", "hf", 300, warmup=50, lr=3e-3, schedule="cosine", beta2=0.95,
+       fault=Fault("lr-jump", 150, within=10, factor=100)),
+    _s("pl-lr-x50", "lightning", 300, warmup=50, lr=3e-3, schedule="constant",
+       fault=Fault("lr-jump", 200, within=10, factor=50)),
+    _s("hf-pocket", "hf", 200, warmup=20, lr=1e-3, beta2=0.95,
+       fault=Fault("data-pocket", 150, within=3, length=5)),
+    _s("pl-pocket", "lightning", 200, warmup=20, lr=1e-3, schedule="cosine", beta2=0.95,
+       fault=Fault("data-pocket", 150, within=3, length=5), quick=True),
+    _s("ds-pocket-z2-bf16", "deepspeed", 200, warmup=20, lr=1e-3, beta2=0.95, zero_stage=2,
+       precision="bf16", fault=Fault("data-pocket", 150, within=3, length=5)),
+    _s("hf-nan-weight", "hf", 160, warmup=20, lr=1e-3, fault=Fault("nan-weight", 140, within=0)),
+    _s("pl-nan-weight", "lightning", 160, warmup=20, lr=1e-3, beta2=0.95,
+       fault=Fault("nan-weight", 140, within=0), quick=True),
+    _s("ds-nan-weight", "deepspeed", 160, warmup=20, lr=1e-3, beta2=0.95,
+       fault=Fault("nan-weight", 140, within=0)),
+    _s("hf-lr-ramp", "hf", 500, warmup=50, lr=3e-3, schedule="constant", beta2=0.95,
+       fault=Fault("lr-ramp", 200, within=300, factor=1.02),
+       note="LR x1.02 per step from step 200: the loss drifts up, no jump"),
+    _s("pl-lr-ramp", "lightning", 500, warmup=50, lr=3e-3, schedule="constant",
+       fault=Fault("lr-ramp", 200, within=300, factor=1.02)),
+    _s("hf-resume-restart", "hf", 400, warmup=20, lr=1e-3, beta2=0.95, resume_at=200,
+       fault=Fault("resume-restart", 201, within=1), quick=True),
+    _s("pl-resume-restart", "lightning", 400, warmup=20, lr=1e-3, beta2=0.95, resume_at=200,
+       fault=Fault("resume-restart", 201, within=1)),
+    _s("ds-resume-restart", "deepspeed", 400, warmup=20, lr=1e-3, beta2=0.95, zero_stage=1,
+       resume_at=200, fault=Fault("resume-restart", 201, within=1)),
+    # A spike needs a loss well below ln(64) when warmup ends: these start from a trained model.
+    _s("hf-warmup-spike", "hf", 200, warmup=100, lr=1e-3, finetune=True,
+       fault=Fault("warmup-spike", 103, within=3, length=3, expect="warmup_instability")),
+    _s("pl-warmup-spike", "lightning", 200, warmup=100, lr=1e-3, beta2=0.95, finetune=True,
+       fault=Fault("warmup-spike", 103, within=3, length=3, expect="warmup_instability")),
+    _s("ds-warmup-spike-z3", "deepspeed", 200, warmup=100, lr=1e-3, zero_stage=3, precision="bf16",
+       finetune=True,
+       fault=Fault("warmup-spike", 104, within=3, length=3, expect="warmup_instability"),
+       note="DeepSpeed's scheduler lags a step: warmup ends at step 101"),
+    _s("hf-weights-x10", "hf", 200, warmup=20, lr=1e-3, beta2=0.95,
+       fault=Fault("weights-scale", 150, within=2, factor=10), quick=True),
+    _s("pl-weights-x10", "lightning", 200, warmup=20, lr=1e-3, schedule="cosine",
+       fault=Fault("weights-scale", 150, within=2, factor=10)),
+    _s("ds-weights-x10", "deepspeed", 200, warmup=20, lr=1e-3, beta2=0.95,
+       fault=Fault("weights-scale", 150, within=2, factor=10)),
+    _s("ds-fp16-overflow-z1", "deepspeed", 200, warmup=20, lr=1e-3, beta2=0.95, zero_stage=1,
+       precision="fp16", fault=Fault("fp16-overflow", 150, within=5), quick=True),
+    _s("ds-fp16-overflow-z0", "deepspeed", 200, warmup=20, lr=1e-3, beta2=0.95, zero_stage=0,
+       precision="fp16", fault=Fault("fp16-overflow", 150, within=5)),
+]
+
+SCENARIOS: dict[str, Scenario] = {}
+for _row in _ROWS:
+    if _row.name in SCENARIOS:
+        raise ValueError(f"scenario name {_row.name!r} appears twice")
+    SCENARIOS[_row.name] = _row
+QUICK = tuple(name for name, sc in SCENARIOS.items() if sc.quick)

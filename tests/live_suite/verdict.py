@@ -1,0 +1,122 @@
+"""What a run log says about a scenario: its warning-or-worse findings, whether and when a
+planted fault was caught, and evidence that the run is what the table claims (a healthy run
+learns and stays finite; a planted fault really hit the loss, the LR, the data or the scaler).
+
+Everything is read back from the run log (``runlog.jsonl``, DESIGN 2.3), so a verdict can be
+recomputed from a kept log without training again.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+from .scenarios import Scenario
+
+SERIOUS = ("warning", "critical")
+
+
+def read_runlog(path: Path) -> tuple[dict[int, dict], list[dict]]:
+    """``(metrics by step, findings)``; a step re-run after a rollback keeps its last record."""
+    steps: dict[int, dict] = {}
+    findings: list[dict] = []
+    with open(path) as fh:
+        for line in fh:
+            obj = json.loads(line)
+            if obj["type"] == "step":
+                steps[obj["step"]] = {k: float(v) for k, v in obj["metrics"].items()}
+            elif obj["type"] == "finding":
+                findings.append(obj)
+    return steps, findings
+
+
+def _short(f: dict) -> list:
+    return [f["step"], f["kind"], f["severity"], f.get("message", "")]
+
+
+def judge(sc: Scenario, run_dir: Path, *, log_warnings=(), error: str | None = None,
+          seconds: float = 0.0, notes: dict | None = None) -> dict:
+    """The scenario's result (JSON-able). ``ok``: healthy → no warning+ finding, no warning in
+    the library's log, learned; fault → caught within its bound, nothing serious before it, and
+    the fault is real."""
+    res = {"name": sc.name, "framework": sc.framework, "healthy": sc.healthy,
+           "fault": None if sc.fault is None else sc.fault.kind, "seconds": round(seconds, 1),
+           "error": error, "log_warnings": list(log_warnings), "notes": notes or {}}
+    path = run_dir / "runlog.jsonl"
+    if not path.exists():
+        res.update(ok=False, n_steps=0, evidence="no run log", evidence_ok=False, warnings=[])
+        return res
+    steps, findings = read_runlog(path)
+    serious = [f for f in findings if f["severity"] in SERIOUS]
+    loss = {s: m["loss"] for s, m in sorted(steps.items()) if "loss" in m}
+    finite = [v for v in loss.values() if math.isfinite(v)]
+    res["n_steps"] = len(steps)
+    res["loss_first"] = statistics.fmean(finite[:10]) if finite else None
+    res["loss_last"] = statistics.fmean(finite[-max(10, len(finite) // 10):]) if finite else None
+    res["findings"] = [_short(f) for f in findings if f["kind"] not in ("preflight",)]
+
+    if sc.healthy:
+        res["warnings"] = [_short(f) for f in serious]
+        learned = (len(finite) == len(loss) == sc.steps and res["loss_last"] < 0.9 * res["loss_first"])
+        res["evidence"] = (f"loss {res['loss_first']:.3g} -> {res['loss_last']:.3g}"
+                           + ("" if len(finite) == len(loss) else f", {len(loss) - len(finite)} non-finite")
+                           + ("" if len(steps) == sc.steps else f", {len(steps)}/{sc.steps} steps"))
+        res["evidence_ok"] = learned
+        res["ok"] = not serious and not log_warnings and error is None and learned
+        return res
+
+    f = sc.fault
+    res["warnings"] = [_short(x) for x in serious if x["step"] < f.step]
+    after = [x for x in serious if x["step"] >= f.step]
+    catch = after[0] if after else None
+    res["catch"] = _short(catch) if catch else None
+    res["delay"] = catch["step"] - f.step if catch else None
+    in_time = [x for x in after if x["step"] <= f.step + f.within]
+    res["caught"] = bool(in_time) and (f.expect is None or any(x["kind"] == f.expect for x in in_time))
+    res["evidence"], res["evidence_ok"] = fault_evidence(sc, steps, loss)
+    res["ok"] = res["caught"] and not res["warnings"] and res["evidence_ok"] and error is None
+    return res
+
+
+def fault_evidence(sc: Scenario, steps: dict[int, dict], loss: dict[int, float]) -> tuple[str, bool]:
+    """A sentence on what the fault did to the run, and whether that makes it a real fault."""
+    f = sc.fault
+    s = f.step
+    before = [loss[i] for i in range(max(1, s - 20), s) if i in loss and math.isfinite(loss[i])]
+    pre = statistics.median(before) if before else float("nan")
+    if f.kind == "nan-weight":
+        v = loss.get(s)
+        return f"loss {v} at step {s}", v is not None and not math.isfinite(v)
+    if f.kind == "resume-restart":
+        fp = steps.get(s, {}).get("batch_fingerprint")
+        same = fp is not None and fp == steps.get(1, {}).get("batch_fingerprint")
+        return (f"step {s} read step 1's batch (fingerprints equal)" if same
+                else f"step {s}'s batch differs from step 1's"), same
+    if f.kind == "fp16-overflow":
+        skipped = [i for i in range(s, max(steps) + 1) if steps.get(i, {}).get("skipped") == 1.0]
+        scale = [steps[i].get("loss_scale") for i in (s - 1, max(steps)) if i in steps]
+        return (f"{len(skipped)} skipped steps from {s} on, loss scale {scale[0]:g} -> {scale[-1]:g}",
+                bool(skipped) and skipped[0] == s)
+    window = range(s, min(max(loss), s + f.within + f.length + 5) + 1)
+    peak_step = max(window, key=lambda i: loss.get(i, 0.0) if math.isfinite(loss.get(i, 0.0)) else math.inf)
+    peak = loss.get(peak_step, float("nan"))
+    text = f"loss {pre:.3g} -> {peak:.3g} (x{peak / pre:.1f}) at step {peak_step}"
+    if f.kind in ("lr-jump", "lr-ramp"):
+        lr_before, lr_at = steps.get(s - 1, {}).get("lr"), steps.get(s, {}).get("lr")
+        if lr_before and lr_at:
+            text += f"; LR x{lr_at / lr_before:.3g} at step {s}"
+    if f.kind == "lr-ramp":
+        # A drift, not a jump: from its lowest point after the ramp began, the 5-step mean of
+        # the loss rises 20% before any single point stands 50% above that low.
+        smooth = {i: statistics.fmean(loss[j] for j in range(i - 4, i + 1))
+                  for i in range(s + 4, max(loss) + 1) if all(j in loss for j in range(i - 4, i + 1))}
+        low_step = min(smooth, key=lambda i: smooth[i] if math.isfinite(smooth[i]) else math.inf)
+        low = smooth[low_step]
+        up = next((i for i, v in smooth.items() if i > low_step and v > 1.2 * low), None)
+        if up is None:
+            return text + f"; from its low {low:.3g} at step {low_step} the loss never rose 20%", False
+        highest = max(loss[i] for i in range(low_step, up + 1))
+        return (text + f"; 5-step mean {low:.3g} at step {low_step}, +20% at step {up}, no point "
+                f"above x{highest / low:.2f} before"), highest < 1.5 * low
+    return text, not math.isfinite(peak) or peak >= 1.5 * pre
