@@ -21,7 +21,7 @@ from .record import Finding, StepRecord
 
 log = logging.getLogger("stability_callbacks")
 
-STATE_VERSION = 1
+STATE_VERSION = 2   # 2: latches and EW means are statistics objects (issue 19)
 _CONTRACT_KEYS = frozenset(keys.ALL)
 
 

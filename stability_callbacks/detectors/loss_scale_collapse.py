@@ -5,6 +5,7 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
+from ..stats import Latch
 from .base import Context, Detector, positive, positive_int
 
 
@@ -21,7 +22,7 @@ class LossScaleCollapse(Detector):
     name = "loss_scale_collapse"
     kind = "loss_scale_collapse"
     signals = (keys.LOSS_SCALE,)
-    _state = ("peak", "peak_step", "fired")
+    _state = ("peak", "peak_step", "latch")
 
     def __init__(self, *, min_halvings: int = 6, min_scale: float = 1.0, floor_halvings: int = 2,
                  peak_decay_steps: int = 200):
@@ -31,7 +32,7 @@ class LossScaleCollapse(Detector):
         self.peak_decay_steps = positive_int("peak_decay_steps", peak_decay_steps)
         self.peak: float | None = None       # log2 of the peak scale
         self.peak_step: int | None = None
-        self.fired = False
+        self.latch = Latch()   # re-armed once the scale is back within half the halvings
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         s = record.metrics.get(keys.LOSS_SCALE)
@@ -47,13 +48,9 @@ class LossScaleCollapse(Detector):
             self.peak, self.peak_step = ls, step
         drop = self.peak - ls
         near_floor = ls - math.log2(self.min_scale) <= self.floor_halvings
-        if drop < self.min_halvings and not near_floor:
-            if drop < self.min_halvings / 2:
-                self.fired = False
+        if not self.latch.update(on=drop >= self.min_halvings or near_floor,
+                                 off=drop < self.min_halvings / 2 and not near_floor):
             return []
-        if self.fired:
-            return []
-        self.fired = True
         peak = 2.0 ** self.peak
         return [self.finding(
             step, severity="critical", value=s, baseline=peak, threshold=peak / 2 ** self.min_halvings,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .. import keys
 from ..record import Finding, StepRecord
+from ..stats import Latch
 from .base import Context, Detector
 
 _WATCHED = frozenset((keys.LOSS, keys.GRAD_NORM, keys.ADAM_V_MAX, keys.ADAM_V_L1, keys.PARAM_NORM))
@@ -22,10 +23,10 @@ class NonFinite(Detector):
     name = "nonfinite"
     kind = "nonfinite"
     signals = ()   # looks at every record
-    _state = ("active",)
+    _state = ("latch",)
 
     def __init__(self):
-        self.active = False
+        self.latch = Latch()
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
@@ -33,12 +34,8 @@ class NonFinite(Detector):
         bad = [k for k, v in m.items() if v - v != 0.0 and (k in _WATCHED or k.startswith(keys.LOSS_STREAM_PREFIX))]
         if bad and (m.get(keys.SKIPPED) or 0.0) >= 1.0 and keys.GRAD_NORM in bad:
             bad.remove(keys.GRAD_NORM)   # an overflow on a skipped fp16 step is not a NaN
-        if not bad:
-            self.active = False
+        if not self.latch.update(on=bool(bad), off=not bad):
             return []
-        if self.active:
-            return []
-        self.active = True
         what = ", ".join(f"{k}={m[k]}" for k in bad)
         return [self.finding(
             record.step, severity="critical", signal=bad[0], value=m[bad[0]],

@@ -5,7 +5,7 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import RobustLevel, finite_positive
+from ..stats import Latch, RobustLevel, finite_positive
 from .base import Context, Detector, fmt, positive, positive_int
 
 
@@ -23,7 +23,7 @@ class SecondMomentSurge(Detector):
     name = "second_moment_surge"
     kind = "second_moment_surge"
     signals = (keys.ADAM_V_MAX, keys.ADAM_V_L1)
-    _state = ("base_max", "base_mean", "at_peak", "open", "post_peak_fired")
+    _state = ("base_max", "base_mean", "at_peak", "jump", "post_peak")
 
     def __init__(self, *, jump_ratio: float = 4.0, max_jump_ratio: float = 10.0,
                  post_peak_rise: float = 2.0, warm_samples: int = 10, baseline_alpha: float = 0.05):
@@ -34,8 +34,8 @@ class SecondMomentSurge(Detector):
         self.base_max = RobustLevel(positive("baseline_alpha", baseline_alpha))
         self.base_mean = RobustLevel(baseline_alpha)
         self.at_peak: float | None = None
-        self.open = False
-        self.post_peak_fired = False
+        self.jump = Latch()        # re-armed once neither statistic is above its jump ratio
+        self.post_peak = Latch()   # once per run
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
@@ -52,8 +52,7 @@ class SecondMomentSurge(Detector):
             if base.n >= self.warm_samples and r >= ratio:
                 jumps.append((label, v, base.baseline, r))
             base.update(v, flagged=r >= ratio)
-        if jumps and not self.open:
-            self.open = True
+        if self.jump.update(on=bool(jumps), off=not jumps):
             label, v, b, r = jumps[0]
             out.append(self.finding(
                 record.step, severity="warning", signal=keys.ADAM_V_MAX if label == "max" else keys.ADAM_V_L1,
@@ -62,14 +61,10 @@ class SecondMomentSurge(Detector):
                          f"{fmt(v)} is {r:.1f}x its baseline {fmt(b)}. Gradients have grown sharply; "
                          f"a loss spike often follows. A checkpoint is being saved."),
                 rule="jump", statistic=label, ratio=r))
-        elif not jumps and self.open:
-            self.open = False
         if vmean is not None and ctx.phase not in (None, "warmup"):
             if self.at_peak is None:
                 self.at_peak = vmean
-            elif (not self.post_peak_fired and vmean >= self.at_peak * self.post_peak_rise
-                  and not out):
-                self.post_peak_fired = True
+            elif self.post_peak.update(on=vmean >= self.at_peak * self.post_peak_rise and not out):
                 out.append(self.finding(
                     record.step, severity="warning", signal=keys.ADAM_V_L1, value=vmean,
                     baseline=self.at_peak, threshold=self.at_peak * self.post_peak_rise,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .. import keys
 from ..record import Finding, StepRecord
+from ..stats import Latch
 from .base import Context, Detector, positive_int
 
 
@@ -15,26 +16,23 @@ class Stall(Detector):
     name = "stall"
     kind = "stall"
     signals = (keys.LOSS,)
-    _state = ("last", "count", "fired")
+    _state = ("last", "count", "latch")
 
     def __init__(self, *, num_samples: int = 16):
         self.num_samples = positive_int("num_samples", num_samples)
         self.last: float | None = None
         self.count = 0
-        self.fired = False
+        self.latch = Latch()   # re-armed when the loss moves
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         x = record.metrics.get(keys.LOSS)
         if x is None or x != x:   # missing or NaN: not a stall
             return []
-        if x == self.last or x == 0.0:
-            self.count += 1
-        else:
-            self.count, self.fired = 1, False
+        moved = not (x == self.last or x == 0.0)
+        self.count = 1 if moved else self.count + 1
         self.last = x
-        if self.count < self.num_samples or self.fired:
+        if not self.latch.update(on=self.count >= self.num_samples, off=moved):
             return []
-        self.fired = True
         what = "exactly zero" if x == 0.0 else f"frozen at exactly {x!r}"
         return [self.finding(
             record.step, severity="critical", value=x,

@@ -5,7 +5,7 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import finite_positive
+from ..stats import EWMean, finite_positive
 from .base import Context, Detector, fmt, positive, positive_int
 
 
@@ -14,7 +14,7 @@ class SuddenDrop(Detector):
     and stays there ``persist_samples`` points. Info: usually benign (a "grokking moment"), except right
     after a resume, where a falsely low loss means repeated data — ``data_repetition`` owns that
     window, so this detector is silent there. Ignores the first ``startup_steps``.
-    O(1); state: 3 scalars.
+    O(1); state: 4 scalars.
     """
 
     name = "sudden_drop"
@@ -29,7 +29,7 @@ class SuddenDrop(Detector):
         self.startup_steps = positive_int("startup_steps", startup_steps)
         self.min_gap_steps = positive_int("min_gap_steps", min_gap_steps)
         self.fast_alpha = positive("fast_alpha", fast_alpha)
-        self.fast: float | None = None
+        self.fast = EWMean(self.fast_alpha)
         self.count = 0
         self.last_step: int | None = None
 
@@ -37,18 +37,18 @@ class SuddenDrop(Detector):
         x = record.metrics.get(keys.LOSS)
         if not finite_positive(x):
             return []
-        lx = math.log(x)
-        self.fast = lx if self.fast is None else self.fast + self.fast_alpha * (lx - self.fast)
+        self.fast.update(math.log(x))
+        fast = self.fast.mean
         before = ctx.loss_baseline
         dropped = (before is not None and not ctx.loss_spike_open
-                   and self.fast - math.log(before) < math.log1p(-min(self.min_drop, 0.99)))
+                   and fast - math.log(before) < math.log1p(-min(self.min_drop, 0.99)))
         quiet = (record.step <= self.startup_steps or ctx.steps_since_resume is not None
                  or (self.last_step is not None and record.step - self.last_step < self.min_gap_steps))
         self.count = self.count + 1 if dropped else 0
         if quiet or self.count != self.persist_samples:
             return []
         self.last_step = record.step
-        now = math.exp(self.fast)
+        now = math.exp(fast)
         return [self.finding(
             record.step, severity="info", value=now, baseline=before,
             message=(f"The loss fell abruptly to ~{fmt(now)} at step {record.step} from a baseline "
