@@ -35,7 +35,7 @@ class EWMean:
     3.0
     """
 
-    __slots__ = ("alpha", "start", "n", "mean")
+    __slots__ = ("alpha", "start", "n", "mean", "_warm")
     STARTS = ("first", "running", "zero")
 
     def __init__(self, alpha: float, *, start: str = "first"):
@@ -47,17 +47,14 @@ class EWMean:
         self.start = start
         self.n = 0
         self.mean = 0.0
+        # One update rule for all three: weight max(alpha, 1/n) for the first _warm points
+        # (first: the first point gets weight 1; running: while 1/n ≥ alpha; zero: never).
+        self._warm = {"first": 1, "running": int(1.0 / alpha) + 1, "zero": 0}[start]
 
     def update(self, x: float) -> None:
-        self.n += 1
-        if self.start == "zero":
-            self.mean += self.alpha * (x - self.mean)
-        elif self.start == "running":
-            self.mean += max(self.alpha, 1.0 / self.n) * (x - self.mean)
-        elif self.n == 1:
-            self.mean = x
-        else:
-            self.mean += self.alpha * (x - self.mean)
+        n = self.n = self.n + 1
+        a = self.alpha if n > self._warm else max(self.alpha, 1.0 / n)
+        self.mean += a * (x - self.mean)
 
     @property
     def debiased(self) -> float:

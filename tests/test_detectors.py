@@ -349,3 +349,14 @@ def test_a_rollback_in_a_replayed_log_is_not_data_repetition():
     found += [f for r in recs[200:] for f in m.update(r)]   # steps go back: a rollback to 200
     assert [(f.step, f.kind, f.details.get("reason")) for f in found] == [
         (50, "warmup_end", None), (200, "resume", "rollback")]
+
+
+def test_stream_spikes_start_from_the_loss_spike_settings():
+    def stream_kwargs(cfg):
+        return next(d for d in Monitor(cfg).detectors if d.name == "stream_loss_spike").loss_spike_kwargs
+    assert stream_kwargs(None) == {}
+    assert stream_kwargs({"detectors": {"loss_spike": {"horizon_steps": 50, "signal": "loss"}}}) == {"horizon_steps": 50}
+    assert stream_kwargs({"detectors": {"loss_spike": {"horizon_steps": 50, "min_rise": 0.2},
+                                        "stream_loss_spike": {"horizon_steps": 70}}}) == {"horizon_steps": 70, "min_rise": 0.2}
+    with pytest.raises(ValueError, match="stream_loss_spike.horizon_steps"):
+        Monitor({"detectors": {"stream_loss_spike": {"horizon_steps": 0}}})

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..record import Finding, StepRecord
@@ -21,20 +21,29 @@ class Context:
     loss_spike_onset: int | None = None     # onset of the open loss-spike episode, if any
     loss_baseline: float | None = None      # LossSpike's baseline before this point (warm only)
     loss_noise: float = 0.0                 # ... and the noise σ of log(loss) around it
+    found: list[Finding] = field(default_factory=list)   # this step's findings so far (earlier detectors')
 
 
 class Detector:
-    """One phenomenon. Subclasses set ``name`` (the config key), ``kind``, ``signals`` (the
-    metric keys it needs: the Monitor skips it when none is present) and ``_state`` (the
-    attribute names ``update`` changes — never configuration).
+    """One phenomenon. Subclasses set ``name`` (the config key), ``kind`` (``kinds`` when it
+    emits several), ``signals`` (the metric keys it needs: the Monitor skips it when none is
+    present) and ``_state`` (the attribute names ``update`` changes — never configuration).
+    ``defaults_from`` names another detector whose configuration this one starts from.
 
     State values are JSON scalars/lists or statistics objects with ``state_dict``.
     """
 
     name: ClassVar[str]
     kind: ClassVar[str]
+    kinds: ClassVar[tuple[str, ...]]
     signals: ClassVar[tuple[str, ...]]
+    defaults_from: ClassVar[str | None] = None
     _state: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if "kinds" not in cls.__dict__ and "kind" in cls.__dict__:
+            cls.kinds = (cls.kind,)
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         raise NotImplementedError

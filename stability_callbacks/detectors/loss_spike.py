@@ -2,11 +2,27 @@
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
 
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import RobustLevel, finite_positive
 from .base import Context, Detector, check, fmt, positive, positive_int
+
+
+@dataclass(slots=True)
+class SpikeEpisode:
+    """An open loss-spike episode: where it began, the baseline it is judged against, how high
+    it went, how many points it has lasted, and whether it has been escalated to a warning."""
+
+    onset: int
+    baseline: float
+    peak: float
+    samples: int = 1
+    warned: bool = False
+
+    def state_dict(self) -> dict:
+        return asdict(self)
 
 
 class LossSpike(Detector):
@@ -24,7 +40,7 @@ class LossSpike(Detector):
     ``spike_recovered`` (back within ``recover_fraction`` of the rise or 3σ of noise; ``fast`` when within
     ``fast_recovery_steps``) or ``spike_unrecovered`` (not back after ``horizon_steps``:
     critical). A healthy 20k-step run has ~190 one-step blips: they stay ``info``.
-    O(1) per update; state: the baseline (3 floats) and the episode (6 scalars).
+    O(1) per update; state: the baseline (4 floats), the episode (5 scalars) and 2 scalars.
 
     >>> d = LossSpike()
     >>> out = [f.kind for s, x in enumerate([3.0] * 30 + [6.0, 3.0], 1)
@@ -35,6 +51,7 @@ class LossSpike(Detector):
 
     name = "loss_spike"
     kind = "loss_spike"
+    kinds = ("loss_spike", "spike_recovered", "spike_unrecovered")
     _state = ("base", "episode", "prev_step", "prev_z")
     #: Other loss detectors (resume spike, falsely low loss) judge against this baseline.
     baseline_before: float | None = None
@@ -59,8 +76,7 @@ class LossSpike(Detector):
         self.fast_recovery_steps = positive_int("fast_recovery_steps", fast_recovery_steps)
         self.horizon_steps = positive_int("horizon_steps", horizon_steps)
         self.base = RobustLevel(baseline_alpha)
-        # episode: [onset_step, baseline, peak, samples, warned, unrecovered] or None
-        self.episode: list | None = None
+        self.episode: SpikeEpisode | None = None
         self.prev_step: int | None = None
         self.prev_z = 0.0
 
@@ -108,19 +124,20 @@ class LossSpike(Detector):
                                            and self.prev_step is not None) else step
                 rise = x / b.baseline - 1
                 severity = "warning" if rise >= self.large_rise else "info"
-                self.episode = [onset, b.baseline, x, 1, severity == "warning", False]
+                self.episode = SpikeEpisode(onset, b.baseline, x, warned=severity == "warning")
                 out.append(self._onset_finding(step, x, b.baseline, thr, onset, severity, ctx))
             else:
                 b.update_log(lx)
         else:
-            onset, base0, peak, samples, warned, unrec = self.episode
-            peak = max(peak, x)
-            samples += 1
+            ep = self.episode
+            onset, base0 = ep.onset, ep.baseline
+            ep.peak = peak = max(ep.peak, x)
+            ep.samples += 1
             back = x <= self._recovery_level(base0, peak)
             if back:
                 took = step - onset
                 # gone by the next logged point is fast, however sparse the log
-                speed = "fast" if took <= self.fast_recovery_steps or samples <= 2 else "slow"
+                speed = "fast" if took <= self.fast_recovery_steps or ep.samples <= 2 else "slow"
                 out.append(self.finding(
                     step, kind="spike_recovered", severity="info" if speed == "fast" else "warning",
                     value=x, baseline=base0, onset_step=onset,
@@ -132,18 +149,17 @@ class LossSpike(Detector):
                 self.episode = None
                 b.update(x)
             else:
-                if not warned and samples >= self.persist_samples:
-                    warned = True
+                if not ep.warned and ep.samples >= self.persist_samples:
+                    ep.warned = True
                     out.append(self.finding(
                         step, severity="warning", value=x, baseline=base0, threshold=thr,
                         onset_step=onset,
                         message=(f"{self._what()} spike that began at step {onset} persists: "
                                  f"{fmt(x)} at step {step} vs {fmt(base0)} before it "
-                                 f"({samples} points above). A checkpoint is being saved; if it "
+                                 f"({ep.samples} points above). A checkpoint is being saved; if it "
                                  f"does not come back, roll back to a checkpoint before step {onset}."),
-                        escalated=True, persisted_samples=samples))
-                if not unrec and step - onset >= self.horizon_steps:
-                    unrec = True
+                        escalated=True, persisted_samples=ep.samples))
+                if step - onset >= self.horizon_steps:
                     out.append(self.finding(
                         step, kind="spike_unrecovered", severity="critical", value=x, baseline=base0,
                         onset_step=onset, threshold=self._recovery_level(base0, peak),
@@ -157,10 +173,13 @@ class LossSpike(Detector):
                     self.episode = None
                     self.base = RobustLevel(self.baseline_alpha)
                     self.base.update(x)
-                else:
-                    self.episode = [onset, base0, peak, samples, warned, unrec]
         self.prev_step, self.prev_z = step, z
         return out
+
+    def load_state_dict(self, d: dict) -> None:
+        super().load_state_dict(d)
+        if self.episode is not None:
+            self.episode = SpikeEpisode(**self.episode)
 
     def _recovery_level(self, base0: float, peak: float) -> float:
         """Back means within ``recover_fraction`` of the rise, or within the normal noise (3σ)."""

@@ -34,7 +34,10 @@ class NonFinite(Detector):
         bad = [k for k, v in m.items() if v - v != 0.0 and (k in _WATCHED or k.startswith(keys.LOSS_STREAM_PREFIX))]
         if bad and (m.get(keys.SKIPPED) or 0.0) >= 1.0 and keys.GRAD_NORM in bad:
             bad.remove(keys.GRAD_NORM)   # an overflow on a skipped fp16 step is not a NaN
-        if not self.latch.update(on=bool(bad), off=not bad):
+        if not bad:
+            self.latch.rearm()
+            return []
+        if not self.latch.update(True):
             return []
         what = ", ".join(f"{k}={m[k]}" for k in bad)
         return [self.finding(

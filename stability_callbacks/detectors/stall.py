@@ -31,7 +31,7 @@ class Stall(Detector):
         moved = not (x == self.last or x == 0.0)
         self.count = 1 if moved else self.count + 1
         self.last = x
-        if not self.latch.update(on=self.count >= self.num_samples, off=moved):
+        if not self.latch.update(self.count >= self.num_samples, moved):
             return []
         what = "exactly zero" if x == 0.0 else f"frozen at exactly {x!r}"
         return [self.finding(
