@@ -77,6 +77,7 @@ class Monitor:
         if not self.success_seen and (skipped is None or skipped == 0 or (loss is not None and math.isfinite(loss))):
             self.success_seen = True
         ctx = Context(step=step, phase=self.phase.phase, in_risk_window=self.phase.in_risk_window(step),
+                      warmup_end_step=self.phase.warmup_end_step,
                       in_startup=step <= self.policy.startup_steps or not self.success_seen,
                       steps_since_resume=(step - self.resume_step if self.resume_step is not None else None),
                       found=out)

@@ -15,6 +15,7 @@ class Context:
     step: int
     phase: str | None = None
     in_risk_window: bool = False
+    warmup_end_step: int | None = None      # where the LR warmup ended (declared or inferred), once known
     in_startup: bool = False
     steps_since_resume: int | None = None   # None: no resume in this run (or long ago)
     loss_spike_open: bool = False           # set by LossSpike for the detectors after it
