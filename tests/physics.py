@@ -1,5 +1,6 @@
 """Synthetic runs that follow how the numbers are produced, for the rules that depend on it:
-Adam's zero-initialised second moment.
+Adam's zero-initialised second moment, a bf16 run's constant loss scale, DeepSpeed's dynamic
+loss scaler.
 
 Each returns a list of StepRecords, seeded and exact, like ``streams.healthy``.
 """
@@ -35,4 +36,46 @@ def adam_run(n: int, *, warmup: int = 20, beta2: float = 0.999, numel: int = 256
         if keys:
             m.update({"adam/beta2": beta2, "adam/step": float(s)})
         out.append(StepRecord(s, m))
+    return out
+
+
+def bf16_run(n: int, *, seed: int = 0, every: int = 1) -> list[StepRecord]:
+    """bf16 Megatron: no loss scaling, yet ``loss scale: 1.0`` and 0 skipped on every line."""
+    rng = random.Random(seed)
+    return [StepRecord(s, {"loss": (2.0 + 6.0 * math.exp(-s / 300)) * math.exp(rng.gauss(0.0, 0.01)),
+                           "grad_norm": 0.5 * math.exp(rng.gauss(0.0, 0.1)), "loss_scale": 1.0,
+                           "skipped": 0.0})
+            for s in range(every, n + 1, every)]
+
+
+def dynamic_scaler_run(n: int, *, overflow, init_scale: float = 2.0 ** 16, min_scale: float = 1.0,
+                       hysteresis: int = 2, scale_window: int = 1000, raise_at_min: bool = True,
+                       every: int = 1) -> list[StepRecord]:
+    """DeepSpeed's DynamicLossScaler (``loss_scaler.py``): an overflowed step is skipped and, once
+    ``hysteresis`` overflows have used up the delay, halves the scale (not below ``min_scale``);
+    ``scale_window`` clean steps double it. At ``min_scale`` an overflow stops the run when
+    ``raise_at_min`` (DeepSpeed), else the step is skipped at the same scale (Megatron, metaseq).
+    ``overflow(step)`` says which steps overflow. Records carry the scale after the update;
+    ``every``: a log line every that many steps, with the count of skipped steps since the last."""
+    scale, left, last_overflow, skips = init_scale, hysteresis, 0, 0
+    out = []
+    for s in range(1, n + 1):
+        skipped = overflow(s)
+        skips += skipped
+        if skipped:
+            if left <= 1:
+                if scale <= min_scale and raise_at_min:
+                    break   # "Current loss scale already at minimum - cannot decrease scale anymore"
+                scale = max(scale / 2.0, min_scale)
+            else:
+                left -= 1
+            last_overflow = s
+        else:
+            left = hysteresis
+            if (s - last_overflow) % scale_window == 0:
+                scale *= 2.0
+        if s % every == 0:
+            out.append(StepRecord(s, {"loss": 2.0 + 1.0 / math.sqrt(s), "loss_scale": scale,
+                                      "skipped": float(skips)}))
+            skips = 0
     return out

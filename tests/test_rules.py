@@ -1,9 +1,17 @@
 """Rules that follow from how the numbers are produced (issue 16): Adam's zero-initialised
-second moment, on a real tiny run and on the synthetic physics of tests/physics.py."""
+second moment, the loss scale of bf16 runs and of dynamic scalers. Each on real text (a tiny
+torch run; public logs in tests/data/rule_cases, sources in its README) and on the synthetic
+physics of tests/physics.py."""
+import re
+
 import pytest
-from physics import adam_run
+from conftest import DATA
+from physics import adam_run, bf16_run, dynamic_scaler_run
 
 from stability_callbacks import Monitor, StepRecord
+from stability_callbacks.replay.readers import read_records
+
+CASES = DATA / "rule_cases"
 
 
 def run(records, config=None):
@@ -69,3 +77,86 @@ def test_a_gradient_spike_is_one_jump_not_also_a_post_peak_rise():
     assert [(f.step, f.kind, f.details.get("rule")) for f in found_ if f.kind != "warmup_end"] == [
         (300, "second_moment_surge", "jump")]
     assert "bias-corrected" in found_[-1].message
+
+
+# -- the loss scale ---------------------------------------------------------------------------------
+def test_bf16_megatron_prints_loss_scale_one_and_is_healthy():
+    recs = list(read_records(CASES / "megatron_bf16_constant_scale.log"))
+    assert [r.metrics["loss_scale"] for r in recs] == [1.0] * 4
+    assert found(run(recs)) == []
+    assert found(run(bf16_run(5000))) == [] and found(run(bf16_run(5000, every=10))) == []
+
+
+def test_fairseq_loss_scale_zero_is_a_collapse():
+    summary = run(read_records(CASES / "fairseq_loss_scale_0_summary.log"))
+    assert found(summary) == [(9165, "loss_scale_collapse", "critical"), (9165, "rollback_advice", "critical")]
+    assert summary[0].details["rule"] == "zero" and "reached 0" in summary[0].message
+    inner = run(read_records(CASES / "fairseq_loss_scale_0_inner.log"))   # 695 and 700 both print 0
+    assert found(inner) == [(695, "loss_scale_collapse", "critical"), (695, "rollback_advice", "critical")]
+
+
+_TQDM_STEP = re.compile(r"\|\s*(\d+)/\d+ \[")
+_DS_OVERFLOW = re.compile(r"Attempted loss scale: (\S+), reducing to (\S+)")
+
+
+def _deepspeed_records(path, first_step):
+    """No reader reads these tqdm + OVERFLOW lines yet. tqdm shows the steps completed, so an
+    OVERFLOW line printed after ``N/total`` is step N+1, skipped (``first_step`` for a line
+    without a counter); the HF loss line is logged at the end of step N and joins its record."""
+    out = {}
+    counter = None
+    for line in path.read_text().splitlines():
+        m = _TQDM_STEP.search(line)
+        counter = int(m.group(1)) if m else counter
+        if "OVERFLOW!" in line:
+            step = counter + 1 if m else first_step
+            out[step] = {"loss_scale": float(_DS_OVERFLOW.search(line).group(2)), "skipped": 1.0}
+        elif line.startswith("{'loss'"):
+            out.setdefault(counter, {})["loss"] = float(re.search(r"'loss': (\S+),", line).group(1))
+    return [StepRecord(step, m) for step, m in sorted(out.items())]
+
+
+def test_deepspeed_reducing_to_zero_is_a_collapse():
+    recs = _deepspeed_records(CASES / "deepspeed_reducing_to_0.log", first_step=94)
+    assert [(r.step, r.metrics["loss_scale"]) for r in recs] == [(94, 0.0), (95, 0.0)]
+    f = run(recs)
+    # the snippet holds no successful step, so the policy still calls it start-up: info, but found
+    assert found(f) == [(94, "loss_scale_collapse", "info")]
+    assert f[0].details["rule"] == "zero" and f[0].details["startup_severity"] == "critical"
+
+
+def test_deepspeed_cascade_to_its_floor_is_a_collapse():
+    recs = _deepspeed_records(CASES / "deepspeed_overflow_cascade.log", first_step=None)
+    assert [(r.step, r.metrics) for r in recs] == [
+        (379, {"loss_scale": 32.0, "skipped": 1.0}), (380, {"loss_scale": 16.0, "skipped": 1.0, "loss": 2.0491}),
+        (381, {"loss_scale": 8.0, "skipped": 1.0}), (382, {"loss_scale": 4.0, "skipped": 1.0}),
+        (383, {"loss_scale": 2.0, "skipped": 1.0})]
+    f = [f for f in run(recs) if f.kind == "loss_scale_collapse"]
+    assert [(x.step, x.severity, x.details["rule"]) for x in f] == [(382, "critical", "floor")]
+    assert "collapsed to 4 at step 382, 2 halvings below 16 at step 380" in f[0].message
+
+
+def test_fairseq_cascade_against_fairseq_floor():
+    recs = list(read_records(CASES / "fairseq_overflow_cascade.log"))   # the summary line: scale 0.5
+    scales = [float(s) for s in re.findall(r"setting loss scale to: (\S+)", (CASES / "fairseq_overflow_cascade.log").read_text())]
+    # fairseq does not count skipped updates in num_updates: the overflows are numbered after it
+    recs += [StepRecord(10198 + i, {"loss_scale": s, "skipped": 1.0}) for i, s in enumerate(scales, 1)]
+    f = [f for f in run(recs, {"detectors": {"loss_scale_collapse": {"min_scale": 1e-4}}})
+         if f.kind == "loss_scale_collapse"]
+    assert [(x.step, x.severity, x.details["rule"], x.value) for x in f] == [(10204, "critical", "halvings", 2 ** -7)]
+
+
+def test_dynamic_scaler_physics():
+    periodic = dynamic_scaler_run(5000, overflow=lambda s: s <= 6 or s % 700 in (0, 1))
+    assert found(run(periodic)) == []
+    collapse = dynamic_scaler_run(5000, overflow=lambda s: s <= 6 or s >= 3000)
+    assert collapse[-1].step == 3013 and collapse[-1].metrics["loss_scale"] == 1.0   # DeepSpeed then exits
+    assert found(run(collapse)) == [(3002, "overflow_burst", "warning"), (3006, "loss_scale_collapse", "critical"),
+                                    (3006, "rollback_advice", "critical")]
+    # a Megatron log (every 10 iterations) that begins with the scaler already pinned at its floor
+    pinned = dynamic_scaler_run(3400, overflow=lambda s: s <= 6 or s >= 3000, raise_at_min=False, every=10)
+    snippet = [r for r in pinned if r.step >= 3200]
+    assert {r.metrics["loss_scale"] for r in snippet} == {1.0} and {r.metrics["skipped"] for r in snippet} == {10.0}
+    f = [f for f in run(snippet) if f.kind == "loss_scale_collapse"]
+    assert [(x.step, x.severity, x.details["rule"]) for x in f] == [(3210, "critical", "pinned")]
+    assert "stayed at 1" in f[0].message
