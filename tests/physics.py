@@ -1,6 +1,6 @@
 """Synthetic runs that follow how the numbers are produced, for the rules that depend on it:
-Adam's zero-initialised second moment, a bf16 run's constant loss scale, DeepSpeed's dynamic
-loss scaler.
+Adam's zero-initialised second moment, a log printing the loss to a few digits, a bf16 run's
+constant loss scale, DeepSpeed's dynamic loss scaler, an RL objective that starts at 0.0.
 
 Each returns a list of StepRecords, seeded and exact, like ``streams.healthy``.
 """
@@ -35,6 +35,30 @@ def adam_run(n: int, *, warmup: int = 20, beta2: float = 0.999, numel: int = 256
              "adam/exp_avg_sq_numel": float(numel)}
         if keys:
             m.update({"adam/beta2": beta2, "adam/step": float(s)})
+        out.append(StepRecord(s, m))
+    return out
+
+
+def printed(x: float, decimals: int) -> float:
+    """``x`` as a log printing ``decimals`` decimals shows it, read back."""
+    return float(f"{x:.{decimals}f}")
+
+
+def printed_losses(n: int, *, decimals: int, level: float = 2.0, noise: float = 0.01, seed: int = 0,
+                   resolution: bool = False, frozen_from: int | None = None) -> list[StepRecord]:
+    """A slowly falling loss with ``noise`` relative noise per point, printed to ``decimals``
+    decimals (HF: 4, PaddleOCR: 6). ``resolution``: the reader reports ``loss_resolution``.
+    ``frozen_from``: from this step on the model is frozen and the same loss is printed."""
+    rng = random.Random(seed)
+    out, frozen = [], None
+    for s in range(1, n + 1):
+        x = printed((level + 0.5 * math.exp(-s / 2000)) * math.exp(rng.gauss(0.0, noise)), decimals)
+        if frozen_from is not None and s >= frozen_from:
+            frozen = x if frozen is None else frozen
+            x = frozen
+        m = {"loss": x}
+        if resolution:
+            m["loss_resolution"] = 10.0 ** -decimals
         out.append(StepRecord(s, m))
     return out
 
@@ -79,3 +103,12 @@ def dynamic_scaler_run(n: int, *, overflow, init_scale: float = 2.0 ** 16, min_s
                                       "skipped": float(skips)}))
             skips = 0
     return out
+
+
+def grpo_run(n: int, *, zeros: int = 200, seed: int = 0) -> list[StepRecord]:
+    """A GRPO loss as TRL prints it (4 decimals): exactly 0.0 while the policy still equals the
+    reference, then small values of either sign."""
+    rng = random.Random(seed)
+    return [StepRecord(s, {"loss": 0.0 if s <= zeros else printed(rng.gauss(0.002, 0.003), 4),
+                           "grad_norm": abs(rng.gauss(0.5, 0.2))})
+            for s in range(1, n + 1)]

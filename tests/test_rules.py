@@ -1,12 +1,13 @@
 """Rules that follow from how the numbers are produced (issue 16): Adam's zero-initialised
-second moment, the loss scale of bf16 runs and of dynamic scalers. Each on real text (a tiny
-torch run; public logs in tests/data/rule_cases, sources in its README) and on the synthetic
-physics of tests/physics.py."""
+second moment, the loss scale of bf16 runs and of dynamic scalers, the printed precision of a
+frozen loss, a loss of exactly 0.0. Each on real public text (tests/data/rule_cases, sources in
+its README) and on the synthetic physics of tests/physics.py."""
+import math
 import re
 
 import pytest
 from conftest import DATA
-from physics import adam_run, bf16_run, dynamic_scaler_run
+from physics import adam_run, bf16_run, dynamic_scaler_run, grpo_run, printed, printed_losses
 
 from stability_callbacks import Monitor, StepRecord
 from stability_callbacks.replay.readers import read_records
@@ -160,3 +161,71 @@ def test_dynamic_scaler_physics():
     f = [f for f in run(snippet) if f.kind == "loss_scale_collapse"]
     assert [(x.step, x.severity, x.details["rule"]) for x in f] == [(3210, "critical", "pinned")]
     assert "stayed at 1" in f[0].message
+
+
+# -- a frozen loss: how many repeats follow from the printed precision -------------------------------
+_PADDLE = re.compile(r"iter: (\d+), lr: (\S+), loss: ([0-9.]+),")
+
+
+def _paddle_records(resolution: bool):
+    """No reader reads PaddleOCR yet. With ``resolution`` the records carry what a reader sees in
+    the text: ``1.000000`` has 6 decimals (the float 1.0 does not)."""
+    out = []
+    for line in (CASES / "paddleocr_det_loss_frozen.log").read_text().splitlines():
+        step, lr, loss = _PADDLE.search(line).groups()
+        m = {"loss": float(loss), "lr": float(lr)}
+        if resolution:
+            m["loss_resolution"] = 10.0 ** -len(loss.partition(".")[2])
+        out.append(StepRecord(int(step), m))
+    return out
+
+
+def test_a_loss_printed_to_seven_digits_repeating_three_times_is_frozen():
+    f = run(_paddle_records(resolution=True))
+    assert found(f) == [(26, "stall", "critical")]
+    assert f[0].details == {"rule": "frozen", "samples": 3, "needed": 3} and f[0].onset_step == 22
+    # from the float alone (1.0) the precision is unknown: five repeats prove nothing yet
+    assert found(run(_paddle_records(resolution=False))) == []
+
+
+@pytest.mark.parametrize("decimals, frozen_at", [(2, 2008), (3, 2004), (4, 2003), (6, 2002)])
+def test_printed_precision_sets_the_repeats_needed(decimals, frozen_at):
+    # healthy (1% noise), printed to `decimals`: chance repeats, never a stall
+    assert [f for f in run(printed_losses(10_000, decimals=decimals)) if f.kind == "stall"] == []
+    # the same run frozen from step 2000
+    for resolution in (False, True):
+        f = [f for f in run(printed_losses(3000, decimals=decimals, frozen_from=2000, resolution=resolution))
+             if f.kind == "stall"]
+        assert [(x.step, x.details["rule"]) for x in f] == [(frozen_at, "frozen")]
+
+
+def test_a_print_coarser_than_the_noise_cannot_tell_and_stays_silent():
+    # 2 decimals of a loss near 2 moving 0.1%: most points repeat, and that proves nothing
+    recs = printed_losses(20_000, decimals=2, noise=0.001)
+    repeats = sum(a.metrics["loss"] == b.metrics["loss"] for a, b in zip(recs, recs[1:]))
+    assert repeats > 15_000 and [f for f in run(recs) if f.kind == "stall"] == []
+
+
+# -- a loss of exactly 0.0 ----------------------------------------------------------------------------
+def test_fp16_lora_loss_zero_with_nan_grad_norm():
+    f = run(read_records(CASES / "hf_fp16_lora_loss0_gradnorm_nan.log"))
+    assert found(f) == [(1, "nonfinite", "critical"), (1, "rollback_advice", "critical"), (2, "stall", "critical")]
+    assert f[2].details["rule"] == "zero" and "1.078 at step 1 to exactly 0.0 at step 2" in f[2].message
+    # every line 0.0 with a NaN grad norm, from the first: one nonfinite that names the zero loss
+    recs = [StepRecord(s, {"loss": 0.0, "grad_norm": math.nan}) for s in range(1, 12)]
+    f = run(recs)
+    assert found(f) == [(1, "nonfinite", "critical"), (1, "rollback_advice", "critical")]
+    assert f[0].details["zero_loss"] is True and "reads exactly 0.0" in f[0].message
+
+
+def test_grpo_starting_at_zero_is_healthy():
+    for name in ("hf_grpo_loss0_start_healthy.log", "hf_grpo_loss0_repeats.log"):
+        assert found(run(read_records(CASES / name))) == []
+    # 200 points of exactly 0.0 (the old rule called 16 of them a stall), then small values of either sign
+    assert [f for f in run(grpo_run(600)) if f.kind in ("stall", "nonfinite")] == []
+
+
+def test_memorising_down_to_zero_is_not_a_jump_to_zero():
+    losses = [printed(2.0 * 0.7 ** s, 4) for s in range(60)]
+    assert losses[28:32] == [0.0001, 0.0001, 0.0, 0.0] and losses[-1] == 0.0
+    assert [f for f in run([StepRecord(s, {"loss": x}) for s, x in enumerate(losses, 1)]) if f.kind == "stall"] == []

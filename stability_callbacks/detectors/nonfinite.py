@@ -40,9 +40,16 @@ class NonFinite(Detector):
         if not self.latch.update(True):
             return []
         what = ", ".join(f"{k}={m[k]}" for k in bad)
+        # A loss of exactly 0.0 next to a NaN grad norm is one failure, not a lucky loss: the
+        # backward overflowed (fp16 LoRA, some NPU kernels) and the logged loss was zeroed.
+        zero_loss = m.get(keys.LOSS) == 0.0 and keys.GRAD_NORM in bad
+        why = (" The loss reads exactly 0.0 beside it: the backward pass overflowed (typical of "
+               "fp16, e.g. LoRA fine-tuning in fp16, or an accelerator kernel fault) and the logged "
+               "loss was zeroed, so nothing useful is being learnt; switch to bf16 or fp32."
+               if zero_loss else "")
         return [self.finding(
             record.step, severity="critical", signal=bad[0], value=m[bad[0]],
-            message=(f"Non-finite values at step {record.step}: {what}. The weights may already be "
+            message=(f"Non-finite values at step {record.step}: {what}.{why} The weights may already be "
                      f"damaged: do not save over the last good checkpoint; roll back to the last "
                      f"checkpoint before this step and skip the batches since."),
-            keys=bad)]
+            keys=bad, zero_loss=zero_loss)]
