@@ -26,13 +26,13 @@ class EWMean:
       ``1/alpha`` updates; :attr:`debiased` divides that sum out (Adam's bias correction).
 
     >>> e = EWMean(0.5, start="zero")
-    >>> for x in [4.0, 4.0]: e.update(x)
-    >>> e.mean, e.debiased            # 0.5·4 + 0.25·4, over weights 0.75
-    (3.0, 4.0)
+    >>> [e.update(x) for x in [4.0, 4.0]]
+    [2.0, 3.0]
+    >>> e.debiased                    # 0.5·4 + 0.25·4, over weights 0.75
+    4.0
     >>> f = EWMean(0.5, start="first")
-    >>> for x in [4.0, 2.0]: f.update(x)
-    >>> f.mean
-    3.0
+    >>> [f.update(x) for x in [4.0, 2.0]]
+    [4.0, 3.0]
     """
 
     __slots__ = ("alpha", "start", "n", "mean", "_warm")
@@ -51,10 +51,13 @@ class EWMean:
         # (first: the first point gets weight 1; running: while 1/n ≥ alpha; zero: never).
         self._warm = {"first": 1, "running": int(1.0 / alpha) + 1, "zero": 0}[start]
 
-    def update(self, x: float) -> None:
+    def update(self, x: float) -> float:
+        """Add ``x``; returns the new mean."""
         n = self.n = self.n + 1
-        a = self.alpha if n > self._warm else max(self.alpha, 1.0 / n)
-        self.mean += a * (x - self.mean)
+        mean = self.mean
+        mean += (self.alpha if n > self._warm else max(self.alpha, 1.0 / n)) * (x - mean)
+        self.mean = mean
+        return mean
 
     @property
     def debiased(self) -> float:

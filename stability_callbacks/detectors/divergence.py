@@ -54,8 +54,8 @@ class Divergence(Detector):
         if not self.med.full:
             return []
         m = self.med.median
-        self.noise.update(abs(lx - m))
-        thr = max(math.log1p(self.min_rise), self.noise_sigmas * 1.25 * self.noise.mean)
+        noise = self.noise.update(abs(lx - m))
+        thr = max(math.log1p(self.min_rise), self.noise_sigmas * 1.25 * noise)
         if not self.rise.update(m, record.step, thr):
             return []
         lo, now, low_step = math.exp(self.rise.low), math.exp(m), self.rise.low_step

@@ -43,8 +43,7 @@ class LevelShift(Detector):
             return []
         self.last = x
         lx = math.log(x)
-        self.fast.update(lx)
-        fast = self.fast.mean
+        fast = self.fast.update(lx)
         thr = math.log1p(self.min_shift)
         shifted = self.slow.n >= self.persist_samples and fast - self.slow.level > thr
         if not shifted:   # the reference holds still while a candidate shift is judged

@@ -35,7 +35,7 @@ class NonFinite(Detector):
         if bad and (m.get(keys.SKIPPED) or 0.0) >= 1.0 and keys.GRAD_NORM in bad:
             bad.remove(keys.GRAD_NORM)   # an overflow on a skipped fp16 step is not a NaN
         if not bad:
-            self.latch.rearm()
+            self.latch.armed = True   # a finite step ends the episode (hot path: no call)
             return []
         if not self.latch.update(True):
             return []

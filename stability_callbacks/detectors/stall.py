@@ -88,23 +88,25 @@ class Stall(Detector):
         x = m.get(keys.LOSS)
         if x is None or not math.isfinite(x):   # missing or NaN/Inf: nonfinite's business
             return []
-        prev, prev_step = self.last, self.last_step
-        self.last, self.last_step = x, record.step
-        out: list[Finding] = []
-        if x == 0.0 and prev is not None and prev != 0.0 and self.positive and prev >= self.zero_from * self.peak:
-            out.append(self._zero(record.step, prev, prev_step))
-        if x <= 0.0:
-            self.positive = False
-        self.peak = max(self.peak, x)
-        repeat = x == prev and x != 0.0
-        if repeat:
+        prev, step = self.last, record.step
+        if x == prev and x != 0.0:   # the same value again (zeros are the zero rule's)
             self.count += 1
             if self.count == 2:
+                self.run_start = self.last_step
                 self.need = self._samples_needed(x, m.get(keys.LOSS_RESOLUTION), ctx)
-        else:
-            self.count, self.before, self.run_start = 1, prev, record.step
-        if self.latch.update(self.need is not None and self.count >= self.need, not repeat):
-            out.append(self._frozen(record.step, x))
+            self.last_step = step
+            if self.need is not None and self.latch.update(self.count >= self.need):
+                return [self._frozen(step, x)]
+            return []
+        out: list[Finding] = []
+        if x == 0.0 and prev is not None and prev != 0.0 and self.positive and prev >= self.zero_from * self.peak:
+            out.append(self._zero(step, prev, self.last_step))
+        if x <= 0.0:
+            self.positive = False
+        elif x > self.peak:
+            self.peak = x
+        self.last, self.last_step, self.before, self.count = x, step, prev, 1
+        self.latch.armed = True   # the loss moved: re-armed (hot path: no call)
         return out
 
     def _resolution(self, x: float, printed: float | None) -> float:

@@ -37,8 +37,7 @@ class SuddenDrop(Detector):
         x = record.metrics.get(keys.LOSS)
         if not finite_positive(x):
             return []
-        self.fast.update(math.log(x))
-        fast = self.fast.mean
+        fast = self.fast.update(math.log(x))
         before = ctx.loss_baseline
         dropped = (before is not None and not ctx.loss_spike_open
                    and fast - math.log(before) < math.log1p(-min(self.min_drop, 0.99)))
