@@ -35,11 +35,12 @@ class Stall(Detector):
       Gaussian step of std √2·σ·|x| landing within one printed digit — and ``k`` points with
       p^(k−1). ``k`` is the smallest count with p^(k−1) ≤ ``false_alarm_rate`` (per point),
       at least ``min_samples``: ``1.000000`` (PaddleOCR, 7 digits) needs 3, HF's 4 decimals
-      of a loss near 1 need 5, full float precision 3. σ is the larger of ``noise_floor`` and
-      the noise ``loss_spike`` has measured. A print so coarse that more than ``num_samples``
-      repeats would be needed (Lightning's 3 significant digits of a smooth loss), or a value
-      with a single significant digit (``0.0001``, the print floor), cannot tell a freeze from
-      noise: the rule stays silent there.
+      of a loss near 2 need 5, full float precision 3. σ is ``noise_floor``, not a noise
+      measured on the run: smoothed or daily losses move less from point to point than their
+      residuals suggest. A print so coarse that more than ``num_samples`` repeats would be
+      needed (2 decimals; Lightning's 3 significant digits of a loss above 1), or a value with a
+      single significant digit (``0.0001``, the print floor), cannot tell a freeze from noise:
+      the rule stays silent there.
     - *zero*: exactly 0.0 right after a loss that was positive on every point so far and at
       least ``zero_from`` of the largest loss seen. A cross-entropy-like loss reaches zero only
       through its last tiny values (memorising a small set goes 0.01 → 0.001 → 0.0001 → 0.0);
@@ -93,7 +94,7 @@ class Stall(Detector):
             self.count += 1
             if self.count == 2:
                 self.run_start = self.last_step
-                self.need = self._samples_needed(x, m.get(keys.LOSS_RESOLUTION), ctx)
+                self.need = self._samples_needed(x, m.get(keys.LOSS_RESOLUTION))
             self.last_step = step
             if self.need is not None and self.latch.update(self.count >= self.need):
                 return [self._frozen(step, x)]
@@ -115,14 +116,11 @@ class Stall(Detector):
         # the finer of the repeated value and the value before the run: 1.000000 after 0.923512
         return min(printed_resolution(x), printed_resolution(self.before) if self.before else math.inf)
 
-    def _noise(self, ctx: Context) -> float:
-        return max(self.noise_floor, ctx.loss_noise if ctx.loss_baseline is not None else 0.0)
-
-    def _samples_needed(self, x: float, printed: float | None, ctx: Context) -> int | None:
+    def _samples_needed(self, x: float, printed: float | None) -> int | None:
         q = self._resolution(x, printed)
         if abs(x) < 10.0 * q:   # one significant digit: at the print floor, repeats prove nothing
             return None
-        p = (q / abs(x)) / (2.0 * math.sqrt(math.pi) * self._noise(ctx))
+        p = (q / abs(x)) / (2.0 * math.sqrt(math.pi) * self.noise_floor)
         if p >= 1.0:
             return None
         k = max(1 + math.ceil(math.log(self.false_alarm_rate) / math.log(p)), self.min_samples)
