@@ -1,13 +1,14 @@
 """Rules that follow from how the numbers are produced (issue 16): Adam's zero-initialised
 second moment, the loss scale of bf16 runs and of dynamic scalers, the printed precision of a
-frozen loss, a loss of exactly 0.0. Each on real public text (tests/data/rule_cases, sources in
+frozen loss, a loss of exactly 0.0, the pace of a grokking drop. Each on real public text (tests/data/rule_cases, sources in
 its README) and on the synthetic physics of tests/physics.py."""
 import math
+import random
 import re
 
 import pytest
 from conftest import DATA
-from physics import adam_run, bf16_run, dynamic_scaler_run, grpo_run, printed, printed_losses
+from physics import adam_run, bf16_run, dynamic_scaler_run, grokking_run, grpo_run, printed, printed_losses
 
 from stability_callbacks import Monitor, StepRecord
 from stability_callbacks.replay.readers import read_records
@@ -231,3 +232,23 @@ def test_memorising_down_to_zero_is_not_a_jump_to_zero():
     losses = [printed(2.0 * 0.7 ** s, 4) for s in range(60)]
     assert losses[28:32] == [0.0001, 0.0001, 0.0, 0.0] and losses[-1] == 0.0
     assert [f for f in run([StepRecord(s, {"loss": x}) for s, x in enumerate(losses, 1)]) if f.kind == "stall"] == []
+
+
+# -- a grokking moment: the fall speeds up ---------------------------------------------------------
+@pytest.mark.parametrize("curve, step", [
+    (dict(n=3000, at=1200, drop=0.375, over=60), 1210),                          # llama-2-7b: 4 -> 2.5 in ~60 steps
+    (dict(n=4000, at=2500, drop=0.8, over=200, level=4.6, noise=0.01), 2491),    # a slower, deeper S-curve
+    (dict(n=1000, at=300, drop=0.5, over=30), 304),                              # early, right after warmup
+], ids=["llama60", "s-curve200", "early30"])
+def test_grokking_drops_are_sudden_drops(curve, step):
+    f = run(grokking_run(**curve))
+    assert found(f) == [(step, "sudden_drop", "info")]
+    assert "sped up" in f[-1].message and f[-1].details["drop"] > 0.25
+
+
+def test_a_fast_early_fall_without_lr_is_not_a_sudden_drop():
+    # no LR to find the warmup: the steep, slowing fall of the first steps is start-up
+    rng = random.Random(0)
+    recs = [StepRecord(s, {"loss": (2.0 + 9.0 * math.exp(-s / 80)) * math.exp(rng.gauss(0.0, 0.02))})
+            for s in range(1, 3000)]
+    assert found(run(recs)) == []
