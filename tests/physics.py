@@ -126,3 +126,18 @@ def grokking_run(n: int, *, at: int, drop: float, over: int, level: float = 4.0,
         loss = level * (1.0 + 0.1 * math.exp(-s / 500)) * (1.0 - drop * fall) * math.exp(rng.gauss(0.0, noise))
         out.append(StepRecord(s, {"loss": loss, "lr": warmup_lr(s, warmup, 3e-4)}))
     return out
+
+
+def sparse_noisy_run(n_steps: int, *, every: int = 100, noise: float = 0.2, seed: int = 0,
+                     jump_at: int | None = None, jump: float = 1.6) -> list[StepRecord]:
+    """A noisy but healthy run logged every ``every`` steps (a translation model's fairseq log:
+    3 decimals), with inverse-sqrt LR after a 4000-step warmup; ``jump_at``: from there on the
+    loss stays ``jump`` x higher (a spike that never recovers)."""
+    rng = random.Random(seed)
+    out = []
+    for s in range(every, n_steps + 1, every):
+        loss = (3.0 + 6.0 * math.exp(-s / 3000)) * math.exp(rng.gauss(0.0, noise))
+        if jump_at is not None and s >= jump_at:
+            loss *= jump
+        out.append(StepRecord(s, {"loss": printed(loss, 3), "lr": 5e-4 * min(s / 4000, (4000 / s) ** 0.5)}))
+    return out

@@ -20,6 +20,7 @@ class SpikeEpisode:
     peak: float
     samples: int = 1
     warned: bool = False
+    warm: bool = True      # the baseline was known (≥ cold_start_samples points) at the onset
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -38,9 +39,17 @@ class LossSpike(Detector):
     An episode emits ``loss_spike`` at its onset (``info``; ``warning`` when the rise is at
     least ``large_rise`` or once it persists ``persist_samples`` points), then exactly one of
     ``spike_recovered`` (back within ``recover_fraction`` of the rise or 3σ of noise; ``fast`` when within
-    ``fast_recovery_steps``) or ``spike_unrecovered`` (not back after ``horizon_steps``:
-    critical). A healthy 20k-step run has ~190 one-step blips: they stay ``info``.
-    O(1) per update; state: the baseline (4 floats), the episode (5 scalars) and 2 scalars.
+    ``fast_recovery_steps``) or ``spike_unrecovered`` (not back after ``horizon_steps`` *and*
+    ``horizon_samples`` logged points: critical). A healthy 20k-step run has ~190 one-step
+    blips: they stay ``info``.
+
+    "Unrecovered" claims the loss did not come back to *its* level, so it needs that level
+    known and enough points to tell a loss that stayed up from noise: a sparse log (every 100
+    steps) has only 3 points in 300 steps, and a cold-start baseline (fewer than
+    ``cold_start_samples`` points — possibly one noisy first point) is not a level. An episode
+    that opened against a cold baseline is closed at the horizon without a verdict, and the
+    baseline restarts at the level the loss has settled at.
+    O(1) per update; state: the baseline (4 floats), the episode (6 scalars) and 2 scalars.
 
     >>> d = LossSpike()
     >>> out = [f.kind for s, x in enumerate([3.0] * 30 + [6.0, 3.0], 1)
@@ -62,7 +71,7 @@ class LossSpike(Detector):
                  cold_start_rise: float = 0.3, max_threshold_rise: float = 1.0,
                  large_rise: float = 1.5, persist_samples: int = 3,
                  recover_fraction: float = 0.1, fast_recovery_steps: int = 100,
-                 horizon_steps: int = 300):
+                 horizon_steps: int = 300, horizon_samples: int = 10):
         self.signals = (signal,)
         self.baseline_alpha = check("baseline_alpha", baseline_alpha, 0 < baseline_alpha <= 1, "in (0, 1]")
         self.z_threshold = positive("z_threshold", z_threshold)
@@ -75,6 +84,7 @@ class LossSpike(Detector):
         self.recover_fraction = check("recover_fraction", recover_fraction, 0 < recover_fraction < 1, "in (0, 1)")
         self.fast_recovery_steps = positive_int("fast_recovery_steps", fast_recovery_steps)
         self.horizon_steps = positive_int("horizon_steps", horizon_steps)
+        self.horizon_samples = positive_int("horizon_samples", horizon_samples)
         self.base = RobustLevel(baseline_alpha)
         self.episode: SpikeEpisode | None = None
         self.prev_step: int | None = None
@@ -124,7 +134,7 @@ class LossSpike(Detector):
                                            and self.prev_step is not None) else step
                 rise = x / b.baseline - 1
                 severity = "warning" if rise >= self.large_rise else "info"
-                self.episode = SpikeEpisode(onset, b.baseline, x, warned=severity == "warning")
+                self.episode = SpikeEpisode(onset, b.baseline, x, warned=severity == "warning", warm=warm)
                 out.append(self._onset_finding(step, x, b.baseline, thr, onset, severity, ctx))
             else:
                 b.update_log(lx)
@@ -159,7 +169,12 @@ class LossSpike(Detector):
                                  f"({ep.samples} points above). A checkpoint is being saved; if it "
                                  f"does not come back, roll back to a checkpoint before step {onset}."),
                         escalated=True, persisted_samples=ep.samples))
-                if step - onset >= self.horizon_steps:
+                if step - onset >= self.horizon_steps and not ep.warm:
+                    # Judged against a cold baseline: no verdict; the loss's level is where it is now.
+                    self.episode = None
+                    self.base = RobustLevel(self.baseline_alpha)
+                    self.base.update(x)
+                elif step - onset >= self.horizon_steps and ep.samples >= self.horizon_samples:
                     out.append(self.finding(
                         step, kind="spike_unrecovered", severity="critical", value=x, baseline=base0,
                         onset_step=onset, threshold=self._recovery_level(base0, peak),
