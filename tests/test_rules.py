@@ -223,6 +223,12 @@ def test_fp16_lora_loss_zero_with_nan_grad_norm():
     assert f[0].details["zero_loss"] is True and "reads exactly 0.0" in f[0].message
 
 
+def test_a_nan_on_the_very_first_step_is_critical_at_once():
+    # nothing to compare with, and nothing needed: a NaN is unmistakable
+    f = run([StepRecord(1, {"loss": math.nan, "grad_norm": 3.0})])
+    assert found(f) == [(1, "nonfinite", "critical"), (1, "rollback_advice", "critical")]
+
+
 def test_grpo_starting_at_zero_is_healthy():
     for name in ("hf_grpo_loss0_start_healthy.log", "hf_grpo_loss0_repeats.log"):
         assert found(run(read_records(CASES / name))) == []
