@@ -76,7 +76,7 @@ def load_config(source: str | Path | Mapping | None = None) -> dict[str, Any]:
     >>> load_config({"detectors": {"loss_spike": {"z_treshold": 5}}})
     Traceback (most recent call last):
     ...
-    stability_callbacks.config.ConfigError: detectors.loss_spike.z_treshold: unknown key (known: baseline_alpha, cold_start_rise, cold_start_samples, fast_recovery_steps, horizon_steps, large_rise, max_threshold_rise, min_rise, persist_samples, recover_fraction, signal, z_threshold)
+    stability_callbacks.config.ConfigError: detectors.loss_spike.z_treshold: unknown key (known: baseline_alpha, ..., z_threshold)
     """
     if source is None:
         raw: Any = {}

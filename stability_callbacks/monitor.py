@@ -7,6 +7,7 @@ takes training down.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from typing import Any, Mapping
@@ -21,9 +22,7 @@ from .record import Finding, StepRecord
 
 log = logging.getLogger("stability_callbacks")
 
-STATE_VERSION = 1
-_CONTRACT_KEYS = frozenset(keys.ALL)
-
+STATE_VERSION = 2   # 2: latches and EW means are statistics objects; streams are a detector
 
 class Monitor:
     """Feed it one :class:`StepRecord` per optimizer step; read findings and ``control``.
@@ -44,11 +43,8 @@ class Monitor:
         self.phase = PhaseTracker(**self.config["phase"])
         self.policy = Policy(**self.config["policy"])
         dcfg = self.config["detectors"]
-        self.detectors: list[Detector] = [cls(**(dcfg.get(name) or {})) for name, cls in DETECTORS.items()
-                                          if dcfg.get(name, {}) is not False]
+        self.detectors: list[Detector] = [self._make(name) for name in DETECTORS if dcfg.get(name, {}) is not False]
         self._loss_spike = next((d for d in self.detectors if isinstance(d, LossSpike)), None)
-        self._stream_kwargs = {k: v for k, v in (dcfg.get("loss_spike") or {}).items() if k != "signal"}
-        self.streams: dict[str, LossSpike] = {}
         self.control = Control()
         self.last_step: int | None = None
         self.segment = 0
@@ -81,8 +77,10 @@ class Monitor:
         if not self.success_seen and (skipped is None or skipped == 0 or (loss is not None and math.isfinite(loss))):
             self.success_seen = True
         ctx = Context(step=step, phase=self.phase.phase, in_risk_window=self.phase.in_risk_window(step),
+                      warmup_end_step=self.phase.warmup_end_step,
                       in_startup=step <= self.policy.startup_steps or not self.success_seen,
-                      steps_since_resume=(step - self.resume_step if self.resume_step is not None else None))
+                      steps_since_resume=(step - self.resume_step if self.resume_step is not None else None),
+                      found=out)
         shape = frozenset(m)
         plan = self._plans.get(shape)
         if plan is None:   # which detectors this set of keys feeds (logs keep one shape)
@@ -102,10 +100,7 @@ class Monitor:
             if d is self._loss_spike:
                 ctx.loss_baseline, ctx.loss_noise = d.baseline_before, d.noise_before
                 ctx.loss_spike_open = d.episode is not None
-                ctx.loss_spike_onset = d.episode[0] if d.episode is not None else None
-        if self.streams or not _CONTRACT_KEYS.issuperset(m.keys()):
-            out += self._update_streams(record, ctx)
-            self._name_streams(out)
+                ctx.loss_spike_onset = d.episode.onset if d.episode is not None else None
         out += self.policy.decide(out, ctx, self.control, self.phase.risk_window)
         for f in out:
             if f.phase is None:
@@ -114,32 +109,17 @@ class Monitor:
         self.phase_at_last_step = ctx.phase
         return out
 
+    def _make(self, name: str) -> Detector:
+        cls, dcfg = DETECTORS[name], self.config["detectors"]
+        kwargs = dict(dcfg.get(name) or {})
+        if cls.defaults_from and dcfg.get(cls.defaults_from):   # e.g. streams judged like the main loss
+            accepted = inspect.signature(cls.__init__).parameters
+            kwargs = {**{k: v for k, v in dcfg[cls.defaults_from].items() if k in accepted}, **kwargs}
+        return cls(**kwargs)
+
     def _disable(self, name: str, step: int) -> None:
         self._broken.add(name)
         log.exception("stability_callbacks: detector %s failed at step %s and is now off", name, step)
-
-    def _update_streams(self, record: StepRecord, ctx: Context) -> list[Finding]:
-        out: list[Finding] = []
-        for k in keys.loss_streams(record.metrics):
-            det = self.streams.get(k)
-            if det is None:
-                det = self.streams[k] = LossSpike(signal=k, **self._stream_kwargs)
-            name = f"loss_spike:{k}"
-            if name in self._broken:
-                continue
-            try:
-                out += det.update(record, ctx)
-            except Exception:
-                self._disable(name, record.step)
-        return out
-
-    def _name_streams(self, out: list[Finding]) -> None:
-        """A main-loss spike says which per-dataset streams spiked with it (IDEFICS cm4/pmd)."""
-        spiking = sorted(k for k, d in self.streams.items() if d.open)
-        for f in out:
-            if f.kind == "loss_spike" and f.signal == keys.LOSS and spiking:
-                f.details["streams"] = spiking
-                f.message += f" Streams spiking with it: {', '.join(spiking)}."
 
     # -- run structure ------------------------------------------------------------------------
     def begin_segment(self, start_step: int, reason: str, *, segment: int | None = None) -> list[Finding]:
@@ -155,7 +135,7 @@ class Monitor:
         self.control.state_is_good = True
         self.control.rollback = None
         self.policy.forget_after(start_step)
-        for d in self.detectors + list(self.streams.values()):
+        for d in self.detectors:
             d.on_segment(start_step, reason)
         return [Finding(step=start_step, kind="resume", severity="info", phase=self.phase.phase,
                         message=(f"Training {'rolled back and ' if reason == 'rollback' else ''}resumed at "
@@ -168,10 +148,8 @@ class Monitor:
         what the detectors learned since belongs to the abandoned branch (DESIGN invariant 5:
         after a rollback, the past, not the future). They start afresh; the phase keeps the
         warmup end and risk window it knows, but not the last LR."""
-        dcfg = self.config["detectors"]
-        self.detectors = [type(d)(**(dcfg.get(d.name) or {})) for d in self.detectors]
+        self.detectors = [self._make(d.name) for d in self.detectors]
         self._loss_spike = next((d for d in self.detectors if isinstance(d, LossSpike)), None)
-        self.streams = {}
         self._plans = {}
         self.phase.prev_lr = self.phase.prev_step = None
         self.phase.rising_samples = self.phase.flat = 0
@@ -191,7 +169,6 @@ class Monitor:
             "phase": self.phase.state_dict(),
             "policy": self.policy.state_dict(),
             "detectors": {d.name: d.state_dict() for d in self.detectors},
-            "streams": {k: d.state_dict() for k, d in self.streams.items()},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -211,7 +188,3 @@ class Monitor:
         self.policy.load_state_dict(state["policy"])
         for d in self.detectors:
             d.load_state_dict(state["detectors"][d.name])
-        self.streams = {}
-        for k, s in state["streams"].items():
-            det = self.streams[k] = LossSpike(signal=k, **self._stream_kwargs)
-            det.load_state_dict(s)

@@ -1,7 +1,9 @@
 """O(1) streaming statistics the detectors are built from (river-style: ``update`` / ``get``).
 
 Everything works on Python floats. State is a handful of floats (plus one short fixed window
-in :class:`RollingMedian`), exported with ``state_dict`` for checkpoints.
+in :class:`RollingMedian`), exported with ``state_dict`` for checkpoints. Detectors compose
+these parts rather than writing their own: an EW mean is :class:`EWMean`, "fire once, re-arm"
+is :class:`Latch`.
 """
 from __future__ import annotations
 
@@ -9,47 +11,100 @@ import math
 from collections import deque
 
 
-class EWMeanVar:
-    """Exponentially weighted mean and variance (West/Finch incremental update).
+class EWMean:
+    """Exponentially weighted mean: ``mean += a·(x − mean)``. O(1); state: ``[n, mean]``.
 
-    Never E[x²]−E[x]²: the update is written in the residual so it stays exact in floats.
-    The first ``1/alpha`` updates use ``1/n`` weights (a plain running mean), so a short
-    history is not dominated by the first value. State: 3 floats.
+    ``start`` says how the first points count — the three ways an EW mean can begin, each with
+    its use here:
 
-    >>> s = EWMeanVar(alpha=0.1)
-    >>> for x in [1.0, 2.0, 3.0]: s.update(x)
-    >>> round(s.mean, 6), round(s.var, 6)
-    (2.0, 0.666667)
+    - ``"first"``: the first value is the mean, then ``a = alpha`` (pandas ``adjust=False``): a
+      fast level that must not be pulled toward an arbitrary initial value;
+    - ``"running"``: ``a = max(alpha, 1/n)``, a plain running mean of the first ``1/alpha``
+      points, then exponential: a typical size that is usable from the second point on;
+    - ``"zero"``: starts at 0.0 with ``a = alpha``, as Adam's moments do. After ``n`` updates
+      the weights sum to ``1 − (1 − alpha)^n``, so the mean is biased toward 0 for about
+      ``1/alpha`` updates; :attr:`debiased` divides that sum out (Adam's bias correction).
+
+    >>> e = EWMean(0.5, start="zero")
+    >>> [e.update(x) for x in [4.0, 4.0]]
+    [2.0, 3.0]
+    >>> e.debiased                    # 0.5·4 + 0.25·4, over weights 0.75
+    4.0
+    >>> f = EWMean(0.5, start="first")
+    >>> [f.update(x) for x in [4.0, 2.0]]
+    [4.0, 3.0]
     """
 
-    __slots__ = ("alpha", "n", "mean", "var")
+    __slots__ = ("alpha", "start", "n", "mean", "_warm")
+    STARTS = ("first", "running", "zero")
 
-    def __init__(self, alpha: float):
+    def __init__(self, alpha: float, *, start: str = "first"):
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
+        if start not in self.STARTS:
+            raise ValueError(f"start must be one of {', '.join(self.STARTS)}, got {start!r}")
         self.alpha = alpha
+        self.start = start
         self.n = 0
         self.mean = 0.0
-        self.var = 0.0
+        # One update rule for all three: weight max(alpha, 1/n) for the first _warm points
+        # (first: the first point gets weight 1; running: while 1/n ≥ alpha; zero: never).
+        self._warm = {"first": 1, "running": int(1.0 / alpha) + 1, "zero": 0}[start]
 
-    def update(self, x: float) -> None:
-        self.n += 1
-        a = max(self.alpha, 1.0 / self.n)
-        d = x - self.mean
-        incr = a * d
-        self.mean += incr
-        # Finch (2009), "Incremental calculation of weighted mean and variance", eq. 143.
-        self.var = (1.0 - a) * (self.var + d * incr)
+    def update(self, x: float) -> float:
+        """Add ``x``; returns the new mean."""
+        n = self.n = self.n + 1
+        mean = self.mean
+        mean += (self.alpha if n > self._warm else max(self.alpha, 1.0 / n)) * (x - mean)
+        self.mean = mean
+        return mean
 
     @property
-    def std(self) -> float:
-        return math.sqrt(self.var) if self.var > 0.0 else 0.0
+    def debiased(self) -> float:
+        """The mean over the weights actually given (differs from ``mean`` only for ``zero``)."""
+        if self.start != "zero" or self.n == 0:
+            return self.mean
+        return self.mean / -math.expm1(self.n * math.log1p(-self.alpha)) if self.alpha < 1.0 else self.mean
 
     def state_dict(self) -> list:
-        return [self.n, self.mean, self.var]
+        return [self.n, self.mean]
 
     def load_state_dict(self, s) -> None:
-        self.n, self.mean, self.var = int(s[0]), float(s[1]), float(s[2])
+        self.n, self.mean = int(s[0]), float(s[1])
+
+
+class Latch:
+    """Fire once per episode: :meth:`update` is True at the first point where ``on`` holds
+    while armed, then False until a point where ``off`` holds re-arms it. ``off`` is applied
+    first, so a point can re-arm and fire at once; a caller whose re-arm condition can overlap
+    ``on`` excludes ``on`` from it. O(1); state: 1 bool.
+
+    >>> latch = Latch()
+    >>> [latch.update(on=v > 2, off=v < 1) for v in [3, 3, 1.5, 3, 0, 3]]
+    [True, False, False, False, False, True]
+    """
+
+    __slots__ = ("armed",)
+
+    def __init__(self):
+        self.armed = True
+
+    def update(self, on: bool, off: bool = False) -> bool:
+        if off:
+            self.armed = True
+        if on and self.armed:
+            self.armed = False
+            return True
+        return False
+
+    def rearm(self) -> None:
+        self.armed = True
+
+    def state_dict(self) -> bool:
+        return self.armed
+
+    def load_state_dict(self, s) -> None:
+        self.armed = bool(s)
 
 
 class RobustLevel:
@@ -194,29 +249,21 @@ class RiseAboveLow:
     (4.0, 2)
     """
 
-    __slots__ = ("persist", "low", "low_step", "count", "armed")
+    __slots__ = ("persist", "low", "low_step", "count", "latch")
 
     def __init__(self, persist: int):
         self.persist = persist
         self.low: float | None = None
         self.low_step: int | None = None
         self.count = 0
-        self.armed = True
+        self.latch = Latch()
 
     def update(self, v: float, step: int, threshold: float) -> bool:
         if self.low is None or v < self.low:
             self.low, self.low_step = v, step
         rise = v - self.low
-        if rise <= threshold:
-            self.count = 0
-            if rise < threshold / 2:
-                self.armed = True
-            return False
-        self.count += 1
-        if self.count < self.persist or not self.armed:
-            return False
-        self.armed = False
-        return True
+        self.count = 0 if rise <= threshold else self.count + 1
+        return self.latch.update(on=self.count >= self.persist, off=rise < threshold / 2)
 
     def restart(self) -> None:
         """Forget the low (a new episode of the signal begins)."""
@@ -224,10 +271,11 @@ class RiseAboveLow:
         self.count = 0
 
     def state_dict(self) -> list:
-        return [self.low, self.low_step, self.count, self.armed]
+        return [self.low, self.low_step, self.count, self.latch.armed]
 
     def load_state_dict(self, s) -> None:
-        self.low, self.low_step, self.count, self.armed = s[0], s[1], int(s[2]), bool(s[3])
+        self.low, self.low_step, self.count = s[0], s[1], int(s[2])
+        self.latch.load_state_dict(s[3])
 
 
 def finite_positive(v) -> bool:

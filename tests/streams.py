@@ -19,7 +19,9 @@ def healthy(n: int = 600, *, seed: int = 0, warmup: int = 50, noise: float = 0.0
         if grad_norm:
             m["grad_norm"] = (0.5 + 2.0 * math.exp(-s / 100)) * math.exp(rng.gauss(0, 0.05))
         if adam:
-            v = 1e-6 * (1 + 3 * math.exp(-s / 100)) * math.exp(rng.gauss(0, 0.02))
+            # exp_avg_sq as torch keeps it: an EMA from 0 (beta2 = 0.999) whose bias-corrected
+            # value follows the gradients' second moment
+            v = 1e-6 * (1 + 3 * math.exp(-s / 100)) * math.exp(rng.gauss(0, 0.02)) * (1 - 0.999 ** s)
             m.update({"adam/exp_avg_sq_max": v * 50, "adam/exp_avg_sq_l1": v * 1e6,
                       "adam/exp_avg_sq_numel": 1e6})
         out.append(StepRecord(s, m))

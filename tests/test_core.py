@@ -1,9 +1,8 @@
 """The core imports without torch; its docstring examples are the spec and they run."""
-import doctest
-import importlib
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -22,11 +21,19 @@ def test_core_imports_without_torch():
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
-@pytest.mark.parametrize("name", CORE)
-def test_docstring_examples(name):
-    mod = importlib.import_module(name)
-    result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0
+def test_pytest_runs_every_docstring_example_in_the_package(pytestconfig):
+    """The docstring examples are the spec: a plain ``pytest`` collects them from every module
+    (pyproject: ``testpaths`` + ``--doctest-modules``), the torch-side ones included."""
+    root = Path(stability_callbacks.__file__).resolve().parent
+    assert "stability_callbacks" in pytestconfig.getini("testpaths")
+    assert "--doctest-modules" in pytestconfig.getini("addopts")
+    with_examples = {p.relative_to(root.parent).as_posix() for p in root.rglob("*.py")
+                     if ">>>" in p.read_text() and p.name != "__main__.py"}
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                        "stability_callbacks"], cwd=root.parent, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    collected = {line.split("::")[0] for line in r.stdout.splitlines() if "::" in line}
+    assert with_examples and with_examples <= collected, sorted(with_examples - collected)
 
 
 def test_instance_patches_restore_the_class_method_or_an_earlier_wrap():

@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("deepspeed")
 
 from stability_callbacks.integrations.deepspeed import attach, roll_back_latest  # noqa: E402
+from stability_callbacks.monitor import STATE_VERSION  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "dist" / "ds_scenarios.py"
@@ -139,7 +140,7 @@ def test_bf16_zero2_data_pocket_spike_saves_and_state(ds):
     assert r["runlog_checkpoints"] == r["saved_steps"]
     # client_state["stability"] of the first save: the live state as of that step.
     st = r["saved_state"]
-    assert st["live"]["monitor"]["version"] == 1 and st["step"] == 10
+    assert st["live"]["monitor"]["version"] == STATE_VERSION and st["step"] == 10
     assert st["live"]["monitor"]["monitor"]["last_step"] == 10
     assert st["live"]["monitor"]["policy"]["checkpoints"][-1][0] == 10
     # One record per optimizer step, with every signal; Adam statistics over both ZeRO-2

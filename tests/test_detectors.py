@@ -6,6 +6,7 @@ import pytest
 from streams import healthy, scale
 
 from stability_callbacks import Monitor, StepRecord
+from stability_callbacks.record import KINDS
 from stability_callbacks.detectors import DETECTORS, Context
 
 
@@ -87,11 +88,14 @@ def test_stall_and_exact_zero():
     recs = healthy(300)
     for r in recs[200:]:
         r.metrics["loss"] = 1.234
-    assert kinds(run(recs)) == [(216, "stall", "critical")]
+    # full-precision values before it: three identical ones are already beyond chance (and
+    # 1.234 is 56% below the loss before it: a sudden drop too, as the fast level shows at 204)
+    assert kinds(run(recs)) == [(203, "stall", "critical"), (204, "sudden_drop", "info")]
     recs = healthy(300)
     for r in recs[100:]:
         r.metrics["loss"] = 0.0
-    assert kinds(run(recs)) == [(115, "stall", "critical"), (115, "warmup_instability", "critical")]
+    # from ~2.9 to exactly 0.0 in one step: at once, not after 16 zeros
+    assert kinds(run(recs)) == [(101, "stall", "critical"), (101, "warmup_instability", "critical")]
 
 
 def test_nonfinite_once_per_episode():
@@ -131,7 +135,8 @@ def test_second_moment_surge_jump_and_post_peak_rise():
         if r.step > 50:
             r.metrics["adam/exp_avg_sq_l1"] *= 1 + (r.step - 50) / 25
     found = [f for f in run(recs) if f.kind == "second_moment_surge"]
-    assert [(f.step, f.details["rule"]) for f in found] == [(136, "post_peak_rise")]
+    # judged against the bias-corrected value at the end of warmup (step 50), not at step 1
+    assert [(f.step, f.details["rule"]) for f in found] == [(90, "post_peak_rise")]
 
 
 def test_overflow_burst_and_loss_scale_collapse():
@@ -241,29 +246,118 @@ def test_early_findings_are_info_unless_unmistakable():
 
 
 # -- contract tests: every detector --------------------------------------------------------------
-def _stream():
+CUT = 590   # the state is cut after this step: records[:CUT] before, records[CUT:] after
+
+
+def _base_stream():
     recs = healthy(900, adam=True)
     for r in recs:
-        r.metrics.update(param_norm=100 + r.step / 10, loss_scale=2.0 ** 16, skipped=0.0,
+        r.metrics.update(param_norm=100.0, loss_scale=2.0 ** 16, skipped=0.0,
                          batch_fingerprint=float(r.step), **{"loss/a": r.metrics["loss"] * 1.1})
-    scale(recs, "loss", lambda s: 2.5 if 600 <= s < 620 else 1.0)
-    scale(recs, "grad_norm", lambda s: 9.0 if s == 599 else 1.0)
     return recs
 
 
+def _resume_at(recs, step):
+    for r in recs:
+        if r.step > step:
+            r.segment = 1
+    return recs
+
+
+def _log2_scale(s):
+    """Collapses 2^16 -> 2^8 at 580-587, sinks to 2^2 at 610-615, regrows to 2^16 at 650 and
+    collapses again from 660."""
+    if s < 580 or 650 <= s < 660:
+        return 16
+    if s < 610:
+        return max(16 - (s - 579), 8)
+    if s < 650:
+        return max(8 - (s - 609), 2)
+    return max(16 - (s - 659), 8)
+
+
+def _nan_loss(recs, steps):
+    for r in recs:
+        if r.step in steps:
+            r.metrics["loss"] = math.nan
+    return recs
+
+
+def _set(recs, key, value_by_step):
+    for r in recs:
+        v = value_by_step(r.step, r.metrics[key])
+        if v is not None:
+            r.metrics[key] = v
+    return recs
+
+
+# One planted event per detector. Each begins before the cut where the detector has an episode
+# to carry across it (so the restored state decides what follows) and fires after the cut.
+SCENARIOS = {
+    "nonfinite": lambda r: _nan_loss(r, set(range(585, 593)) | {600}),
+    "loss_spike": lambda r: scale(r, "loss", lambda s: 2.5 if 588 <= s < 600 else 1.8 if s == 650 else 1.0),
+    "stream_loss_spike": lambda r: scale(r, "loss/a", lambda s: 2.5 if 588 <= s < 620 else 1.0),
+    "divergence": lambda r: scale(r, "loss", lambda s: math.exp(0.004 * (s - 560)) if s >= 560 else 1.0),
+    "level_shift": lambda r: scale(r, "loss", lambda s: 1.25 if s >= 560 else 1.0),
+    "sudden_drop": lambda r: scale(r, "loss", lambda s: 0.6 if s >= 588 else 1.0),
+    "stall": lambda r: _set(r, "loss", lambda s, v: 1.234 if s >= 589 else None),
+    "grad_norm_spike": lambda r: scale(r, "grad_norm", lambda s: 8.0 if s == 540 or 589 <= s <= 592 or s == 600 else 1.0),
+    "grad_norm_growth": lambda r: scale(r, "grad_norm", lambda s: math.exp((s - 450) / 200) if s >= 450 else 1.0),
+    "param_norm_growth": lambda r: _set(r, "param_norm", lambda s, v: 100.0 * (1 + max(0, s - 420) / 300)),
+    "second_moment_surge": lambda r: scale(r, "adam/exp_avg_sq_max", lambda s: 30.0 if 585 <= s <= 592 or s == 600 else 1.0),
+    "overflow_burst": lambda r: _set(r, "skipped", lambda s, v: 1.0 if s in (585, 586, 587, 589, 590, 592, 593, 594,
+                                                                            620, 621, 622) else None),
+    "loss_scale_collapse": lambda r: _set(r, "loss_scale", lambda s, v: 2.0 ** _log2_scale(s)),
+    "lr_anomaly": lambda r: scale(r, "lr", lambda s: 0.7 if s > CUT else 1.0),
+    "resume_spike": lambda r: scale(_resume_at(r, 595), "loss", lambda s: 1.3 if 596 <= s < 606 else 1.0),
+    "data_repetition": lambda r: _set(_resume_at(r, 595), "batch_fingerprint",
+                                      lambda s, v: float(s - 595) if s > 595 else None),
+}
+
+
+def _spy(monitor, name):
+    """Record the findings of detector ``name`` as it returns them."""
+    det = next(d for d in monitor.detectors if d.name == name)
+    seen, update = [], det.update
+
+    def spied(record, ctx):
+        found = update(record, ctx)
+        seen.extend(found)
+        return found
+    det.update = spied
+    return seen
+
+
 @pytest.mark.parametrize("name", sorted(DETECTORS))
-def test_state_round_trips_mid_stream(name):
-    recs = _stream()
-    cfg = {"detectors": {n: (None if n == name else False) for n in DETECTORS}}
-    a = Monitor(cfg)
-    first = [f for r in recs[:590] for f in a.update(r)]
+def test_state_round_trip_mid_episode_gives_identical_nonempty_findings(name):
+    recs = SCENARIOS[name](_base_stream())
+    a = Monitor()
+    for r in recs[:CUT]:
+        a.update(r)
     state = json.loads(json.dumps(a.state_dict()))
-    b = Monitor(cfg)
+    b = Monitor()
     b.load_state_dict(state)
-    rest_a = [f.to_json() for r in recs[590:] for f in a.update(r)]
-    rest_b = [f.to_json() for r in recs[590:] for f in b.update(r)]
+    own_a, own_b = _spy(a, name), _spy(b, name)
+    rest_a = [f.to_json() for r in recs[CUT:] for f in a.update(r)]
+    rest_b = [f.to_json() for r in recs[CUT:] for f in b.update(r)]
+    assert [f.to_json() for f in own_a] != []
+    assert [f.to_json() for f in own_a] == [f.to_json() for f in own_b]
     assert rest_a == rest_b
-    assert len(json.dumps(state)) < 200_000 and first is not None
+    assert len(json.dumps(state)) < 200_000
+
+
+@pytest.mark.parametrize("name", sorted(DETECTORS))
+def test_kinds_are_known_and_update_never_mutates_its_input(name):
+    cls = DETECTORS[name]
+    assert cls.kinds and set(cls.kinds) <= set(KINDS)
+    recs = SCENARIOS[name](_base_stream())
+    before = [(r.step, dict(r.metrics), r.segment) for r in recs]
+    m = Monitor()
+    own = _spy(m, name)
+    for r in recs:
+        m.update(r)
+    assert own and {f.kind for f in own} <= set(cls.kinds)
+    assert [(r.step, r.metrics, r.segment) for r in recs] == before
 
 
 @pytest.mark.parametrize("name", sorted(DETECTORS))
@@ -349,3 +443,14 @@ def test_a_rollback_in_a_replayed_log_is_not_data_repetition():
     found += [f for r in recs[200:] for f in m.update(r)]   # steps go back: a rollback to 200
     assert [(f.step, f.kind, f.details.get("reason")) for f in found] == [
         (50, "warmup_end", None), (200, "resume", "rollback")]
+
+
+def test_stream_spikes_start_from_the_loss_spike_settings():
+    def stream_kwargs(cfg):
+        return next(d for d in Monitor(cfg).detectors if d.name == "stream_loss_spike").loss_spike_kwargs
+    assert stream_kwargs(None) == {}
+    assert stream_kwargs({"detectors": {"loss_spike": {"horizon_steps": 50, "signal": "loss"}}}) == {"horizon_steps": 50}
+    assert stream_kwargs({"detectors": {"loss_spike": {"horizon_steps": 50, "min_rise": 0.2},
+                                        "stream_loss_spike": {"horizon_steps": 70}}}) == {"horizon_steps": 70, "min_rise": 0.2}
+    with pytest.raises(ValueError, match="stream_loss_spike.horizon_steps"):
+        Monitor({"detectors": {"stream_loss_spike": {"horizon_steps": 0}}})

@@ -1,5 +1,6 @@
 """One phenomenon per module. ``DETECTORS`` maps the config key to the class, in the order
-the Monitor runs them (``loss_spike`` first: later loss detectors read its episode state)."""
+the Monitor runs them (``loss_spike`` first: later loss detectors read its episode state;
+``stream_loss_spike`` last: it names the streams spiking with a main-loss spike)."""
 from .base import Context, Detector
 from .data_repetition import DataRepetition
 from .divergence import Divergence
@@ -14,12 +15,13 @@ from .overflow_burst import OverflowBurst
 from .resume_spike import ResumeSpike
 from .second_moment_surge import SecondMomentSurge
 from .stall import Stall
+from .stream_loss_spike import StreamLossSpike
 from .sudden_drop import SuddenDrop
 
 DETECTORS: dict[str, type[Detector]] = {cls.name: cls for cls in (
     NonFinite, LossSpike, Divergence, LevelShift, SuddenDrop, Stall, GradNormSpike,
     GradNormGrowth, ParamNormGrowth, SecondMomentSurge, OverflowBurst, LossScaleCollapse,
-    LrAnomaly, ResumeSpike, DataRepetition,
+    LrAnomaly, ResumeSpike, DataRepetition, StreamLossSpike,
 )}
 
 __all__ = ["DETECTORS", "Context", "Detector"] + [c.__name__ for c in DETECTORS.values()]

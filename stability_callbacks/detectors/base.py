@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 # re-exported: the detectors import the parameter checks from here
@@ -17,26 +17,36 @@ class Context:
     step: int
     phase: str | None = None
     in_risk_window: bool = False
+    warmup_end_step: int | None = None      # where the LR warmup ended (declared or inferred), once known
     in_startup: bool = False
     steps_since_resume: int | None = None   # None: no resume in this run (or long ago)
     loss_spike_open: bool = False           # set by LossSpike for the detectors after it
     loss_spike_onset: int | None = None     # onset of the open loss-spike episode, if any
     loss_baseline: float | None = None      # LossSpike's baseline before this point (warm only)
     loss_noise: float = 0.0                 # ... and the noise σ of log(loss) around it
+    found: list[Finding] = field(default_factory=list)   # this step's findings so far (earlier detectors')
 
 
 class Detector:
-    """One phenomenon. Subclasses set ``name`` (the config key), ``kind``, ``signals`` (the
-    metric keys it needs: the Monitor skips it when none is present) and ``_state`` (the
-    attribute names ``update`` changes — never configuration).
+    """One phenomenon. Subclasses set ``name`` (the config key), ``kind`` (``kinds`` when it
+    emits several), ``signals`` (the metric keys it needs: the Monitor skips it when none is
+    present) and ``_state`` (the attribute names ``update`` changes — never configuration).
+    ``defaults_from`` names another detector whose configuration this one starts from.
 
     State values are JSON scalars/lists or statistics objects with ``state_dict``.
     """
 
     name: ClassVar[str]
     kind: ClassVar[str]
+    kinds: ClassVar[tuple[str, ...]]
     signals: ClassVar[tuple[str, ...]]
+    defaults_from: ClassVar[str | None] = None
     _state: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if "kinds" not in cls.__dict__ and "kind" in cls.__dict__:
+            cls.kinds = (cls.kind,)
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         raise NotImplementedError

@@ -5,7 +5,7 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import finite_positive
+from ..stats import Latch, finite_positive
 from .base import Context, Detector, fmt, positive, positive_int
 
 
@@ -29,7 +29,7 @@ class DataRepetition(Detector):
     name = "data_repetition"
     kind = "data_repetition"
     signals = (keys.LOSS, keys.BATCH_FINGERPRINT, keys.CONSUMED_SAMPLES)
-    _state = ("seen", "segment_start", "resume_step", "low_count", "fired", "consumed")
+    _state = ("seen", "segment_start", "resume_step", "low_count", "latch", "consumed")
 
     def __init__(self, *, check_steps: int = 200, record_first_steps: int = 256,
                  sample_every_steps: int = 50, max_fingerprints: int = 4096, min_drop: float = 0.1,
@@ -44,26 +44,26 @@ class DataRepetition(Detector):
         self.segment_start = 0
         self.resume_step: int | None = None
         self.low_count = 0
-        self.fired = False
+        self.latch = Latch()   # one finding per resume, whichever rule sees it first
         self.consumed: float | None = None   # the last consumed_samples seen
 
     def on_segment(self, start_step: int, reason: str) -> None:
         self.segment_start = start_step
         if reason in ("resume", "rollback"):
-            self.resume_step, self.low_count, self.fired = start_step, 0, False
+            self.resume_step, self.low_count = start_step, 0
+            self.latch.rearm()
         if reason == "rollback":
             self.consumed = None   # going back to an older checkpoint re-reads data on purpose
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m, step = record.metrics, record.step
-        checking = (self.resume_step is not None and not self.fired
+        checking = (self.resume_step is not None and self.latch.armed
                     and 0 <= step - self.resume_step <= self.check_steps)
         out: list[Finding] = []
         consumed = m.get(keys.CONSUMED_SAMPLES)
         if consumed is not None and math.isfinite(consumed):
             before, self.consumed = self.consumed, consumed
-            if checking and before is not None and consumed < before:
-                self.fired = True
+            if checking and self.latch.update(on=before is not None and consumed < before):
                 out.append(self.finding(
                     step, severity="critical", signal=keys.CONSUMED_SAMPLES, value=consumed,
                     baseline=before, onset_step=self.resume_step,
@@ -77,8 +77,7 @@ class DataRepetition(Detector):
         if fp is not None and math.isfinite(fp):
             key = str(int(fp))
             first = self.seen.get(key)
-            if checking and first is not None and first < step:
-                self.fired = True
+            if checking and self.latch.update(on=first is not None and first < step):
                 out.append(self.finding(
                     step, severity="critical", signal=keys.BATCH_FINGERPRINT, value=fp, onset_step=first,
                     message=(f"The batch of step {step} is the batch already trained on at step {first}: "
@@ -97,8 +96,7 @@ class DataRepetition(Detector):
         if checking and fp is None and base is not None and finite_positive(x):
             low = x < base * (1 - self.min_drop)
             self.low_count = self.low_count + 1 if low else 0
-            if low and not out and self.low_count >= self.persist_samples:
-                self.fired = True
+            if self.latch.update(on=low and not out and self.low_count >= self.persist_samples):
                 out.append(self.finding(
                     step, severity="critical", value=x, baseline=base, threshold=base * (1 - self.min_drop),
                     onset_step=self.resume_step,

@@ -5,7 +5,7 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import RiseAboveLow, RollingMedian, finite_positive
+from ..stats import EWMean, RiseAboveLow, RollingMedian, finite_positive
 from .base import Context, Detector, fmt, positive, positive_int
 
 
@@ -16,7 +16,7 @@ class Divergence(Detector):
     than ``min_rise`` (and ``noise_sigmas`` × its own noise) above its lowest value for
     ``persist_samples`` consecutive points. Spike episodes are left to ``loss_spike``: the
     window restarts after one. Critical, once per episode; re-armed when the median falls back.
-    O(window) per update with a window of 7; state: the window and 5 scalars.
+    O(window) per update with a window of 7; state: the window and 6 scalars.
     """
 
     name = "divergence"
@@ -31,7 +31,8 @@ class Divergence(Detector):
         self.noise_sigmas = positive("noise_sigmas", noise_sigmas)
         self.persist_samples = positive_int("persist_samples", persist_samples)
         self.med = RollingMedian(window)
-        self.noise = 0.0
+        # mean |log x − median|; it starts from 0, so the min_rise floor rules until it is learnt
+        self.noise = EWMean(0.05, start="zero")
         self.rise = RiseAboveLow(self.persist_samples)
 
     def _restart(self):
@@ -53,8 +54,8 @@ class Divergence(Detector):
         if not self.med.full:
             return []
         m = self.med.median
-        self.noise += 0.05 * (abs(lx - m) - self.noise)
-        thr = max(math.log1p(self.min_rise), self.noise_sigmas * 1.25 * self.noise)
+        noise = self.noise.update(abs(lx - m))
+        thr = max(math.log1p(self.min_rise), self.noise_sigmas * 1.25 * noise)
         if not self.rise.update(m, record.step, thr):
             return []
         lo, now, low_step = math.exp(self.rise.low), math.exp(m), self.rise.low_step

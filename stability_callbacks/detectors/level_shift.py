@@ -5,7 +5,7 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import RobustLevel, finite_positive
+from ..stats import EWMean, RobustLevel, finite_positive
 from .base import Context, Detector, fmt, positive, positive_int
 
 
@@ -31,7 +31,7 @@ class LevelShift(Detector):
         self.fast_alpha = positive("fast_alpha", fast_alpha)
         self.slow_alpha = positive("slow_alpha", slow_alpha)
         self.slow = RobustLevel(self.slow_alpha, trend_alpha=0.0)
-        self.fast: float | None = None
+        self.fast = EWMean(self.fast_alpha)
         self.anchor: float | None = None
         self.anchor_step: int | None = None
         self.count = 0
@@ -43,21 +43,21 @@ class LevelShift(Detector):
             return []
         self.last = x
         lx = math.log(x)
-        self.fast = lx if self.fast is None else self.fast + self.fast_alpha * (lx - self.fast)
+        fast = self.fast.update(lx)
         thr = math.log1p(self.min_shift)
-        shifted = self.slow.n >= self.persist_samples and self.fast - self.slow.level > thr
+        shifted = self.slow.n >= self.persist_samples and fast - self.slow.level > thr
         if not shifted:   # the reference holds still while a candidate shift is judged
             self.slow.update(x)
         if not shifted:
             self.anchor, self.count = None, 0
             return []
-        if self.anchor is None or abs(self.fast - self.anchor) > thr / 2:
-            self.anchor, self.anchor_step, self.count = self.fast, record.step, 0
+        if self.anchor is None or abs(fast - self.anchor) > thr / 2:
+            self.anchor, self.anchor_step, self.count = fast, record.step, 0
             return []
         self.count += 1
         if self.count < self.persist_samples:
             return []
-        before, now = self.slow.baseline, math.exp(self.fast)
+        before, now = self.slow.baseline, math.exp(fast)
         self.slow = RobustLevel(self.slow_alpha, trend_alpha=0.0)
         self.slow.update(now)
         self.anchor, self.count = None, 0

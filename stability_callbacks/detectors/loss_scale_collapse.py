@@ -1,43 +1,87 @@
-"""The fp16 loss scale falling toward its minimum (warn before DeepSpeed's hard exit)."""
+"""The fp16 loss scale collapsing: at 0, at its floor, or pinned while every step overflows."""
 from __future__ import annotations
 
 import math
 
 from .. import keys
 from ..record import Finding, StepRecord
+from ..stats import Latch
 from .base import Context, Detector, positive, positive_int
 
 
 class LossScaleCollapse(Detector):
-    """Critical when, after start-up, the loss scale stands ``min_halvings`` halvings below its
-    post-start-up peak, or within ``floor_halvings`` halvings of ``min_scale``. The start-up
-    search (a scale halving from 2^32 on every step) and the periodic halve-then-regrow of
-    healthy dynamic scaling are not a collapse: the peak decays by one halving every
-    ``peak_decay_steps`` steps so a long healthy run never accumulates drops.
-    Values ≤ 0 (``loss scale: -1.0`` in some builds) are print artefacts and ignored.
-    O(1); state: 3 scalars.
+    """Critical when the dynamic loss scaler has run out of room. How a scaler works decides
+    what that looks like: it halves the scale on every overflowed (skipped) step — after
+    ``hysteresis`` of them in DeepSpeed and Megatron, 2 by default — and doubles it after a
+    window of clean steps, never going below its configured minimum (DeepSpeed and Megatron:
+    1; fairseq: 1e-4). So a scale that is *moving* is a scaler at work, and four rules follow:
+
+    - *zero*: the scale is 0 (``reducing to 0``, fairseq's ``loss_scale 0.000``): the gradients
+      are multiplied by nothing — no scaler goes there while training works;
+    - *pinned*: ``pinned_skips`` consecutive optimizer steps all overflowed while the scale did
+      not move (more than the default hysteresis): the scaler is at its floor and cannot go
+      lower (DeepSpeed then stops the run; Megatron and metaseq keep skipping every step);
+    - *floor*: after moving, the scale sits within ``floor_halvings`` halvings of ``min_scale``;
+    - *halvings*: it stands ``min_halvings`` halvings below its recent peak (the peak decays by
+      one halving every ``peak_decay_steps`` steps, so the periodic halve-then-regrow of a long
+      healthy run never adds up).
+
+    A scale that never moves and never skips is not a dynamic scaler at all: bf16 Megatron and
+    static-scale runs print ``loss scale: 1.0`` on every line, and that is silent. The start-up
+    search (halving from 2^32 on every step) only meets the *zero* and *pinned* rules; the other
+    two wait for the end of start-up. Negative values (``loss scale: -1.0`` in builds without a
+    scaler) are print artefacts and ignored. ``skipped`` may be a count per logged interval: an
+    interval overflowed entirely when it counts every step since the previous record.
+    One finding per episode. O(1); state: 7 scalars.
+
+    >>> d = LossScaleCollapse()
+    >>> [f.details["rule"] for s in range(21, 41)
+    ...  for f in d.update(StepRecord(s, {"loss_scale": 1.0, "skipped": 0.0}), Context(s))]
+    []
+    >>> [(f.step, f.details["rule"]) for s in range(41, 46)
+    ...  for f in d.update(StepRecord(s, {"loss_scale": 1.0, "skipped": 1.0}), Context(s))]
+    [(43, 'pinned')]
     """
 
     name = "loss_scale_collapse"
     kind = "loss_scale_collapse"
     signals = (keys.LOSS_SCALE,)
-    _state = ("peak", "peak_step", "fired")
+    _state = ("peak", "peak_step", "latch", "last", "last_step", "moved", "pinned")
 
     def __init__(self, *, min_halvings: int = 6, min_scale: float = 1.0, floor_halvings: int = 2,
-                 peak_decay_steps: int = 200):
+                 peak_decay_steps: int = 200, pinned_skips: int = 3):
         self.min_halvings = positive_int("min_halvings", min_halvings)
         self.min_scale = positive("min_scale", min_scale)
         self.floor_halvings = positive_int("floor_halvings", floor_halvings)
         self.peak_decay_steps = positive_int("peak_decay_steps", peak_decay_steps)
-        self.peak: float | None = None       # log2 of the peak scale
+        self.pinned_skips = positive_int("pinned_skips", pinned_skips)
+        self.peak: float | None = None       # log2 of the peak scale (after start-up)
         self.peak_step: int | None = None
-        self.fired = False
+        self.latch = Latch()   # re-armed once the scale is back within half the halvings, off its floor
+        self.last: float | None = None       # the previous scale, and its step
+        self.last_step: int | None = None
+        self.moved = False                   # the scale has changed at least once: a dynamic scaler
+        self.pinned = 0                      # overflowed steps in a row at an unchanged scale
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
-        s = record.metrics.get(keys.LOSS_SCALE)
-        if s is None or not math.isfinite(s) or s <= 0 or ctx.in_startup:
+        m = record.metrics
+        s = m.get(keys.LOSS_SCALE)
+        if s is None or not 0.0 <= s < math.inf:
             return []
-        step, ls = record.step, math.log2(s)
+        step, skipped = record.step, m.get(keys.SKIPPED)
+        interval = step - self.last_step if self.last_step is not None else 1
+        overflowed = skipped is not None and skipped >= max(interval, 1)
+        same = self.last is not None and s == self.last
+        self.moved = self.moved or (self.last is not None and not same)
+        self.pinned = self.pinned + int(skipped) if overflowed and same else 0
+        self.last, self.last_step = s, step
+        if s == 0.0:
+            return self._fire(step, s, "zero", ctx, on=True)
+        if self.pinned >= self.pinned_skips:
+            return self._fire(step, s, "pinned", ctx, on=True)
+        if ctx.in_startup:
+            return []
+        ls = math.log2(s)
         if self.peak is not None and self.peak_step is not None:
             decay = (step - self.peak_step) // self.peak_decay_steps
             if decay > 0:
@@ -46,20 +90,37 @@ class LossScaleCollapse(Detector):
         if self.peak is None or ls >= self.peak:
             self.peak, self.peak_step = ls, step
         drop = self.peak - ls
-        near_floor = ls - math.log2(self.min_scale) <= self.floor_halvings
-        if drop < self.min_halvings and not near_floor:
-            if drop < self.min_halvings / 2:
-                self.fired = False
+        near_floor = self.moved and ls - math.log2(self.min_scale) <= self.floor_halvings
+        rule = "halvings" if drop >= self.min_halvings else "floor"
+        return self._fire(step, s, rule, ctx, on=drop >= self.min_halvings or near_floor,
+                          off=drop < self.min_halvings / 2 and not near_floor)
+
+    def _fire(self, step: int, s: float, rule: str, ctx: Context, *, on: bool, off: bool = False) -> list[Finding]:
+        if not self.latch.update(on, off):
             return []
-        if self.fired:
-            return []
-        self.fired = True
-        peak = 2.0 ** self.peak
+        peak = 2.0 ** self.peak if self.peak is not None else None
+        if rule == "zero":
+            what = (f"The fp16 loss scale reached 0 at step {step}: every gradient is multiplied by "
+                    f"zero, so no step trains the model.")
+        elif rule == "pinned":
+            what = (f"Every optimizer step has overflowed for {self.pinned} steps up to step {step} "
+                    f"while the fp16 loss scale stayed at {s:g}: the scaler is at its minimum and "
+                    f"cannot go lower, so every step is skipped (DeepSpeed stops the run here).")
+        else:
+            what = (f"The fp16 loss scale collapsed to {s:g} at step {step}"
+                    + (f", {_halvings(self.peak - math.log2(s))} below {peak:g} at step {self.peak_step}"
+                       if peak is not None else "")
+                    + f"; at {self.min_scale:g} DeepSpeed/Megatron stop the run or skip every step.")
+        at_peak = f" (the scale was {peak:g} at step {self.peak_step})" if peak is not None else ""
         return [self.finding(
-            step, severity="critical", value=s, baseline=peak, threshold=peak / 2 ** self.min_halvings,
+            step, severity="critical", value=s, baseline=peak,
+            threshold=peak / 2 ** self.min_halvings if peak is not None else None,
             onset_step=self.peak_step,
-            message=(f"The fp16 loss scale collapsed to {s:g} at step {step}, {drop:.0f} halvings below "
-                     f"{peak:g} at step {self.peak_step}; at {self.min_scale:g} DeepSpeed/Megatron stop "
-                     f"the run. Gradients overflow on almost every step: roll back to a checkpoint "
-                     f"before step {self.peak_step}, and consider bf16 or a lower LR."),
-            halvings=drop)]
+            message=(f"{what} Gradients overflow fp16 on almost every step: roll back to a checkpoint "
+                     f"from before the overflows began{at_peak}, and consider bf16 or a lower LR."),
+            rule=rule, halvings=(self.peak - math.log2(s)) if peak is not None and s > 0 else None,
+            pinned_skips=self.pinned)]
+
+
+def _halvings(n: float) -> str:
+    return f"{n:.0f} halving" + ("" if round(n) == 1 else "s")

@@ -2,11 +2,28 @@
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
 
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import RobustLevel, finite_positive
 from .base import Context, Detector, check, fmt, positive, positive_int
+
+
+@dataclass(slots=True)
+class SpikeEpisode:
+    """An open loss-spike episode: where it began, the baseline it is judged against, how high
+    it went, how many points it has lasted, and whether it has been escalated to a warning."""
+
+    onset: int
+    baseline: float
+    peak: float
+    samples: int = 1
+    warned: bool = False
+    warm: bool = True      # the baseline was known (≥ cold_start_samples points) at the onset
+
+    def state_dict(self) -> dict:
+        return asdict(self)
 
 
 class LossSpike(Detector):
@@ -22,9 +39,17 @@ class LossSpike(Detector):
     An episode emits ``loss_spike`` at its onset (``info``; ``warning`` when the rise is at
     least ``large_rise`` or once it persists ``persist_samples`` points), then exactly one of
     ``spike_recovered`` (back within ``recover_fraction`` of the rise or 3σ of noise; ``fast`` when within
-    ``fast_recovery_steps``) or ``spike_unrecovered`` (not back after ``horizon_steps``:
-    critical). A healthy 20k-step run has ~190 one-step blips: they stay ``info``.
-    O(1) per update; state: the baseline (3 floats) and the episode (6 scalars).
+    ``fast_recovery_steps``) or ``spike_unrecovered`` (not back after ``horizon_steps`` *and*
+    ``horizon_samples`` logged points: critical). A healthy 20k-step run has ~190 one-step
+    blips: they stay ``info``.
+
+    "Unrecovered" claims the loss did not come back to *its* level, so it needs that level
+    known and enough points to tell a loss that stayed up from noise: a sparse log (every 100
+    steps) has only 3 points in 300 steps, and a cold-start baseline (fewer than
+    ``cold_start_samples`` points — possibly one noisy first point) is not a level. An episode
+    that opened against a cold baseline is closed at the horizon without a verdict, and the
+    baseline restarts at the level the loss has settled at.
+    O(1) per update; state: the baseline (4 floats), the episode (6 scalars) and 2 scalars.
 
     >>> d = LossSpike()
     >>> out = [f.kind for s, x in enumerate([3.0] * 30 + [6.0, 3.0], 1)
@@ -35,6 +60,7 @@ class LossSpike(Detector):
 
     name = "loss_spike"
     kind = "loss_spike"
+    kinds = ("loss_spike", "spike_recovered", "spike_unrecovered")
     _state = ("base", "episode", "prev_step", "prev_z")
     #: Other loss detectors (resume spike, falsely low loss) judge against this baseline.
     baseline_before: float | None = None
@@ -45,7 +71,7 @@ class LossSpike(Detector):
                  cold_start_rise: float = 0.3, max_threshold_rise: float = 1.0,
                  large_rise: float = 1.5, persist_samples: int = 3,
                  recover_fraction: float = 0.1, fast_recovery_steps: int = 100,
-                 horizon_steps: int = 300):
+                 horizon_steps: int = 300, horizon_samples: int = 10):
         self.signals = (signal,)
         self.baseline_alpha = check("baseline_alpha", baseline_alpha, 0 < baseline_alpha <= 1, "in (0, 1]")
         self.z_threshold = positive("z_threshold", z_threshold)
@@ -58,9 +84,9 @@ class LossSpike(Detector):
         self.recover_fraction = check("recover_fraction", recover_fraction, 0 < recover_fraction < 1, "in (0, 1)")
         self.fast_recovery_steps = positive_int("fast_recovery_steps", fast_recovery_steps)
         self.horizon_steps = positive_int("horizon_steps", horizon_steps)
+        self.horizon_samples = positive_int("horizon_samples", horizon_samples)
         self.base = RobustLevel(baseline_alpha)
-        # episode: [onset_step, baseline, peak, samples, warned, unrecovered] or None
-        self.episode: list | None = None
+        self.episode: SpikeEpisode | None = None
         self.prev_step: int | None = None
         self.prev_z = 0.0
 
@@ -108,19 +134,20 @@ class LossSpike(Detector):
                                            and self.prev_step is not None) else step
                 rise = x / b.baseline - 1
                 severity = "warning" if rise >= self.large_rise else "info"
-                self.episode = [onset, b.baseline, x, 1, severity == "warning", False]
+                self.episode = SpikeEpisode(onset, b.baseline, x, warned=severity == "warning", warm=warm)
                 out.append(self._onset_finding(step, x, b.baseline, thr, onset, severity, ctx))
             else:
                 b.update_log(lx)
         else:
-            onset, base0, peak, samples, warned, unrec = self.episode
-            peak = max(peak, x)
-            samples += 1
+            ep = self.episode
+            onset, base0 = ep.onset, ep.baseline
+            ep.peak = peak = max(ep.peak, x)
+            ep.samples += 1
             back = x <= self._recovery_level(base0, peak)
             if back:
                 took = step - onset
                 # gone by the next logged point is fast, however sparse the log
-                speed = "fast" if took <= self.fast_recovery_steps or samples <= 2 else "slow"
+                speed = "fast" if took <= self.fast_recovery_steps or ep.samples <= 2 else "slow"
                 out.append(self.finding(
                     step, kind="spike_recovered", severity="info" if speed == "fast" else "warning",
                     value=x, baseline=base0, onset_step=onset,
@@ -132,18 +159,22 @@ class LossSpike(Detector):
                 self.episode = None
                 b.update(x)
             else:
-                if not warned and samples >= self.persist_samples:
-                    warned = True
+                if not ep.warned and ep.samples >= self.persist_samples:
+                    ep.warned = True
                     out.append(self.finding(
                         step, severity="warning", value=x, baseline=base0, threshold=thr,
                         onset_step=onset,
                         message=(f"{self._what()} spike that began at step {onset} persists: "
                                  f"{fmt(x)} at step {step} vs {fmt(base0)} before it "
-                                 f"({samples} points above). A checkpoint is being saved; if it "
+                                 f"({ep.samples} points above). A checkpoint is being saved; if it "
                                  f"does not come back, roll back to a checkpoint before step {onset}."),
-                        escalated=True, persisted_samples=samples))
-                if not unrec and step - onset >= self.horizon_steps:
-                    unrec = True
+                        escalated=True, persisted_samples=ep.samples))
+                if step - onset >= self.horizon_steps and not ep.warm:
+                    # Judged against a cold baseline: no verdict; the loss's level is where it is now.
+                    self.episode = None
+                    self.base = RobustLevel(self.baseline_alpha)
+                    self.base.update(x)
+                elif step - onset >= self.horizon_steps and ep.samples >= self.horizon_samples:
                     out.append(self.finding(
                         step, kind="spike_unrecovered", severity="critical", value=x, baseline=base0,
                         onset_step=onset, threshold=self._recovery_level(base0, peak),
@@ -157,10 +188,13 @@ class LossSpike(Detector):
                     self.episode = None
                     self.base = RobustLevel(self.baseline_alpha)
                     self.base.update(x)
-                else:
-                    self.episode = [onset, base0, peak, samples, warned, unrec]
         self.prev_step, self.prev_z = step, z
         return out
+
+    def load_state_dict(self, d: dict) -> None:
+        super().load_state_dict(d)
+        if self.episode is not None:
+            self.episode = SpikeEpisode(**self.episode)
 
     def _recovery_level(self, base0: float, peak: float) -> float:
         """Back means within ``recover_fraction`` of the rise, or within the normal noise (3σ)."""

@@ -5,6 +5,7 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
+from ..stats import EWMean
 from .base import Context, Detector, fmt, positive
 
 
@@ -24,7 +25,7 @@ class LrAnomaly(Detector):
     name = "lr_anomaly"
     kind = "lr_anomaly"
     signals = (keys.LR,)
-    _state = ("prev", "prev_step", "last_change_step", "typical", "n")
+    _state = ("prev", "prev_step", "last_change_step", "typical")
 
     def __init__(self, *, min_change: float = 0.02, ratio: float = 10.0, alpha: float = 0.1):
         self.min_change = positive("min_change", min_change)
@@ -33,8 +34,7 @@ class LrAnomaly(Detector):
         self.prev: float | None = None
         self.prev_step: int | None = None
         self.last_change_step: int | None = None
-        self.typical = 0.0
-        self.n = 0
+        self.typical = EWMean(self.alpha, start="running")   # per-step log change of the schedule
 
     def on_segment(self, start_step: int, reason: str) -> None:
         if reason == "rollback":
@@ -58,11 +58,10 @@ class LrAnomaly(Detector):
         since = self.last_change_step if self.last_change_step is not None else prev_step
         self.last_change_step = record.step
         per_step = change / max(record.step - since, 1)
-        anomalous = (self.n >= 3 and change >= self.min_change
-                     and per_step > self.ratio * max(self.typical, 1e-12))
+        anomalous = (self.typical.n >= 3 and change >= self.min_change
+                     and per_step > self.ratio * max(self.typical.mean, 1e-12))
         if not anomalous:
-            self.n += 1
-            self.typical += max(self.alpha, 1 / self.n) * (per_step - self.typical)
+            self.typical.update(per_step)
             return []
         return [self.finding(
             record.step, severity="warning", value=lr, baseline=prev,

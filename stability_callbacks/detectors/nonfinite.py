@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .. import keys
 from ..record import Finding, StepRecord
+from ..stats import Latch
 from .base import Context, Detector
 
 _WATCHED = frozenset((keys.LOSS, keys.GRAD_NORM, keys.ADAM_V_MAX, keys.ADAM_V_L1, keys.PARAM_NORM))
@@ -22,10 +23,10 @@ class NonFinite(Detector):
     name = "nonfinite"
     kind = "nonfinite"
     signals = ()   # looks at every record
-    _state = ("active",)
+    _state = ("latch",)
 
     def __init__(self):
-        self.active = False
+        self.latch = Latch()
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
@@ -34,15 +35,21 @@ class NonFinite(Detector):
         if bad and (m.get(keys.SKIPPED) or 0.0) >= 1.0 and keys.GRAD_NORM in bad:
             bad.remove(keys.GRAD_NORM)   # an overflow on a skipped fp16 step is not a NaN
         if not bad:
-            self.active = False
+            self.latch.armed = True   # a finite step ends the episode (hot path: no call)
             return []
-        if self.active:
+        if not self.latch.update(True):
             return []
-        self.active = True
         what = ", ".join(f"{k}={m[k]}" for k in bad)
+        # A loss of exactly 0.0 next to a NaN grad norm is one failure, not a lucky loss: the
+        # backward overflowed (fp16 LoRA, some NPU kernels) and the logged loss was zeroed.
+        zero_loss = m.get(keys.LOSS) == 0.0 and keys.GRAD_NORM in bad
+        why = (" The loss reads exactly 0.0 beside it: the backward pass overflowed (typical of "
+               "fp16, e.g. LoRA fine-tuning in fp16, or an accelerator kernel fault) and the logged "
+               "loss was zeroed, so nothing useful is being learnt; switch to bf16 or fp32."
+               if zero_loss else "")
         return [self.finding(
             record.step, severity="critical", signal=bad[0], value=m[bad[0]],
-            message=(f"Non-finite values at step {record.step}: {what}. The weights may already be "
+            message=(f"Non-finite values at step {record.step}: {what}.{why} The weights may already be "
                      f"damaged: do not save over the last good checkpoint; roll back to the last "
                      f"checkpoint before this step and skip the batches since."),
-            keys=bad)]
+            keys=bad, zero_loss=zero_loss)]

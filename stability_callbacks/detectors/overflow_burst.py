@@ -6,6 +6,7 @@ from collections import deque
 
 from .. import keys
 from ..record import Finding, StepRecord
+from ..stats import Latch
 from .base import Context, Detector, positive_int
 
 
@@ -23,13 +24,13 @@ class OverflowBurst(Detector):
     name = "overflow_burst"
     kind = "overflow_burst"
     signals = (keys.SKIPPED,)
-    _state = ("recent", "open")
+    _state = ("recent", "latch")
 
     def __init__(self, *, min_skips: int = 3, window_steps: int = 10):
         self.min_skips = positive_int("min_skips", min_skips)
         self.window_steps = positive_int("window_steps", window_steps)
         self.recent: list = []          # [[step, skipped_count], ...] inside the window
-        self.open = False
+        self.latch = Latch()   # re-armed once the window holds no skip
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         k = record.metrics.get(keys.SKIPPED)
@@ -41,13 +42,8 @@ class OverflowBurst(Detector):
             recent.append((step, k))
         self.recent = [list(e) for e in recent]
         total = sum(c for _, c in recent)
-        if total < self.min_skips:
-            if total == 0:
-                self.open = False
+        if not self.latch.update(on=total >= self.min_skips, off=total == 0):
             return []
-        if self.open:
-            return []
-        self.open = True
         first = int(recent[0][0])
         scale = record.metrics.get(keys.LOSS_SCALE)
         scale_txt = f" (loss scale now {scale:g})" if scale is not None and scale > 0 else ""

@@ -5,7 +5,7 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import finite_positive
+from ..stats import Latch, finite_positive
 from .base import Context, Detector, fmt, positive, positive_int
 
 
@@ -18,30 +18,30 @@ class ResumeSpike(Detector):
     name = "resume_spike"
     kind = "resume_spike"
     signals = (keys.LOSS,)
-    _state = ("resume_step", "fired")
+    _state = ("resume_step", "latch")
 
     def __init__(self, *, min_rise: float = 0.1, noise_sigmas: float = 3.0, window_steps: int = 50):
         self.min_rise = positive("min_rise", min_rise)
         self.noise_sigmas = positive("noise_sigmas", noise_sigmas)
         self.window_steps = positive_int("window_steps", window_steps)
         self.resume_step: int | None = None
-        self.fired = False
+        self.latch = Latch()   # re-armed by every resume
 
     def on_segment(self, start_step: int, reason: str) -> None:
         if reason in ("resume", "rollback"):
-            self.resume_step, self.fired = start_step, False
+            self.resume_step = start_step
+            self.latch.rearm()
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
-        if self.resume_step is None or self.fired or ctx.loss_baseline is None:
+        if self.resume_step is None or not self.latch.armed or ctx.loss_baseline is None:
             return []
         x = record.metrics.get(keys.LOSS)
         if not finite_positive(x) or not 0 <= record.step - self.resume_step <= self.window_steps:
             return []
         base = ctx.loss_baseline
         threshold = base * max(1 + self.min_rise, math.exp(self.noise_sigmas * ctx.loss_noise))
-        if x <= threshold:
+        if not self.latch.update(on=x > threshold):
             return []
-        self.fired = True
         return [self.finding(
             record.step, severity="warning", value=x, baseline=base, threshold=threshold,
             onset_step=self.resume_step,

@@ -5,31 +5,48 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import finite_positive
-from .base import Context, Detector, fmt, positive, positive_int
+from ..stats import EWMean, finite_positive
+from .base import Context, Detector, check, fmt, positive, positive_int
 
 
 class SuddenDrop(Detector):
-    """The fast level (EW of log-loss) falls ``min_drop`` below ``loss_spike``'s robust baseline
-    and stays there ``persist_samples`` points. Info: usually benign (a "grokking moment"), except right
-    after a resume, where a falsely low loss means repeated data — ``data_repetition`` owns that
-    window, so this detector is silent there. Ignores the first ``startup_steps``.
-    O(1); state: 3 scalars.
+    """An abnormally fast fall of the loss (a "grokking moment"). A healthy loss falls fastest
+    at the start and ever slower after it; a grokking moment is the opposite — after a plateau
+    the fall *accelerates* (llama-2-7b at batch 8: 4 → 2.5 within ~60 steps after a slow
+    stretch). Rule, on the fast level (EW of log-loss, ``fast_alpha``): over the last ``window``
+    points it fell by at least ``min_drop``, and by ``acceleration`` × more than over the
+    ``window`` points before (a plateau, or a slower fall), while staying below ``loss_spike``'s
+    baseline (a loss coming back from a spike returns *to* the baseline, not below it), for
+    ``persist_samples`` points. Comparing the fall with the run's own earlier pace, rather than
+    with a trend-following baseline that follows any fall spread over tens of steps, is what
+    lets a gradual grokking drop show.
+
+    The history restarts at the end of the LR warmup (a warmup speeds the fall up by design)
+    and after a loss spike; with no LR to find the warmup, the first ``startup_steps`` are
+    quiet. Info: usually benign, except right after a resume, where a falsely low loss means
+    repeated data — ``data_repetition`` owns that, so this detector is silent after a resume.
+    O(1) per update; state: the last 2·window + 1 fast levels and 4 scalars.
     """
 
     name = "sudden_drop"
     kind = "sudden_drop"
     signals = (keys.LOSS,)
-    _state = ("fast", "count", "last_step")
+    _state = ("fast", "history", "warmup_end", "count", "last_step")
 
-    def __init__(self, *, min_drop: float = 0.25, persist_samples: int = 3,
-                 startup_steps: int = 500, min_gap_steps: int = 1000, fast_alpha: float = 0.3):
-        self.min_drop = positive("min_drop", min_drop)
+    def __init__(self, *, min_drop: float = 0.25, persist_samples: int = 3, window: int = 50,
+                 acceleration: float = 3.0, startup_steps: int = 500, min_gap_steps: int = 1000,
+                 fast_alpha: float = 0.3):
+        self.min_drop = check("min_drop", min_drop, isinstance(min_drop, (int, float)) and 0 < min_drop < 1,
+                              "in (0, 1)")
         self.persist_samples = positive_int("persist_samples", persist_samples)
+        self.window = positive_int("window", window)
+        self.acceleration = positive("acceleration", acceleration)
         self.startup_steps = positive_int("startup_steps", startup_steps)
         self.min_gap_steps = positive_int("min_gap_steps", min_gap_steps)
         self.fast_alpha = positive("fast_alpha", fast_alpha)
-        self.fast: float | None = None
+        self.fast = EWMean(self.fast_alpha)
+        self.history: list[float] = []     # the fast level at the last 2·window + 1 points
+        self.warmup_end: int | None = None
         self.count = 0
         self.last_step: int | None = None
 
@@ -37,21 +54,36 @@ class SuddenDrop(Detector):
         x = record.metrics.get(keys.LOSS)
         if not finite_positive(x):
             return []
-        lx = math.log(x)
-        self.fast = lx if self.fast is None else self.fast + self.fast_alpha * (lx - self.fast)
-        before = ctx.loss_baseline
-        dropped = (before is not None and not ctx.loss_spike_open
-                   and self.fast - math.log(before) < math.log1p(-min(self.min_drop, 0.99)))
-        quiet = (record.step <= self.startup_steps or ctx.steps_since_resume is not None
-                 or (self.last_step is not None and record.step - self.last_step < self.min_gap_steps))
+        fast = self.fast.update(math.log(x))
+        h = self.history
+        if ctx.loss_spike_open or ctx.warmup_end_step != self.warmup_end:
+            self.warmup_end = ctx.warmup_end_step
+            h.clear()
+            self.count = 0
+            return []
+        h.append(fast)
+        w = self.window
+        if len(h) <= 2 * w:
+            return []
+        del h[0]
+        fall, before = fast - h[w], h[w] - h[0]   # log change over the last window, and the one before
+        base = ctx.loss_baseline
+        dropped = (fall <= math.log1p(-self.min_drop) and (before >= 0.0 or fall <= self.acceleration * before)
+                   and base is not None and fast < math.log(base))
         self.count = self.count + 1 if dropped else 0
+        quiet = (ctx.phase == "warmup" or ctx.steps_since_resume is not None
+                 or (ctx.warmup_end_step is None and record.step <= self.startup_steps)
+                 or (self.last_step is not None and record.step - self.last_step < self.min_gap_steps))
         if quiet or self.count != self.persist_samples:
             return []
         self.last_step = record.step
-        now = math.exp(self.fast)
+        now, then = math.exp(fast), math.exp(h[w])
+        pace = (f"after falling only {-math.expm1(before):.0%} over the {w} points before" if before < 0
+                else f"after no fall at all over the {w} points before")
         return [self.finding(
-            record.step, severity="info", value=now, baseline=before,
-            message=(f"The loss fell abruptly to ~{fmt(now)} at step {record.step} from a baseline "
-                     f"of {fmt(before)} ({now / before - 1:.0%}). Often a benign 'grokking' drop; if "
-                     f"the data loader was just restarted, check for repeated data."),
-            drop=1 - now / before)]
+            record.step, severity="info", value=now, baseline=then,
+            message=(f"The loss fell abruptly to ~{fmt(now)} at step {record.step}, {1 - now / then:.0%} "
+                     f"below ~{fmt(then)} {w} points earlier, {pace}: the fall sped up (a 'grokking' "
+                     f"moment). Often benign; if the data loader was just restarted, check for "
+                     f"repeated data."),
+            drop=1 - now / then, previous_drop=max(-math.expm1(before), 0.0))]
