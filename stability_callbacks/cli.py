@@ -11,6 +11,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from . import __version__
 from .config import ConfigError
 from .record import Finding, severity_rank
 
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         return preflight.main(argv[1:])
     parser = argparse.ArgumentParser(prog="stability-callbacks",
                                      description="Catch training instabilities; replay real logs offline.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("replay", help="run the live detector over a training log")
     p.add_argument("path")

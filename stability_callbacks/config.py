@@ -17,7 +17,7 @@ SECTIONS = ("sampling", "phase", "detectors", "policy", "actions")
 SINKS = ("log", "slack", "wandb", "tensorboard")
 _SAMPLING = {"every_n_steps": 1, "adam_every_n_steps": 1, "param_norm_every_n_steps": 0,
              "loss_streams": []}
-PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
+PRESETS_DIR = Path(__file__).resolve().parent / "configs"   # shipped in the wheel
 
 
 class ConfigError(ValueError):
