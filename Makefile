@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test venv clean
+.PHONY: demo test lint smoke venv clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,5 +21,13 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -p no:cacheprovider $(TEST_ARGS)
 
+# Bug-finding rules only (pyproject.toml [tool.ruff.lint]).
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+
+# The built wheel in a clean venv, from outside the checkout (scripts/smoke_wheel.sh).
+smoke:
+	PYTHON=$(PYTHON) bash scripts/smoke_wheel.sh
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info

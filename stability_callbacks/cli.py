@@ -11,6 +11,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from . import __version__
 from .config import ConfigError
 from .preflight import PRECISIONS
 from .record import Finding, severity_rank
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     """Every subcommand in one tree (``main`` calls the function of the same name)."""
     parser = argparse.ArgumentParser(prog="stability-callbacks",
                                      description="Catch training instabilities; replay real logs offline.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("replay", help="run the live detector over a training log")
     p.add_argument("path")

@@ -24,7 +24,7 @@ import yaml
 from .params import check, int_at_least
 
 SECTIONS = ("sampling", "phase", "detectors", "policy", "actions", "preflight")
-PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
+PRESETS_DIR = Path(__file__).resolve().parent / "configs"   # shipped in the wheel
 #: The actions when the section is absent: findings go to Python logging.
 DEFAULT_ACTIONS = {"log": {"min_severity": "info"}}
 

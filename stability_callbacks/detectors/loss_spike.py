@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import RobustLevel, finite_positive
+from ..stats import RobustLevel
 from .base import Context, Detector, check, fmt, positive, positive_int
 
 

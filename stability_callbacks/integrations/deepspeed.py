@@ -1,6 +1,6 @@
 """DeepSpeed engine hook for hand-written training loops (Megatron-DeepSpeed style).
 
->>> hook = attach(engine, config="configs/pretrain-fp16.yaml", run_dir="out/stability")  # doctest: +SKIP
+>>> hook = attach(engine, config="pretrain-fp16", run_dir="out/stability")  # doctest: +SKIP
 >>> engine.load_checkpoint(ckpt_dir)          # restores the detector state too      # doctest: +SKIP
 >>> for batch in loader:                      # the loop itself does not change       # doctest: +SKIP
 ...     loss = engine(**batch).loss

@@ -1,6 +1,6 @@
 """HF ``transformers.Trainer`` integration: one line in the user's script.
 
->>> StabilityCallback.attach(trainer, config="configs/default.yaml", run_dir="out/stability")  # doctest: +SKIP
+>>> StabilityCallback.attach(trainer, config="default", run_dir="out/stability")  # doctest: +SKIP
 
 Why ``attach(trainer)`` and not ``trainer.add_callback(StabilityCallback(...))``: HF callbacks
 are never handed the trainer, and the two values a monitor must reuse rather than recompute live

@@ -1,7 +1,6 @@
 """Lightning integration: ``Trainer(callbacks=[StabilityCallback(config=..., run_dir=...)])``.
 
->>> trainer = Trainer(callbacks=[StabilityCallback(config="configs/default.yaml",
-...                                                run_dir="out/stability")])  # doctest: +SKIP
+>>> trainer = Trainer(callbacks=[StabilityCallback(config="default", run_dir="out/stability")])  # doctest: +SKIP
 
 Where each signal comes from (FRAMEWORK_NOTES 2.1-2.5; Lightning 2.6):
 

@@ -90,7 +90,7 @@ def detect_format(path) -> str:
         return "tensorboard"
     first = True
     tentative = None
-    for line_no, text in numbered_lines(p, max_lines=DETECT_MAX_LINES):
+    for _, text in numbered_lines(p, max_lines=DETECT_MAX_LINES):
         if first:
             if not text.strip():
                 continue
