@@ -1,6 +1,8 @@
 """Adam's second moment (exp_avg_sq) abnormal: a jump, or still rising after the LR peak."""
 from __future__ import annotations
 
+import math
+
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import Latch, RobustLevel, finite_positive
