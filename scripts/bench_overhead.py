@@ -26,8 +26,10 @@ import warnings
 
 import torch
 
-from stability_callbacks.integrations._torch import (
-    StepProbe, batch_fingerprint, find_second_moments, param_sq_sum, second_moment_stats)
+from stability_callbacks.integrations._optim_state import find_second_moments
+from stability_callbacks.integrations._probe import StepProbe
+from stability_callbacks.integrations._reductions import (batch_fingerprint, param_sq_sum,
+                                                          second_moment_stats)
 
 try:  # the Monitor is the lead's core; the benchmark runs without it too
     from stability_callbacks import Monitor

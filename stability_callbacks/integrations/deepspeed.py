@@ -90,8 +90,9 @@ import torch
 from stability_callbacks import keys
 from stability_callbacks.integrations._preflight import run_preflight
 from stability_callbacks.live import InstancePatches, LogOnce
-from stability_callbacks.integrations._torch import (StepProbe, batch_fingerprint,
-                                                     record_deepspeed_step)
+from stability_callbacks.integrations._probe import StepProbe
+from stability_callbacks.integrations._readings import DeepSpeedStep
+from stability_callbacks.integrations._reductions import batch_fingerprint
 
 log = logging.getLogger("stability_callbacks")
 
@@ -157,7 +158,7 @@ class StabilityHook(LogOnce):
         self.saved_steps: list[int] = []      # steps the hook itself saved
         self.stopped_at: int | None = None    # the step after which should_stop turned true
         self._fp: torch.Tensor | None = None
-        self._skipped_before = 0
+        self._ds = DeepSpeedStep(engine)
         self._started = False
         self._failed = False
         self._warned: set[str] = set()
@@ -318,7 +319,7 @@ class StabilityHook(LogOnce):
             lr = e.get_lr()
             if lr:
                 self.probe.set_lr(float(lr[0]))
-            self._skipped_before = int(e.skipped_steps)
+            self._ds.mark()
             if self._needs_own_grad_norm():
                 # ZeRO-0 fp32 keeps no norm; the engine clips inside _take_model_step, so the
                 # grads here are still pre-clip.
@@ -341,9 +342,7 @@ class StabilityHook(LogOnce):
         probe = self.probe
         step = int(e.global_steps)
         try:
-            r, _ = record_deepspeed_step(probe, e, self._skipped_before)
-            if r["grad_norm"] is not None:
-                probe.set_grad_norm(r["grad_norm"])
+            self._ds.read_into(probe, grad_norm=True)
             probe.set_value(keys.CONSUMED_SAMPLES, float(e.global_samples))
             if self._fp is not None:
                 probe.set_extra(keys.BATCH_FINGERPRINT, self._fp, op="sum")
@@ -429,7 +428,7 @@ class StabilityHook(LogOnce):
             else:   # the Monitor inside checks its state version
                 self.run.load_state_dict(blob["live"])
             self._fp = None
-            self._skipped_before = int(self.engine.skipped_steps)
+            self._ds.mark()
             self._start(reason)
         except Exception:
             self._degrade("load-state", "restoring the stability state failed")

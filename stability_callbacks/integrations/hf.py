@@ -65,9 +65,10 @@ from stability_callbacks import keys
 from stability_callbacks.integrations._preflight import run_preflight
 from stability_callbacks.live import (STATE_FILE, InstancePatches, LiveRun, LogOnce,
                                       reporter_scalars)
-from stability_callbacks.integrations._torch import (StepProbe, batch_fingerprint,
-                                                     grad_scaler_readings, record_deepspeed_step,
-                                                     step_lr)
+from stability_callbacks.integrations._probe import StepProbe
+from stability_callbacks.integrations._readings import (grad_scaler_readings,
+                                                        DeepSpeedStep, step_lr)
+from stability_callbacks.integrations._reductions import batch_fingerprint
 
 log = logging.getLogger("stability_callbacks")
 
@@ -106,7 +107,7 @@ class StabilityCallback(TrainerCallback, LogOnce):
         self._user_save_steps: int | None = None
         self._bumped_interval: int | None = None
         self._every_n = 1
-        self._ds_skipped: int | None = None
+        self._ds: DeepSpeedStep | None = None
         self._to_report: dict[str, float] = {}
         self._finding_pending = False
         self._warned: set[str] = set()
@@ -231,7 +232,7 @@ class StabilityCallback(TrainerCallback, LogOnce):
         if model is not None:   # the unwrapped model: its hook fires inside DDP/DeepSpeed too
             self._hook = model.register_forward_hook(self._forward_hook)
         if self._is_deepspeed():
-            self._ds_skipped = int(getattr(self.trainer.model_wrapped, "skipped_steps", 0))
+            self._ds = DeepSpeedStep(self.trainer.model_wrapped)
 
     def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
         if self._off():
@@ -304,8 +305,7 @@ class StabilityCallback(TrainerCallback, LogOnce):
     def _close_step(self, step: int, optimizer) -> None:
         probe = self.probe
         if self._is_deepspeed():
-            engine = self.trainer.model_wrapped
-            _, self._ds_skipped = record_deepspeed_step(probe, engine, self._ds_skipped)
+            self._ds.read_into(probe, grad_norm=False)   # the norm came from _get_grad_norm
         if self._fp is not None:
             probe.set_extra(keys.BATCH_FINGERPRINT, self._fp, op="sum")
         for name, parts in self._streams.items():

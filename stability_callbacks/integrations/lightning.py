@@ -71,9 +71,11 @@ from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy   # no 
 from stability_callbacks import keys
 from stability_callbacks.integrations._preflight import run_preflight
 from stability_callbacks.live import LogOnce, reporter_scalars
-from stability_callbacks.integrations._torch import (StepProbe, batch_fingerprint,
-                                                     grad_scaler_readings, record_deepspeed_step,
-                                                     step_lr)
+from stability_callbacks.integrations._probe import StepProbe
+from stability_callbacks.integrations._readings import (grad_scaler_readings,
+                                                        DeepSpeedStep, sharded_grad_norm,
+                                                        step_lr)
+from stability_callbacks.integrations._reductions import batch_fingerprint
 
 log = logging.getLogger("stability_callbacks")
 
@@ -117,7 +119,7 @@ class StabilityCallback(Callback, LogOnce):
         self._norm: torch.Tensor | None = None   # this step's grad norm, for the clipping
         self._orig_clip = None
         self._fp: torch.Tensor | None = None
-        self._ds_skipped: int | None = None
+        self._ds: DeepSpeedStep | None = None
         self._last_saved_step: int | None = None
         self._mc_seen: str | None = None
         self._save_pending: int | None = None
@@ -233,7 +235,7 @@ class StabilityCallback(Callback, LogOnce):
             if isinstance(mc, ModelCheckpoint):
                 self._mc_seen = mc._last_checkpoint_saved or None
             if self._is_deepspeed(trainer):
-                self._ds_skipped = int(getattr(trainer.strategy.deepspeed_engine, "skipped_steps", 0))
+                self._ds = DeepSpeedStep(trainer.strategy.deepspeed_engine)
         except Exception:
             self._failed = True
             self._degrade("start", "starting the stability monitor failed; it is off for this run")
@@ -260,7 +262,7 @@ class StabilityCallback(Callback, LogOnce):
                 self.probe.set_skipped(found_inf)
             params = list(trainer.precision_plugin.main_params(optimizer))
             if self._is_fsdp(trainer):
-                self.probe.set_grad_norm(_sharded_grad_norm(params))
+                self.probe.set_grad_norm(sharded_grad_norm(params))
             else:
                 self._norm = self.probe.compute_grad_norm(params)
         except Exception:
@@ -300,8 +302,7 @@ class StabilityCallback(Callback, LogOnce):
         early = probe.flush() if self._lockstep else []
         engine = trainer.strategy.deepspeed_engine if self._is_deepspeed(trainer) else None
         if engine is not None:
-            r, self._ds_skipped = record_deepspeed_step(probe, engine, self._ds_skipped)
-            probe.set_grad_norm(r["grad_norm"])
+            self._ds.read_into(probe, grad_norm=True)
         if self._fp is not None:
             probe.set_extra(keys.BATCH_FINGERPRINT, self._fp, op="sum")
         self._fp = None
@@ -418,20 +419,3 @@ class StabilityCallback(Callback, LogOnce):
         """Every finding of this run so far (from the LiveRun)."""
         return list(getattr(self.run, "findings", []) or [])
 
-
-def _sharded_grad_norm(params) -> torch.Tensor | None:
-    """Global grad norm of FSDP-sharded grads: local sum of squares, one all_reduce (SUM).
-
-    FSDP shards are disjoint and the flat-parameter padding is zero, so the sum is exact.
-    """
-    import torch.distributed as dist
-
-    grads = [p.grad for p in params if p.grad is not None and p.grad.numel() > 0]
-    if grads:
-        sq = torch.nn.utils.get_total_norm(grads, 2.0).to(torch.float64).square()
-    else:
-        dev = next((p.device for p in params), torch.device("cpu"))
-        sq = torch.zeros((), dtype=torch.float64, device=dev)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(sq)   # the FSDP grad norm's own collective (not the probe's)
-    return sq.sqrt()
