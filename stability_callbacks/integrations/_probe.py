@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 import torch
 
 from stability_callbacks import keys
-from stability_callbacks.live import LogOnce
+from stability_callbacks.live import Guard
 from stability_callbacks.record import StepRecord
 
 from ._optim_state import NoSecondMoment, optimized_params
@@ -57,7 +57,7 @@ __all__ = ["StepProbe", "SLOTS", "REDUCE_OPS"]
 
 REDUCE_OPS = ("sum", "mean", "max", "min")
 
-_ONCE = LogOnce()   # process-wide: one warning per problem, whichever probe meets it
+_ONCE = Guard()   # process-wide: one warning per problem, whichever probe meets it
 
 
 class Slot(NamedTuple):
@@ -174,13 +174,13 @@ class StepProbe:
         if not isinstance(loss, torch.Tensor):
             loss = torch.tensor(float(loss))
         self._adopt_device(loss)
-        l = loss.detach()
-        if l.numel() != 1:
-            l = l.float().mean()
-        l = l.reshape(()).float()
+        v = loss.detach()
+        if v.numel() != 1:
+            v = v.float().mean()
+        v = v.reshape(()).float()
         if divide_by != 1.0:
-            l = l / divide_by
-        self._loss = l if self._loss is None else self._loss + l
+            v = v / divide_by
+        self._loss = v if self._loss is None else self._loss + v
 
     def set_grad_norm(self, value) -> None:
         """The framework's pre-clip, unscaled, global grad norm (tensor, float or None)."""
@@ -302,9 +302,9 @@ class StepProbe:
             extra_names = sorted(self.extra_reductions)
             undeclared = sorted(set(self._extras) - set(self.extra_reductions))
             if undeclared:
-                _ONCE._warn("undeclared-extra:" + ",".join(undeclared),
-                           "stability: extras %s are not in extra_reductions and are dropped "
-                           "under torch.distributed (declare them on every rank)", undeclared)
+                _ONCE.warn_once("undeclared-extra:" + ",".join(undeclared),
+                                "stability: extras %s are not in extra_reductions and are dropped "
+                                "under torch.distributed (declare them on every rank)", undeclared)
         else:
             extra_names = sorted(self._extras)
         for name in extra_names:
@@ -328,8 +328,8 @@ class StepProbe:
             st = second_moment_stats(optimizer)
         except NoSecondMoment as e:
             self._adam_disabled = True
-            _ONCE._warn("no-second-moment", "stability: %s keeps no Adam second moment "
-                       "(exp_avg_sq); second-moment statistics are off for this run", e)
+            _ONCE.warn_once("no-second-moment", "stability: %s keeps no Adam second moment "
+                            "(exp_avg_sq); second-moment statistics are off for this run", e)
             return
         except Exception:  # monitoring never takes training down
             self._adam_disabled = True

@@ -61,9 +61,10 @@ def _max_and_sum_cpu(tensors: list) -> tuple[torch.Tensor, torch.Tensor]:
     its middle dim: ~1.3-1.5x a plain sum here, into a transient buffer 1/16 the state's size).
     The L1 is the sum of those group sums, and they bound the max: a non-negative element is
     never above its group's sum, also after fp32 rounding (rounding is monotone). So the max is
-    read only from the blocks whose largest group sum reaches the best max found so far. Real optimizer state is heavy-tailed across and within
-    tensors: GPT-2-small's AdamW state left 0-6% of its blocks to read in the first 40 steps.
-    Flat state leaves every block a candidate, which costs a second full read.
+    read only from the blocks whose largest group sum reaches the best max found so far. Real
+    optimizer state is heavy-tailed across and within tensors: GPT-2-small's AdamW state left
+    0-6% of its blocks to read in the first 40 steps. Flat state leaves every block a
+    candidate, which costs a second full read.
     Host decisions here cost nothing: on CPU there is no device to wait for.
     """
     sums, maxes, blocked, loose = [], [], [], {}
