@@ -148,7 +148,8 @@ class LiveRun:
     >>> run = LiveRun(config={"actions": {}}, run_dir=tempfile.mkdtemp())
     >>> run.start(0)
     []
-    >>> [f.kind for s in range(1, 32) for f in run.observe(StepRecord(s, {"loss": 9.0 if s == 31 else 2 + s % 3 / 100}))]
+    >>> loss = lambda s: 9.0 if s == 31 else 2 + s % 3 / 100
+    >>> [f.kind for s in range(1, 32) for f in run.observe(StepRecord(s, {"loss": loss(s)}))]
     ['loss_spike']
     >>> run.control.save_now, run.control.save_reason
     (True, 'save now: loss_spike (warning) at step 31')

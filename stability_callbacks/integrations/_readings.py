@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import torch
 
+from stability_callbacks.live import Guard
+
 from ._optim_state import unwrap_optimizer
 
 __all__ = ["grad_scaler_readings", "deepspeed_readings", "DeepSpeedStep", "step_lr",
            "sharded_grad_norm"]
+
+_ONCE = Guard()   # process-wide: one warning per problem
 
 
 def grad_scaler_readings(scaler, optimizer):
@@ -73,6 +77,17 @@ class DeepSpeedStep:
     def mark(self) -> None:
         """Count skips from here (before the step, or after a checkpoint load)."""
         self.skipped = int(getattr(self.engine, "skipped_steps", 0))
+
+    def keeps_no_grad_norm(self) -> bool:
+        """ZeRO-0 fp32 keeps no global grad norm (``get_global_grad_norm()`` is None): compute it
+        from ``p.grad`` before the engine's step, where the grads are still pre-clip. Torch-autocast
+        ZeRO-0 keeps scaled grads until inside the step: no norm at all (one warning)."""
+        e = self.engine
+        if getattr(e, "torch_autocast_z0_gradscaler", None) is not None:
+            _ONCE.warn_once("autocast-norm", "stability: torch-autocast ZeRO-0 keeps scaled grads "
+                            "until inside the step; the grad norm is not monitored")
+            return False
+        return not (e.fp16_enabled() or e.bfloat16_enabled() or e.zero_optimization())
 
     def read_into(self, probe, *, grad_norm: bool) -> None:
         r = deepspeed_readings(self.engine)

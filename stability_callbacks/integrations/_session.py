@@ -27,6 +27,10 @@ Every rank runs the same session on the same reduced records, so every rank reac
 requests at the same step (saves are collective under DeepSpeed and FSDP). Ordinary steps cost
 a few device ops on scalars and the probe's one packed collective; the syncs are the flushes,
 each tagged ``# host-sync:``.
+
+Where later work plugs in: a hang watchdog reads ``finished_at_s`` (host clock only: no
+collective, no sync); a skip-step decision belongs in ``before_optimizer_step``; an automatic
+rollback restores through ``restore`` and opens its segment with ``start(step, "rollback")``.
 """
 from __future__ import annotations
 

@@ -245,18 +245,8 @@ class StabilityHook(SessionAdapter):
             if lr:
                 s.probe.set_lr(float(lr[0]))
             self._ds.mark()
-            if self._needs_own_grad_norm():
-                # ZeRO-0 fp32 keeps no norm; the engine clips inside _take_model_step, so the
-                # grads here are still pre-clip.
+            if self._ds.keeps_no_grad_norm():   # the engine clips inside _take_model_step
                 s.before_optimizer_step(params=e.module.parameters())
-
-    def _needs_own_grad_norm(self) -> bool:
-        e = self.engine
-        if getattr(e, "torch_autocast_z0_gradscaler", None) is not None:
-            self.guard.warn_once("autocast-norm", "stability: torch-autocast ZeRO-0 keeps scaled "
-                                 "grads until inside the step; the grad norm is not monitored")
-            return False
-        return not (e.fp16_enabled() or e.bfloat16_enabled() or e.zero_optimization())
 
     def _after_model_step(self) -> None:
         if self._off():

@@ -177,12 +177,9 @@ class StabilityCallback(Callback, SessionAdapter):
         s = self.session
         with self.guard("before-step", "reading the grad norm / LR / loss scale"):
             s.probe.set_lr(step_lr(optimizer))   # the LR this step uses; per DeepSpeed micro-batch
-            if self._ds is not None:
+            if self._ds is not None:   # grads still sit in p.grad before engine.step()
                 engine = self._ds.engine
-                # ZeRO-0 fp32 keeps no norm; grads still sit in p.grad before engine.step().
-                if engine.zero_optimization_stage() == 0 and not (
-                        engine.fp16_enabled() or engine.bfloat16_enabled()) \
-                        and engine.is_gradient_accumulation_boundary():
+                if engine.is_gradient_accumulation_boundary() and self._ds.keeps_no_grad_norm():
                     s.before_optimizer_step(params=engine.module.parameters())
                 return
             scaler = getattr(trainer.precision_plugin, "scaler", None)
