@@ -1,10 +1,11 @@
 """Per-step monitoring overhead on a GPT-2-small-sized model (124 M parameters, no download).
 
 Plain and monitored optimizer steps of ONE model alternate in one run (so drift in machine load
-hits both alike). "Monitored" adds everything a callback does per step except the Adam probe:
-device-side loss accumulation over the micro-batches, the grad norm reused for clipping
-(``compute_grad_norm`` + ``clip_grads_with_norm_`` in place of ``clip_grad_norm_``), the LR, a
-batch fingerprint, ``finish_step`` (packing, host copy), ``poll`` and ``Monitor.update``.
+hits both alike). "Monitored" adds everything an integration does per step through its
+``LiveSession`` except the Adam probe: micro-batch intake (device-side loss accumulation, batch
+fingerprint), the grad norm reused for clipping (``before_optimizer_step`` +
+``clip_grads_with_norm_`` in place of ``clip_grad_norm_``), the LR, ``end_step`` (packing, host
+copy, poll, ``LiveRun.observe``: the Monitor) and the requests.
 The Adam second-moment probe is timed on its own (``probe_ms``) against ``floor_ms``: one
 ``sum`` over a single contiguous buffer as large as all ``exp_avg_sq`` together.
 
@@ -26,13 +27,10 @@ import warnings
 
 import torch
 
-from stability_callbacks.integrations._torch import (
-    StepProbe, batch_fingerprint, find_second_moments, param_sq_sum, second_moment_stats)
-
-try:  # the Monitor is the lead's core; the benchmark runs without it too
-    from stability_callbacks import Monitor
-except ImportError:  # pragma: no cover
-    Monitor = None
+from stability_callbacks.integrations._optim_state import find_second_moments
+from stability_callbacks.integrations._reductions import param_sq_sum, second_moment_stats
+from stability_callbacks.integrations._session import LiveSession
+from stability_callbacks.live import LiveRun
 
 
 def _sync(device):
@@ -77,8 +75,10 @@ def main(argv=None):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    probe = StepProbe(device=device, adam_every_n_steps=0, param_norm_every_n_steps=0)
-    monitor = Monitor() if Monitor is not None else None
+    # No run log, no alert sinks, no Adam probe (timed on its own below): the per-step path.
+    session = LiveSession(LiveRun(config={"actions": {}}, run_dir=None))
+    session.probe.device, session.probe.adam_every_n_steps = device, 0
+    session.run.start(0)
     state = {"step": 0, "monitor_s": 0.0, "syncs": 0}
 
     def timed(fn, *a, **kw):
@@ -104,18 +104,16 @@ def main(argv=None):
         for ids in micro_batches():
             loss = model(input_ids=ids, labels=ids).loss / args.grad_accum
             loss.backward()
-            timed(probe.add_loss, loss)
-            timed(probe.set_extra, "batch_fingerprint", timed(batch_fingerprint, ids), "sum")
+            timed(session.add_micro_batch, loss=loss, input_ids=ids)
         # the callback's norm is the one used for clipping: computed once either way
-        norm = probe.compute_grad_norm(params)
+        norm = session.before_optimizer_step(params=params)
         torch.nn.utils.clip_grads_with_norm_(params, 1.0, norm)
-        timed(probe.set_lr, opt.param_groups[0]["lr"])
+        timed(session.probe.set_lr, opt.param_groups[0]["lr"])
         opt.step()
         opt.zero_grad(set_to_none=True)
-        timed(probe.finish_step, state["step"], optimizer=opt, model=model)
-        for rec in timed(probe.poll):
-            if monitor is not None:
-                timed(monitor.update, rec)
+        timed(session.end_step, state["step"], optimizer=opt)
+        timed(session.requests, state["step"])
+        timed(session.control.step_done)
 
     def time_step(fn):
         _sync(device)
@@ -145,10 +143,7 @@ def main(argv=None):
         diffs.append(m - p)
         direct_ms.append(state["monitor_s"] * 1e3)
     syncs_monitored = state["syncs"]
-    leftover = probe.flush()
-    if monitor is not None:
-        for rec in leftover:
-            monitor.update(rec)
+    session.close()
 
     # Adam probe vs the floor: interleaved repetitions on the real AdamW state
     sm = find_second_moments(opt)
@@ -194,7 +189,6 @@ def main(argv=None):
         "exp_avg_sq_numel": total,
         "host_syncs_per_step": (syncs_monitored / args.pairs)
         if device.type == "cuda" and args.pairs else None,
-        "monitor_fed": monitor is not None,
         "pairs": args.pairs, "seq_len": args.seq_len, "batch_size": args.batch_size,
         "grad_accum": args.grad_accum,
         "step_ms_plain_all": [round(x, 1) for x in plain_ms],

@@ -1,26 +1,28 @@
-"""The framework-neutral glue every integration shares: Monitor + run log + alert sinks.
+"""The framework-neutral, torch-free glue of a monitored run: Monitor + run log + alert sinks +
+listeners, and the one guard that keeps monitoring from taking training down.
 
-An integration turns framework hooks into :class:`StepRecord` s (through the torch probe),
-calls :meth:`LiveRun.observe` once per optimizer step, and carries out ``run.control``.
-Everything here runs on every rank (so every rank decides the same); only rank 0 writes the
-run log and sends alerts. Nothing here raises into the training loop: a failure is logged
-once and that part goes quiet (DESIGN invariant 4).
+The torch side (:class:`~stability_callbacks.integrations._session.LiveSession`) turns
+framework hooks into :class:`StepRecord` s, calls :meth:`LiveRun.observe` once per optimizer
+step, carries out ``run.control`` and reports what it did with :meth:`LiveRun.act`. Offline
+``replay --follow`` feeds the same class from a growing log. Everything here runs on every rank
+(so every rank decides the same); only rank 0 writes the run log and sends alerts. Nothing here
+raises into the training loop: a failure is logged once and that part goes quiet (DESIGN
+invariant 4).
 """
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from . import keys
-from .control import Control
+from .control import Action, Control
 from .monitor import Monitor
 from .record import Finding, StepRecord
 from .runlog import RUNLOG_NAME, RunLog
 
 log = logging.getLogger("stability_callbacks")
-
-STATE_FILE = "stability_state.json"
 
 
 def reporter_scalars(record: StepRecord, findings: list[Finding]) -> dict[str, float]:
@@ -62,23 +64,77 @@ class InstancePatches:
         self._originals.clear()
 
 
-class LogOnce:
-    """Each problem is logged once, then monitoring carries on without the failing part (DESIGN
-    invariant 4). A mixin for integrations (which set ``self._warned = set()`` in their own
-    ``__init__``), or an instance of its own for module-level code."""
+class Guard:
+    """The single home of DESIGN invariant 4, "monitoring never takes training down".
+
+    Every monitoring call that could fail runs as ``with guard(part, what):``. A failure is
+    logged once per part, with its traceback, and swallowed: that part goes quiet and the rest
+    carries on. ``fatal=True`` marks a failure that leaves nothing to monitor (a failed start):
+    ``guard.off`` turns True and the integration stops calling in. Exceptions of the types in
+    ``passthrough`` are the user's to see (a bad config before step one) and propagate.
+    ``warn_once`` is the same promise for problems that are not exceptions.
+
+    >>> guard = Guard()
+    >>> for _ in range(3):
+    ...     with guard("ratio", "computing a ratio"):
+    ...         1 / 0
+    >>> sorted(guard.failed), guard.off
+    (['ratio'], False)
+    """
 
     def __init__(self):
-        self._warned: set = set()
+        self.failed: set[str] = set()
+        self.off = False
+        self._warned: set[str] = set()
 
-    def _warn(self, key: str, msg: str, *args) -> None:
+    @contextmanager
+    def __call__(self, part: str, what: str | None = None, *, fatal: bool = False,
+                 passthrough: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+        try:
+            yield
+        except passthrough:
+            raise
+        except Exception:   # monitoring never takes training down
+            self.off = self.off or fatal
+            if part not in self.failed:
+                self.failed.add(part)
+                log.exception("stability: %s failed; %s", what or part,
+                              "monitoring is off for this run" if fatal
+                              else "monitoring continues without it")
+
+    def call(self, part: str, fn: Callable[[], Any], default: Any = None) -> Any:
+        """``fn()``, or ``default`` when it raised (logged once per part)."""
+        with self(part):
+            return fn()
+        return default
+
+    def warn_once(self, key: str, msg: str, *args) -> None:
         if key not in self._warned:
             self._warned.add(key)
             log.warning(msg, *args)
 
-    def _degrade(self, key: str, what: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.exception("stability: %s; monitoring continues without it", what)
+
+class RunListener:
+    """What a :class:`LiveRun` tells its listeners, on every rank, as it happens: segments,
+    step records, findings (those of a record come right after it), checkpoints and the actions
+    the integration carried out. Override what you need (any object with some of these methods
+    will do); a listener that raises is logged once per event and the run goes on.
+    """
+
+    def on_segment(self, segment: int, start_step: int, reason: str) -> None:
+        """A segment began: ``start``, ``resume`` or ``rollback`` (from ``start_step``)."""
+
+    def on_record(self, record: StepRecord) -> None:
+        """One optimizer step's reduced values, before its findings."""
+
+    def on_finding(self, finding: Finding) -> None:
+        """Every finding: of a record, of a segment start (``resume``), of the preflight audit."""
+
+    def on_checkpoint(self, step: int, path: str | None) -> None:
+        """A checkpoint was written (by the integration or by the framework itself)."""
+
+    def on_action(self, action: Action) -> None:
+        """The integration carried out a request (or refused a save): see :class:`Action`."""
 
 
 class LiveRun:
@@ -88,24 +144,27 @@ class LiveRun:
     >>> run = LiveRun(config={"actions": {}}, run_dir=tempfile.mkdtemp())
     >>> run.start(0)
     []
-    >>> [f.kind for s in range(1, 32) for f in run.observe(StepRecord(s, {"loss": 9.0 if s == 31 else 2 + s % 3 / 100}))]
+    >>> loss = lambda s: 9.0 if s == 31 else 2 + s % 3 / 100
+    >>> [f.kind for s in range(1, 32) for f in run.observe(StepRecord(s, {"loss": loss(s)}))]
     ['loss_spike']
-    >>> run.control.save_now
-    True
+    >>> run.control.save_now, run.control.save_reason
+    (True, 'save now: loss_spike (warning) at step 31')
     >>> run.close()
     """
 
     def __init__(self, config: str | Mapping | None = None, *, monitor: Monitor | None = None,
                  run_dir: str | Path | None = "out/stability", is_rank0: bool = True,
                  run_name: str | None = None, wandb_run=None, tb_writer=None,
-                 report_path: str | None = None, metrics_every_n_steps: int = 0):
+                 report_path: str | None = None, metrics_every_n_steps: int = 0,
+                 listeners: Iterable[RunListener] = (), guard: Guard | None = None):
         self.monitor = monitor if monitor is not None else Monitor(config)
         self.is_rank0 = is_rank0
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.run_name = run_name or (self.run_dir.name if self.run_dir else "run")
         self.metrics_every_n_steps = metrics_every_n_steps
         self.findings: list[Finding] = []
-        self._failed: set[str] = set()
+        self.listeners: list = list(listeners)
+        self.guard = guard if guard is not None else Guard()
         self.runlog = RunLog(self.run_dir / RUNLOG_NAME) if (is_rank0 and self.run_dir) else None
         from .actions import build_sinks   # config errors (bad URL, unset variable) surface here, early
         actions = dict(self.monitor.config["actions"])
@@ -123,22 +182,30 @@ class LiveRun:
     def runlog_path(self) -> Path | None:
         return self.runlog.path if self.runlog else None
 
+    def add_listener(self, listener: RunListener) -> None:
+        self.listeners.append(listener)
+
     def start(self, step: int, reason: str = "start") -> list[Finding]:
         """A segment begins: a fresh start, a resume, or a rollback to an older checkpoint."""
-        found = self._guard("start", lambda: self.monitor.begin_segment(step, reason), [])
+        found = self.guard.call("start", lambda: self.monitor.begin_segment(step, reason), [])
         if self.runlog:
-            self._guard("runlog", lambda: self.runlog.segment(self.monitor.segment, step, reason))
+            with self.guard("runlog"):
+                self.runlog.segment(self.monitor.segment, step, reason)
+        self._notify("on_segment", self.monitor.segment, step, reason)
         self._emit(found)
         return found
 
     def observe(self, record: StepRecord) -> list[Finding]:
         """Feed one optimizer step. Returns its findings; requests are on ``control``."""
         record.segment = self.monitor.segment
-        found = self._guard("monitor", lambda: self.monitor.update(record), [])
+        found = self.guard.call("monitor", lambda: self.monitor.update(record), [])
         if self.runlog:
-            self._guard("runlog", lambda: self.runlog.step(record))
+            with self.guard("runlog"):
+                self.runlog.step(record)
         if self.metrics_every_n_steps and record.step % self.metrics_every_n_steps == 0:
-            self._guard("metrics", lambda: self.dispatcher.log_metrics(record.step, record.metrics))
+            with self.guard("metrics"):
+                self.dispatcher.log_metrics(record.step, record.metrics)
+        self._notify("on_record", record)
         self._emit(found)
         return found
 
@@ -150,14 +217,34 @@ class LiveRun:
         self.findings.extend(found)
         for f in found:
             if self.runlog:
-                self._guard("runlog", lambda f=f: self.runlog.finding(f))
-            self._guard("alerts", lambda f=f: self.dispatcher.submit(f))
-        self.control.alerts = []   # delivered here; the integration carries out the rest
+                with self.guard("runlog"):
+                    self.runlog.finding(f)
+            with self.guard("alerts"):
+                self.dispatcher.submit(f)
+            self._notify("on_finding", f)
 
     def checkpoint_saved(self, step: int, path: str | None = None) -> None:
+        path = None if path is None else str(path)
         self.monitor.note_checkpoint(step, path)
         if self.runlog:
-            self._guard("runlog", lambda: self.runlog.checkpoint(step, None if path is None else str(path)))
+            with self.guard("runlog"):
+                self.runlog.checkpoint(step, path)
+        self._notify("on_checkpoint", step, path)
+
+    def act(self, action: Action) -> None:
+        """The integration did something (saved, refused a save, changed the save interval,
+        stopped): one ``action`` line in the run log, and the listeners hear of it."""
+        if self.runlog:
+            with self.guard("runlog"):
+                self.runlog.action(action)
+        self._notify("on_action", action)
+
+    def _notify(self, event: str, *args) -> None:
+        for listener in self.listeners:
+            fn = getattr(listener, event, None)
+            if fn is not None:
+                with self.guard(f"listener {type(listener).__name__}.{event}"):
+                    fn(*args)
 
     def state_dict(self) -> dict[str, Any]:
         return {"monitor": self.monitor.state_dict()}
@@ -166,15 +253,8 @@ class LiveRun:
         self.monitor.load_state_dict(state["monitor"])
 
     def close(self, timeout_s: float = 5.0) -> None:
-        self._guard("alerts", lambda: self.dispatcher.close(timeout_s=timeout_s))
+        with self.guard("alerts"):
+            self.dispatcher.close(timeout_s=timeout_s)
         if self.runlog:
-            self._guard("runlog", self.runlog.close)
-
-    def _guard(self, part: str, fn, default=None):
-        try:
-            return fn()
-        except Exception:   # monitoring never takes training down
-            if part not in self._failed:
-                self._failed.add(part)
-                log.exception("stability_callbacks: %s failed; continuing without it", part)
-            return default
+            with self.guard("runlog"):
+                self.runlog.close()

@@ -75,8 +75,8 @@ class Policy:
                risk_window: tuple[int, int] | None) -> list[Finding]:
         step = ctx.step
         if not findings:   # the ordinary step: only the save interval can change
-            bumped = ctx.in_risk_window or (self.bump_until is not None and step <= self.bump_until)
-            control.save_interval_steps = self.bump_save_interval_to if bumped else None
+            self._set_interval(ctx, control, risk_window)
+            control.alerts = []
             return []
         extra: list[Finding] = []
         for f in findings:
@@ -119,18 +119,35 @@ class Policy:
             extra.append(control.rollback)
 
         every = findings + extra
-        if (control.state_is_good and self.save_on != "never"
-                and any(f.kind not in EVENT_KINDS and severity_rank(f.severity) >= severity_rank(self.save_on)
-                        for f in every)
+        asking = next((f for f in every if f.kind not in EVENT_KINDS
+                       and severity_rank(f.severity) >= severity_rank(self.save_on)), None)
+        if (control.state_is_good and self.save_on != "never" and asking is not None
                 and (self.last_save_request is None or step - self.last_save_request >= self.min_save_gap_steps)):
             control.save_now = True
+            control.save_reason = f"save now: {asking.kind} ({asking.severity}) at step {step}"
             self.last_save_request = step
-        bumped = ctx.in_risk_window or (self.bump_until is not None and step <= self.bump_until)
-        control.save_interval_steps = self.bump_save_interval_to if bumped else None
-        if halting:
+        self._set_interval(ctx, control, risk_window)
+        if halting and not control.stop:
             control.stop = True
-        control.alerts.extend(every)
+            trigger = next((f for f in every if f.severity == "critical" and f.kind != "rollback_advice"),
+                           every[0])
+            control.stop_reason = (f"{trigger.kind} ({trigger.severity}) at step {step}; "
+                                   f"policy.halt_on = critical")
+        control.alerts = every
         return extra
+
+    def _set_interval(self, ctx: Context, control: Control, risk_window: tuple[int, int] | None) -> None:
+        """The bumped save interval (and why) inside the risk window and after a warning."""
+        if ctx.in_risk_window:
+            control.save_interval_steps = self.bump_save_interval_to
+            control.save_interval_reason = (f"inside the warmup-end risk window (steps "
+                                            f"{risk_window[0] + 1}-{risk_window[1]})")
+        elif self.bump_until is not None and ctx.step <= self.bump_until:
+            control.save_interval_steps = self.bump_save_interval_to
+            control.save_interval_reason = (f"for {self.bump_duration_steps} steps after a warning "
+                                            f"(until step {self.bump_until})")
+        else:
+            control.save_interval_steps = control.save_interval_reason = None
 
     def _rollback_advice(self, step: int, trigger: Finding, open_spike_onset: int | None) -> Finding:
         """Onset = the earliest of the trigger's onset, an open loss spike, and the leading signals

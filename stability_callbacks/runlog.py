@@ -1,14 +1,18 @@
-"""The run log (DESIGN 2.3): one JSON object per line — steps, findings, segments, checkpoints.
+"""The run log (DESIGN 2.3): one JSON object per line — steps, findings, segments, checkpoints,
+and (an extension) actions: what the integration did and why (``{"type": "action", "step": N,
+"action": "save"|"save_blocked"|"save_interval"|"stop", "reason": ..., "path": ...}``).
 
-Written by every integration (rank 0), read by ``replay`` and ``timeline``. Lines are buffered
-and flushed every ``flush_every`` steps and at every finding, segment and checkpoint, so a
-crash loses at most a few step lines and never a finding.
+Written by every integration (rank 0), read by ``replay`` and ``timeline`` (which skip line
+types they do not know). Lines are buffered and flushed every ``flush_every`` steps and at every
+finding, segment, checkpoint and action, so a crash loses at most a few step lines and never a
+finding.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from .control import Action
 from .record import Finding, StepRecord
 
 RUNLOG_NAME = "runlog.jsonl"
@@ -41,6 +45,9 @@ class RunLog:
 
     def checkpoint(self, step: int, path: str | None) -> None:
         self._write({"type": "checkpoint", "step": step, "path": path}, flush=True)
+
+    def action(self, action: Action) -> None:
+        self._write(action.to_json(), flush=True)
 
     def close(self) -> None:
         if not self._f.closed:

@@ -22,7 +22,7 @@ from stability_callbacks.monitor import STATE_VERSION  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "dist" / "ds_scenarios.py"
-CASES = ("overflow-z1", "overflow-z0", "pocket-z2", "nan-z0", "spike-z3")
+CASES = ("overflow-z1", "overflow-z0", "pocket-z2", "nan-z0", "spike-z3", "streams-z1")
 LAUNCH_TIMEOUT_S = 420
 
 
@@ -71,8 +71,11 @@ def first(result, kind: str):
 
 def _comparable(result):
     # rank 0 alone reads the run log and moves folders; everything decided must be identical.
-    drop = {"records", "seconds"}
+    drop = {"records", "seconds", "actions", "seen"}   # seen: this rank's own data
     res = {k: v for k, v in result.items() if k not in drop}
+    for part in ("first", "second"):
+        if part in res:
+            res[part] = {k: v for k, v in res[part].items() if k not in drop}
     if "helper" in res:
         res["helper"] = {k: v for k, v in res["helper"].items() if k != "moved"}
     return res
@@ -152,6 +155,13 @@ def test_bf16_zero2_data_pocket_spike_saves_and_state(ds):
     assert rec["adam/exp_avg_sq_numel"] == r["param_count"]
     assert rec["lr"] == 0.0 and rec["consumed_samples"] == 8.0   # 2 ranks x micro-batch 4
     assert "loss_scale" not in rec and "skipped" not in rec      # bf16: no scaler
+    # What the hook did and why, in the run log (rank 0 writes it).
+    window = "inside the warmup-end risk window (steps 7-24)"
+    after = "for 1000 steps after a warning (until step 1025)"
+    assert r["actions"] == [[7, "save_interval", window]] + [
+        [s, "save", f"bumped save interval (5 steps): {window}"] for s in (10, 15, 20)] + [
+        [25, "save", "save now: loss_spike (warning) at step 25"]] + [
+        [s, "save", f"bumped save interval (5 steps): {after}"] for s in (30, 35, 40, 45)]
 
 
 def test_nan_halts_every_rank_at_the_same_step_and_rolls_back_latest(ds):
@@ -161,6 +171,12 @@ def test_nan_halts_every_rank_at_the_same_step_and_rolls_back_latest(ds):
     assert r["stopped_at"] == r["train"]["left_at"] == nan_step     # on CPU: at the step itself
     # No save of damaged weights: neither before the halt nor the loop's own save after it.
     assert r["saved_steps"] == [] and r["train"]["save_after_halt"] is False
+    halt = f"nonfinite (critical) at step {nan_step}; policy.halt_on = critical"
+    damaged = f"refused: the weights are damaged (nonfinite at step {nan_step})"
+    assert r["actions"] == [[7, "save_interval", "inside the warmup-end risk window (steps 7-24)"],
+                            [nan_step, "stop", halt],
+                            [nan_step, "save_blocked", f"before the halt: {halt}; {damaged}"],
+                            [nan_step, "save_blocked", f"the loop's save_checkpoint; {damaged}"]]
     assert r["train"]["user_saves"] == {"5": True, "10": True, "15": True, "20": True}
     # rollback_on_halt: latest names the advised good checkpoint; newer tags moved aside.
     adv = r["rollback"]
@@ -240,3 +256,14 @@ def test_roll_back_latest_keeps_everything(tmp_path):
 def test_attach_rejects_what_is_not_an_engine():
     with pytest.raises(ValueError, match="engine must be a deepspeed engine, got object"):
         attach(object())
+
+
+def test_per_dataset_losses_are_the_mean_over_micro_batches_and_ranks(ds):
+    """The model output's ``stream_losses`` (declared in sampling.loss_streams) on 2 ranks."""
+    r0, r1 = ds["streams-z1"]
+    ga = r0["grad_accum"]
+    assert ga == 2 and len(r0["records"]) == 4 and r0["seen"] != r1["seen"]   # ranks differ
+    for i, m in enumerate(r0["records"]):
+        parts = [r["seen"][ga * i + k] for r in (r0, r1) for k in range(ga)]
+        assert m["loss/a"] == pytest.approx(sum(p[0] for p in parts) / len(parts), rel=1e-6)
+        assert m["loss/b"] == pytest.approx(sum(p[1] for p in parts) / len(parts), rel=1e-6)

@@ -64,6 +64,10 @@ def _runlog(run_dir) -> list[dict]:
         return [json.loads(line) for line in fh]
 
 
+def _actions(run_dir) -> list[tuple]:
+    return [(x["step"], x["action"], x["reason"]) for x in _runlog(run_dir) if x["type"] == "action"]
+
+
 # ------------------------------------------------------------------------------ data pocket
 @pytest.fixture(scope="module")
 def pocket(tmp_path_factory):
@@ -202,6 +206,12 @@ def test_nan_halts_cleanly_without_saving_damaged_weights(tmp_path, bf16):
     assert advice.details["checkpoint_step"] == good
     assert advice.details["checkpoint_path"].endswith(f"checkpoint-{good}")
     assert not any(f.kind == "loss_spike" and f.severity != "info" for f in cb.findings)
+    # What the callback did and why (the bump to 300 never beat the user's interval of 10).
+    halt = f"nonfinite (critical) at step {bad}; policy.halt_on = critical"
+    assert _actions(tmp_path / "stability") == [
+        (bad, "stop", halt),
+        (bad, "save_blocked", f"before the halt: {halt}; refused: the weights are damaged "
+                              f"(nonfinite at step {bad})")]
 
 
 def test_unbound_callback_still_sees_the_nan_and_suppresses_saves(tmp_path, caplog):
@@ -219,6 +229,9 @@ def test_unbound_callback_still_sees_the_nan_and_suppresses_saves(tmp_path, capl
     assert _first(cb.findings, "nonfinite").step == bad
     assert trainer.state.global_step == sc.max_steps              # halt_on: never (default)
     assert _checkpoints(tmp_path / "ckpt") == [10, 20]            # 30 (the final save) suppressed
+    assert _actions(tmp_path / "stability") == [
+        (30, "save_blocked", f"the Trainer's own save; refused: the weights are damaged "
+                             f"(nonfinite at step {bad})")]
     steps = [r for r in _runlog(tmp_path / "stability") if r["type"] == "step"]
     assert "grad_norm" not in steps[0]["metrics"] and "loss" in steps[0]["metrics"]
 
@@ -251,6 +264,16 @@ def test_warmup_spike_escalates_and_bumps_the_save_interval(tmp_path):
     assert ckpts == sorted(set(bumped) | {first, sc.max_steps})
     assert bump_end < sc.max_steps - 2
     assert trainer.state.save_steps == 1000
+    # Each save the monitor asked for, with its reason; the final save is the Trainer's own.
+    actions = _actions(tmp_path / "stability")
+    saves = {step: why for step, what, why in actions if what == "save"}
+    assert sorted(saves) == sorted(set(bumped) | {first})
+    assert saves[first] == f"save now: loss_spike (warning) at step {first}"
+    assert {saves[s].split(":")[0] for s in bumped if s != first} == {"bumped save interval (2 steps)"}
+    intervals = [(step, why) for step, what, why in actions if what == "save_interval"]
+    assert intervals[0] == (sc.warmup_steps + 1, f"inside the warmup-end risk window (steps "
+                                                 f"{sc.warmup_steps + 1}-{window_end})")
+    assert intervals[-1] == (bump_end + 1, "back to the user's own save interval")
 
 
 def test_bind_twice_to_another_trainer_is_an_error(tmp_path):

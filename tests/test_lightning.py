@@ -201,6 +201,13 @@ def test_warmup_spike_escalates_saves_and_halts(tmp_path):
     # Inside the risk window the bumped interval (2) saves; the spike saves now, then halts.
     assert [s for s, _ in cb.saved] == \
         [s for s in range(sc.warmup_steps + 1, spike) if s % 2 == 0] + [spike]
+    # What the callback did and why, in the run log: the halt first, then the save before it.
+    actions = [(x["step"], x["action"], x["reason"].split(":")[0])
+               for x in runlog(tmp_path / "stability" / "runlog.jsonl") if x["type"] == "action"]
+    w, halt = sc.warmup_steps, f"warmup_instability (critical) at step {spike}; policy.halt_on = critical"
+    assert actions == [(w + 1, "save_interval", f"inside the warmup-end risk window (steps {w + 1}-{3 * w})")] + [
+        (s, "save", "bumped save interval (2 steps)") for s in range(w + 1, spike) if s % 2 == 0] + [
+        (spike, "stop", halt), (spike, "save", "before the halt")]
     # Lightning's logging: the signals and findings went through pl_module.log.
     assert trainer.callback_metrics["stability/finding/warmup_instability"] == 3.0
     assert float(trainer.callback_metrics["stability/lr"]) == pytest.approx(sc.lr_at(spike))
@@ -276,3 +283,37 @@ def test_two_process_ddp_and_deepspeed_decide_the_same(tmp_path):
     assert sorted(p.name for p in (tmp_path / "deepspeed" / "ckpt").iterdir()) == \
         sorted(f"stability-step={s}.ckpt" for s in saves)
 
+
+
+class TwoStreams(ScenarioModule):
+    """``training_step`` returns the loss and two per-dataset losses (first rows: stream "a")."""
+
+    def __init__(self, scenario, seen):
+        super().__init__(scenario)
+        self.seen = seen
+
+    def training_step(self, batch, batch_idx):
+        ids = batch["input_ids"]
+        out = self.model(input_ids=ids, labels=ids)
+        logits = out.logits[:, :-1].float()
+        tok = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                ids[:, 1:].reshape(-1), reduction="none")
+        per_row = tok.view(ids.shape[0], -1).mean(1)
+        half = ids.shape[0] // 2
+        streams = {"a": per_row[:half].mean(), "b": per_row[half:].mean()}
+        self.seen.append((streams["a"].item(), streams["b"].item()))
+        return {"loss": out.loss, "stream_losses": streams}
+
+
+def test_per_dataset_losses_from_training_step_outputs(tmp_path):
+    """``loss/<name>`` in every record: the mean over the step's micro-batches, as under HF."""
+    sc = build_scenario("healthy", max_steps=4, batch_size=4, grad_accum=2)
+    seen: list = []
+    cb, _ = fit(sc, tmp_path, config={"actions": {}, "sampling": {"loss_streams": ["a", "b"]}},
+                module=TwoStreams(sc, seen))
+    steps = [r["metrics"] for r in runlog(tmp_path / "stability" / "runlog.jsonl") if r["type"] == "step"]
+    assert len(steps) == 4 and len(seen) == 8
+    for i, m in enumerate(steps):
+        a = (seen[2 * i][0] + seen[2 * i + 1][0]) / 2
+        b = (seen[2 * i][1] + seen[2 * i + 1][1]) / 2
+        assert (m["loss/a"], m["loss/b"]) == (pytest.approx(a, rel=1e-6), pytest.approx(b, rel=1e-6))

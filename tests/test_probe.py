@@ -7,10 +7,21 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from stability_callbacks import keys  # noqa: E402
-from stability_callbacks.integrations import _torch as probe_mod  # noqa: E402
-from stability_callbacks.integrations._torch import (  # noqa: E402
-    StepProbe, adam_second_moment_stats, batch_fingerprint, grad_scaler_readings,
-    second_moment_stats)
+from stability_callbacks.integrations import _probe as probe_mod  # noqa: E402
+from stability_callbacks.integrations import _reductions as reductions  # noqa: E402
+from stability_callbacks.integrations._probe import StepProbe  # noqa: E402
+from stability_callbacks.integrations._readings import grad_scaler_readings  # noqa: E402
+from stability_callbacks.integrations._reductions import (  # noqa: E402
+    batch_fingerprint, second_moment_stats)
+
+
+def adam_second_moment_stats(optimizer):
+    """Single-process ``(max, l1, numel)`` of ``exp_avg_sq`` as floats/int, for the assertions
+    (the probe folds the same local values into its one packed collective)."""
+    st = second_moment_stats(optimizer)
+    if st is None:
+        return None
+    return float(st.max), float(st.l1), st.numel
 
 
 def _model(seed=0, dtype=torch.float32):
@@ -346,10 +357,19 @@ def test_accelerator_branch_matches_the_cpu_branch(monkeypatch):
     opt.step()
     opt.state[next(iter(model.parameters()))]["exp_avg_sq"][0, 0] = 0.0   # v >= 0 kept
     cpu = second_moment_stats(opt)
-    sq_cpu = probe_mod.param_sq_sum(model.parameters())
-    monkeypatch.setattr(probe_mod, "_FOREACH_FAST_DEVICES", ("cpu",))
+    sq_cpu = reductions.param_sq_sum(model.parameters())
+    monkeypatch.setattr(reductions, "FOREACH_FAST_DEVICES", ("cpu",))
     fe = second_moment_stats(opt)
     assert float(fe.max) == float(cpu.max)
     assert float(fe.l1) == pytest.approx(float(cpu.l1), rel=1e-6)
-    assert float(probe_mod.param_sq_sum(model.parameters())) == pytest.approx(float(sq_cpu),
-                                                                              rel=1e-6)
+    assert float(reductions.param_sq_sum(model.parameters())) == pytest.approx(float(sq_cpu),
+                                                                               rel=1e-6)
+
+
+@pytest.mark.parametrize("module", ["_optim_state", "_reductions", "_readings", "_probe"])
+def test_docstring_examples(module):
+    import doctest
+    import importlib
+
+    mod = importlib.import_module(f"stability_callbacks.integrations.{module}")
+    assert doctest.testmod(mod, optionflags=doctest.ELLIPSIS).failed == 0

@@ -3,83 +3,41 @@
 >>> hook = attach(engine, config="pretrain-fp16", run_dir="out/stability")  # doctest: +SKIP
 >>> engine.load_checkpoint(ckpt_dir)          # restores the detector state too      # doctest: +SKIP
 >>> for batch in loader:                      # the loop itself does not change       # doctest: +SKIP
-...     loss = engine(**batch).loss
-...     engine.backward(loss)
+...     engine.backward(engine(**batch).loss)
 ...     engine.step()
 ...     if hook.should_stop:                  # opt-in halt (policy.halt_on: critical)
 ...         break
 >>> hook.close()                                                                      # doctest: +SKIP
 
-DeepSpeed has no callback API (FRAMEWORK_NOTES 3.1), so ``attach`` wraps six engine methods *on
-that instance* and leaves the loop alone:
+DeepSpeed has no callback API (FRAMEWORK_NOTES 3.1), so ``attach`` wraps engine methods *on that
+instance*; the loop around the readings is the shared :class:`~._session.LiveSession`:
+``forward`` (token ids, the output's ``stream_losses``), ``backward``/``scale`` (the loss as
+DeepSpeed returns it, loss / GAS), ``_take_model_step`` (the optimizer-step boundary: the LR
+before it, grad norm, loss scale, skipped delta, consumed samples and Adam statistics after it),
+``step`` (the requests carried out once the step has finished), ``save_checkpoint`` (the
+detector state in ``client_state["stability"]``, the loop's own saves too; damaged weights are
+never saved) and ``load_checkpoint`` (the state of the checkpoint actually loaded; a ``resume``,
+in-process a ``rollback``, segment).
 
-==========================  ===============================================================
-``forward``                 hash of the micro-batch's ``input_ids`` (``batch_fingerprint``:
-                            the resume auditor's repeated-data check); training mode only
-``backward`` / ``scale``    the micro-batch loss as DeepSpeed returns it (loss / GAS), summed
-                            on device: the step loss is the mean over its micro-batches, then
-                            over the data-parallel ranks in the probe's one packed collective
-``_take_model_step``        the optimizer-step boundary (private, see below): the LR is read
-                            before it (the LR this step used), grad norm, loss scale, skipped
-                            flag and Adam statistics after it; the record is closed there
-``step``                    after the engine's step has fully finished: the requests of the
-                            Monitor are carried out (save now, bumped save interval, halt)
-``save_checkpoint``         every save carries the detector state in ``client_state
-                            ["stability"]`` (the user's own saves too); damaged weights
-                            (``Control.state_is_good`` false) are never saved
-``load_checkpoint``         restores the detector state from the checkpoint actually loaded,
-                            and opens a ``resume`` (or, in-process, ``rollback``) segment
-==========================  ===============================================================
+``_take_model_step`` is private, but it runs exactly once per real optimizer step in managed and
+unmanaged accumulation alike (deepspeed 0.19.8 runtime/engine.py:3505-3565, 3617-3623), and only
+around it are ``get_lr()`` and the skipped-steps delta this step's; the optimizer post-hooks
+fire per param group and never on overflow (notes 3.1). Without it, one warning and monitoring
+is off. The grad norm is ``get_global_grad_norm()`` (ZeRO-0 fp32 keeps none: computed before the
+step; ZeRO-0 fp16 norms are off by the loss scale, DeepSpeed PR #8393); a skip is the
+``skipped_steps`` delta (ZeRO's scaler has hysteresis); the warmup of DeepSpeed's warmup
+schedulers is ``warmup_num_steps`` + 1 steps.
 
-Why ``_take_model_step``: ``engine.step()`` runs on every micro-batch and calls
-``_take_model_step`` exactly once per real optimizer step, in managed and unmanaged gradient
-accumulation alike (deepspeed 0.19.8 runtime/engine.py:3505-3565, 3617-3623; FRAMEWORK_NOTES 3.1
-option 1). Only around it is ``get_lr()`` the LR the step used (the scheduler steps inside it)
-and the skipped-steps delta that of this step. There is no public hook: DeepSpeed's optimizer
-post-hooks fire once per param group and never on overflow (notes 3.1 option 3). If a future
-version renames it, ``attach`` logs one warning and monitoring is off (training is untouched).
-
-Signals (FRAMEWORK_NOTES 3.2-3.3):
-
-=================  ==========================================================================
-grad_norm          ``engine.get_global_grad_norm()`` after the step: pre-clip, unscaled, already
-                   global (ZeRO >= 1: a tensor, ``inf`` on an overflow; ZeRO-0 fp16/bf16: a
-                   float). ZeRO-0 fp32 keeps none: the hook computes it before the step with one
-                   foreach reduction (``StepProbe.compute_grad_norm``; the engine clips later
-                   inside the step, so this is the pre-clip norm). Caveat: ZeRO-0 fp16 norms are
-                   off by the loss scale (DeepSpeed PR #8393, notes pitfall 12)
-lr                 ``engine.get_lr()[0]`` before ``_take_model_step``
-loss_scale         ``cur_scale`` after the step (fp16 only; a host float, no sync). ZeRO's
-                   scaler has hysteresis, so an overflow need not lower it
-skipped            ``engine.skipped_steps`` delta over the step (fp16 only)
-adam/*, param_norm the probe reads the rank-local ``exp_avg_sq`` partitions via
-                   ``engine.basic_optimizer`` and reduces them exactly
-consumed_samples   ``engine.global_samples`` after the step
-warmup             ``WarmupLR`` / ``WarmupDecayLR`` / ``WarmupCosineLR``: ``warmup_num_steps`` + 1
-                   optimizer steps (unless ``phase.warmup_steps`` is configured)
-=================  ==========================================================================
-
-Every rank decides the same, at the same step: the probe reduces every value across ranks
-before the Monitor sees it and hands out the record of step ``N`` a fixed number of steps later
-on every rank (``StepProbe.poll``: at the end of step ``N`` on CPU, ``N+1`` on accelerators,
-when its copy has long landed). Checkpoint saves first flush the probe (a sync point anyway,
-and collective, so every rank flushes at the same place).
-
-Actions: ``save_now`` and the bumped ``save_interval_steps`` become
-``engine.save_checkpoint(save_dir, tag=f"global_step{N}")`` on **all** ranks (it is collective)
-right after ``engine.step()`` of step ``N``; ``stop`` becomes ``hook.should_stop`` (a good state
-is saved first). One-shot requests stay readable on ``hook.control`` until the next optimizer
-step, for loops that want to act themselves (``save_on_request=False`` leaves saving to them).
-:meth:`StabilityHook.apply_rollback` (opt-in, or ``rollback_on_halt=True``) points ``latest`` at
-the advised checkpoint and moves newer tags aside (never deletes), so a restart that calls
-``engine.load_checkpoint(save_dir)`` resumes from before the instability.
-
-Not covered: the pipeline engine (``train_batch`` steps without ``engine.step()``: records are
-taken, requests are not carried out); torch-autocast ZeRO-0 (no grad norm).
+Actions: save-now and the bumped interval become ``engine.save_checkpoint(save_dir,
+tag=f"global_step{N}")`` on **all** ranks (collective) right after ``engine.step()`` of step
+``N``; a halt becomes ``hook.should_stop`` (a good state is saved first). One-shot requests stay
+readable on ``hook.control`` until the next optimizer step (``save_on_request=False`` leaves
+saving to the loop). :meth:`StabilityHook.apply_rollback` (or ``rollback_on_halt=True``) points
+``latest`` at the advised checkpoint and moves newer tags aside, never deleting. Not covered:
+the pipeline engine (``train_batch`` never calls ``engine.step()``), torch-autocast ZeRO-0.
 """
 from __future__ import annotations
 
-import logging
 import os
 import re
 import shutil
@@ -88,20 +46,16 @@ from typing import Any
 import torch
 
 from stability_callbacks import keys
-from stability_callbacks.integrations._preflight import run_preflight
-from stability_callbacks.live import InstancePatches, LogOnce
-from stability_callbacks.integrations._torch import (StepProbe, batch_fingerprint,
-                                                     record_deepspeed_step)
+from stability_callbacks.live import InstancePatches
 
-log = logging.getLogger("stability_callbacks")
+from ._readings import DeepSpeedStep
+from ._session import SessionAdapter
 
 #: ``client_state`` key of the detector state in every DeepSpeed checkpoint.
 CLIENT_STATE_KEY = "stability"
 #: Where :func:`roll_back_latest` moves the tags newer than the rollback target.
 ROLLED_BACK_DIR = "rolled_back"
 _TAG_STEP = re.compile(r"(\d+)$")
-_WRAPPED = ("forward", "backward", "scale", "_take_model_step", "step", "save_checkpoint",
-            "load_checkpoint")
 
 __all__ = ["attach", "StabilityHook", "roll_back_latest", "CLIENT_STATE_KEY", "ROLLED_BACK_DIR"]
 
@@ -116,82 +70,73 @@ def attach(engine, **kwargs) -> "StabilityHook":
     return StabilityHook(engine, **kwargs)
 
 
-class StabilityHook(LogOnce):
-    """Live stability monitoring of one DeepSpeed engine (DESIGN 2.6).
+class StabilityHook(SessionAdapter):
+    """Live stability monitoring of one DeepSpeed engine (DESIGN 2.6); a context manager.
 
     Keyword arguments (the config): ``config`` (path, dict or None = defaults) or ``monitor``
     (a ready ``Monitor``); ``run_dir`` (run log JSONL); ``run_name``; ``save_dir`` (where the
     hook's own saves go; default: the directory of the loop's last ``save_checkpoint``, else
     ``<run_dir>/checkpoints``); ``save_on_request`` (carry out save-now and bumped-interval
     saves; False leaves them to the loop via ``hook.control``); ``rollback_on_halt`` (on a halt
-    with rollback advice, point ``latest`` at the advised checkpoint: :meth:`apply_rollback`).
+    with rollback advice, point ``latest`` at the advised checkpoint: :meth:`apply_rollback`);
+    ``listeners`` (:class:`~stability_callbacks.live.RunListener` s: records, findings, actions).
     """
 
     def __init__(self, engine, *, config: Any = None, monitor: Any = None,
                  run_dir: str | os.PathLike = "out/stability", run_name: str | None = None,
                  save_dir: str | os.PathLike | None = None, save_on_request: bool = True,
-                 rollback_on_halt: bool = False):
+                 rollback_on_halt: bool = False, listeners=()):
         for key, val in (("save_on_request", save_on_request), ("rollback_on_halt", rollback_on_halt)):
             if not isinstance(val, bool):
                 raise ValueError(f"{key} must be True or False, got {val!r}")
         if not all(hasattr(engine, m) for m in ("backward", "step", "save_checkpoint",
                                                   "load_checkpoint", "get_lr")):
             raise ValueError(f"engine must be a deepspeed engine, got {type(engine).__name__}")
-        from stability_callbacks.live import LiveRun
-
+        super().__init__(config=config, monitor=monitor, run_dir=run_dir, run_name=run_name,
+                         listeners=listeners)
         self.engine = engine
-        self.run_dir = os.fspath(run_dir)
         self.save_dir = None if save_dir is None else os.fspath(save_dir)
+        self.save_on_request, self.rollback_on_halt = save_on_request, rollback_on_halt
+        self._open(is_rank0=self._is_rank0(), process_group=getattr(engine, "data_parallel_group", None))
+        self._ds = DeepSpeedStep(engine)
         self._loop_save_dir: str | None = None   # where the loop itself last saved
-        self.save_on_request = save_on_request
-        self.rollback_on_halt = rollback_on_halt
-        self.run = LiveRun(config=config, monitor=monitor, run_dir=self.run_dir,
-                           is_rank0=int(getattr(engine, "global_rank", 0)) == 0, run_name=run_name)
-        sampling = self.run.monitor.config["sampling"]
-        self._every_n = int(sampling.get("every_n_steps", 1) or 1)
-        self.probe = StepProbe(
-            process_group=getattr(engine, "data_parallel_group", None),
-            adam_every_n_steps=int(sampling.get("adam_every_n_steps", 1) or 0),
-            param_norm_every_n_steps=int(sampling.get("param_norm_every_n_steps", 0) or 0),
-            extra_reductions={keys.BATCH_FINGERPRINT: "sum"})
-        self.saved_steps: list[int] = []      # steps the hook itself saved
-        self.stopped_at: int | None = None    # the step after which should_stop turned true
-        self._fp: torch.Tensor | None = None
-        self._skipped_before = 0
-        self._started = False
-        self._failed = False
-        self._warned: set[str] = set()
-        self._patches = InstancePatches(engine)   # the engine's wrapped methods
-        self._declare_warmup()
+        self._request: str | None = None         # why the hook's own save_checkpoint call saves
+        self._patches = InstancePatches(engine)  # the engine's wrapped methods
+        sched_warmup = getattr(getattr(engine, "lr_scheduler", None), "warmup_num_steps", None)
+        if isinstance(sched_warmup, int) and sched_warmup > 0:
+            # DeepSpeed's warmup schedulers count iterations 0..W-1 as warmup, and optimizer
+            # step s runs at iteration s-2 (the scheduler starts at -1 and the first step()
+            # only moves it to 0; runtime/lr_schedules.py:755-790): steps 1..W+1 are warmup.
+            self.session.declare_warmup(sched_warmup + 1)
         self._wrap_engine()
 
     # ------------------------------------------------------------------------- public surface
     @property
-    def control(self):
-        """The Monitor's :class:`~stability_callbacks.control.Control` (requests of this step)."""
-        return self.run.control
-
-    @property
     def should_stop(self) -> bool:
         """True once the policy asked for a halt; the same step on every rank."""
-        return bool(self.run.control.stop)
+        return bool(self.session.control.stop)
 
     @property
-    def findings(self) -> list:
-        """Every finding of this run so far."""
-        return list(getattr(self.run, "findings", []) or [])
+    def stopped_at(self) -> int | None:
+        """The step after which ``should_stop`` turned true."""
+        return self.session.stopped_at
+
+    @property
+    def saved_steps(self) -> list[int]:
+        """The steps the hook itself saved (the monitor's requests)."""
+        return [step for step, _ in self.session.saves]
 
     def apply_rollback(self, save_dir: str | os.PathLike | None = None) -> dict | None:
         """Carry out the rollback advice on disk: ``latest`` names the advised checkpoint's tag and
         newer tags move to ``<save_dir>/rolled_back/`` (nothing is deleted). Call on every rank
         (rank 0 moves, then a barrier). Returns ``{"tag", "moved"}``, or None without advice or
         without an advised checkpoint."""
-        advice = self.run.control.rollback
+        advice = self.session.control.rollback
         details = getattr(advice, "details", None) or {}
         step = details.get("checkpoint_step")
         if step is None:
-            self._warn("no-rollback-target", "stability: no good checkpoint before the instability "
-                       "is known; latest is left as it is")
+            self.guard.warn_once("no-rollback-target", "stability: no good checkpoint before the "
+                                 "instability is known; latest is left as it is")
             return None
         # The advice names the checkpoint as "<save_dir>/<tag>" (how the hook reports saves).
         path = (details.get("checkpoint_path") or "").rstrip("/\\")
@@ -211,12 +156,8 @@ class StabilityHook(LogOnce):
     def close(self) -> None:
         """Flush the last records, close the run log and restore the engine's methods."""
         try:
-            if not self._failed:
-                self._observe(self.probe.flush())   # host-sync: end of training
-        except Exception:
-            self._degrade("flush", "flushing the last records failed")
+            self.session.close()   # host-sync: end of training; never raises
         finally:
-            self.run.close()   # never raises
             self._patches.restore()
 
     def __enter__(self) -> "StabilityHook":
@@ -227,32 +168,32 @@ class StabilityHook(LogOnce):
 
     # ---------------------------------------------------------------------- wiring to engine
     def _wrap_engine(self) -> None:
-        e = self.engine
-        orig = {name: getattr(e, name, None) for name in _WRAPPED}
+        e, s = self.engine, self.session
+        orig = {name: getattr(e, name, None) for name in ("forward", "backward", "scale", "_take_model_step",
+                                                          "step", "save_checkpoint", "load_checkpoint")}
 
         def forward(*args, **kwargs):
+            out = orig["forward"](*args, **kwargs)
             if not self._off() and e.training:
-                self._fingerprint(args, kwargs)
-            return orig["forward"](*args, **kwargs)
+                ids = kwargs.get("input_ids")
+                if ids is None and args:
+                    ids = args[0].get("input_ids") if isinstance(args[0], dict) else args[0]
+                s.add_micro_batch(input_ids=ids)
+                s.read_model_output(out)
+            return out
 
         def backward(loss, *args, **kwargs):
             out = orig["backward"](loss, *args, **kwargs)
             if not self._off():
-                try:
-                    # DeepSpeed returns loss / GAS (or the loss as given with
-                    # scale_wrt_gas=False): summed over the micro-batches it is the step loss.
-                    self.probe.add_loss(out if isinstance(out, torch.Tensor) else loss)
-                except Exception:
-                    self._degrade("loss", "reading the micro-batch loss failed")
+                # DeepSpeed returns loss / GAS (or the loss as given with scale_wrt_gas=False):
+                # summed over the micro-batches it is the step loss.
+                s.add_micro_batch(loss=out if isinstance(out, torch.Tensor) else loss)
             return out
 
         def scale(loss, *args, **kwargs):
             # torch-style backward (engine.scale(loss).backward()) never enters engine.backward.
             if not self._off():
-                try:
-                    self.probe.add_loss(loss, divide_by=float(e.gradient_accumulation_steps()))
-                except Exception:
-                    self._degrade("loss", "reading the micro-batch loss failed")
+                s.add_micro_batch(loss=loss, divide_by=float(e.gradient_accumulation_steps()))
             return orig["scale"](loss, *args, **kwargs)
 
         def take_model_step(*args, **kwargs):
@@ -276,190 +217,109 @@ class StabilityHook(LogOnce):
             self._loaded(result)
             return result
 
-        wrappers = {"forward": forward, "backward": backward, "scale": scale,
-                    "_take_model_step": take_model_step, "step": step,
-                    "save_checkpoint": save_checkpoint, "load_checkpoint": load_checkpoint}
         if orig["_take_model_step"] is None:
             # Without the step boundary there is no record to close: monitoring is off.
-            self._warn("no-model-step", "stability: this DeepSpeed engine has no "
-                       "_take_model_step; stability monitoring is off for this run")
-            self._failed = True
+            self.guard.warn_once("no-model-step", "stability: this DeepSpeed engine has no "
+                                 "_take_model_step; stability monitoring is off for this run")
+            self.guard.off = True
             return
-        for name, fn in wrappers.items():
+        for name, fn in (("forward", forward), ("backward", backward), ("scale", scale),
+                         ("_take_model_step", take_model_step), ("step", step),
+                         ("save_checkpoint", save_checkpoint), ("load_checkpoint", load_checkpoint)):
             if orig[name] is None:
-                self._warn(f"no-{name}", "stability: this DeepSpeed engine has no %s; the parts of "
-                           "monitoring that need it are off", name)
-                continue
-            self._patches.set(name, fn)
+                self.guard.warn_once(f"no-{name}", "stability: this DeepSpeed engine has no %s; the "
+                                     "parts of monitoring that need it are off", name)
+            else:
+                self._patches.set(name, fn)
 
     # ------------------------------------------------------------------------------ per step
-    def _fingerprint(self, args, kwargs) -> None:
-        try:
-            ids = kwargs.get("input_ids")
-            if ids is None and args and isinstance(args[0], dict):
-                ids = args[0].get("input_ids")
-            if ids is None and args:
-                ids = args[0]
-            if isinstance(ids, torch.Tensor) and not ids.is_floating_point():
-                fp = batch_fingerprint(ids)
-                self._fp = fp if self._fp is None else self._fp + fp
-        except Exception:
-            self._degrade("fingerprint", "hashing the micro-batch failed")
-
     def _before_model_step(self) -> None:
         if self._off():
             return
-        e = self.engine
-        try:
-            if not self._started:
+        e, s = self.engine, self.session
+        with self.guard("before-step", "reading the step's inputs"):
+            if not s.started:
                 self._start("resume" if e.global_steps > 0 else "start")
-            # The one-shot requests of the previous step were readable until now.
-            self.run.control.step_done()
+            s.control.step_done()   # the one-shot requests of the previous step were readable until now
             lr = e.get_lr()
             if lr:
-                self.probe.set_lr(float(lr[0]))
-            self._skipped_before = int(e.skipped_steps)
-            if self._needs_own_grad_norm():
-                # ZeRO-0 fp32 keeps no norm; the engine clips inside _take_model_step, so the
-                # grads here are still pre-clip.
-                self.probe.compute_grad_norm(e.module.parameters())
-        except Exception:
-            self._degrade("before-step", "reading the step's inputs failed")
-
-    def _needs_own_grad_norm(self) -> bool:
-        e = self.engine
-        if getattr(e, "torch_autocast_z0_gradscaler", None) is not None:
-            self._warn("autocast-norm", "stability: torch-autocast ZeRO-0 keeps scaled grads "
-                       "until inside the step; the grad norm is not monitored")
-            return False
-        return not (e.fp16_enabled() or e.bfloat16_enabled() or e.zero_optimization())
+                s.probe.set_lr(float(lr[0]))
+            self._ds.mark()
+            if self._ds.keeps_no_grad_norm():   # the engine clips inside _take_model_step
+                s.before_optimizer_step(params=e.module.parameters())
 
     def _after_model_step(self) -> None:
         if self._off():
             return
-        e = self.engine
-        probe = self.probe
-        step = int(e.global_steps)
-        try:
-            r, _ = record_deepspeed_step(probe, e, self._skipped_before)
-            if r["grad_norm"] is not None:
-                probe.set_grad_norm(r["grad_norm"])
-            probe.set_value(keys.CONSUMED_SAMPLES, float(e.global_samples))
-            if self._fp is not None:
-                probe.set_extra(keys.BATCH_FINGERPRINT, self._fp, op="sum")
-            self._fp = None
-            if step % self._every_n:
-                probe.discard_step()
-            else:
-                probe.finish_step(step, optimizer=e)
-            # The probe hands out a step's record a fixed number of steps late (0 on CPU, 1 on
-            # accelerators), the same step on every rank: decisions stay collective-safe.
-            self._observe(self.probe.poll())
-        except Exception:
-            self._degrade("after-step", "closing the step's sample failed")
-
-    def _observe(self, records) -> None:
-        for record in records:
-            self.run.observe(record)
+        e, s = self.engine, self.session
+        with self.guard("after-step", "reading DeepSpeed's step"):
+            self._ds.read_into(s.probe, grad_norm=True)
+            s.probe.set_value(keys.CONSUMED_SAMPLES, float(e.global_samples))
+        # The probe hands out a step's record a fixed number of steps late (0 on CPU, 1 on
+        # accelerators), the same step on every rank: decisions stay collective-safe.
+        s.end_step(int(e.global_steps), optimizer=e)
 
     def _act(self) -> None:
-        c = self.run.control
-        step = int(self.engine.global_steps)
-        try:
-            if c.stop and self.stopped_at is None:
-                self.stopped_at = step
-            last = self.saved_steps[-1] if self.saved_steps else None
-            if self.save_on_request and c.save_due(step, last):   # a halt saves a good state first
-                self.engine.save_checkpoint(self._save_dir(), tag=f"global_step{step}")
-                self.saved_steps.append(step)
-            if self.stopped_at == step and self.rollback_on_halt and c.rollback is not None:
+        s, step = self.session, int(self.engine.global_steps)
+        with self.guard("act", "carrying out the monitor's requests"):
+            why, stop = s.requests(step, interval_saves=self.save_on_request)
+            if why and self.save_on_request:   # a halt saves a good state first
+                self._request = why
+                try:
+                    self.engine.save_checkpoint(self._save_dir(), tag=f"global_step{step}")
+                finally:
+                    self._request = None
+            if stop and s.stopped_at == step and self.rollback_on_halt and s.control.rollback is not None:
                 self.apply_rollback()
-        except Exception:
-            self._degrade("act", "carrying out the monitor's requests failed")
 
     # ------------------------------------------------------------------ checkpoints and resume
     def _save(self, save_fn, save_dir, tag, client_state, args, kwargs):
-        if self._off():
-            return save_fn(save_dir, tag, client_state if client_state is not None else {},
-                           *args, **kwargs)
-        e = self.engine
-        step = int(e.global_steps)
         client_state = dict(client_state or {})
-        try:
-            # host-sync: a checkpoint is a sync point anyway, and the saved state must cover every
-            # step up to this one. save_checkpoint is collective: every rank flushes here.
-            self._observe(self.probe.flush())
-            if not self._started:
+        if self._off():
+            return save_fn(save_dir, tag, client_state, *args, **kwargs)
+        s, step, why = self.session, int(self.engine.global_steps), self._request
+        # host-sync: a checkpoint is a sync point anyway, and the saved state must cover every
+        # step up to this one. save_checkpoint is collective: every rank flushes here.
+        s.flush()
+        if not s.started:
+            with self.guard("start", "starting the stability monitor"):
                 self._start("resume" if step > 0 else "start")
-        except Exception:
-            self._degrade("save-flush", "flushing before the checkpoint failed")
-        if not self.run.control.state_is_good:
+        if not s.control.state_is_good:
             # Damaged weights (NaN, divergence, collapse): saving would make `latest` point at
             # them and could rotate out the last good checkpoint. Every rank skips alike.
-            self._warn(f"no-bad-save-{step}", "stability: not saving the checkpoint of step %d: "
-                       "the monitor says the weights are damaged", step)
+            s.save_blocked(step, why or "the loop's save_checkpoint")
             return False
         self._loop_save_dir = os.fspath(save_dir)
-        name = str(tag) if tag is not None else f"global_step{step}"
-        try:
-            # Noted before the state is taken, so a resume from this checkpoint knows it.
-            self.run.checkpoint_saved(step, os.path.join(os.fspath(save_dir), name))
-            client_state[CLIENT_STATE_KEY] = {"step": step, "live": self.run.state_dict()}
-        except Exception:
-            self._degrade("save-state", "adding the stability state to the checkpoint failed")
+        path = os.path.join(self._loop_save_dir, f"global_step{step}" if tag is None else str(tag))
+        with self.guard("save-state", "adding the stability state to the checkpoint"):
+            client_state[CLIENT_STATE_KEY] = s.checkpoint(step, path, why)
         return save_fn(save_dir, tag, client_state, *args, **kwargs)
 
     def _loaded(self, result) -> None:
-        if self._off():
+        load_path, client_state = result if isinstance(result, tuple) and len(result) == 2 else (None, None)
+        if self._off() or load_path is None:
             return
-        try:
-            load_path, client_state = (result if isinstance(result, tuple) and len(result) == 2
-                                       else (None, None))
-            if load_path is None:
-                return
+        s = self.session
+        with self.guard("load-state", "restoring the stability state"):
             reason = "resume"
-            if self._started:
+            if s.started:
                 # Rolled back in-process: what was recorded since belongs to the abandoned future.
-                self._observe(self.probe.flush())   # host-sync: checkpoint load
+                s.flush()   # host-sync: checkpoint load
                 reason = "rollback"
-            blob = (client_state or {}).get(CLIENT_STATE_KEY)
-            if blob is None:
-                self._warn("no-state", "stability: %s has no stability state; detectors start "
-                           "fresh", load_path)
-            else:   # the Monitor inside checks its state version
-                self.run.load_state_dict(blob["live"])
-            self._fp = None
-            self._skipped_before = int(self.engine.skipped_steps)
+            s.restore((client_state or {}).get(CLIENT_STATE_KEY), load_path)
+            s.forget_micro_batches()
+            self._ds.mark()
             self._start(reason)
-        except Exception:
-            self._degrade("load-state", "restoring the stability state failed")
 
     def _start(self, reason: str) -> None:
         e = self.engine
-        self.run.start(int(e.global_steps), reason=reason)
-        if reason == "start":
-            precision = "fp16" if e.fp16_enabled() else "bf16" if e.bfloat16_enabled() else "fp32"
-            run_preflight(self.run, e.module, getattr(e, "basic_optimizer", None),
-                          getattr(e, "lr_scheduler", None), precision=precision)
-        self._started = True
+        precision = "fp16" if e.fp16_enabled() else "bf16" if e.bfloat16_enabled() else "fp32"
+        self.session.start(int(e.global_steps), reason, model=e.module,
+                           optimizer=getattr(e, "basic_optimizer", None),
+                           scheduler=getattr(e, "lr_scheduler", None), precision=precision)
 
     def _save_dir(self) -> str:
         return self.save_dir or self._loop_save_dir or os.path.join(self.run_dir, "checkpoints")
-
-    def _declare_warmup(self) -> None:
-        if self.run.monitor.config["phase"].get("warmup_steps") is not None:
-            return
-        sched = getattr(self.engine, "lr_scheduler", None)
-        warmup = getattr(sched, "warmup_num_steps", None)
-        if isinstance(warmup, int) and warmup > 0:
-            # DeepSpeed's warmup schedulers count iterations 0..W-1 as warmup, and optimizer
-            # step s runs at iteration s-2 (the scheduler starts at -1 and the first step()
-            # only moves it to 0; runtime/lr_schedules.py:755-790): steps 1..W+1 are warmup.
-            self.run.monitor.set_warmup_steps(warmup + 1)
-
-    # ------------------------------------------------------------------------- failure policy
-    def _off(self) -> bool:
-        return self._failed
 
     def _is_rank0(self) -> bool:
         return int(getattr(self.engine, "global_rank", 0)) == 0

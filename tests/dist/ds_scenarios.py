@@ -99,6 +99,11 @@ def summary(hook, extra: dict) -> dict:
     return res
 
 
+def runlog_actions(run_dir):
+    """``[step, action, reason]`` of every action line (rank 0 writes the run log)."""
+    return [[r["step"], r["action"], r["reason"]] for r in runlog_lines(run_dir) if r["type"] == "action"]
+
+
 def runlog_lines(run_dir):
     path = os.path.join(run_dir, "runlog.jsonl")
     if not os.path.exists(path):
@@ -158,7 +163,8 @@ def case_pocket(out_dir):
                           "tags": sorted(os.listdir(save_dir)) if os.path.isdir(save_dir) else [],
                           "runlog_steps": [r["step"] for r in lines if r["type"] == "step"],
                           "runlog_checkpoints": [r["step"] for r in lines if r["type"] == "checkpoint"],
-                          "first_record": next((r["metrics"] for r in lines if r["type"] == "step"), None)})
+                          "first_record": next((r["metrics"] for r in lines if r["type"] == "step"), None),
+                          "actions": runlog_actions(run_dir)})
 
 
 def case_nan(out_dir):
@@ -191,7 +197,8 @@ def case_nan(out_dir):
                            "aside": sorted(os.listdir(os.path.join(save_dir, "rolled_back")))
                            if os.path.isdir(os.path.join(save_dir, "rolled_back")) else [],
                            "reference": reference, "expected": sc.expected,
-                           "step1": next((r["metrics"] for r in lines if r["type"] == "step"), None)})
+                           "step1": next((r["metrics"] for r in lines if r["type"] == "step"), None),
+                           "actions": runlog_actions(run_dir)})
     dist.barrier()
 
     # Restart: a fresh engine and hook, engine.load_checkpoint(save_dir) reads `latest`.
@@ -236,12 +243,51 @@ def case_warmup_spike(out_dir):
     return summary(hook, {"train": res, "expected": sc.expected})
 
 
+class TwoStreams(torch.nn.Module):
+    """The scenario's model, whose output also carries two per-dataset losses (``stream_losses``:
+    the first half of the micro-batch's rows is stream "a"), and what this rank saw of them."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.seen = []
+
+    def forward(self, input_ids=None, labels=None):
+        out = self.model(input_ids=input_ids, labels=labels)
+        logits = out.logits[:, :-1].float()
+        tok = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                labels[:, 1:].reshape(-1), reduction="none")
+        per_row = tok.view(labels.shape[0], -1).mean(1)
+        half = labels.shape[0] // 2
+        out["stream_losses"] = {"a": per_row[:half].mean(), "b": per_row[half:].mean()}
+        self.seen.append([float(out["stream_losses"]["a"]), float(out["stream_losses"]["b"])])
+        return out
+
+
+def case_streams(out_dir):
+    """fp32 ZeRO-1, per-dataset losses declared in sampling.loss_streams: every record carries
+    loss/a and loss/b, the mean over the step's micro-batches and both ranks."""
+    sc = build_scenario("healthy", max_steps=4, warmup_steps=2, batch_size=4, grad_accum=2, lr=3e-3)
+    model = TwoStreams(sc.make_model())
+    engine, _, _, _ = deepspeed.initialize(model=model, config=sc.deepspeed_config(stage=1),
+                                           model_parameters=model.parameters())
+    run_dir = shared_dir(out_dir, "streams-z1")
+    hook = attach(engine, config={"sampling": {"loss_streams": ["a", "b"]}, "actions": {}},
+                  run_dir=run_dir)
+    train(engine, hook, sc, last_step=sc.max_steps)
+    hook.close()
+    return summary(hook, {"seen": model.seen, "grad_accum": sc.grad_accum,
+                          "records": [r["metrics"] for r in runlog_lines(run_dir) if r["type"] == "step"]
+                          if dist.get_rank() == 0 else None})
+
+
 CASES = {
     "overflow-z1": lambda out: case_overflow(out, 1),
     "overflow-z0": lambda out: case_overflow(out, 0),
     "pocket-z2": case_pocket,
     "nan-z0": case_nan,
     "spike-z3": case_warmup_spike,
+    "streams-z1": case_streams,
 }
 
 

@@ -17,8 +17,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from stability_callbacks import keys  # noqa: E402
-from stability_callbacks.integrations._torch import (  # noqa: E402
-    StepProbe, batch_fingerprint, deepspeed_readings)
+from stability_callbacks.integrations._probe import StepProbe  # noqa: E402
+from stability_callbacks.integrations._readings import deepspeed_readings  # noqa: E402
+from stability_callbacks.integrations._reductions import batch_fingerprint  # noqa: E402
 
 STEPS = 2
 

@@ -1,0 +1,175 @@
+"""The demo's thin runners, one per framework: build the scenario's tiny model and data, attach
+the integration with the terminal as its listener, train. Nothing here watches the run."""
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+from .terminal import LiveDisplay
+
+
+def train_hf(sc, config: dict, ckpt_dir: Path, run_dir: Path, display: LiveDisplay) -> None:
+    from transformers import Trainer, TrainingArguments
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from ..integrations.hf import StabilityCallback
+
+    args = TrainingArguments(
+        output_dir=str(ckpt_dir), max_steps=sc.max_steps, per_device_train_batch_size=sc.batch_size,
+        gradient_accumulation_steps=sc.grad_accum, learning_rate=sc.lr,
+        warmup_steps=sc.warmup_steps, weight_decay=0.0, logging_steps=10,
+        save_strategy="steps", save_steps=display.user_save_steps, report_to="none",
+        train_sampling_strategy="sequential", use_cpu=True, disable_tqdm=True,
+        logging_nan_inf_filter=False, seed=sc.seed)
+    with _quiet_transformers():
+        trainer = Trainer(model=sc.make_model(), args=args, train_dataset=sc.train_dataset())
+        for cb in (PrinterCallback, ProgressCallback):   # the demo's own bar and lines instead
+            trainer.remove_callback(cb)
+        stability = StabilityCallback.attach(trainer, config=config, run_dir=run_dir,
+                                             run_name=f"demo-{sc.name}", listeners=[display])
+        try:
+            trainer.train()
+        finally:
+            stability.close()
+
+
+def train_lightning(sc, config: dict, ckpt_dir: Path, run_dir: Path, display: LiveDisplay) -> None:
+    import lightning.pytorch as pl
+    import torch
+
+    from ..integrations.lightning import StabilityCallback
+
+    class TinyGPT(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = sc.make_model()
+
+        def training_step(self, batch, batch_idx):
+            return self.model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+
+        def configure_optimizers(self):
+            opt, sched = sc.make_optimizer(self.model)   # the HF Trainer's AdamW + linear warmup
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # Lightning hands the scheduler to no callback: tell the monitor the warmup length.
+    config = {**config, "phase": {"warmup_steps": sc.warmup_steps}}
+    stability = StabilityCallback(config=config, run_dir=run_dir, run_name=f"demo-{sc.name}",
+                                  checkpoint_dir=ckpt_dir, listeners=[display])
+    loader = torch.utils.data.DataLoader(sc.train_dataset(), batch_size=sc.batch_size, shuffle=False)
+    with _quiet_lightning():
+        trainer = pl.Trainer(max_steps=sc.max_steps, accelerator="cpu", devices=1,
+                             accumulate_grad_batches=sc.grad_accum, gradient_clip_val=1.0,
+                             callbacks=[stability], enable_checkpointing=False, logger=False,
+                             enable_progress_bar=False, enable_model_summary=False,
+                             default_root_dir=str(ckpt_dir))
+        trainer.fit(TinyGPT(), loader)
+
+
+def train_deepspeed(sc, config: dict, ckpt_dir: Path, run_dir: Path, display: LiveDisplay) -> None:
+    """A hand-written loop (forward, ``engine.backward``, ``engine.step``) on a one-process
+    DeepSpeed engine on the CPU, with ``attach(engine)``: the Megatron-DeepSpeed shape."""
+    import sys
+
+    if "deepspeed" not in sys.modules:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")   # the demo's model is CPU-sized
+    import deepspeed
+    import deepspeed.ops
+    import torch
+    import torch.distributed as dist
+
+    from ..integrations.deepspeed import attach
+
+    # The CPU accelerator JIT-compiles a shared-memory all-reduce at the first init (minutes on
+    # a laptop); one process needs no all-reduce at all.
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    created = not dist.is_initialized()
+    if created:
+        for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(_free_port())),
+                           ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+            os.environ.setdefault(key, value)
+    with _quiet_transformers():
+        if created:
+            deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+        try:
+            model = sc.make_model()
+            engine, _, _, _ = deepspeed.initialize(model=model, config=sc.deepspeed_config(stage=1),
+                                                   model_parameters=model.parameters())
+            loader = torch.utils.data.DataLoader(sc.train_dataset(), batch_size=sc.batch_size,
+                                                 shuffle=False)
+            with attach(engine, config=config, run_dir=run_dir, run_name=f"demo-{sc.name}",
+                        save_dir=ckpt_dir, listeners=[display]) as hook:
+                last = 0
+                for batch in loader:
+                    engine.backward(engine(input_ids=batch["input_ids"], labels=batch["labels"]).loss)
+                    engine.step()
+                    step = int(engine.global_steps)
+                    if step == last:
+                        continue          # an accumulation micro-batch
+                    last = step
+                    if hook.should_stop or step >= sc.max_steps:
+                        break
+                    if step % display.user_save_steps == 0:   # the loop's own regular save
+                        engine.save_checkpoint(str(ckpt_dir), tag=f"global_step{step}")
+        finally:
+            if created:
+                dist.destroy_process_group()
+
+
+@contextmanager
+def _quiet_transformers():
+    """Tiny-model warnings (no attention mask, loss_type), DeepSpeed's "Setting accelerator to
+    CPU" (it is imported by the Trainer when installed) and the checkpoint writer's progress
+    bars would drown the story; all restored afterwards. A filter, not a level: DeepSpeed sets
+    its logger's level itself when it is first imported."""
+    import transformers
+
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    ds_logger = logging.getLogger("DeepSpeed")
+    ds_filter = _BelowError()
+    ds_logger.addFilter(ds_filter)
+    try:
+        yield
+    finally:
+        ds_logger.removeFilter(ds_filter)
+        transformers.logging.set_verbosity(verbosity)
+        transformers.utils.logging.enable_progress_bar()
+
+
+class _BelowError(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+
+@contextmanager
+def _quiet_lightning():
+    """Lightning's start-up notes (GPU available, TPU, a logger tip) and deprecation warnings
+    of its pinned dependencies are not the demo's story."""
+    import warnings
+
+    names = ("lightning.pytorch", "lightning.fabric", "lightning.pytorch.utilities.rank_zero",
+             "lightning.fabric.utilities.rank_zero")
+    saved = [(logging.getLogger(n), logging.getLogger(n).level) for n in names]
+    for lg, _ in saved:
+        lg.setLevel(logging.ERROR)
+    try:
+        with _quiet_transformers(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in saved:
+            lg.setLevel(level)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+RUNNERS = {"hf": train_hf, "lightning": train_lightning, "deepspeed": train_deepspeed}

@@ -1,0 +1,328 @@
+"""The torch side of one monitored run, shared by the HF, Lightning and DeepSpeed integrations.
+
+An integration keeps only what is framework-specific (which hook fires when, where the framework
+keeps a value, how it saves and stops) and hands the rest to one :class:`LiveSession`:
+
+====================  ========================================================================
+micro-batches         :meth:`~LiveSession.add_micro_batch` (the loss, summed on the device; a
+                      fingerprint of the token ids) and :meth:`~LiveSession.read_model_output`
+                      (per-dataset losses: ``stream_losses`` -> ``loss/<name>``)
+before the step       :meth:`~LiveSession.before_optimizer_step`: the point right before the
+                      optimizer applies the update, with the pre-clip grad norm
+step close            :meth:`~LiveSession.end_step`: the sampling cadence, the micro-batch
+                      values into the probe, its one packed collective, the records it hands
+                      out fed to the :class:`~stability_callbacks.live.LiveRun`, and a
+                      monotonic timestamp per finished step
+requests              :meth:`~LiveSession.requests`: why to save now (or None) and whether to
+                      stop; a changed save interval, a halt and a refused save are reported as
+                      actions (run log + listeners), as is every :meth:`~LiveSession.saved`
+checkpoints           :meth:`~LiveSession.checkpoint` (flush, a sync point; note it; the blob
+                      saved with it) and :meth:`~LiveSession.restore` (from the checkpoint
+                      actually loaded)
+guard                 ``session.guard`` (the run's :class:`~stability_callbacks.live.Guard`):
+                      every call above is guarded; a failed start turns the session off
+====================  ========================================================================
+
+Every rank runs the same session on the same reduced records, so every rank reaches the same
+requests at the same step (saves are collective under DeepSpeed and FSDP). Ordinary steps cost
+a few device ops on scalars and the probe's one packed collective; the syncs are the flushes,
+each tagged ``# host-sync:``.
+
+Where later work plugs in: a hang watchdog reads ``finished_at_s`` (host clock only: no
+collective, no sync); a skip-step decision belongs in ``before_optimizer_step``; an automatic
+rollback restores through ``restore`` and opens its segment with ``start(step, "rollback")``.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from typing import Any, Mapping
+
+import torch
+
+from stability_callbacks import keys
+from stability_callbacks.control import Action, Control
+from stability_callbacks.live import Guard, LiveRun
+from stability_callbacks.record import Finding, StepRecord
+
+from ._preflight import run_preflight
+from ._probe import StepProbe
+from ._reductions import batch_fingerprint
+
+__all__ = ["LiveSession", "SessionAdapter"]
+
+#: How many step-end timestamps a session keeps (a watchdog's view of the step time).
+STEP_TIMES_KEPT = 128
+
+
+class LiveSession:
+    """One monitored run on the torch side: a :class:`~._probe.StepProbe` configured from
+    ``sampling``, the micro-batch accumulators, and the acting bookkeeping, over a ``LiveRun``.
+
+    ``process_group``: the data-parallel group the probe reduces over (None: the default group).
+    ``lockstep``: drain the probe's records with a flush at every step (several ranks on an
+    accelerator, where copies may land at different times), so every rank sees them alike.
+
+    >>> import tempfile, torch
+    >>> s = LiveSession(LiveRun(config={"actions": {}}, run_dir=tempfile.mkdtemp()))
+    >>> s.start(0, "start")
+    >>> for step in range(1, 4):
+    ...     s.add_micro_batch(loss=torch.tensor(2.0), input_ids=torch.arange(8).view(2, 4))
+    ...     pairs = s.end_step(step)
+    >>> [(r.step, r.metrics["loss"]) for r, _ in pairs], len(s.finished_at_s)
+    ([(3, 2.0)], 3)
+    >>> s.requests(3)
+    (None, False)
+    >>> s.close()
+    """
+
+    def __init__(self, run: LiveRun, *, process_group=None, lockstep: bool = False):
+        self.run = run
+        self.guard = run.guard
+        sampling = run.monitor.config.get("sampling") or {}
+        self.every_n_steps = int(sampling.get("every_n_steps", 1) or 1)
+        # Every rank declares the same extras, so the packed layout (and the collective) matches.
+        self.probe = StepProbe(
+            process_group=process_group,
+            adam_every_n_steps=int(sampling.get("adam_every_n_steps", 1) or 0),
+            param_norm_every_n_steps=int(sampling.get("param_norm_every_n_steps", 0) or 0),
+            extra_reductions={keys.BATCH_FINGERPRINT: "sum",
+                              **{keys.LOSS_STREAM_PREFIX + n: "mean"
+                                 for n in sampling.get("loss_streams") or ()}})
+        self.lockstep = lockstep
+        self.started = False
+        #: Monotonic time (s) at which each of the last steps finished, newest last.
+        self.finished_at_s: deque[float] = deque(maxlen=STEP_TIMES_KEPT)
+        #: The saves made on the monitor's request: ``(step, path)``, oldest first.
+        self.saves: list[tuple[int, str | None]] = []
+        #: The first step at which the integration carried out a halt.
+        self.stopped_at: int | None = None
+        self._fp: torch.Tensor | None = None
+        self._streams: dict[str, tuple[torch.Tensor, int]] = {}
+        self._interval: int | None = None   # the save interval last reported
+
+    @property
+    def control(self) -> Control:
+        return self.run.control
+
+    @property
+    def off(self) -> bool:
+        """True once monitoring is off for this run (a failed start); training goes on."""
+        return self.guard.off
+
+    @property
+    def findings(self) -> list[Finding]:
+        return list(self.run.findings)
+
+    # ------------------------------------------------------------------------ run structure
+    def declare_warmup(self, warmup_steps: int | None) -> None:
+        """The framework's LR warmup, unless ``phase.warmup_steps`` is configured."""
+        if warmup_steps and self.run.monitor.config["phase"].get("warmup_steps") is None:
+            self.run.monitor.set_warmup_steps(warmup_steps)
+
+    def start(self, step: int, reason: str, *, model=None, optimizer=None, scheduler=None,
+              **facts) -> None:
+        """A segment begins (``start``, ``resume``, ``rollback``); a fresh start also runs the
+        preflight audit on ``model``/``optimizer``/``scheduler`` (``facts``: precision, ...)."""
+        self.run.start(step, reason)
+        if reason == "start":
+            run_preflight(self.run, model, optimizer, scheduler, **facts)
+        self.started = True
+
+    # ------------------------------------------------------------------------- micro-batches
+    def add_micro_batch(self, *, loss=None, input_ids=None, divide_by: float = 1.0) -> None:
+        """One micro-batch: its loss (a tensor as the framework returns it, normally already
+        divided by the accumulation steps; else pass ``divide_by``) and its token ids (hashed
+        into the step's ``batch_fingerprint``, the resume auditor's repeated-data check)."""
+        with self.guard("micro-batch", "reading the micro-batch"):
+            if isinstance(loss, torch.Tensor):
+                self.probe.add_loss(loss, divide_by=divide_by)
+            if isinstance(input_ids, torch.Tensor) and not input_ids.is_floating_point():
+                fp = batch_fingerprint(input_ids)
+                self._fp = fp if self._fp is None else self._fp + fp
+
+    def read_model_output(self, output) -> None:
+        """Per-dataset losses from a model output (a dict, ``ModelOutput`` or object) carrying
+        ``stream_losses = {"name": scalar tensor}``: ``loss/<name>`` is their mean over the
+        step's micro-batches, then over ranks (declare the names in ``sampling.loss_streams``
+        for multi-rank runs)."""
+        with self.guard("model-output", "reading the model output"):
+            get = output.get if hasattr(output, "get") else (lambda k, d=None: getattr(output, k, d))
+            for name, value in (get("stream_losses", None) or {}).items():
+                if isinstance(value, torch.Tensor):
+                    v = value.detach().float().mean()
+                    total, n = self._streams.get(name, (None, 0))
+                    self._streams[name] = (v if total is None else total + v, n + 1)
+
+    def before_optimizer_step(self, *, grad_norm=None, params=None):
+        """The point right before the optimizer applies this step's update: the pre-clip,
+        unscaled global grad norm, as the framework computed it (``grad_norm``: a device tensor
+        or host float) or computed here from ``params`` with one foreach reduction. Returns the
+        norm (the tensor to clip with), or None. A skip-step decision belongs here."""
+        with self.guard("grad-norm", "reading the grad norm"):
+            if params is not None:
+                return self.probe.compute_grad_norm(params)
+            self.probe.set_grad_norm(grad_norm)
+            return grad_norm
+        return None
+
+    # ---------------------------------------------------------------------------- step close
+    def end_step(self, step: int, *, optimizer=None) -> list[tuple[StepRecord, list[Finding]]]:
+        """Close optimizer step ``step`` (every rank, the same steps): the micro-batch values go
+        into the probe; on the sampling cadence the probe finishes the step (Adam statistics
+        from ``optimizer``, one packed collective), otherwise it forgets it. The records the
+        probe hands out are fed to the run. Returns them with their findings."""
+        records: list[StepRecord] = []
+        with self.guard("step", "closing the step's sample"):
+            probe = self.probe
+            # host-sync: lockstep (several ranks on an accelerator) waits for the previous steps'
+            # copies, all issued a step ago, so every rank sees the same records at the same step.
+            early = probe.flush() if self.lockstep else []
+            if self._fp is not None:
+                probe.set_extra(keys.BATCH_FINGERPRINT, self._fp, op="sum")
+            for name, (total, n) in self._streams.items():
+                probe.set_extra(keys.LOSS_STREAM_PREFIX + name, total / n, op="mean")
+            self._fp, self._streams = None, {}
+            if step % self.every_n_steps:
+                probe.discard_step()
+                records = early
+            else:
+                probe.finish_step(step, optimizer=optimizer)
+                records = early + ([] if self.lockstep else probe.poll())
+        self.finished_at_s.append(time.monotonic())
+        return self._observe(records)
+
+    def flush(self) -> list[tuple[StepRecord, list[Finding]]]:
+        """Every pending record now (before a checkpoint, at the end of training)."""
+        with self.guard("flush", "flushing the last records"):
+            return self._observe(self.probe.flush())   # host-sync: waits for the pending copies
+        return []
+
+    def forget_micro_batches(self) -> None:
+        """Drop what the current step accumulated (after a checkpoint load)."""
+        self._fp, self._streams = None, {}
+        self.probe.discard_step()
+
+    def _observe(self, records: list[StepRecord]) -> list[tuple[StepRecord, list[Finding]]]:
+        return [(r, self.run.observe(r)) for r in records]
+
+    # ------------------------------------------------------------------------------ requests
+    def requests(self, step: int, *, interval_saves: bool = True,
+                 user_interval: int | None = None) -> tuple[str | None, bool]:
+        """What to do after ``step``: why to save now (None: no save) and whether to stop.
+
+        Reports a changed save interval and the halt (once) as actions. A save that is due while
+        the weights are damaged is refused: reported as ``save_blocked``, None returned.
+        ``interval_saves=False`` for a framework that saves on the interval itself (the HF
+        Trainer reads ``state.save_steps``): only a halt and save-now give a reason then, and
+        ``user_interval`` is its own interval (a bump never makes saves rarer).
+        """
+        c = self.control
+        bumped = c.save_interval_steps
+        if bumped and user_interval and bumped >= user_interval:
+            bumped = None   # the user's own interval is already as frequent
+        if bumped != self._interval:
+            self._interval = bumped
+            self.run.act(Action(step, "save_interval", (c.save_interval_reason if bumped else None)
+                                or "back to the user's own save interval", interval=bumped))
+        if c.stop and self.stopped_at is None:
+            self.stopped_at = step
+            self.run.act(Action(step, "stop", c.stop_reason or "requested by the policy"))
+        last = self.saves[-1][0] if self.saves else None
+        why = c.save_request(step, last) if (interval_saves or c.stop or c.save_now) else None
+        if why is not None and not c.state_is_good:
+            self.save_blocked(step, why)
+            return None, c.stop
+        return why, c.stop
+
+    def saved(self, step: int, path: str | None, reason: str | None = None) -> None:
+        """A checkpoint of ``step`` was written to ``path``: on the monitor's request (``reason``:
+        a ``save`` action) or by the framework or the loop itself (only the checkpoint line)."""
+        path = None if path is None else str(path)
+        if reason is not None:
+            self.saves.append((step, path))
+            self.run.act(Action(step, "save", reason, path=path))
+        self.run.checkpoint_saved(step, path)
+
+    def save_blocked(self, step: int, what: str) -> None:
+        """A save (``what``) is refused because the weights are damaged: the last good checkpoint
+        must not be overwritten or rotated out. Every rank refuses alike."""
+        damage = self.control.damage
+        self.guard.warn_once(f"save-blocked-{step}", "stability: not saving the checkpoint of "
+                             "step %d (%s): %s", step, what, damage)
+        self.run.act(Action(step, "save_blocked", f"{what}; refused: {damage}"))
+
+    # ---------------------------------------------------------------------------- checkpoints
+    def checkpoint(self, step: int, path: str | None = None, reason: str | None = None) -> dict[str, Any]:
+        """A checkpoint of ``step`` is being written: the pending records first (its detector
+        state must cover every step up to this one), the checkpoint noted when its ``path`` is
+        known (so a resume from it knows it), and the small JSON blob to save with it."""
+        self.flush()   # host-sync: a checkpoint is a sync point anyway
+        if path is not None:
+            self.saved(step, path, reason)
+        return self.state(step)
+
+    def state(self, step: int) -> dict[str, Any]:
+        """The small JSON blob saved with a checkpoint of ``step`` (after :meth:`flush`)."""
+        return {"step": int(step), "live": self.run.state_dict()}
+
+    def restore(self, blob: Mapping[str, Any] | None, source: str) -> None:
+        """Detector state from the checkpoint actually loaded (``source`` names it). Without a
+        blob, or with one this configuration cannot read, the detectors start fresh."""
+        if not blob:
+            self.guard.warn_once("no-state", "stability: %s has no stability state; detectors "
+                                 "start fresh", source)
+            return
+        with self.guard("load-state", f"restoring the stability state from {source} (detectors "
+                                      f"start fresh)"):
+            # Lightning checkpoints written before the session kept the bare LiveRun state.
+            self.run.load_state_dict(blob["live"] if "live" in blob else blob)
+
+    def close(self) -> None:
+        """End of training: the last records (a sync point), then the run log and the sinks."""
+        if not self.off:
+            self.flush()
+        self.run.close()   # never raises
+
+
+class SessionAdapter:
+    """What the three integrations share around their session: the constructor's common keyword
+    arguments, the guard (made first, so that even a failed start is caught), the session once
+    the framework says training begins, and the views users and tests read."""
+
+    def __init__(self, *, config: Any = None, monitor: Any = None,
+                 run_dir: str | os.PathLike = "out/stability", run_name: str | None = None,
+                 listeners=()):
+        self.config, self.monitor, self.run_name = config, monitor, run_name
+        self.run_dir = os.fspath(run_dir)
+        self.listeners = list(listeners)
+        self.guard = Guard()
+        self.session: LiveSession | None = None
+
+    def _open(self, *, is_rank0: bool, run_name: str | None = None, wandb_run=None,
+              monitor: Any = None, process_group=None) -> LiveSession:
+        """The session (and its LiveRun: config errors surface here)."""
+        self.session = LiveSession(LiveRun(
+            config=self.config, monitor=monitor if monitor is not None else self.monitor,
+            run_dir=self.run_dir, is_rank0=is_rank0, run_name=run_name or self.run_name,
+            wandb_run=wandb_run, listeners=self.listeners, guard=self.guard), process_group=process_group)
+        return self.session
+
+    @property
+    def run(self) -> LiveRun | None:
+        """The :class:`~stability_callbacks.live.LiveRun` (Monitor, run log, sinks)."""
+        return None if self.session is None else self.session.run
+
+    @property
+    def control(self) -> Control | None:
+        """The Monitor's requests (:class:`~stability_callbacks.control.Control`)."""
+        return None if self.session is None else self.session.control
+
+    @property
+    def findings(self) -> list[Finding]:
+        """Every finding of this run so far."""
+        return [] if self.session is None else self.session.findings
+
+    def _off(self) -> bool:
+        return self.session is None or self.session.off
