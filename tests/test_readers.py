@@ -20,19 +20,20 @@ FIXTURES = DATA / "formats"
 LABELS = {e["name"]: e for e in json.loads((REAL / "labels.json").read_text())}
 REAL_LOGS = sorted(REAL.glob("*.log"))
 
-# labels.json `format` -> the reader that must be auto-detected.
+# labels.json `format` -> the reader that must be auto-detected (formats without semantics of
+# their own are read by the generic metric-line reader).
 LABEL_FORMAT = {"megatron": "megatron", "megatron+deepspeed-overflow": "megatron",
-                "nanogpt-speedrun": "nanogpt", "llmc": "llmc", "deepspeed-chat": "deepspeed",
+                "nanogpt-speedrun": "generic", "llmc": "generic", "deepspeed-chat": "generic",
                 "csv": "csv"}
 
 FIXTURE_FORMAT = {
-    "hf_printed.log": "hf", "trainer_state.json": "hf-state", "nanogpt_karpathy.log": "nanogpt",
-    "build_nanogpt.log": "nanogpt", "llmc_stdout.log": "llmc", "litgpt_old.log": "litgpt",
-    "litgpt_new.log": "litgpt", "mlx_lora.log": "mlx", "fairseq_inner.log": "fairseq",
-    "fairseq_summary.log": "fairseq", "trainer_log.jsonl": "llamafactory",
-    "megatron_quoted.log": "megatron", "nanogpt_quoted.log": "nanogpt",
-    "wandb_history.csv": "wandb-csv", "wandb_panel.csv": "wandb-csv",
-    "plain_metrics.jsonl": "jsonl",
+    "hf_printed.log": "generic", "trainer_state.json": "hf-state",
+    "nanogpt_karpathy.log": "generic", "build_nanogpt.log": "generic",
+    "llmc_stdout.log": "generic", "litgpt_old.log": "generic", "litgpt_new.log": "generic",
+    "mlx_lora.log": "generic", "fairseq_inner.log": "fairseq", "fairseq_summary.log": "fairseq",
+    "trainer_log.jsonl": "jsonl", "megatron_quoted.log": "megatron",
+    "nanogpt_quoted.log": "generic", "wandb_history.csv": "wandb-csv",
+    "wandb_panel.csv": "wandb-csv", "plain_metrics.jsonl": "jsonl",
 }
 
 
@@ -116,7 +117,7 @@ def test_every_format_has_a_test():
 
 
 def test_records_without_step_numbers_are_numbered_in_order():
-    recs = list(read_records(FIXTURES / "hf_printed.log", format="hf"))
+    recs = list(read_records(FIXTURES / "hf_printed.log", format="hf"))   # an alias of generic
     assert [r.step for r in recs] == [1, 2, 3, 4]
 
 

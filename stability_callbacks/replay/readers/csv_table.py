@@ -24,9 +24,9 @@ _WANDB_STEP_COLUMNS = ("train/global_step", "trainer/global_step", "global_step"
 _OUR_STEP_COLUMNS = ("step", "Step", "iteration", "iter", "global_step", "_step")
 
 
-def read_csv(path, *, on_skip: SkipReport, progress: bool = False, tag_map=None, **_
+def read_csv(path, *, on_skip: SkipReport, progress: bool = False, tag_map=None, lines=None, **_
              ) -> Iterator[StepRecord]:
-    yield from _read(path, on_skip, progress, tag_map, wandb=False)
+    yield from _read(path, on_skip, progress, tag_map, wandb=False, lines=lines)
 
 
 def read_wandb(path, *, on_skip: SkipReport, progress: bool = False, tag_map=None, **_
@@ -56,12 +56,15 @@ def _columns(header: list[str], tag_map, wandb: bool):
     return steps, metrics
 
 
-def _read(path, on_skip, progress, tag_map, wandb):
-    lines = numbered_lines(path, progress=progress)
+def _read(path, on_skip, progress, tag_map, wandb, lines=None):
+    if lines is None:
+        lines = numbered_lines(path, progress=progress)
     numbers = [0]    # the line the csv module last consumed (rows may span lines)
 
     def text_lines():
         for line_no, text in lines:
+            if text is None:     # a followed file went idle: nothing is held back here
+                continue
             numbers[-1] = line_no
             yield text
 

@@ -16,22 +16,24 @@ import re
 from typing import Iterator
 
 from ...record import StepRecord
+from .generic import overflow_scale
 from .source import SkipReport, numbered_lines, to_float
 
 INNER = re.compile(r"\bepoch \d+:\s+\d+\s*/\s*\d+\s+(.*\bnum_updates=\d+.*)$")
 SUMMARY = re.compile(r"\|\s*epoch \d+\s*\|\s*(loss .*\|\s*num_updates \d+.*)$")
 SIGNATURES = (INNER, SUMMARY)
-_OVERFLOW = re.compile(r"overflow detected, setting loss scale to:\s*([0-9.eE+-]+)")
 _KEY = {"loss": "loss", "lr": "lr", "gnorm": "grad_norm", "loss_scale": "loss_scale"}
 
 
-def read(path, *, on_skip: SkipReport, progress: bool = False, **_) -> Iterator[StepRecord]:
+def read(path, *, on_skip: SkipReport, progress: bool = False, lines=None, **_
+         ) -> Iterator[StepRecord]:
     seen_inner = False
     overflows = 0
-    for line_no, text in numbered_lines(path, progress=progress):
-        if "overflow detected" in text:
-            if _OVERFLOW.search(text):
-                overflows += 1
+    for line_no, text in (lines if lines is not None else numbered_lines(path, progress=progress)):
+        if text is None:
+            continue
+        if "overflow" in text:
+            overflows += overflow_scale(text)[0]
             continue
         if "num_updates" not in text or "valid" in text:
             continue

@@ -19,6 +19,8 @@ _PROGRESS_EVERY_LINES = 4096
 
 # "> " (and "> > ") prefixes of text quoted in an issue, a forum post or an e-mail.
 _QUOTE = re.compile(r"^[ \t]*(?:>[ \t]?)+")
+# Colour and cursor escapes (CSI sequences; OSC titles end with BEL or ESC \).
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 
 SkipCallback = Callable[[int, str, str], None]
 
@@ -78,6 +80,24 @@ def strip_quote(line: str) -> str:
         if m:
             return line[m.end():]
     return line
+
+
+def segments(line: str) -> list[str]:
+    """The pieces of one physical line a terminal would have shown as separate lines.
+
+    tqdm and Keras redraw a bar with ``\\r`` (or backspaces), so a captured log holds many
+    updates on one line; colour codes and quoting are removed from each piece.
+
+    >>> segments("\\x1b[32mstep 1\\x1b[0m loss 2.5\\r> step 2 loss 2.4")
+    ['step 1 loss 2.5', 'step 2 loss 2.4']
+    """
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
+    if "\r" not in line and "\b" not in line:
+        return [line]
+    if "\b" in line:
+        line = line.replace("\b", "\r")
+    return [strip_quote(p) for p in line.split("\r") if p and not p.isspace()]
 
 
 def numbered_lines(path, *, progress: bool = False, max_lines: int | None = None
