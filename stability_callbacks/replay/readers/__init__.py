@@ -21,6 +21,7 @@ import csv
 import json
 import os
 import re
+from itertools import chain
 from typing import Callable, Iterable, Iterator, Mapping
 
 from ... import keys
@@ -129,12 +130,12 @@ def detect_format(path) -> str:
     return detect_lines(p, numbered_lines(p, max_lines=DETECT_MAX_LINES))[0]
 
 
-def detect_lines(path, lines: Iterable, *, user_keys=None, pattern=None, final: bool = True
-                 ) -> tuple[str | None, list]:
+def detect_lines(path, lines: Iterable, *, user_keys=None, pattern=None
+                 ) -> tuple[str, list]:
     """The format of a log from its ``(line_no, text)`` lines, and the lines consumed.
 
-    ``final=False`` (a followed file that is still growing): when the lines run out (or a
-    ``None`` idle tick arrives) undecided, return ``(None, consumed)`` instead of raising.
+    A ``None`` text (a followed file went idle) settles a tentative answer; otherwise detection
+    waits for a decisive line. :class:`NoRecords` when the lines end undecided.
     """
     consumed: list = []
     first = True
@@ -144,8 +145,8 @@ def detect_lines(path, lines: Iterable, *, user_keys=None, pattern=None, final: 
     for item in lines:
         line_no, text = item
         if text is None:
-            if not final:
-                return (tentative if tentative and not first else None), consumed
+            if tentative is not None:
+                return tentative, consumed
             continue
         consumed.append(item)
         if first:
@@ -176,8 +177,6 @@ def detect_lines(path, lines: Iterable, *, user_keys=None, pattern=None, final: 
                 closest.offer(line_no, seg, plan)
     if tentative is not None:
         return tentative, consumed
-    if not final:
-        return None, consumed
     raise NoRecords(path, len(consumed), closest.lines())
 
 
@@ -271,6 +270,9 @@ def read_records(path, format: str = "auto", tag_map: Mapping[str, str | None] |
                                  f"({', '.join(keys.ALL)} or loss/<name>)")
     if (user_keys or pattern) and fmt in ("auto", "generic"):
         fmt = "generic"
+    elif fmt == "auto" and lines is not None:
+        fmt, consumed = detect_lines(path, lines)
+        lines = chain(consumed, lines)
     elif fmt == "auto":
         fmt = detect_format(path)
     elif lines is None and not os.path.exists(str(path)):
