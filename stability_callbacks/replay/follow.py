@@ -45,8 +45,7 @@ class TailLines:
 
     >>> import tempfile, os
     >>> p = os.path.join(tempfile.mkdtemp(), "train.log")
-    >>> open(p, "w").write("step 1 loss 2.5\\nstep 2 lo")
-    24
+    >>> _ = open(p, "w").write("step 1 loss 2.5\\nstep 2 lo")
     >>> tail = TailLines(p, poll_s=0.01, should_stop=lambda: True)
     >>> list(tail)
     [(1, 'step 1 loss 2.5'), (2, 'step 2 lo')]

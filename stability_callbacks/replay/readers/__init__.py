@@ -60,9 +60,10 @@ ALIASES = {
 # with a substring every decisive line contains (a cheap filter before the regular expression).
 _SIGNATURES = (("megatron", "iteration", (megatron.SIGNATURE,)),
                ("fairseq", "num_updates", fairseq.SIGNATURES))
-# Megatron-DeepSpeed logs also carry DeepSpeed's own `step=N, skipped=K` lines (which the generic
-# reader reads), sometimes hundreds of lines before the first iteration line: a record line
-# without a loss or a grad norm waits for the whole detection window to rule Megatron out.
+# Megatron-DeepSpeed logs also carry DeepSpeed's own `step=N, skipped=K` and OVERFLOW lines (which
+# the generic reader reads), sometimes hundreds of lines before the first iteration line: a
+# record line without a loss or a grad norm, or an overflow line, waits for the whole detection
+# window (or a followed file's first idle moment) to rule Megatron out.
 # A Megatron log may print 10k lines of arguments and start-up before its first iteration.
 DETECT_MAX_LINES = 200_000
 _JSON_STATE_MAX_BYTES = 512 * 1024 * 1024
@@ -168,11 +169,12 @@ def detect_lines(path, lines: Iterable, *, user_keys=None, pattern=None
             if got is None:
                 continue
             plan = got[1]
-            if plan.kind == "record":
-                if continue_generic or any(k in (keys.LOSS, keys.GRAD_NORM)
-                                           for _, k, _ in plan.metrics):
-                    return "generic", consumed
-                tentative = "generic"
+            parts = [p for _, _, p in plan.parts] if plan.kind == "multi" else [plan]
+            if any(p.kind == "record" and (continue_generic or any(
+                    k in (keys.LOSS, keys.GRAD_NORM) for _, k, _ in p.metrics)) for p in parts):
+                return "generic", consumed
+            if plan.kind in ("record", "overflow"):
+                tentative = "generic"     # an LR, a skip count, an overflow: maybe Megatron's
             elif plan.score:
                 closest.offer(line_no, seg, plan)
     if tentative is not None:

@@ -25,7 +25,10 @@ The rules (the same the hand-written expected CSVs of ``tests/data/wild_logs`` f
   they reduced to, unless the record prints its own); at the end of the log each is a record.
 - DeepSpeed's ``step=N, skipped=K`` count is cumulative: a record carries the delta.
 - A warning that announces NaN (``loss is nan``) marks the step already printed (its loss, when
-  its line printed none), never a new step. The same step printed identically twice is one row.
+  its line printed none), never a new step. The same step printed again is one row (the mean
+  loss; a progress bar redrawn for the same count: its last values). A step line above an
+  indented block of metric lines (OLMo) makes one record; several records glued on one line
+  (lost newlines) are read apart.
 
 Memory is O(1) per line (plus at most ``MAX_TEMPLATES`` cached plans); records are emitted one
 line late (an overflow or NaN warning may still concern them), or at once on an idle tick from a
@@ -64,15 +67,17 @@ MAX_TEMPLATES = 4096
 SYNONYMS: dict[str, str] = {}
 for _key, _names in {
     keys.LOSS: ("loss", "lm loss", "lm loss avg", "train loss", "training loss", "loss train",
-                "train lm loss", "total loss", "trl", "train loss step", "tr loss",
-                "reduced train loss", "train/loss", "objective loss"),
+                "train lm loss", "total loss", "trl", "train loss step", "tr loss", "l",
+                "reduced train loss", "objective loss", "current loss", "closs", "xent",
+                "avr loss", "step loss", "loss step", "train total loss", "loss value",
+                "crossentropyloss", "cross entropy loss", "ce loss", "ce"),
     keys.GRAD_NORM: ("grad norm", "gnorm", "gradient norm", "grad l2 norm", "grad norm total",
                      "total grad norm", "global grad norm", "norm", "grad norm pre clip",
-                     "total norm", "gradnorm", "grad", "g norm", "global norm", "grad norm l2",
-                     "train grad norm", "optim total grad norm"),
+                     "total norm", "gradnorm", "g norm", "global norm", "grad norm l2",
+                     "train grad norm", "optim total grad norm", "grad norm before clip"),
     keys.LR: ("lr", "learning rate", "lr mul", "current lr", "train lr", "lr group0",
-              "learning rate group0", "optim learning rate group0", "lr abs",
-              "train learning rate", "lrate"),
+              "learning rate group0", "optim learning rate group0", "lr abs", "optim0 lr0",
+              "train learning rate", "lrate", "lr 0", "base lr"),
     keys.LOSS_SCALE: ("loss scale", "scale", "loss scaler", "cur scale", "current loss scale",
                       "lossscale", "amp scale", "grad scale", "scaler", "train loss scale"),
     keys.SKIPPED: ("skipped", "number of skipped iterations", "skipped iterations",
@@ -89,9 +94,23 @@ STEP_NAMES = {"global step": 0, "num updates": 0, "current steps": 0, "updates":
               "optimizer step": 0, "optimizer steps": 0, "train step": 1, "training step": 1,
               "step": 1, "steps": 1, "update": 1, "iteration": 2, "iter": 2, "iters": 2,
               "iterations": 2, "it": 3, "s": 3, "global iteration": 2, "batch step": 2}
-_MICRO_PRIORITY = 2          # iteration-like counters turn into micro-batch counters
+_MICRO_PRIORITY = 2
+# Counters that count batches within an epoch when an epoch is printed beside them (the
+# step-like ones do only where the batches per epoch are declared).
+_ITERATION_LIKE = frozenset({"iteration", "iter", "iters", "iterations", "it", "batch step"})
 EPOCH_NAMES = frozenset({"epoch", "epochs", "ep", "train epoch"})
 BATCH_NAMES = frozenset({"batch", "batch idx", "batch id", "batches", "mb", "batch nb", "bs idx"})
+PER_EPOCH_NAMES = frozenset({"total micro batches", "total batches", "num batches",
+                             "batches per epoch", "steps per epoch", "iters per epoch",
+                             "num batches per epoch", "num update steps per epoch",
+                             "total steps per epoch", "micro batches"})
+# A counter glued to its name: `[ep6 it156/313]` before the number, `1epoch:train:1-1020batch`
+# after it. Other letters glued to a number make a name (`rank0`, `x86_64`, `v1.2`).
+_GLUED_BEFORE = {"ep": "epoch", "epoch": "epoch", "it": "it", "iter": "iter",
+                 "iteration": "iteration", "step": "step"}
+_GLUED_AFTER = {"epoch": "epoch", "batch": "batch", "batches": "batch"}
+_TRAILING_WORD = re.compile(r"(?<![A-Za-z])([A-Za-z]+)$")
+_LEADING_WORD = re.compile(r"([A-Za-z]+)(?![A-Za-z])")
 
 # A split named outside any key (`| valid | epoch 1 | loss 2.3`, `Validation: step 100 ...`),
 # not a key itself (litgpt's `val: n/a`) nor a file name (`eval.py:12`).
@@ -99,16 +118,20 @@ _EVAL_CONTEXT = re.compile(r"\b(?:val|valid|validation|validating|eval|evaluatio
                            r"test|testing)\b(?!\s*[:=]|\.py)", re.I)
 _EVAL_WORDS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev",
                          "tel", "vl", "validating", "evaluating", "testing"})
-_SUMMARY_WORDS = frozenset({"runtime", "best", "flos"})
+# Run summaries and running statistics, never the step's own value.
+_SUMMARY_WORDS = frozenset({"runtime", "best", "flos", "average", "avg", "mean"})
 _SPLIT_QUALIFIED_LOSS = frozenset({"train loss", "training loss", "loss train", "train lm loss"})
 _NOT_A_KEY = re.compile(r"[^A-Za-z0-9]+")
 _STEP_MARKERS = ("(optimizer.step)", "(step)")
 # `--lr 3e-4`, `Namespace(lr=...)`, `args.lr`: argument echoes, never metrics.
 _ARG_ECHO = ("--", "namespace(", "args.", "argument", "config")
-_NAN_WARNING = re.compile(r"\b(?:is|are|was|were|detected|found|encountered|got|became|"
-                          r"contains?|non-?finite)\b", re.I)
+# `loss is nan at step 12`, `Detected NaN`: about the loss (`NaN found in input tensor` is not).
+_NAN_WARNING = re.compile(r"\bloss\b.*\b(?:is|are|was|were|became|got|detected|found|"
+                          r"encountered)\b|\bdetected\b|\bnon-?finite\s+loss", re.I)
 _OVERFLOW = re.compile(r"overflow", re.I)
 _WORD_INSIDE_KEY = re.compile(r"\s+[A-Za-z][\w ]*[:=]\s*$")
+_QUOTES = " \t'\"\u2018\u2019\u201c\u201d"
+_CUTS = ",|;[]{}()<>'\"=:\t\u2018\u2019\u201c\u201d"
 
 
 def normalise_key(name: str) -> str:
@@ -122,8 +145,8 @@ def normalise_key(name: str) -> str:
 
 def classify(name: str, user: Mapping[str, str] | None = None) -> tuple[str, str | None]:
     """What a key printed in a log is: ``("metric", key)``, ``("step", priority)``,
-    ``("epoch", None)``, ``("batch", None)``, ``("eval", None)``, ``("summary", None)`` or
-    ``("other", None)``.
+    ``("epoch", None)``, ``("batch", None)``, ``("per_epoch", None)``, ``("eval", "loss" or
+    None)``, ``("summary", None)`` or ``("other", None)``.
 
     >>> classify("lm loss"), classify("val_loss"), classify("num_updates"), classify("gnorm")
     (('metric', 'loss'), ('eval', 'loss'), ('step', '0'), ('metric', 'grad_norm'))
@@ -143,13 +166,15 @@ def classify(name: str, user: Mapping[str, str] | None = None) -> tuple[str, str
         return "epoch", None
     if norm in BATCH_NAMES:
         return "batch", None
+    if norm in PER_EPOCH_NAMES:
+        return "per_epoch", None
     key = SYNONYMS.get(norm) or metric_key(name.strip())
     if key is not None:
         return "metric", key
+    if _SUMMARY_WORDS.intersection(words):
+        return "summary", None
     if norm.startswith("train ") and SYNONYMS.get(norm[6:]):
         return "metric", SYNONYMS[norm[6:]]
-    if any(w in _SUMMARY_WORDS for w in words):
-        return "summary", None
     return "other", None
 
 
@@ -158,12 +183,15 @@ class Plan:
     """How to read every line of one template: indices into the line's numbers per role."""
 
     metrics: tuple[tuple[int, str, bool], ...] = ()   # (number index, metric key, negative)
-    step: int | None = None
+    step: int | None = None          # a named step (or a keyless counter: `counter`)
+    step_priority: int = 1
+    step_total: int | None = None    # `Step 10/1000`: the 1000
+    counter: bool = False            # the step is a batch counter, not a named step
+    within_epoch: bool = False       # an iteration counter: counts batches of an epoch
     micro: int | None = None
     epoch: int | None = None
-    counter: int | None = None
-    counter_total: int | None = None
-    kind: str = "record"             # record | epoch | overflow | nan | eval | skip
+    per_epoch: int | None = None     # `Total Micro Batches 8`: batches per epoch declared
+    kind: str = "record"             # record | epoch | header | overflow | nan | eval | skip | multi
     marker: bool = False             # the line says it stepped the optimizer
     cumulative_skips: bool = False   # DeepSpeed `step=N, skipped=K`
     prints_skipped: bool = False
@@ -171,6 +199,7 @@ class Plan:
     overflow_attempted: int | None = None
     loss_name: str = ""              # the loss as the line names it (normalised)
     mixed: bool = False              # `train loss` beside `val loss`: see Assembler._emit
+    parts: tuple = ()                # kind multi: ((first number, end, plan), ...)
     score: int = 0                   # how close to a record (for the error message)
     named: tuple[str, ...] = ()      # the keys it printed, for the error message
     match: object = None             # the template's own regular expression (fullmatch)
@@ -185,11 +214,11 @@ def _key_before(piece: str, glued: bool) -> str:
     s = piece
     if glued:
         i = 0
-        while i < len(s) and not s[i].isspace() and s[i] not in ",|;[]{}()'\"":
+        while i < len(s) and not s[i].isspace() and s[i] not in _CUTS:
             i += 1
         s = s[i:]
-    s = s.rstrip(" \t'\"[(")
-    s = s.rstrip(" \t:=").rstrip(" \t'\"")
+    s = s.rstrip(_QUOTES + "[(~")
+    s = s.rstrip(" \t:=").rstrip(_QUOTES)
     if s.endswith(")") and "(" in s:           # `elapsed time per iteration (ms):`
         s = s[:s.rfind("(")].rstrip()
     elif s.endswith("]") and "[" in s:         # `| [Loss] 51566519.44 | [step]    89 |`
@@ -197,7 +226,7 @@ def _key_before(piece: str, glued: bool) -> str:
         if inner[:1].isalpha():
             return inner
     cut = -1
-    for c in ",|;[]{}()<>'\"=:\t":
+    for c in _CUTS:
         j = s.rfind(c)
         if j > cut:
             cut = j
@@ -228,31 +257,47 @@ def _paths(texts: list[str]) -> list[str]:
 
 def _noise(texts: list[str], nums: list[str]) -> list[bool]:
     """Numbers that are no values: parts of names (``rank0``, ``v1.2``), times of day and
-    durations (``09:30:39,305``, ``00:30<00:36``), dates (``2023-03-22``, ``07/21/2024``)."""
+    durations (``09:30:39,305``, ``00:30<00:36``), dates (``2023-03-22``, ``07/21/2024``,
+    ``10/30 22:18:02``) and the start of a range (``1-1020``)."""
     n = len(nums)
     noise = [False] * n
     for i in range(n):
         before, after = texts[i], texts[i + 1]
-        if before[-1:].isalpha() or before[-1:] in "_.":
+        if before and (before[-1].isalpha() or before[-1] in "_."):
             noise[i] = True
         if (after == ":" and i + 1 < n) or (before == ":" and i > 0):
-            noise[i] = True
-        if (after == "-" and i + 1 < n) or (before == "-" and i > 0):
             noise[i] = True
         if before in (",", ".") and i > 1 and noise[i - 1] and texts[i - 1] == ":":
             noise[i] = True
     for i in range(n - 1):
-        if texts[i + 1] != "/":
+        sep = texts[i + 1]
+        if sep not in ("/", "-"):
             continue
-        if i + 2 < n and texts[i + 2] == "/":
-            noise[i] = noise[i + 1] = noise[i + 2] = True          # 07/21/2024
-        elif i + 2 < n and texts[i + 2] in (" ", "T", "-") and noise[i + 2] \
-                and texts[i + 3:i + 4] == [":"]:
-            noise[i] = noise[i + 1] = True                         # 10/30 22:18:02
+        if i + 2 < n and texts[i + 2] == sep:
+            noise[i] = noise[i + 1] = noise[i + 2] = True              # a date
+        elif sep == "-":
+            noise[i] = True                                            # a range: its end counts
+        elif i + 2 < n and texts[i + 2] in (" ", "T", "-") and texts[i + 3:i + 4] == [":"]:
+            noise[i] = noise[i + 1] = True                             # 10/30 22:18:02
     return noise
 
 
-def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None = None) -> Plan:
+def _glued_names(texts: list[str], nums: list[str]) -> list[str | None]:
+    """Counter names glued to their number (``ep6``, ``it156``, ``1epoch``, ``1020batch``)."""
+    out: list[str | None] = [None] * len(nums)
+    for i, num in enumerate(nums):
+        m = _TRAILING_WORD.search(texts[i])
+        if m and m.group(1).lower() in _GLUED_BEFORE:
+            out[i] = _GLUED_BEFORE[m.group(1).lower()]
+        elif num.isdigit():
+            m = _LEADING_WORD.match(texts[i + 1])
+            if m and m.group(1).lower() in _GLUED_AFTER:
+                out[i] = _GLUED_AFTER[m.group(1).lower()]
+    return out
+
+
+def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None = None,
+              split: bool = True) -> Plan:
     """Interpret one template: ``texts`` are the pieces around the numbers ``nums`` of a line."""
     n = len(nums)
     joined = "#".join(texts)
@@ -260,18 +305,33 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
     plan = Plan(match=re.compile(_TEMPLATE_NUMBER.join(
         _SPACES.sub(r"[ \\t]+", re.escape(t)) for t in texts)).fullmatch)
     noise = _noise(texts, nums)
+    glued = _glued_names(texts, nums)
     prefixes = _paths(texts) if "{" in joined else [""] * n
     befores = list(texts[:n])
     for i in range(n - 1):
-        # `number of nan iterations: 0`: a non-finite word inside the next key's name.
-        if nums[i][:1] in "nNiI" and _WORD_INSIDE_KEY.match(texts[i + 1]) \
+        if glued[i]:
+            noise[i] = False
+        elif nums[i][:1] in "nNiI" and _WORD_INSIDE_KEY.match(texts[i + 1]) \
                 and not texts[i].rstrip(" '\"").endswith((":", "=")):
+            # `number of nan iterations: 0`: a non-finite word inside the next key's name.
             noise[i] = True
             befores[i + 1] = befores[i] + nums[i] + texts[i + 1]
+        elif noise[i] and (texts[i][-1:].isalpha() or texts[i][-1:] == "_"):
+            # `optim0_lr0=5e-05`, `lr_group0: 1e-4`: digits inside the next key's name.
+            befores[i + 1] = befores[i] + nums[i] + texts[i + 1]
+    if glued and n and glued[-1]:
+        noise[-1] = False
+
+    # What each number is: (kind, what, name).
     roles: list[tuple[str, str | None, str]] = []
     eval_context = False
     for i in range(n):
         before = befores[i]
+        has_total = i + 1 < n and texts[i + 1].strip() == "/" and not noise[i + 1]
+        if glued[i]:
+            kind, what = classify(glued[i], user)
+            roles.append((kind, what, glued[i]))
+            continue
         if noise[i]:
             roles.append(("noise", None, ""))
             continue
@@ -285,21 +345,36 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
         if name.startswith("-") or name.lower().startswith(_ARG_ECHO):
             roles.append(("other", None, name))
             continue
+        if len(name) == 1 and not before.rstrip(" \t").endswith(":"):
+            name = ""             # one letter is a key only as `s:12`, `L: 0.0058` (llm.c, SparK)
         full = f"{prefixes[i]}/{name}" if prefixes[i] and name else name
         kind, what = classify(full, user)
+        if kind == "other" and has_total and "/" in name:
+            kind, what = classify(name.split("/")[0], user)   # "global_step/max_steps": "601/2161"
         if kind in ("other", "metric") and prefixes[i] and name \
                 and classify(prefixes[i], user)[0] == "eval":
             kind, what = "eval", None
+        if i == 0 and kind == "other" and not name and nums[0].isdigit() \
+                and texts[1].lstrip()[:1] in ("|", ":"):
+            kind, what = "step", "2"                             # `420 | loss 4.06 | lr ...`
         roles.append((kind, what, name))
 
     metrics: list[tuple[int, str, bool]] = []
-    steps: list[tuple[int, int, bool]] = []
+    steps: list[tuple[int, int, str]] = []
     seen_keys: set[str] = set()
     eval_loss = split_loss = summary = False
     named = []
+    bar_label = None
     for i, (kind, what, name) in enumerate(roles):
         if name:
             named.append(name)
+        total = i + 1 < n and roles[i + 1][0] == "total"
+        if kind in ("step", "batch", "epoch") and texts[i + 1].startswith("%"):
+            bar_label = (kind, what, name)       # `steps:  22%|███| 176/800`: the bar's count
+            continue
+        if kind == "other" and not name and total and bar_label is not None:
+            kind, what, name = bar_label
+            bar_label = None
         if kind == "metric" and what not in seen_keys:
             seen_keys.add(what)
             negative = texts[i].endswith("-") and not texts[i].endswith("--")
@@ -309,32 +384,40 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
                 split_loss = plan.loss_name in _SPLIT_QUALIFIED_LOSS
             if what == keys.SKIPPED:
                 plan.prints_skipped = True
-        elif kind == "step" and not texts[i + 1].startswith("%"):
-            # `iter[ 14/ 15]` counts batches of an epoch, not micro-batches of a step
-            has_total = i + 1 < n and roles[i + 1][0] == "total"
-            steps.append((int(what), i, has_total))
+        elif kind == "step":
+            steps.append((int(what), i, normalise_key(name)))
         elif kind == "epoch" and plan.epoch is None:
             plan.epoch = i
-        elif kind == "batch" and plan.counter is None:
-            plan.counter = i
-            if i + 1 < n and roles[i + 1][0] == "total":
-                plan.counter_total = i + 1
+        elif kind == "per_epoch" and plan.per_epoch is None:
+            plan.per_epoch = i
+        elif kind == "batch" or (kind == "other" and not name and total):
+            if not any(p == 9 for p, _, _ in steps):
+                steps.append((9, i, "batch" if kind == "batch" else ""))   # `100/500 [==>..]`
         elif kind == "eval" and what == "loss":
             eval_loss = True
         elif kind == "summary":
             summary = True
-        elif kind == "other" and not name and plan.counter is None and i + 1 < n \
-                and roles[i + 1][0] == "total" and not texts[i + 1].startswith("%"):
-            plan.counter, plan.counter_total = i, i + 1    # `100/500 [====>...]`
     if steps:
         steps.sort()
-        plan.step = steps[0][1]
-        if steps[0][0] < _MICRO_PRIORITY:
-            micro = [i for p, i, has_total in steps if p >= _MICRO_PRIORITY and not has_total]
+        prio, idx, name = steps[0]
+        plan.step, plan.step_priority = idx, prio
+        if idx + 1 < n and roles[idx + 1][0] == "total":
+            plan.step_total = idx + 1
+        plan.counter = prio == 9
+        plan.within_epoch = prio == 9 or name in _ITERATION_LIKE
+        if prio < _MICRO_PRIORITY:
+            micro = [i for p, i, _ in steps[1:] if _MICRO_PRIORITY <= p < 9
+                     and not (i + 1 < n and roles[i + 1][0] == "total")]
             if micro:
                 plan.micro = micro[0]
-    if summary and not steps:
-        plan.kind = "skip"    # a run summary (HF's `train_runtime`, a best loss), not a step
+        if split:
+            repeated = [i for p, i, nm in steps if nm == name and p == prio]
+            multi = _periodic(repeated, n)
+            if multi:
+                plan.kind = "multi"
+                plan.parts = tuple((a, b, make_plan(texts[a:b + 1], nums[a:b], user, split=False))
+                                   for a, b in multi)
+                return plan
     plan.metrics = tuple(metrics)
     plan.named = tuple(named)
     plan.score = len(named) + 2 * len(metrics) + (2 if steps else 0)
@@ -349,7 +432,9 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
             elif "attempted" in words:
                 plan.overflow_attempted = i
         return plan
-    if plan.kind == "skip":
+    named_step = plan.step is not None and not plan.counter
+    if summary and not named_step:
+        plan.kind = "skip"    # a run summary (HF's `train_runtime`, a best loss), not a step
         return plan
     if eval_context:
         plan.kind = "eval"
@@ -359,16 +444,35 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
         nonfinite = any(v[:1] in "nNiI" for v in nums)
         if nonfinite and _NAN_WARNING.search(joined):
             plan.kind = "nan"
-        elif plan.epoch is not None and plan.step is None:
-            plan.kind = "epoch"
+        elif named_step and plan.micro is None:
+            plan.kind = "header"      # OLMo's `[step=1/739328,epoch=0]` above its metric lines
+        elif (plan.epoch is not None or plan.per_epoch is not None) and plan.step is None:
+            plan.kind = "epoch"       # `Epoch 2/10` above Keras' batch lines
         else:
             plan.kind = "skip"
         return plan
     if "step=" in joined and "skipped=" in joined:
-        plan.cumulative_skips = True
-    if plan.step is None and not any(k in (keys.LOSS, keys.GRAD_NORM) for _, k, _ in metrics):
-        plan.kind = "skip"   # an LR or a scale with no step: a config echo, not a record
+        plan.cumulative_skips = True          # the DeepSpeed engine's counts: global, cumulative
+        plan.step_priority = 0
+    if not named_step and not any(k in (keys.LOSS, keys.GRAD_NORM) for _, k, _ in metrics):
+        plan.kind = "skip"   # an LR or a scale with no step: a config echo, an epoch summary
     return plan
+
+
+def _periodic(positions: list[int], n: int) -> list[tuple[int, int]]:
+    """Several records glued on one line (lost newlines): the step name repeats at a fixed
+    period. The (first, end) number ranges of the records, or [] for one record. The last
+    record places the step within a record (the first may have lost its start)."""
+    if len(positions) < 2:
+        return []
+    period = positions[1] - positions[0]
+    if any(b - a != period for a, b in zip(positions, positions[1:])):
+        return []
+    offset = positions[-1] - (n - period)
+    if not 0 <= offset <= positions[0]:
+        offset = positions[0]
+    starts = [max(0, p - offset) for p in positions]
+    return list(zip(starts, starts[1:] + [n]))
 
 
 class LineReader:
@@ -463,12 +567,12 @@ class Assembler:
         self.pending_loss_name = ""
         self.pending_last_step = 0
         self.loss_name: str | None = None     # how the log's plain records name their loss
-        self.overflows = 0
-        self.overflow_scale: float | None = None
+        self.overflows: list[float | None] = []   # the scale each overflow since the last record left
         self.cumulative_skips = 0
         self.epoch: int | None = None
-        self.epoch_total: int | None = None
         self.epoch_base: int | None = None
+        self.per_epoch: int | None = None     # batches per epoch, where the log declares them
+        self.header_step: int | None = None   # a step line above an indented block of metrics
         self.micro_losses: list[float] = []
         self.micro_step: int | None = None
         self.micro_metrics: dict[str, float] = {}
@@ -478,45 +582,68 @@ class Assembler:
         if kind == "record":
             return self._record(nums, plan)
         if kind == "overflow":
-            self.overflows += 1
             idx = plan.overflow_scale if plan.overflow_scale is not None else plan.overflow_attempted
-            if idx is not None:
-                self.overflow_scale = float(nums[idx])   # hysteresis consumed: the scale stays
+            # Hysteresis consumed without a reduction: the attempted scale stays.
+            self.overflows.append(float(nums[idx]) if idx is not None else None)
         elif kind == "nan":
             rec = self.pending
             if rec is not None and keys.LOSS not in rec.metrics and (
                     plan.step is None or int(float(nums[plan.step])) == rec.step):
                 rec.metrics[keys.LOSS] = float("nan")
         elif kind == "epoch":
-            self._set_epoch(nums[plan.epoch])
+            self._epoch_context(nums, plan)
+        elif kind == "header":
+            self.header_step = self._step_of(nums, plan)
+        elif kind == "multi":
+            out = []
+            for a, b, part in plan.parts:
+                out += self.feed(nums[a:b], part)
+            return out
         return []
 
-    def _set_epoch(self, text: str) -> None:
-        if "." in text:
-            return                            # HF's epoch fraction is no counter
-        self.epoch = int(text)
-        if self.epoch_base is None:           # Lightning counts epochs from 0, Keras from 1
-            self.epoch_base = min(self.epoch, 1)
+    def _epoch_context(self, nums, plan: Plan) -> None:
+        if plan.per_epoch is not None:
+            self.per_epoch = int(float(nums[plan.per_epoch]))
+        if plan.epoch is not None:
+            text = nums[plan.epoch]
+            if "." in text:
+                return                        # HF's epoch fraction is no counter
+            self.epoch = int(text)
+            if self.epoch_base is None:       # Lightning counts epochs from 0, Keras from 1
+                self.epoch_base = min(self.epoch, 1)
 
     def _step_of(self, nums, plan: Plan) -> int | None:
-        if plan.step is not None:
-            return int(float(nums[plan.step]))
-        if plan.epoch is not None:
-            self._set_epoch(nums[plan.epoch])
-        if plan.counter is not None:
-            counter = int(float(nums[plan.counter]))
-            if self.epoch is None:
-                return counter
-            if plan.counter_total is not None:
-                self.epoch_total = int(float(nums[plan.counter_total]))
-            if self.epoch_total is not None:
-                return (self.epoch - self.epoch_base) * self.epoch_total + counter
-        return None
+        """The step a record line stands for, or None (numbered in order).
+
+        A step printed with an epoch beside it (on its line or in a header above) counts
+        batches of the epoch when it is a batch counter or an iteration count with the batches
+        per epoch printed (`Epoch: [1] [200/735]`, `[ep6 it156/313]`), or when the log declares
+        the batches per epoch (`Total Micro Batches 8`): (epoch - first epoch) x that + it.
+        Otherwise it is taken as printed, unless it cannot be a global count (below the number
+        of finished epochs: `Epoch 149 | Iter 1`): then the line has no step of its own.
+        """
+        self._epoch_context(nums, plan)
+        if plan.step is None:
+            return None
+        value = int(float(nums[plan.step]))
+        if self.epoch is None or plan.step_priority == 0:
+            return value
+        done = self.epoch - self.epoch_base
+        per_epoch = self.per_epoch
+        if plan.within_epoch and plan.step_total is not None:
+            per_epoch = int(float(nums[plan.step_total]))
+        if per_epoch is not None and (plan.within_epoch or self.per_epoch is not None):
+            return done * per_epoch + value
+        if plan.counter and done == 0:
+            return value
+        return value if value >= done and not plan.counter else None
 
     def _record(self, nums, plan: Plan) -> list[StepRecord]:
         metrics = {key: (-float(nums[i]) if negative else float(nums[i]))
                    for i, key, negative in plan.metrics}
         step = self._step_of(nums, plan)
+        if step is None and plan.step is None:
+            step = self.header_step
         if plan.cumulative_skips and keys.SKIPPED in metrics:
             total, last = int(metrics[keys.SKIPPED]), self.cumulative_skips
             metrics[keys.SKIPPED] = float(total - last if total >= last else total)
@@ -562,11 +689,15 @@ class Assembler:
             step = self.last_step + 1
         if self.overflows:
             if not plan.prints_skipped:
-                metrics[keys.SKIPPED] = float(self.overflows)
-            if keys.LOSS_SCALE not in metrics and self.overflow_scale is not None:
-                metrics[keys.LOSS_SCALE] = self.overflow_scale
-            self.overflows, self.overflow_scale = 0, None
+                metrics[keys.SKIPPED] = float(len(self.overflows))
+            scale = next((x for x in reversed(self.overflows) if x is not None), None)
+            if keys.LOSS_SCALE not in metrics and scale is not None:
+                metrics[keys.LOSS_SCALE] = scale
+            self.overflows = []
         prev = self.pending
+        if prev is not None and prev.step == step and plan.counter:
+            prev.metrics.update(metrics)      # a progress bar redrawn: its last postfix counts
+            return []
         if prev is not None and prev.step == step:
             # The same step again: another rank, or another micro-batch of the step. One
             # record: the mean loss, the other keys as first printed.
@@ -592,13 +723,13 @@ class Assembler:
 
     def finish(self) -> list[StepRecord]:
         out = self.flush()
-        while self.overflows:                 # overflow lines no record followed
-            self.overflows -= 1
+        for scale in self.overflows:          # overflow lines no record followed
             self.last_step += 1
             m = {keys.SKIPPED: 1.0}
-            if self.overflow_scale is not None:
-                m[keys.LOSS_SCALE] = self.overflow_scale
+            if scale is not None:
+                m[keys.LOSS_SCALE] = scale
             out.append(StepRecord(self.last_step, m))
+        self.overflows = []
         return out
 
 
@@ -610,27 +741,30 @@ def read(path, *, on_skip: SkipReport, progress: bool = False, lines: Iterable |
     {name printed in the log: metric key or ``"step"``}; ``pattern``: a regular expression
     whose named groups (``step`` and metric keys) replace the automatic reading."""
     reader = LineReader(user_keys, pattern)
-    parse = reader.parse
     asm = Assembler()
-    feed = asm.feed
-    source = lines if lines is not None else numbered_lines(path, progress=progress)
-    for line_no, text in source:
+    for line_no, text in (lines if lines is not None else numbered_lines(path, progress=progress)):
         if text is None:
             yield from asm.flush()
-            continue
-        for seg in (segments(text) if ("\r" in text or "\x1b" in text or "\b" in text)
-                    else (text,)):
-            got = parse(seg)
-            if got is None:
-                continue
-            try:
-                out = feed(*got)
-            except (ValueError, OverflowError) as e:
-                on_skip(line_no, seg, f"unreadable number: {e}")
-                continue
-            if out:
-                yield from out
+        else:
+            yield from feed_line(reader, asm, line_no, text, on_skip)
     yield from asm.finish()
+
+
+def feed_line(reader: LineReader, asm: Assembler, line_no: int, text: str,
+              on_skip: SkipReport) -> list[StepRecord]:
+    """One physical line through ``reader`` into ``asm``: the records it completes."""
+    out: list[StepRecord] = []
+    if asm.header_step is not None and text[:1] not in (" ", "\t"):
+        asm.header_step = None      # the indented block under a step line ended
+    for seg in (segments(text) if ("\r" in text or "\x1b" in text or "\b" in text) else (text,)):
+        got = reader.parse(seg)
+        if got is None:
+            continue
+        try:
+            out += asm.feed(*got)
+        except (ValueError, OverflowError) as e:
+            on_skip(line_no, seg, f"unreadable number: {e}")
+    return out
 
 
 @dataclass(order=True)

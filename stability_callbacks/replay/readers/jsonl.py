@@ -14,7 +14,7 @@ import json
 from typing import Iterator
 
 from ...record import StepRecord
-from .generic import Assembler, LineReader
+from .generic import Assembler, LineReader, feed_line
 from .source import SkipReport, numbered_lines
 
 
@@ -50,11 +50,5 @@ def read(path, *, on_skip: SkipReport, progress: bool = False, lines=None, user_
                 continue
             if kind in ("finding", "segment", "checkpoint"):
                 continue
-        got = reader.parse(s)
-        if got is None:
-            continue
-        try:
-            yield from asm.feed(*got)
-        except (ValueError, OverflowError) as e:
-            on_skip(line_no, text, f"unreadable number: {e}")
+        yield from feed_line(reader, asm, line_no, s, on_skip)
     yield from asm.finish()
