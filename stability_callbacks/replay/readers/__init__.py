@@ -69,11 +69,10 @@ DETECT_MAX_LINES = 200_000
 _JSON_STATE_MAX_BYTES = 512 * 1024 * 1024
 
 LOOKED_FOR = (
-    "a step counter (step, iter, iteration, global_step, num_updates, Step N/M, epoch + batch) "
-    "and a training loss, grad norm, LR or loss scale (loss, lm loss, train_loss, grad_norm, "
-    "gnorm, lr, learning_rate, loss_scale, ...) as `key: v`, `key=v`, `key v`, `|`-separated "
-    "fields, dict or JSON prints; or Megatron / fairseq progress, JSON lines, CSV, W&B CSV, "
-    "trainer_state.json, TensorBoard events")
+    "a step (step, iter, iteration, global_step, num_updates, Step N/M, epoch + batch) with a\n"
+    "    training loss, grad norm, LR or loss scale (loss, lm loss, train_loss, grad_norm, gnorm,\n"
+    "    lr, learning_rate, loss_scale, ...) as key: v, key=v, key v, | fields, dicts or JSON;\n"
+    "    or Megatron, fairseq, JSON lines, CSV, W&B CSV, trainer_state.json, TensorBoard events")
 
 
 def canonical_format(name: str) -> str:
@@ -96,21 +95,26 @@ class NoRecords(LogFormatError):
         if closest:
             lines.append("  closest lines:")
             lines += [f"    line {n}: {text}" for n, text, _ in closest]
-        lines.append("  say it explicitly: " + _suggestion(closest))
+        lines += suggestion(closest)
         super().__init__(path, None, "\n".join(lines))
 
 
-def _suggestion(closest) -> str:
+def suggestion(closest) -> list[str]:
+    """How to say it explicitly, built from the closest line's names where it has two."""
     names = list(closest[0][2]) if closest else []
-    step = next((n for n in names if re.search(r"step|iter|epoch|batch", n, re.I)), None)
+    step = next((n for n in names if re.search(r"^(?:ep|it|s)$|step|iter|epoch|batch", n, re.I)),
+                None)
     value = next((n for n in names if n != step), None)
     if step and value:
         keys_flag = f"--keys step={step},loss={value}"
+        pattern = (f"{re.escape(step)}\\W*(?P<step>\\d+).*?{re.escape(value)}\\W*"
+                   "(?P<loss>[^\\s,;|]+)")
     else:
-        keys_flag = "--keys step=<name in the log>,loss=<name in the log>"
-    return (f"{keys_flag!r} (our key=the name your log prints), or "
-            "--pattern 'epoch (?P<step>\\d+) .*? err (?P<loss>\\S+)' (a regular expression with "
-            "named groups step, loss, grad_norm, lr, loss_scale, skipped)")
+        keys_flag = "--keys step=NAME,loss=NAME"
+        pattern = "step (?P<step>\\d+) .*? loss (?P<loss>\\S+)"
+    return [f"  say it explicitly: {keys_flag}   (our key=the name the log prints)",
+            f"    or --pattern '{pattern}'   (named groups: step, loss, grad_norm, lr, "
+            "loss_scale, skipped)"]
 
 
 def detect_format(path) -> str:

@@ -115,7 +115,7 @@ _LEADING_WORD = re.compile(r"([A-Za-z]+)(?![A-Za-z])")
 # A split named outside any key (`| valid | epoch 1 | loss 2.3`, `Validation: step 100 ...`),
 # not a key itself (litgpt's `val: n/a`) nor a file name (`eval.py:12`).
 _EVAL_CONTEXT = re.compile(r"\b(?:val|valid|validation|validating|eval|evaluation|evaluating|"
-                           r"test|testing)\b(?!\s*[:=]|\.py)", re.I)
+                           r"test|testing)\b(?!['\"]?\s*[:=]|\.py)", re.I)
 _EVAL_WORDS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev",
                          "tel", "vl", "validating", "evaluating", "testing"})
 # Run summaries and running statistics, never the step's own value.
