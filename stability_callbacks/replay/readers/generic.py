@@ -37,6 +37,7 @@ followed file (``None`` in place of a line).
 from __future__ import annotations
 
 import heapq
+import operator
 import re
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping
@@ -58,7 +59,7 @@ _SPLIT_NONFINITE = re.compile(
 _NONFINITE_HINT = re.compile(_NONFINITE).search
 # A learned template as one regular expression: the next line of the same shape is read by a
 # single match (about twice as fast as splitting it), whitespace runs of any width.
-_TEMPLATE_NUMBER = f"({_NUM}|{_NONFINITE})"
+_TEMPLATE_NUMBER = f"({_NUM})"          # a line with a NaN goes the split way: same template
 _SPACES = re.compile(r"(?:\\[ \t])+")
 
 MAX_TEMPLATES = 4096
@@ -203,6 +204,8 @@ class Plan:
     score: int = 0                   # how close to a record (for the error message)
     named: tuple[str, ...] = ()      # the keys it printed, for the error message
     match: object = None             # the template's own regular expression (fullmatch)
+    values: object = None            # numbers -> metric values (C-level, no negatives)
+    names: tuple[str, ...] = ()      # the metric keys, in `values` order
 
 
 def _key_before(piece: str, glued: bool) -> str:
@@ -212,6 +215,8 @@ def _key_before(piece: str, glued: bool) -> str:
     (``ms, mfu `` -> ``mfu``).
     """
     s = piece
+    if s[-1:] in "-+" and s[-2:-1] in (" ", ":", "=", "\t", "'", '"', "[", "("):
+        s = s[:-1]                             # the number's sign: `loss: -1.0000`
     if glued:
         i = 0
         while i < len(s) and not s[i].isspace() and s[i] not in _CUTS:
@@ -419,6 +424,10 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
                                    for a, b in multi)
                 return plan
     plan.metrics = tuple(metrics)
+    if metrics and not any(neg for _, _, neg in metrics):
+        idx = [i for i, _, _ in metrics]
+        plan.values = operator.itemgetter(*idx) if len(idx) > 1 else (lambda nums, i=idx[0]: (nums[i],))
+        plan.names = tuple(k for _, k, _ in metrics)
     plan.named = tuple(named)
     plan.score = len(named) + 2 * len(metrics) + (2 if steps else 0)
     plan.marker = any(m in joined for m in _STEP_MARKERS)
@@ -484,10 +493,10 @@ class LineReader:
         self.user = {normalise_key(k): v for k, v in (user_keys or {}).items()}
         self.pattern = pattern
         self._plans: dict[str, Plan] = {}
-        self._last: Plan | None = None
+        self.last: Plan | None = None
 
     def parse(self, seg: str) -> tuple[tuple | list, Plan] | None:
-        last = self._last
+        last = self.last
         if last is not None:
             m = last.match(seg)
             if m is not None:
@@ -505,7 +514,7 @@ class LineReader:
                 self._plans.clear()
             plan = self._plans[tkey] = make_plan(texts, parts[1::2], self.user)
         if plan.kind == "record":
-            self._last = plan
+            self.last = plan
         return parts[1::2], plan
 
     def _parse_pattern(self, seg: str):
@@ -562,7 +571,7 @@ class Assembler:
     def __init__(self):
         self.last_step = 0
         self.pending: StepRecord | None = None
-        self.pending_losses: list[float] = []
+        self.pending_losses: list[float] | None = None   # a repeated step's losses
         self.pending_undecided = False        # see _emit
         self.pending_loss_name = ""
         self.pending_last_step = 0
@@ -622,6 +631,12 @@ class Assembler:
         Otherwise it is taken as printed, unless it cannot be a global count (below the number
         of finished epochs: `Epoch 149 | Iter 1`): then the line has no step of its own.
         """
+        if plan.epoch is None and plan.per_epoch is None \
+                and (self.epoch is None or plan.step_priority == 0):
+            if plan.step is None:
+                return None
+            text = nums[plan.step]
+            return int(text) if text.isdigit() else int(float(text))
         self._epoch_context(nums, plan)
         if plan.step is None:
             return None
@@ -639,8 +654,11 @@ class Assembler:
         return value if value >= done and not plan.counter else None
 
     def _record(self, nums, plan: Plan) -> list[StepRecord]:
-        metrics = {key: (-float(nums[i]) if negative else float(nums[i]))
-                   for i, key, negative in plan.metrics}
+        if plan.values is not None:
+            metrics = dict(zip(plan.names, map(float, plan.values(nums))))
+        else:
+            metrics = {key: (-float(nums[i]) if negative else float(nums[i]))
+                       for i, key, negative in plan.metrics}
         step = self._step_of(nums, plan)
         if step is None and plan.step is None:
             step = self.header_step
@@ -683,37 +701,46 @@ class Assembler:
                 if plan.loss_name and plan.loss_name != self.pending_loss_name:
                     self.pending, self.pending_undecided = None, False
                     self.last_step = self.pending_last_step
-        if not plan.mixed and plan.loss_name:
+        elif plan.loss_name and self.loss_name is None:
             self.loss_name = plan.loss_name
         if step is None:
             step = self.last_step + 1
         if self.overflows:
-            if not plan.prints_skipped:
-                metrics[keys.SKIPPED] = float(len(self.overflows))
-            scale = next((x for x in reversed(self.overflows) if x is not None), None)
-            if keys.LOSS_SCALE not in metrics and scale is not None:
-                metrics[keys.LOSS_SCALE] = scale
-            self.overflows = []
+            self._fold_overflows(metrics, plan)
         prev = self.pending
-        if prev is not None and prev.step == step and plan.counter:
-            prev.metrics.update(metrics)      # a progress bar redrawn: its last postfix counts
-            return []
         if prev is not None and prev.step == step:
-            # The same step again: another rank, or another micro-batch of the step. One
-            # record: the mean loss, the other keys as first printed.
-            if keys.LOSS in metrics:
-                self.pending_losses.append(metrics[keys.LOSS])
-                prev.metrics[keys.LOSS] = _mean(self.pending_losses)
-            for k, v in metrics.items():
-                prev.metrics.setdefault(k, v)
+            if plan.counter:
+                prev.metrics.update(metrics)  # a progress bar redrawn: its last postfix counts
+            else:
+                # The same step again: another rank, or another micro-batch of the step. One
+                # record: the mean loss, the other keys as first printed.
+                self._repeat(prev, metrics)
             return []
         self.pending_last_step = self.last_step
         self.last_step = step
         self.pending = StepRecord(step, metrics)
-        self.pending_losses = [metrics[keys.LOSS]] if keys.LOSS in metrics else []
-        self.pending_undecided = plan.mixed and self.loss_name is None
-        self.pending_loss_name = plan.loss_name
+        self.pending_losses = None
+        if plan.mixed:
+            self.pending_undecided = self.loss_name is None
+            self.pending_loss_name = plan.loss_name
         return [prev] if prev is not None else []
+
+    def _fold_overflows(self, metrics: dict, plan: Plan) -> None:
+        if not plan.prints_skipped:
+            metrics[keys.SKIPPED] = float(len(self.overflows))
+        scale = next((x for x in reversed(self.overflows) if x is not None), None)
+        if keys.LOSS_SCALE not in metrics and scale is not None:
+            metrics[keys.LOSS_SCALE] = scale
+        self.overflows = []
+
+    def _repeat(self, prev: StepRecord, metrics: dict) -> None:
+        if keys.LOSS in metrics:
+            if self.pending_losses is None:
+                self.pending_losses = [prev.metrics[keys.LOSS]] if keys.LOSS in prev.metrics else []
+            self.pending_losses.append(metrics[keys.LOSS])
+            prev.metrics[keys.LOSS] = _mean(self.pending_losses)
+        for k, v in metrics.items():
+            prev.metrics.setdefault(k, v)
 
     def flush(self) -> list[StepRecord]:
         """The held-back record (a followed file went idle: no warning is coming for it)."""
@@ -745,8 +772,20 @@ def read(path, *, on_skip: SkipReport, progress: bool = False, lines: Iterable |
     for line_no, text in (lines if lines is not None else numbered_lines(path, progress=progress)):
         if text is None:
             yield from asm.flush()
+            continue
+        # The common case inline (a line of the last record template); feed_line otherwise.
+        last = reader.last
+        m = last.match(text) if last is not None and asm.header_step is None else None
+        if m is not None:
+            try:
+                out = asm.feed(m.groups(), last)
+            except (ValueError, OverflowError) as e:
+                on_skip(line_no, text, f"unreadable number: {e}")
+                continue
         else:
-            yield from feed_line(reader, asm, line_no, text, on_skip)
+            out = feed_line(reader, asm, line_no, text, on_skip)
+        if out:
+            yield from out
     yield from asm.finish()
 
 
