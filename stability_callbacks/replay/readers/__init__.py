@@ -206,6 +206,8 @@ def _structured_kind(path: str, first_line: str) -> str | None:
             except (ValueError, OSError):
                 pass
         return None
+    if "\t" in s and "," not in s and "step" in [c.strip() for c in s.split("\t")]:
+        return "csv"                   # a tab-separated table: `step<TAB>loss`
     if "," in s and ":" not in s.split(",", 1)[0]:
         cells = [c.strip() for c in next(csv.reader([s]))]
         if ("_step" in cells or "Step" in cells or "train/global_step" in cells

@@ -78,7 +78,7 @@ for _key, _names in {
                      "train grad norm", "optim total grad norm", "grad norm before clip"),
     keys.LR: ("lr", "learning rate", "lr mul", "current lr", "train lr", "lr group0",
               "learning rate group0", "optim learning rate group0", "lr abs", "optim0 lr0",
-              "train learning rate", "lrate", "lr 0", "base lr"),
+              "train learning rate", "lrate", "lr 0", "base lr", "lrm"),
     keys.LOSS_SCALE: ("loss scale", "scale", "loss scaler", "cur scale", "current loss scale",
                       "lossscale", "amp scale", "grad scale", "scaler", "train loss scale"),
     keys.SKIPPED: ("skipped", "number of skipped iterations", "skipped iterations",
@@ -96,6 +96,8 @@ STEP_NAMES = {"global step": 0, "num updates": 0, "current steps": 0, "updates":
               "step": 1, "steps": 1, "update": 1, "iteration": 2, "iter": 2, "iters": 2,
               "iterations": 2, "it": 3, "s": 3, "global iteration": 2, "batch step": 2}
 _MICRO_PRIORITY = 2
+_STEP_ADJECTIVES = frozenset({"completed", "current", "curr", "cur", "train", "training",
+                              "optimizer", "opt", "global"})
 # Counters that count batches within an epoch when an epoch is printed beside them (the
 # step-like ones do only where the batches per epoch are declared).
 _ITERATION_LIKE = frozenset({"iteration", "iter", "iters", "iterations", "it", "batch step"})
@@ -163,6 +165,11 @@ def classify(name: str, user: Mapping[str, str] | None = None) -> tuple[str, str
         return "eval", "loss" if ("loss" in words or "ppl" in words) else None
     if norm in STEP_NAMES:
         return "step", str(STEP_NAMES[norm])
+    if len(words) == 2 and words[0] in _STEP_ADJECTIVES:
+        if words[1] in ("step", "iteration", "iter"):    # `completed step`, `Training Iteration`
+            return "step", str(STEP_NAMES[words[1]])
+        if words[1] == "epoch":                           # not `train_epochs` (a count)
+            return "epoch", None
     if norm in EPOCH_NAMES:
         return "epoch", None
     if norm in BATCH_NAMES:
@@ -359,11 +366,13 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
         if kind in ("other", "metric") and prefixes[i] and name \
                 and classify(prefixes[i], user)[0] == "eval":
             kind, what = "eval", None
-        if i == 0 and kind == "other" and not name and nums[0].isdigit() \
-                and texts[1].lstrip()[:1] in ("|", ":"):
-            kind, what = "step", "2"                             # `420 | loss 4.06 | lr ...`
+        if i == 0 and kind == "other" and not name and nums[0].isdigit() and n > 1 \
+                and _key_before(texts[1], glued=False)[:1].isalpha():
+            kind, what = "step", "5"                   # `420 | loss 4.06 | lr ...`, `0 train 10.9`
         roles.append((kind, what, name))
 
+    if n == 2 and roles[0][:2] == ("step", "5") and normalise_key(roles[1][2]) == "train":
+        roles[1] = ("metric", keys.LOSS, roles[1][2])   # build-nanogpt `0 train 10.93`: a split's loss
     metrics: list[tuple[int, str, bool]] = []
     steps: list[tuple[int, int, str]] = []
     seen_keys: set[str] = set()
@@ -411,7 +420,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
         plan.counter = prio == 9
         plan.within_epoch = prio == 9 or name in _ITERATION_LIKE
         if prio < _MICRO_PRIORITY:
-            micro = [i for p, i, _ in steps[1:] if _MICRO_PRIORITY <= p < 9
+            micro = [i for p, i, _ in steps[1:] if _MICRO_PRIORITY <= p <= 3
                      and not (i + 1 < n and roles[i + 1][0] == "total")]
             if micro:
                 plan.micro = micro[0]
@@ -432,15 +441,23 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
     plan.score = len(named) + 2 * len(metrics) + (2 if steps else 0)
     plan.marker = any(m in joined for m in _STEP_MARKERS)
 
-    if _OVERFLOW.search(joined) and ("skip" in low or "scale" in low):
-        plan.kind = "overflow"
+    if _OVERFLOW.search(joined):
+        # `OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768`,
+        # `Gradient overflow.  Skipping step, ... reducing loss scale to 1024.0`, fairseq's
+        # `overflow detected, setting loss scale to: 64`, `Grad overflow on iteration 3`.
+        plan.step = None
         for i, (kind, what, name) in enumerate(roles):
             words = normalise_key(name).split()
             if words and words[-1] == "to" and "hysteresis" not in words:
                 plan.overflow_scale = i
             elif "attempted" in words:
                 plan.overflow_attempted = i
-        return plan
+            elif words and words[-1] in ("iteration", "iter", "step"):
+                plan.step = i
+        if "skip" in low or "scale" in low or plan.step is not None:
+            plan.kind = "overflow"
+            return plan
+        plan.step = None
     named_step = plan.step is not None and not plan.counter
     if summary and not named_step:
         plan.kind = "skip"    # a run summary (HF's `train_runtime`, a best loss), not a step
@@ -576,7 +593,7 @@ class Assembler:
         self.pending_loss_name = ""
         self.pending_last_step = 0
         self.loss_name: str | None = None     # how the log's plain records name their loss
-        self.overflows: list[float | None] = []   # the scale each overflow since the last record left
+        self.overflows: list[tuple] = []      # (step or None, scale left) since the last record
         self.cumulative_skips = 0
         self.epoch: int | None = None
         self.epoch_base: int | None = None
@@ -593,7 +610,8 @@ class Assembler:
         if kind == "overflow":
             idx = plan.overflow_scale if plan.overflow_scale is not None else plan.overflow_attempted
             # Hysteresis consumed without a reduction: the attempted scale stays.
-            self.overflows.append(float(nums[idx]) if idx is not None else None)
+            self._overflow(int(float(nums[plan.step])) if plan.step is not None else None,
+                           float(nums[idx]) if idx is not None else None)
         elif kind == "nan":
             rec = self.pending
             if rec is not None and keys.LOSS not in rec.metrics and (
@@ -628,8 +646,9 @@ class Assembler:
         batches of the epoch when it is a batch counter or an iteration count with the batches
         per epoch printed (`Epoch: [1] [200/735]`, `[ep6 it156/313]`), or when the log declares
         the batches per epoch (`Total Micro Batches 8`): (epoch - first epoch) x that + it.
-        Otherwise it is taken as printed, unless it cannot be a global count (below the number
-        of finished epochs: `Epoch 149 | Iter 1`): then the line has no step of its own.
+        A batch counter without the batches per epoch (`ep: 0, batch: 20`) gives no step (the
+        record is numbered in order). A named step is taken as printed, unless it cannot be a
+        global count (below the number of finished epochs: `Epoch 149 | Iter 1`).
         """
         if plan.epoch is None and plan.per_epoch is None \
                 and (self.epoch is None or plan.step_priority == 0):
@@ -649,8 +668,6 @@ class Assembler:
             per_epoch = int(float(nums[plan.step_total]))
         if per_epoch is not None and (plan.within_epoch or self.per_epoch is not None):
             return done * per_epoch + value
-        if plan.counter and done == 0:
-            return value
         return value if value >= done and not plan.counter else None
 
     def _record(self, nums, plan: Plan) -> list[StepRecord]:
@@ -725,10 +742,20 @@ class Assembler:
             self.pending_loss_name = plan.loss_name
         return [prev] if prev is not None else []
 
+    def _overflow(self, step: int | None, scale: float | None) -> None:
+        """One overflow skip, told once however many ranks and lines print it: the same
+        iteration again, or rank 0's unnumbered line giving the scale of a numbered one."""
+        last = self.overflows[-1] if self.overflows else None
+        if last is not None and ((step is not None and last[0] == step)
+                                 or (step is None and last[0] is not None and last[1] is None)):
+            self.overflows[-1] = (last[0], scale if scale is not None else last[1])
+        else:
+            self.overflows.append((step, scale))
+
     def _fold_overflows(self, metrics: dict, plan: Plan) -> None:
         if not plan.prints_skipped:
             metrics[keys.SKIPPED] = float(len(self.overflows))
-        scale = next((x for x in reversed(self.overflows) if x is not None), None)
+        scale = next((x for _, x in reversed(self.overflows) if x is not None), None)
         if keys.LOSS_SCALE not in metrics and scale is not None:
             metrics[keys.LOSS_SCALE] = scale
         self.overflows = []
@@ -750,8 +777,8 @@ class Assembler:
 
     def finish(self) -> list[StepRecord]:
         out = self.flush()
-        for scale in self.overflows:          # overflow lines no record followed
-            self.last_step += 1
+        for step, scale in self.overflows:    # overflow lines no record followed
+            self.last_step = step if step is not None else self.last_step + 1
             m = {keys.SKIPPED: 1.0}
             if scale is not None:
                 m[keys.LOSS_SCALE] = scale

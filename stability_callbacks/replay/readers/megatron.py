@@ -29,7 +29,12 @@ from ... import keys
 from .generic import overflow_scale
 from .source import SkipReport, numbered_lines, to_float
 
-SIGNATURE = re.compile(r"iteration\s*\d+\s*/\s*\d+\s*\|")
+_ITERATION = re.compile(r"iteration\s*\d+\s*/\s*\d+\s*\|")
+# Detection wants Megatron's own field names too: NeMo, CPM and others print `iteration N/M |`
+# with fields of their own, which the generic reader reads (a missing `lm loss` means nothing
+# there).
+SIGNATURE = re.compile(r"iteration\s*\d+\s*/\s*\d+\s*\|.*?(?:lm[ _-]loss|skipped iterations|"
+                       r"nan iterations|consumed samples|learning rate)\s*:")
 _ITER = re.compile(r"iteration(\d+)/(\d+)")
 _MAX_JOINED_LINES = 6
 
@@ -51,7 +56,7 @@ def read(path, *, on_skip: SkipReport, progress: bool = False, lines=None, **_
         if text is None:             # a followed file went idle: a wrapped line may go on
             continue
         if pending:
-            if SIGNATURE.search(text) or "OVERFLOW!" in text:
+            if _ITERATION.search(text) or "OVERFLOW!" in text:
                 rec = _finish(pending, pending_line, on_skip, overflows, scale)
                 pending = []
                 if rec is not None:
@@ -72,7 +77,7 @@ def read(path, *, on_skip: SkipReport, progress: bool = False, lines=None, **_
                 overflows += 1
                 scale = reduced_to if reduced_to is not None else scale
             continue
-        m = SIGNATURE.search(text)
+        m = _ITERATION.search(text)
         if not m:
             continue
         body = text[m.start():]
