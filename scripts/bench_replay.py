@@ -11,9 +11,8 @@
         generic `step N | loss X | ...` lines, as our CSV; `nanogpt`: build-nanogpt's 4-column
         line, which the generic reader reads and a dedicated reader used to). `--code DIR`
         times other checkouts of the package on the same files, interleaved round by round
-        (compare code on a loaded
-        machine by the ratio, not the absolute figure). Prints steps/s per format and code, and
-        JSON as the last line.
+        (compare code on a loaded machine by the ratio, not the absolute figure). Prints
+        steps/s per format and code, and JSON as the last line.
 """
 from __future__ import annotations
 
