@@ -187,6 +187,7 @@ def test_follow_halts_a_live_job_alerts_and_writes_the_run_log(tmp_path, inbox):
     job = _job(log, "--nan-at", 30, "--steps", 2000, "--stop-file", stop_file)
     r = _follow(log, "--pid", job.pid, "--config", config, "--run-dir", tmp_path / "run",
                 "--stop-file", stop_file, "--on-halt", f"echo $STABILITY_KIND $STABILITY_STEP > {ran}",
+                "--report", tmp_path / "report.html",
                 env=_env(SLACK_WEBHOOK_URL=f"http://127.0.0.1:{inbox.server_address[1]}/hook"))
     job_out, _ = job.communicate(timeout=120)
     assert r.returncode == 3, r.stdout + r.stderr
@@ -196,6 +197,7 @@ def test_follow_halts_a_live_job_alerts_and_writes_the_run_log(tmp_path, inbox):
     assert 30 <= stopped_after < 2000
     assert json.loads(stop_file.read_text())["kind"] == "nonfinite"
     assert ran.read_text().split() == ["nonfinite", "30"]
+    assert "nonfinite" in (tmp_path / "report.html").read_text()
     # The alert reached the (local) Slack webhook before we exited.
     texts = [p["json"]["text"] for p in inbox.posts]
     assert inbox.posts[0]["path"] == "/hook" and any("nonfinite" in t and "30" in t for t in texts)

@@ -20,7 +20,7 @@ from ..record import Finding, severity_rank
 def run(args) -> int:
     """``stability-callbacks replay``: the exit code."""
     from ..monitor import Monitor
-    from .readers import LogFormatError, compile_pattern, parse_keys
+    from .readers import LogFormatError, compile_pattern, parse_keys, read_records
 
     err = sys.stderr
     try:
@@ -36,43 +36,67 @@ def run(args) -> int:
         return 2
     if args.follow:
         return _follow(args, monitor, user_keys, pattern)
-    skipped: list[tuple[int, str, str]] = []
-    keep = bool(args.report)
-    records, phases, findings = [], [], []
-    from .readers import read_records
+    replay = _Replay(monitor, keep=bool(args.report))
     try:
-        stream = read_records(args.path, args.format, on_skip=lambda *s: skipped.append(s),
-                              progress=err.isatty(), user_keys=user_keys, pattern=pattern)
-        n = _feed(stream, monitor.update, findings, records if keep else None,
-                  phases if keep else None, monitor)
+        replay.feed(read_records(args.path, args.format, on_skip=replay.skip,
+                                 progress=err.isatty(), user_keys=user_keys, pattern=pattern),
+                    monitor.update)
     except (LogFormatError, OSError, ValueError) as e:
         print(f"error: {e}", file=err)
         return 2
-    _note_skipped(skipped, args.path)
-    summary_to = _write_json(args.json_out, findings)
-    print_summary(findings, n, Path(args.path).name, file=summary_to)
-    if args.report:
-        from .report import write_report
-        path = write_report(args.report, records, findings, title=Path(args.path).name, phases=phases)
-        print(f"report: {path}", file=summary_to)
-    return 1 if any(f.severity == "critical" for f in findings) else 0
+    replay.finish(args)
+    return 1 if any(f.severity == "critical" for f in replay.findings) else 0
 
 
-def _feed(stream, observe, findings: list, records: list | None, phases: list | None, monitor,
-          after=None) -> int:
-    """Every record into ``observe`` (``Monitor.update`` or ``LiveRun.observe``); the count.
-    ``after(record, found)`` returning True stops early (a halt)."""
-    n = 0
-    for rec in stream:
-        n += 1
-        found = observe(rec)
-        findings += found
-        if records is not None:
-            records.append(rec)
-            phases.append((rec.step, monitor.phase_at_last_step))
-        if after is not None and after(rec, found):
-            break
-    return n
+class _Replay:
+    """What a replay gathers (findings; records and LR phases for a report) and how it ends
+    (skipped lines noted, ``--json``, the summary table, ``--report``): one way for both modes."""
+
+    def __init__(self, monitor, *, keep: bool):
+        self.monitor = monitor
+        self.findings: list[Finding] = []
+        self.records: list | None = [] if keep else None
+        self.phases: list = []
+        self.count = 0
+        self.skipped: list[tuple[int, str, str]] = []
+
+    def skip(self, line_no: int, text: str, reason: str) -> None:
+        self.skipped.append((line_no, text, reason))
+
+    def feed(self, stream, observe, after=None) -> None:
+        """Every record into ``observe`` (``Monitor.update`` or ``LiveRun.observe``);
+        ``after(record, found)`` returning True stops early (a halt)."""
+        for rec in stream:
+            self.count += 1
+            found = observe(rec)
+            self.findings += found
+            if self.records is not None:
+                self.records.append(rec)
+                self.phases.append((rec.step, self.monitor.phase_at_last_step))
+            if after is not None and after(rec, found):
+                break
+
+    def finish(self, args):
+        """Notes, JSON, summary and report; returns where the summary went."""
+        if self.skipped:
+            first = self.skipped[0]
+            print(f"note: skipped {len(self.skipped)} unreadable line(s) of {args.path} (first: "
+                  f"line {first[0]}: {first[2]})", file=sys.stderr)
+        if args.json_out:
+            out = sys.stdout if args.json_out == "-" else open(args.json_out, "w", encoding="utf-8")
+            for f in self.findings:
+                out.write(json.dumps(f.to_json()) + "\n")
+            if out is not sys.stdout:
+                out.close()
+        summary_to = sys.stderr if args.json_out == "-" else sys.stdout
+        name = Path(args.path).name
+        print_summary(self.findings, self.count, name, file=summary_to)
+        if args.report:
+            from .report import write_report
+            path = write_report(args.report, self.records, self.findings, title=name,
+                                phases=self.phases)
+            print(f"report: {path}", file=summary_to)
+        return summary_to
 
 
 def _follow(args, monitor, user_keys, pattern) -> int:
@@ -96,14 +120,11 @@ def _follow(args, monitor, user_keys, pattern) -> int:
                 stop.activity()
             yield item
 
-    findings: list[Finding] = []
-    skipped: list[tuple[int, str, str]] = []
+    replay = _Replay(monitor, keep=bool(args.report))
     halt: list[Finding] = []
-    started: list[bool] = []
 
     def observe(rec):
-        if not started:
-            started.append(True)
+        if replay.count == 1:                  # the first record opens the run log's segment
             run.start(rec.step - 1, "start")
         return run.observe(rec)
 
@@ -118,13 +139,12 @@ def _follow(args, monitor, user_keys, pattern) -> int:
             return True
         return False
 
-    n = 0
     print(f"following {args.path} (run log: {run.runlog_path}); Ctrl-C to stop", flush=True)
     stream = None
     try:
-        stream = read_records(args.path, args.format, on_skip=lambda *s: skipped.append(s),
-                              user_keys=user_keys, pattern=pattern, lines=lines())
-        n = _feed(stream, observe, findings, None, None, monitor, after=after)
+        stream = read_records(args.path, args.format, on_skip=replay.skip, user_keys=user_keys,
+                              pattern=pattern, lines=lines())
+        replay.feed(stream, observe, after=after)
     except (LogFormatError, OSError, ValueError) as e:
         run.close()
         print(f"error: {e}", file=err)
@@ -136,34 +156,14 @@ def _follow(args, monitor, user_keys, pattern) -> int:
             stream.close()        # the tail's file
     done = carry_out_halt(halt[0], stop_file=args.stop_file, on_halt=args.on_halt) if halt else []
     run.close()
-    _note_skipped(skipped, args.path)
-    summary_to = _write_json(args.json_out, findings)
-    print_summary(findings, n, Path(args.path).name, file=summary_to)
+    summary_to = replay.finish(args)
     if halt:
         f = halt[0]
         print(f"halted at step {f.step} ({f.kind}): " + "; ".join(done or ["no --stop-file or "
               "--on-halt given: stop the job yourself"]), file=summary_to)
         return EXIT_HALTED
     print(f"stopped following: {stop.reason or 'end of input'}", file=summary_to)
-    return 1 if any(f.severity == "critical" for f in findings) else 0
-
-
-def _note_skipped(skipped, path) -> None:
-    if skipped:
-        first = skipped[0]
-        print(f"note: skipped {len(skipped)} unreadable line(s) of {path} (first: line {first[0]}: "
-              f"{first[2]})", file=sys.stderr)
-
-
-def _write_json(json_out: str | None, findings: list[Finding]):
-    """Findings as JSON lines (``-`` = stdout); returns where the summary goes."""
-    if json_out:
-        out = sys.stdout if json_out == "-" else open(json_out, "w", encoding="utf-8")
-        for f in findings:
-            out.write(json.dumps(f.to_json()) + "\n")
-        if out is not sys.stdout:
-            out.close()
-    return sys.stderr if json_out == "-" else sys.stdout
+    return 1 if any(f.severity == "critical" for f in replay.findings) else 0
 
 
 def print_summary(findings: list[Finding], num_records: int, name: str, *, file=None) -> None:
