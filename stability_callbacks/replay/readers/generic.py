@@ -210,7 +210,7 @@ class Plan:
     parts: tuple = ()                # kind multi: ((first number, end, plan), ...)
     score: int = 0                   # how close to a record (for the error message)
     named: tuple[str, ...] = ()      # the keys it printed, for the error message
-    match: object = None             # the template's own regular expression (fullmatch)
+    match: object = None             # the template's own regular expression (fullmatch), once used
     values: object = None            # numbers -> metric values (C-level, no negatives)
     names: tuple[str, ...] = ()      # the metric keys, in `values` order
 
@@ -314,8 +314,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
     n = len(nums)
     joined = "#".join(texts)
     low = joined.lower()
-    plan = Plan(match=re.compile(_TEMPLATE_NUMBER.join(
-        _SPACES.sub(r"[ \\t]+", re.escape(t)) for t in texts)).fullmatch)
+    plan = Plan()
     noise = _noise(texts, nums)
     glued = _glued_names(texts, nums)
     prefixes = _paths(texts) if "{" in joined else [""] * n
@@ -531,6 +530,9 @@ class LineReader:
                 self._plans.clear()
             plan = self._plans[tkey] = make_plan(texts, parts[1::2], self.user)
         if plan.kind == "record":
+            if plan.match is None:    # compiled for record templates only (others may be many)
+                plan.match = re.compile(_TEMPLATE_NUMBER.join(
+                    _SPACES.sub(r"[ \\t]+", re.escape(t)) for t in texts)).fullmatch
             self.last = plan
         return parts[1::2], plan
 
