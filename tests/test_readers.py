@@ -367,3 +367,17 @@ def test_generic_reading_keeps_pace_with_the_format_readers():
     n = sum(1 for _ in read_records(log, format="generic"))
     assert n == 20344
     assert time.perf_counter() - t0 < 1.5
+
+
+def test_a_followed_log_waits_for_megatron_behind_deepspeed_lines(monkeypatch):
+    from stability_callbacks.replay import readers
+    ds = "[Rank 0] step=10, skipped=0, lr=[1e-05], mom=[(0.9, 0.95)]"
+    mega = (" iteration       10/    1000 | consumed samples:     5120 | learning rate: 1.000E-05 | "
+            "lm loss: 7.5E+00 | loss scale: 4096.0 | number of skipped iterations:   0 |")
+    lines = [(1, ds), (1, None), (1, None), (2, mega), (3, ds)]
+    # Idle ticks do not settle DeepSpeed's lines at once: Megatron's first line decides.
+    fmt, consumed = readers.detect_lines("run.log", iter(lines))
+    assert fmt == "megatron" and consumed == [(1, ds), (2, mega)]
+    # A log that stays DeepSpeed-only is the generic reader's once the wait is over.
+    monkeypatch.setattr(readers, "SETTLE_S", 0.0)
+    assert readers.detect_lines("run.log", iter(lines))[0] == "generic"

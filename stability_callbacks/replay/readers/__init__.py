@@ -21,6 +21,7 @@ import csv
 import json
 import os
 import re
+import time
 from itertools import chain
 from typing import Callable, Iterable, Iterator, Mapping
 
@@ -135,22 +136,29 @@ def detect_format(path) -> str:
     return detect_lines(p, numbered_lines(p, max_lines=DETECT_MAX_LINES))[0]
 
 
+# A followed file: how long a tentative answer (DeepSpeed or overflow lines so far) waits for a
+# decisive line (Megatron's first iteration line comes within a few steps of DeepSpeed's).
+SETTLE_S = 30.0
+
+
 def detect_lines(path, lines: Iterable, *, user_keys=None, pattern=None
                  ) -> tuple[str, list]:
     """The format of a log from its ``(line_no, text)`` lines, and the lines consumed.
 
-    A ``None`` text (a followed file went idle) settles a tentative answer; otherwise detection
-    waits for a decisive line. :class:`NoRecords` when the lines end undecided.
+    A ``None`` text (a followed file went idle) settles a tentative answer held ``SETTLE_S``;
+    otherwise detection waits for a decisive line. :class:`NoRecords` when the lines end
+    undecided.
     """
     consumed: list = []
     first = True
     tentative = None
+    tentative_since = 0.0
     reader = generic.LineReader(user_keys, pattern)
     closest = generic.ClosestLines()
     for item in lines:
         line_no, text = item
         if text is None:
-            if tentative is not None:
+            if tentative is not None and time.monotonic() - tentative_since >= SETTLE_S:
                 return tentative, consumed
             continue
         consumed.append(item)
@@ -177,8 +185,9 @@ def detect_lines(path, lines: Iterable, *, user_keys=None, pattern=None
             if any(p.kind == "record" and (continue_generic or any(
                     k in (keys.LOSS, keys.GRAD_NORM) for _, k, _ in p.metrics)) for p in parts):
                 return "generic", consumed
-            if plan.kind in ("record", "overflow"):
+            if plan.kind in ("record", "overflow") and tentative is None:
                 tentative = "generic"     # an LR, a skip count, an overflow: maybe Megatron's
+                tentative_since = time.monotonic()
             elif plan.score:
                 closest.offer(line_no, seg, plan)
     if tentative is not None:
