@@ -34,6 +34,7 @@ FIXTURE_FORMAT = {
     "trainer_log.jsonl": "jsonl", "megatron_quoted.log": "megatron",
     "nanogpt_quoted.log": "generic", "wandb_history.csv": "wandb-csv",
     "wandb_panel.csv": "wandb-csv", "plain_metrics.jsonl": "jsonl",
+    "caffe_solver.log": "caffe",
 }
 
 

@@ -8,8 +8,9 @@
 
 Text logs are read by the generic metric-line reader (:mod:`.generic`: any line that prints a
 step and training metrics, in any common syntax) unless a format with semantics of its own is
-recognised first: Megatron iteration lines (a vanished loss field is a NaN, hand-wrapped lines)
-and fairseq progress (epoch summaries only where no per-update line exists). JSON lines (our
+recognised first: Megatron iteration lines (a vanished loss field is a NaN, hand-wrapped lines),
+fairseq progress (epoch summaries only where no per-update line exists) and Caffe solver logs
+(the loss is the train net output that enters the objective, not the header's average). JSON lines (our
 run log and plain metric objects), CSV tables, W&B exports, ``trainer_state.json`` and
 TensorBoard runs have their own readers. Auto-detection reads the text, not the file name: the
 first decisive line wins. Readers stream (no whole-file loads; ``trainer_state.json`` and
@@ -27,21 +28,21 @@ from typing import Callable, Iterable, Iterator, Mapping
 
 from ... import keys
 from ...record import StepRecord
-from . import csv_table, fairseq, generic, hf, jsonl, megatron, tensorboard_events
+from . import caffe, csv_table, fairseq, generic, hf, jsonl, megatron, tensorboard_events
 from .source import LogFormatError, SkipReport, numbered_lines, segments
 
 __all__ = ["FORMATS", "LogFormatError", "detect_format", "read_records"]
 
-FORMATS = ("generic", "megatron", "fairseq", "hf-state", "jsonl", "csv", "tensorboard",
+FORMATS = ("generic", "megatron", "fairseq", "caffe", "hf-state", "jsonl", "csv", "tensorboard",
            "wandb-csv")
 
 _READERS: dict[str, Callable[..., Iterator[StepRecord]]] = {
-    "generic": generic.read, "megatron": megatron.read, "fairseq": fairseq.read,
+    "generic": generic.read, "megatron": megatron.read, "fairseq": fairseq.read, "caffe": caffe.read,
     "hf-state": hf.read_state, "jsonl": jsonl.read, "csv": csv_table.read_csv,
     "tensorboard": tensorboard_events.read, "wandb-csv": csv_table.read_wandb,
 }
 # Readers that take a ``lines`` iterator (a followed file); a ``None`` line is an idle tick.
-LINE_READERS = ("generic", "megatron", "fairseq", "jsonl", "csv")
+LINE_READERS = ("generic", "megatron", "fairseq", "caffe", "jsonl", "csv")
 
 # Other names for the same readers: the formats the generic reader reads without semantics of
 # their own (DESIGN 2.4 names them), and the names people use.
@@ -60,7 +61,8 @@ ALIASES = {
 # Formats with semantics of their own, recognised line by line before the generic reader, each
 # with a substring every decisive line contains (a cheap filter before the regular expression).
 _SIGNATURES = (("megatron", "iteration", (megatron.SIGNATURE,)),
-               ("fairseq", "num_updates", fairseq.SIGNATURES))
+               ("fairseq", "num_updates", fairseq.SIGNATURES),
+               ("caffe", "] ", caffe.SIGNATURES))
 # Megatron-DeepSpeed logs also carry DeepSpeed's own `step=N, skipped=K` and OVERFLOW lines (which
 # the generic reader reads), sometimes hundreds of lines before the first iteration line: a
 # record line without a loss or a grad norm, or an overflow line, waits for the whole detection
@@ -73,7 +75,7 @@ LOOKED_FOR = (
     "a step (step, iter, iteration, global_step, num_updates, Step N/M, epoch + batch) with a\n"
     "    training loss, grad norm, LR or loss scale (loss, lm loss, train_loss, grad_norm, gnorm,\n"
     "    lr, learning_rate, loss_scale, ...) as key: v, key=v, key v, | fields, dicts or JSON;\n"
-    "    or Megatron, fairseq, JSON lines, CSV, W&B CSV, trainer_state.json, TensorBoard events")
+    "    or Megatron, fairseq, Caffe, JSON lines, CSV, W&B CSV, trainer_state.json, TensorBoard")
 
 
 def canonical_format(name: str) -> str:
