@@ -445,7 +445,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
         # `Gradient overflow.  Skipping step, ... reducing loss scale to 1024.0`, fairseq's
         # `overflow detected, setting loss scale to: 64`, `Grad overflow on iteration 3`.
         plan.step = None
-        for i, (kind, what, name) in enumerate(roles):
+        for i, (_, _, name) in enumerate(roles):
             words = normalise_key(name).split()
             if words and words[-1] == "to" and "hysteresis" not in words:
                 plan.overflow_scale = i
