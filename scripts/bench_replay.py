@@ -1,45 +1,142 @@
-"""Monitor throughput: steps/s of Monitor.update on a real 20k-step log (records pre-read).
+"""Replay throughput.
 
     python scripts/bench_replay.py [LOG] [--repeat N]
+        Monitor.update steps/s on a real 20k-step log (records pre-read; reading timed apart).
 
-Prints the median of N timed passes over the same records (reading excluded; reading is
-reported separately), and JSON as the last line.
+    python scripts/bench_replay.py --cli [--steps 1000000] [--formats megatron,generic,csv]
+                                   [--code DIR ...] [--rounds 2] [--out DIR]
+        The full CLI path (`stability-callbacks replay FILE`, a subprocess: reading, the
+        Monitor, the summary) on a generated log of N steps and 6 columns (step, loss,
+        grad_norm, lr, loss_scale, skipped: the same numbers as Megatron iteration lines, as
+        generic `step N | loss X | ...` lines, as our CSV; `nanogpt`: build-nanogpt's 4-column
+        line, which the generic reader reads and a dedicated reader used to). `--code DIR`
+        times other checkouts of the package on the same files, interleaved round by round
+        (compare code on a loaded machine by the ratio, not the absolute figure). Prints
+        steps/s per format and code, and JSON as the last line.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import random
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-from stability_callbacks import Monitor, StepRecord
-from stability_callbacks.replay.readers import read_records
-
-DEFAULT = Path(__file__).resolve().parent.parent / "tests" / "data" / "real_logs" / "mn_gpt2_1p5B_scaleup_20k.log"
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT = REPO / "tests" / "data" / "real_logs" / "mn_gpt2_1p5B_scaleup_20k.log"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("log", nargs="?", default=str(DEFAULT))
-    ap.add_argument("--repeat", type=int, default=5)
-    args = ap.parse_args()
+def monitor_only(log: str, repeat: int) -> dict:
+    from stability_callbacks import Monitor, StepRecord
+    from stability_callbacks.replay.readers import read_records
+
     t0 = time.perf_counter()
-    records = list(read_records(args.log))
+    records = list(read_records(log))
     read_s = time.perf_counter() - t0
     rates = []
-    for _ in range(args.repeat):
+    for _ in range(repeat):
         fresh = [StepRecord(r.step, dict(r.metrics)) for r in records]
         m = Monitor()
         t0 = time.perf_counter()
         for r in fresh:
             m.update(r)
         rates.append(len(fresh) / (time.perf_counter() - t0))
-    result = {"log": Path(args.log).name, "steps": len(records), "keys": sorted(records[0].metrics),
+    result = {"log": Path(log).name, "steps": len(records), "keys": sorted(records[0].metrics),
               "read_s": round(read_s, 3), "monitor_steps_per_s": round(statistics.median(rates)),
               "min_steps_per_s": round(min(rates)), "max_steps_per_s": round(max(rates))}
     print(f"{result['steps']} steps, Monitor.update median {result['monitor_steps_per_s']:,} steps/s "
           f"(min {result['min_steps_per_s']:,}, max {result['max_steps_per_s']:,}); reading took {read_s:.2f} s")
+    return result
+
+
+def write_logs(out: Path, steps: int, formats: list[str]) -> dict[str, Path]:
+    """The same 6-column run (a falling loss with noise, warmup LR, a steady fp16 scale) in each
+    format; files are reused when present."""
+    paths = {"megatron": out / f"megatron_{steps}.log", "generic": out / f"generic_{steps}.log",
+             "csv": out / f"table_{steps}.csv", "nanogpt": out / f"nanogpt_{steps}.log"}
+    todo = [f for f in formats if not paths[f].exists()]
+    if todo:
+        out.mkdir(parents=True, exist_ok=True)
+        rng = random.Random(0)
+        files = {f: open(paths[f], "w") for f in todo}
+        if "csv" in files:
+            files["csv"].write("step,loss,grad_norm,lr,loss_scale,skipped\n")
+        for s in range(1, steps + 1):
+            loss = 2.0 + 8.0 / math.sqrt(s) + rng.gauss(0, 0.02)
+            gn = 0.3 + abs(rng.gauss(0, 0.05))
+            lr = 3e-4 * min(1.0, s / 2000)
+            if "megatron" in files:
+                files["megatron"].write(
+                    f" iteration {s:8d}/ {steps:8d} | consumed samples: {s * 512:12d} | elapsed time "
+                    f"per iteration (ms): 1234.5 | learning rate: {lr:.3E} | global batch size:   512 | "
+                    f"lm loss: {loss:.6E} | loss scale: 65536.0 | grad norm: {gn:.3f} | num zeros: 0.0 "
+                    f"| number of skipped iterations:   0 | number of nan iterations:   0 |\n")
+            if "generic" in files:
+                files["generic"].write(f"step {s} | loss {loss:.6f} | grad_norm {gn:.4f} | lr {lr:.4e} "
+                                       f"| loss_scale 65536.0 | skipped 0\n")
+            if "csv" in files:
+                files["csv"].write(f"{s},{loss:.6f},{gn:.4f},{lr:.4e},65536.0,0\n")
+            if "nanogpt" in files:    # build-nanogpt's line: 4 columns, a dedicated reader once
+                files["nanogpt"].write(f"step {s:5d} | loss: {loss:.6f} | lr {lr:.4e} | norm: {gn:.4f} "
+                                       f"| dt: 321.00ms | tok/sec: 1633283.00\n")
+        for f in files.values():
+            f.close()
+    return {f: paths[f] for f in formats}
+
+
+def cli_seconds(code: Path, log: Path) -> float:
+    env = dict(os.environ, PYTHONPATH=str(code))
+    t0 = time.perf_counter()
+    # cwd too: `python -m` puts the working directory ahead of PYTHONPATH.
+    r = subprocess.run([sys.executable, "-m", "stability_callbacks", "replay", str(log.resolve())],
+                       env=env, cwd=code, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if r.returncode not in (0, 1):
+        print(f"replay {log.name} with {code} failed ({r.returncode}): {r.stderr.splitlines()[0]}")
+        return math.inf
+    return seconds
+
+
+def full_cli(args) -> dict:
+    logs = write_logs(Path(args.out), args.steps, args.formats.split(","))
+    codes = [REPO] + [Path(c).resolve() for c in args.code]
+    times: dict[tuple[str, str], list[float]] = {}
+    for _ in range(args.rounds):
+        for fmt, log in logs.items():
+            for code in codes:
+                times.setdefault((str(code), fmt), []).append(cli_seconds(code, log))
+    load = os.getloadavg()[0]
+    rows = []
+    for (code, fmt), secs in times.items():
+        best = min(secs)
+        if best == math.inf:
+            continue
+        rows.append({"code": code, "format": fmt, "steps": args.steps, "best_s": round(best, 2),
+                     "steps_per_s": round(args.steps / best)})
+        print(f"{fmt:9s} {code}: best of {len(secs)} {best:6.1f} s = {args.steps / best:,.0f} steps/s "
+              f"(all: {', '.join(f'{s:.1f}' for s in secs)})")
+    print(f"load average at the end: {load:.1f} on {os.cpu_count()} cores")
+    return {"steps": args.steps, "rows": rows, "load_1min": load}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("log", nargs="?", default=str(DEFAULT))
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--cli", action="store_true", help="time the full CLI path on a generated log")
+    ap.add_argument("--steps", type=int, default=1_000_000)
+    ap.add_argument("--formats", default="megatron,generic,csv")
+    ap.add_argument("--code", action="append", default=[],
+                    help="another checkout (its repository root) to time side by side")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", default="out/bench_replay")
+    args = ap.parse_args()
+    result = full_cli(args) if args.cli else monitor_only(args.log, args.repeat)
     print(json.dumps(result))
 
 

@@ -1,20 +1,18 @@
 """``stability-callbacks`` (also ``python -m stability_callbacks``): replay, timeline, preflight, demo.
 
 Exit codes: 0 no critical finding; 1 a critical finding (or, for preflight, a warning);
-2 unreadable input or a bad config (the message names the file and line, or the key).
+2 unreadable input or a bad config (the message names the file and line, or the key);
+3 ``replay --follow`` halted the run (a halt-level finding).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections import Counter
-from pathlib import Path
 
 from . import __version__
 from .config import ConfigError
 from .preflight import PRECISIONS
-from .record import Finding, severity_rank
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,12 +30,27 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("replay", help="run the live detector over a training log")
     p.add_argument("path")
     p.add_argument("--format", default="auto",
-                   help="auto|megatron|hf|hf-state|nanogpt|llmc|deepspeed|litgpt|mlx|fairseq|llamafactory|"
-                        "jsonl|csv|tensorboard|wandb-csv")
+                   help="auto|generic|megatron|fairseq|hf-state|jsonl|csv|tensorboard|wandb-csv "
+                        "(also hf, nanogpt, llmc, deepspeed, litgpt, mlx, llamafactory, ...: "
+                        "read by the generic reader)")
     p.add_argument("--config", help="YAML config or preset name (default, pretrain-fp16, ...)")
     p.add_argument("--json", dest="json_out", help="write findings as JSON lines to this file (- = stdout)")
     p.add_argument("--report", help="write a report: OUT.html (self-contained) or OUT.png")
     p.add_argument("--warmup-steps", type=int, help="declare the LR warmup length (else inferred from the LR)")
+    p.add_argument("--keys", help="say which names the log prints: OURS=THEIRS,... with OURS = step, loss, "
+                                  "grad_norm, lr, loss_scale, skipped (e.g. --keys step=iter,loss=train_loss)")
+    p.add_argument("--pattern", help="a regular expression whose named groups (step, loss, grad_norm, lr, "
+                                     "loss_scale, skipped) read each line, e.g. 'ep (?P<step>\\d+) err (?P<loss>\\S+)'")
+    p.add_argument("--follow", action="store_true",
+                   help="tail the log as it grows (sidecar mode): run log, alerts and halts as live; ends when "
+                        "--pid ends, after --idle-exit-s, on a halt (exit 3) or on Ctrl-C")
+    p.add_argument("--run-dir", default="out/stability", help="--follow: where the run log goes (runlog.jsonl)")
+    p.add_argument("--pid", type=int, help="--follow: stop when this process (the training job) ends")
+    p.add_argument("--idle-exit-s", type=float, help="--follow: stop after this many seconds without a new line")
+    p.add_argument("--poll-s", type=float, default=1.0, help="--follow: seconds between looks at the file")
+    p.add_argument("--stop-file", help="--follow: on a halt, write this file (the finding as JSON) for the job")
+    p.add_argument("--on-halt", help="--follow: on a halt, run this shell command (STABILITY_STEP, STABILITY_KIND, "
+                                     "STABILITY_MESSAGE set), e.g. 'scancel $SLURM_JOB_ID'")
     p = sub.add_parser("timeline", help="stitch a run log's segments after rollbacks")
     p.add_argument("runlog")
     p.add_argument("--png", help="write the stitched trajectory as a PNG")
@@ -66,81 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def replay(args) -> int:
-    from .monitor import Monitor
-    from .replay.readers import LogFormatError, read_records
-
-    err = sys.stderr
-    try:
-        config = None
-        if args.config:
-            config = args.config
-        monitor = Monitor(config)
-        if args.warmup_steps:
-            monitor.set_warmup_steps(args.warmup_steps)
-    except ConfigError as e:
-        print(f"error: {e}", file=err)
-        return 2
-    skipped: list[tuple[int, str, str]] = []
-    keep = bool(args.report)
-    records, phases, findings = [], [], []
-    n = 0
-    try:
-        stream = read_records(args.path, args.format, on_skip=lambda *s: skipped.append(s),
-                              progress=err.isatty())
-        for rec in stream:
-            n += 1
-            findings += monitor.update(rec)
-            if keep:
-                records.append(rec)
-                phases.append((rec.step, monitor.phase_at_last_step))
-    except (LogFormatError, OSError, ValueError) as e:
-        print(f"error: {e}", file=err)
-        return 2
-    if skipped:
-        first = skipped[0]
-        print(f"note: skipped {len(skipped)} unreadable line(s) of {args.path} (first: line {first[0]}: "
-              f"{first[2]})", file=err)
-    if args.json_out:
-        out = sys.stdout if args.json_out == "-" else open(args.json_out, "w", encoding="utf-8")
-        for f in findings:
-            out.write(json.dumps(f.to_json()) + "\n")
-        if out is not sys.stdout:
-            out.close()
-    summary_to = err if args.json_out == "-" else sys.stdout
-    print_summary(findings, n, Path(args.path).name, file=summary_to)
-    if args.report:
-        from .replay.report import write_report
-        path = write_report(args.report, records, findings, title=Path(args.path).name, phases=phases)
-        print(f"report: {path}", file=summary_to)
-    return 1 if any(f.severity == "critical" for f in findings) else 0
-
-
-def print_summary(findings: list[Finding], num_records: int, name: str, *, file=None) -> None:
-    """A table of finding kinds, then every warning-or-worse finding with its sentence."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(file=file or sys.stdout, width=120, highlight=False, soft_wrap=False)
-    table = Table(title=f"{name}: {num_records} steps, {len(findings)} findings")
-    for col in ("kind", "severity", "count", "first step", "last step"):
-        table.add_column(col)
-    groups: dict[tuple[str, str], list[Finding]] = {}
-    for f in findings:
-        groups.setdefault((f.kind, f.severity), []).append(f)
-    for (kind, sev), fs in sorted(groups.items(), key=lambda kv: (-severity_rank(kv[0][1]), kv[1][0].step)):
-        table.add_row(kind, sev, str(len(fs)), str(fs[0].step), str(fs[-1].step))
-    console.print(table)
-    serious = [f for f in findings if severity_rank(f.severity) >= 1]
-    for f in serious[:50]:
-        console.print(f"[{f.severity}] step {f.step} {f.kind}: {f.message}", markup=False)
-        if f.kind == "rollback_advice":
-            from .actions.rollback import native_forms
-            for fw, text in native_forms(f.details).items():
-                console.print(f"    {fw}: {text}", markup=False)
-    if len(serious) > 50:
-        console.print(f"... and {len(serious) - 50} more warning-or-worse findings (see --json)")
-    counts = Counter(f.severity for f in findings)
-    console.print(f"critical: {counts['critical']}  warning: {counts['warning']}  info: {counts['info']}")
+    from .replay.command import run
+    return run(args)
 
 
 def preflight(args) -> int:

@@ -54,3 +54,16 @@ def test_replay_of_our_own_run_log_reproduces_live_findings(tmp_path):
     assert replayed == [f.to_json() for f in live]
     assert [(f["step"], f["kind"]) for f in replayed] == [(50, "warmup_end"), (300, "loss_spike"),
                                                           (301, "spike_recovered")]
+
+
+def test_replay_of_an_unknown_format_says_how_to_read_it(tmp_path):
+    log = tmp_path / "odd.log"
+    log.write_text("".join(f"ep {e} mse_err {3 - e / 10} acc 0.{e}\n" for e in range(40)))
+    r = cli("replay", log)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.count("error:") == 1 and "closest lines:\n    line 1: ep 0 mse_err 3.0 acc 0.0" in r.stderr
+    assert "--keys step=ep,loss=mse_err" in r.stderr
+    r = cli("replay", log, "--keys", "step=ep,loss=mse_err")
+    assert r.returncode == 0 and "40 steps" in r.stdout, r.stderr
+    r = cli("replay", log, "--keys", "stp=ep")
+    assert r.returncode == 2 and "--keys: 'stp' is not step or a metric key" in r.stderr

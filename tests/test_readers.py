@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from stability_callbacks.record import StepRecord
-from stability_callbacks.replay.readers import (FORMATS, LogFormatError, detect_format,
-                                                read_records)
+from stability_callbacks.replay.readers import (FORMATS, LogFormatError, compile_pattern,
+                                                detect_format, parse_keys, read_records)
 from stability_callbacks.replay.readers import source
 
 DATA = Path(__file__).parent / "data"
@@ -20,19 +20,21 @@ FIXTURES = DATA / "formats"
 LABELS = {e["name"]: e for e in json.loads((REAL / "labels.json").read_text())}
 REAL_LOGS = sorted(REAL.glob("*.log"))
 
-# labels.json `format` -> the reader that must be auto-detected.
+# labels.json `format` -> the reader that must be auto-detected (formats without semantics of
+# their own are read by the generic metric-line reader).
 LABEL_FORMAT = {"megatron": "megatron", "megatron+deepspeed-overflow": "megatron",
-                "nanogpt-speedrun": "nanogpt", "llmc": "llmc", "deepspeed-chat": "deepspeed",
+                "nanogpt-speedrun": "generic", "llmc": "generic", "deepspeed-chat": "generic",
                 "csv": "csv"}
 
 FIXTURE_FORMAT = {
-    "hf_printed.log": "hf", "trainer_state.json": "hf-state", "nanogpt_karpathy.log": "nanogpt",
-    "build_nanogpt.log": "nanogpt", "llmc_stdout.log": "llmc", "litgpt_old.log": "litgpt",
-    "litgpt_new.log": "litgpt", "mlx_lora.log": "mlx", "fairseq_inner.log": "fairseq",
-    "fairseq_summary.log": "fairseq", "trainer_log.jsonl": "llamafactory",
-    "megatron_quoted.log": "megatron", "nanogpt_quoted.log": "nanogpt",
-    "wandb_history.csv": "wandb-csv", "wandb_panel.csv": "wandb-csv",
-    "plain_metrics.jsonl": "jsonl",
+    "hf_printed.log": "generic", "trainer_state.json": "hf-state",
+    "nanogpt_karpathy.log": "generic", "build_nanogpt.log": "generic",
+    "llmc_stdout.log": "generic", "litgpt_old.log": "generic", "litgpt_new.log": "generic",
+    "mlx_lora.log": "generic", "fairseq_inner.log": "fairseq", "fairseq_summary.log": "fairseq",
+    "trainer_log.jsonl": "jsonl", "megatron_quoted.log": "megatron",
+    "nanogpt_quoted.log": "generic", "wandb_history.csv": "wandb-csv",
+    "wandb_panel.csv": "wandb-csv", "plain_metrics.jsonl": "jsonl",
+    "caffe_solver.log": "caffe",
 }
 
 
@@ -116,7 +118,7 @@ def test_every_format_has_a_test():
 
 
 def test_records_without_step_numbers_are_numbered_in_order():
-    recs = list(read_records(FIXTURES / "hf_printed.log", format="hf"))
+    recs = list(read_records(FIXTURES / "hf_printed.log", format="hf"))   # an alias of generic
     assert [r.step for r in recs] == [1, 2, 3, 4]
 
 
@@ -260,3 +262,123 @@ def test_progress_bar_on_large_inputs(monkeypatch, capsys):
     monkeypatch.setattr(source, "PROGRESS_MIN_BYTES", 0)
     recs = list(read_records(REAL / "llmc_gpt2_124M_adamw_oldformat.log", progress=True))
     assert len(recs) == 9536
+
+
+# ---------------------------------------------------------------------------------------------
+# The generic metric-line reader: the rules, one small log each (real logs: test_wild_logs.py).
+
+def records_of(tmp_path, text: str, **kw):
+    path = tmp_path / "run.log"
+    path.write_text(text)
+    return [(r.step, r.metrics) for r in read_records(path, **kw)]
+
+
+NAN = float("nan")
+
+
+@pytest.mark.parametrize("text, want", [
+    # Prefixes, timestamps, quoting, fences and colour codes around the metrics.
+    ("```\n> [rank0]: 2023-03-22 09:30:39 iter 2920: loss 3.45, lr 1e-4\n```\n",
+     [(2920, {"loss": 3.45, "lr": 1e-4})]),
+    ("INFO:root:\x1b[32mstep: 10  loss:  9.2100  grad_norm: 1.5  memory: 12.3GiB(15.6%)\x1b[39m\n",
+     [(10, {"loss": 9.21, "grad_norm": 1.5})]),
+    # Dict prints with single quotes and string values; JSON with nested fields.
+    ("{'loss': '1.23', 'grad_norm': 'nan', 'learning_rate': '3e-05', 'epoch': 0.5}\n"
+     "{'loss': 1.2, 'grad_norm': 0.9, 'learning_rate': 2e-05, 'epoch': 1.0}\n",
+     [(1, {"loss": 1.23, "grad_norm": NAN, "lr": 3e-05}), (2, {"loss": 1.2, "grad_norm": 0.9, "lr": 2e-05})]),
+    ('[log] {"step": 7, "train": {"loss": 2.5, "grad_norm": 0.3}, "eval": {"loss": 2.9}}\n',
+     [(7, {"loss": 2.5, "grad_norm": 0.3})]),
+    # Step N/M, units and %, `|` separated, key=value, the DeepSpeed engine line (cumulative).
+    ("Step 10/1000 | loss 2.5 | lr 3.0e-4 | 412.3 ms | mfu 41%\n", [(10, {"loss": 2.5, "lr": 3e-4})]),
+    ("[Rank 0] step=10, skipped=2, lr=[1e-05, 1e-05], mom=[(0.9, 0.95)]\n"
+     "[Rank 0] step=20, skipped=5, lr=[2e-05, 2e-05], mom=[(0.9, 0.95)]\n",
+     [(10, {"skipped": 2.0, "lr": 1e-05}), (20, {"skipped": 3.0, "lr": 2e-05})]),
+    # Micro-batches of one optimizer step: one record, their mean loss.
+    ("iter 0 step 0: loss 10.0\niter 1 step 1: loss 9.0 (optimizer.step)\niter 2 step 1: loss 8.5\n"
+     "iter 3 step 2: loss 8.0 (optimizer.step)\n", [(1, {"loss": 9.5}), (2, {"loss": 8.25})]),
+    # Evaluation is never the training loss; nanoGPT's split report is no record.
+    ("step 0: train loss 10.98, val loss 10.99\niter 0: loss 10.95, time 12.3ms\n"
+     "validation loss at iteration 10 | lm loss value: 7.17 |\niter 10: loss 9.54, time 3.2ms\n"
+     "Epoch 1 | eval_loss: 2.2\n", [(0, {"loss": 10.95}), (10, {"loss": 9.54})]),
+    # ... but a log whose records all say `train_loss` keeps the ones printed beside a test loss.
+    ('{"train_loss": 3.2, "epoch": 1}\n{"train_loss": 3.1, "test_loss": 0.9, "epoch": 2}\n',
+     [(1, {"loss": 3.2}), (2, {"loss": 3.1})]),
+    # Run summaries and argument echoes are no records.
+    ("python train.py --lr 3e-4\nlearning_rate: 0.0003\n{'loss': 2.0, 'epoch': 1.0}\n"
+     "{'train_runtime': 6.1, 'train_loss': 2.1, 'epoch': 2.0}\nbest loss 1.9\n", [(1, {"loss": 2.0})]),
+    # Epoch headers + batch counters (Keras): (epoch - 1) x batches per epoch + batch.
+    ("Epoch 1/3\n100/100 [====] - 1s - loss: 0.69 - val_loss: 0.70\nEpoch 2/3\n"
+     " 50/100 [==>.] - ETA: 1s - loss: 0.60\n", [(100, {"loss": 0.69}), (150, {"loss": 0.6})]),
+    # DeepSpeed overflow lines fold into the next record; at the end each is a record.
+    ("step 1 loss 2.0\n[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, "
+     "reducing to 32768\nOVERFLOW! Rank 0 Skipping step. Attempted loss scale: 32768, reducing to 16384\n"
+     "step 2 loss 1.9\nOVERFLOW! Rank 0 Skipping step. Attempted loss scale: 16384, reducing to 8192\n",
+     [(1, {"loss": 2.0}), (2, {"loss": 1.9, "skipped": 2.0, "loss_scale": 16384.0}),
+      (3, {"skipped": 1.0, "loss_scale": 8192.0})]),
+    # A NaN warning marks the step already printed, never a new one; a repeated step is one row.
+    ("step 11 loss 2.0\nstep 12 grad_norm 3.0\nWARNING: loss is nan at step 12, skipping\n"
+     "step 13 loss 2.2\nstep 13 loss 2.4\n",
+     [(11, {"loss": 2.0}), (12, {"grad_norm": 3.0, "loss": NAN}), (13, {"loss": 2.3})]),
+])
+def test_generic_reader_rules(tmp_path, text, want):
+    got = records_of(tmp_path, text)
+    assert [s for s, _ in got] == [s for s, _ in want]
+    for (_, g), (_, w) in zip(got, want):
+        assert g.keys() == w.keys(), (g, w)
+        for k, v in w.items():
+            assert g[k] == pytest.approx(v, nan_ok=True), (k, g, w)
+
+
+def test_a_log_without_metrics_says_what_was_looked_for_and_what_came_closest(tmp_path):
+    path = tmp_path / "odd.log"
+    path.write_text("starting\n" + "".join(f"ep {e} mse_err {1 / (e + 1):.3f} acc 0.{e}\n"
+                                            for e in range(5)) + "done\n")
+    with pytest.raises(LogFormatError) as e:
+        read_records(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: unknown log format: no per-step training metrics in 7 line(s).")
+    assert "looked for: a step (step, iter, iteration" in msg
+    # The closest lines (the most keyed numbers, first ones first) and how to say it.
+    assert "closest lines:\n    line 2: ep 0 mse_err 1.000 acc 0.0\n    line 3: ep 1 mse_err 0.500" in msg
+    assert "say it explicitly: --keys step=ep,loss=mse_err" in msg
+    # Saying it explicitly, either way suggested, reads the log.
+    want = [(e, {"loss": float(f"{1 / (e + 1):.3f}")}) for e in range(5)]
+    assert [(r.step, r.metrics) for r in read_records(path, user_keys=parse_keys("step=ep,loss=mse_err"))] \
+        == want
+    pat = compile_pattern(msg.split("--pattern '")[1].split("'")[0])
+    assert [(r.step, r.metrics) for r in read_records(path, pattern=pat)] == want
+
+
+def test_keys_and_pattern_flags_are_checked():
+    assert parse_keys("step=it, loss=Train Loss") == {"it": "step", "Train Loss": "loss"}
+    with pytest.raises(ValueError, match=r"--keys: 'lossy' is not step or a metric key"):
+        parse_keys("lossy=x")
+    with pytest.raises(ValueError, match=r"--keys: 'step' is not OURS=THEIRS"):
+        parse_keys("step")
+    with pytest.raises(ValueError, match=r"--pattern: named groups must be step and metric keys"):
+        compile_pattern(r"(?P<stp>\d+) (?P<loss>\S+)")
+    with pytest.raises(ValueError, match=r"--pattern: not a regular expression"):
+        compile_pattern(r"(?P<step>\d+")
+
+
+def test_generic_reading_keeps_pace_with_the_format_readers():
+    # The 20k-step modded-nanogpt log through the generic reader (it was a dedicated reader's).
+    log = REAL / "mn_gpt2_1p5B_scaleup_20k.log"
+    t0 = time.perf_counter()
+    n = sum(1 for _ in read_records(log, format="generic"))
+    assert n == 20344
+    assert time.perf_counter() - t0 < 1.5
+
+
+def test_a_followed_log_waits_for_megatron_behind_deepspeed_lines(monkeypatch):
+    from stability_callbacks.replay import readers
+    ds = "[Rank 0] step=10, skipped=0, lr=[1e-05], mom=[(0.9, 0.95)]"
+    mega = (" iteration       10/    1000 | consumed samples:     5120 | learning rate: 1.000E-05 | "
+            "lm loss: 7.5E+00 | loss scale: 4096.0 | number of skipped iterations:   0 |")
+    lines = [(1, ds), (1, None), (1, None), (2, mega), (3, ds)]
+    # Idle ticks do not settle DeepSpeed's lines at once: Megatron's first line decides.
+    fmt, consumed = readers.detect_lines("run.log", iter(lines))
+    assert fmt == "megatron" and consumed == [(1, ds), (2, mega)]
+    # A log that stays DeepSpeed-only is the generic reader's once the wait is over.
+    monkeypatch.setattr(readers, "SETTLE_S", 0.0)
+    assert readers.detect_lines("run.log", iter(lines))[0] == "generic"

@@ -1,6 +1,6 @@
 """Tables: our CSV (DESIGN 2.4) and W&B CSV exports.
 
-Our CSV: header ``step,loss,grad_norm,lr,loss_scale,skipped`` (any subset; other metric-key
+Our CSV: header ``step,loss,grad_norm,lr,loss_scale,skipped`` (any subset, commas or tabs; other metric-key
 columns such as ``adam/exp_avg_sq_max`` or ``loss/<name>`` kept); an empty cell is a missing value,
 ``nan`` is NaN.
 
@@ -15,6 +15,7 @@ of our CSV is a step even when every cell is empty (the step happened, nothing w
 from __future__ import annotations
 
 import csv
+import itertools
 from typing import Iterator
 
 from ... import keys
@@ -29,9 +30,9 @@ _WANDB_STEP_COLUMNS = (keys.STEP_AXIS, "train/global_step", "trainer/global_step
 _OUR_STEP_COLUMNS = ("step", "Step", "iteration", "iter", "global_step", "_step")
 
 
-def read_csv(path, *, on_skip: SkipReport, progress: bool = False, tag_map=None, **_
+def read_csv(path, *, on_skip: SkipReport, progress: bool = False, tag_map=None, lines=None, **_
              ) -> Iterator[StepRecord]:
-    yield from _read(path, on_skip, progress, tag_map, wandb=False)
+    yield from _read(path, on_skip, progress, tag_map, wandb=False, lines=lines)
 
 
 def read_wandb(path, *, on_skip: SkipReport, progress: bool = False, tag_map=None, **_
@@ -65,16 +66,26 @@ def _columns(header: list[str], tag_map, wandb: bool):
     return steps, sorted((i, key) for key, i in chosen.items())
 
 
-def _read(path, on_skip, progress, tag_map, wandb):
-    lines = numbered_lines(path, progress=progress)
+def _read(path, on_skip, progress, tag_map, wandb, lines=None):
+    if lines is None:
+        lines = numbered_lines(path, progress=progress)
     numbers = [0]    # the line the csv module last consumed (rows may span lines)
+    lines = iter(lines)
+    first = []
+    for line_no, text in lines:          # the header decides the delimiter: `,` or a tab
+        if text is not None and text.strip():
+            first.append((line_no, text))
+            break
 
     def text_lines():
-        for line_no, text in lines:
+        for line_no, text in itertools.chain(first, lines):
+            if text is None:     # a followed file went idle: nothing is held back here
+                continue
             numbers[-1] = line_no
             yield text
 
-    rows = csv.reader(text_lines())
+    tabs = bool(first) and "\t" in first[0][1] and "," not in first[0][1]
+    rows = csv.reader(text_lines(), delimiter="\t" if tabs else ",")
     header = next(rows, None)
     while header is not None and not any(c.strip() for c in header):
         header = next(rows, None)

@@ -1,14 +1,14 @@
-"""fairseq training progress.
+"""fairseq training progress: what is fairseq's own, over the generic reader.
 
-- ``simple``/``json``-less progress lines of ``train_inner``:
-  ``... | train_inner | epoch 001:    100 / 1563 loss=9.123, ..., num_updates=100, lr=0.0001,
-  gnorm=1.234, loss_scale=128, ...``;
-- the pipe-separated summaries: ``| epoch 001 | loss 7.234 | ... | num_updates 1000 | lr 0.0005 |
-  gnorm 1.2 | loss_scale 64 | ...`` (older builds) or ``... | train | epoch 001 | loss ...``.
+- ``train_inner`` progress lines: ``... | train_inner | epoch 001:    100 / 1563 loss=9.123, ...,
+  num_updates=100, lr=0.0001, gnorm=1.234, loss_scale=128, ...``;
+- the pipe-separated epoch summaries: ``| epoch 001 | loss 7.234 | ... | num_updates 1000 |
+  lr 0.0005 | gnorm 1.2 | loss_scale 64 | ...`` (older builds) or ``... | train | epoch 001 | ...``.
 
-The step is ``num_updates``. ``valid`` summaries are ignored; epoch summaries are epoch means, so
-they make records only in a log that has no ``train_inner`` lines. ``NOTE: overflow detected, setting loss scale
-to: S`` counts as a skipped update of the next record.
+Both are read by :mod:`.generic` (the step is ``num_updates``; ``valid`` lines are evaluation;
+``NOTE: overflow detected, setting loss scale to: S`` folds into the next record). fairseq's own
+rule: an epoch summary is an epoch mean, so it is a record only in a log without ``train_inner``
+lines — one that comes before the first of them is held until we know, and dropped then.
 """
 from __future__ import annotations
 
@@ -16,42 +16,37 @@ import re
 from typing import Iterator
 
 from ...record import StepRecord
-from .source import SkipReport, numbered_lines, to_float
+from .generic import Assembler, LineReader, feed_line
+from .source import SkipReport, numbered_lines
 
 INNER = re.compile(r"\bepoch \d+:\s+\d+\s*/\s*\d+\s+(.*\bnum_updates=\d+.*)$")
 SUMMARY = re.compile(r"\|\s*epoch \d+\s*\|\s*(loss .*\|\s*num_updates \d+.*)$")
 SIGNATURES = (INNER, SUMMARY)
-_OVERFLOW = re.compile(r"overflow detected, setting loss scale to:\s*([0-9.eE+-]+)")
-_KEY = {"loss": "loss", "lr": "lr", "gnorm": "grad_norm", "loss_scale": "loss_scale"}
 
 
-def read(path, *, on_skip: SkipReport, progress: bool = False, **_) -> Iterator[StepRecord]:
+def read(path, *, on_skip: SkipReport, progress: bool = False, lines=None, **_
+         ) -> Iterator[StepRecord]:
+    reader, asm = LineReader(), Assembler()
     seen_inner = False
-    overflows = 0
-    for line_no, text in numbered_lines(path, progress=progress):
-        if "overflow detected" in text:
-            if _OVERFLOW.search(text):
-                overflows += 1
+    held = None                      # an epoch summary, while no train_inner line has shown
+    for line_no, text in (lines if lines is not None else numbered_lines(path, progress=progress)):
+        if text is None:
+            yield from asm.flush()
             continue
-        if "num_updates" not in text or "valid" in text:
-            continue
-        m = INNER.search(text)
-        if m:
-            seen_inner = True
-            pairs = [p.split("=", 1) for p in m.group(1).split(",") if "=" in p]
-        else:
-            m = SUMMARY.search(text)
-            if not m or seen_inner:
+        if "num_updates" in text and "valid" not in text:
+            if INNER.search(text):
+                seen_inner, held = True, None
+            elif SUMMARY.search(text):
+                if seen_inner:
+                    continue
+                if held is not None:           # two summaries, no update line between
+                    yield from feed_line(reader, asm, *held, on_skip)
+                held = (line_no, text)
                 continue
-            pairs = [p.strip().split(None, 1) for p in m.group(1).split("|")]
-        fields = {p[0].strip(): p[1].strip() for p in pairs if len(p) == 2}
-        try:
-            step = int(to_float(fields["num_updates"]))
-            metrics = {_KEY[k]: to_float(v) for k, v in fields.items() if k in _KEY}
-        except (KeyError, ValueError) as e:
-            on_skip(line_no, text, f"unreadable fairseq progress line: {e!r}")
-            continue
-        if overflows:
-            metrics["skipped"] = float(overflows)
-            overflows = 0
-        yield StepRecord(step, metrics)
+        elif held is not None and "overflow" in text:    # it comes after the summary
+            yield from feed_line(reader, asm, *held, on_skip)
+            held = None
+        yield from feed_line(reader, asm, line_no, text, on_skip)
+    if held is not None:
+        yield from feed_line(reader, asm, *held, on_skip)
+    yield from asm.finish()

@@ -1,10 +1,12 @@
-"""Our run log (DESIGN 2.3) and plain JSON-lines metrics.
+"""JSON lines: our run log (DESIGN 2.3) and plain metric objects.
 
 Run log: ``{"type": "step", "step": 7, "segment": 0, "metrics": {...}}`` lines become records in
 file order (stitching rollback segments is :mod:`stability_callbacks.replay.timeline`'s job);
-``finding`` / ``segment`` / ``checkpoint`` lines are not steps. Plain objects:
-``{"step": 7, "loss": 2.5, "train/grad_norm": 0.3}`` (names through the tag map; ``"nan"`` and
-``NaN`` read as NaN).
+``finding`` / ``segment`` / ``checkpoint`` lines are not steps. Plain objects
+(``{"step": 7, "loss": 2.5, "train/grad_norm": 0.3}``, LLaMA-Factory's ``trainer_log.jsonl``
+with ``current_steps``, nested ``{"train": {"loss": ...}}``) are read with the generic reader's
+keys and rules (:mod:`.generic`: evaluation lines are not steps, no step = numbered in order).
+A line that is not a JSON object is reported and skipped.
 """
 from __future__ import annotations
 
@@ -12,55 +14,41 @@ import json
 from typing import Iterator
 
 from ...record import StepRecord
-from .source import SkipReport, numbered_lines, to_float
-from .tags import metric_key
-
-_STEP_NAMES = ("step", "_step", "global_step", "iteration", "iter")
+from .generic import Assembler, LineReader, feed_line
+from .source import SkipReport, numbered_lines
 
 
-def json_objects(path, *, on_skip: SkipReport, progress: bool = False) -> Iterator[tuple[int, str, dict]]:
-    """``(line_no, text, object)`` for every JSON-object line; other lines go to ``on_skip``."""
-    for line_no, text in numbered_lines(path, progress=progress):
-        if not text.strip():
+def read(path, *, on_skip: SkipReport, progress: bool = False, lines=None, user_keys=None,
+         **_) -> Iterator[StepRecord]:
+    reader = LineReader(user_keys)
+    asm = Assembler()
+    for line_no, text in (lines if lines is not None else numbered_lines(path, progress=progress)):
+        if text is None:
+            yield from asm.flush()
             continue
-        try:
-            obj = json.loads(text)
-        except ValueError as e:
-            on_skip(line_no, text, f"not JSON: {e}")
+        s = text.strip()
+        if not s:
             continue
-        if not isinstance(obj, dict):
-            on_skip(line_no, text, "not a JSON object")
+        if not (s.startswith("{") and s.endswith("}")):
+            on_skip(line_no, text, "not JSON: not an object on one line")
             continue
-        yield line_no, text, obj
-
-
-def read(path, *, on_skip: SkipReport, progress: bool = False, tag_map=None, **_
-         ) -> Iterator[StepRecord]:
-    for line_no, text, obj in json_objects(path, on_skip=on_skip, progress=progress):
-        kind = obj.get("type")
-        try:
+        if '"type"' in s:
+            try:
+                obj = json.loads(s)
+            except ValueError as e:
+                on_skip(line_no, text, f"not JSON: {e}")
+                continue
+            kind = obj.get("type")
             if kind == "step":
-                yield StepRecord.from_json(obj)
-            elif kind is None:
-                rec = _plain(obj, tag_map)
-                if rec is not None:
-                    yield rec
-        except (KeyError, TypeError, ValueError) as e:
-            on_skip(line_no, text, f"unreadable step line: {e!r}")
-
-
-def _plain(obj, tag_map) -> StepRecord | None:
-    step_name = next((n for n in _STEP_NAMES if n in obj), None)
-    if step_name is None:
-        raise KeyError("step")
-    metrics = {}
-    source = obj["metrics"] if isinstance(obj.get("metrics"), dict) else obj
-    for name, value in source.items():
-        if name == step_name or value is None or isinstance(value, (dict, list, bool)):
-            continue
-        key = metric_key(name, tag_map)
-        if key is not None and key not in metrics:
-            metrics[key] = to_float(value) if isinstance(value, str) else float(value)
-    if not metrics:
-        return None
-    return StepRecord(int(to_float(str(obj[step_name]))), metrics, int(obj.get("segment", 0)))
+                try:
+                    rec = StepRecord.from_json(obj)
+                except (KeyError, TypeError, ValueError) as e:
+                    on_skip(line_no, text, f"unreadable step line: {e!r}")
+                    continue
+                yield from asm.flush()
+                yield rec
+                continue
+            if kind in ("finding", "segment", "checkpoint"):
+                continue
+        yield from feed_line(reader, asm, line_no, s, on_skip)
+    yield from asm.finish()

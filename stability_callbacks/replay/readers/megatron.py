@@ -26,10 +26,15 @@ from typing import Iterator
 
 from ...record import StepRecord
 from ... import keys
+from .generic import overflow_scale
 from .source import SkipReport, numbered_lines, to_float
 
-SIGNATURE = re.compile(r"iteration\s*\d+\s*/\s*\d+\s*\|")
-OVERFLOW = re.compile(r"OVERFLOW!.*?Skipping step.*?(?:reducing to\s*([0-9.eE+-]+))?\s*$")
+_ITERATION = re.compile(r"iteration\s*\d+\s*/\s*\d+\s*\|")
+# Detection wants Megatron's own field names too: NeMo, CPM and others print `iteration N/M |`
+# with fields of their own, which the generic reader reads (a missing `lm loss` means nothing
+# there).
+SIGNATURE = re.compile(r"iteration\s*\d+\s*/\s*\d+\s*\|.*?(?:lm[ _-]loss|skipped iterations|"
+                       r"nan iterations|consumed samples|learning rate)\s*:")
 _ITER = re.compile(r"iteration(\d+)/(\d+)")
 _MAX_JOINED_LINES = 6
 
@@ -41,48 +46,50 @@ _FIELDS = {
 }
 
 
-def read(path, *, on_skip: SkipReport, progress: bool = False, **_) -> Iterator[StepRecord]:
+def read(path, *, on_skip: SkipReport, progress: bool = False, lines=None, **_
+         ) -> Iterator[StepRecord]:
     pending: list[str] = []          # a wrapped iteration line being joined
     pending_line = 0
     overflows = 0
-    overflow_scale: float | None = None
-    for line_no, text in numbered_lines(path, progress=progress):
+    scale: float | None = None
+    for line_no, text in (lines if lines is not None else numbered_lines(path, progress=progress)):
+        if text is None:             # a followed file went idle: a wrapped line may go on
+            continue
         if pending:
-            if SIGNATURE.search(text) or "OVERFLOW!" in text:
-                rec = _finish(pending, pending_line, on_skip, overflows, overflow_scale)
+            if _ITERATION.search(text) or "OVERFLOW!" in text:
+                rec = _finish(pending, pending_line, on_skip, overflows, scale)
                 pending = []
                 if rec is not None:
-                    overflows, overflow_scale = 0, None
+                    overflows, scale = 0, None
                     yield rec
             else:
                 pending.append(text)
                 if text.rstrip().endswith("|") or len(pending) >= _MAX_JOINED_LINES:
-                    rec = _finish(pending, pending_line, on_skip, overflows, overflow_scale)
+                    rec = _finish(pending, pending_line, on_skip, overflows, scale)
                     pending = []
                     if rec is not None:
-                        overflows, overflow_scale = 0, None
+                        overflows, scale = 0, None
                         yield rec
                 continue
-        if "OVERFLOW!" in text:
-            m = OVERFLOW.search(text)
-            if m:
+        if "OVERFLOW" in text:
+            is_overflow, reduced_to = overflow_scale(text)
+            if is_overflow:
                 overflows += 1
-                if m.group(1):
-                    overflow_scale = to_float(m.group(1))
+                scale = reduced_to if reduced_to is not None else scale
             continue
-        m = SIGNATURE.search(text)
+        m = _ITERATION.search(text)
         if not m:
             continue
         body = text[m.start():]
         if body.rstrip().endswith("|"):
-            rec = _finish([body], line_no, on_skip, overflows, overflow_scale)
+            rec = _finish([body], line_no, on_skip, overflows, scale)
             if rec is not None:
-                overflows, overflow_scale = 0, None
+                overflows, scale = 0, None
                 yield rec
         else:
             pending, pending_line = [body], line_no
     if pending:
-        rec = _finish(pending, pending_line, on_skip, overflows, overflow_scale)
+        rec = _finish(pending, pending_line, on_skip, overflows, scale)
         if rec is not None:
             yield rec
 

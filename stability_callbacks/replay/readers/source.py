@@ -1,8 +1,7 @@
 """Streaming a text log line by line: line numbers, quoting, progress, skip reports.
 
-Every text reader consumes :func:`numbered_lines`; none of them loads a whole file. Lines are
-read as bytes and decoded one at a time (invalid UTF-8 becomes U+FFFD rather than an error), so
-memory stays O(longest line) whatever the log size.
+Every text reader consumes :func:`numbered_lines`; none of them loads a whole file. Invalid
+UTF-8 becomes U+FFFD rather than an error; memory stays O(longest line) whatever the log size.
 """
 from __future__ import annotations
 
@@ -19,6 +18,8 @@ _PROGRESS_EVERY_LINES = 4096
 
 # "> " (and "> > ") prefixes of text quoted in an issue, a forum post or an e-mail.
 _QUOTE = re.compile(r"^[ \t]*(?:>[ \t]?)+")
+# Colour and cursor escapes (CSI sequences; OSC titles end with BEL or ESC \).
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 
 SkipCallback = Callable[[int, str, str], None]
 
@@ -80,15 +81,34 @@ def strip_quote(line: str) -> str:
     return line
 
 
+def segments(line: str) -> list[str]:
+    """The pieces of one physical line a terminal would have shown as separate lines.
+
+    tqdm and Keras redraw a bar with ``\\r`` (or backspaces), so a captured log holds many
+    updates on one line; colour codes and quoting are removed from each piece.
+
+    >>> segments("\\x1b[32mstep 1\\x1b[0m loss 2.5\\r> step 2 loss 2.4")
+    ['step 1 loss 2.5', 'step 2 loss 2.4']
+    """
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
+    if "\r" not in line and "\b" not in line:
+        return [line]
+    if "\b" in line:
+        line = line.replace("\b", "\r")
+    return [strip_quote(p) for p in line.split("\r") if p and not p.isspace()]
+
+
 def numbered_lines(path, *, progress: bool = False, max_lines: int | None = None
                    ) -> Iterator[tuple[int, str]]:
     """Yield ``(line_no, text)`` (1-based, quoting and line ends removed) of a text file.
 
     Streams; a ``rich`` progress bar on stderr for files over ``PROGRESS_MIN_BYTES`` when asked.
+    Only ``\\n`` ends a line (a ``\\r`` inside one is a tqdm redraw, see :func:`segments`).
     """
     try:
         size = os.path.getsize(path)
-        f = open(path, "rb")
+        f = open(path, encoding="utf-8", errors="replace", newline="\n")
     except OSError as e:
         raise LogFormatError(path, None, f"cannot open: {e.strerror or e}") from e
     bar = None
@@ -97,17 +117,19 @@ def numbered_lines(path, *, progress: bool = False, max_lines: int | None = None
     try:
         with f:
             done = 0
-            for line_no, raw in enumerate(f, 1):
+            for line_no, text in enumerate(f, 1):
                 if max_lines is not None and line_no > max_lines:
                     return
                 if bar is not None:
-                    done += len(raw)
+                    done += len(text)           # characters: close enough to bytes for a bar
                     if line_no % _PROGRESS_EVERY_LINES == 0:
                         bar.update(done)
-                text = raw.decode("utf-8", "replace").rstrip("\r\n")
+                text = text.rstrip("\r\n")
                 if "\x00" in text:
                     text = text.replace("\x00", "")
-                yield line_no, strip_quote(text)
+                if ">" in text[:8]:
+                    text = strip_quote(text)
+                yield line_no, text
     finally:
         if bar is not None:
             bar.close()

@@ -1,0 +1,194 @@
+"""The ``replay`` command (DESIGN 2.4): a log through the live Monitor, offline or as it grows.
+
+``replay LOG`` reads the whole log, prints a summary table (and ``--json`` / ``--report``);
+``replay LOG --follow`` tails it through a :class:`~stability_callbacks.live.LiveRun` (run log,
+alert sinks, halts: :mod:`.follow`). Both feed the records the same way (:func:`_feed`).
+
+Exit codes: 0 no critical finding; 1 a critical finding; 2 unreadable input, no per-step
+metrics or a bad config (one message: the file and line, or the key); 3 (``--follow``) halted.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from ..config import ConfigError
+from ..record import Finding, severity_rank
+
+def run(args) -> int:
+    """``stability-callbacks replay``: the exit code."""
+    from ..monitor import Monitor
+    from .readers import LogFormatError, compile_pattern, parse_keys, read_records
+
+    err = sys.stderr
+    try:
+        user_keys = parse_keys(args.keys) if args.keys else None
+        pattern = compile_pattern(args.pattern) if args.pattern else None
+        if args.poll_s <= 0 or (args.idle_exit_s is not None and args.idle_exit_s <= 0):
+            raise ValueError("--poll-s and --idle-exit-s must be > 0")
+        monitor = Monitor(args.config)
+        if args.warmup_steps:
+            monitor.set_warmup_steps(args.warmup_steps)
+    except (ConfigError, ValueError) as e:
+        print(f"error: {e}", file=err)
+        return 2
+    if args.follow:
+        return _follow(args, monitor, user_keys, pattern)
+    replay = _Replay(monitor, keep=bool(args.report))
+    try:
+        replay.feed(read_records(args.path, args.format, on_skip=replay.skip,
+                                 progress=err.isatty(), user_keys=user_keys, pattern=pattern),
+                    monitor.update)
+    except (LogFormatError, OSError, ValueError) as e:
+        print(f"error: {e}", file=err)
+        return 2
+    replay.finish(args)
+    return 1 if any(f.severity == "critical" for f in replay.findings) else 0
+
+
+class _Replay:
+    """What a replay gathers (findings; records and LR phases for a report) and how it ends
+    (skipped lines noted, ``--json``, the summary table, ``--report``): one way for both modes."""
+
+    def __init__(self, monitor, *, keep: bool):
+        self.monitor = monitor
+        self.findings: list[Finding] = []
+        self.records: list | None = [] if keep else None
+        self.phases: list = []
+        self.count = 0
+        self.skipped: list[tuple[int, str, str]] = []
+
+    def skip(self, line_no: int, text: str, reason: str) -> None:
+        self.skipped.append((line_no, text, reason))
+
+    def feed(self, stream, observe, after=None) -> None:
+        """Every record into ``observe`` (``Monitor.update`` or ``LiveRun.observe``);
+        ``after(record, found)`` returning True stops early (a halt)."""
+        for rec in stream:
+            self.count += 1
+            found = observe(rec)
+            self.findings += found
+            if self.records is not None:
+                self.records.append(rec)
+                self.phases.append((rec.step, self.monitor.phase_at_last_step))
+            if after is not None and after(rec, found):
+                break
+
+    def finish(self, args):
+        """Notes, JSON, summary and report; returns where the summary went."""
+        if self.skipped:
+            first = self.skipped[0]
+            print(f"note: skipped {len(self.skipped)} unreadable line(s) of {args.path} (first: "
+                  f"line {first[0]}: {first[2]})", file=sys.stderr)
+        if args.json_out:
+            out = sys.stdout if args.json_out == "-" else open(args.json_out, "w", encoding="utf-8")
+            for f in self.findings:
+                out.write(json.dumps(f.to_json()) + "\n")
+            if out is not sys.stdout:
+                out.close()
+        summary_to = sys.stderr if args.json_out == "-" else sys.stdout
+        name = Path(args.path).name
+        print_summary(self.findings, self.count, name, file=summary_to)
+        if args.report:
+            from .report import write_report
+            path = write_report(args.report, self.records, self.findings, title=name,
+                                phases=self.phases)
+            print(f"report: {path}", file=summary_to)
+        return summary_to
+
+
+def _follow(args, monitor, user_keys, pattern) -> int:
+    from ..live import LiveRun
+    from .follow import EXIT_HALTED, StopConditions, TailLines, carry_out_halt
+    from .readers import LogFormatError, read_records
+
+    err = sys.stderr
+    try:
+        run = LiveRun(monitor=monitor, run_dir=args.run_dir, is_rank0=True,
+                      run_name=Path(args.path).name)
+    except (ConfigError, ValueError) as e:
+        print(f"error: {e}", file=err)
+        return 2
+    stop = StopConditions(pid=args.pid, idle_exit_s=args.idle_exit_s)
+    tail = TailLines(args.path, poll_s=args.poll_s, should_stop=stop)
+
+    def lines():
+        for item in tail:
+            if item[1] is not None:
+                stop.activity()
+            yield item
+
+    replay = _Replay(monitor, keep=bool(args.report))
+    halt: list[Finding] = []
+
+    def observe(rec):
+        if replay.count == 1:                  # the first record opens the run log's segment
+            run.start(rec.step - 1, "start")
+        return run.observe(rec)
+
+    def after(rec, found):
+        for f in found:
+            if f.severity != "info":
+                print(f"[{f.severity}] step {f.step} {f.kind}: {f.message}", flush=True)
+        if run.control.stop:
+            critical = [f for f in run.findings if f.severity == "critical"]
+            halt.append(next((f for f in critical if f.kind != "rollback_advice"), critical[-1]))
+            stop.halted = True
+            return True
+        return False
+
+    print(f"following {args.path} (run log: {run.runlog_path}); Ctrl-C to stop", flush=True)
+    stream = None
+    try:
+        stream = read_records(args.path, args.format, on_skip=replay.skip, user_keys=user_keys,
+                              pattern=pattern, lines=lines())
+        replay.feed(stream, observe, after=after)
+    except (LogFormatError, OSError, ValueError) as e:
+        run.close()
+        print(f"error: {e}", file=err)
+        return 2
+    except KeyboardInterrupt:
+        stop.reason = "interrupted"
+    finally:
+        if stream is not None:
+            stream.close()        # the tail's file
+    done = carry_out_halt(halt[0], stop_file=args.stop_file, on_halt=args.on_halt) if halt else []
+    run.close()
+    summary_to = replay.finish(args)
+    if halt:
+        f = halt[0]
+        print(f"halted at step {f.step} ({f.kind}): " + "; ".join(done or ["no --stop-file or "
+              "--on-halt given: stop the job yourself"]), file=summary_to)
+        return EXIT_HALTED
+    print(f"stopped following: {stop.reason or 'end of input'}", file=summary_to)
+    return 1 if any(f.severity == "critical" for f in replay.findings) else 0
+
+
+def print_summary(findings: list[Finding], num_records: int, name: str, *, file=None) -> None:
+    """A table of finding kinds, then every warning-or-worse finding with its sentence."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=file or sys.stdout, width=120, highlight=False, soft_wrap=False)
+    table = Table(title=f"{name}: {num_records} steps, {len(findings)} findings")
+    for col in ("kind", "severity", "count", "first step", "last step"):
+        table.add_column(col)
+    groups: dict[tuple[str, str], list[Finding]] = {}
+    for f in findings:
+        groups.setdefault((f.kind, f.severity), []).append(f)
+    for (kind, sev), fs in sorted(groups.items(), key=lambda kv: (-severity_rank(kv[0][1]), kv[1][0].step)):
+        table.add_row(kind, sev, str(len(fs)), str(fs[0].step), str(fs[-1].step))
+    console.print(table)
+    serious = [f for f in findings if severity_rank(f.severity) >= 1]
+    for f in serious[:50]:
+        console.print(f"[{f.severity}] step {f.step} {f.kind}: {f.message}", markup=False)
+        if f.kind == "rollback_advice":
+            from ..actions.rollback import native_forms
+            for fw, text in native_forms(f.details).items():
+                console.print(f"    {fw}: {text}", markup=False)
+    if len(serious) > 50:
+        console.print(f"... and {len(serious) - 50} more warning-or-worse findings (see --json)")
+    counts = Counter(f.severity for f in findings)
+    console.print(f"critical: {counts['critical']}  warning: {counts['warning']}  info: {counts['info']}")

@@ -1,0 +1,200 @@
+"""``replay --follow``: watch a growing training log from the side, with the live Monitor.
+
+A sidecar for jobs whose code we do not touch (Megatron, torchtitan, a non-Python trainer): the
+log is tailed as it is written, its records go through :class:`~stability_callbacks.live.LiveRun`
+(the same Monitor, run log and alert sinks as the integrations), and a halt-level finding
+(``policy.halt_on: critical``) writes a stop file and/or runs a command the user named — the
+job's own way to stop — before we exit.
+
+:class:`TailLines` yields ``(line_no, text)`` like
+:func:`~stability_callbacks.replay.readers.source.numbered_lines`, and ``(line_no, None)`` when a
+poll finds nothing new (readers then release a record they held back for a late warning):
+
+- a partial last line (no newline yet) is held back until it is complete — except its
+  ``\\r``-terminated pieces (tqdm redraws), which are complete updates and go out at once;
+- truncation (the file got shorter: ``copytruncate`` rotation, a job restarted with ``>``) and
+  rotation (the path now names a new file: renamed and recreated) are followed: the rest of the
+  old file is read first, then the new one from its start, its lines numbered from 1 again;
+- a file that does not exist yet is waited for.
+
+It ends when ``should_stop()`` says so (the job's process ended, the log stayed idle too long,
+a halt), after reading what is left. Cost: one ``stat`` per poll, O(longest line) memory.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+log = logging.getLogger("stability_callbacks")
+
+# Exit codes (DESIGN 2.4, extended): 0 no critical finding, 1 a critical finding, 2 unreadable
+# input or a bad config, 3 halted (a halt-level finding; stop file written / command run).
+EXIT_HALTED = 3
+_READ_BYTES = 1 << 20
+
+
+class TailLines:
+    """The lines of a file as it grows (see the module docstring).
+
+    >>> import tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), "train.log")
+    >>> _ = open(p, "w").write("step 1 loss 2.5\\nstep 2 lo")
+    >>> tail = TailLines(p, poll_s=0.01, should_stop=lambda: True)
+    >>> list(tail)
+    [(1, 'step 1 loss 2.5'), (2, 'step 2 lo')]
+    """
+
+    def __init__(self, path, *, poll_s: float = 1.0, should_stop: Callable[[], bool] = lambda: False):
+        self.path = str(path)
+        self.poll_s = poll_s
+        self.should_stop = should_stop
+        self.rotations = 0
+        self.truncations = 0
+
+    def __iter__(self) -> Iterator[tuple[int, str | None]]:
+        f = None
+        line_no = 0
+        partial = b""
+        try:
+            while True:
+                if f is None:
+                    f = self._open()
+                    if f is None:                       # not there yet
+                        if self.should_stop():
+                            return
+                        time.sleep(self.poll_s)
+                        continue
+                    line_no, partial = 0, b""
+                chunk = f.read(_READ_BYTES)
+                if chunk:
+                    data = partial + chunk
+                    lines = data.split(b"\n")
+                    partial = lines.pop()
+                    for raw in lines:
+                        line_no += 1
+                        yield line_no, _decode(raw)
+                    if b"\r" in partial:                 # tqdm redraws: complete updates
+                        cut = partial.rfind(b"\r") + 1
+                        yield line_no + 1, _decode(partial[:cut])
+                        partial = partial[cut:]
+                    continue
+                # Nothing new: rotated, truncated, finished, or just quiet.
+                switched = self._switched(f)
+                if switched:
+                    f.close()
+                    f = None
+                    if partial:
+                        yield line_no + 1, _decode(partial)
+                    if switched == "rotated":
+                        self.rotations += 1
+                    else:
+                        self.truncations += 1
+                    log.info("%s was %s; following the new file", self.path, switched)
+                    continue
+                if self.should_stop():
+                    if partial:
+                        yield line_no + 1, _decode(partial)
+                    return
+                yield line_no, None
+                time.sleep(self.poll_s)
+        finally:
+            if f is not None:
+                f.close()
+
+    def _open(self):
+        try:
+            return open(self.path, "rb")
+        except FileNotFoundError:
+            return None
+
+    def _switched(self, f) -> str | None:
+        try:
+            now = os.stat(self.path)
+        except FileNotFoundError:
+            return None                   # renamed away, not recreated yet: keep the old one
+        mine = os.fstat(f.fileno())
+        if (now.st_ino, now.st_dev) != (mine.st_ino, mine.st_dev):
+            return "rotated"
+        if now.st_size < f.tell():
+            return "truncated"
+        return None
+
+
+def _decode(raw: bytes) -> str:
+    text = raw.decode("utf-8", "replace").rstrip("\r\n")
+    if "\x00" in text:                    # a truncated file written through a stale offset
+        text = text.replace("\x00", "")
+    return text
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie — ended, not yet reaped — does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+class StopConditions:
+    """When following ends: the job's process is gone, the log stayed idle too long, or a halt."""
+
+    def __init__(self, *, pid: int | None = None, idle_exit_s: float | None = None):
+        self.pid = pid
+        self.idle_exit_s = idle_exit_s
+        self.halted = False
+        self.reason: str | None = None
+        self._last_activity = time.monotonic()
+
+    def activity(self) -> None:
+        self._last_activity = time.monotonic()
+
+    def __call__(self) -> bool:
+        if self.halted:
+            self.reason = "halt"
+        elif self.pid is not None and not process_alive(self.pid):
+            self.reason = f"process {self.pid} ended"
+        elif self.idle_exit_s is not None and time.monotonic() - self._last_activity >= self.idle_exit_s:
+            self.reason = f"no new line for {self.idle_exit_s:g} s"
+        return self.reason is not None
+
+
+def carry_out_halt(finding, *, stop_file: str | None, on_halt: str | None) -> list[str]:
+    """Write the stop file and run the user's command for a halt; returns what was done.
+
+    The stop file holds the finding that halted (JSON), so a job that polls for it can log why.
+    The command runs through the shell with ``STABILITY_STEP``, ``STABILITY_KIND`` and
+    ``STABILITY_MESSAGE`` in its environment (e.g. ``scancel $SLURM_JOB_ID``); a failing
+    command is reported, never raised.
+    """
+    done = []
+    if stop_file:
+        path = Path(stop_file)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(finding.to_json()) + "\n", encoding="utf-8")
+        os.replace(tmp, path)             # the job never sees a half-written file
+        done.append(f"stop file written: {path}")
+    if on_halt:
+        env = dict(os.environ, STABILITY_STEP=str(finding.step), STABILITY_KIND=finding.kind,
+                   STABILITY_MESSAGE=finding.message)
+        try:
+            r = subprocess.run(on_halt, shell=True, env=env, timeout=300)
+            done.append(f"ran {shlex.quote(on_halt)} (exit {r.returncode})")
+        except (OSError, subprocess.SubprocessError) as e:
+            done.append(f"could not run {shlex.quote(on_halt)}: {e}")
+            print(f"warning: --on-halt command failed: {e}", file=sys.stderr)
+    return done

@@ -1,0 +1,241 @@
+"""``replay --follow``: the tail (partial lines, rotation, truncation) and the sidecar end to end
+on a real training subprocess, with a halt, a stop file, a command and a Slack alert to a real
+local HTTP server."""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from stability_callbacks.replay.follow import StopConditions, TailLines, process_alive
+
+TESTS = Path(__file__).parent
+REPO = TESTS.parent
+
+
+class Stop:
+    """A should_stop the test flips."""
+
+    def __init__(self):
+        self.now = False
+
+    def __call__(self):
+        return self.now
+
+
+def tail(path, stop):
+    return iter(TailLines(path, poll_s=0.001, should_stop=stop))
+
+
+def next_line(it):
+    """The next real line, passing over idle ticks (each tick is one poll that found nothing)."""
+    for item in it:
+        if item[1] is not None:
+            return item
+    raise AssertionError("the tail ended")
+
+
+def test_partial_last_line_is_held_back_until_complete(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_bytes(b"step 1 loss 2.5\nstep 2 lo")
+    stop = Stop()
+    it = tail(log, stop)
+    assert next(it) == (1, "step 1 loss 2.5")
+    assert next(it) == (1, None)                 # `step 2 lo` is not out: an idle tick instead
+    with open(log, "ab") as f:
+        f.write(b"ss 2.4\nstep 3 loss 2.3\n")
+    assert next_line(it) == (2, "step 2 loss 2.4")
+    assert next_line(it) == (3, "step 3 loss 2.3")
+    with open(log, "ab") as f:
+        f.write(b"step 4 loss")                  # the job died mid-line: given out at the end
+    stop.now = True
+    assert list(it) == [(4, "step 4 loss")]
+
+
+def test_tqdm_redraws_of_an_unfinished_line_go_out_at_once(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_bytes(b"epoch 1\n 10%| 1/10 [loss=2.5]\r 20%| 2/10 [loss=2.4]\r 30%| 3/1")
+    stop = Stop()
+    it = tail(log, stop)
+    assert next(it) == (1, "epoch 1")
+    assert next(it) == (2, " 10%| 1/10 [loss=2.5]\r 20%| 2/10 [loss=2.4]")
+    with open(log, "ab") as f:
+        f.write(b"0 [loss=2.3]\n")
+    assert next_line(it) == (2, " 30%| 3/10 [loss=2.3]")
+
+
+def test_rotation_reads_the_old_file_to_its_end_then_the_new_one(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("step 1 loss 2.5\n")
+    stop = Stop()
+    it = tail(log, stop)
+    assert next(it) == (1, "step 1 loss 2.5")
+    with open(log, "a") as f:
+        f.write("step 2 loss 2.4\n")             # written just before the rename
+    os.replace(log, tmp_path / "train.log.1")
+    log.write_text("step 3 loss 2.3\n")
+    assert next_line(it) == (2, "step 2 loss 2.4")
+    assert next_line(it) == (1, "step 3 loss 2.3")    # the new file, numbered from 1
+    stop.now = True
+    assert [x for x in it if x[1] is not None] == []
+
+
+def test_truncation_restarts_at_the_top(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("step 1 loss 2.5\nstep 2 loss 2.4\nstep 3 loss 2.3\n")
+    stop = Stop()
+    it = tail(log, stop)
+    assert [next_line(it) for _ in range(3)][-1] == (3, "step 3 loss 2.3")
+    with open(log, "w") as f:                    # copytruncate, or a restart with `>`
+        f.write("step 1 loss 9.9\n")
+    assert next_line(it) == (1, "step 1 loss 9.9")
+
+
+def test_a_file_that_does_not_exist_yet_is_waited_for(tmp_path):
+    log = tmp_path / "later.log"
+    stop = Stop()
+    t = TailLines(log, poll_s=0.001, should_stop=stop)
+    got = []
+    reader = threading.Thread(target=lambda: got.extend(x for x in t if x[1] is not None))
+    reader.start()
+    log.write_text("step 1 loss 2.5\n")
+    stop.now = True      # the tail reads what is there before it honours the stop
+    reader.join(10)
+    assert got in ([(1, "step 1 loss 2.5")], [])   # created before or after the last look
+    assert list(TailLines(log, poll_s=0.001, should_stop=lambda: True)) == [(1, "step 1 loss 2.5")]
+
+
+def test_stop_conditions_process_and_idle(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                            stdin=subprocess.PIPE)
+    cond = StopConditions(pid=proc.pid)
+    assert process_alive(proc.pid) and not cond()
+    proc.stdin.close()
+    proc.wait(10)
+    assert not process_alive(proc.pid) and cond() and cond.reason == f"process {proc.pid} ended"
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)   # ended, not reaped yet
+    assert not process_alive(zombie.pid)
+    zombie.wait()
+    idle = StopConditions(idle_exit_s=1e-9)
+    assert idle() and idle.reason.startswith("no new line for")
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end: a real training subprocess writes its log while `replay --follow` tails it.
+
+class _Inbox(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), _Hook)
+        self.posts: list[dict] = []
+
+
+class _Hook(BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802 (http.server's naming)
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.server.posts.append({"path": self.path, "json": json.loads(body)})
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def inbox():
+    srv = _Inbox()
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+
+
+def _env(**extra):
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def _job(log, *args):
+    return subprocess.Popen([sys.executable, str(TESTS / "follow_job.py"), str(log), *map(str, args)],
+                            stdout=subprocess.PIPE, text=True, env=_env())
+
+
+def _follow_cmd(log, *args):
+    return [sys.executable, "-m", "stability_callbacks", "replay", str(log), "--follow",
+            "--poll-s", "0.05", *map(str, args)]
+
+
+def _follow(log, *args, env=None):
+    return subprocess.run(_follow_cmd(log, *args), capture_output=True, text=True, timeout=180,
+                          env=env or _env())
+
+
+def test_follow_halts_a_live_job_alerts_and_writes_the_run_log(tmp_path, inbox):
+    log, stop_file, ran = tmp_path / "train.log", tmp_path / "STOP", tmp_path / "on_halt.txt"
+    config = tmp_path / "halt.yaml"
+    config.write_text("policy: {halt_on: critical}\n"
+                      "actions:\n  slack: {webhook_url: '${SLACK_WEBHOOK_URL}', min_severity: critical}\n")
+    # The job trains until it finds the stop file (or 2000 steps); the NaN comes at step 30.
+    job = _job(log, "--nan-at", 30, "--steps", 2000, "--stop-file", stop_file)
+    r = _follow(log, "--pid", job.pid, "--config", config, "--run-dir", tmp_path / "run",
+                "--stop-file", stop_file, "--on-halt", f"echo $STABILITY_KIND $STABILITY_STEP > {ran}",
+                "--report", tmp_path / "report.html",
+                env=_env(SLACK_WEBHOOK_URL=f"http://127.0.0.1:{inbox.server_address[1]}/hook"))
+    job_out, _ = job.communicate(timeout=120)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "[critical] step 30 nonfinite" in r.stdout and "halted at step 30 (nonfinite)" in r.stdout
+    # The job saw the stop file and stopped by itself, a few steps later at most.
+    stopped_after = int(job_out.split("stopped by the stop file after step ")[1])
+    assert 30 <= stopped_after < 2000
+    assert json.loads(stop_file.read_text())["kind"] == "nonfinite"
+    assert ran.read_text().split() == ["nonfinite", "30"]
+    assert "nonfinite" in (tmp_path / "report.html").read_text()
+    # The alert reached the (local) Slack webhook before we exited.
+    texts = [p["json"]["text"] for p in inbox.posts]
+    assert inbox.posts[0]["path"] == "/hook" and any("nonfinite" in t and "30" in t for t in texts)
+    # The run log has the steps up to the halt and the findings, as an integration writes it.
+    lines = [json.loads(x) for x in (tmp_path / "run" / "runlog.jsonl").read_text().splitlines()]
+    assert lines[0] == {"type": "segment", "segment": 0, "start_step": 0, "reason": "start"}
+    assert [x["step"] for x in lines if x["type"] == "step"] == list(range(1, 31))
+    assert [(x["step"], x["kind"]) for x in lines if x["type"] == "finding"
+            and x["severity"] == "critical"] == [(30, "nonfinite"), (30, "rollback_advice")]
+
+
+def test_follow_ends_with_the_job_and_follows_its_rotated_log(tmp_path):
+    log, go, runlog = tmp_path / "train.log", tmp_path / "go", tmp_path / "run" / "runlog.jsonl"
+    job = _job(log, "--steps", 80, "--rotate-at", 41, "--go-file", go)
+    follower = subprocess.Popen(_follow_cmd(log, "--pid", job.pid, "--run-dir", tmp_path / "run"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    # The run log's segment line is written with the first record: the follower has the first
+    # file open. Only then does the job rotate it (renamed to train.log.1, a new train.log).
+    deadline = time.monotonic() + 120
+    while not (runlog.exists() and runlog.read_text()):
+        assert follower.poll() is None and time.monotonic() < deadline, follower.communicate()
+        time.sleep(0.02)
+    go.touch()
+    out, err = follower.communicate(timeout=180)
+    assert job.wait(120) == 0
+    assert follower.returncode == 0, out + err
+    assert f"stopped following: process {job.pid} ended" in out and "80 steps" in out
+    steps = [json.loads(x)["step"] for x in runlog.read_text().splitlines() if '"type":"step"' in x]
+    assert steps == list(range(1, 81))
+    assert (tmp_path / "train.log.1").read_text().count("step:") == 40
+
+
+def test_follow_reports_unreadable_input_and_bad_flags(tmp_path):
+    log = tmp_path / "notes.log"
+    log.write_text("hello\nno metrics here\n")
+    r = _follow(log, "--idle-exit-s", 0.3, "--run-dir", tmp_path / "run")
+    assert r.returncode == 2 and "unknown log format" in r.stderr and "Traceback" not in r.stderr
+    r = _follow(log, "--poll-s", 0, "--run-dir", tmp_path / "run")
+    assert r.returncode == 2 and "--poll-s" in r.stderr
+    r = _follow(tmp_path / "x.csv", "--format", "tensorboard", "--idle-exit-s", 0.3)
+    assert r.returncode == 2 and "cannot be followed" in r.stderr
