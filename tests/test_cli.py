@@ -58,7 +58,7 @@ def test_replay_of_our_own_run_log_reproduces_live_findings(tmp_path):
 
 def test_replay_of_an_unknown_format_says_how_to_read_it(tmp_path):
     log = tmp_path / "odd.log"
-    log.write_text("".join(f"ep {e} mse_err {3 - e / 10} acc 0.{e}\n" for e in range(40)))
+    log.write_text("".join(f"ep {e} mse_err {3 - e / 20} acc 0.{e}\n" for e in range(40)))   # stays > 0
     r = cli("replay", log)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.count("error:") == 1 and "closest lines:\n    line 1: ep 0 mse_err 3.0 acc 0.0" in r.stderr
