@@ -362,6 +362,18 @@ class LiveSession:
             # Lightning checkpoints written before the session kept the bare LiveRun state.
             self.run.load_state_dict(blob["live"] if "live" in blob else blob)
 
+    def reload(self, blob: Mapping[str, Any] | None, source: str) -> str:
+        """A checkpoint was loaded (``blob``: its stability state, ``source``: where from) and
+        :meth:`restore` d. Once the session has started, what it recorded since belongs to the
+        abandoned future: a ``rollback``; before, a ``resume``. Returns that reason, for the
+        :meth:`start` of the next segment."""
+        reason = "rollback" if self.started else "resume"
+        if self.started:
+            self.flush()   # host-sync: a checkpoint load
+        self.restore(blob, source)
+        self.forget_micro_batches()
+        return reason
+
     def close(self, *, flush: bool = True) -> None:
         """End of training: the watchdog stops, the last records (a sync point; ``flush=False``
         after a crash), then the run log and the sinks. Idempotent; never raises."""
@@ -412,6 +424,21 @@ class SessionAdapter:
     def findings(self) -> list[Finding]:
         """Every finding of this run so far."""
         return [] if self.session is None else self.session.findings
+
+    @property
+    def saved(self) -> list[tuple[int, str | None]]:
+        """``(step, path)`` of the saves made on the monitor's request, oldest first."""
+        return [] if self.session is None else list(self.session.saves)
+
+    @property
+    def should_stop(self) -> bool:
+        """True once the policy asked for a halt; the same step on every rank."""
+        return self.session is not None and bool(self.session.control.stop)
+
+    @property
+    def stopped_at(self) -> int | None:
+        """The step at which the integration carried out the halt."""
+        return None if self.session is None else self.session.stopped_at
 
     def _off(self) -> bool:
         return self.session is None or self.session.off

@@ -92,19 +92,9 @@ class StabilityHook(SessionAdapter):
 
     # ------------------------------------------------------------------------- public surface
     @property
-    def should_stop(self) -> bool:
-        """True once the policy asked for a halt; the same step on every rank."""
-        return bool(self.session.control.stop)
-
-    @property
-    def stopped_at(self) -> int | None:
-        """The step after which ``should_stop`` turned true."""
-        return self.session.stopped_at
-
-    @property
     def saved_steps(self) -> list[int]:
         """The steps the hook itself saved (the monitor's requests)."""
-        return [step for step, _ in self.session.saves]
+        return [step for step, _ in self.saved]
 
     def apply_rollback(self, save_dir: str | os.PathLike | None = None) -> dict | None:
         """Carry out the rollback advice on disk: ``latest`` names the advised checkpoint's tag and
@@ -225,9 +215,7 @@ class StabilityHook(SessionAdapter):
             if not s.started:
                 self._start("resume" if e.global_steps > 0 else "start")
             s.control.step_done()   # the one-shot requests of the previous step were readable until now
-            lr = e.get_lr()
-            if lr:
-                s.probe.set_lr(float(lr[0]))
+            s.read_lr(e.optimizer)   # engine.get_lr()'s source: the LR this step uses
             self._ds.mark()
             self._ds.grad_norm_before_step(s)   # where DeepSpeed keeps none
 
@@ -282,15 +270,8 @@ class StabilityHook(SessionAdapter):
         load_path, client_state = result if isinstance(result, tuple) and len(result) == 2 else (None, None)
         if self._off() or load_path is None:
             return
-        s = self.session
         with self.guard("load-state", "restoring the stability state"):
-            reason = "resume"
-            if s.started:
-                # Rolled back in-process: what was recorded since belongs to the abandoned future.
-                s.flush()   # host-sync: checkpoint load
-                reason = "rollback"
-            s.restore((client_state or {}).get(CLIENT_STATE_KEY), load_path)
-            s.forget_micro_batches()
+            reason = self.session.reload((client_state or {}).get(CLIENT_STATE_KEY), load_path)
             self._ds.mark()
             self._start(reason)
 

@@ -55,11 +55,6 @@ class StabilityCallback(Callback, SessionAdapter):
         self._norm: torch.Tensor | None = None    # this step's grad norm, for the clipping
         self._orig_clip = self._ds = self._mc_seen = self._save_pending = None
 
-    @property
-    def saved(self) -> list[tuple[int, str]]:
-        """``(step, path)`` of the callback's own saves (the monitor's requests)."""
-        return [] if self.session is None else list(self.session.saves)
-
     # ------------------------------------------------------------------------------ set-up
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "fit" or (self.session is not None and not self._closed):
