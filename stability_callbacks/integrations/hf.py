@@ -11,7 +11,6 @@ binds explicitly. Where each signal comes from, how saves and halts go: README, 
 """
 from __future__ import annotations
 
-import math
 import os
 import sys
 from typing import Any
@@ -109,10 +108,9 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
                 self.bind(trainer, running=True)
             elif self.trainer is None:
                 self.guard.warn_once("unbound", "stability: StabilityCallback could not find its "
-                                     "Trainer; running without the grad norm, the Trainer's exact "
-                                     "loss (taken from the model's forward), reporter logging, the "
-                                     "crash alert and the resumed checkpoint's detector state. Use "
-                                     "StabilityCallback.attach(trainer, ...).")
+                                     "Trainer: no grad norm, reporter logging, crash alert or resumed "
+                                     "detector state, the loss from the model's forward. Use "
+                                     "StabilityCallback.attach(trainer, ...)")
             resume = loop.f_locals.get("resume_from_checkpoint") if loop is not None else None
             resume = os.fspath(resume) if isinstance(resume, (str, os.PathLike)) else None
             # The W&B sink finds the run HF's WandbCallback started (wandb.run) by itself.
@@ -120,7 +118,8 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
                            run_name=self.run_name or getattr(args, "run_name", None))
             s.report = self.log_to_reporters and self.trainer is not None
             self._ga = max(1, int(args.gradient_accumulation_steps))
-            self._user_save_steps = _save_steps_from_args(args, state.max_steps)
+            # The interval the Trainer saves on (TrainerState.compute_steps; a resume's own).
+            self._user_save_steps = state.save_steps if args.save_strategy == "steps" else None
             warmup = args.get_warmup_steps(state.max_steps) if state.max_steps > 0 else 0
             s.declare_warmup(warmup)
             if resume is not None:
@@ -235,10 +234,3 @@ def _find_trainer(callback, max_frames: int = 32):
         frame = frame.f_back
     return None, None
 
-
-def _save_steps_from_args(args, max_steps: int) -> int | None:
-    """The user's save interval as the Trainer computes it (TrainerState.compute_steps)."""
-    n = getattr(args, "save_steps", None)
-    if n is None:
-        return None
-    return int(math.ceil(max_steps * n) if n < 1 else n) or None

@@ -49,7 +49,6 @@ class StabilityCallback(Callback, SessionAdapter):
         SessionAdapter.__init__(self, config=config, monitor=monitor, run_dir=run_dir,
                                 run_name=run_name, listeners=listeners)
         self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
-        self._pending_state: dict | None = None   # from load_state_dict before setup
         self._resumed = self._closed = False
         self._last_step = 0
         self._norm: torch.Tensor | None = None    # this step's grad norm, for the clipping
@@ -70,9 +69,6 @@ class StabilityCallback(Callback, SessionAdapter):
             s = self._open(is_rank0=trainer.is_global_zero, wandb_run=wandb_run,
                            monitor=self.run.monitor if self.session is not None else None)
             s.report, self._closed = self.log_to_loggers, False
-            if self._pending_state is not None:
-                s.restore(self._pending_state, "the checkpoint")
-                self._pending_state = None
             if self.take_over_clipping and not isinstance(trainer.strategy, DeepSpeedStrategy):
                 self._take_over_clipping(trainer)
 
@@ -97,13 +93,10 @@ class StabilityCallback(Callback, SessionAdapter):
         self._orig_clip = (precision, orig)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Lightning calls this with the state saved in the checkpoint it is resuming from."""
+        """Lightning calls this after ``setup`` (trainer.py:1039-1046) with the state saved in the
+        checkpoint it resumes from; ``{}``: saved while monitoring was off (fresh detectors)."""
         self._resumed = True
-        if not state_dict:
-            return            # saved while monitoring was off: the detectors start fresh
-        if self.session is None:
-            self._pending_state = state_dict
-        else:
+        if state_dict and not self._off():
             self.session.restore(state_dict, "the checkpoint")
 
     def state_dict(self) -> dict[str, Any]:
