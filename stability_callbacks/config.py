@@ -1,8 +1,9 @@
 """Configuration: YAML (or the same structure as a dict) → validated once → constructor args.
 
-Every section maps onto constructors (DESIGN 2.5, with ``preflight`` added): ``sampling`` →
-:class:`Sampling`, ``phase`` → ``PhaseTracker``, ``detectors.<name>`` → the detector,
-``policy`` → ``Policy``, ``actions.<sink>`` → the sink class, ``preflight`` → ``Preflight``.
+Every section maps onto constructors (DESIGN 2.5, with ``preflight`` and ``watchdog`` added):
+``sampling`` → :class:`Sampling`, ``phase`` → ``PhaseTracker``, ``detectors.<name>`` → the
+detector, ``policy`` → ``Policy``, ``actions.<sink>`` → the sink class, ``preflight`` →
+``Preflight``, ``watchdog`` → ``HangWatchdog``.
 The allowed keys are the keyword-only parameters of those constructors, and validation builds
 the very objects the Monitor will use, so a bad value fails here with the key path and the
 value (``detectors.loss_spike.z_threshold must be a positive number, got -1``), never later
@@ -23,7 +24,7 @@ import yaml
 
 from .params import check, int_at_least
 
-SECTIONS = ("sampling", "phase", "detectors", "policy", "actions", "preflight")
+SECTIONS = ("sampling", "phase", "detectors", "policy", "actions", "preflight", "watchdog")
 PRESETS_DIR = Path(__file__).resolve().parent / "configs"   # shipped in the wheel
 #: The actions when the section is absent: findings go to Python logging.
 DEFAULT_ACTIONS = {"log": {"min_severity": "info"}}
@@ -109,6 +110,7 @@ def validate(raw: Mapping) -> dict[str, Any]:
     from .phase import PhaseTracker
     from .policy import Policy
     from .preflight import Preflight
+    from .watchdog import HangWatchdog
 
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
@@ -131,6 +133,7 @@ def validate(raw: Mapping) -> dict[str, Any]:
     out["actions"] = validate_actions(raw["actions"] if "actions" in raw else DEFAULT_ACTIONS)
     preflight = {"enabled": False} if raw.get("preflight") is False else _section(raw, "preflight")
     out["preflight"] = _checked("preflight", Preflight, preflight)
+    out["watchdog"] = _checked("watchdog", HangWatchdog, _section(raw, "watchdog"))
     return out
 
 

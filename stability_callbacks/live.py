@@ -12,6 +12,9 @@ invariant 4).
 from __future__ import annotations
 
 import logging
+import os
+import re
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -108,10 +111,10 @@ class Guard:
             return fn()
         return default
 
-    def warn_once(self, key: str, msg: str, *args) -> None:
+    def warn_once(self, key: str, msg: str, *args, level: int = logging.WARNING) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            log.warning(msg, *args)
+            log.log(level, msg, *args)
 
 
 class RunListener:
@@ -128,7 +131,8 @@ class RunListener:
         """One optimizer step's reduced values, before its findings."""
 
     def on_finding(self, finding: Finding) -> None:
-        """Every finding: of a record, of a segment start (``resume``), of the preflight audit."""
+        """Every finding: of a record, of a segment start (``resume``), of the preflight audit,
+        a ``crash``; a ``hang`` / ``hang_resolved`` comes from the watchdog's thread."""
 
     def on_checkpoint(self, step: int, path: str | None) -> None:
         """A checkpoint was written (by the integration or by the framework itself)."""
@@ -165,6 +169,8 @@ class LiveRun:
         self.findings: list[Finding] = []
         self.listeners: list = list(listeners)
         self.guard = guard if guard is not None else Guard()
+        # The hang watchdog emits from its own thread: one writer at a time (uncontended: ~0.1 us).
+        self._lock = threading.RLock()
         self.runlog = RunLog(self.run_dir / RUNLOG_NAME) if (is_rank0 and self.run_dir) else None
         from .actions import build_sinks   # config errors (bad URL, unset variable) surface here, early
         actions = dict(self.monitor.config["actions"])
@@ -187,31 +193,64 @@ class LiveRun:
 
     def start(self, step: int, reason: str = "start") -> list[Finding]:
         """A segment begins: a fresh start, a resume, or a rollback to an older checkpoint."""
-        found = self.guard.call("start", lambda: self.monitor.begin_segment(step, reason), [])
-        if self.runlog:
-            with self.guard("runlog"):
-                self.runlog.segment(self.monitor.segment, step, reason)
-        self._notify("on_segment", self.monitor.segment, step, reason)
-        self._emit(found)
+        with self._lock:
+            found = self.guard.call("start", lambda: self.monitor.begin_segment(step, reason), [])
+            if self.runlog:
+                with self.guard("runlog"):
+                    self.runlog.segment(self.monitor.segment, step, reason)
+            self._notify("on_segment", self.monitor.segment, step, reason)
+            self._emit(found)
         return found
 
     def observe(self, record: StepRecord) -> list[Finding]:
         """Feed one optimizer step. Returns its findings; requests are on ``control``."""
-        record.segment = self.monitor.segment
-        found = self.guard.call("monitor", lambda: self.monitor.update(record), [])
-        if self.runlog:
-            with self.guard("runlog"):
-                self.runlog.step(record)
-        if self.metrics_every_n_steps and record.step % self.metrics_every_n_steps == 0:
-            with self.guard("metrics"):
-                self.dispatcher.log_metrics(record.step, record.metrics)
-        self._notify("on_record", record)
-        self._emit(found)
+        with self._lock:
+            record.segment = self.monitor.segment
+            found = self.guard.call("monitor", lambda: self.monitor.update(record), [])
+            if self.runlog:
+                with self.guard("runlog"):
+                    self.runlog.step(record)
+            if self.metrics_every_n_steps and record.step % self.metrics_every_n_steps == 0:
+                with self.guard("metrics"):
+                    self.dispatcher.log_metrics(record.step, record.metrics)
+            self._notify("on_record", record)
+            self._emit(found)
         return found
 
-    def emit(self, found: list[Finding]) -> None:
-        """Findings that come from no step record (the preflight audit): run log + alerts."""
-        self._emit(list(found))
+    def emit(self, found: list[Finding], *, wait_s: float = -1) -> None:
+        """Findings that come from no step record (the preflight audit, a crash, the hang
+        watchdog's thread): run log + alerts + listeners. ``wait_s``: how long another thread
+        waits for the training thread to leave the run; past it, the findings go to the
+        Python log only (the training thread is stuck inside the run: its run log or a
+        listener)."""
+        if not self._lock.acquire(timeout=wait_s):
+            for f in found:
+                log.critical("stability: %s (%s at step %d)", f.message, f.kind, f.step)
+            return
+        try:
+            self._emit(list(found))
+        finally:
+            self._lock.release()
+
+    def crash(self, step: int, exc: BaseException) -> Finding:
+        """Training raised ``exc`` after step ``step`` (the last one finished): one critical
+        ``crash`` finding, emitted like any other. Only the exception's type and the first line
+        of its message (:func:`exception_text`) leave the process; the traceback stays in the
+        job's own log."""
+        text = exception_text(exc)
+        name = type(exc).__name__
+        ckpt = next(iter(self.monitor.policy.checkpoints[::-1]), None)
+        last = (f" The last checkpoint the monitor knows is step {ckpt[0]} ({ckpt[1]})."
+                if ckpt else "")
+        f = Finding(step, "crash", "critical", signal="exception",
+                    message=f"Training crashed in step {step + 1} with {name}: {text}. The last "
+                            f"finished step is {step}; monitoring has stopped.{last} Read the "
+                            f"traceback in the job's log, fix the cause and restart from a good "
+                            f"checkpoint.",
+                    details={"exception": name, "message": text, "in_step": step + 1,
+                             "checkpoint_step": ckpt[0] if ckpt else None})
+        self.emit([f])
+        return f
 
     def _emit(self, found: list[Finding]) -> None:
         self.findings.extend(found)
@@ -225,19 +264,21 @@ class LiveRun:
 
     def checkpoint_saved(self, step: int, path: str | None = None) -> None:
         path = None if path is None else str(path)
-        self.monitor.note_checkpoint(step, path)
-        if self.runlog:
-            with self.guard("runlog"):
-                self.runlog.checkpoint(step, path)
-        self._notify("on_checkpoint", step, path)
+        with self._lock:
+            self.monitor.note_checkpoint(step, path)
+            if self.runlog:
+                with self.guard("runlog"):
+                    self.runlog.checkpoint(step, path)
+            self._notify("on_checkpoint", step, path)
 
     def act(self, action: Action) -> None:
         """The integration did something (saved, refused a save, changed the save interval,
         stopped): one ``action`` line in the run log, and the listeners hear of it."""
-        if self.runlog:
-            with self.guard("runlog"):
-                self.runlog.action(action)
-        self._notify("on_action", action)
+        with self._lock:
+            if self.runlog:
+                with self.guard("runlog"):
+                    self.runlog.action(action)
+            self._notify("on_action", action)
 
     def _notify(self, event: str, *args) -> None:
         for listener in self.listeners:
@@ -253,8 +294,31 @@ class LiveRun:
         self.monitor.load_state_dict(state["monitor"])
 
     def close(self, timeout_s: float = 5.0) -> None:
+        """Deliver the pending alerts (until ``timeout_s`` from now) and close the run log."""
         with self.guard("alerts"):
             self.dispatcher.close(timeout_s=timeout_s)
         if self.runlog:
-            with self.guard("runlog"):
+            with self._lock, self.guard("runlog"):
                 self.runlog.close()
+
+
+#: Environment variables whose values never leave the process in an alert.
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|KEY|WEBHOOK|AUTH|CREDENTIAL|COOKIE", re.I)
+_URL = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)(?:[^/\s@]*@)?([^/\s?#]*)(\S*)")
+
+
+def exception_text(exc: BaseException, limit: int = 200) -> str:
+    r"""The part of an exception's message an alert may carry: its first line, at most
+    ``limit`` characters, each URL cut to scheme and host (paths, queries and credentials hold
+    tokens), and the value of every environment variable named like a secret replaced by ***.
+
+    >>> exception_text(RuntimeError("POST https://bob:pw@hooks.example/T0/B1?token=x failed\nmore"))
+    'POST https://hooks.example/... failed'
+    """
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else ""
+    for name, value in os.environ.items():
+        if len(value) >= 6 and _SECRET_NAME.search(name) and value in text:
+            text = text.replace(value, "***")
+    text = _URL.sub(lambda m: m.group(1) + m.group(2) + ("/..." if m.group(3) else ""), text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

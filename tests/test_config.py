@@ -29,7 +29,8 @@ def test_default_yaml_shows_the_real_defaults():
         assert sig[k].default == v, f"policy.{k}"
     from stability_callbacks.config import Sampling, config_keys
     from stability_callbacks.preflight import Preflight
-    for section, cls in (("sampling", Sampling), ("preflight", Preflight)):   # every key, shown
+    from stability_callbacks.watchdog import HangWatchdog
+    for section, cls in (("sampling", Sampling), ("preflight", Preflight), ("watchdog", HangWatchdog)):  # every key, shown
         built = cls()
         assert {k: getattr(built, k) for k in config_keys(cls)} == raw[section], section
 

@@ -22,7 +22,8 @@ from stability_callbacks.monitor import STATE_VERSION  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "dist" / "ds_scenarios.py"
-CASES = ("overflow-z1", "overflow-z0", "pocket-z2", "nan-z0", "spike-z3", "streams-z1")
+CASES = ("overflow-z1", "overflow-z0", "pocket-z2", "nan-z0", "spike-z3", "streams-z1", "nonorm-z2",
+         "crash-z1")
 LAUNCH_TIMEOUT_S = 420
 
 
@@ -267,3 +268,25 @@ def test_per_dataset_losses_are_the_mean_over_micro_batches_and_ranks(ds):
         parts = [r["seen"][ga * i + k] for r in (r0, r1) for k in range(ga)]
         assert m["loss/a"] == pytest.approx(sum(p[0] for p in parts) / len(parts), rel=1e-6)
         assert m["loss/b"] == pytest.approx(sum(p[1] for p in parts) / len(parts), rel=1e-6)
+
+
+def test_compute_grad_norm_false_falls_back_to_our_own_norm(ds):
+    r0, r1 = ds["nonorm-z2"]
+    assert r0["engine_keeps_norm"] == {"True": True, "False": False}   # DeepSpeed: None with the flag off
+    norms = r0["records"]
+    assert len(norms["False"]) == 4 and None not in norms["False"]
+    assert norms["False"] == pytest.approx(norms["True"], rel=1e-6)     # the norm DeepSpeed would report
+    for r in (r0, r1):   # once per process, an info
+        assert r["infos"] == ["stability: DeepSpeed computes no grad norm (zero_optimization."
+                              "compute_grad_norm: false); the monitor computes it (one pass over the "
+                              "gradient partitions and one all_reduce per step)"]
+
+
+def test_an_exception_leaving_the_with_block_is_one_crash_alert(ds):
+    r = ds["crash-z1"][0]
+    assert r["same_object"] and r["closed"]
+    assert r["findings"][-1] == [3, "crash", "critical"]
+    assert r["records"]["received"] == [[3, "crash", "critical"]]     # rank 0 alerts, once
+    assert r["records"]["finding"]["details"]["exception"] == "RuntimeError"
+    assert r["records"]["finding"]["message"].startswith(
+        "Training crashed in step 4 with RuntimeError: NCCL error: unhandled system error.")

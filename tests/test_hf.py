@@ -2,7 +2,7 @@
 
 Each run is a tiny GPT-2 (stability_callbacks.demo.scenarios) for 22-45 steps, ~1-3 s with one
 thread. The data-pocket run is shared (module fixture) by the signal, run-log, TensorBoard and
-resume tests.
+resume tests; it adds the callback the plain way, ``Trainer(..., callbacks=[cb])``.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,9 @@ pytest.importorskip("transformers")
 
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
+from alert_inbox import AlertInbox  # noqa: E402
 from stability_callbacks.demo.scenarios import build_scenario  # noqa: E402
+from stability_callbacks.integrations import hf  # noqa: E402
 from stability_callbacks.integrations.hf import STATE_FILE, StabilityCallback  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,12 +74,14 @@ def _actions(run_dir) -> list[tuple]:
 # ------------------------------------------------------------------------------ data pocket
 @pytest.fixture(scope="module")
 def pocket(tmp_path_factory):
-    """data-pocket, GA=2, TensorBoard on, a regular save at step 22 (the resume point)."""
+    """data-pocket, GA=2, TensorBoard on, a regular save at step 22 (the resume point); the
+    callback added the plain way, in the Trainer's constructor."""
     out = tmp_path_factory.mktemp("pocket")
     sc = build_scenario("data-pocket", batch_size=4, grad_accum=2)
     args = _args(out / "ckpt", sc, save_steps=22, report_to=["tensorboard"])
-    trainer = Trainer(model=sc.make_model(), args=args, train_dataset=sc.train_dataset())
-    cb = StabilityCallback.attach(trainer, run_dir=out / "stability")
+    cb = StabilityCallback(run_dir=out / "stability")
+    trainer = Trainer(model=sc.make_model(), args=args, train_dataset=sc.train_dataset(), callbacks=[cb])
+    assert cb.trainer is trainer        # found inside Trainer.__init__ (on_init_end)
     trainer.train()
     return {"sc": sc, "out": out, "trainer": trainer, "cb": cb}
 
@@ -86,6 +91,9 @@ def test_data_pocket_spike_at_the_pocket_and_recovery(pocket):
     first, last = sc.fault_steps[0], sc.fault_steps[-1]
     spike = _first(cb.findings, "loss_spike")
     assert (spike.step, spike.severity, spike.onset_step) == (first, "warning", first)
+    # The grad norm (the Trainer's own, pre-clip) leads with it: the bad batch's gradient.
+    lead = _first(cb.findings, "grad_norm_spike")
+    assert (lead.step, lead.severity) == (first, "info")
     assert _first(cb.findings, "spike_recovered").step == last + 1
     # Nothing serious before the pocket: the healthy stretch is quiet.
     assert _kinds([f for f in cb.findings if f.step < first], ("warning", "critical")) == []
@@ -148,8 +156,8 @@ def test_tensorboard_gets_stability_scalars_and_keeps_the_trainers_line(pocket):
 def _resume(pocket, tmp_path, **overrides):
     sc = pocket["sc"]
     args = _args(pocket["out"] / "ckpt", sc, save_steps=22, **overrides)
-    trainer = Trainer(model=sc.make_model(), args=args, train_dataset=sc.train_dataset())
-    cb = StabilityCallback.attach(trainer, run_dir=tmp_path / "stability")
+    cb = StabilityCallback(run_dir=tmp_path / "stability")
+    trainer = Trainer(model=sc.make_model(), args=args, train_dataset=sc.train_dataset(), callbacks=[cb])
     # Saves of the resumed run go elsewhere: the fixture's checkpoints stay as they were.
     trainer.args.output_dir = str(tmp_path / "ckpt")
     trainer.train(resume_from_checkpoint=str(pocket["out"] / "ckpt" / "checkpoint-22"))
@@ -214,9 +222,10 @@ def test_nan_halts_cleanly_without_saving_damaged_weights(tmp_path, bf16):
                               f"(nonfinite at step {bad})")]
 
 
-def test_unbound_callback_still_sees_the_nan_and_suppresses_saves(tmp_path, caplog):
-    """``trainer.add_callback(StabilityCallback(...))`` without the trainer: loss from the model's
-    forward (no grad norm); a NaN without halting keeps training but saves nothing after it."""
+def test_callback_added_after_the_trainer_was_built_finds_it(tmp_path, caplog):
+    """``trainer.add_callback(StabilityCallback(...))``: the trainer is found at train begin, so
+    the run has the grad norm, and a NaN without halting keeps training but saves nothing after
+    it."""
     sc = build_scenario("nan")
     trainer = Trainer(model=sc.make_model(), args=_args(tmp_path / "ckpt", sc, save_steps=10),
                       train_dataset=sc.train_dataset())
@@ -224,7 +233,7 @@ def test_unbound_callback_still_sees_the_nan_and_suppresses_saves(tmp_path, capl
     trainer.add_callback(cb)
     with caplog.at_level("WARNING", logger="stability_callbacks"):
         trainer.train()
-    assert "added without the trainer" in caplog.text
+    assert cb.trainer is trainer and "could not find its Trainer" not in caplog.text
     (bad,) = sc.fault_steps
     assert _first(cb.findings, "nonfinite").step == bad
     assert trainer.state.global_step == sc.max_steps              # halt_on: never (default)
@@ -233,7 +242,117 @@ def test_unbound_callback_still_sees_the_nan_and_suppresses_saves(tmp_path, capl
         (30, "save_blocked", f"the Trainer's own save; refused: the weights are damaged "
                              f"(nonfinite at step {bad})")]
     steps = [r for r in _runlog(tmp_path / "stability") if r["type"] == "step"]
-    assert "grad_norm" not in steps[0]["metrics"] and "loss" in steps[0]["metrics"]
+    hf_norms = {h["step"]: h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h}
+    assert steps[4]["metrics"]["grad_norm"] == pytest.approx(hf_norms[5], rel=1e-6)
+
+
+def test_without_its_trainer_the_callback_runs_degraded_and_says_so(tmp_path, caplog, monkeypatch):
+    """Should a transformers version hide the Trainer from its callbacks: the loss and the batch
+    come from the model's forward, there is no grad norm, and one warning says what is missing."""
+    monkeypatch.setattr(hf, "_find_trainer", lambda callback, max_frames=32: (None, None))
+    sc = build_scenario("data-pocket", batch_size=4, grad_accum=2)
+    cb = StabilityCallback(run_dir=tmp_path / "stability")
+    trainer = Trainer(model=sc.make_model(), args=_args(tmp_path / "ckpt", sc),
+                      train_dataset=sc.train_dataset(), callbacks=[cb])
+    with caplog.at_level("WARNING", logger="stability_callbacks"):
+        trainer.train()
+    assert cb.trainer is None
+    assert caplog.text.count("could not find its Trainer") == 1
+    spike = _first(cb.findings, "loss_spike")
+    assert (spike.step, spike.severity) == (sc.fault_steps[0], "warning")
+    records = {r["step"]: r["metrics"] for r in _runlog(tmp_path / "stability") if r["type"] == "step"}
+    assert "grad_norm" not in records[1] and records[1]["batch_fingerprint"] != records[2]["batch_fingerprint"]
+    for h in (h for h in trainer.state.log_history if "loss" in h and "step" in h):
+        window = [records[i]["loss"] for i in range(h["step"] - 4, h["step"] + 1)]
+        assert sum(window) / 5 == pytest.approx(h["loss"], rel=1e-5)   # the Trainer's loss
+
+
+# ----------------------------------------------------------------------- crash and hang alerts
+def _fault_at(model, call: int, action) -> None:
+    """Run ``action`` at the ``call``-th training forward of ``model`` (GA 1: that step)."""
+    calls = []
+
+    def pre_hook(module, args):
+        if module.training:
+            calls.append(1)
+            if len(calls) == call:
+                action()
+
+    model.register_forward_pre_hook(pre_hook)
+
+
+def _webhook(inbox, min_severity):
+    return {"webhook": {"url": inbox.url, "min_severity": min_severity, "rate_limit_s": 0}}
+
+
+@pytest.mark.parametrize("exc_type, added", [(RuntimeError, "init"), (RuntimeError, "add_callback"),
+                                             (KeyboardInterrupt, "init")])
+def test_crash_sends_one_critical_alert_then_reraises_it_unchanged(tmp_path, exc_type, added):
+    """An exception in step 6: one critical alert, delivered to a real local endpoint before
+    train() re-raises the very same exception; Ctrl-C is not a crash (no alert)."""
+    sc = build_scenario("healthy", max_steps=10)
+    model = sc.make_model()
+    exc = exc_type("CUDA error: an illegal memory access was encountered at "
+                   "https://user:pw@example.org/x?token=abc\n(the rest of the message)")
+
+    def boom():
+        raise exc
+
+    _fault_at(model, 6, boom)
+    with AlertInbox() as inbox:
+        cb = StabilityCallback(config={"actions": _webhook(inbox, "critical")},
+                               run_dir=tmp_path / "stability")
+        kw = dict(model=model, args=_args(tmp_path / "ckpt", sc), train_dataset=sc.train_dataset())
+        trainer = Trainer(**kw, callbacks=[cb]) if added == "init" else Trainer(**kw)
+        if added == "add_callback":
+            trainer.add_callback(cb)
+        with pytest.raises(exc_type) as raised:
+            trainer.train()
+        alerts = inbox.kinds()
+    assert raised.value is exc and raised.traceback[-1].name == "boom"   # unchanged
+    assert cb.session.closed and not cb.session._watchdog._thread.is_alive()
+    lines = _runlog(tmp_path / "stability")
+    assert [x["step"] for x in lines if x["type"] == "step"] == [1, 2, 3, 4, 5]
+    if exc_type is KeyboardInterrupt:
+        assert alerts == [] and not any(x.get("kind") == "crash" for x in lines)
+        return
+    assert alerts == [(5, "crash", "critical")]                        # delivered before the raise
+    (crash,) = [x for x in lines if x["type"] == "finding" and x["kind"] == "crash"]
+    assert crash["details"] == {"exception": "RuntimeError", "in_step": 6, "checkpoint_step": None,
+                                "message": "CUDA error: an illegal memory access was encountered "
+                                           "at https://example.org/..."}
+    assert crash["message"].startswith("Training crashed in step 6 with RuntimeError: CUDA error")
+    assert "pw" not in json.dumps(inbox.alerts) and "token" not in json.dumps(inbox.alerts)
+
+
+def test_hang_alert_then_resolved_from_a_really_stalled_step(tmp_path):
+    """Step 8 blocks until the hang alert reaches a real local endpoint; that alert releases it
+    (no sleep anywhere): one critical ``hang`` at the last finished step, one ``hang_resolved``
+    when step 8 finishes."""
+    sc = build_scenario("healthy", max_steps=12)
+    model = sc.make_model()
+    release = threading.Event()
+    _fault_at(model, 8, lambda: release.wait(120))
+    with AlertInbox() as inbox:
+        inbox.on_kind["hang"] = release.set
+        config = {"watchdog": {"hang_min_s": 3.0}, "actions": _webhook(inbox, "info")}
+        cb = StabilityCallback(config=config, run_dir=tmp_path / "stability")
+        trainer = Trainer(model=model, args=_args(tmp_path / "ckpt", sc), callbacks=[cb],
+                          train_dataset=sc.train_dataset())
+        trainer.train()
+        alerts = [a for a in inbox.alerts if a["kind"] in ("hang", "hang_resolved")]
+    assert release.is_set() and trainer.state.global_step == 12
+    assert [(a["step"], a["kind"], a["severity"]) for a in alerts] == [
+        (7, "hang", "critical"), (8, "hang_resolved", "info")]
+    hang, resolved = (a["body"]["finding"] for a in alerts)
+    median = hang["details"]["median_step_s"]
+    assert hang["details"]["threshold_s"] == pytest.approx(max(3.0, 10 * median), abs=1e-3)
+    assert hang["details"]["stall_s"] >= hang["details"]["threshold_s"]
+    assert resolved["details"]["stall_s"] >= hang["details"]["stall_s"]
+    assert resolved["details"]["stalled_step"] == 7
+    logged = [(x["step"], x["kind"]) for x in _runlog(tmp_path / "stability")
+              if x["type"] == "finding" and x["kind"].startswith("hang")]
+    assert logged == [(7, "hang"), (8, "hang_resolved")]
 
 
 # --------------------------------------------------------------------------- warmup spike
@@ -255,9 +374,8 @@ def test_warmup_spike_escalates_and_bumps_the_save_interval(tmp_path):
     serious = [f.step for f in cb.findings if f.severity != "info"
                and f.kind not in ("warmup_instability", "rollback_advice")]
     bump_end = max([window_end] + [s + 4 for s in serious])
-    # The interval decided after step s governs the save test of step s + 1 (the Trainer's
-    # DefaultFlowCallback runs before ours).
-    bumped = [s for s in range(sc.warmup_steps + 2, bump_end + 2) if s % 2 == 0]
+    # The interval decided at step s governs step s (as under Lightning and DeepSpeed).
+    bumped = [s for s in range(sc.warmup_steps + 1, bump_end + 1) if s % 2 == 0]
     ckpts = _checkpoints(tmp_path / "ckpt")
     # Every even step while bumped, the save-now at the spike, the final save; nothing between
     # the end of the bump and the end of training (the user's interval, 1000, is back).

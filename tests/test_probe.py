@@ -229,7 +229,7 @@ def test_cadences_lr_extras_and_param_norm():
     assert recs[5][keys.BATCH_FINGERPRINT] == float(batch_fingerprint(torch.arange(25)))
 
 
-def test_optimizers_without_second_moment_skip_with_one_warning(caplog):
+def test_optimizers_without_second_moment_skip_with_one_info(caplog):
     probe_mod._ONCE._warned.discard("no-second-moment")
     model = _model()
     for opt in (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
@@ -237,13 +237,14 @@ def test_optimizers_without_second_moment_skip_with_one_warning(caplog):
         probe_mod._ONCE._warned.discard("no-second-moment")
         probe = StepProbe(adam_every_n_steps=1)
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="stability_callbacks"):
+        with caplog.at_level(logging.INFO, logger="stability_callbacks"):
             _train(model, opt, probe, 3)
         recs = probe.poll()
         assert [r.step for r in recs] == [1, 2, 3]
         assert all(keys.ADAM_V_MAX not in r.metrics and keys.LOSS in r.metrics for r in recs)
-        warnings = [r for r in caplog.records if "second moment" in r.getMessage()]
-        assert len(warnings) == 1, type(opt).__name__
+        # issue 16: SGD and Adafactor are no problem to warn about; one INFO line says why.
+        notes = [r.levelname for r in caplog.records if "second moment" in r.getMessage()]
+        assert notes == ["INFO"], type(opt).__name__
 
 
 def test_empty_state_before_the_first_step_is_silent(caplog):

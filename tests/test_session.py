@@ -92,3 +92,29 @@ def test_state_round_trips_and_restores_from_the_checkpoint_loaded(tmp_path, cap
     assert fresh.run.monitor.last_step is None
     assert "checkpoint-3 has no stability state; detectors start fresh" in caplog.text
     assert "restoring the stability state from checkpoint-5 (detectors start fresh) failed" in caplog.text
+
+
+@pytest.mark.parametrize("exc", [ValueError("bad batch"), KeyboardInterrupt()], ids=["error", "ctrl-c"])
+def test_a_crash_is_one_critical_finding_then_the_session_is_closed(tmp_path, exc):
+    s = _session(tmp_path)
+    s.start(0, "start")
+    _train(s, range(1, 4))
+    s.crashed(exc)
+    s.crashed(exc)                       # an adapter may see it twice (train and its epoch loop)
+    lines = [json.loads(x) for x in (tmp_path / "runlog.jsonl").read_text().splitlines()]
+    crashes = [(x["step"], x["severity"], x["details"]["exception"], x["details"]["in_step"])
+               for x in lines if x.get("kind") == "crash"]
+    assert crashes == ([(3, "critical", "ValueError", 4)] if isinstance(exc, Exception) else [])
+    assert s.closed and not s._watchdog._thread.is_alive()
+    assert s.run.dispatcher._closed and s.run.runlog._f.closed
+
+
+def test_the_hang_watchdog_runs_on_rank0_only():
+    s = LiveSession(LiveRun(config={"actions": {}}, run_dir=None, is_rank0=False))
+    s.start(0, "start")
+    assert s._watchdog is None
+    s.close()
+    off = _session(watchdog={"enabled": False})
+    off.start(0, "start")
+    assert off._watchdog._thread is None
+    off.close()

@@ -329,7 +329,7 @@ class StepProbe:
         except NoSecondMoment as e:
             self._adam_disabled = True
             _ONCE.warn_once("no-second-moment", "stability: %s keeps no Adam second moment "
-                            "(exp_avg_sq); second-moment statistics are off for this run", e)
+                            "(exp_avg_sq); second-moment statistics are off for this run", e, level=logging.INFO)
             return
         except Exception:  # monitoring never takes training down
             self._adam_disabled = True

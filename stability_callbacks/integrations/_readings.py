@@ -4,14 +4,16 @@ global grad norm of FSDP-sharded grads. Each integration calls the readers its h
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from stability_callbacks.live import Guard
 
 from ._optim_state import unwrap_optimizer
 
-__all__ = ["grad_scaler_readings", "deepspeed_readings", "DeepSpeedStep", "step_lr",
-           "sharded_grad_norm"]
+__all__ = ["grad_scaler_readings", "read_grad_scaler", "deepspeed_readings", "DeepSpeedStep",
+           "step_lr", "sharded_grad_norm"]
 
 _ONCE = Guard()   # process-wide: one warning per problem
 
@@ -39,6 +41,20 @@ def grad_scaler_readings(scaler, optimizer):
         found_t = vals[0] if len(vals) == 1 else torch.stack(
             [v.to(vals[0].device) for v in vals]).sum()
     return scale, found_t
+
+
+def read_grad_scaler(probe, scaler, optimizer) -> tuple:
+    """A torch GradScaler's loss scale and skip into ``probe``; returns ``(scale, found_inf)``.
+
+    Before ``scaler.update()`` and after ``unscale_``: the scale this step used and
+    ``found_inf``. Where ``found_inf`` is not (yet) there (after ``update()``, or a fused
+    optimizer that unscales inside its step), a skip is a scale decrease (torch's GradScaler has
+    no hysteresis). No scaler: nothing, ``(None, None)``.
+    """
+    scale, found_inf = grad_scaler_readings(scaler, optimizer)
+    probe.set_loss_scale(scale, detect_decrease=found_inf is None)
+    probe.set_skipped(found_inf)
+    return scale, found_inf
 
 
 def deepspeed_readings(engine) -> dict:
@@ -78,16 +94,28 @@ class DeepSpeedStep:
         """Count skips from here (before the step, or after a checkpoint load)."""
         self.skipped = int(getattr(self.engine, "skipped_steps", 0))
 
-    def keeps_no_grad_norm(self) -> bool:
-        """ZeRO-0 fp32 keeps no global grad norm (``get_global_grad_norm()`` is None): compute it
-        from ``p.grad`` before the engine's step, where the grads are still pre-clip. Torch-autocast
-        ZeRO-0 keeps scaled grads until inside the step: no norm at all (one warning)."""
+    def grad_norm_before_step(self, session) -> None:
+        """Where DeepSpeed keeps no global grad norm (``get_global_grad_norm()`` is None), give
+        ``session`` our own, taken before the step (the engine clips inside it). ZeRO-0 fp32:
+        from ``p.grad``. ZeRO-1/2 with ``zero_optimization.compute_grad_norm: false``: from the
+        optimizer's reduced gradient partitions (``scaled_global_norm``: the pass and all_reduce
+        DeepSpeed skipped, so the saving is gone; one info says so) over the loss scale.
+        Torch-autocast ZeRO-0 keeps scaled grads until inside the step: no norm (one warning).
+        Call on every rank (the ZeRO norm is a collective)."""
         e = self.engine
         if getattr(e, "torch_autocast_z0_gradscaler", None) is not None:
             _ONCE.warn_once("autocast-norm", "stability: torch-autocast ZeRO-0 keeps scaled grads "
                             "until inside the step; the grad norm is not monitored")
-            return False
-        return not (e.fp16_enabled() or e.bfloat16_enabled() or e.zero_optimization())
+        elif not (e.fp16_enabled() or e.bfloat16_enabled() or e.zero_optimization()):
+            session.before_optimizer_step(params=e.module.parameters())
+        elif e.zero_optimization() and not getattr(e, "zero_compute_grad_norm", lambda: True)():
+            _ONCE.warn_once("ds-no-norm", "stability: DeepSpeed computes no grad norm "
+                            "(zero_optimization.compute_grad_norm: false); the monitor computes it "
+                            "(one pass over the gradient partitions and one all_reduce per step)",
+                            level=logging.INFO)
+            opt = e.optimizer
+            session.before_optimizer_step(grad_norm=opt.scaled_global_norm(),
+                                          scaled_by=float(opt.loss_scale))
 
     def read_into(self, probe, *, grad_norm: bool) -> None:
         r = deepspeed_readings(self.engine)

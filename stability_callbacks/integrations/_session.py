@@ -21,6 +21,10 @@ checkpoints           :meth:`~LiveSession.checkpoint` (flush, a sync point; note
                       actually loaded)
 guard                 ``session.guard`` (the run's :class:`~stability_callbacks.live.Guard`):
                       every call above is guarded; a failed start turns the session off
+crash, hang           :meth:`~LiveSession.crashed` (the adapter's exception path: one critical
+                      ``crash`` alert, then it re-raises); the hang watchdog
+                      (:class:`~stability_callbacks.watchdog.HangWatchdog`, rank 0) reads the
+                      step timestamps and :meth:`~LiveSession.alive` (evaluation batches)
 ====================  ========================================================================
 
 Every rank runs the same session on the same reduced records, so every rank reaches the same
@@ -28,12 +32,13 @@ requests at the same step (saves are collective under DeepSpeed and FSDP). Ordin
 a few device ops on scalars and the probe's one packed collective; the syncs are the flushes,
 each tagged ``# host-sync:``.
 
-Where later work plugs in: a hang watchdog reads ``finished_at_s`` (host clock only: no
-collective, no sync); a skip-step decision belongs in ``before_optimizer_step``; an automatic
-rollback restores through ``restore`` and opens its segment with ``start(step, "rollback")``.
+Where later work plugs in: a skip-step decision belongs in ``before_optimizer_step``; an
+automatic rollback restores through ``restore`` and opens its segment with
+``start(step, "rollback")``.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import deque
@@ -43,16 +48,21 @@ import torch
 
 from stability_callbacks import keys
 from stability_callbacks.control import Action, Control
-from stability_callbacks.live import Guard, LiveRun
+from stability_callbacks.live import Guard, LiveRun, reporter_scalars
 from stability_callbacks.record import Finding, StepRecord
+from stability_callbacks.watchdog import HangWatchdog
 
 from ._preflight import run_preflight
 from ._probe import StepProbe
+from ._readings import step_lr
 from ._reductions import batch_fingerprint
 
-__all__ = ["LiveSession", "SessionAdapter"]
+__all__ = ["LiveSession", "SessionAdapter", "STATE_FILE"]
 
-#: How many step-end timestamps a session keeps (a watchdog's view of the step time).
+#: The detector state's file inside a checkpoint folder (HF: every ``checkpoint-N``).
+STATE_FILE = "stability_state.json"
+
+#: How many step-end timestamps a session keeps (the hang watchdog's view of the step time).
 STEP_TIMES_KEPT = 128
 
 
@@ -91,9 +101,20 @@ class LiveSession:
                               **{keys.LOSS_STREAM_PREFIX + n: "mean"
                                  for n in sampling.get("loss_streams") or ()}})
         self.lockstep = lockstep
-        self.started = False
+        self.started = self.closed = False
+        #: The last optimizer step finished (or the step a segment started from).
+        self.last_step = 0
         #: Monotonic time (s) at which each of the last steps finished, newest last.
         self.finished_at_s: deque[float] = deque(maxlen=STEP_TIMES_KEPT)
+        #: Monotonic time (s) of the last other sign of progress (an evaluation batch).
+        self.alive_at_s: float | None = None
+        self._watchdog: HangWatchdog | None = None
+        #: Keep the framework-logger scalars of every record observed (:meth:`take_scalars`).
+        self.report = False
+        #: A finding came since the scalars were last taken (report them now, not at the next
+        #: logging step: its step is the news).
+        self.finding_pending = False
+        self._scalars: dict[str, float] = {}
         #: The saves made on the monitor's request: ``(step, path)``, oldest first.
         self.saves: list[tuple[int, str | None]] = []
         #: The first step at which the integration carried out a halt.
@@ -126,9 +147,32 @@ class LiveSession:
         """A segment begins (``start``, ``resume``, ``rollback``); a fresh start also runs the
         preflight audit on ``model``/``optimizer``/``scheduler`` (``facts``: precision, ...)."""
         self.run.start(step, reason)
+        self.last_step = int(step)
         if reason == "start":
             run_preflight(self.run, model, optimizer, scheduler, **facts)
         self.started = True
+        if self._watchdog is None and self.run.is_rank0:
+            with self.guard("watchdog", "starting the hang watchdog"):
+                self._watchdog = HangWatchdog(**(self.run.monitor.config.get("watchdog") or {}))
+                self._watchdog.start(lambda: (self.last_step, self.finished_at_s, self.alive_at_s),
+                                     lambda finding: self.run.emit([finding], wait_s=5.0))
+
+    def alive(self) -> None:
+        """A sign of progress between optimizer steps (an evaluation batch): not a hang."""
+        self.alive_at_s = time.monotonic()
+
+    def crashed(self, exc: BaseException) -> None:
+        """Training raised ``exc``: one critical ``crash`` finding (the last finished step, the
+        exception's type and message line), delivered before this returns (the sinks are
+        flushed with their deadline), then the session closes without touching the device (it
+        may be what failed). ``KeyboardInterrupt`` and ``SystemExit`` are someone stopping the
+        run: closed, no alert. Never raises; the caller re-raises ``exc`` unchanged."""
+        if self.closed:
+            return
+        if isinstance(exc, Exception) and not self.off:
+            with self.guard("crash", "reporting the crash"):
+                self.run.crash(self.last_step, exc)
+        self.close(flush=False)
 
     # ------------------------------------------------------------------------- micro-batches
     def add_micro_batch(self, *, loss=None, input_ids=None, divide_by: float = 1.0) -> None:
@@ -155,16 +199,27 @@ class LiveSession:
                     total, n = self._streams.get(name, (None, 0))
                     self._streams[name] = (v if total is None else total + v, n + 1)
 
-    def before_optimizer_step(self, *, grad_norm=None, params=None):
+    def read_lr(self, optimizer) -> None:
+        """The LR this step uses: the optimizer's first param group, read before the framework
+        steps its scheduler."""
+        with self.guard("lr", "reading the learning rate"):
+            self.probe.set_lr(step_lr(optimizer))
+
+    def before_optimizer_step(self, *, grad_norm=None, params=None, scaled_by=None):
         """The point right before the optimizer applies this step's update: the pre-clip,
         unscaled global grad norm, as the framework computed it (``grad_norm``: a device tensor
-        or host float) or computed here from ``params`` with one foreach reduction. Returns the
-        norm (the tensor to clip with), or None. A skip-step decision belongs here."""
+        or host float) or computed here from ``params`` with one foreach reduction.
+        ``scaled_by``: the loss scale the grads are still multiplied by (a fused optimizer under
+        a GradScaler unscales inside its step), divided out of the recorded norm. Returns the
+        norm as given or computed (the tensor to clip with), or None. A skip-step decision
+        belongs here."""
         with self.guard("grad-norm", "reading the grad norm"):
-            if params is not None:
-                return self.probe.compute_grad_norm(params)
-            self.probe.set_grad_norm(grad_norm)
-            return grad_norm
+            norm = self.probe.compute_grad_norm(params) if params is not None else grad_norm
+            if scaled_by is not None and norm is not None:
+                self.probe.set_grad_norm(norm / scaled_by)
+            elif params is None:
+                self.probe.set_grad_norm(norm)
+            return norm
         return None
 
     # ---------------------------------------------------------------------------- step close
@@ -190,6 +245,7 @@ class LiveSession:
             else:
                 probe.finish_step(step, optimizer=optimizer)
                 records = early + ([] if self.lockstep else probe.poll())
+        self.last_step = step
         self.finished_at_s.append(time.monotonic())
         return self._observe(records)
 
@@ -205,7 +261,19 @@ class LiveSession:
         self.probe.discard_step()
 
     def _observe(self, records: list[StepRecord]) -> list[tuple[StepRecord, list[Finding]]]:
-        return [(r, self.run.observe(r)) for r in records]
+        pairs = [(r, self.run.observe(r)) for r in records]
+        if self.report:
+            for record, found in pairs:
+                self._scalars.update(reporter_scalars(record, found))
+                self.finding_pending = self.finding_pending or bool(found)
+        return pairs
+
+    def take_scalars(self) -> dict[str, float]:
+        """The ``stability/...`` scalars (:func:`~stability_callbacks.live.reporter_scalars`) of
+        the records observed since the last call, newest value per key, for the framework's
+        loggers (with ``report`` on)."""
+        out, self._scalars, self.finding_pending = self._scalars, {}, False
+        return out
 
     # ------------------------------------------------------------------------------ requests
     def requests(self, step: int, *, interval_saves: bool = True,
@@ -263,6 +331,21 @@ class LiveSession:
             self.saved(step, path, reason)
         return self.state(step)
 
+    def write_state_file(self, folder: str, blob: Mapping[str, Any]) -> None:
+        """``blob`` as ``folder/STATE_FILE``, written atomically (one writer: rank 0)."""
+        tmp = os.path.join(folder, STATE_FILE + ".tmp")
+        with open(tmp, "w") as fh:
+            json.dump(blob, fh, allow_nan=True)
+        os.replace(tmp, os.path.join(folder, STATE_FILE))
+
+    def restore_file(self, folder: str) -> None:
+        """:meth:`restore` from ``folder/STATE_FILE`` (absent or unreadable: start fresh)."""
+        path, blob = os.path.join(folder, STATE_FILE), None
+        if os.path.isfile(path):
+            with self.guard("load-state", f"reading {path} (detectors start fresh)"), open(path) as fh:
+                blob = json.load(fh)
+        self.restore(blob, folder)
+
     def state(self, step: int) -> dict[str, Any]:
         """The small JSON blob saved with a checkpoint of ``step`` (after :meth:`flush`)."""
         return {"step": int(step), "live": self.run.state_dict()}
@@ -279,11 +362,29 @@ class LiveSession:
             # Lightning checkpoints written before the session kept the bare LiveRun state.
             self.run.load_state_dict(blob["live"] if "live" in blob else blob)
 
-    def close(self) -> None:
-        """End of training: the last records (a sync point), then the run log and the sinks."""
-        if not self.off:
+    def reload(self, blob: Mapping[str, Any] | None, source: str) -> str:
+        """A checkpoint was loaded (``blob``: its stability state, ``source``: where from) and
+        :meth:`restore` d. Once the session has started, what it recorded since belongs to the
+        abandoned future: a ``rollback``; before, a ``resume``. Returns that reason, for the
+        :meth:`start` of the next segment."""
+        reason = "rollback" if self.started else "resume"
+        if self.started:
+            self.flush()   # host-sync: a checkpoint load
+        self.restore(blob, source)
+        self.forget_micro_batches()
+        return reason
+
+    def close(self, *, flush: bool = True) -> None:
+        """End of training: the watchdog stops, the last records (a sync point; ``flush=False``
+        after a crash), then the run log and the sinks. Idempotent; never raises."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        if flush and not self.off:
             self.flush()
-        self.run.close()   # never raises
+        self.run.close()
 
 
 class SessionAdapter:
@@ -324,5 +425,37 @@ class SessionAdapter:
         """Every finding of this run so far."""
         return [] if self.session is None else self.session.findings
 
+    @property
+    def saved(self) -> list[tuple[int, str | None]]:
+        """``(step, path)`` of the saves made on the monitor's request, oldest first."""
+        return [] if self.session is None else list(self.session.saves)
+
+    @property
+    def should_stop(self) -> bool:
+        """True once the policy asked for a halt; the same step on every rank."""
+        return self.session is not None and bool(self.session.control.stop)
+
+    @property
+    def stopped_at(self) -> int | None:
+        """The step at which the integration carried out the halt."""
+        return None if self.session is None else self.session.stopped_at
+
     def _off(self) -> bool:
         return self.session is None or self.session.off
+
+    def _crashed(self, exc: BaseException) -> None:
+        """Training raised ``exc``: the crash alert (:meth:`LiveSession.crashed`); the caller
+        re-raises it."""
+        if self.session is not None:
+            self.session.crashed(exc)
+
+    def _reporting_crashes(self, fn):
+        """``fn`` (a framework's training entry point), reporting the exception it raises
+        (:meth:`_crashed`) before it propagates: the same object, its traceback untouched."""
+        def call(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except BaseException as exc:
+                self._crashed(exc)
+                raise
+        return call

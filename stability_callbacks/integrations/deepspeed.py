@@ -1,40 +1,21 @@
 """DeepSpeed engine hook for hand-written training loops (Megatron-DeepSpeed style).
 
->>> hook = attach(engine, config="pretrain-fp16", run_dir="out/stability")  # doctest: +SKIP
->>> engine.load_checkpoint(ckpt_dir)          # restores the detector state too      # doctest: +SKIP
->>> for batch in loader:                      # the loop itself does not change       # doctest: +SKIP
-...     engine.backward(engine(**batch).loss)
-...     engine.step()
-...     if hook.should_stop:                  # opt-in halt (policy.halt_on: critical)
-...         break
->>> hook.close()                                                                      # doctest: +SKIP
+>>> with attach(engine, config="pretrain-fp16", run_dir="out/stability") as hook:  # doctest: +SKIP
+...     engine.load_checkpoint(ckpt_dir)      # restores the detector state too
+...     for batch in loader:                  # the loop itself does not change
+...         engine.backward(engine(**batch).loss)
+...         engine.step()
+...         if hook.should_stop:              # opt-in halt (policy.halt_on: critical)
+...             break
 
 DeepSpeed has no callback API (FRAMEWORK_NOTES 3.1), so ``attach`` wraps engine methods *on that
-instance*; the loop around the readings is the shared :class:`~._session.LiveSession`:
-``forward`` (token ids, the output's ``stream_losses``), ``backward``/``scale`` (the loss as
-DeepSpeed returns it, loss / GAS), ``_take_model_step`` (the optimizer-step boundary: the LR
-before it, grad norm, loss scale, skipped delta, consumed samples and Adam statistics after it),
-``step`` (the requests carried out once the step has finished), ``save_checkpoint`` (the
-detector state in ``client_state["stability"]``, the loop's own saves too; damaged weights are
-never saved) and ``load_checkpoint`` (the state of the checkpoint actually loaded; a ``resume``,
-in-process a ``rollback``, segment).
-
-``_take_model_step`` is private, but it runs exactly once per real optimizer step in managed and
-unmanaged accumulation alike (deepspeed 0.19.8 runtime/engine.py:3505-3565, 3617-3623), and only
-around it are ``get_lr()`` and the skipped-steps delta this step's; the optimizer post-hooks
-fire per param group and never on overflow (notes 3.1). Without it, one warning and monitoring
-is off. The grad norm is ``get_global_grad_norm()`` (ZeRO-0 fp32 keeps none: computed before the
-step; ZeRO-0 fp16 norms are off by the loss scale, DeepSpeed PR #8393); a skip is the
-``skipped_steps`` delta (ZeRO's scaler has hysteresis); the warmup of DeepSpeed's warmup
-schedulers is ``warmup_num_steps`` + 1 steps.
-
-Actions: save-now and the bumped interval become ``engine.save_checkpoint(save_dir,
-tag=f"global_step{N}")`` on **all** ranks (collective) right after ``engine.step()`` of step
-``N``; a halt becomes ``hook.should_stop`` (a good state is saved first). One-shot requests stay
-readable on ``hook.control`` until the next optimizer step (``save_on_request=False`` leaves
-saving to the loop). :meth:`StabilityHook.apply_rollback` (or ``rollback_on_halt=True``) points
-``latest`` at the advised checkpoint and moves newer tags aside, never deleting. Not covered:
-the pipeline engine (``train_batch`` never calls ``engine.step()``), torch-autocast ZeRO-0.
+instance* and feeds the shared :class:`~._session.LiveSession`: ``forward``, ``backward`` and
+``scale`` (token ids, losses), ``_take_model_step`` (the optimizer-step boundary), ``step`` (the
+requests carried out after it), ``save_checkpoint`` / ``load_checkpoint`` (the detector state in
+``client_state["stability"]``). The ``with`` block (or :meth:`StabilityHook.close`) ends the run;
+an exception leaving the block is the crash alert. Where each signal comes from and what the
+hook does: README, "DeepSpeed engine". Not covered: the pipeline engine (``train_batch`` never
+calls ``engine.step()``), torch-autocast ZeRO-0.
 """
 from __future__ import annotations
 
@@ -47,6 +28,7 @@ import torch
 
 from stability_callbacks import keys
 from stability_callbacks.live import InstancePatches
+from stability_callbacks.params import flag
 
 from ._readings import DeepSpeedStep
 from ._session import SessionAdapter
@@ -86,9 +68,8 @@ class StabilityHook(SessionAdapter):
                  run_dir: str | os.PathLike = "out/stability", run_name: str | None = None,
                  save_dir: str | os.PathLike | None = None, save_on_request: bool = True,
                  rollback_on_halt: bool = False, listeners=()):
-        for key, val in (("save_on_request", save_on_request), ("rollback_on_halt", rollback_on_halt)):
-            if not isinstance(val, bool):
-                raise ValueError(f"{key} must be True or False, got {val!r}")
+        self.save_on_request = flag("save_on_request", save_on_request)
+        self.rollback_on_halt = flag("rollback_on_halt", rollback_on_halt)
         if not all(hasattr(engine, m) for m in ("backward", "step", "save_checkpoint",
                                                   "load_checkpoint", "get_lr")):
             raise ValueError(f"engine must be a deepspeed engine, got {type(engine).__name__}")
@@ -96,7 +77,6 @@ class StabilityHook(SessionAdapter):
                          listeners=listeners)
         self.engine = engine
         self.save_dir = None if save_dir is None else os.fspath(save_dir)
-        self.save_on_request, self.rollback_on_halt = save_on_request, rollback_on_halt
         self._open(is_rank0=self._is_rank0(), process_group=getattr(engine, "data_parallel_group", None))
         self._ds = DeepSpeedStep(engine)
         self._loop_save_dir: str | None = None   # where the loop itself last saved
@@ -112,19 +92,9 @@ class StabilityHook(SessionAdapter):
 
     # ------------------------------------------------------------------------- public surface
     @property
-    def should_stop(self) -> bool:
-        """True once the policy asked for a halt; the same step on every rank."""
-        return bool(self.session.control.stop)
-
-    @property
-    def stopped_at(self) -> int | None:
-        """The step after which ``should_stop`` turned true."""
-        return self.session.stopped_at
-
-    @property
     def saved_steps(self) -> list[int]:
         """The steps the hook itself saved (the monitor's requests)."""
-        return [step for step, _ in self.session.saves]
+        return [step for step, _ in self.saved]
 
     def apply_rollback(self, save_dir: str | os.PathLike | None = None) -> dict | None:
         """Carry out the rollback advice on disk: ``latest`` names the advised checkpoint's tag and
@@ -163,7 +133,9 @@ class StabilityHook(SessionAdapter):
     def __enter__(self) -> "StabilityHook":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is not None:   # one critical alert, delivered; the exception goes on unchanged
+            self._crashed(exc)
         self.close()
 
     # ---------------------------------------------------------------------- wiring to engine
@@ -174,7 +146,9 @@ class StabilityHook(SessionAdapter):
 
         def forward(*args, **kwargs):
             out = orig["forward"](*args, **kwargs)
-            if not self._off() and e.training:
+            if not self._off() and not e.training:
+                s.alive()   # an evaluation batch: progress, not a hang
+            elif not self._off():
                 ids = kwargs.get("input_ids")
                 if ids is None and args:
                     ids = args[0].get("input_ids") if isinstance(args[0], dict) else args[0]
@@ -241,12 +215,9 @@ class StabilityHook(SessionAdapter):
             if not s.started:
                 self._start("resume" if e.global_steps > 0 else "start")
             s.control.step_done()   # the one-shot requests of the previous step were readable until now
-            lr = e.get_lr()
-            if lr:
-                s.probe.set_lr(float(lr[0]))
+            s.read_lr(e.optimizer)   # engine.get_lr()'s source: the LR this step uses
             self._ds.mark()
-            if self._ds.keeps_no_grad_norm():   # the engine clips inside _take_model_step
-                s.before_optimizer_step(params=e.module.parameters())
+            self._ds.grad_norm_before_step(s)   # where DeepSpeed keeps none
 
     def _after_model_step(self) -> None:
         if self._off():
@@ -299,15 +270,8 @@ class StabilityHook(SessionAdapter):
         load_path, client_state = result if isinstance(result, tuple) and len(result) == 2 else (None, None)
         if self._off() or load_path is None:
             return
-        s = self.session
         with self.guard("load-state", "restoring the stability state"):
-            reason = "resume"
-            if s.started:
-                # Rolled back in-process: what was recorded since belongs to the abandoned future.
-                s.flush()   # host-sync: checkpoint load
-                reason = "rollback"
-            s.restore((client_state or {}).get(CLIENT_STATE_KEY), load_path)
-            s.forget_micro_batches()
+            reason = self.session.reload((client_state or {}).get(CLIENT_STATE_KEY), load_path)
             self._ds.mark()
             self._start(reason)
 

@@ -1,49 +1,26 @@
-"""HF ``transformers.Trainer`` integration: one line in the user's script.
+"""HF ``transformers.Trainer`` integration: add the callback the usual way.
 
->>> StabilityCallback.attach(trainer, config="default", run_dir="out/stability")  # doctest: +SKIP
+>>> trainer = Trainer(model, args, train_dataset=ds, callbacks=[StabilityCallback(config="default")])  # doctest: +SKIP
 
-HF callbacks are never handed the trainer, and two values a monitor must reuse rather than
-recompute live only on it: the micro-batch loss (``Trainer.training_step``'s return) and the
-pre-clip grad norm (``Trainer._get_grad_norm``'s). ``attach`` adds the callback and wraps those
-methods *on that instance*, plus ``train`` to learn which checkpoint a resume loads. Added
-without the trainer, the callback runs degraded: the loss from a forward hook, no grad norm, no
-reporter logging (one warning says so). The loop around the readings is the shared
-:class:`~._session.LiveSession` (FRAMEWORK_NOTES 1.2-1.8):
-
-=================  ==========================================================================
-loss               ``training_step``'s detached returns over the GA window (already / GA)
-grad_norm          what ``_get_grad_norm`` returns: pre-clip, unscaled, global
-lr                 ``param_groups[0]["lr"]`` at ``on_step_begin``: the LR the step uses (also
-                   under DeepSpeed, which steps optimizer and scheduler inside backward)
-loss_scale/skip    GradScaler ``_scale`` after the step, a skip = a scale decrease (accelerate's
-                   flag is wrong for fused optimizers); DeepSpeed: ``cur_scale``, skipped delta
-loss/<stream>      a model output's ``stream_losses = {"name": scalar tensor}``
-=================  ==========================================================================
-
-Actions, the Trainer's way: ``should_save`` (save now, before a halt); the bumped interval via
-``state.save_steps`` (what the Trainer reads); ``should_training_stop``. While the weights are
-damaged the Trainer's own saves are suppressed too, so they never rotate out the last good
-checkpoint. ``stability/...`` scalars reach the reporters through ``trainer.log`` at logging
-steps and findings, keeping ``should_log`` (pitfall H4). Detector state lives in
-``checkpoint-N/stability_state.json``, read back from the checkpoint actually resumed from.
+HF hands callbacks neither the trainer nor the two values a monitor must reuse rather than
+recompute: the micro-batch loss (``Trainer.training_step``'s return) and the pre-clip grad norm
+(``Trainer._get_grad_norm``'s). So the callback finds the Trainer that holds it, once (when the
+Trainer is built, else at train begin: :func:`_find_trainer`), and wraps those methods *on that
+instance*, plus ``train`` (the checkpoint a resume loads; the crash alert); ``attach(trainer)``
+binds explicitly. Where each signal comes from, how saves and halts go: README, "HF Trainer".
 """
 from __future__ import annotations
 
-import json
-import math
 import os
+import sys
 from typing import Any
 
-import torch
-from transformers import TrainerCallback
+from transformers import Trainer, TrainerCallback
 
-from stability_callbacks.live import InstancePatches, reporter_scalars
+from stability_callbacks.live import InstancePatches
 
-from ._readings import DeepSpeedStep, grad_scaler_readings, step_lr
-from ._session import SessionAdapter
-
-#: The detector state's file inside every ``checkpoint-N`` folder.
-STATE_FILE = "stability_state.json"
+from ._readings import DeepSpeedStep, read_grad_scaler
+from ._session import STATE_FILE, SessionAdapter
 
 __all__ = ["StabilityCallback", "STATE_FILE"]
 
@@ -53,9 +30,9 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
 
     Keyword arguments: ``config`` (path, dict or None = defaults) or ``monitor`` (a ready
     ``Monitor``); ``run_dir`` (run log JSONL and reports); ``run_name`` (default: the Trainer's
-    ``args.run_name``); ``trainer`` (the Trainer to bind to; or use :meth:`attach` /
-    :meth:`bind`); ``log_to_reporters`` (``stability/...`` scalars through ``trainer.log``);
-    ``listeners`` (:class:`~stability_callbacks.live.RunListener` s: records, findings, actions).
+    ``args.run_name``); ``trainer`` (bind now; else the Trainer holding the callback is found);
+    ``log_to_reporters`` (``stability/...`` scalars through ``trainer.log``); ``listeners``
+    (:class:`~stability_callbacks.live.RunListener` s: records, findings, actions).
     """
 
     def __init__(self, *, config: Any = None, monitor: Any = None,
@@ -64,45 +41,39 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
         SessionAdapter.__init__(self, config=config, monitor=monitor, run_dir=run_dir,
                                 run_name=run_name, listeners=listeners)
         self.log_to_reporters = bool(log_to_reporters)
-        self.trainer = self._patches = self._resume_path = self._hook = self._ds = None
-        self._fallback_loss = False
-        self._ga = 1
-        self._user_save_steps: int | None = None
-        self._bumped: int | None = None       # the save interval decided at the last step
-        self._save_reason: tuple[int, str | None] | None = None
-        self._to_report: dict[str, float] = {}
-        self._finding_pending = False
+        self.trainer = self._patches = self._hook = self._ds = None
+        self._ga, self._user_save_steps = 1, None
+        self._save_reason: tuple[int, str | None] | None = None   # the step's save, and why
         if trainer is not None:
             self.bind(trainer)
 
-    # ------------------------------------------------------------------ wiring to the trainer
     @classmethod
     def attach(cls, trainer, **kwargs) -> "StabilityCallback":
-        """Create the callback, bind it to ``trainer`` and add it: the one line a user writes."""
+        """Create the callback, bind it to ``trainer`` and add it."""
         cb = cls(trainer=trainer, **kwargs)
         trainer.add_callback(cb)
         return cb
 
-    def bind(self, trainer) -> "StabilityCallback":
-        """Wrap ``trainer.training_step``, ``trainer._get_grad_norm`` and ``trainer.train`` on
-        this instance only. ``_get_grad_norm`` is private (transformers 5.23, trainer.py:2781):
-        the loop keeps the pre-clip norm in a local and hands it to no callback; without this
-        wrap the norm would be computed twice. If a future version drops the method the grad
-        norm is simply missing (one warning)."""
+    def bind(self, trainer, *, running: bool = False) -> "StabilityCallback":
+        """Wrap ``training_step``, ``_get_grad_norm`` and ``train`` on ``trainer``'s instance
+        (the loop looks them up at every call). ``_get_grad_norm`` is private (transformers
+        5.23, trainer.py:2781), but the loop hands its pre-clip norm to no callback; if a later
+        version drops it, the grad norm is missing (one warning). ``running``: bound at train
+        begin, past this ``train`` call's wrapper: ``_run_epoch`` (private, trainer.py:1660)
+        carries the crash alert instead (not under ``auto_find_batch_size``, which retries)."""
         if self.trainer is trainer:
             return self
         if self.trainer is not None:
             raise ValueError(f"trainer: this StabilityCallback is already bound to {self.trainer!r}")
         self.trainer, self._patches = trainer, InstancePatches(trainer)
-        orig_step, orig_train = trainer.training_step, trainer.train
-        orig_norm = getattr(trainer, "_get_grad_norm", None)
+        orig_step, orig_norm = trainer.training_step, getattr(trainer, "_get_grad_norm", None)
 
         def training_step(*args, **kwargs):
             loss = orig_step(*args, **kwargs)
             inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
             if not self._off():   # inputs: a dict or BatchEncoding (a UserDict, not a dict)
                 ids = inputs.get("input_ids") if hasattr(inputs, "get") else None
-                self.session.add_micro_batch(loss=None if self._fallback_loss else loss, input_ids=ids)
+                self.session.add_micro_batch(loss=loss, input_ids=ids)
             return loss
 
         def _get_grad_norm(*args, **kwargs):
@@ -111,81 +82,82 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
                 self.session.before_optimizer_step(grad_norm=norm)
             return norm
 
-        def train(*args, **kwargs):
-            ckpt = kwargs.get("resume_from_checkpoint", args[0] if args else None)
-            if ckpt is True:
-                from transformers.trainer_utils import get_last_checkpoint
-                ckpt = get_last_checkpoint(trainer.args.output_dir)
-            self._resume_path = None if ckpt in (None, False) else os.fspath(ckpt)
-            return orig_train(*args, **kwargs)
-
         self._patches.set("training_step", training_step)
+        self._patches.set("train", self._reporting_crashes(trainer.train))
         if orig_norm is not None:
             self._patches.set("_get_grad_norm", _get_grad_norm)
         else:
             self.guard.warn_once("no-grad-norm", "stability: Trainer._get_grad_norm is gone in this "
                                  "transformers version; the grad norm is not monitored")
-        self._patches.set("train", train)
+        if running and hasattr(trainer, "_run_epoch") and not trainer.args.auto_find_batch_size:
+            self._patches.set("_run_epoch", self._reporting_crashes(trainer._run_epoch))
         return self
 
     # ----------------------------------------------------------------------- training events
+    def on_init_end(self, args, state, control, **kwargs):
+        if self.trainer is None:   # Trainer(callbacks=[this]): found inside Trainer.__init__
+            with self.guard("find-trainer", "finding the Trainer"):
+                trainer, _ = _find_trainer(self)
+                if trainer is not None:
+                    self.bind(trainer)
+
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         with self.guard("start", "starting the stability monitor", fatal=True):
-            self._begin(args, state, model, optimizer, kwargs.get("lr_scheduler"))
-
-    def _begin(self, args, state, model, optimizer, lr_scheduler) -> None:
-        if self.trainer is None:
-            self._fallback_loss = True
-            self.guard.warn_once("unbound", "stability: StabilityCallback was added without the "
-                                 "trainer; use StabilityCallback.attach(trainer, ...) for the grad "
-                                 "norm, the Trainer's exact loss and reporter logging. Taking the "
-                                 "loss from the model's forward instead.")
-        # The W&B sink finds the run HF's WandbCallback started (wandb.run) by itself.
-        s = self._open(is_rank0=state.is_world_process_zero,
-                       run_name=self.run_name or getattr(args, "run_name", None))
-        self._ga = max(1, int(args.gradient_accumulation_steps))
-        self._user_save_steps = _save_steps_from_args(args, state.max_steps)
-        warmup = args.get_warmup_steps(state.max_steps) if state.max_steps > 0 else 0
-        s.declare_warmup(warmup)
-        if self._resume_path is not None:
-            path = os.path.join(self._resume_path, STATE_FILE)
-            blob = self.guard.call("load-state", lambda: _read_json(path)) if os.path.isfile(path) else None
-            s.restore(blob, self._resume_path)
-        precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
-        s.start(state.global_step, "start" if self._resume_path is None else "resume", model=model,
-                optimizer=optimizer, scheduler=lr_scheduler, precision=precision,
-                warmup_steps=warmup, total_steps=state.max_steps or None)
-        if model is not None:   # the unwrapped model: its hook fires inside DDP/DeepSpeed too
-            self._hook = model.register_forward_hook(self._forward_hook)
-        if getattr(self.trainer, "is_deepspeed_enabled", False):
-            self._ds = DeepSpeedStep(self.trainer.model_wrapped)
+            trainer, loop = _find_trainer(self)   # the loop's frame: the checkpoint it resumes from
+            if self.trainer is None and trainer is not None:   # trainer.add_callback(this)
+                self.bind(trainer, running=True)
+            elif self.trainer is None:
+                self.guard.warn_once("unbound", "stability: StabilityCallback could not find its "
+                                     "Trainer: no grad norm, reporter logging, crash alert or resumed "
+                                     "detector state, the loss from the model's forward. Use "
+                                     "StabilityCallback.attach(trainer, ...)")
+            resume = loop.f_locals.get("resume_from_checkpoint") if loop is not None else None
+            resume = os.fspath(resume) if isinstance(resume, (str, os.PathLike)) else None
+            # The W&B sink finds the run HF's WandbCallback started (wandb.run) by itself.
+            s = self._open(is_rank0=state.is_world_process_zero,
+                           run_name=self.run_name or getattr(args, "run_name", None))
+            s.report = self.log_to_reporters and self.trainer is not None
+            self._ga = max(1, int(args.gradient_accumulation_steps))
+            # The interval the Trainer saves on (TrainerState.compute_steps; a resume's own).
+            self._user_save_steps = state.save_steps if args.save_strategy == "steps" else None
+            warmup = args.get_warmup_steps(state.max_steps) if state.max_steps > 0 else 0
+            s.declare_warmup(warmup)
+            if resume is not None:
+                s.restore_file(resume)
+            precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
+            s.start(state.global_step, "resume" if resume or state.global_step else "start",
+                    model=model, optimizer=optimizer, scheduler=kwargs.get("lr_scheduler"),
+                    precision=precision, warmup_steps=warmup, total_steps=state.max_steps or None)
+            if model is not None:   # the unwrapped model: its hook fires inside DDP/DeepSpeed too
+                self._hook = model.register_forward_hook(self._forward_hook, with_kwargs=True)
+            if getattr(self.trainer, "is_deepspeed_enabled", False):
+                self._ds = DeepSpeedStep(self.trainer.model_wrapped)
 
     def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
+        # HF steps the scheduler after the optimizer, and DeepSpeed both inside backward: only
+        # now is param_groups the LR this step uses.
         if not self._off():
-            # The LR this step will use: HF steps the scheduler after the optimizer, and
-            # DeepSpeed steps both inside backward, so only now is param_groups this step's.
-            with self.guard("lr", "reading the learning rate"):
-                self.session.probe.set_lr(step_lr(optimizer))
+            self.session.read_lr(optimizer)
 
-    def _forward_hook(self, module, args, output) -> None:
+    def _forward_hook(self, module, args, kwargs, output) -> None:
         if self._off() or not module.training:
             return
-        if self._fallback_loss:
+        if self.trainer is None:   # no training_step to read: the forward's loss and batch
             loss = output.get("loss") if hasattr(output, "get") else getattr(output, "loss", None)
-            if isinstance(loss, torch.Tensor):
-                self.session.add_micro_batch(loss=loss, divide_by=self._ga)
+            # A loss normalised by num_items_in_batch is already the window's share.
+            self.session.add_micro_batch(loss=loss, input_ids=kwargs.get("input_ids"), divide_by=(
+                1.0 if kwargs.get("num_items_in_batch") is not None else self._ga))
         self.session.read_model_output(output)
 
+    def on_prediction_step(self, args, state, control, **kwargs):
+        if not self._off():
+            self.session.alive()   # an evaluation batch: progress, not a hang
+
     def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
-        if self._off() or self.trainer is None or self._ds is not None:
-            return
-        scaler = getattr(self.trainer.accelerator, "scaler", None)
-        if scaler is not None:
+        # After scaler.update() (accelerate's skip flag is wrong for fused optimizers).
+        if not self._off() and self.trainer is not None and self._ds is None:
             with self.guard("loss-scale", "reading the loss scale"):
-                # After scaler.update(): a decrease means this step overflowed and was skipped
-                # (torch's GradScaler has no hysteresis). found_inf is already forgotten here.
-                self.session.probe.set_loss_scale(grad_scaler_readings(scaler, optimizer)[0],
-                                                  detect_decrease=True)
+                read_grad_scaler(self.session.probe, self.trainer.accelerator.scaler, optimizer)
 
     def on_step_end(self, args, state, control, optimizer=None, **kwargs):
         if self._off():
@@ -194,76 +166,39 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
             with self.guard("deepspeed", "reading DeepSpeed's step"):
                 self._ds.read_into(self.session.probe, grad_norm=False)   # norm: _get_grad_norm
         # Under DeepSpeed the ZeRO partitions live on the engine; elsewhere the optimizer.
-        opt = self.trainer.model_wrapped if self._ds is not None else optimizer
-        self._collect(self.session.end_step(state.global_step, optimizer=opt))
+        self.session.end_step(state.global_step, optimizer=self.trainer.model_wrapped
+                              if self._ds is not None else optimizer)
         self._act(args, state, control)
-        self._report(control)
-
-    def _collect(self, pairs) -> None:
-        for record, findings in pairs:
-            self._to_report.update(reporter_scalars(record, findings))
-            self._finding_pending = self._finding_pending or bool(findings)
+        s = self.session   # to the reporters at logging steps, and at once for a finding
+        if s.report and (control.should_log or s.finding_pending or control.should_training_stop):
+            with self.guard("report", "logging to the Trainer's reporters"):
+                keep = control.should_log
+                self.trainer.log(s.take_scalars())
+                control.should_log = keep   # trainer.log clears it: HF's own line would vanish (H4)
 
     def _act(self, args, state, control) -> None:
-        s, c, step = self.session, self.session.control, state.global_step
+        s, step = self.session, state.global_step
         with self.guard("act", "carrying out the monitor's requests"):
-            # The interval decided at the previous step governs this one: DefaultFlowCallback ran
-            # before this hook and already tested `global_step % state.save_steps`.
-            prev = self._bumped
-            if prev and c.state_is_good and args.save_strategy != "steps" and step % prev == 0:
-                control.should_save = True   # the Trainer reads save_steps only for "steps"
-            why, stop = s.requests(step, interval_saves=False,   # save now, or before a halt
-                                   user_interval=self._user_save_steps)
+            own = control.should_save   # the Trainer's own interval (DefaultFlowCallback ran first)
+            why, stop = s.requests(step, user_interval=self._user_save_steps)
             if stop:   # stopping does not save by itself (FRAMEWORK_NOTES 1.4)
                 control.should_training_stop = True
-            if not c.state_is_good:   # or the Trainer's rotation could delete the last good one
-                if control.should_save:
-                    s.save_blocked(step, "the Trainer's own save")
-                control.should_save = False
-            elif why:
-                control.should_save = True
-            if control.should_save:
-                if why is None and prev and step % prev == 0 and prev != self._user_save_steps:
-                    why = c.save_request(step, interval=prev)
-                self._save_reason = (step, why)   # None: the Trainer's own save
-            bumped = c.save_interval_steps
-            if bumped and self._user_save_steps:
-                bumped = min(bumped, self._user_save_steps)   # a bump never makes saves rarer
-            self._bumped = bumped
-            wanted = bumped or self._user_save_steps
-            if wanted and state.save_steps != wanted:
-                state.save_steps = wanted
-            c.step_done()
-
-    def _report(self, control) -> None:
-        # At the Trainer's logging steps, and at once for a finding (its step is the news).
-        if not (self.log_to_reporters and self.trainer is not None and self._to_report and (
-                control.should_log or self._finding_pending or control.should_training_stop)):
-            return
-        logs, self._to_report, self._finding_pending = self._to_report, {}, False
-        with self.guard("report", "logging to the Trainer's reporters"):
-            keep = control.should_log
-            self.trainer.log(logs)
-            # trainer.log runs on_log, which clears should_log: the Trainer's own line for this
-            # step would vanish (FRAMEWORK_NOTES pitfall H4).
-            control.should_log = keep
+            if own and not s.control.state_is_good:   # its rotation could delete the last good one
+                s.save_blocked(step, "the Trainer's own save")
+            control.should_save = bool(why) or (own and s.control.state_is_good)
+            self._save_reason = (step, why)   # why None: the Trainer's own save
+            s.control.step_done()
 
     # ------------------------------------------------------------------ checkpoints and resume
     def on_save(self, args, state, control, **kwargs):
         if self._off():
             return
-        s, step = self.session, state.global_step
-        # host-sync: a checkpoint is a sync point anyway; the saved state must include every
-        # step up to this one.
-        self._collect(s.flush())
         with self.guard("save-state", "saving the stability state into the checkpoint"):
-            path = os.path.join(args.output_dir, f"checkpoint-{step}")
+            step, path = state.global_step, os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             why = self._save_reason[1] if self._save_reason and self._save_reason[0] == step else None
-            blob = s.checkpoint(step, path, why)
+            blob = self.session.checkpoint(step, path, why)   # host-sync: flushes every step up to here
             if state.is_world_process_zero and os.path.isdir(path):
-                with open(os.path.join(path, STATE_FILE + ".tmp"), "w") as fh:
-                    json.dump(blob, fh, allow_nan=True)
-                os.replace(fh.name, os.path.join(path, STATE_FILE))
+                self.session.write_state_file(path, blob)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.session is not None:
@@ -278,16 +213,24 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
             self._patches.restore()
 
 
-def _read_json(path: str) -> dict:
-    with open(path) as fh:
-        return json.load(fh)
+def _find_trainer(callback, max_frames: int = 32):
+    """``(trainer, frame)``: the Trainer whose callback handler holds ``callback``, and the frame
+    of the Trainer method that fired the event; ``(None, None)`` when there is none.
 
+    ``CallbackHandler.call_event`` passes callbacks no trainer (transformers 5.23,
+    trainer_callback.py:543-560), but runs synchronously inside the Trainer's own methods:
+    ``on_init_end`` from ``Trainer.__init__`` (trainer.py:642), ``on_train_begin`` from
+    ``_inner_training_loop`` (1653), whose arguments include ``resume_from_checkpoint``. The
+    trainer is that frame's ``self``, checked to hold this very callback. Twice per run at most.
+    """
+    frame = sys._getframe(1)
+    for _ in range(max_frames):
+        if frame is None:
+            break
+        obj = frame.f_locals.get("self")
+        handler = getattr(obj, "callback_handler", None) if isinstance(obj, Trainer) else None
+        if handler is not None and any(cb is callback for cb in handler.callbacks):
+            return obj, frame
+        frame = frame.f_back
+    return None, None
 
-def _save_steps_from_args(args, max_steps: int) -> int | None:
-    """The user's save interval as the Trainer computes it (TrainerState.compute_steps)."""
-    n = getattr(args, "save_steps", None)
-    if n is None:
-        return None
-    if n < 1:
-        n = math.ceil(max_steps * n)
-    return int(n) or None

@@ -2,38 +2,13 @@
 
 >>> trainer = Trainer(callbacks=[StabilityCallback(config="default", run_dir="out/stability")])  # doctest: +SKIP
 
-Where each signal comes from (FRAMEWORK_NOTES 2.1-2.5; Lightning 2.6); the loop around them is
-the shared :class:`~._session.LiveSession`:
-
-=================  ==========================================================================
-loss, streams      ``outputs["loss"]`` of ``on_train_batch_end`` (already divided by
-                   ``accumulate_grad_batches``) summed over the step; ``outputs["stream_losses"]``
-                   (a ``training_step`` returning ``{"loss": ..., "stream_losses": {...}}``)
-step boundary      ``trainer.global_step`` advanced since the last ``on_train_batch_end`` (also
-                   under DeepSpeed, whose hooks fire on every micro-batch)
-grad_norm          computed once in ``on_before_optimizer_step`` (unscaled, *unclipped* there)
-                   and reused for norm clipping: Lightning's own clipping throws its norm away.
-                   DeepSpeed: ``get_global_grad_norm()`` (ZeRO-0 fp32 keeps none: computed at
-                   the accumulation boundary). FSDP: local shards, one all_reduce
-lr                 ``param_groups[0]["lr"]`` in ``on_before_optimizer_step`` (the LR used)
-loss_scale/skip    16-mixed: ``GradScaler._scale`` and ``found_inf`` before ``update()``
-                   (Lightning counts a skipped step anyway; the record says ``skipped=1``).
-                   DeepSpeed: ``cur_scale`` and the ``skipped_steps`` delta
-=================  ==========================================================================
-
-Actions, on every rank at the same step (every rank feeds the Monitor the same reduced record):
-save-now and the bumped interval call ``trainer.save_checkpoint`` (collective under
-DeepSpeed/FSDP) into ``checkpoint_dir`` as ``stability-step=N.ckpt``; the user's
-``ModelCheckpoint`` keeps its own interval (changing its ``_every_n_train_steps`` would change its
-``state_key``, and a resume would not find its state). A halt sets ``trainer.should_stop``, with
-a save first while the weights are good. While they are damaged nothing is saved, and
-``ModelCheckpoint`` is told the step is already saved (its private ``_last_global_step_saved``),
-so its periodic, epoch-end and ``save_last`` saves skip too. Signals and findings go through
-``pl_module.log("stability/...", on_step=True)``. Detector state is the callback's
-``state_dict``, restored by Lightning from the checkpoint ``fit(ckpt_path=...)`` loads.
-
-On accelerators with several ranks the records are drained one step late with a wait on the
-previous step's copy (the session's lockstep) so that every rank acts at the same step.
+The hooks Lightning 2.6 offers (FRAMEWORK_NOTES 2.1-2.5) feed the shared
+:class:`~._session.LiveSession`: the loss from ``on_train_batch_end``'s outputs, the step
+boundary from ``trainer.global_step`` (also under DeepSpeed, whose hooks fire per micro-batch),
+the grad norm, LR and GradScaler state in ``on_before_optimizer_step``, the crash alert in
+``on_exception``. Saves are ``trainer.save_checkpoint`` on every rank at the same step, a halt
+is ``trainer.should_stop``, the detector state is the callback's ``state_dict``. Where each
+signal comes from and what the callback does: README, "Lightning".
 """
 from __future__ import annotations
 
@@ -45,9 +20,9 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.precision import FSDPPrecision
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy   # no deepspeed import
 
-from stability_callbacks.live import reporter_scalars
+from stability_callbacks.params import flag
 
-from ._readings import DeepSpeedStep, grad_scaler_readings, sharded_grad_norm, step_lr
+from ._readings import DeepSpeedStep, read_grad_scaler, sharded_grad_norm
 from ._session import SessionAdapter
 
 __all__ = ["StabilityCallback"]
@@ -69,23 +44,15 @@ class StabilityCallback(Callback, SessionAdapter):
                  run_dir: str | os.PathLike = "out/stability", run_name: str | None = None,
                  checkpoint_dir: str | os.PathLike | None = None,
                  take_over_clipping: bool = True, log_to_loggers: bool = True, listeners=()):
-        for key, val in (("take_over_clipping", take_over_clipping), ("log_to_loggers", log_to_loggers)):
-            if not isinstance(val, bool):
-                raise ValueError(f"{key} must be True or False, got {val!r}")
+        self.take_over_clipping = flag("take_over_clipping", take_over_clipping)
+        self.log_to_loggers = flag("log_to_loggers", log_to_loggers)
         SessionAdapter.__init__(self, config=config, monitor=monitor, run_dir=run_dir,
                                 run_name=run_name, listeners=listeners)
         self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
-        self.take_over_clipping, self.log_to_loggers = take_over_clipping, log_to_loggers
-        self._pending_state: dict | None = None   # from load_state_dict before setup
         self._resumed = self._closed = False
         self._last_step = 0
         self._norm: torch.Tensor | None = None    # this step's grad norm, for the clipping
         self._orig_clip = self._ds = self._mc_seen = self._save_pending = None
-
-    @property
-    def saved(self) -> list[tuple[int, str]]:
-        """``(step, path)`` of the callback's own saves (the monitor's requests)."""
-        return [] if self.session is None else list(self.session.saves)
 
     # ------------------------------------------------------------------------------ set-up
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -93,23 +60,17 @@ class StabilityCallback(Callback, SessionAdapter):
             return
         # A bad config is the user's error: it fails before step one.
         with self.guard("setup", "starting the stability monitor", fatal=True, passthrough=(ValueError,)):
-            self._setup(trainer)
-
-    def _setup(self, trainer) -> None:
-        wandb_run = None
-        if trainer.is_global_zero:
-            for lg in trainer.loggers:
-                if type(lg).__name__ == "WandbLogger":
-                    wandb_run = self.guard.call("wandb", lambda lg=lg: lg.experiment)
-        # A second fit() with the same callback continues the same Monitor (and run log).
-        self._open(is_rank0=trainer.is_global_zero, wandb_run=wandb_run,
-                   monitor=self.run.monitor if self.session is not None else None)
-        self._closed = False
-        if self._pending_state is not None:
-            self.session.restore(self._pending_state, "the checkpoint")
-            self._pending_state = None
-        if self.take_over_clipping and not isinstance(trainer.strategy, DeepSpeedStrategy):
-            self._take_over_clipping(trainer)
+            wandb_run = None
+            if trainer.is_global_zero:
+                for lg in trainer.loggers:
+                    if type(lg).__name__ == "WandbLogger":
+                        wandb_run = self.guard.call("wandb", lambda lg=lg: lg.experiment)
+            # A second fit() with the same callback continues the same Monitor (and run log).
+            s = self._open(is_rank0=trainer.is_global_zero, wandb_run=wandb_run,
+                           monitor=self.run.monitor if self.session is not None else None)
+            s.report, self._closed = self.log_to_loggers, False
+            if self.take_over_clipping and not isinstance(trainer.strategy, DeepSpeedStrategy):
+                self._take_over_clipping(trainer)
 
     def _take_over_clipping(self, trainer) -> None:
         """Clip with the norm this callback already computed (``clip_grads_with_norm_``: the same
@@ -132,21 +93,17 @@ class StabilityCallback(Callback, SessionAdapter):
         self._orig_clip = (precision, orig)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Lightning calls this with the state saved in the checkpoint it is resuming from."""
+        """Lightning calls this after ``setup`` (trainer.py:1039-1046) with the state saved in the
+        checkpoint it resumes from; ``{}``: saved while monitoring was off (fresh detectors)."""
         self._resumed = True
-        if not state_dict:
-            return            # saved while monitoring was off: the detectors start fresh
-        if self.session is None:
-            self._pending_state = state_dict
-        else:
+        if state_dict and not self._off():
             self.session.restore(state_dict, "the checkpoint")
 
     def state_dict(self) -> dict[str, Any]:
-        if self._off():
-            return {}
         # Requests the records flushed here raise are carried out at the next step boundary
         # (Control's flags persist until step_done()).
-        return self.guard.call("state", lambda: self.session.checkpoint(self._last_step), {})
+        return {} if self._off() else self.guard.call(
+            "state", lambda: self.session.checkpoint(self._last_step), {})
 
     def on_train_start(self, trainer, pl_module) -> None:
         if self._off():
@@ -174,24 +131,22 @@ class StabilityCallback(Callback, SessionAdapter):
         if self._off():
             return
         s = self.session
-        with self.guard("before-step", "reading the grad norm / LR / loss scale"):
-            s.probe.set_lr(step_lr(optimizer))   # the LR this step uses; per DeepSpeed micro-batch
+        s.read_lr(optimizer)   # the LR this step uses; per micro-batch under DeepSpeed
+        with self.guard("before-step", "reading the grad norm / loss scale"):
             if self._ds is not None:   # grads still sit in p.grad before engine.step()
-                engine = self._ds.engine
-                if engine.is_gradient_accumulation_boundary() and self._ds.keeps_no_grad_norm():
-                    s.before_optimizer_step(params=engine.module.parameters())
+                if self._ds.engine.is_gradient_accumulation_boundary():
+                    self._ds.grad_norm_before_step(s)
                 return
-            scaler = getattr(trainer.precision_plugin, "scaler", None)
-            if scaler is not None:
-                # After unscale_, before update(): the scale this step used and found_inf.
-                scale, found_inf = grad_scaler_readings(scaler, optimizer)
-                s.probe.set_loss_scale(scale, detect_decrease=found_inf is None)
-                s.probe.set_skipped(found_inf)
+            # After unscale_, before update(): the scale this step used and found_inf. A fused
+            # optimizer unscales inside its step (amp.py:84-88): no found_inf, grads still scaled.
+            scale, found_inf = read_grad_scaler(s.probe, getattr(trainer.precision_plugin, "scaler", None),
+                                                optimizer)
             params = list(trainer.precision_plugin.main_params(optimizer))
             if isinstance(trainer.strategy, FSDPStrategy):
                 s.before_optimizer_step(grad_norm=sharded_grad_norm(params))
             else:
-                self._norm = s.before_optimizer_step(params=params)
+                self._norm = s.before_optimizer_step(params=params, scaled_by=(
+                    scale if scale is not None and found_inf is None else None))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._off():
@@ -209,14 +164,18 @@ class StabilityCallback(Callback, SessionAdapter):
             with self.guard("deepspeed", "reading DeepSpeed's step"):
                 self._ds.read_into(s.probe, grad_norm=True)
         # Under DeepSpeed the ZeRO partitions live on the engine; elsewhere the optimizer.
-        opt = self._ds.engine if self._ds is not None else (trainer.optimizers[0] if trainer.optimizers else None)
-        for record, findings in s.end_step(step, optimizer=opt):
-            if self.log_to_loggers:
-                with self.guard("log", "logging to the trainer's loggers"):
-                    for name, v in reporter_scalars(record, findings).items():
-                        pl_module.log(name, v, on_step=True, on_epoch=False)
+        s.end_step(step, optimizer=self._ds.engine if self._ds is not None
+                   else (trainer.optimizers[0] if trainer.optimizers else None))
+        if s.report:
+            with self.guard("log", "logging to the trainer's loggers"):
+                for name, v in s.take_scalars().items():
+                    pl_module.log(name, v, on_step=True, on_epoch=False)
         self._note_framework_saves(trainer)
         self._act(trainer, step)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if not self._off():
+            self.session.alive()   # an evaluation batch: progress, not a hang
 
     def _act(self, trainer, step: int) -> None:
         s = self.session
@@ -233,18 +192,13 @@ class StabilityCallback(Callback, SessionAdapter):
                 trainer.should_stop = True
             if why:
                 # Collective under DeepSpeed/FSDP: every rank reaches this at the same step.
-                path = os.path.join(self._checkpoint_dir(trainer), f"stability-step={step}.ckpt")
+                mc = trainer.checkpoint_callback
+                folder = self.checkpoint_dir or (mc.dirpath if isinstance(mc, ModelCheckpoint) and mc.dirpath
+                                                 else os.path.join(trainer.default_root_dir, "checkpoints"))
+                path = os.path.join(folder, f"stability-step={step}.ckpt")
                 trainer.save_checkpoint(path)
                 s.saved(step, path, why)
             s.control.step_done()
-
-    def _checkpoint_dir(self, trainer) -> str:
-        if self.checkpoint_dir is not None:
-            return self.checkpoint_dir
-        mc = trainer.checkpoint_callback
-        if isinstance(mc, ModelCheckpoint) and mc.dirpath:
-            return mc.dirpath
-        return os.path.join(trainer.default_root_dir, "checkpoints")
 
     def _note_framework_saves(self, trainer) -> None:
         """Tell the Monitor about ModelCheckpoint's saves (the rollback advice names them).
@@ -271,6 +225,12 @@ class StabilityCallback(Callback, SessionAdapter):
             self._note_framework_saves(trainer)
         self.session.close()   # never raises
         self._closed = True
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        # Lightning re-raises it after its callbacks and teardown (trainer/call.py:68-73).
+        if self.session is not None and not self._closed:
+            self._crashed(exception)
+            self._closed = True
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if self._orig_clip is not None:

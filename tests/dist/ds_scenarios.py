@@ -11,6 +11,7 @@ later engines well under a second each.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -28,6 +29,8 @@ from deepspeed.accelerator import get_accelerator  # noqa: E402
 # scaler, overflow skips) run fine once allowed (FRAMEWORK_NOTES 3.4).
 type(get_accelerator()).is_fp16_supported = lambda self: True
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # tests/
+from alert_inbox import AlertInbox  # noqa: E402
 from stability_callbacks.demo.scenarios import build_scenario  # noqa: E402
 from stability_callbacks.integrations.deepspeed import (CLIENT_STATE_KEY, attach,  # noqa: E402
                                                         roll_back_latest)
@@ -281,7 +284,70 @@ def case_streams(out_dir):
                           if dist.get_rank() == 0 else None})
 
 
+def case_no_grad_norm(out_dir):
+    """bf16 ZeRO-2 with ``zero_optimization.compute_grad_norm: false``: DeepSpeed keeps no grad
+    norm, so the hook computes its own (one info says so, once): the same values DeepSpeed
+    reports with the flag on, on the same data."""
+    sc = build_scenario("healthy", max_steps=4, warmup_steps=2, batch_size=4, lr=3e-3)
+    infos = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: infos.append(record.getMessage())
+    logger = logging.getLogger("stability_callbacks")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    norms, engine_norms = {}, {}
+    for compute in (True, False):
+        cfg = sc.deepspeed_config(stage=2, precision="bf16")
+        cfg["gradient_clipping"] = 0.0          # what compute_grad_norm: false requires
+        cfg["zero_optimization"]["compute_grad_norm"] = compute
+        model = sc.make_model()
+        engine, _, _, _ = deepspeed.initialize(model=model, config=cfg, model_parameters=model.parameters())
+        run_dir = shared_dir(out_dir, f"nonorm-z2-{compute}")
+        with attach(engine, config={"actions": {}}, run_dir=run_dir) as hook:
+            train(engine, hook, sc, last_step=sc.max_steps)
+        engine_norms[str(compute)] = engine.get_global_grad_norm() is not None
+        norms[str(compute)] = [r["metrics"].get("grad_norm") for r in runlog_lines(run_dir)
+                               if r["type"] == "step"] if dist.get_rank() == 0 else None
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+    return {"engine_keeps_norm": engine_norms, "infos": [m for m in infos if "compute_grad_norm" in m],
+            "records": norms}
+
+
+def case_crash(out_dir):
+    """fp32 ZeRO-1, the loop raises in step 4 inside ``with attach(...)``: one critical alert from
+    rank 0 to a real local endpoint, delivered before the very same exception leaves the block."""
+    sc = build_scenario("healthy", max_steps=8, warmup_steps=2, batch_size=4, lr=3e-3)
+    engine = make_engine(sc, stage=1, precision="fp32")
+    run_dir = shared_dir(out_dir, "crash-z1")
+    inbox = AlertInbox().__enter__() if dist.get_rank() == 0 else None
+    port = [inbox.server_address[1] if inbox else None]
+    dist.broadcast_object_list(port, src=0)
+    actions = {"webhook": {"url": f"http://127.0.0.1:{port[0]}/alerts", "min_severity": "critical",
+                           "rate_limit_s": 0}}
+    err, raised = RuntimeError("NCCL error: unhandled system error"), None
+    ids = sc.train_dataset(dist.get_world_size()).input_ids
+    try:
+        with attach(engine, config={"actions": actions}, run_dir=run_dir) as hook:
+            for step in range(1, sc.max_steps + 1):
+                if step == 4:
+                    raise err
+                for mb in micro_batches(ids, sc, step):
+                    engine.backward(engine(input_ids=mb, labels=mb).loss)
+                    engine.step()
+    except RuntimeError as e:
+        raised = e
+    alerts = None
+    if inbox is not None:
+        alerts = {"received": inbox.kinds(), "finding": inbox.alerts[0]["body"]["finding"] if inbox.alerts else None}
+        inbox.__exit__(None, None, None)
+    return summary(hook, {"same_object": raised is err, "closed": hook.session.closed, "records": alerts})
+
+
 CASES = {
+    "nonorm-z2": case_no_grad_norm,
+    "crash-z1": case_crash,
     "overflow-z1": lambda out: case_overflow(out, 1),
     "overflow-z0": lambda out: case_overflow(out, 0),
     "pocket-z2": case_pocket,

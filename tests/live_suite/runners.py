@@ -1,7 +1,8 @@
 """One runner per framework: a real training run of a :class:`Scenario`, monitored through the
 library's public API only, its run log written to ``run_dir``.
 
-- HF Trainer: ``StabilityCallback.attach(trainer, run_dir=...)``, HF's own optimizers and
+- HF Trainer: ``StabilityCallback(run_dir=...)`` in ``Trainer(callbacks=...)`` (the plain way;
+  the callback finds its Trainer), HF's own optimizers and
   schedules (``optim``, ``adam_beta2``, ``lr_scheduler_type``), a sequential sampler;
 - Lightning: ``StabilityCallback(run_dir=...)`` in ``Trainer(callbacks=...)``, the torch
   optimizer and ``LambdaLR`` a LightningModule configures;
@@ -109,11 +110,9 @@ def run_hf(sc: Scenario, run_dir: Path) -> dict:
         kw["optim_args"] = "momentum=0.9"
 
     def trainer(**extra):
-        t = Trainer(model=make_model(sc), args=TrainingArguments(**{**kw, **extra}),
-                    train_dataset=train_rows(sc), eval_dataset=eval_rows(sc) if sc.eval_every else None,
-                    callbacks=[Plant()])
-        StabilityCallback.attach(t, run_dir=run_dir)
-        return t
+        return Trainer(model=make_model(sc), args=TrainingArguments(**{**kw, **extra}),
+                       train_dataset=train_rows(sc), eval_dataset=eval_rows(sc) if sc.eval_every else None,
+                       callbacks=[Plant(), StabilityCallback(run_dir=run_dir)])
 
     if sc.resume_at is None:
         trainer().train()
