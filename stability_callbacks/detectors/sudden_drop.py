@@ -52,7 +52,7 @@ class SuddenDrop(Detector):
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         x = record.metrics.get(keys.LOSS)
-        if not finite_positive(x):
+        if not finite_positive(x) or ctx.loss_signed:
             return []
         fast = self.fast.update(math.log(x))
         h = self.history
@@ -68,7 +68,11 @@ class SuddenDrop(Detector):
         del h[0]
         fall, before = fast - h[w], h[w] - h[0]   # log change over the last window, and the one before
         base = ctx.loss_baseline
-        dropped = (fall <= math.log1p(-self.min_drop) and (before >= 0.0 or fall <= self.acceleration * before)
+        drop = self.min_drop
+        if ctx.loss_floor > 0.0:   # near its floor a fall is measured against the floor (LossSpike)
+            drop *= max(1.0, ctx.loss_floor / math.exp(h[w]))
+        dropped = (drop < 1.0 and fall <= math.log1p(-drop)
+                   and (before >= 0.0 or fall <= self.acceleration * before)
                    and base is not None and fast < math.log(base))
         self.count = self.count + 1 if dropped else 0
         quiet = (ctx.phase == "warmup" or ctx.steps_since_resume is not None
