@@ -62,6 +62,8 @@ class Monitor:
     def update(self, record: StepRecord) -> list[Finding]:
         out: list[Finding] = []
         step = record.step
+        if record.warmup_steps is not None and self.config["phase"].get("warmup_steps") is None:
+            self.phase.declare_warmup(record.warmup_steps)   # a replayed run log's declared warmup
         # A segment's start_step is the step it resumes from (its checkpoint): the step before
         # its first record (DESIGN 2.3; what the integrations write).
         if record.segment != self.segment and record.segment > self.segment:

@@ -2,7 +2,8 @@
 
 Run log: ``{"type": "step", "step": 7, "segment": 0, "metrics": {...}}`` lines become records in
 file order (stitching rollback segments is :mod:`stability_callbacks.replay.timeline`'s job);
-``finding`` / ``segment`` / ``checkpoint`` lines are not steps. Plain objects:
+``finding`` / ``segment`` / ``checkpoint`` / ``phase`` lines are not steps (a ``phase`` line's
+declared ``warmup_steps`` rides on the next record, for the Monitor: replay = live). Plain objects:
 ``{"step": 7, "loss": 2.5, "train/grad_norm": 0.3}`` (names through the tag map; ``"nan"`` and
 ``NaN`` read as NaN).
 """
@@ -36,11 +37,16 @@ def json_objects(path, *, on_skip: SkipReport, progress: bool = False) -> Iterat
 
 def read(path, *, on_skip: SkipReport, progress: bool = False, tag_map=None, **_
          ) -> Iterator[StepRecord]:
+    declared = None   # a segment line's declared warmup, handed to the next step record
     for line_no, text, obj in json_objects(path, on_skip=on_skip, progress=progress):
         kind = obj.get("type")
         try:
             if kind == "step":
-                yield StepRecord.from_json(obj)
+                rec = StepRecord.from_json(obj)
+                rec.warmup_steps, declared = declared, None
+                yield rec
+            elif kind == "phase":
+                declared = obj.get("warmup_steps") or declared
             elif kind is None:
                 rec = _plain(obj, tag_map)
                 if rec is not None:
