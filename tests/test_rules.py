@@ -93,6 +93,17 @@ def test_gradients_that_grew_during_warmup_are_not_a_post_peak_rise():
     assert found(run(recs)) == []
 
 
+def test_the_live_suites_wsd_run_is_not_a_post_peak_rise():
+    # Lightning, GA 4, no clipping, WSD with a 100-step warmup, beta2 0.999 (tests/data/live_runs,
+    # a real run): the debiased exp_avg_sq doubled between steps 102 and 661 (a warning at 661),
+    # while the gradients' mean square over 100-step windows moved 1.18x at most
+    recs = list(read_records(DATA / "live_runs" / "pl-wsd-ga4-noclip.jsonl"))
+    m = {r.step: r.metrics for r in recs}
+    debiased = {s: m[s]["adam/exp_avg_sq_l1"] / -math.expm1(s * math.log(0.999)) for s in (102, 661)}
+    assert debiased[661] / debiased[102] > 2.0 and m[661]["adam/beta2"] == 0.999
+    assert found(run(recs)) == []
+
+
 def test_a_gradient_spike_is_one_jump_not_also_a_post_peak_rise():
     found_ = run(adam_run(400, spike_at=300))
     assert [(f.step, f.kind, f.details.get("rule")) for f in found_ if f.kind != "warmup_end"] == [
@@ -178,7 +189,12 @@ def test_dynamic_scaler_physics():
     pinned = dynamic_scaler_run(3400, overflow=lambda s: s <= 6 or s >= 3000, raise_at_min=False, every=10)
     snippet = [r for r in pinned if r.step >= 3200]
     assert {r.metrics["loss_scale"] for r in snippet} == {1.0} and {r.metrics["skipped"] for r in snippet} == {10.0}
+    # every step skipped shows a dynamic scaler, and its scale is at the floor: a collapse at once
     f = [f for f in run(snippet) if f.kind == "loss_scale_collapse"]
+    assert [(x.step, x.severity, x.details["rule"]) for x in f] == [(3200, "critical", "floor")]
+    # a scaler whose floor is not the configured min_scale: pinned (unchanged while every step skips)
+    f = [f for f in run(snippet, {"detectors": {"loss_scale_collapse": {"min_scale": 1e-4}}})
+         if f.kind == "loss_scale_collapse"]
     assert [(x.step, x.severity, x.details["rule"]) for x in f] == [(3210, "critical", "pinned")]
     assert "stayed at 1" in f[0].message
 

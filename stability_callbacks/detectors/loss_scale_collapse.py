@@ -27,9 +27,12 @@ class LossScaleCollapse(Detector):
       healthy run never adds up).
 
     A scale that never moves and never skips is not a dynamic scaler at all: bf16 Megatron and
-    static-scale runs print ``loss scale: 1.0`` on every line, and that is silent. The start-up
-    search (halving from 2^32 on every step) only meets the *zero* and *pinned* rules; the other
-    two wait for the end of start-up. Negative values (``loss scale: -1.0`` in builds without a
+    static-scale runs print ``loss scale: 1.0`` on every line, and that is silent (a step skipped
+    for overflow, even one, shows a scaler at work: a log excerpt may begin in a cascade). The
+    start-up search (halving from 2^32 on every step) meets the *zero*, *pinned* and *floor*
+    rules — a search that halved down to the floor found no scale at which the gradients fit,
+    so it has failed (apex, which has no floor, goes on to 1e-202) — but not *halvings*, which
+    waits for the end of start-up. Negative values (``loss scale: -1.0`` in builds without a
     scaler) are print artefacts and ignored. ``skipped`` may be a count per logged interval: an
     interval overflowed entirely when it counts every step since the previous record.
     One finding per episode. O(1); state: 7 scalars.
@@ -72,16 +75,18 @@ class LossScaleCollapse(Detector):
         interval = step - self.last_step if self.last_step is not None else 1
         overflowed = skipped is not None and skipped >= max(interval, 1)
         same = self.last is not None and s == self.last
-        self.moved = self.moved or (self.last is not None and not same)
+        # a scale that moved, or a step skipped for overflow: a dynamic scaler at work
+        self.moved = self.moved or (self.last is not None and not same) or (skipped is not None and skipped >= 1)
         self.pinned = self.pinned + int(skipped) if overflowed and same else 0
         self.last, self.last_step = s, step
         if s == 0.0:
             return self._fire(step, s, "zero", ctx, on=True)
         if self.pinned >= self.pinned_skips:
             return self._fire(step, s, "pinned", ctx, on=True)
-        if ctx.in_startup:
-            return []
         ls = math.log2(s)
+        near_floor = self.moved and ls - math.log2(self.min_scale) <= self.floor_halvings
+        if ctx.in_startup:   # the search halves by design; one that reached the floor has failed
+            return self._fire(step, s, "floor", ctx, on=near_floor, off=not near_floor)
         if self.peak is not None and self.peak_step is not None:
             decay = (step - self.peak_step) // self.peak_decay_steps
             if decay > 0:
@@ -90,7 +95,6 @@ class LossScaleCollapse(Detector):
         if self.peak is None or ls >= self.peak:
             self.peak, self.peak_step = ls, step
         drop = self.peak - ls
-        near_floor = self.moved and ls - math.log2(self.min_scale) <= self.floor_halvings
         rule = "halvings" if drop >= self.min_halvings else "floor"
         return self._fire(step, s, rule, ctx, on=drop >= self.min_halvings or near_floor,
                           off=drop < self.min_halvings / 2 and not near_floor)
