@@ -111,6 +111,24 @@ def test_a_gradient_spike_is_one_jump_not_also_a_post_peak_rise():
     assert "bias-corrected" in found_[-1].message
 
 
+# -- the LR ----------------------------------------------------------------------------------------
+def _lr_run(lr_of_step, n=900):
+    return [StepRecord(s, {"lr": lr_of_step(s)}) for s in range(1, n + 1)]
+
+
+def test_a_constant_lr_that_jumps_is_an_anomaly_and_a_step_schedule_is_not():
+    # Lightning, constant LR 3e-3 after a 50-step warmup, x50 planted at 200 (live_runs, a real
+    # run): the jump was spread over the 150 flat steps before it and read as ordinary
+    f = run(read_records(DATA / "live_runs" / "pl-lr-x50.jsonl"))
+    assert [(x.step, x.severity) for x in f if x.kind == "lr_anomaly"] == [(200, "warning")]
+    assert found(run(_lr_run(lambda s: 3e-3 * min(s / 50, 1) * (50 if s >= 300 else 1)))) == [
+        (300, "lr_anomaly", "warning")]
+    # StepLR drops x0.1 after each flat stretch, a cosine printed to 2 digits moves in stairs
+    assert found(run(_lr_run(lambda s: 0.1 * min(s / 50, 1) * 0.1 ** (s // 300)))) == []
+    cosine = _lr_run(lambda s: float(f"{3e-4 * min(s / 50, 1) * 0.5 * (1 + math.cos(math.pi * s / 900)):.2g}"))
+    assert found(run(cosine)) == []
+
+
 # -- the loss scale ---------------------------------------------------------------------------------
 def test_bf16_megatron_prints_loss_scale_one_and_is_healthy():
     recs = list(read_records(CASES / "megatron_bf16_constant_scale.log"))
