@@ -345,6 +345,26 @@ def test_grokking_drops_are_sudden_drops(curve, step):
     assert "sped up" in f[-1].message and f[-1].details["drop"] > 0.25
 
 
+def _resumed_at(records, at):
+    m, out = Monitor(), []
+    for r in records:
+        if r.step == at + 1:
+            out += m.begin_segment(at, "resume")
+        out += m.update(r)
+    return out
+
+
+def test_a_sudden_drop_right_after_a_resume_is_a_warning():
+    # the seeds' falsely low loss: resumed at 1200, the loss falls 37% (repeated data)
+    f = _resumed_at(grokking_run(2000, at=1230, drop=0.375, over=60), 1200)
+    assert found(f) == [(1200, "resume", "info"), (1235, "data_repetition", "critical"),
+                        (1240, "sudden_drop", "warning")]
+    assert f[-1].details["after_resume"] and "40 steps after the resume at step 1200" in f[-1].message
+    # long after a resume it is the grokking moment again (info), no longer silenced for good
+    assert found(_resumed_at(grokking_run(3000, at=1200, drop=0.375, over=60), 300)) == [
+        (300, "resume", "info"), (1210, "sudden_drop", "info")]
+
+
 def test_a_fast_early_fall_without_lr_is_not_a_sudden_drop():
     # no LR to find the warmup: the steep, slowing fall of the first steps is start-up
     rng = random.Random(0)
