@@ -453,3 +453,32 @@ def test_stream_spikes_start_from_the_loss_spike_settings():
                                         "stream_loss_spike": {"horizon_steps": 70}}}) == {"horizon_steps": 70, "min_rise": 0.2}
     with pytest.raises(ValueError, match="stream_loss_spike.horizon_steps"):
         Monitor({"detectors": {"stream_loss_spike": {"horizon_steps": 0}}})
+
+
+def test_rollback_advice_names_the_checkpoint_in_one_plain_sentence():
+    m = Monitor()
+    recs = healthy(300)
+    for r in recs[:150]:
+        m.update(r)
+    m.note_checkpoint(100, "out/checkpoint-100")
+    recs[200].metrics["loss"] = math.nan
+    advice = [f for r in recs[150:] for f in m.update(r) if f.kind == "rollback_advice"]
+    assert [f.step for f in advice] == [201]
+    assert "Resume from the checkpoint of step 100 (out/checkpoint-100) and skip the batches of steps 201-201" in advice[0].message
+
+
+def test_default_yaml_lists_every_detector_key_at_its_default():
+    import inspect
+
+    import yaml
+
+    from stability_callbacks.config import PRESETS_DIR
+    shown = yaml.safe_load((PRESETS_DIR / "default.yaml").read_text())["detectors"]
+    assert list(shown) == list(DETECTORS)
+    for name, cls in DETECTORS.items():
+        if name == "stream_loss_spike":   # loss_spike's keys, unless configured apart
+            assert shown[name] == {}
+            continue
+        defaults = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
+                    if p.kind == p.KEYWORD_ONLY}
+        assert shown[name] == defaults, name
