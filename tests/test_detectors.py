@@ -314,6 +314,59 @@ SCENARIOS = {
 }
 
 
+def _put(recs, key, value_of_step):
+    for r in recs:
+        r.metrics[key] = value_of_step(r.step)
+    return recs
+
+
+def _repeat_from(recs, step, period, decimals):
+    """From ``step`` on, the loss (printed to ``decimals``) repeats the values of ``period`` points
+    earlier: a frozen model on cycling batches."""
+    for r in recs:
+        r.metrics["loss"] = round(r.metrics["loss"], decimals)
+        if r.step >= step:
+            r.metrics["loss"] = recs[r.step - 1 - period].metrics["loss"]
+    return recs
+
+
+def _adam_from_physics(recs, grad_scale):
+    """Adam's exp_avg_sq as Adam builds it (physics.adam_run), with beta2 and step in the record."""
+    for r, a in zip(recs, adam_run(len(recs), warmup=50, grad_scale=grad_scale)):
+        r.metrics.update({k: v for k, v in a.metrics.items() if k.startswith("adam/")})
+    return recs
+
+
+def _signed(recs):
+    """An objective below zero from step 500 (RL-like), a 30-sigma jump at 600."""
+    for r in recs:
+        if r.step >= 500:
+            r.metrics["loss"] = -0.01 * r.metrics["loss"] + (0.05 if r.step == 600 else 0.0)
+    return recs
+
+
+# More planted events, so that more state fields decide what follows the cut (each variant
+# exercises fields the detector's main scenario leaves at their start values).
+VARIANTS = {
+    "stall:repeating": ("stall", lambda r: _repeat_from(r, 587, 8, 4)),
+    "stall:after_a_spike": ("stall", lambda r: _set(scale(r, "loss", lambda s: 1000.0 if s == 590 else 1.0), "loss",
+                                                    lambda s, v: 1.234 if s >= 600 else None)),
+    "loss_spike:onset": ("loss_spike", lambda r: scale(r, "loss", lambda s: 1.1 if s == 590 else 2.5 if s == 591 else 1.0)),
+    "loss_spike:signed": ("loss_spike", _signed),
+    "second_moment_surge:post_peak": ("second_moment_surge", lambda r: _adam_from_physics(
+        r, lambda s: 1.0 if s < 575 else 1.0 + (s - 575) / 15)),
+    "grad_norm_growth:every_point": ("grad_norm_growth", lambda r: scale(
+        r, "grad_norm", lambda s: 1.3 ** (s - 584) if s >= 585 else 1.0)),
+    "resume_spike:resumed_before": ("resume_spike", lambda r: scale(
+        _resume_at(r, 585), "loss", lambda s: 1.3 if 592 <= s < 600 else 1.0)),
+    "data_repetition:resumed_before": ("data_repetition", lambda r: _set(
+        _resume_at(r, 585), "batch_fingerprint", lambda s, v: float(s - 585) if s > 592 else None)),
+    "data_repetition:consumed": ("data_repetition", lambda r: _put(
+        _resume_at(r, 585), "consumed_samples", lambda s: 8.0 * (s if s <= 590 else s - 300))),
+}
+CASES = {**{name: (name, fn) for name, fn in SCENARIOS.items()}, **VARIANTS}
+
+
 def _spy(monitor, name):
     """Record the findings of detector ``name`` as it returns them."""
     det = next(d for d in monitor.detectors if d.name == name)
@@ -327,9 +380,10 @@ def _spy(monitor, name):
     return seen
 
 
-@pytest.mark.parametrize("name", sorted(DETECTORS))
-def test_state_round_trip_mid_episode_gives_identical_nonempty_findings(name):
-    recs = SCENARIOS[name](_base_stream())
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_state_round_trip_mid_episode_gives_identical_nonempty_findings(case):
+    name, plant = CASES[case]
+    recs = plant(_base_stream())
     a = Monitor()
     for r in recs[:CUT]:
         a.update(r)

@@ -98,7 +98,7 @@ class GradNormGrowth(_SustainedGrowth):
 
     def _fast(self, step: int, v: float) -> list[Finding]:
         last, self.last = self.last, v
-        if last is None or v <= last:
+        if last is None or v <= last or self.climb_from is None:
             self.climb_from, self.climb_step, self.climb = v, step, 1
             return []
         self.climb += 1
