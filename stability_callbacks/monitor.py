@@ -96,7 +96,7 @@ class Monitor:
                 found = d.update(record, ctx)
             except Exception:   # a broken detector must not take training down
                 self._disable(d.name, step)
-                found = ()
+                found = []
             if found:
                 out += found
             if d is self._loss_spike:

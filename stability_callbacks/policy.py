@@ -91,7 +91,7 @@ class Policy:
         self.leads = [lead for lead in self.leads if horizon - lead[0] <= self.lead_window_steps][-_MAX_LEADS:]
 
         serious = [f for f in findings if f.kind not in EVENT_KINDS and severity_rank(f.severity) >= 1]
-        if serious and ctx.in_risk_window and (
+        if serious and ctx.in_risk_window and risk_window is not None and (
                 self.last_escalation is None or step - self.last_escalation >= self.escalation_gap_steps):
             self.last_escalation = step
             first = serious[0]
@@ -138,7 +138,7 @@ class Policy:
 
     def _set_interval(self, ctx: Context, control: Control, risk_window: tuple[int, int] | None) -> None:
         """The bumped save interval (and why) inside the risk window and after a warning."""
-        if ctx.in_risk_window:
+        if ctx.in_risk_window and risk_window is not None:
             control.save_interval_steps = self.bump_save_interval_to
             control.save_interval_reason = (f"inside the warmup-end risk window (steps "
                                             f"{risk_window[0] + 1}-{risk_window[1]})")

@@ -42,7 +42,7 @@ class Detector:
     name: ClassVar[str]
     kind: ClassVar[str]
     kinds: ClassVar[tuple[str, ...]]
-    signals: ClassVar[tuple[str, ...]]
+    signals: tuple[str, ...]           # a class attribute, or per instance (LossSpike's stream)
     defaults_from: ClassVar[str | None] = None
     _state: ClassVar[tuple[str, ...]] = ()
 

@@ -45,7 +45,7 @@ class Divergence(Detector):
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         x = record.metrics.get(keys.LOSS)
-        if not finite_positive(x) or ctx.loss_signed:
+        if x is None or not finite_positive(x) or ctx.loss_signed:
             return []
         if ctx.loss_spike_open:
             self._restart()
@@ -62,7 +62,7 @@ class Divergence(Detector):
         thr = max(math.log1p(rise), self.noise_sigmas * 1.25 * noise)
         if not self.rise.update(m, record.step, thr):
             return []
-        lo, now, low_step = math.exp(self.rise.low), math.exp(m), self.rise.low_step
+        lo, now, low_step = math.exp(self.rise.low_value), math.exp(m), self.rise.low_step
         return [self.finding(
             record.step, severity="critical", value=now, baseline=lo, threshold=lo * math.exp(thr),
             onset_step=low_step,

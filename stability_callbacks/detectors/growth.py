@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 from .. import keys
 from ..record import Finding, StepRecord
@@ -15,7 +16,7 @@ class _SustainedGrowth(Detector):
     falls back below half that growth (in log terms). O(1); state: 1 level, 4 scalars.
     """
 
-    _state = ("level", "rise")
+    _state: ClassVar[tuple[str, ...]] = ("level", "rise")
     what = ""
     advice = ""
 
@@ -31,7 +32,7 @@ class _SustainedGrowth(Detector):
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
         v = m.get(self.signals[0])
-        if not finite_positive(v) or (m.get(keys.SKIPPED) or 0.0) >= 1.0:
+        if v is None or not finite_positive(v) or (m.get(keys.SKIPPED) or 0.0) >= 1.0:
             return []
         self.level.update(v)
         if self.after_warmup and ctx.phase == "warmup":
@@ -42,7 +43,7 @@ class _SustainedGrowth(Detector):
         lv = self.level.level
         if not self.rise.update(lv, record.step, math.log1p(self.min_growth)):
             return []
-        lo, now, low_step = math.exp(self.rise.low), math.exp(lv), self.rise.low_step
+        lo, now, low_step = math.exp(self.rise.low_value), math.exp(lv), self.rise.low_step
         growth = now / lo
         return [self._growth(record.step, now, lo, low_step, growth)]
 

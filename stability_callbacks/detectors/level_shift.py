@@ -40,7 +40,7 @@ class LevelShift(Detector):
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         x = record.metrics.get(keys.LOSS)
-        if not finite_positive(x) or x == self.last or ctx.loss_signed:   # a frozen value is `stall`'s
+        if x is None or not finite_positive(x) or x == self.last or ctx.loss_signed:   # frozen: `stall`'s
             return []
         self.last = x
         lx = math.log(x)

@@ -77,7 +77,7 @@ class LossScaleCollapse(Detector):
         same = self.last is not None and s == self.last
         # a scale that moved, or a step skipped for overflow: a dynamic scaler at work
         self.moved = self.moved or (self.last is not None and not same) or (skipped is not None and skipped >= 1)
-        self.pinned = self.pinned + int(skipped) if overflowed and same else 0
+        self.pinned = self.pinned + int(skipped) if skipped is not None and overflowed and same else 0
         self.last, self.last_step = s, step
         if s == 0.0:
             return self._fire(step, s, "zero", ctx, on=True)
@@ -102,7 +102,8 @@ class LossScaleCollapse(Detector):
     def _fire(self, step: int, s: float, rule: str, ctx: Context, *, on: bool, off: bool = False) -> list[Finding]:
         if not self.latch.update(on, off):
             return []
-        peak = 2.0 ** self.peak if self.peak is not None else None
+        peak_log2 = self.peak
+        peak = 2.0 ** peak_log2 if peak_log2 is not None else None
         if rule == "zero":
             what = (f"The fp16 loss scale reached 0 at step {step}: every gradient is multiplied by "
                     f"zero, so no step trains the model.")
@@ -112,8 +113,8 @@ class LossScaleCollapse(Detector):
                     f"cannot go lower, so every step is skipped (DeepSpeed stops the run here).")
         else:
             what = (f"The fp16 loss scale collapsed to {s:g} at step {step}"
-                    + (f", {_halvings(self.peak - math.log2(s))} below {peak:g} at step {self.peak_step}"
-                       if peak is not None else "")
+                    + (f", {_halvings(peak_log2 - math.log2(s))} below {peak:g} at step {self.peak_step}"
+                       if peak_log2 is not None else "")
                     + f"; at {self.min_scale:g} DeepSpeed/Megatron stop the run or skip every step.")
         at_peak = f" (the scale was {peak:g} at step {self.peak_step})" if peak is not None else ""
         return [self.finding(
@@ -122,7 +123,7 @@ class LossScaleCollapse(Detector):
             onset_step=self.peak_step,
             message=(f"{what} Gradients overflow fp16 on almost every step: roll back to a checkpoint "
                      f"from before the overflows began{at_peak}, and consider bf16 or a lower LR."),
-            rule=rule, halvings=(self.peak - math.log2(s)) if peak is not None and s > 0 else None,
+            rule=rule, halvings=(peak_log2 - math.log2(s)) if peak_log2 is not None and s > 0 else None,
             pinned_skips=self.pinned)]
 
 

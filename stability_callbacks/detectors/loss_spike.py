@@ -231,7 +231,7 @@ class LossSpike(Detector):
 
     def load_state_dict(self, d: dict) -> None:
         super().load_state_dict(d)
-        if self.episode is not None:
+        if isinstance(self.episode, dict):   # the JSON form of the open episode
             self.episode = SpikeEpisode(**self.episode)
 
     def _recovery_level(self, base0: float, peak: float) -> float:

@@ -61,10 +61,10 @@ class LrAnomaly(Detector):
         change = abs(math.log(ratio))
         if change == 0.0:
             return []
-        since = self.last_change_step if self.last_change_step is not None else prev_step
+        since = self.last_change_step if self.last_change_step is not None else (prev_step or record.step)
         self.last_change_step = record.step
         if lr > prev and lr - prev > 1.5 * printed_resolution(prev):   # a rise out of a flat stretch
-            since = prev_step
+            since = prev_step or since
         per_step = change / max(record.step - since, 1)
         anomalous = (self.typical.n >= 3 and change >= self.min_change
                      and per_step > self.ratio * max(self.typical.mean, 1e-12))

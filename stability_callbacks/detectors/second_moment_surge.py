@@ -89,13 +89,13 @@ class SecondMomentSurge(Detector):
         if vmax is not None:
             vmax /= c
         l1, n = m.get(keys.ADAM_V_L1), m.get(keys.ADAM_V_NUMEL)
-        vraw = l1 / n if finite_positive(l1) and finite_positive(n) else None
+        vraw = l1 / n if l1 is not None and n is not None and finite_positive(l1) and finite_positive(n) else None
         vmean = vraw / c if vraw is not None else None
         out: list[Finding] = []
         jumps = []
         for label, v, base, ratio in (("max", vmax, self.base_max, self.max_jump_ratio),
                                       ("mean", vmean, self.base_mean, self.jump_ratio)):
-            if not finite_positive(v):
+            if v is None or not finite_positive(v):
                 continue
             r = base.ratio(v) if base.n else 1.0
             if base.n >= self.warm_samples and r >= ratio:

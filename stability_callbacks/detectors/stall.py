@@ -196,7 +196,7 @@ class Stall(Detector):
             return False
         if self.repeats == self.min_samples:   # weigh the run so far: log of the product of p
             ps = [self._chance_equal(v, printed) for _, v in self.run[:self.min_samples]]
-            self.evidence = sum(math.log(q) for q in ps) if None not in ps else math.nan
+            self.evidence = math.nan if None in ps else sum(math.log(q) for q in ps if q is not None)
         else:
             q = self._chance_equal(x, printed)
             self.evidence = self.evidence + math.log(q) if q is not None else math.nan

@@ -55,7 +55,7 @@ class SuddenDrop(Detector):
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         x = record.metrics.get(keys.LOSS)
-        if not finite_positive(x) or ctx.loss_signed:
+        if x is None or not finite_positive(x) or ctx.loss_signed:
             return []
         fast = self.fast.update(math.log(x))
         h = self.history
@@ -78,7 +78,8 @@ class SuddenDrop(Detector):
                    and (before >= 0.0 or fall <= self.acceleration * before)
                    and base is not None and fast < math.log(base))
         self.count = self.count + 1 if dropped else 0
-        resumed = ctx.steps_since_resume is not None and ctx.steps_since_resume <= self.after_resume_steps
+        since_resume = ctx.steps_since_resume
+        resumed = since_resume is not None and since_resume <= self.after_resume_steps
         quiet = (ctx.phase == "warmup"
                  or (ctx.warmup_end_step is None and record.step <= self.startup_steps and not resumed)
                  or (self.last_step is not None and record.step - self.last_step < self.min_gap_steps))
@@ -88,8 +89,8 @@ class SuddenDrop(Detector):
         now, then = math.exp(fast), math.exp(h[w])
         pace = (f"after falling only {-math.expm1(before):.0%} over the {w} points before" if before < 0
                 else f"after no fall at all over the {w} points before")
-        if resumed:
-            what = (f"{ctx.steps_since_resume} steps after the resume at step {record.step - ctx.steps_since_resume}: "
+        if since_resume is not None and resumed:
+            what = (f"{since_resume} steps after the resume at step {record.step - since_resume}: "
                     f"a resumed run that suddenly does better is usually re-reading data it memorised "
                     f"(the data loader restarted from the beginning). Check the data-loader/sampler state "
                     f"before training on.")

@@ -48,9 +48,9 @@ def read(path, *, on_skip: SkipReport, progress: bool = False, tag_map=None, **_
             elif kind == "phase":
                 declared = obj.get("warmup_steps") or declared
             elif kind is None:
-                rec = _plain(obj, tag_map)
-                if rec is not None:
-                    yield rec
+                plain = _plain(obj, tag_map)
+                if plain is not None:
+                    yield plain
         except (KeyError, TypeError, ValueError) as e:
             on_skip(line_no, text, f"unreadable step line: {e!r}")
 
