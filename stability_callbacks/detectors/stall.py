@@ -75,12 +75,11 @@ class Stall(Detector):
       ``zero_from`` of the largest loss seen falls to exactly 0.0, or by more than a factor
       1/``zero_from`` per optimizer step (12.18 → 1.8e-6 in one step). A cross-entropy-like
       loss reaches zero only through its last tiny values (memorising a small set goes 0.01 →
-      0.001 → 0.0001 → 0.0, each step a fraction) — unless the point before was a spike (a bad
-      batch: the next one is back at the level, ``loss_spike``'s recovery); a loss that is
-      divided by 100 in a step is a
-      masked loss (no label tokens), targets leaking into the inputs, an fp16 overflow zeroed,
-      or a broken loss path. Losses that start at 0.0 or go negative (RL objectives such as
-      GRPO print 0.0 at first) never meet it, and the message says so.
+      0.001 → 0.0001 → 0.0, each step a fraction); one divided by 100 in a step is a masked
+      loss (no label tokens), targets leaking into the inputs, an fp16 overflow zeroed, or a
+      broken loss path — unless the point before was a spike (a bad batch: the next one is back
+      at the level, ``loss_spike``'s recovery). Losses that start at 0.0 or go negative (RL
+      objectives such as GRPO print 0.0 at first) never meet it, and the message says so.
 
     Resolution: the printed digits, or the bf16/fp16 grid when two values in a row fit it
     (:func:`half_precision_grid`: such a loss repeats as often as its grid allows, whatever its
