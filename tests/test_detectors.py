@@ -353,8 +353,9 @@ VARIANTS = {
                                                     lambda s, v: 1.234 if s >= 600 else None)),
     "loss_spike:onset": ("loss_spike", lambda r: scale(r, "loss", lambda s: 1.1 if s == 590 else 2.5 if s == 591 else 1.0)),
     "loss_spike:signed": ("loss_spike", _signed),
-    "second_moment_surge:post_peak": ("second_moment_surge", lambda r: _adam_from_physics(
-        r, lambda s: 1.0 if s < 575 else 1.0 + (s - 575) / 15)),
+    "second_moment_surge:post_peak": ("second_moment_surge", lambda r: _put(_adam_from_physics(
+        r, lambda s: 1.0 if s < 585 else 1.0 + (s - 585) / 10), "lr",   # a re-warmup 540-560: its risk window
+        lambda s: 3e-4 * min(s / 50, 1.0) if s < 540 else 3e-4 * min((s - 539) / 20, 1.0))),
     "grad_norm_growth:every_point": ("grad_norm_growth", lambda r: scale(
         r, "grad_norm", lambda s: 1.3 ** (s - 584) if s >= 585 else 1.0)),
     "resume_spike:resumed_before": ("resume_spike", lambda r: scale(

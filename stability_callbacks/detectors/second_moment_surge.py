@@ -27,10 +27,13 @@ class SecondMomentSurge(Detector):
 
     - *jump*: the bias-corrected max or mean (``l1 / numel``) ``jump_ratio`` × above its robust
       baseline (max: ×``max_jump_ratio``);
-    - *post-peak rise*: after the LR warmup ended, the gradients' mean square over the last
-      ``window_steps`` stands ``post_peak_rise`` × above what it was over the first
-      ``window_steps`` after the peak (BigScience 104B: the variance peaked at warmup end; still
-      rising after it means the gradients are growing and the optimizer is heading for trouble).
+    - *post-peak rise*: inside the warmup-end risk window, the gradients' mean square over the
+      last ``window_steps`` stands ``post_peak_rise`` × above what it was over the first
+      ``window_steps`` after the peak (BigScience 104B: the variance peaks at the LR peak, "also
+      where we have the highest risk of divergence"; still rising there means the gradients are
+      growing while the LR is at its highest). Later, a healthy run's gradients may well grow
+      (the live suite's unclipped tiny models: x2-3 over hundreds of steps): a sustained rise is
+      ``grad_norm_growth``'s call then.
 
     Why bias-corrected: ``exp_avg_sq`` is an EMA of g² that starts at 0, so after ``t`` steps it
     holds only ``1 − beta2^t`` of its weight: with beta2 = 0.999 the raw value keeps rising for
@@ -114,10 +117,12 @@ class SecondMomentSurge(Detector):
         end = ctx.warmup_end_step
         if (vraw is not None and known_beta2 is not None and 0.0 < beta2 < 1.0 and end is not None
                 and record.step > end):
-            out += self._post_peak(record.step, t, vraw, beta2, end, bool(out))
+            out += self._post_peak(record.step, t, vraw, beta2, end, bool(out) or not ctx.in_risk_window)
         return out
 
-    def _post_peak(self, step: int, t: float, vraw: float, beta2: float, end: int, jumped: bool) -> list[Finding]:
+    def _post_peak(self, step: int, t: float, vraw: float, beta2: float, end: int, quiet: bool) -> list[Finding]:
+        """Advance the windows; judge the one ending here unless ``quiet`` (a jump reported at
+        this step, or outside the risk window)."""
         a = self.anchor
         if a is None or t <= a[1]:   # the first point after the peak (or the optimizer restarted)
             self.anchor = [step, t, vraw]
@@ -131,7 +136,7 @@ class SecondMomentSurge(Detector):
         if self.at_peak is None:
             self.at_peak, self.at_peak_window = g2, [a_step + 1, step]
             return []
-        rising = (g2 >= self.at_peak * self.post_peak_rise and self.at_peak > 0.0 and not jumped
+        rising = (g2 >= self.at_peak * self.post_peak_rise and self.at_peak > 0.0 and not quiet
                   and (self.jump_step is None or self.jump_step <= a_step))
         if not self.post_peak.update(on=rising):
             return []
@@ -139,7 +144,7 @@ class SecondMomentSurge(Detector):
         return [self.finding(
             step, severity="warning", signal=keys.ADAM_V_L1, value=g2, baseline=self.at_peak,
             threshold=self.at_peak * self.post_peak_rise,
-            message=(f"The gradients are still growing after the LR peak: their mean square (from "
+            message=(f"The gradients are still growing right after the LR peak: their mean square (from "
                      f"Adam's exp_avg_sq, beta2={beta2:g}) over steps {a_step + 1}-{step} is "
                      f"{g2 / self.at_peak:.1f}x what it was over steps {first}-{last}, "
                      f"right after the warmup ended (step {end}). In BigScience's 104B runs this "
