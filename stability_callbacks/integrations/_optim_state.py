@@ -125,8 +125,8 @@ def adam_beta2_and_step(optimizer):
     """``(beta2, step)`` of an Adam-like optimizer, read where every rank has them without a
     collective: beta2 from the param groups' hyperparameters (the largest, if groups differ), and
     the update count Adam's bias correction uses, including the update just made — from the
-    state's ``step`` (the first parameter that has state; torch's Adam keeps one per parameter,
-    all equal) or DeepSpeed FusedAdam's per-group ``step``. Either is None when absent.
+    state's ``step`` (the first entry that has one; torch's Adam keeps one per parameter, all
+    equal) or DeepSpeed FusedAdam's per-group ``step``. Either is None when absent.
 
     ``step`` is returned as it is kept: a Python number, a CPU tensor (torch's default: read it
     with ``float()``, no device involved) or a device tensor (``capturable=True`` or
@@ -135,21 +135,18 @@ def adam_beta2_and_step(optimizer):
     never reach the optimizer, so they are not counted (DeepSpeed's ``global_steps`` counts them;
     Adam's ``t`` does not). No compute, no sync.
     """
-    _, wrapper, basic = _layers(optimizer)
+    _, _, basic = _layers(optimizer)
     groups = getattr(basic, "param_groups", None) or []
     betas = [g["betas"][1] for g in groups if isinstance(g.get("betas"), (tuple, list)) and len(g["betas"]) > 1]
     beta2 = float(max(betas)) if betas else None
     steps = [g["step"] for g in groups if isinstance(g.get("step"), (int, float))]   # FusedAdam
     if steps:
         return beta2, max(steps)
-    state = getattr(basic, "state", None) or {}
-    # ZeRO-3 empties a group's "params" between its sub-group steps: its state is keyed by the
-    # flat fp32 partitions, which the wrapper keeps.
-    flat = _deepspeed_flat_partitions(wrapper) if wrapper is not None else None
-    keyed = [part for part, _ in flat or ()] + [p for g in groups for p in g["params"]]
-    for p in keyed:
-        st = state.get(p)
-        if st and "step" in st:
+    # The first state entry that has one (O(1): torch's Adam keeps the same count for every
+    # parameter; ZeRO keys its state by flat partitions, and ZeRO-3 empties the groups' "params"
+    # between its sub-group steps, so the state is read directly, not through the groups).
+    for st in (getattr(basic, "state", None) or {}).values():
+        if "step" in st:
             step = st["step"]
             return beta2, local_tensor(step) if isinstance(step, torch.Tensor) else step
     return beta2, None
