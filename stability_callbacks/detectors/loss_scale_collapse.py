@@ -41,8 +41,12 @@ class LossScaleCollapse(Detector):
     >>> [f.details["rule"] for s in range(21, 41)
     ...  for f in d.update(StepRecord(s, {"loss_scale": 1.0, "skipped": 0.0}), Context(s))]
     []
-    >>> [(f.step, f.details["rule"]) for s in range(41, 46)
+    >>> [(f.step, f.details["rule"]) for s in range(41, 46)      # skips: a scaler, at its floor
     ...  for f in d.update(StepRecord(s, {"loss_scale": 1.0, "skipped": 1.0}), Context(s))]
+    [(41, 'floor')]
+    >>> d = LossScaleCollapse(min_scale=1e-4)                    # a scaler whose floor is not min_scale
+    >>> [(f.step, f.details["rule"]) for s in range(21, 46)
+    ...  for f in d.update(StepRecord(s, {"loss_scale": 1.0, "skipped": float(s > 40)}), Context(s))]
     [(43, 'pinned')]
     """
 
