@@ -101,7 +101,7 @@ class Monitor:
                 out += found
             if d is self._loss_spike:
                 ctx.loss_baseline, ctx.loss_noise = d.baseline_before, d.noise_before
-                ctx.loss_floor, ctx.loss_signed = d.floor_fraction * d.peak, d.signed
+                ctx.loss_floor_log, ctx.loss_signed = d.floor_log, d.signed
                 ctx.loss_spike_open = d.episode is not None
                 ctx.loss_spike_onset = d.episode.onset if d.episode is not None else None
         out += self.policy.decide(out, ctx, self.control, self.phase.risk_window)

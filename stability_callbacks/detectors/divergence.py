@@ -57,8 +57,9 @@ class Divergence(Detector):
         m = self.med.median
         noise = self.noise.update(abs(lx - m))
         rise = self.min_rise
-        if ctx.loss_floor > 0.0:   # near its floor a rise is measured against the floor (LossSpike)
-            rise *= max(1.0, ctx.loss_floor / math.exp(self.rise.low if self.rise.low is not None else m))
+        low = self.rise.low if self.rise.low is not None else m
+        if ctx.loss_floor_log > low:   # near its floor a rise is measured against the floor (LossSpike)
+            rise *= math.exp(ctx.loss_floor_log - low)
         thr = max(math.log1p(rise), self.noise_sigmas * 1.25 * noise)
         if not self.rise.update(m, record.step, thr):
             return []

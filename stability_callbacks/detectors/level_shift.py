@@ -46,8 +46,8 @@ class LevelShift(Detector):
         lx = math.log(x)
         fast = self.fast.update(lx)
         shift = self.min_shift
-        if ctx.loss_floor > 0.0 and self.slow.n:   # near its floor: measured against the floor (LossSpike)
-            shift *= max(1.0, ctx.loss_floor / math.exp(self.slow.level))
+        if self.slow.n and ctx.loss_floor_log > self.slow.level:   # near its floor: against the floor
+            shift *= math.exp(ctx.loss_floor_log - self.slow.level)
         thr = math.log1p(shift)
         shifted = self.slow.n >= self.persist_samples and fast - self.slow.level > thr
         if not shifted:   # the reference holds still while a candidate shift is judged

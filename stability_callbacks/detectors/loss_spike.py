@@ -110,6 +110,8 @@ class LossSpike(Detector):
         self.prev_z = 0.0
         self.peak = 0.0          # the largest loss so far: what "near its floor" is measured by
         self.signed = False
+        self.floor = 0.0         # floor_fraction x peak (derived), and its log for the other detectors
+        self.floor_log = -math.inf
 
     @property
     def open(self) -> bool:
@@ -125,7 +127,7 @@ class LossSpike(Detector):
     def _threshold(self, base: float, scale: float, warm: bool) -> float:
         # Rises are measured against the baseline, or against floor_fraction x the peak when the
         # loss is below that (see the class docstring); the noise term is relative to the baseline.
-        unit = max(base, self.floor_fraction * self.peak)
+        unit = max(base, self.floor)
         if not warm:
             return base + self.cold_start_rise * unit
         return base + min(max(self.min_rise * unit, math.expm1(self.z_threshold * scale) * base),
@@ -144,7 +146,7 @@ class LossSpike(Detector):
             return self._update_signed(record.step, x)
         step = record.step
         if x > self.peak:
-            self.peak = x
+            self._new_peak(x)
         b = self.base
         n = b.n
         if n == 0:
@@ -157,7 +159,7 @@ class LossSpike(Detector):
         scale = max(1.25 * b.mad, b.min_scale)
         warm = n >= self.cold_start_samples
         self.baseline_before, self.noise_before = (base if warm else None), scale
-        unit = max(base, self.floor_fraction * self.peak)   # what a rise is measured against
+        unit = base if base > self.floor else self.floor   # what a rise is measured against
         if warm:
             thr = base + min(max(self.min_rise * unit, math.expm1(self.z_threshold * scale) * base),
                              self.max_threshold_rise * unit)
@@ -233,6 +235,12 @@ class LossSpike(Detector):
         super().load_state_dict(d)
         if isinstance(self.episode, dict):   # the JSON form of the open episode
             self.episode = SpikeEpisode(**self.episode)
+        self._new_peak(self.peak)
+
+    def _new_peak(self, x: float) -> None:
+        self.peak = x
+        self.floor = self.floor_fraction * x
+        self.floor_log = math.log(self.floor) if self.floor > 0.0 and not self.signed else -math.inf
 
     def _recovery_level(self, base0: float, peak: float) -> float:
         """Back means within ``recover_fraction`` of the rise, or within the normal noise (3σ)."""
@@ -258,14 +266,15 @@ class LossSpike(Detector):
 
     # -- objectives that go below zero: an additive scale, info only -----------------------------
     def _become_signed(self) -> None:
-        self.signed, self.episode, self.peak = True, None, 0.0
+        self.signed, self.episode = True, None
+        self._new_peak(0.0)
         self.base = RobustLevel(self.baseline_alpha)
         self.baseline_before = None
 
     def _update_signed(self, step: int, x: float) -> list[Finding]:
         self.baseline_before, self.noise_before = None, 0.0
         if abs(x) > self.peak:
-            self.peak = abs(x)
+            self._new_peak(abs(x))
         b = self.base
         if b.n == 0:
             b.update_log(x)   # update_log: the level of x itself (no log taken on this scale)

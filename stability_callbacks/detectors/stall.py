@@ -131,6 +131,7 @@ class Stall(Detector):
         self.evidence = 0.0                   # ... and log Π p over it
         self.repeat_latch = Latch()           # re-armed when the repeats stop
         self.last_spiked = False              # the previous point was inside a loss-spike episode
+        self._prune_at = 4 * self.max_period_samples
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
@@ -165,7 +166,13 @@ class Stall(Detector):
             self.peak = x
         self.last, self.last_step, self.before, self.count = x, step, prev, 1
         self.latch.armed = True   # the loss moved: re-armed (hot path: no call)
-        if self._remember(step, x, True, m.get(keys.LOSS_RESOLUTION)):
+        # the repeating rule; its common case inline (a value not seen in the window, no run)
+        seen, n = self.seen, self.seen_count
+        i = seen.get(x)
+        if i is None and self.period is None and len(seen) < self._prune_at:
+            seen[x] = n
+            self.seen_count = n + 1
+        elif self._remember(step, x, True, m.get(keys.LOSS_RESOLUTION)):
             out.append(self._repeating(step, x))
         return out
 
@@ -178,7 +185,7 @@ class Stall(Detector):
         i = seen.get(x)
         seen[x] = n
         self.seen_count = n + 1
-        if len(seen) > 4 * self.max_period_samples:   # forget values that left the window (amortized)
+        if len(seen) >= self._prune_at:   # forget values that left the window (amortized)
             self.seen = {v: j for v, j in seen.items() if n - j < self.max_period_samples}
         lag = n - i if i is not None else 0
         if not repeated or x == 0.0 or not 2 <= lag <= self.max_period_samples:

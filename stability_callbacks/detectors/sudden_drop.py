@@ -72,8 +72,8 @@ class SuddenDrop(Detector):
         fall, before = fast - h[w], h[w] - h[0]   # log change over the last window, and the one before
         base = ctx.loss_baseline
         drop = self.min_drop
-        if ctx.loss_floor > 0.0:   # near its floor a fall is measured against the floor (LossSpike)
-            drop *= max(1.0, ctx.loss_floor / math.exp(h[w]))
+        if ctx.loss_floor_log > h[w]:   # near its floor a fall is measured against the floor (LossSpike)
+            drop *= math.exp(ctx.loss_floor_log - h[w])
         dropped = (drop < 1.0 and fall <= math.log1p(-drop)
                    and (before >= 0.0 or fall <= self.acceleration * before)
                    and base is not None and fast < math.log(base))
