@@ -21,9 +21,10 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -p no:cacheprovider $(TEST_ARGS)
 
-# Bug-finding rules only (pyproject.toml [tool.ruff.lint]).
+# Bug-finding rules only (pyproject.toml [tool.ruff.lint]); mypy on the core ([tool.mypy], ~5 s cold).
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # The built wheel in a clean venv, from outside the checkout (scripts/smoke_wheel.sh).
 smoke:

@@ -70,9 +70,9 @@ class Control:
     @property
     def damage(self) -> str:
         """Why saves are blocked, as a sentence part (while ``state_is_good`` is False)."""
-        d = self.rollback.details if self.rollback is not None else {}
-        if d.get("trigger"):
-            return f"the weights are damaged ({d['trigger']} at step {self.rollback.step})"
+        advice = self.rollback
+        if advice is not None and advice.details.get("trigger"):
+            return f"the weights are damaged ({advice.details['trigger']} at step {advice.step})"
         return "the weights are damaged"
 
     def step_done(self) -> None:

@@ -198,6 +198,8 @@ class LiveRun:
             if self.runlog:
                 with self.guard("runlog"):
                     self.runlog.segment(self.monitor.segment, step, reason)
+                    if self.monitor.phase.warmup_steps:   # declared (scheduler) or configured
+                        self.runlog.phase(self.monitor.phase.warmup_steps)
             self._notify("on_segment", self.monitor.segment, step, reason)
             self._emit(found)
         return found

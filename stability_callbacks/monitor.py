@@ -62,6 +62,8 @@ class Monitor:
     def update(self, record: StepRecord) -> list[Finding]:
         out: list[Finding] = []
         step = record.step
+        if record.warmup_steps is not None and self.config["phase"].get("warmup_steps") is None:
+            self.phase.declare_warmup(record.warmup_steps)   # a replayed run log's declared warmup
         # A segment's start_step is the step it resumes from (its checkpoint): the step before
         # its first record (DESIGN 2.3; what the integrations write).
         if record.segment != self.segment and record.segment > self.segment:
@@ -94,11 +96,12 @@ class Monitor:
                 found = d.update(record, ctx)
             except Exception:   # a broken detector must not take training down
                 self._disable(d.name, step)
-                found = ()
+                found = []
             if found:
                 out += found
             if d is self._loss_spike:
                 ctx.loss_baseline, ctx.loss_noise = d.baseline_before, d.noise_before
+                ctx.loss_floor_log, ctx.loss_signed = d.floor_log, d.signed
                 ctx.loss_spike_open = d.episode is not None
                 ctx.loss_spike_onset = d.episode.onset if d.episode is not None else None
         out += self.policy.decide(out, ctx, self.control, self.phase.risk_window)

@@ -105,7 +105,7 @@ class PhaseTracker:
         elif self.phase in ("warmup", "rewarm") and (falling or self.flat >= self.flat_samples):
             if self.rising_samples >= self.min_warmup_samples - 1 and (
                     self.warmup_steps is None or self.phase == "rewarm"):
-                out.append(self._end_warmup(self.last_rise_step or prev_step, self.warmup_start_step or 0,
+                out.append(self._end_warmup(self.last_rise_step or prev_step or step, self.warmup_start_step or 0,
                                             self.peak_lr, rewarm=self.phase == "rewarm"))
             self.rising_samples = 0
             self.phase = "decay" if falling else "peak"

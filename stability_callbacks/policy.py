@@ -91,7 +91,7 @@ class Policy:
         self.leads = [lead for lead in self.leads if horizon - lead[0] <= self.lead_window_steps][-_MAX_LEADS:]
 
         serious = [f for f in findings if f.kind not in EVENT_KINDS and severity_rank(f.severity) >= 1]
-        if serious and ctx.in_risk_window and (
+        if serious and ctx.in_risk_window and risk_window is not None and (
                 self.last_escalation is None or step - self.last_escalation >= self.escalation_gap_steps):
             self.last_escalation = step
             first = serious[0]
@@ -138,7 +138,7 @@ class Policy:
 
     def _set_interval(self, ctx: Context, control: Control, risk_window: tuple[int, int] | None) -> None:
         """The bumped save interval (and why) inside the risk window and after a warning."""
-        if ctx.in_risk_window:
+        if ctx.in_risk_window and risk_window is not None:
             control.save_interval_steps = self.bump_save_interval_to
             control.save_interval_reason = (f"inside the warmup-end risk window (steps "
                                             f"{risk_window[0] + 1}-{risk_window[1]})")
@@ -165,14 +165,14 @@ class Policy:
         details = {"checkpoint_step": ckpt[0] if ckpt else None, "checkpoint_path": ckpt[1] if ckpt else None,
                    "onset_step": onset, "skip_steps": [first_skip, step], "trigger": trigger.kind,
                    "led_by": led_by}
-        where = (f"checkpoint of step {ckpt[0]}" + (f" ({ckpt[1]})" if ckpt[1] else "")
+        where = (f"the checkpoint of step {ckpt[0]}" + (f" ({ckpt[1]})" if ckpt[1] else "")
                  if ckpt else f"the last checkpoint saved before step {onset}")
         lead_txt = f" ({led_by} led the loss)" if led_by else ""
         return Finding(
             step=step, kind="rollback_advice", severity="critical", signal=trigger.signal,
             onset_step=onset, details=details,
             message=(f"Roll back: {trigger.kind} at step {step}; the episode began at step {onset}{lead_txt}. "
-                     f"Resume from the {where} and skip the batches of steps {first_skip}-{step} "
+                     f"Resume from {where} and skip the batches of steps {first_skip}-{step} "
                      f"({step - first_skip + 1} steps; Megatron: --skip-train-iteration-range "
                      f"{first_skip}-{step}). If it happens again at the same place, change the seed or "
                      f"the data order (PaLM, BigScience)."))

@@ -232,8 +232,8 @@ class Preflight:
             layers = sorted(flagged, key=_natural_key)
             where = (f"{len(flagged)} of {len(measured)} layer groups" if len(measured) > 1
                      else f"layer group {layers[0]!r}")
-        elif _finite(facts.initializer_range) and facts.initializer_range > threshold:
-            value, what, layers = float(facts.initializer_range), "initializer_range", []
+        elif (init := facts.initializer_range) is not None and _finite(init) and init > threshold:
+            value, what, layers = float(init), "initializer_range", []
             where = "the config's initializer_range"
         else:
             return []

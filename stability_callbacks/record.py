@@ -33,6 +33,9 @@ class StepRecord:
     step: int
     metrics: dict[str, float] = field(default_factory=dict)
     segment: int = 0
+    #: The LR warmup declared for the run (a replayed run log's ``segment`` line carries it): the
+    #: Monitor takes it as if the integration had declared it. Not a metric; not written back.
+    warmup_steps: int | None = None
 
     def get(self, key: str) -> float | None:
         return self.metrics.get(key)

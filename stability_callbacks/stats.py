@@ -265,6 +265,13 @@ class RiseAboveLow:
         self.count = 0 if rise <= threshold else self.count + 1
         return self.latch.update(on=self.count >= self.persist, off=rise < threshold / 2)
 
+    @property
+    def low_value(self) -> float:
+        """The lowest value so far (once there has been one: after ``update`` returned True)."""
+        if self.low is None:
+            raise ValueError("RiseAboveLow has seen no value yet")
+        return self.low
+
     def restart(self) -> None:
         """Forget the low (a new episode of the signal begins)."""
         self.low = self.low_step = None

@@ -141,3 +141,24 @@ def sparse_noisy_run(n_steps: int, *, every: int = 100, noise: float = 0.2, seed
             loss *= jump
         out.append(StepRecord(s, {"loss": printed(loss, 3), "lr": 5e-4 * min(s / 4000, (4000 / s) ** 0.5)}))
     return out
+
+
+def classifier_run(n: int, *, batch: int = 8, classes: int = 4, seed: int = 0,
+                   spike_at: int | None = None, spike_margin: float = 0.05) -> list[StepRecord]:
+    """A classifier's batch loss on a separable task, as cross-entropy produces it: each example
+    has a logit margin ``m(t)·u`` that grows like ``log t`` (gradient descent on separable data)
+    with ``u`` lognormal (some examples are harder), and its loss is ``log(1 + (K−1)·e^(−margin))``.
+    The loss starts at ln K and falls towards 0 (2e-4 after ~1000 steps, like the live suite's MLP);
+    near its floor the batch mean is made by its hardest example and moves by multiples from
+    batch to batch. ``spike_at``: for 3 steps from there the margins shrink to ``spike_margin``
+    of theirs (the model forgets: a real spike back towards where training started)."""
+    rng = random.Random(seed)
+    out = []
+    for s in range(1, n + 1):
+        margin = 1.7 * math.log(s)
+        if spike_at is not None and spike_at <= s < spike_at + 3:
+            margin *= spike_margin
+        losses = [math.log1p((classes - 1) * math.exp(-margin * math.exp(rng.gauss(0.0, 0.12))))
+                  for _ in range(batch)]
+        out.append(StepRecord(s, {"loss": sum(losses) / batch, "lr": warmup_lr(s, 10, 1e-3)}))
+    return out

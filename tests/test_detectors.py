@@ -3,6 +3,7 @@ import json
 import math
 
 import pytest
+from physics import adam_run
 from streams import healthy, scale
 
 from stability_callbacks import Monitor, StepRecord
@@ -130,13 +131,11 @@ def test_param_norm_growth():
 def test_second_moment_surge_jump_and_post_peak_rise():
     recs = scale(healthy(800, adam=True), "adam/exp_avg_sq_max", lambda s: 30.0 if s == 400 else 1.0)
     assert kinds(run(recs)) == [(400, "second_moment_surge", "warning")]
-    recs = healthy(800, adam=True)
-    for r in recs:
-        if r.step > 50:
-            r.metrics["adam/exp_avg_sq_l1"] *= 1 + (r.step - 50) / 25
+    # Gradients growing after warmup (step 50): judged over 20-step windows against the first
+    # one after the peak (steps 54-73: the end is known at 53), from exp_avg_sq as Adam builds it.
+    recs = adam_run(800, warmup=50, grad_scale=lambda s: 1.0 if s <= 50 else math.sqrt(1 + (s - 50) / 25))
     found = [f for f in run(recs) if f.kind == "second_moment_surge"]
-    # judged against the bias-corrected value at the end of warmup (step 50), not at step 1
-    assert [(f.step, f.details["rule"]) for f in found] == [(90, "post_peak_rise")]
+    assert [(f.step, f.details["rule"], f.details["window"]) for f in found] == [(113, "post_peak_rise", [94, 113])]
 
 
 def test_overflow_burst_and_loss_scale_collapse():
@@ -315,6 +314,60 @@ SCENARIOS = {
 }
 
 
+def _put(recs, key, value_of_step):
+    for r in recs:
+        r.metrics[key] = value_of_step(r.step)
+    return recs
+
+
+def _repeat_from(recs, step, period, decimals):
+    """From ``step`` on, the loss (printed to ``decimals``) repeats the values of ``period`` points
+    earlier: a frozen model on cycling batches."""
+    for r in recs:
+        r.metrics["loss"] = round(r.metrics["loss"], decimals)
+        if r.step >= step:
+            r.metrics["loss"] = recs[r.step - 1 - period].metrics["loss"]
+    return recs
+
+
+def _adam_from_physics(recs, grad_scale):
+    """Adam's exp_avg_sq as Adam builds it (physics.adam_run), with beta2 and step in the record."""
+    for r, a in zip(recs, adam_run(len(recs), warmup=50, grad_scale=grad_scale)):
+        r.metrics.update({k: v for k, v in a.metrics.items() if k.startswith("adam/")})
+    return recs
+
+
+def _signed(recs):
+    """An objective below zero from step 500 (RL-like), a 30-sigma jump at 600."""
+    for r in recs:
+        if r.step >= 500:
+            r.metrics["loss"] = -0.01 * r.metrics["loss"] + (0.05 if r.step == 600 else 0.0)
+    return recs
+
+
+# More planted events, so that more state fields decide what follows the cut (each variant
+# exercises fields the detector's main scenario leaves at their start values).
+VARIANTS = {
+    "stall:repeating": ("stall", lambda r: _repeat_from(r, 587, 8, 4)),
+    "stall:after_a_spike": ("stall", lambda r: _set(scale(r, "loss", lambda s: 1000.0 if s == 590 else 1.0), "loss",
+                                                    lambda s, v: 1.234 if s >= 600 else None)),
+    "loss_spike:onset": ("loss_spike", lambda r: scale(r, "loss", lambda s: 1.1 if s == 590 else 2.5 if s == 591 else 1.0)),
+    "loss_spike:signed": ("loss_spike", _signed),
+    "second_moment_surge:post_peak": ("second_moment_surge", lambda r: _put(_adam_from_physics(
+        r, lambda s: 1.0 if s < 585 else 1.0 + (s - 585) / 10), "lr",   # a re-warmup 540-560: its risk window
+        lambda s: 3e-4 * min(s / 50, 1.0) if s < 540 else 3e-4 * min((s - 539) / 20, 1.0))),
+    "grad_norm_growth:every_point": ("grad_norm_growth", lambda r: scale(
+        r, "grad_norm", lambda s: 1.3 ** (s - 584) if s >= 585 else 1.0)),
+    "resume_spike:resumed_before": ("resume_spike", lambda r: scale(
+        _resume_at(r, 585), "loss", lambda s: 1.3 if 592 <= s < 600 else 1.0)),
+    "data_repetition:resumed_before": ("data_repetition", lambda r: _set(
+        _resume_at(r, 585), "batch_fingerprint", lambda s, v: float(s - 585) if s > 592 else None)),
+    "data_repetition:consumed": ("data_repetition", lambda r: _put(
+        _resume_at(r, 585), "consumed_samples", lambda s: 8.0 * (s if s <= 590 else s - 300))),
+}
+CASES = {**{name: (name, fn) for name, fn in SCENARIOS.items()}, **VARIANTS}
+
+
 def _spy(monitor, name):
     """Record the findings of detector ``name`` as it returns them."""
     det = next(d for d in monitor.detectors if d.name == name)
@@ -328,9 +381,10 @@ def _spy(monitor, name):
     return seen
 
 
-@pytest.mark.parametrize("name", sorted(DETECTORS))
-def test_state_round_trip_mid_episode_gives_identical_nonempty_findings(name):
-    recs = SCENARIOS[name](_base_stream())
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_state_round_trip_mid_episode_gives_identical_nonempty_findings(case):
+    name, plant = CASES[case]
+    recs = plant(_base_stream())
     a = Monitor()
     for r in recs[:CUT]:
         a.update(r)
@@ -454,3 +508,32 @@ def test_stream_spikes_start_from_the_loss_spike_settings():
                                         "stream_loss_spike": {"horizon_steps": 70}}}) == {"horizon_steps": 70, "min_rise": 0.2}
     with pytest.raises(ValueError, match="stream_loss_spike.horizon_steps"):
         Monitor({"detectors": {"stream_loss_spike": {"horizon_steps": 0}}})
+
+
+def test_rollback_advice_names_the_checkpoint_in_one_plain_sentence():
+    m = Monitor()
+    recs = healthy(300)
+    for r in recs[:150]:
+        m.update(r)
+    m.note_checkpoint(100, "out/checkpoint-100")
+    recs[200].metrics["loss"] = math.nan
+    advice = [f for r in recs[150:] for f in m.update(r) if f.kind == "rollback_advice"]
+    assert [f.step for f in advice] == [201]
+    assert "Resume from the checkpoint of step 100 (out/checkpoint-100) and skip the batches of steps 201-201" in advice[0].message
+
+
+def test_default_yaml_lists_every_detector_key_at_its_default():
+    import inspect
+
+    import yaml
+
+    from stability_callbacks.config import PRESETS_DIR
+    shown = yaml.safe_load((PRESETS_DIR / "default.yaml").read_text())["detectors"]
+    assert list(shown) == list(DETECTORS)
+    for name, cls in DETECTORS.items():
+        if name == "stream_loss_spike":   # loss_spike's keys, unless configured apart
+            assert shown[name] == {}
+            continue
+        defaults = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
+                    if p.kind == p.KEYWORD_ONLY}
+        assert shown[name] == defaults, name

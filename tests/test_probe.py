@@ -229,19 +229,38 @@ def test_cadences_lr_extras_and_param_norm():
     assert recs[5][keys.BATCH_FINGERPRINT] == float(batch_fingerprint(torch.arange(25)))
 
 
-def test_optimizers_without_second_moment_skip_with_one_info(caplog):
+@pytest.mark.parametrize("impl", ["default", "foreach", "fused"])
+def test_adam_beta2_and_step_come_with_the_second_moment(impl):
+    # two param groups with different betas: the record carries the largest beta2; the step is
+    # the optimizer's update count including this one (torch keeps it as a CPU tensor: read on
+    # the host, no device involved), only on the steps the Adam statistics are sampled
+    model = _model()
+    first, *rest = list(model.parameters())
+    kw = {} if impl == "default" else {impl: True}
+    opt = torch.optim.AdamW([{"params": [first], "betas": (0.9, 0.95)},
+                             {"params": rest, "betas": (0.9, 0.98)}], lr=1e-2, **kw)
+    probe = StepProbe(adam_every_n_steps=2)
+    _train(model, opt, probe, 4)
+    recs = probe.poll()
+    assert [(r.step, r.metrics.get(keys.ADAM_BETA2), r.metrics.get(keys.ADAM_STEP)) for r in recs] == [
+        (1, None, None), (2, 0.98, 2.0), (3, None, None), (4, 0.98, 4.0)]
+    assert float(opt.state[first]["step"]) == 4.0 and opt.state[first]["step"].device.type == "cpu"
+
+
+def test_optimizers_without_second_moment_skip_with_one_info_line(caplog):
     probe_mod._ONCE._warned.discard("no-second-moment")
     model = _model()
     for opt in (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                 torch.optim.Adafactor(model.parameters(), lr=0.01)):
-        probe_mod._ONCE._warned.discard("no-second-moment")
         probe = StepProbe(adam_every_n_steps=1)
         caplog.clear()
+        probe_mod._ONCE._warned.discard("no-second-moment")
         with caplog.at_level(logging.INFO, logger="stability_callbacks"):
             _train(model, opt, probe, 3)
         recs = probe.poll()
         assert [r.step for r in recs] == [1, 2, 3]
-        assert all(keys.ADAM_V_MAX not in r.metrics and keys.LOSS in r.metrics for r in recs)
+        assert all(keys.ADAM_V_MAX not in r.metrics and keys.ADAM_BETA2 not in r.metrics
+                   and keys.LOSS in r.metrics for r in recs)
         # issue 16: SGD and Adafactor are no problem to warn about; one INFO line says why.
         notes = [r.levelname for r in caplog.records if "second moment" in r.getMessage()]
         assert notes == ["INFO"], type(opt).__name__

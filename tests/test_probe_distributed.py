@@ -62,6 +62,10 @@ def test_reduced_adam_stats_equal_the_full_gather_reference(results, name):
     assert m["lr"] == 0.01
     assert m["loss/rank0_only"] == 0.5                 # only rank 0 set it (0.25 * step 2)
     assert "loss/undeclared" not in m and "loss/never_set" not in m
+    # Adam's beta2 and update count, from the param groups and the state's step (no collective)
+    t = ref["adam_step"]
+    assert [(r["metrics"]["adam/beta2"], r["metrics"]["adam/step"]) for r in c0["records"]] == [(0.98, t - 1), (0.98, t)]
+    assert t == (3.0 if name == "zero0_bf16" else 2.0)   # FP16_UnfusedOptimizer's own first step
 
 
 def test_fsdp2_case_really_has_uneven_and_empty_shards(results):

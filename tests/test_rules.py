@@ -9,8 +9,8 @@ import re
 
 import pytest
 from conftest import DATA
-from physics import (adam_run, bf16_run, dynamic_scaler_run, grokking_run, grpo_run, printed, printed_losses,
-                     sparse_noisy_run)
+from physics import (adam_run, bf16_run, classifier_run, dynamic_scaler_run, grokking_run, grpo_run, printed,
+                     printed_losses, sparse_noisy_run)
 
 from stability_callbacks import Monitor, StepRecord
 from stability_callbacks.replay.readers import read_records
@@ -28,7 +28,7 @@ def found(findings):
 
 
 # -- Adam's second moment: judged bias-corrected ---------------------------------------------------
-RISING = dict(grad_scale=lambda s: 1.0 if s <= 20 else min(1 + (s - 20) / 40, 3.0))
+RISING = dict(grad_scale=lambda s: 1.0 if s <= 20 else min(1 + (s - 20) / 20, 3.0))
 
 
 def test_a_real_tiny_adamw_run_fills_exp_avg_sq_and_stays_quiet():
@@ -69,11 +69,43 @@ def test_the_fill_up_of_a_healthy_run_is_not_a_surge(keys):
 
 
 def test_gradients_growing_after_warmup_are_caught():
-    assert found(run(adam_run(400, **RISING))) == [(60, "second_moment_surge", "warning"),
-                                                   (60, "warmup_instability", "critical")]
-    # beta2 = 0.95 fills up in ~20 steps: known from the record, the rise shows earlier
-    assert found(run(adam_run(400, beta2=0.95, **RISING))) == [(48, "second_moment_surge", "warning"),
-                                                               (48, "warmup_instability", "critical")]
+    # The gradients triple from step 20 to 60. The warmup end is known at step 23 (the LR stayed
+    # flat 3 points); steps 24-43 are the reference, right after the peak; steps 44-63 are the
+    # first 20-step window with twice their mean square, inside the risk window (21-80).
+    f = run(adam_run(400, **RISING))
+    assert found(f) == [(63, "second_moment_surge", "warning"), (63, "warmup_instability", "critical")]
+    surge = f[-2]
+    assert surge.details["window"] == [44, 63] and surge.details["rule"] == "post_peak_rise"
+    assert "steps 24-43" in surge.message and "still growing" in surge.message
+    # the window means are exact whatever beta2 is, as long as the record says which
+    assert found(run(adam_run(400, beta2=0.95, **RISING)))[0] == (63, "second_moment_surge", "warning")
+    # without adam/beta2 (a replayed log) the rule cannot recover the window means: silent
+    assert found(run(adam_run(400, keys=False, **RISING))) == []
+    # past the risk window growing gradients are not this rule's (grad_norm_growth's, over time)
+    late = adam_run(400, grad_scale=lambda s: 1.0 if s <= 100 else min(1 + (s - 100) / 20, 3.0))
+    assert found(run(late)) == []
+
+
+def test_gradients_that_grew_during_warmup_are_not_a_post_peak_rise():
+    # Grad norm x3 over a 100-step warmup, then flat (the healthy WSD run of the live suite had
+    # its grad norm rise during warmup, then +9%). exp_avg_sq, even bias-corrected, is the mean
+    # since step 1: it goes on rising for hundreds of steps after the peak (2.0x at step 661 in
+    # that run) as the small early gradients are diluted. The window means do not.
+    recs = adam_run(800, warmup=100, grad_scale=lambda s: 0.5 + 2.5 * min(s, 100) / 100)
+    debiased = [r.metrics["adam/exp_avg_sq_l1"] / -math.expm1(r.step * math.log(0.999)) for r in recs]
+    assert debiased[700] / debiased[101] > 2.0
+    assert found(run(recs)) == []
+
+
+def test_the_live_suites_wsd_run_is_not_a_post_peak_rise():
+    # Lightning, GA 4, no clipping, WSD with a 100-step warmup, beta2 0.999 (tests/data/live_runs,
+    # a real run): the debiased exp_avg_sq doubled between steps 102 and 661 (a warning at 661),
+    # while the gradients' mean square over 100-step windows moved 1.18x at most
+    recs = list(read_records(DATA / "live_runs" / "pl-wsd-ga4-noclip.jsonl"))
+    m = {r.step: r.metrics for r in recs}
+    debiased = {s: m[s]["adam/exp_avg_sq_l1"] / -math.expm1(s * math.log(0.999)) for s in (102, 661)}
+    assert debiased[661] / debiased[102] > 2.0 and m[661]["adam/beta2"] == 0.999
+    assert found(run(recs)) == []
 
 
 def test_a_gradient_spike_is_one_jump_not_also_a_post_peak_rise():
@@ -81,6 +113,24 @@ def test_a_gradient_spike_is_one_jump_not_also_a_post_peak_rise():
     assert [(f.step, f.kind, f.details.get("rule")) for f in found_ if f.kind != "warmup_end"] == [
         (300, "second_moment_surge", "jump")]
     assert "bias-corrected" in found_[-1].message
+
+
+# -- the LR ----------------------------------------------------------------------------------------
+def _lr_run(lr_of_step, n=900):
+    return [StepRecord(s, {"lr": lr_of_step(s)}) for s in range(1, n + 1)]
+
+
+def test_a_constant_lr_that_jumps_is_an_anomaly_and_a_step_schedule_is_not():
+    # Lightning, constant LR 3e-3 after a 50-step warmup, x50 planted at 200 (live_runs, a real
+    # run): the jump was spread over the 150 flat steps before it and read as ordinary
+    f = run(read_records(DATA / "live_runs" / "pl-lr-x50.jsonl"))
+    assert [(x.step, x.severity) for x in f if x.kind == "lr_anomaly"] == [(200, "warning")]
+    assert found(run(_lr_run(lambda s: 3e-3 * min(s / 50, 1) * (50 if s >= 300 else 1)))) == [
+        (300, "lr_anomaly", "warning")]
+    # StepLR drops x0.1 after each flat stretch, a cosine printed to 2 digits moves in stairs
+    assert found(run(_lr_run(lambda s: 0.1 * min(s / 50, 1) * 0.1 ** (s // 300)))) == []
+    cosine = _lr_run(lambda s: float(f"{3e-4 * min(s / 50, 1) * 0.5 * (1 + math.cos(math.pi * s / 900)):.2g}"))
+    assert found(run(cosine)) == []
 
 
 # -- the loss scale ---------------------------------------------------------------------------------
@@ -164,7 +214,12 @@ def test_dynamic_scaler_physics():
     pinned = dynamic_scaler_run(3400, overflow=lambda s: s <= 6 or s >= 3000, raise_at_min=False, every=10)
     snippet = [r for r in pinned if r.step >= 3200]
     assert {r.metrics["loss_scale"] for r in snippet} == {1.0} and {r.metrics["skipped"] for r in snippet} == {10.0}
+    # every step skipped shows a dynamic scaler, and its scale is at the floor: a collapse at once
     f = [f for f in run(snippet) if f.kind == "loss_scale_collapse"]
+    assert [(x.step, x.severity, x.details["rule"]) for x in f] == [(3200, "critical", "floor")]
+    # a scaler whose floor is not the configured min_scale: pinned (unchanged while every step skips)
+    f = [f for f in run(snippet, {"detectors": {"loss_scale_collapse": {"min_scale": 1e-4}}})
+         if f.kind == "loss_scale_collapse"]
     assert [(x.step, x.severity, x.details["rule"]) for x in f] == [(3210, "critical", "pinned")]
     assert "stayed at 1" in f[0].message
 
@@ -245,6 +300,46 @@ def test_memorising_down_to_zero_is_not_a_jump_to_zero():
     assert [f for f in run([StepRecord(s, {"loss": x}) for s, x in enumerate(losses, 1)]) if f.kind == "stall"] == []
 
 
+# -- a loss near its floor, an objective below zero ----------------------------------------------
+@pytest.mark.parametrize("seed", range(4))
+def test_a_classifier_loss_near_its_floor_is_not_spiking(seed):
+    # cross-entropy of a separable task: 1.39 -> ~5e-5, the batch mean made by its hardest example
+    recs = classifier_run(1000, seed=seed)
+    assert recs[-1].metrics["loss"] < 1e-4 * recs[0].metrics["loss"]
+    assert found(run(recs)) == []
+    # judged on log(loss) all the way down (floor_fraction 0: the old rule), the same batches page
+    old = run(recs, {"detectors": {"loss_spike": {"floor_fraction": 0.0}}})
+    assert sum(f.kind == "loss_spike" and f.severity == "warning" for f in old) > 10
+
+
+def test_a_real_spike_near_the_floor_is_still_caught():
+    # the model forgets for 3 steps: back to ~1.0 (72% of where it started), then to 1.2% of it
+    assert found(run(classifier_run(1000, spike_at=700))) == [
+        (700, "loss_spike", "warning"), (703, "spike_recovered", "info")]
+    f = run(classifier_run(1000, spike_at=700, spike_margin=0.5))
+    assert found(f) == [(700, "loss_spike", "info"), (702, "loss_spike", "warning"), (703, "spike_recovered", "info")]
+    assert "near its floor" in f[1].message and f[1].details["floor"] == pytest.approx(0.01386, rel=1e-3)
+
+
+def test_the_live_suites_classifier_is_quiet():
+    # HF Trainer, MLP on 4 blobs (tests/data/live_runs, a real run): 3 loss_spike warnings on a
+    # loss of ~1e-3 in these 300 steps (15 in the whole run) before the floor
+    m = Monitor()
+    m.set_warmup_steps(10)
+    f = [f for r in read_records(DATA / "live_runs" / "hf-classifier.jsonl") for f in m.update(r)]
+    assert found(f) == []
+
+
+def test_an_objective_below_zero_is_judged_additively_and_never_pages():
+    # GRPO: 0.0 for 200 steps, then small values of either sign (63 loss_spike warnings on log(loss))
+    assert found(run(grpo_run(600))) == []
+    planted = grpo_run(600)
+    planted[400].metrics["loss"] = 0.05   # ~16 sigma above
+    f = run(planted)
+    assert found(f) == [(401, "loss_spike", "info"), (402, "spike_recovered", "info")]
+    assert f[0].details["additive"] and "below zero" in f[0].message
+
+
 # -- a grokking moment: the fall speeds up ---------------------------------------------------------
 @pytest.mark.parametrize("curve, step", [
     (dict(n=3000, at=1200, drop=0.375, over=60), 1210),                          # llama-2-7b: 4 -> 2.5 in ~60 steps
@@ -255,6 +350,26 @@ def test_grokking_drops_are_sudden_drops(curve, step):
     f = run(grokking_run(**curve))
     assert found(f) == [(step, "sudden_drop", "info")]
     assert "sped up" in f[-1].message and f[-1].details["drop"] > 0.25
+
+
+def _resumed_at(records, at):
+    m, out = Monitor(), []
+    for r in records:
+        if r.step == at + 1:
+            out += m.begin_segment(at, "resume")
+        out += m.update(r)
+    return out
+
+
+def test_a_sudden_drop_right_after_a_resume_is_a_warning():
+    # the seeds' falsely low loss: resumed at 1200, the loss falls 37% (repeated data)
+    f = _resumed_at(grokking_run(2000, at=1230, drop=0.375, over=60), 1200)
+    assert found(f) == [(1200, "resume", "info"), (1235, "data_repetition", "critical"),
+                        (1240, "sudden_drop", "warning")]
+    assert f[-1].details["after_resume"] and "40 steps after the resume at step 1200" in f[-1].message
+    # long after a resume it is the grokking moment again (info), no longer silenced for good
+    assert found(_resumed_at(grokking_run(3000, at=1200, drop=0.375, over=60), 300)) == [
+        (300, "resume", "info"), (1210, "sudden_drop", "info")]
 
 
 def test_a_fast_early_fall_without_lr_is_not_a_sudden_drop():

@@ -15,6 +15,7 @@ import inspect
 import logging
 import os
 import re
+from typing import Any
 
 from ..params import at_least, check, flag
 from .sink import Alert, AlertSink, DeliveryError, alert_text, alert_title, env_reference
@@ -59,7 +60,7 @@ class NotifyApprise(AlertSink):
             if variable is None and "://" not in u:
                 raise ValueError(f"urls[{i}]: the literal value is not an Apprise URL (scheme://...)")
             self._url_config.append((u.strip(), variable))
-        self._apprise = None
+        self._apprise: Any = None   # apprise.Apprise, imported when the sink starts
         self._secrets: list[str] = []
         self._filter = _Redact(self)
 

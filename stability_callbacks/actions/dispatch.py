@@ -113,7 +113,7 @@ class _SinkWorker:
         t = self._thread
         if t is None:
             return 0.0
-        if t.is_alive() and hasattr(time, "pthread_getcpuclockid"):
+        if t.is_alive() and t.ident is not None and hasattr(time, "pthread_getcpuclockid"):
             try:
                 return time.clock_gettime(time.pthread_getcpuclockid(t.ident))
             except (OSError, OverflowError):   # the thread ended between the two calls
@@ -222,7 +222,8 @@ class _SinkWorker:
 
     def finish_close(self) -> None:
         if self._thread is not None:
-            self._thread.join(max(0.0, self._deadline - time.monotonic()))
+            deadline = self._deadline if self._deadline is not None else time.monotonic()
+            self._thread.join(max(0.0, deadline - time.monotonic()))
             if self._thread.is_alive():
                 # Stuck in a request to a dead endpoint: leave it, the daemon dies with us.
                 self.counts["dropped"] += sum(

@@ -104,8 +104,10 @@ class NotifyWebhook(AlertSink):
         for k, v in self._headers.items():
             if "\r" in v or "\n" in v:
                 raise ValueError(f"headers.{k}: the value from the environment contains a line break")
-        secrets = [(self._url, "<webhook>")]
-        path = urllib.parse.urlsplit(self._url)
+        resolved = self._url
+        assert resolved is not None   # the literal URL (_set_url) or the variable's value (above)
+        secrets = [(resolved, "<webhook>")]
+        path = urllib.parse.urlsplit(resolved)
         tail = path.path + (f"?{path.query}" if path.query else "")
         if len(tail) > 1:
             secrets += [(tail, "<webhook-path>"), (path.path, "<webhook-path>")]

@@ -1,5 +1,6 @@
 """One phenomenon per module. ``DETECTORS`` maps the config key to the class, in the order
 the Monitor runs them (``loss_spike`` first: later loss detectors read its episode state;
+``loss_scale_collapse`` before ``overflow_burst``, which counts a failed start-up search;
 ``stream_loss_spike`` last: it names the streams spiking with a main-loss spike)."""
 from .base import Context, Detector
 from .data_repetition import DataRepetition
@@ -20,7 +21,7 @@ from .sudden_drop import SuddenDrop
 
 DETECTORS: dict[str, type[Detector]] = {cls.name: cls for cls in (
     NonFinite, LossSpike, Divergence, LevelShift, SuddenDrop, Stall, GradNormSpike,
-    GradNormGrowth, ParamNormGrowth, SecondMomentSurge, OverflowBurst, LossScaleCollapse,
+    GradNormGrowth, ParamNormGrowth, SecondMomentSurge, LossScaleCollapse, OverflowBurst,
     LrAnomaly, ResumeSpike, DataRepetition, StreamLossSpike,
 )}
 

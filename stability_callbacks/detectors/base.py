@@ -24,6 +24,10 @@ class Context:
     loss_spike_onset: int | None = None     # onset of the open loss-spike episode, if any
     loss_baseline: float | None = None      # LossSpike's baseline before this point (warm only)
     loss_noise: float = 0.0                 # ... and the noise σ of log(loss) around it
+    loss_floor_log: float = -math.inf       # log of the level below which the loss is near its floor:
+                                            # rises and falls are measured against it (LossSpike's
+                                            # floor_fraction x the peak; a log: compared, not divided)
+    loss_signed: bool = False               # the loss has gone below zero: log(loss) rules stand aside
     found: list[Finding] = field(default_factory=list)   # this step's findings so far (earlier detectors')
 
 
@@ -39,7 +43,7 @@ class Detector:
     name: ClassVar[str]
     kind: ClassVar[str]
     kinds: ClassVar[tuple[str, ...]]
-    signals: ClassVar[tuple[str, ...]]
+    signals: tuple[str, ...]           # a class attribute, or per instance (LossSpike's stream)
     defaults_from: ClassVar[str | None] = None
     _state: ClassVar[tuple[str, ...]] = ()
 

@@ -93,7 +93,7 @@ class DataRepetition(Detector):
                     del self.seen[next(iter(self.seen))]
         x = m.get(keys.LOSS)
         base = ctx.loss_baseline
-        if checking and fp is None and base is not None and finite_positive(x):
+        if checking and fp is None and base is not None and x is not None and finite_positive(x):
             low = x < base * (1 - self.min_drop)
             self.low_count = self.low_count + 1 if low else 0
             if self.latch.update(on=low and not out and self.low_count >= self.persist_samples):

@@ -14,7 +14,8 @@ class Divergence(Detector):
 
     Rule: the median of the last ``window`` losses (blind to one-step blips) has stood more
     than ``min_rise`` (and ``noise_sigmas`` × its own noise) above its lowest value for
-    ``persist_samples`` consecutive points. Spike episodes are left to ``loss_spike``: the
+    ``persist_samples`` consecutive points (near the loss's floor, ``min_rise`` of the floor that
+    ``loss_spike`` measures rises against). Spike episodes are left to ``loss_spike``: the
     window restarts after one. Critical, once per episode; re-armed when the median falls back.
     O(window) per update with a window of 7; state: the window and 6 scalars.
     """
@@ -44,7 +45,7 @@ class Divergence(Detector):
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         x = record.metrics.get(keys.LOSS)
-        if not finite_positive(x):
+        if x is None or not finite_positive(x) or ctx.loss_signed:
             return []
         if ctx.loss_spike_open:
             self._restart()
@@ -55,10 +56,14 @@ class Divergence(Detector):
             return []
         m = self.med.median
         noise = self.noise.update(abs(lx - m))
-        thr = max(math.log1p(self.min_rise), self.noise_sigmas * 1.25 * noise)
+        rise = self.min_rise
+        low = self.rise.low if self.rise.low is not None else m
+        if ctx.loss_floor_log > low:   # near its floor a rise is measured against the floor (LossSpike)
+            rise *= math.exp(ctx.loss_floor_log - low)
+        thr = max(math.log1p(rise), self.noise_sigmas * 1.25 * noise)
         if not self.rise.update(m, record.step, thr):
             return []
-        lo, now, low_step = math.exp(self.rise.low), math.exp(m), self.rise.low_step
+        lo, now, low_step = math.exp(self.rise.low_value), math.exp(m), self.rise.low_step
         return [self.finding(
             record.step, severity="critical", value=now, baseline=lo, threshold=lo * math.exp(thr),
             onset_step=low_step,

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import RiseAboveLow, RobustLevel, finite_positive
-from .base import Context, Detector, fmt, positive, positive_int
+from .base import Context, Detector, check, fmt, positive, positive_int
 
 
 class _SustainedGrowth(Detector):
@@ -15,7 +16,7 @@ class _SustainedGrowth(Detector):
     falls back below half that growth (in log terms). O(1); state: 1 level, 4 scalars.
     """
 
-    _state = ("level", "rise")
+    _state: ClassVar[tuple[str, ...]] = ("level", "rise")
     what = ""
     advice = ""
 
@@ -31,26 +32,46 @@ class _SustainedGrowth(Detector):
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
         v = m.get(self.signals[0])
-        if not finite_positive(v) or (m.get(keys.SKIPPED) or 0.0) >= 1.0:
+        if v is None or not finite_positive(v) or (m.get(keys.SKIPPED) or 0.0) >= 1.0:
             return []
         self.level.update(v)
-        if record.step <= self.startup_steps or (self.after_warmup and ctx.phase in (None, "warmup")):
+        if self.after_warmup and ctx.phase == "warmup":
             return []
+        out = self._fast(record.step, v)
+        if out or record.step <= self.startup_steps or (self.after_warmup and ctx.phase is None):
+            return out
         lv = self.level.level
         if not self.rise.update(lv, record.step, math.log1p(self.min_growth)):
             return []
-        lo, now, low_step = math.exp(self.rise.low), math.exp(lv), self.rise.low_step
+        lo, now, low_step = math.exp(self.rise.low_value), math.exp(lv), self.rise.low_step
         growth = now / lo
-        return [self.finding(
-            record.step, severity="warning", value=now, baseline=lo,
+        return [self._growth(record.step, now, lo, low_step, growth)]
+
+    def _fast(self, step: int, v: float) -> list[Finding]:
+        """A shorter rule where the signal is a noisy sample per point (the grad norm): none here."""
+        return []
+
+    def _growth(self, step: int, now: float, lo: float, low_step: int | None, growth: float,
+                **details) -> Finding:
+        return self.finding(
+            step, severity="warning", value=now, baseline=lo,
             threshold=lo * (1 + self.min_growth), onset_step=low_step,
             message=(f"{self.what} has grown steadily from {fmt(lo)} at step {low_step} to "
-                     f"{fmt(now)} at step {record.step} ({growth:.1f}x). {self.advice}"),
-            growth=growth)]
+                     f"{fmt(now)} at step {step} ({growth:.1f}x). {self.advice}"),
+            growth=growth, **details)
 
 
 class GradNormGrowth(_SustainedGrowth):
-    """Sustained rise of the global grad norm ("the cliff gets sharper": longer-than-chinchilla)."""
+    """Sustained rise of the global grad norm ("the cliff gets sharper": longer-than-chinchilla).
+
+    Two rules: the slow level of the class above (after warmup and ``startup_steps``), and a
+    short one for a grad norm that climbs on every point. Each logged grad norm is one batch's
+    sample, noisy from batch to batch, so without a trend ``n`` points in a row rise with
+    probability 1/n! (any order of exchangeable values is as likely): ``n`` rises in a row with
+    n! ≥ 1/``false_alarm_rate`` (10 at 1e-6) and ``1 + min_growth`` × overall is growth, however
+    few points the log has (Grokfast: x1.5 per logged step). Not during warmup (the grad norm
+    rises with the LR); the first steps' findings are ``info`` by the policy. State: 4 more scalars.
+    """
 
     name = "grad_norm_growth"
     kind = "grad_norm_growth"
@@ -58,11 +79,34 @@ class GradNormGrowth(_SustainedGrowth):
     what = "The grad norm"
     advice = ("The run may be climbing the walls of a sharp valley; consider a lower LR or a faster "
               "LR decay, and keep recent checkpoints.")
+    _state = _SustainedGrowth._state + ("climb_from", "climb_step", "climb", "last")
 
     def __init__(self, *, min_growth: float = 2.0, persist_samples: int = 50, alpha: float = 0.02,
-                 startup_steps: int = 200):
+                 startup_steps: int = 200, false_alarm_rate: float = 1e-6):
         super().__init__(min_growth=min_growth, persist_samples=persist_samples, alpha=alpha,
                          after_warmup=True, startup_steps=startup_steps)
+        self.false_alarm_rate = check("false_alarm_rate", false_alarm_rate,
+                                      isinstance(false_alarm_rate, float) and 0 < false_alarm_rate < 1, "in (0, 1)")
+        n, chance = 1, 1.0   # the shortest run of rises that chance alone gives at this rate
+        while chance > false_alarm_rate:
+            n += 1
+            chance /= n
+        self.climb_samples = n
+        self.climb_from: float | None = None   # where the current run of rises began, and its step
+        self.climb_step: int | None = None
+        self.climb = 0                          # the points of the run so far
+        self.last: float | None = None
+
+    def _fast(self, step: int, v: float) -> list[Finding]:
+        last, self.last = self.last, v
+        if last is None or v <= last or self.climb_from is None:
+            self.climb_from, self.climb_step, self.climb = v, step, 1
+            return []
+        self.climb += 1
+        if self.climb != self.climb_samples or v < (1 + self.min_growth) * self.climb_from:
+            return []
+        return [self._growth(step, v, self.climb_from, self.climb_step, v / self.climb_from,
+                             rule="every_point", points=self.climb)]
 
 
 class ParamNormGrowth(_SustainedGrowth):

@@ -12,7 +12,8 @@ from .base import Context, Detector, fmt, positive, positive_int
 class LevelShift(Detector):
     """A fast level (EW of log-loss) stands ``min_shift`` above the slow robust baseline and is
     *stable* there (moves less than half the shift) for ``persist_samples`` points: the loss did
-    not spike-and-recover nor keep rising; it switched level. Warning, then the slow baseline
+    not spike-and-recover nor keep rising; it switched level (near the loss's floor the shift is
+    measured against the floor ``loss_spike`` uses). Warning, then the slow baseline
     restarts at the new level. The slow reference has no trend term: extrapolating the early,
     steep fall of a sparsely logged run would put it far below the loss and fake a shift up
     (it lags above a falling loss instead, which only makes the rule more conservative).
@@ -39,12 +40,15 @@ class LevelShift(Detector):
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         x = record.metrics.get(keys.LOSS)
-        if not finite_positive(x) or x == self.last:   # a frozen value is `stall`'s business
+        if x is None or not finite_positive(x) or x == self.last or ctx.loss_signed:   # frozen: `stall`'s
             return []
         self.last = x
         lx = math.log(x)
         fast = self.fast.update(lx)
-        thr = math.log1p(self.min_shift)
+        shift = self.min_shift
+        if self.slow.n and ctx.loss_floor_log > self.slow.level:   # near its floor: against the floor
+            shift *= math.exp(ctx.loss_floor_log - self.slow.level)
+        thr = math.log1p(shift)
         shifted = self.slow.n >= self.persist_samples and fast - self.slow.level > thr
         if not shifted:   # the reference holds still while a candidate shift is judged
             self.slow.update(x)

@@ -27,9 +27,12 @@ class LossScaleCollapse(Detector):
       healthy run never adds up).
 
     A scale that never moves and never skips is not a dynamic scaler at all: bf16 Megatron and
-    static-scale runs print ``loss scale: 1.0`` on every line, and that is silent. The start-up
-    search (halving from 2^32 on every step) only meets the *zero* and *pinned* rules; the other
-    two wait for the end of start-up. Negative values (``loss scale: -1.0`` in builds without a
+    static-scale runs print ``loss scale: 1.0`` on every line, and that is silent (a step skipped
+    for overflow, even one, shows a scaler at work: a log excerpt may begin in a cascade). The
+    start-up search (halving from 2^32 on every step) meets the *zero*, *pinned* and *floor*
+    rules — a search that halved down to the floor found no scale at which the gradients fit,
+    so it has failed (apex, which has no floor, goes on to 1e-202) — but not *halvings*, which
+    waits for the end of start-up. Negative values (``loss scale: -1.0`` in builds without a
     scaler) are print artefacts and ignored. ``skipped`` may be a count per logged interval: an
     interval overflowed entirely when it counts every step since the previous record.
     One finding per episode. O(1); state: 7 scalars.
@@ -38,8 +41,12 @@ class LossScaleCollapse(Detector):
     >>> [f.details["rule"] for s in range(21, 41)
     ...  for f in d.update(StepRecord(s, {"loss_scale": 1.0, "skipped": 0.0}), Context(s))]
     []
-    >>> [(f.step, f.details["rule"]) for s in range(41, 46)
+    >>> [(f.step, f.details["rule"]) for s in range(41, 46)      # skips: a scaler, at its floor
     ...  for f in d.update(StepRecord(s, {"loss_scale": 1.0, "skipped": 1.0}), Context(s))]
+    [(41, 'floor')]
+    >>> d = LossScaleCollapse(min_scale=1e-4)                    # a scaler whose floor is not min_scale
+    >>> [(f.step, f.details["rule"]) for s in range(21, 46)
+    ...  for f in d.update(StepRecord(s, {"loss_scale": 1.0, "skipped": float(s > 40)}), Context(s))]
     [(43, 'pinned')]
     """
 
@@ -72,16 +79,18 @@ class LossScaleCollapse(Detector):
         interval = step - self.last_step if self.last_step is not None else 1
         overflowed = skipped is not None and skipped >= max(interval, 1)
         same = self.last is not None and s == self.last
-        self.moved = self.moved or (self.last is not None and not same)
-        self.pinned = self.pinned + int(skipped) if overflowed and same else 0
+        # a scale that moved, or a step skipped for overflow: a dynamic scaler at work
+        self.moved = self.moved or (self.last is not None and not same) or (skipped is not None and skipped >= 1)
+        self.pinned = self.pinned + int(skipped) if skipped is not None and overflowed and same else 0
         self.last, self.last_step = s, step
         if s == 0.0:
             return self._fire(step, s, "zero", ctx, on=True)
         if self.pinned >= self.pinned_skips:
             return self._fire(step, s, "pinned", ctx, on=True)
-        if ctx.in_startup:
-            return []
         ls = math.log2(s)
+        near_floor = self.moved and ls - math.log2(self.min_scale) <= self.floor_halvings
+        if ctx.in_startup:   # the search halves by design; one that reached the floor has failed
+            return self._fire(step, s, "floor", ctx, on=near_floor, off=not near_floor)
         if self.peak is not None and self.peak_step is not None:
             decay = (step - self.peak_step) // self.peak_decay_steps
             if decay > 0:
@@ -90,7 +99,6 @@ class LossScaleCollapse(Detector):
         if self.peak is None or ls >= self.peak:
             self.peak, self.peak_step = ls, step
         drop = self.peak - ls
-        near_floor = self.moved and ls - math.log2(self.min_scale) <= self.floor_halvings
         rule = "halvings" if drop >= self.min_halvings else "floor"
         return self._fire(step, s, rule, ctx, on=drop >= self.min_halvings or near_floor,
                           off=drop < self.min_halvings / 2 and not near_floor)
@@ -98,7 +106,8 @@ class LossScaleCollapse(Detector):
     def _fire(self, step: int, s: float, rule: str, ctx: Context, *, on: bool, off: bool = False) -> list[Finding]:
         if not self.latch.update(on, off):
             return []
-        peak = 2.0 ** self.peak if self.peak is not None else None
+        peak_log2 = self.peak
+        peak = 2.0 ** peak_log2 if peak_log2 is not None else None
         if rule == "zero":
             what = (f"The fp16 loss scale reached 0 at step {step}: every gradient is multiplied by "
                     f"zero, so no step trains the model.")
@@ -108,8 +117,8 @@ class LossScaleCollapse(Detector):
                     f"cannot go lower, so every step is skipped (DeepSpeed stops the run here).")
         else:
             what = (f"The fp16 loss scale collapsed to {s:g} at step {step}"
-                    + (f", {_halvings(self.peak - math.log2(s))} below {peak:g} at step {self.peak_step}"
-                       if peak is not None else "")
+                    + (f", {_halvings(peak_log2 - math.log2(s))} below {peak:g} at step {self.peak_step}"
+                       if peak_log2 is not None else "")
                     + f"; at {self.min_scale:g} DeepSpeed/Megatron stop the run or skip every step.")
         at_peak = f" (the scale was {peak:g} at step {self.peak_step})" if peak is not None else ""
         return [self.finding(
@@ -118,7 +127,7 @@ class LossScaleCollapse(Detector):
             onset_step=self.peak_step,
             message=(f"{what} Gradients overflow fp16 on almost every step: roll back to a checkpoint "
                      f"from before the overflows began{at_peak}, and consider bf16 or a lower LR."),
-            rule=rule, halvings=(self.peak - math.log2(s)) if peak is not None and s > 0 else None,
+            rule=rule, halvings=(peak_log2 - math.log2(s)) if peak_log2 is not None and s > 0 else None,
             pinned_skips=self.pinned)]
 
 

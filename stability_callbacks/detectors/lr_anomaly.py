@@ -7,14 +7,20 @@ from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import EWMean
 from .base import Context, Detector, fmt, positive
+from .stall import printed_resolution
 
 
 class LrAnomaly(Detector):
     """Warning when the LR moves by more than ``min_change`` (relative) and more than ``ratio`` ×
     the typical per-step change of the schedule so far. A warmup ramp, a cosine or a linear
     warmdown change smoothly and never trigger; a resume that silently swapped the schedule does.
-    Printed LRs are rounded, so a smooth schedule moves in stairs: a change is spread over the
-    steps since the previous change. O(1); state: 5 scalars.
+
+    Flat stretches: printed LRs are rounded, so a smooth schedule moves in stairs, and step
+    schedules (StepLR, MultiStepLR) drop by a factor at a milestone after a flat stretch; such a
+    change is spread over the steps since the previous change. A *rise* out of a flat stretch
+    that is more than a rounding stair (one printed digit) is not a schedule: no schedule raises
+    the LR at once after holding it (a warmup rises from the start), so it is judged as it is
+    (a constant LR that jumps x50). O(1); state: 5 scalars.
 
     >>> d = LrAnomaly()
     >>> lrs = [1e-4 * (1 - s / 1000) for s in range(1, 20)] + [5e-5]
@@ -55,8 +61,10 @@ class LrAnomaly(Detector):
         change = abs(math.log(ratio))
         if change == 0.0:
             return []
-        since = self.last_change_step if self.last_change_step is not None else prev_step
+        since = self.last_change_step if self.last_change_step is not None else (prev_step or record.step)
         self.last_change_step = record.step
+        if lr > prev and lr - prev > 1.5 * printed_resolution(prev):   # a rise out of a flat stretch
+            since = prev_step or since
         per_step = change / max(record.step - since, 1)
         anomalous = (self.typical.n >= 3 and change >= self.min_change
                      and per_step > self.ratio * max(self.typical.mean, 1e-12))

@@ -13,8 +13,11 @@ from .base import Context, Detector, positive_int
 class OverflowBurst(Detector):
     """Warning when at least ``min_skips`` optimizer steps were skipped for overflow within the
     last ``window_steps`` steps, outside the start-up loss-scale search. Dynamic loss scaling
-    skips one or two steps every few hundred by design; that is not a burst. ``skipped`` may be
-    a count (logs that print every k steps). O(window) with a tiny window; state: the window.
+    skips one or two steps every few hundred by design; that is not a burst, and neither are
+    the skips of the start-up search (halving from 2^16-2^32 until the gradients fit) — unless
+    the search failed, i.e. ``loss_scale_collapse`` found the scale at its floor: then its skips
+    were a burst all along. ``skipped`` may be a count (logs that print every k steps).
+    O(window) with a tiny window; state: the window and 2 scalars.
 
     >>> d = OverflowBurst()
     >>> [f.step for s in range(101, 106) for f in d.update(StepRecord(s, {"skipped": 1.0}), Context(s))]
@@ -24,27 +27,30 @@ class OverflowBurst(Detector):
     name = "overflow_burst"
     kind = "overflow_burst"
     signals = (keys.SKIPPED,)
-    _state = ("recent", "latch")
+    _state = ("recent", "latch", "search_failed")
 
     def __init__(self, *, min_skips: int = 3, window_steps: int = 10):
         self.min_skips = positive_int("min_skips", min_skips)
         self.window_steps = positive_int("window_steps", window_steps)
-        self.recent: list = []          # [[step, skipped_count], ...] inside the window
+        self.recent: list = []          # [[step, skipped_count, in start-up], ...] inside the window
         self.latch = Latch()   # re-armed once the window holds no skip
+        self.search_failed = False      # the start-up search reached the scaler's floor
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         k = record.metrics.get(keys.SKIPPED)
         if k is None or not 0.0 <= k < math.inf:
             return []
         step = record.step
-        recent = deque((s, c) for s, c in self.recent if step - s < self.window_steps)
-        if k > 0 and not ctx.in_startup:   # the start-up loss-scale search is not a burst
-            recent.append((step, k))
+        recent = deque((s, c, st) for s, c, st in self.recent if step - s < self.window_steps)
+        if k > 0:
+            recent.append((step, k, ctx.in_startup))
+        if ctx.in_startup and not self.search_failed:
+            self.search_failed = any(f.kind == "loss_scale_collapse" for f in ctx.found)
         self.recent = [list(e) for e in recent]
-        total = sum(c for _, c in recent)
+        total = sum(c for _, c, st in recent if not st or self.search_failed)
         if not self.latch.update(on=total >= self.min_skips, off=total == 0):
             return []
-        first = int(recent[0][0])
+        first = int(next(s for s, _, st in recent if not st or self.search_failed))
         scale = record.metrics.get(keys.LOSS_SCALE)
         scale_txt = f" (loss scale now {scale:g})" if scale is not None and scale > 0 else ""
         return [self.finding(

@@ -33,12 +33,12 @@ class ResumeSpike(Detector):
             self.latch.rearm()
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
-        if self.resume_step is None or not self.latch.armed or ctx.loss_baseline is None:
+        base = ctx.loss_baseline
+        if self.resume_step is None or not self.latch.armed or base is None:
             return []
         x = record.metrics.get(keys.LOSS)
-        if not finite_positive(x) or not 0 <= record.step - self.resume_step <= self.window_steps:
+        if x is None or not finite_positive(x) or not 0 <= record.step - self.resume_step <= self.window_steps:
             return []
-        base = ctx.loss_baseline
         threshold = base * max(1 + self.min_rise, math.exp(self.noise_sigmas * ctx.loss_noise))
         if not self.latch.update(on=x > threshold):
             return []

@@ -23,61 +23,82 @@ def bias_correction(beta2: float, t: float) -> float:
 
 
 class SecondMomentSurge(Detector):
-    """Two rules over ``adam/exp_avg_sq_max`` and the mean ``l1 / numel``, both judged on the
-    *bias-corrected* second moment ``v / (1 − beta2^t)``:
+    """Two rules over Adam's ``exp_avg_sq``:
 
-    - *jump*: either statistic ``jump_ratio`` × above its robust baseline (max: ×``max_jump_ratio``);
-    - *post-peak rise*: after the LR warmup ended, the mean stands ``post_peak_rise`` × above
-      its value at the end of warmup (BigScience 104B: the variance peaked at warmup end; still
-      rising after it means the gradients are growing and the optimizer is heading for trouble).
+    - *jump*: the bias-corrected max or mean (``l1 / numel``) ``jump_ratio`` × above its robust
+      baseline (max: ×``max_jump_ratio``);
+    - *post-peak rise*: inside the warmup-end risk window, the gradients' mean square over the
+      last ``window_steps`` stands ``post_peak_rise`` × above what it was over the first
+      ``window_steps`` after the peak (BigScience 104B: the variance peaks at the LR peak, "also
+      where we have the highest risk of divergence"; still rising there means the gradients are
+      growing while the LR is at its highest). Later, a healthy run's gradients may well grow
+      (the live suite's unclipped tiny models: x2-3 over hundreds of steps): a sustained rise is
+      ``grad_norm_growth``'s call then.
 
     Why bias-corrected: ``exp_avg_sq`` is an EMA of g² that starts at 0, so after ``t`` steps it
     holds only ``1 − beta2^t`` of its weight: with beta2 = 0.999 the raw value keeps rising for
     ~1/(1 − beta2) = 1000 steps even when the gradients do not change at all (×2 between steps
     20 and 40). Dividing by ``1 − beta2^t`` — what Adam itself does before using it — leaves
     the weighted mean of g², which rises only when the gradients do. ``adam/beta2`` and
-    ``adam/step`` come with the record when the probe knows them; otherwise beta2 = 0.999
-    (torch's default) and t = the record's step (the optimizer step in a fresh or resumed run;
-    an optimizer reset mid-run or a different beta2 makes the early values wrong, and a beta2
-    below 0.999 only makes the rule quieter).
+    ``adam/step`` come with the record when the probe knows them; otherwise the jump rule
+    assumes beta2 = 0.999 (torch's default) and t = the record's step (a beta2 below 0.999 only
+    makes it quieter).
+
+    Why a window for the post-peak rise: even bias-corrected, ``exp_avg_sq`` at step t is a mean
+    over all the steps since the start (beta2 = 0.999 forgets over ~1000 steps), so right after
+    a 100-step warmup it is the *warmup's* average, with the small gradients of its first steps
+    in it, and it goes on rising for hundreds of steps as they are diluted — while the
+    gradients stay as they were at the peak (a healthy WSD run read 2.0x at step 661 this way,
+    its grad norm up only 9%). How the EMA is built undoes that: ``v_t = beta2^Δ·v_a + (1 −
+    beta2)·Σ beta2^(t−k)·g_k²`` over the Δ updates since step a, so the mean of g² over exactly
+    those updates is ``(v_t − beta2^Δ·v_a) / (1 − beta2^Δ)``. The rule compares these window
+    means; it needs the optimizer's beta2 (the identity is exact with the right one and
+    amplifies noise with a wrong one), so it runs only when the record carries ``adam/beta2``.
 
     Warning, one per episode (the jump re-arms once neither statistic is above its ratio; the
-    post-peak rise fires once per run, and not for the ~1/(1 − beta2) steps a reported jump
-    stays in the average). O(1); state: 2 baselines, 4 scalars.
+    post-peak rise fires once per run, and not for a window in which a jump was reported).
+    O(1); state: 2 baselines, 7 scalars.
     """
 
     name = "second_moment_surge"
     kind = "second_moment_surge"
     signals = (keys.ADAM_V_MAX, keys.ADAM_V_L1)
-    _state = ("base_max", "base_mean", "at_peak", "jump", "jump_step", "post_peak")
+    _state = ("base_max", "base_mean", "at_peak", "at_peak_window", "anchor", "jump", "jump_step",
+              "post_peak")
 
     def __init__(self, *, jump_ratio: float = 4.0, max_jump_ratio: float = 10.0,
-                 post_peak_rise: float = 2.0, warm_samples: int = 10, baseline_alpha: float = 0.05):
+                 post_peak_rise: float = 2.0, warm_samples: int = 10, baseline_alpha: float = 0.05,
+                 window_steps: int = 20):
         self.jump_ratio = positive("jump_ratio", jump_ratio)
         self.max_jump_ratio = positive("max_jump_ratio", max_jump_ratio)
         self.post_peak_rise = positive("post_peak_rise", post_peak_rise)
         self.warm_samples = positive_int("warm_samples", warm_samples)
+        self.window_steps = positive_int("window_steps", window_steps)
         self.base_max = RobustLevel(positive("baseline_alpha", baseline_alpha))
         self.base_mean = RobustLevel(baseline_alpha)
-        self.at_peak: float | None = None
+        self.at_peak: float | None = None       # mean g² over the first window after the warmup ended
+        self.at_peak_window: list | None = None # ... and its first and last step
+        self.anchor: list | None = None         # [step, Adam update count, raw mean exp_avg_sq]
         self.jump = Latch()        # re-armed once neither statistic is above its jump ratio
         self.jump_step: int | None = None   # the last jump reported
         self.post_peak = Latch()   # once per run
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
-        beta2, t = m.get(keys.ADAM_BETA2, DEFAULT_BETA2), m.get(keys.ADAM_STEP, record.step)
+        known_beta2 = m.get(keys.ADAM_BETA2)
+        beta2, t = known_beta2 or DEFAULT_BETA2, m.get(keys.ADAM_STEP, record.step)
         c = bias_correction(beta2, t) if 0.0 < beta2 < 1.0 and t >= 1 else 1.0
         vmax = m.get(keys.ADAM_V_MAX)
         if vmax is not None:
             vmax /= c
         l1, n = m.get(keys.ADAM_V_L1), m.get(keys.ADAM_V_NUMEL)
-        vmean = l1 / n / c if finite_positive(l1) and finite_positive(n) else None
+        vraw = l1 / n if l1 is not None and n is not None and finite_positive(l1) and finite_positive(n) else None
+        vmean = vraw / c if vraw is not None else None
         out: list[Finding] = []
         jumps = []
         for label, v, base, ratio in (("max", vmax, self.base_max, self.max_jump_ratio),
                                       ("mean", vmean, self.base_mean, self.jump_ratio)):
-            if not finite_positive(v):
+            if v is None or not finite_positive(v):
                 continue
             r = base.ratio(v) if base.n else 1.0
             if base.n >= self.warm_samples and r >= ratio:
@@ -94,20 +115,38 @@ class SecondMomentSurge(Detector):
                          f"have grown sharply; a loss spike often follows. A checkpoint is being saved."),
                 rule="jump", statistic=label, ratio=r))
         end = ctx.warmup_end_step
-        # A reported jump stays in exp_avg_sq for ~1/(1 - beta2) steps: not a second event.
-        after_jump = self.jump_step is not None and record.step - self.jump_step <= 1.0 / (1.0 - min(beta2, 0.9999))
-        if vmean is not None and end is not None and record.step > end:
-            if self.at_peak is None:
-                self.at_peak = vmean
-            elif self.post_peak.update(on=vmean >= self.at_peak * self.post_peak_rise and not out
-                                       and not after_jump):
-                out.append(self.finding(
-                    record.step, severity="warning", signal=keys.ADAM_V_L1, value=vmean,
-                    baseline=self.at_peak, threshold=self.at_peak * self.post_peak_rise,
-                    message=(f"Adam's mean exp_avg_sq (bias-corrected) is still rising after the LR "
-                             f"peak: {fmt(vmean)} at step {record.step}, {vmean / self.at_peak:.1f}x its "
-                             f"value at the end of warmup (step {end}), so the gradients themselves "
-                             f"are growing. In BigScience's 104B runs this preceded the glitches; "
-                             f"consider a lower peak LR or beta2=0.95."),
-                    rule="post_peak_rise", beta2=beta2, adam_step=t))
+        if (vraw is not None and known_beta2 is not None and 0.0 < beta2 < 1.0 and end is not None
+                and record.step > end):
+            out += self._post_peak(record.step, t, vraw, beta2, end, bool(out) or not ctx.in_risk_window)
         return out
+
+    def _post_peak(self, step: int, t: float, vraw: float, beta2: float, end: int, quiet: bool) -> list[Finding]:
+        """Advance the windows; judge the one ending here unless ``quiet`` (a jump reported at
+        this step, or outside the risk window)."""
+        a = self.anchor
+        if a is None or t <= a[1]:   # the first point after the peak (or the optimizer restarted)
+            self.anchor = [step, t, vraw]
+            return []
+        a_step, a_t, a_v = a
+        if step - a_step < self.window_steps:
+            return []
+        decay = beta2 ** (t - a_t)
+        g2 = (vraw - decay * a_v) / (1.0 - decay)   # mean g² over the updates since the anchor
+        self.anchor = [step, t, vraw]
+        if self.at_peak is None:
+            self.at_peak, self.at_peak_window = g2, [a_step + 1, step]
+            return []
+        rising = (g2 >= self.at_peak * self.post_peak_rise and self.at_peak > 0.0 and not quiet
+                  and (self.jump_step is None or self.jump_step <= a_step))
+        if not self.post_peak.update(on=rising):
+            return []
+        first, last = self.at_peak_window or (end, end)
+        return [self.finding(
+            step, severity="warning", signal=keys.ADAM_V_L1, value=g2, baseline=self.at_peak,
+            threshold=self.at_peak * self.post_peak_rise,
+            message=(f"The gradients are still growing right after the LR peak: their mean square (from "
+                     f"Adam's exp_avg_sq, beta2={beta2:g}) over steps {a_step + 1}-{step} is "
+                     f"{g2 / self.at_peak:.1f}x what it was over steps {first}-{last}, "
+                     f"right after the warmup ended (step {end}). In BigScience's 104B runs this "
+                     f"preceded the glitches; consider a lower peak LR or beta2=0.95."),
+            rule="post_peak_rise", beta2=beta2, adam_step=t, window=[a_step + 1, step])]

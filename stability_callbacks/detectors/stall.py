@@ -9,6 +9,30 @@ from ..stats import Latch
 from .base import Context, Detector, check, fmt, positive, positive_int
 
 
+def half_precision_grid(x: float, before: float | None) -> float:
+    """The spacing of the grid a loss computed in bf16 (or fp16) lies on, when two consecutive
+    values both fit that format's mantissa (8 significant bits for bf16, 11 for fp16), else 0.
+    Such a loss repeats as often as its grid allows, however many decimals its print shows
+    (``4.375`` then ``4.125``: bf16, steps of 2**-5 near 4). One round value proves nothing (a
+    float32 loss of exactly 1.0); two in a row by chance is a 2**-32 coincidence.
+
+    >>> half_precision_grid(4.375, 4.125), half_precision_grid(1.0, None), half_precision_grid(2.3456, 2.3461)
+    (0.03125, 0.0, 0.0)
+    """
+    if before is None or x == 0.0 or before == 0.0 or not (math.isfinite(x) and math.isfinite(before)):
+        return 0.0
+    bits = max(_significant_bits(x), _significant_bits(before))
+    for mantissa in (8, 11):   # bf16, fp16
+        if bits <= mantissa:
+            return 2.0 ** (math.floor(math.log2(abs(x))) - (mantissa - 1))
+    return 0.0
+
+
+def _significant_bits(x: float) -> int:
+    num = abs(x.as_integer_ratio()[0])
+    return (num // (num & -num)).bit_length()   # the odd part of the numerator
+
+
 def printed_resolution(x: float) -> float:
     """The value of the last digit of ``x`` as its shortest round-trip text shows it — what a
     log printed, when ``x`` was read from a log (``2.3456`` → 1e-4, ``6.444662`` → 1e-6). A
@@ -25,7 +49,7 @@ def printed_resolution(x: float) -> float:
 
 
 class Stall(Detector):
-    """Critical when the loss has stopped carrying information about training. Two rules:
+    """Critical when the loss has stopped carrying information about training. Four rules:
 
     - *frozen*: the same value, bit for bit, ``k`` times in a row. A training loss moves from
       one logged point to the next by at least ``noise_floor`` of itself (minibatch noise;
@@ -41,16 +65,28 @@ class Stall(Detector):
       needed (2 decimals; Lightning's 3 significant digits of a loss above 1), or a value with a
       single significant digit (``0.0001``, the print floor), cannot tell a freeze from noise:
       the rule stays silent there.
-    - *zero*: exactly 0.0 right after a loss that was positive on every point so far and at
-      least ``zero_from`` of the largest loss seen. A cross-entropy-like loss reaches zero only
-      through its last tiny values (memorising a small set goes 0.01 → 0.001 → 0.0001 → 0.0);
-      a jump to exactly zero is a masked loss (no label tokens), an fp16 overflow zeroed, or
-      a broken loss path. Losses that start at 0.0 or go negative (RL objectives such as
-      GRPO print 0.0 at first) never meet it, and the message says so.
+    - *repeating*: the loss repeats, value for value, the values of ``P`` points earlier
+      (2 ≤ P ≤ ``max_period_samples``): the weights are frozen and the data loader cycles the
+      same batches (a model that trains gives a different loss on the same batch). Each repeat
+      is as unlikely by chance as a frozen pair (p above), and ``P`` is tried over the window,
+      so the rule fires once ``max_period_samples`` × Π p ≤ ``false_alarm_rate`` over at least
+      ``min_samples`` repeats in a row (4 decimals of a loss near 1: 6 repeats).
+    - *zero* / *collapse*: a loss that was positive on every point so far and at least
+      ``zero_from`` of the largest loss seen falls to exactly 0.0, or by more than a factor
+      1/``zero_from`` per optimizer step (12.18 → 1.8e-6 in one step). A cross-entropy-like
+      loss reaches zero only through its last tiny values (memorising a small set goes 0.01 →
+      0.001 → 0.0001 → 0.0, each step a fraction); one divided by 100 in a step is a masked
+      loss (no label tokens), targets leaking into the inputs, an fp16 overflow zeroed, or a
+      broken loss path — unless the point before was a spike (a bad batch: the next one is back
+      at the level, ``loss_spike``'s recovery). Losses that start at 0.0 or go negative (RL
+      objectives such as GRPO print 0.0 at first) never meet it, and the message says so.
 
-    Either is unmistakable, so it is critical even in the first steps. A run of zeros is not
-    a frozen loss by itself (a loss below the print resolution prints 0.0). O(1); state: 9
-    scalars.
+    Resolution: the printed digits, or the bf16/fp16 grid when two values in a row fit it
+    (:func:`half_precision_grid`: such a loss repeats as often as its grid allows, whatever its
+    print shows). Each rule is unmistakable, so it is critical even in the first steps. A run of
+    zeros is not a frozen loss by itself (a loss below the print resolution prints 0.0).
+    O(1) per update (amortized); state: the positions of the last ~``max_period_samples``
+    distinct values and 16 scalars.
 
     >>> d = Stall()
     >>> [f.step for s, x in enumerate([0.9235, 1.0, 1.0, 1.0, 1.0, 1.0], 1)
@@ -61,10 +97,11 @@ class Stall(Detector):
     name = "stall"
     kind = "stall"
     signals = (keys.LOSS,)
-    _state = ("last", "last_step", "before", "run_start", "count", "need", "latch", "positive", "peak")
+    _state = ("last", "last_step", "before", "run_start", "count", "need", "latch", "positive", "peak",
+              "seen", "seen_count", "period", "run", "repeats", "evidence", "repeat_latch", "last_spiked")
 
     def __init__(self, *, num_samples: int = 16, min_samples: int = 3, noise_floor: float = 1e-3,
-                 false_alarm_rate: float = 1e-6, zero_from: float = 0.01):
+                 false_alarm_rate: float = 1e-6, zero_from: float = 0.01, max_period_samples: int = 64):
         self.num_samples = positive_int("num_samples", num_samples)
         self.min_samples = check("min_samples", min_samples, isinstance(min_samples, int) and
                                  not isinstance(min_samples, bool) and 2 <= min_samples <= num_samples,
@@ -83,6 +120,18 @@ class Stall(Detector):
         self.latch = Latch()                  # re-armed when the loss moves
         self.positive = True                  # every loss so far > 0 (cross-entropy-like)
         self.peak = 0.0                       # the largest loss so far
+        self.max_period_samples = check("max_period_samples", max_period_samples,
+                                        isinstance(max_period_samples, int) and max_period_samples >= 2,
+                                        "an integer ≥ 2")
+        self.seen: dict[float, int] = {}      # value -> the index of its latest point (last ~W points)
+        self.seen_count = 0                   # points indexed so far
+        self.period: int | None = None        # the lag P of the current run of repeats
+        self.run: list = []                   # [step, value] of its first 4 repeats (the message)
+        self.repeats = 0                      # its length, once weighed
+        self.evidence = 0.0                   # ... and log Π p over it
+        self.repeat_latch = Latch()           # re-armed when the repeats stop
+        self.last_spiked = False              # the previous point was inside a loss-spike episode
+        self._prune_at = 4 * self.max_period_samples
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
@@ -91,37 +140,113 @@ class Stall(Detector):
             return []
         prev, step = self.last, record.step
         if x == prev and x != 0.0:   # the same value again (zeros are the zero rule's)
+            self.last_spiked = ctx.loss_spike_open
             self.count += 1
             if self.count == 2:
                 self.run_start = self.last_step
                 self.need = self._samples_needed(x, m.get(keys.LOSS_RESOLUTION))
             self.last_step = step
+            self._remember(step, x, False, None)
             if self.need is not None and self.latch.update(self.count >= self.need):
                 return [self._frozen(step, x)]
             return []
         out: list[Finding] = []
-        if x == 0.0 and prev is not None and prev != 0.0 and self.positive and prev >= self.zero_from * self.peak:
-            out.append(self._zero(step, prev, self.last_step))
+        spiked, self.last_spiked = self.last_spiked, ctx.loss_spike_open
+        zf = self.zero_from
+        if (prev is not None and 0.0 <= x <= zf * prev and self.positive and not spiked
+                and prev >= zf * self.peak):
+            # x == 0.0, or divided by more than 1/zero_from per optimizer step (a point coming
+            # back from a spike returns to the loss's level: that is loss_spike's recovery)
+            gap = max(step - (self.last_step if self.last_step is not None else step - 1), 1)
+            if x == 0.0 or math.log(prev / x) >= gap * -math.log(zf):
+                out.append(self._zero(step, x, prev, self.last_step))
         if x <= 0.0:
             self.positive = False
         elif x > self.peak:
             self.peak = x
         self.last, self.last_step, self.before, self.count = x, step, prev, 1
         self.latch.armed = True   # the loss moved: re-armed (hot path: no call)
+        # the repeating rule; its common case inline (a value not seen in the window, no run)
+        seen, n = self.seen, self.seen_count
+        i = seen.get(x)
+        if i is None and self.period is None and len(seen) < self._prune_at:
+            seen[x] = n
+            self.seen_count = n + 1
+        elif self._remember(step, x, True, m.get(keys.LOSS_RESOLUTION)):
+            out.append(self._repeating(step, x))
         return out
 
-    def _resolution(self, x: float, printed: float | None) -> float:
-        if printed is not None and 0.0 < printed < math.inf:
-            return printed
-        # the finer of the repeated value and the value before the run: 1.000000 after 0.923512
-        return min(printed_resolution(x), printed_resolution(self.before) if self.before else math.inf)
+    def _remember(self, step: int, x: float, repeated: bool, printed: float | None) -> bool:
+        """Follow the run of repeats at lag P (``repeated``: x is not the previous value again —
+        a constant loss is the frozen rule's). True when it fires. O(1): each value's latest
+        position is looked up, not searched for, and the chance of the repeats is weighed only
+        once there are ``min_samples`` of them (rare on a healthy run)."""
+        seen, n = self.seen, self.seen_count
+        i = seen.get(x)
+        seen[x] = n
+        self.seen_count = n + 1
+        if len(seen) >= self._prune_at:   # forget values that left the window (amortized)
+            self.seen = {v: j for v, j in seen.items() if n - j < self.max_period_samples}
+        lag = n - i if i is not None else 0
+        if not repeated or x == 0.0 or not 2 <= lag <= self.max_period_samples:
+            if self.period is not None:
+                self._stop_repeats()
+            return False
+        if lag != self.period:   # a new candidate period
+            self._stop_repeats()
+            self.period = lag
+        self.repeats += 1
+        if len(self.run) < 4:    # the first repeats, for the message
+            self.run.append([step, x])
+        if self.repeats < self.min_samples:
+            return False
+        if self.repeats == self.min_samples:   # weigh the run so far: log of the product of p
+            ps = [self._chance_equal(v, printed) for _, v in self.run[:self.min_samples]]
+            self.evidence = math.nan if None in ps else sum(math.log(q) for q in ps if q is not None)
+        else:
+            q = self._chance_equal(x, printed)
+            self.evidence = self.evidence + math.log(q) if q is not None else math.nan
+        if self.evidence != self.evidence:   # a print too coarse to tell: no evidence
+            self._stop_repeats()
+            return False
+        return self.repeat_latch.update(
+            self.evidence + math.log(self.max_period_samples) <= math.log(self.false_alarm_rate))
 
-    def _samples_needed(self, x: float, printed: float | None) -> int | None:
+    def _stop_repeats(self) -> None:
+        self.period, self.run, self.repeats, self.evidence = None, [], 0, 0.0
+        self.repeat_latch.armed = True
+
+    def state_dict(self) -> dict:
+        d = super().state_dict()
+        d["seen"] = [[v, j] for v, j in self.seen.items()]   # JSON keys are strings: pairs instead
+        return d
+
+    def load_state_dict(self, d: dict) -> None:
+        d = dict(d)
+        seen = d.pop("seen")
+        super().load_state_dict({**d, "seen": {}})
+        self.seen = {float(v): int(j) for v, j in seen}
+
+    def _chance_equal(self, x: float, printed: float | None) -> float | None:
+        """The chance p that a training loss near ``x`` prints the same as another point (None
+        when the print is too coarse for a repeat to mean anything)."""
         q = self._resolution(x, printed)
         if abs(x) < 10.0 * q:   # one significant digit: at the print floor, repeats prove nothing
             return None
         p = (q / abs(x)) / (2.0 * math.sqrt(math.pi) * self.noise_floor)
-        if p >= 1.0:
+        return p if p < 1.0 else None
+
+    def _resolution(self, x: float, printed: float | None) -> float:
+        before = self.before if self.before else None
+        if printed is not None and 0.0 < printed < math.inf:
+            q = printed
+        else:   # the finer of the repeated value and the value before the run: 1.000000 after 0.923512
+            q = min(printed_resolution(x), printed_resolution(before) if before else math.inf)
+        return max(q, half_precision_grid(x, before))   # a bf16 loss is no finer than its grid
+
+    def _samples_needed(self, x: float, printed: float | None) -> int | None:
+        p = self._chance_equal(x, printed)
+        if p is None:
             return None
         k = max(1 + math.ceil(math.log(self.false_alarm_rate) / math.log(p)), self.min_samples)
         return k if k <= self.num_samples else None
@@ -137,12 +262,31 @@ class Stall(Detector):
                      f"batches."),
             rule="frozen", samples=self.count, needed=self.need)
 
-    def _zero(self, step: int, prev: float, prev_step: int | None) -> Finding:
+    def _zero(self, step: int, x: float, prev: float, prev_step: int | None) -> Finding:
+        if x == 0.0:
+            what = f"The loss fell from {fmt(prev)} at step {prev_step} to exactly 0.0 at step {step}."
+        else:
+            what = (f"The loss fell from {fmt(prev)} at step {prev_step} to {fmt(x)} at step {step}: "
+                    f"{prev / x:.3g}x lower in {step - (prev_step or step - 1)} step(s).")
         return self.finding(
-            step, severity="critical", value=0.0, baseline=prev, onset_step=step,
-            message=(f"The loss fell from {fmt(prev)} at step {prev_step} to exactly 0.0 at step {step}. "
-                     f"A cross-entropy-like loss cannot reach zero in one step: the loss was masked "
-                     f"to 0 (a batch without label tokens), zeroed after an fp16 overflow, or the loss "
-                     f"path broke. (If this objective can be 0 — RL losses such as GRPO print 0.0 — "
-                     f"ignore this.) Check the batch, the labels and the precision before training on."),
-            rule="zero", previous=prev)
+            step, severity="critical", value=x, baseline=prev, onset_step=step,
+            message=(f"{what} A cross-entropy-like loss cannot fall to zero, or by a factor of "
+                     f"{1 / self.zero_from:.0f} per step, by learning: the loss was masked to 0 (a batch "
+                     f"without label tokens), the targets leak into the inputs, it was zeroed after an "
+                     f"fp16 overflow, or the loss path broke. (If this objective can be 0 — RL losses "
+                     f"such as GRPO print 0.0 — ignore this.) Check the batch, the labels and the "
+                     f"precision before training on."),
+            rule="zero" if x == 0.0 else "collapse", previous=prev)
+
+    def _repeating(self, step: int, x: float) -> Finding:
+        period, k, first = self.period or 0, self.repeats, self.run[0][0]
+        values = ", ".join(fmt(v) for _, v in self.run)
+        return self.finding(
+            step, severity="critical", value=x, onset_step=first,
+            message=(f"The loss repeats itself exactly: its {k} values from step {first} to step {step} "
+                     f"({values}, ...) are, value for value, those of {period} points earlier. A model "
+                     f"that trains gives a different loss on the same batch, so the weights are not "
+                     f"being updated and the data loader is cycling the same batches (frozen "
+                     f"parameters, LR 0, an optimizer that never steps, or gradients that never reach "
+                     f"it). Stop and check that the optimizer changes the weights."),
+            rule="repeating", period=period, samples=k)

@@ -38,7 +38,8 @@ class StreamLossSpike(Detector):
         self.streams: dict[str, LossSpike] = {}
 
     # The keyword arguments are LossSpike's (its signal excepted): the config validates them.
-    __init__.__signature__ = inspect.Signature(
+    # (through __dict__: inspect reads a function's __signature__, which typeshed does not declare)
+    __init__.__dict__["__signature__"] = inspect.Signature(
         [p for p in inspect.signature(LossSpike.__init__).parameters.values() if p.name != "signal"])
 
     def on_segment(self, start_step: int, reason: str) -> None:

@@ -23,8 +23,10 @@ class SuddenDrop(Detector):
 
     The history restarts at the end of the LR warmup (a warmup speeds the fall up by design)
     and after a loss spike; with no LR to find the warmup, the first ``startup_steps`` are
-    quiet. Info: usually benign, except right after a resume, where a falsely low loss means
-    repeated data — ``data_repetition`` owns that, so this detector is silent after a resume.
+    quiet. Info: usually benign — except within ``after_resume_steps`` of a resume, where a loss
+    that suddenly does better is a model re-reading data it memorised (the data loader restarted:
+    the seeds' "falsely low loss"), so there it is a warning (``data_repetition`` judges the same
+    resume from fingerprints, the consumed-samples count and the pre-checkpoint baseline).
     O(1) per update; state: the last 2·window + 1 fast levels and 4 scalars.
     """
 
@@ -35,7 +37,7 @@ class SuddenDrop(Detector):
 
     def __init__(self, *, min_drop: float = 0.25, persist_samples: int = 3, window: int = 50,
                  acceleration: float = 3.0, startup_steps: int = 500, min_gap_steps: int = 1000,
-                 fast_alpha: float = 0.3):
+                 fast_alpha: float = 0.3, after_resume_steps: int = 200):
         self.min_drop = check("min_drop", min_drop, isinstance(min_drop, (int, float)) and 0 < min_drop < 1,
                               "in (0, 1)")
         self.persist_samples = positive_int("persist_samples", persist_samples)
@@ -44,6 +46,7 @@ class SuddenDrop(Detector):
         self.startup_steps = positive_int("startup_steps", startup_steps)
         self.min_gap_steps = positive_int("min_gap_steps", min_gap_steps)
         self.fast_alpha = positive("fast_alpha", fast_alpha)
+        self.after_resume_steps = positive_int("after_resume_steps", after_resume_steps)
         self.fast = EWMean(self.fast_alpha)
         self.history: list[float] = []     # the fast level at the last 2·window + 1 points
         self.warmup_end: int | None = None
@@ -52,7 +55,7 @@ class SuddenDrop(Detector):
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         x = record.metrics.get(keys.LOSS)
-        if not finite_positive(x):
+        if x is None or not finite_positive(x) or ctx.loss_signed:
             return []
         fast = self.fast.update(math.log(x))
         h = self.history
@@ -68,11 +71,17 @@ class SuddenDrop(Detector):
         del h[0]
         fall, before = fast - h[w], h[w] - h[0]   # log change over the last window, and the one before
         base = ctx.loss_baseline
-        dropped = (fall <= math.log1p(-self.min_drop) and (before >= 0.0 or fall <= self.acceleration * before)
+        drop = self.min_drop
+        if ctx.loss_floor_log > h[w]:   # near its floor a fall is measured against the floor (LossSpike)
+            drop *= math.exp(ctx.loss_floor_log - h[w])
+        dropped = (drop < 1.0 and fall <= math.log1p(-drop)
+                   and (before >= 0.0 or fall <= self.acceleration * before)
                    and base is not None and fast < math.log(base))
         self.count = self.count + 1 if dropped else 0
-        quiet = (ctx.phase == "warmup" or ctx.steps_since_resume is not None
-                 or (ctx.warmup_end_step is None and record.step <= self.startup_steps)
+        since_resume = ctx.steps_since_resume
+        resumed = since_resume is not None and since_resume <= self.after_resume_steps
+        quiet = (ctx.phase == "warmup"
+                 or (ctx.warmup_end_step is None and record.step <= self.startup_steps and not resumed)
                  or (self.last_step is not None and record.step - self.last_step < self.min_gap_steps))
         if quiet or self.count != self.persist_samples:
             return []
@@ -80,10 +89,15 @@ class SuddenDrop(Detector):
         now, then = math.exp(fast), math.exp(h[w])
         pace = (f"after falling only {-math.expm1(before):.0%} over the {w} points before" if before < 0
                 else f"after no fall at all over the {w} points before")
+        if since_resume is not None and resumed:
+            what = (f"{since_resume} steps after the resume at step {record.step - since_resume}: "
+                    f"a resumed run that suddenly does better is usually re-reading data it memorised "
+                    f"(the data loader restarted from the beginning). Check the data-loader/sampler state "
+                    f"before training on.")
+        else:
+            what = "the fall sped up (a 'grokking' moment). Often benign."
         return [self.finding(
-            record.step, severity="info", value=now, baseline=then,
+            record.step, severity="warning" if resumed else "info", value=now, baseline=then,
             message=(f"The loss fell abruptly to ~{fmt(now)} at step {record.step}, {1 - now / then:.0%} "
-                     f"below ~{fmt(then)} {w} points earlier, {pace}: the fall sped up (a 'grokking' "
-                     f"moment). Often benign; if the data loader was just restarted, check for "
-                     f"repeated data."),
-            drop=1 - now / then, previous_drop=max(-math.expm1(before), 0.0))]
+                     f"below ~{fmt(then)} {w} points earlier, {pace}, {what}"),
+            drop=1 - now / then, previous_drop=max(-math.expm1(before), 0.0), after_resume=resumed)]

@@ -14,8 +14,8 @@ try:
 except ImportError:  # pragma: no cover - older torch / no distributed
     DTensor = None
 
-__all__ = ["SecondMoments", "NoSecondMoment", "find_second_moments", "optimized_params",
-           "unwrap_optimizer", "local_tensor", "is_sharded"]
+__all__ = ["SecondMoments", "NoSecondMoment", "find_second_moments", "adam_beta2_and_step",
+           "optimized_params", "unwrap_optimizer", "local_tensor", "is_sharded"]
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,47 @@ def _segments(flat: torch.Tensor, segs) -> list:
     return [flat.narrow(0, off, n) for off, n in segs if n > 0]
 
 
+def _layers(optimizer):
+    """``(ZeRO stage or None, DeepSpeed wrapper or None, the optimizer that keeps the state)``."""
+    obj = unwrap_optimizer(optimizer)
+    if hasattr(obj, "basic_optimizer") and hasattr(obj, "zero_optimization_stage"):
+        return int(obj.zero_optimization_stage()), obj.optimizer, obj.basic_optimizer
+    if _deepspeed_flat_partitions(obj) is not None or hasattr(obj, "fp32_groups"):
+        return None, obj, obj.optimizer
+    return None, None, obj
+
+
+def adam_beta2_and_step(optimizer):
+    """``(beta2, step)`` of an Adam-like optimizer, read where every rank has them without a
+    collective: beta2 from the param groups' hyperparameters (the largest, if groups differ), and
+    the update count Adam's bias correction uses, including the update just made — from the
+    state's ``step`` (the first entry that has one; torch's Adam keeps one per parameter, all
+    equal) or DeepSpeed FusedAdam's per-group ``step``. Either is None when absent.
+
+    ``step`` is returned as it is kept: a Python number, a CPU tensor (torch's default: read it
+    with ``float()``, no device involved) or a device tensor (``capturable=True`` or
+    ``fused=True`` keep it on the GPU, updated by the kernels: ``.item()`` would wait for the
+    device, so the probe sends it through its packed device vector instead). Skipped fp16 steps
+    never reach the optimizer, so they are not counted (DeepSpeed's ``global_steps`` counts them;
+    Adam's ``t`` does not). No compute, no sync.
+    """
+    _, _, basic = _layers(optimizer)
+    groups = getattr(basic, "param_groups", None) or []
+    betas = [g["betas"][1] for g in groups if isinstance(g.get("betas"), (tuple, list)) and len(g["betas"]) > 1]
+    beta2 = float(max(betas)) if betas else None
+    steps = [g["step"] for g in groups if isinstance(g.get("step"), (int, float))]   # FusedAdam
+    if steps:
+        return beta2, max(steps)
+    # The first state entry that has one (O(1): torch's Adam keeps the same count for every
+    # parameter; ZeRO keys its state by flat partitions, and ZeRO-3 empties the groups' "params"
+    # between its sub-group steps, so the state is read directly, not through the groups).
+    for st in (getattr(basic, "state", None) or {}).values():
+        if "step" in st:
+            step = st["step"]
+            return beta2, local_tensor(step) if isinstance(step, torch.Tensor) else step
+    return beta2, None
+
+
 def find_second_moments(optimizer) -> SecondMoments | None:
     """Locate the rank-local ``exp_avg_sq`` of ``optimizer`` (no compute, no sync).
 
@@ -120,17 +161,7 @@ def find_second_moments(optimizer) -> SecondMoments | None:
     while the state is still empty (before the first step). Raises ``NoSecondMoment`` for
     optimizers without an unfactored second moment.
     """
-    obj = unwrap_optimizer(optimizer)
-    stage = None
-    if hasattr(obj, "basic_optimizer") and hasattr(obj, "zero_optimization_stage"):
-        stage = int(obj.zero_optimization_stage())
-        wrapper = obj.optimizer
-        basic = obj.basic_optimizer
-    elif _deepspeed_flat_partitions(obj) is not None or hasattr(obj, "fp32_groups"):
-        wrapper, basic = obj, obj.optimizer
-    else:
-        wrapper, basic = None, obj
-
+    stage, wrapper, basic = _layers(optimizer)
     flat = _deepspeed_flat_partitions(wrapper) if wrapper is not None else None
     if flat is not None and stage != 0:
         # ZeRO >= 1 / BF16_Optimizer: state keyed by the flat fp32 partitions (disjoint across

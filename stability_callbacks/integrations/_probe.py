@@ -12,6 +12,9 @@ What a step costs (DESIGN 3.1-3.3):
   (:mod:`._optim_state`: rank-local ZeRO partitions, FSDP2 shards, or the replicated DDP/ZeRO-0
   state) with one read of the state per sampled step. Alignment padding (ZeRO) is excluded
   from every statistic.
+* ``adam/beta2`` and ``adam/step`` come with the Adam statistics, for their bias correction:
+  host values every rank has (the param groups' betas; the state's ``step``, a CPU tensor unless
+  the optimizer is capturable/fused), so no reduction; a device ``step`` rides in the packed vector.
 * Nothing calls ``.item()``; every deliberate host sync carries a ``# host-sync:`` comment.
 
 Cross-rank reduction: one ``all_gather`` of the packed vector, then each rank reduces the
@@ -38,7 +41,7 @@ from stability_callbacks import keys
 from stability_callbacks.live import Guard
 from stability_callbacks.record import StepRecord
 
-from ._optim_state import NoSecondMoment, optimized_params
+from ._optim_state import NoSecondMoment, adam_beta2_and_step, optimized_params
 from ._reductions import param_sq_sum, second_moment_stats
 
 try:  # torch.distributed is optional in some builds
@@ -79,6 +82,7 @@ SLOTS: dict[str, Slot] = {
     keys.ADAM_V_L1: Slot("sum", every_rank=True),                        # MAX when replicated
     keys.ADAM_V_NUMEL: Slot("sum", every_rank=True, finish=lambda v: float(round(v))),
     keys.PARAM_NORM: Slot("sum", every_rank=True, finish=math.sqrt),     # sum of squares
+    keys.ADAM_STEP: Slot("max"),   # only a device `step` (capturable/fused Adam); else a host value
 }
 _SLOT_LIST = list(SLOTS.values())
 
@@ -123,8 +127,11 @@ class StepProbe:
     ...     opt.step(); opt.zero_grad()
     ...     probe.finish_step(step, optimizer=opt)
     >>> records = probe.poll() + probe.flush()          # CPU: ready at once
-    >>> [r.step for r in records], sorted(records[-1].metrics)[:3]
-    ([1, 2], ['adam/exp_avg_sq_l1', 'adam/exp_avg_sq_max', 'adam/exp_avg_sq_numel'])
+    >>> [r.step for r in records], sorted(records[-1].metrics)[:5]   # doctest: +NORMALIZE_WHITESPACE
+    ([1, 2], ['adam/beta2', 'adam/exp_avg_sq_l1', 'adam/exp_avg_sq_max', 'adam/exp_avg_sq_numel',
+              'adam/step'])
+    >>> records[-1].metrics["adam/beta2"], records[-1].metrics["adam/step"]
+    (0.999, 2.0)
     """
 
     def __init__(self, *, device=None, process_group=None, adam_every_n_steps: int = 1,
@@ -337,6 +344,7 @@ class StepProbe:
             return
         if st is None:
             return
+        self._sample_adam_hyperparams(optimizer)
         self._dev[keys.ADAM_V_MAX] = st.max
         self._dev[keys.ADAM_V_L1] = st.l1
         self._dev[keys.ADAM_V_NUMEL] = self._const(float(st.numel), st.max.device)
@@ -345,6 +353,28 @@ class StepProbe:
             # (and makes ranks agree bit-for-bit even if float noise differed); SUM would
             # multiply the L1 and the count by the world size.
             replicated[keys.ADAM_V_L1] = replicated[keys.ADAM_V_NUMEL] = "max"
+
+    def _sample_adam_hyperparams(self, optimizer) -> None:
+        """``adam/beta2`` and ``adam/step`` beside the second-moment statistics (the bias
+        correction needs them). Both are identical on every rank, so no reduction: beta2 is a host
+        float from the param groups; ``step`` a host number or CPU tensor (read on the host: no
+        device involved), or — capturable/fused Adam — a device tensor the kernels update, which
+        travels in the packed vector like the other device scalars (``.item()`` would sync)."""
+        try:
+            beta2, step = adam_beta2_and_step(optimizer)
+        except Exception:  # monitoring never takes training down; the detectors assume defaults
+            _ONCE.warn_once("adam-hyperparams", "stability: could not read Adam's beta2/step; "
+                            "the bias correction assumes beta2=0.999 and t=the step")
+            return
+        if beta2 is not None:
+            self._host[keys.ADAM_BETA2] = beta2
+        if isinstance(step, torch.Tensor):
+            if step.device.type == "cpu":
+                self._host[keys.ADAM_STEP] = float(step)   # a CPU tensor: no device sync
+            else:
+                self._dev[keys.ADAM_STEP] = step.detach().reshape(())
+        elif step is not None:
+            self._host[keys.ADAM_STEP] = float(step)
 
     def _sample_param_norm(self, optimizer, model, replicated: dict) -> None:
         try:

@@ -23,7 +23,7 @@ import io
 import math
 from collections import Counter
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from ..record import Finding, StepRecord, severity_rank
 
@@ -231,7 +231,7 @@ def render_figure(records: Sequence[StepRecord], findings: Sequence[Finding], *,
     axes[panels[-1]].xaxis.set_major_locator(MaxNLocator(nbins=12, steps=[1, 2, 2.5, 5, 10], integer=True))
 
     few = len(steps) <= 60     # short snippets: show the points themselves
-    style = dict(linewidth=0.9, marker="o" if few else None, markersize=3)
+    style: dict[str, Any] = dict(linewidth=0.9, marker="o" if few else None, markersize=3)
 
     if "loss" in axes:
         ax = axes["loss"]

@@ -22,6 +22,7 @@ from stability_callbacks.integrations._readings import deepspeed_readings  # noq
 from stability_callbacks.integrations._reductions import batch_fingerprint  # noqa: E402
 
 STEPS = 2
+BETA2 = 0.98   # not torch's default: the records must carry the optimizer's own (adam/beta2)
 
 
 def make_model(dtype):
@@ -38,6 +39,15 @@ def batch(rank, step, dtype):
     y = torch.randn(4, 1, generator=g).to(dtype)
     ids = torch.randint(0, 50257, (4, 16), generator=g)
     return x, y, ids
+
+
+def adam_step_of(optimizer):
+    """Adam's own update count, read from every state entry of the optimizer that keeps it (the
+    reference for adam/step; DeepSpeed's wrappers may have taken a step of their own: bf16 ZeRO-0's
+    FP16_UnfusedOptimizer steps once on zero gradients to create the state)."""
+    steps = {float(st["step"]) for st in optimizer.state.values() if "step" in st}
+    assert len(steps) == 1, steps
+    return steps.pop()
 
 
 def ref_from_full(vs, params, world):
@@ -93,12 +103,12 @@ def _mse_step(model, opt):
 def case_ddp(rank, world, dtype):
     from torch.nn.parallel import DistributedDataParallel as DDP
     model = DDP(make_model(dtype))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, BETA2))
 
     records, exp = run_probe_steps(_mse_step(model, opt), lambda: opt, rank, dtype)
     params = [p.detach() for p in model.parameters()]
     ref = ref_from_full([opt.state[p]["exp_avg_sq"] for p in model.parameters()], params, world)
-    return records, {**ref, **exp}
+    return records, {**ref, **exp, "adam_step": adam_step_of(opt)}
 
 
 def case_fsdp2(rank, world, dtype):
@@ -107,21 +117,21 @@ def case_fsdp2(rank, world, dtype):
     for layer in (model[0], model[2], model[4]):
         fully_shard(layer)
     fully_shard(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, BETA2))
     local = [p.to_local().numel() for p in model.parameters()]
 
     records, exp = run_probe_steps(_mse_step(model, opt), lambda: opt, rank, dtype)
     vs = [opt.state[p]["exp_avg_sq"].full_tensor() for p in model.parameters()]
     params = [p.full_tensor().detach() for p in model.parameters()]
     ref = ref_from_full(vs, params, world)
-    return records, {**ref, **exp, "local_numels": local}
+    return records, {**ref, **exp, "local_numels": local, "adam_step": adam_step_of(opt)}
 
 
 def case_deepspeed(rank, world, dtype, stage, fp32_grad_accum=False):
     import deepspeed
     from deepspeed.utils import safe_get_full_optimizer_state, safe_get_full_fp32_param
     model = make_model(torch.float32)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, BETA2))
     cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
            "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True,
            "bf16": {"enabled": dtype == torch.bfloat16}, "gradient_clipping": 1.0,
@@ -153,6 +163,7 @@ def case_deepspeed(rank, world, dtype, stage, fp32_grad_accum=False):
         vs = [safe_get_full_optimizer_state(p, "exp_avg_sq") for p in mps]
         params = [safe_get_full_fp32_param(p) for p in mps]
     ref = ref_from_full(vs, params, world)
+    ref["adam_step"] = adam_step_of(engine.basic_optimizer)
     readings = deepspeed_readings(engine)
     info = {"optimizer": type(engine.optimizer).__name__,
             "readings": {"loss_scale": readings["loss_scale"],

@@ -60,7 +60,7 @@ def _columns(header: list[str], tag_map, wandb: bool):
         if key is not None:
             metrics.append((not is_ours(name), i, key))
     # one column per key: ours (`train/stability/loss`) over a framework's alias (`train/loss`)
-    chosen = {}
+    chosen: dict[str, int] = {}
     for _, i, key in sorted(metrics):
         chosen.setdefault(key, i)
     return steps, sorted((i, key) for key, i in chosen.items())

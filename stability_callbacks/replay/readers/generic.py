@@ -213,6 +213,7 @@ class Plan:
     match: object = None             # the template's own regular expression (fullmatch), once used
     values: object = None            # numbers -> metric values (C-level, no negatives)
     names: tuple[str, ...] = ()      # the metric keys, in `values` order
+    loss_at: int | None = None       # the index of the loss among the line's numbers
 
 
 def _key_before(piece: str, glued: bool) -> str:
@@ -432,6 +433,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
                                    for a, b in multi)
                 return plan
     plan.metrics = tuple(metrics)
+    plan.loss_at = next((i for i, k, _ in metrics if k == keys.LOSS), None)
     if metrics and not any(neg for _, _, neg in metrics):
         idx = [i for i, _, _ in metrics]
         plan.values = operator.itemgetter(*idx) if len(idx) > 1 else (lambda nums, i=idx[0]: (nums[i],))
@@ -549,7 +551,8 @@ class LineReader:
             else:
                 metrics.append((len(nums), name, False))
             nums.append(value.strip())
-        return nums, Plan(metrics=tuple(metrics), step=step)
+        return nums, Plan(metrics=tuple(metrics), step=step,
+                          loss_at=next((i for i, k, _ in metrics if k == keys.LOSS), None))
 
 
 _OVERFLOW_LINES = LineReader()
@@ -678,6 +681,11 @@ class Assembler:
         else:
             metrics = {key: (-float(nums[i]) if negative else float(nums[i]))
                        for i, key, negative in plan.metrics}
+        if plan.loss_at is not None:
+            text = nums[plan.loss_at]
+            if text[-1:] == "0" and "." in text and "e" not in text and "E" not in text:
+                # `1.000000` reads back as 1.0: the printed digits the float loses (stall)
+                metrics[keys.LOSS_RESOLUTION] = 10.0 ** (text.index(".") + 1 - len(text))
         step = self._step_of(nums, plan)
         if step is None and plan.step is None:
             step = self.header_step
@@ -694,6 +702,7 @@ class Assembler:
         # micro-batches since the previous step, at the new step number; micro-batches after
         # the last optimizer step of the log make none.
         loss = metrics.pop(keys.LOSS, None)
+        metrics.pop(keys.LOSS_RESOLUTION, None)   # their mean is not printed
         if loss is not None:
             self.micro_losses.append(loss)
         self.micro_metrics.update(metrics)
@@ -768,6 +777,8 @@ class Assembler:
                 self.pending_losses = [prev.metrics[keys.LOSS]] if keys.LOSS in prev.metrics else []
             self.pending_losses.append(metrics[keys.LOSS])
             prev.metrics[keys.LOSS] = _mean(self.pending_losses)
+            prev.metrics.pop(keys.LOSS_RESOLUTION, None)   # a mean is not printed
+            metrics.pop(keys.LOSS_RESOLUTION, None)
         for k, v in metrics.items():
             prev.metrics.setdefault(k, v)
 

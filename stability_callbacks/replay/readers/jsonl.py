@@ -2,8 +2,9 @@
 
 Run log: ``{"type": "step", "step": 7, "segment": 0, "metrics": {...}}`` lines become records in
 file order (stitching rollback segments is :mod:`stability_callbacks.replay.timeline`'s job);
-``finding`` / ``segment`` / ``checkpoint`` lines are not steps. Plain objects
-(``{"step": 7, "loss": 2.5, "train/grad_norm": 0.3}``, LLaMA-Factory's ``trainer_log.jsonl``
+``finding`` / ``segment`` / ``checkpoint`` / ``phase`` lines are not steps (a ``phase`` line's
+declared ``warmup_steps`` rides on the next step record, for the Monitor: replay = live). Plain
+objects (``{"step": 7, "loss": 2.5, "train/grad_norm": 0.3}``, LLaMA-Factory's ``trainer_log.jsonl``
 with ``current_steps``, nested ``{"train": {"loss": ...}}``) are read with the generic reader's
 keys and rules (:mod:`.generic`: evaluation lines are not steps, no step = numbered in order).
 A line that is not a JSON object is reported and skipped.
@@ -22,6 +23,7 @@ def read(path, *, on_skip: SkipReport, progress: bool = False, lines=None, user_
          **_) -> Iterator[StepRecord]:
     reader = LineReader(user_keys)
     asm = Assembler()
+    declared = None   # a phase line's declared warmup, handed to the next step record
     for line_no, text in (lines if lines is not None else numbered_lines(path, progress=progress)):
         if text is None:
             yield from asm.flush()
@@ -45,8 +47,12 @@ def read(path, *, on_skip: SkipReport, progress: bool = False, lines=None, user_
                 except (KeyError, TypeError, ValueError) as e:
                     on_skip(line_no, text, f"unreadable step line: {e!r}")
                     continue
+                rec.warmup_steps, declared = declared, None
                 yield from asm.flush()
                 yield rec
+                continue
+            if kind == "phase":
+                declared = obj.get("warmup_steps") or declared
                 continue
             if kind in ("finding", "segment", "checkpoint"):
                 continue

@@ -62,7 +62,7 @@ class SkipReport:
             self.on_skip(line_no, text, reason)
 
     def finish(self) -> None:
-        if self.on_skip is None and self.count:
+        if self.on_skip is None and self.count and self.first is not None:
             line_no, reason = self.first
             logger.warning("%s: skipped %d unreadable line(s); first at line %d: %s",
                            self.path, self.count, line_no, reason)
