@@ -13,7 +13,7 @@ KINDS = (
     "level_shift", "sudden_drop", "stall", "grad_norm_spike", "grad_norm_growth",
     "param_norm_growth", "second_moment_surge", "overflow_burst", "loss_scale_collapse",
     "lr_anomaly", "warmup_end", "warmup_instability", "resume", "resume_spike",
-    "data_repetition", "preflight", "rollback_advice",
+    "data_repetition", "preflight", "rollback_advice", "step_skipped", "auto_rollback",
 )
 
 
