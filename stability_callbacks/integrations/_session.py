@@ -29,8 +29,10 @@ a few device ops on scalars and the probe's one packed collective; the syncs are
 each tagged ``# host-sync:``.
 
 Where later work plugs in: a hang watchdog reads ``finished_at_s`` (host clock only: no
-collective, no sync); a skip-step decision belongs in ``before_optimizer_step``; an automatic
-rollback restores through ``restore`` and opens its segment with ``start(step, "rollback")``.
+collective, no sync). Skip step (``policy.skip_step_on``, :mod:`._skip`): ``session.skip``
+decides in ``before_optimizer_step``, reports in ``end_step`` and takes the policy's next rule
+after it; the adapters gate the optimizer's ``step``. An automatic rollback (:mod:`._rollback`)
+restores through ``restore`` and opens its segment with ``start(step, "rollback")``.
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ from stability_callbacks.record import Finding, StepRecord
 from ._preflight import run_preflight
 from ._probe import StepProbe
 from ._reductions import batch_fingerprint
+from ._skip import SkipStep
 
 __all__ = ["LiveSession", "SessionAdapter"]
 
@@ -82,12 +85,15 @@ class LiveSession:
         self.guard = run.guard
         sampling = run.monitor.config.get("sampling") or {}
         self.every_n_steps = int(sampling.get("every_n_steps", 1) or 1)
+        #: The skip-step decisions (``policy.skip_step_on``), or None when off.
+        self.skip = SkipStep() if run.monitor.policy.skip_step_on != "never" else None
         # Every rank declares the same extras, so the packed layout (and the collective) matches.
         self.probe = StepProbe(
             process_group=process_group,
             adam_every_n_steps=int(sampling.get("adam_every_n_steps", 1) or 0),
             param_norm_every_n_steps=int(sampling.get("param_norm_every_n_steps", 0) or 0),
             extra_reductions={keys.BATCH_FINGERPRINT: "sum",
+                              **({keys.SKIPPED_BY_POLICY: "max"} if self.skip else {}),
                               **{keys.LOSS_STREAM_PREFIX + n: "mean"
                                  for n in sampling.get("loss_streams") or ()}})
         self.lockstep = lockstep
@@ -159,11 +165,14 @@ class LiveSession:
         """The point right before the optimizer applies this step's update: the pre-clip,
         unscaled global grad norm, as the framework computed it (``grad_norm``: a device tensor
         or host float) or computed here from ``params`` with one foreach reduction. Returns the
-        norm (the tensor to clip with), or None. A skip-step decision belongs here."""
+        norm (the tensor to clip with), or None. The skip-step decision is taken here."""
         with self.guard("grad-norm", "reading the grad norm"):
             if params is not None:
-                return self.probe.compute_grad_norm(params)
-            self.probe.set_grad_norm(grad_norm)
+                grad_norm = self.probe.compute_grad_norm(params)
+            else:
+                self.probe.set_grad_norm(grad_norm)
+            if self.skip is not None:
+                self.skip.decide(grad_norm)
             return grad_norm
         return None
 
@@ -183,6 +192,8 @@ class LiveSession:
                 probe.set_extra(keys.BATCH_FINGERPRINT, self._fp, op="sum")
             for name, (total, n) in self._streams.items():
                 probe.set_extra(keys.LOSS_STREAM_PREFIX + name, total / n, op="mean")
+            if self.skip is not None:
+                self.skip.report(probe)
             self._fp, self._streams = None, {}
             if step % self.every_n_steps:
                 probe.discard_step()
@@ -205,7 +216,10 @@ class LiveSession:
         self.probe.discard_step()
 
     def _observe(self, records: list[StepRecord]) -> list[tuple[StepRecord, list[Finding]]]:
-        return [(r, self.run.observe(r)) for r in records]
+        pairs = [(r, self.run.observe(r)) for r in records]
+        if self.skip is not None:
+            self.skip.set_threshold(self.control.skip_threshold)   # the rule for the next steps
+        return pairs
 
     # ------------------------------------------------------------------------------ requests
     def requests(self, step: int, *, interval_saves: bool = True,
@@ -326,3 +340,9 @@ class SessionAdapter:
 
     def _off(self) -> bool:
         return self.session is None or self.session.off
+
+    def _policy(self) -> dict:
+        """The validated ``policy`` section (before the session exists: config errors surface)."""
+        from stability_callbacks.config import load_config
+
+        return (self.monitor.config if self.monitor is not None else load_config(self.config))["policy"]

@@ -26,6 +26,9 @@ damaged the Trainer's own saves are suppressed too, so they never rotate out the
 checkpoint. ``stability/...`` scalars reach the reporters through ``trainer.log`` at logging
 steps and findings, keeping ``should_log`` (pitfall H4). Detector state lives in
 ``checkpoint-N/stability_state.json``, read back from the checkpoint actually resumed from.
+Skip step gates the optimizer's ``step`` (:mod:`._skip`); an automatic rollback stops the
+Trainer and re-enters ``train(resume_from_checkpoint=...)`` from the ``train`` wrapper, with a
+skip-aware sampler (:mod:`._rollback`).
 """
 from __future__ import annotations
 
@@ -40,7 +43,9 @@ from transformers import TrainerCallback
 from stability_callbacks.live import InstancePatches, reporter_scalars
 
 from ._readings import DeepSpeedStep, grad_scaler_readings, step_lr
+from ._rollback import HFRollBack, RollBack
 from ._session import SessionAdapter
+from ._skip import gate_optimizer
 
 #: The detector state's file inside every ``checkpoint-N`` folder.
 STATE_FILE = "stability_state.json"
@@ -65,6 +70,7 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
                                 run_name=run_name, listeners=listeners)
         self.log_to_reporters = bool(log_to_reporters)
         self.trainer = self._patches = self._resume_path = self._hook = self._ds = None
+        self._rollback = self._gate = None
         self._fallback_loss = False
         self._ga = 1
         self._user_save_steps: int | None = None
@@ -117,7 +123,15 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
                 from transformers.trainer_utils import get_last_checkpoint
                 ckpt = get_last_checkpoint(trainer.args.output_dir)
             self._resume_path = None if ckpt in (None, False) else os.fspath(ckpt)
-            return orig_train(*args, **kwargs)
+            out = orig_train(*args, **kwargs)
+            # An automatic rollback stopped the Trainer: re-enter from the checkpoint it names.
+            while self._rollback is not None and (path := self._rollback.reenter()) is not None:
+                self._resume_path = path
+                kwargs = {**dict(zip(("resume_from_checkpoint", "trial", "ignore_keys_for_eval"), args)),
+                          **kwargs, "resume_from_checkpoint": path}
+                args = ()
+                out = orig_train(**kwargs)
+            return out
 
         self._patches.set("training_step", training_step)
         if orig_norm is not None:
@@ -126,6 +140,8 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
             self.guard.warn_once("no-grad-norm", "stability: Trainer._get_grad_norm is gone in this "
                                  "transformers version; the grad norm is not monitored")
         self._patches.set("train", train)
+        if self._policy().get("auto_rollback"):
+            self._rollback = HFRollBack(lambda: self.session, trainer, self._patches)
         return self
 
     # ----------------------------------------------------------------------- training events
@@ -141,8 +157,9 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
                                  "norm, the Trainer's exact loss and reporter logging. Taking the "
                                  "loss from the model's forward instead.")
         # The W&B sink finds the run HF's WandbCallback started (wandb.run) by itself.
-        s = self._open(is_rank0=state.is_world_process_zero,
-                       run_name=self.run_name or getattr(args, "run_name", None))
+        rolling = self._rollback is not None and self._rollback.pending is not None
+        s = self.session if rolling else self._open(
+            is_rank0=state.is_world_process_zero, run_name=self.run_name or getattr(args, "run_name", None))
         self._ga = max(1, int(args.gradient_accumulation_steps))
         self._user_save_steps = _save_steps_from_args(args, state.max_steps)
         warmup = args.get_warmup_steps(state.max_steps) if state.max_steps > 0 else 0
@@ -152,13 +169,25 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
             blob = self.guard.call("load-state", lambda: _read_json(path)) if os.path.isfile(path) else None
             s.restore(blob, self._resume_path)
         precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
-        s.start(state.global_step, "start" if self._resume_path is None else "resume", model=model,
+        reason = "rollback" if rolling else "start" if self._resume_path is None else "resume"
+        s.start(state.global_step, reason, model=model,
                 optimizer=optimizer, scheduler=lr_scheduler, precision=precision,
                 warmup_steps=warmup, total_steps=state.max_steps or None)
+        if rolling:
+            self._rollback.restored()
+        elif self._rollback is None and self._policy().get("auto_rollback"):
+            self._rollback = RollBack(lambda: self.session)   # unbound: every request is a halt
+            self._rollback.sampler_problem = "the callback was added without the trainer (use attach)"
         if model is not None:   # the unwrapped model: its hook fires inside DDP/DeepSpeed too
             self._hook = model.register_forward_hook(self._forward_hook)
+        engine = None
         if getattr(self.trainer, "is_deepspeed_enabled", False):
-            self._ds = DeepSpeedStep(self.trainer.model_wrapped)
+            engine = self.trainer.model_wrapped
+            self._ds = DeepSpeedStep(engine)
+        if self.trainer is not None and optimizer is not None:
+            lr_factor = self._rollback.lr_factor(lambda: state.global_step + 1) if self._rollback else None
+            self._gate = gate_optimizer(s.skip, engine.optimizer if engine is not None else optimizer,
+                                        engine=engine, lr_factor=lr_factor)
 
     def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
         if not self._off():
@@ -212,10 +241,13 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
             prev = self._bumped
             if prev and c.state_is_good and args.save_strategy != "steps" and step % prev == 0:
                 control.should_save = True   # the Trainer reads save_steps only for "steps"
+            rollback = self._rollback.accept(step) if self._rollback is not None else None
             why, stop = s.requests(step, interval_saves=False,   # save now, or before a halt
                                    user_interval=self._user_save_steps)
-            if stop:   # stopping does not save by itself (FRAMEWORK_NOTES 1.4)
+            if stop or rollback is not None:   # stopping does not save by itself (FRAMEWORK_NOTES 1.4)
                 control.should_training_stop = True
+            if rollback is not None:   # this branch is abandoned: train() re-enters from the checkpoint
+                control.should_save, why = False, None
             if not c.state_is_good:   # or the Trainer's rotation could delete the last good one
                 if control.should_save:
                     s.save_blocked(step, "the Trainer's own save")
@@ -266,11 +298,15 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
                 os.replace(fh.name, os.path.join(path, STATE_FILE))
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self.session is not None:
+        rolling = self._rollback is not None and self._rollback.pending is not None
+        if self.session is not None and not rolling:   # a rollback goes on in the same session
             self.session.close()   # host-sync: the last records; never raises
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        if self._gate is not None:
+            self._gate.close()
+            self._gate = None
 
     def close(self) -> None:
         """Undo :meth:`bind` (the trainer's methods are restored)."""
