@@ -127,8 +127,8 @@ class SkipStep:
 
             def scaled_global_norm(*args, **kwargs):
                 norm = orig(*args, **kwargs)
-                flag = self.decide(norm, scale=float(opt.loss_scale))
-                return torch.where(flag > 0, torch.full_like(norm, math.inf), norm)
+                flag = self._decide_inside(norm, opt)
+                return norm if flag is None else torch.where(flag > 0, torch.full_like(norm, math.inf), norm)
 
             patches.set("scaled_global_norm", scaled_global_norm)
             if getattr(opt, "dtype", None) == torch.bfloat16 and not opt.check_grad_overflow:
@@ -144,7 +144,9 @@ class SkipStep:
 
             def _get_norm_groups(*args, **kwargs):
                 groups = orig(*args, **kwargs)
-                flag = self.decide(combine_grad_norm_groups(groups), scale=float(opt.loss_scale))
+                flag = self._decide_inside(combine_grad_norm_groups(groups), opt)
+                if flag is None:
+                    return groups
                 return [torch.where(flag > 0, torch.full_like(g, math.inf), g) for g in groups]
 
             patches.set("_get_norm_groups", _get_norm_groups)
@@ -157,6 +159,10 @@ class SkipStep:
         self.deepspeed = True
         self._patches.append(patches)
         return True
+
+    def _decide_inside(self, norm, opt) -> torch.Tensor | None:
+        """The decision inside DeepSpeed's step; a failure there skips nothing (logged once)."""
+        return _ONCE.call("skip-decide", lambda: self.decide(norm, scale=float(opt.loss_scale)))
 
     def close(self) -> None:
         for p in self._patches:
