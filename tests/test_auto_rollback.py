@@ -259,6 +259,42 @@ def test_hf_rollback_leaves_a_stitched_timeline_and_the_branch_aside(hf_rollback
                                                                   "attempts": 1}
 
 
+def test_hf_random_order_is_the_same_after_the_rollback_minus_the_skipped_steps(tmp_path):
+    """train_sampling_strategy="random" (HF's default): one poisoned sample (the ``nan`` scenario's
+    inf embedding row) lands at step 33 of the seeded order; after the rollback to step 20 the
+    order comes back identical (steps 21-32 read the same batches) and step 33's is never read."""
+    from stability_callbacks.demo.scenarios import POISON_TOKEN
+
+    sc = build_scenario("healthy", max_steps=45, batch_size=4, grad_accum=2, data_steps=70)
+    ids = sc.train_dataset().input_ids.clone()
+    g = sc.samples_per_step()
+    order = torch.randperm(len(ids), generator=torch.Generator().manual_seed(3))   # data_seed = seed = 3
+    ids[order[32 * g], sc.seq_len // 2] = POISON_TOKEN                                 # step 33's first sample
+    args = TrainingArguments(output_dir=str(tmp_path / "ckpt"), max_steps=sc.max_steps,
+                             per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                             learning_rate=sc.lr, warmup_steps=sc.warmup_steps, weight_decay=0.0,
+                             save_strategy="steps", save_steps=1000, report_to="none", use_cpu=True,
+                             disable_tqdm=True, train_sampling_strategy="random", seed=3,
+                             logging_nan_inf_filter=False)
+    model = build_scenario("nan").make_model()          # its embedding row POISON_TOKEN is +inf
+    trainer = Trainer(model=model, args=args, train_dataset=ScenarioDataset(ids))
+    cb = StabilityCallback.attach(trainer, config={"actions": {}, "policy": {
+        "bump_save_interval_to": 5, "auto_rollback": {}}}, run_dir=tmp_path / "stability")
+    trainer.train()
+    assert trainer.state.global_step == 45 and not cb.control.stop
+    lines = _runlog(tmp_path / "stability" / "runlog.jsonl")
+    assert [(x["step"], x["checkpoint_step"], x["skip_steps"]) for x in lines
+            if x["type"] == "action" and x["action"] == "rollback"] == [(33, 20, [33, 33])]
+    fp = {}
+    for x in lines:
+        if x["type"] == "step":
+            fp.setdefault(x["segment"], {})[x["step"]] = x["metrics"]["batch_fingerprint"]
+    assert [fp[1][s] for s in range(21, 33)] == [fp[0][s] for s in range(21, 33)]   # the same order
+    assert fp[0][33] not in fp[1].values()                                         # never read again
+    assert all(x["metrics"]["loss"] == x["metrics"]["loss"] for x in lines
+               if x["type"] == "step" and x["segment"] == 1)                       # no NaN after it
+
+
 def test_hf_refuses_a_rollback_the_trainer_cannot_do_and_halts(tmp_path):
     sc = _pocket()
     args = dict(output_dir=str(tmp_path / "ckpt"), max_steps=sc.max_steps, per_device_train_batch_size=4,

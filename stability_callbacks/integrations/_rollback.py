@@ -31,6 +31,7 @@ sample of the first epoch; map-style datasets only.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -43,6 +44,8 @@ from stability_callbacks.live import InstancePatches
 
 __all__ = ["SkipSampler", "RollBack", "HFRollBack", "LightningRollBack", "DeepSpeedRollBack",
            "install_sampler", "roll_back_latest", "set_aside_newer", "ROLLED_BACK_DIR"]
+
+log = logging.getLogger("stability_callbacks")
 
 #: Where checkpoints newer than a rollback target are moved.
 ROLLED_BACK_DIR = "rolled_back"
@@ -185,6 +188,15 @@ def _tag_step(tag: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _rank0s(value):
+    """Rank 0's ``value`` on every rank (one object broadcast; only on a rollback step)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return value
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def barrier() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
@@ -234,15 +246,20 @@ class RollBack:
         problem = problem or self.sampler_problem
         if problem is None and (not path or not os.path.exists(path)):
             problem = f"the checkpoint {path or f'of step {req.checkpoint_step}'} is not on disk"
+        problem = _rank0s(problem)   # every rank goes back, or none (what rank 0 sees on disk)
         if problem is not None:
             c.rollback_done()
             c.stop = True
             c.stop_reason = f"{req.reason}; cannot roll back automatically: {problem}"
             return None
         self.pending = req
-        if is_rank0():   # "the latest checkpoint" is the one rolled back to from now on
-            set_aside_newer(os.path.dirname(path), req.checkpoint_step)
-        barrier()
+        try:
+            if is_rank0():   # "the latest checkpoint" is the one rolled back to from now on
+                set_aside_newer(os.path.dirname(path), req.checkpoint_step)
+        except OSError as e:   # a nicety: the rollback goes on without it
+            log.warning("stability: could not move the abandoned branch's checkpoints aside: %s", e)
+        finally:
+            barrier()   # reached on every rank
         s.run.act(req.action(f"{req.reason}: back to the checkpoint of step {req.checkpoint_step}, "
                              f"skipping the data of steps {req.skip_steps[0]}-{req.skip_steps[1]}"))
         return req
@@ -273,6 +290,15 @@ class HFRollBack(RollBack):
                 self.sampler, self.sampler_problem = None, "the train dataset has no length (an IterableDataset)"
                 return base
             a = trainer.args
+            if type(base) is torch.utils.data.RandomSampler and _seedable(a):
+                # accelerate swaps a plain RandomSampler for its seeded one (the same order on every
+                # rank and at every iteration, which a resume and a rollback need); behind this
+                # wrapper it would not see it, so the swap happens here.
+                from accelerate.data_loader import SeedableRandomSampler
+
+                base = SeedableRandomSampler(data_source=base.data_source, replacement=base.replacement,
+                                             num_samples=base._num_samples,
+                                             data_seed=a.data_seed if a.data_seed is not None else a.seed)
             self.sampler = SkipSampler(base, skips=self.skips, samples_per_step=(
                 a.per_device_train_batch_size * a.gradient_accumulation_steps * a.world_size))
             self.sampler_problem = ("ignore_data_skip=True: the Trainer would re-read the data it "
@@ -292,6 +318,11 @@ class HFRollBack(RollBack):
         if isinstance(t.optimizer, AcceleratedOptimizer):   # train() wraps it again
             t.optimizer = t.optimizer.optimizer
         return self.pending.checkpoint_path
+
+
+def _seedable(args) -> bool:
+    cfg = getattr(args, "accelerator_config", None)
+    return bool(getattr(cfg, "use_seedable_sampler", True)) if cfg is not None else True
 
 
 class LightningRollBack(RollBack):
@@ -367,10 +398,21 @@ class DeepSpeedRollBack(RollBack):
 
     def carry_out(self, req: RollbackRequest) -> None:
         """Load the checkpoint (every rank; the hook's load wrapper restores the session and
-        opens the rollback segment) and rewind the data."""
+        opens the rollback segment) and rewind the data. A load that fails is a halt: the
+        engine's state is then unknown (the checkpoints on disk are untouched)."""
         save_dir, tag = os.path.split(req.checkpoint_path.rstrip("/\\"))
-        if is_rank0():
-            roll_back_latest(save_dir, tag)   # the newer tags were set aside on accept
-        barrier()
-        self.engine.load_checkpoint(save_dir, tag=tag)
-        self._rewind = True
+        try:
+            try:
+                if is_rank0():
+                    roll_back_latest(save_dir, tag)   # the newer tags were set aside on accept
+            finally:
+                barrier()
+            self.engine.load_checkpoint(save_dir, tag=tag)
+            self._rewind = True
+        except Exception as e:   # monitoring never takes training down: a halt instead
+            log.exception("stability: the automatic rollback to %s failed", req.checkpoint_path)
+            self.pending = None
+            c = self.session.control
+            c.rollback_done()
+            c.stop, c.stop_reason = True, f"{req.reason}; the automatic rollback failed: {e!r}"
+            self.session.requests(req.step)   # reports the halt (a stop action)

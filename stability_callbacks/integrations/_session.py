@@ -341,8 +341,10 @@ class SessionAdapter:
     def _off(self) -> bool:
         return self.session is None or self.session.off
 
-    def _policy(self) -> dict:
-        """The validated ``policy`` section (before the session exists: config errors surface)."""
+    def _auto_rollback(self) -> bool:
+        """Whether ``policy.auto_rollback`` is on (``{}``: on, with its defaults), read before the
+        session exists (config errors surface here)."""
         from stability_callbacks.config import load_config
 
-        return (self.monitor.config if self.monitor is not None else load_config(self.config))["policy"]
+        policy = (self.monitor.config if self.monitor is not None else load_config(self.config))["policy"]
+        return policy.get("auto_rollback") not in (None, False)

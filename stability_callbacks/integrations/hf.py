@@ -140,7 +140,7 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
             self.guard.warn_once("no-grad-norm", "stability: Trainer._get_grad_norm is gone in this "
                                  "transformers version; the grad norm is not monitored")
         self._patches.set("train", train)
-        if self._policy().get("auto_rollback"):
+        if self._auto_rollback():
             self._rollback = HFRollBack(lambda: self.session, trainer, self._patches)
         return self
 
@@ -175,7 +175,7 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
                 warmup_steps=warmup, total_steps=state.max_steps or None)
         if rolling:
             self._rollback.restored()
-        elif self._rollback is None and self._policy().get("auto_rollback"):
+        elif self._rollback is None and self._auto_rollback():
             self._rollback = RollBack(lambda: self.session)   # unbound: every request is a halt
             self._rollback.sampler_problem = "the callback was added without the trainer (use attach)"
         if model is not None:   # the unwrapped model: its hook fires inside DDP/DeepSpeed too

@@ -116,7 +116,7 @@ class StabilityCallback(Callback, SessionAdapter):
             self._pending_state = None
         if self.take_over_clipping and not isinstance(trainer.strategy, DeepSpeedStrategy):
             self._take_over_clipping(trainer)
-        if self._policy().get("auto_rollback") and self._loop_patches is None:
+        if self._auto_rollback() and self._loop_patches is None:
             self._loop_patches = InstancePatches(trainer.fit_loop)
             self._rollback = LightningRollBack(lambda: self.session, trainer, self._loop_patches)
 
