@@ -308,6 +308,14 @@ def test_hf_refuses_a_rollback_the_trainer_cannot_do_and_halts(tmp_path):
     assert cb.control.stop_reason == (
         "spike_unrecovered (critical) at step 35; policy.auto_rollback; cannot roll back automatically: "
         "ignore_data_skip=True: the Trainer would re-read the data it already trained on")
+    # save_only_model: the checkpoints hold no optimizer or scheduler to go back to.
+    args.update(ignore_data_skip=False, save_only_model=True, output_dir=str(tmp_path / "ckpt2"))
+    trainer = Trainer(model=sc.make_model(), args=TrainingArguments(**args), train_dataset=sc.train_dataset())
+    cb = StabilityCallback.attach(trainer, config=CONFIG, run_dir=tmp_path / "stability2")
+    trainer.train()
+    assert trainer.state.global_step == 35 and cb.control.stop_reason.endswith(
+        "cannot roll back automatically: save_only_model=True: the checkpoints hold no optimizer or "
+        "scheduler state to go back to")
 
 
 # ------------------------------------------------------------------- real runs: Lightning
@@ -385,3 +393,52 @@ def test_lightning_ddp_two_ranks_roll_back_together(tmp_path):
     lines = _runlog(tmp_path / "ddp" / "stability" / "runlog.jsonl")
     healthy = [x["metrics"]["loss"] for x in lines if x["type"] == "step" and x["segment"] == 1]
     assert len(healthy) == 25 and max(healthy) < 1.0
+
+
+def test_hf_ddp_two_ranks_roll_back_together(tmp_path):
+    """torchrun, 2 CPU processes, gloo, HF DDP: the sampler wrapper sees the global data order
+    (accelerate shards it by batches), both ranks roll back at the same step and skip the same data."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu",
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+           str(REPO / "tests" / "dist" / "hf_worker.py"), "--backend", "ddp", "--scenario", "data-pocket",
+           "--pocket-steps", "12", "--data-steps", "70", "--full-checkpoints", "--config", json.dumps(CONFIG),
+           "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["findings"] == r1["findings"] and r0["global_step"] == r1["global_step"] == 45
+    assert r0["weights_sum"] == r1["weights_sum"]
+    kinds = [(f["step"], f["kind"]) for f in r0["findings"] if f["severity"] != "info"]
+    assert kinds == [(25, "loss_spike"), (35, "spike_unrecovered"), (35, "rollback_advice"),
+                     (35, "auto_rollback")]
+    lines = _runlog(tmp_path / "stability" / "runlog.jsonl")
+    healthy = [x["metrics"]["loss"] for x in lines if x["type"] == "step" and x["segment"] == 1]
+    assert len(healthy) == 25 and max(healthy) < 1.0
+
+
+def test_lightning_rollback_to_a_checkpoint_it_cannot_restore_is_a_halt(tmp_path):
+    """The advised checkpoint is corrupted on disk before the rollback: the restore fails, the run
+    halts with the reason (no crash), the session is closed."""
+    sc = build_scenario("data-pocket", pocket_steps=12, batch_size=8, data_steps=70)
+    config = {**CONFIG, "phase": {"warmup_steps": sc.warmup_steps}}
+    cb = PLCallback(config=config, run_dir=tmp_path / "stability", checkpoint_dir=tmp_path / "ckpt")
+
+    class Corrupt(pl.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 30:
+                (tmp_path / "ckpt" / "stability-step=20.ckpt").write_bytes(b"not a checkpoint")
+
+    module = _Module(sc)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=sc.max_steps, logger=False,
+                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                         default_root_dir=tmp_path, callbacks=[cb, Corrupt()])
+    trainer.fit(module, torch.utils.data.DataLoader(sc.train_dataset(), batch_size=sc.batch_size))
+    assert trainer.global_step == 35 and cb.control.stop
+    assert cb.control.stop_reason.startswith("spike_unrecovered (critical) at step 35; policy.auto_rollback; "
+                                             "the automatic rollback failed: ")
+    lines = _runlog(tmp_path / "stability" / "runlog.jsonl")
+    # The bumped interval's save and the save before the halt are refused (damaged weights).
+    assert [x["action"] for x in lines if x["type"] == "action" and x["step"] == 35] == [
+        "rollback", "save_blocked", "stop", "save_blocked"]
+    assert cb.session.run.runlog._f.closed

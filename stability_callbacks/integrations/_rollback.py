@@ -264,6 +264,17 @@ class RollBack:
                              f"skipping the data of steps {req.skip_steps[0]}-{req.skip_steps[1]}"))
         return req
 
+    def failed(self, error: Exception) -> None:
+        """Loading the checkpoint failed: a halt with the reason (the training stopped already);
+        the session the rollback kept open closes."""
+        log.error("stability: the automatic rollback to %s failed: %r", self.pending.checkpoint_path, error)
+        req, self.pending = self.pending, None
+        s = self.session
+        s.control.rollback_done()
+        s.control.stop, s.control.stop_reason = True, f"{req.reason}; the automatic rollback failed: {error!r}"
+        s.requests(req.step)   # reports the halt (a stop action)
+        s.close()
+
     def restored(self) -> None:
         """The checkpoint is loaded and the session restored from it (its segment opened):
         the standing requests of this rollback replace the checkpoint's older ones."""
@@ -301,8 +312,11 @@ class HFRollBack(RollBack):
                                              data_seed=a.data_seed if a.data_seed is not None else a.seed)
             self.sampler = SkipSampler(base, skips=self.skips, samples_per_step=(
                 a.per_device_train_batch_size * a.gradient_accumulation_steps * a.world_size))
-            self.sampler_problem = ("ignore_data_skip=True: the Trainer would re-read the data it "
-                                    "already trained on" if a.ignore_data_skip else None)
+            self.sampler_problem = (
+                "ignore_data_skip=True: the Trainer would re-read the data it already trained on"
+                if a.ignore_data_skip else
+                "save_only_model=True: the checkpoints hold no optimizer or scheduler state to go back to"
+                if getattr(a, "save_only_model", False) else None)
             return self.sampler
 
         patches.set("_get_train_sampler", _get_train_sampler)
@@ -340,10 +354,14 @@ class LightningRollBack(RollBack):
         def run(*args, **kwargs):
             out = orig(*args, **kwargs)
             while self.pending is not None:
+                try:
+                    # lightning 2.6 trainer/connectors/checkpoint_connector.py restore() (private):
+                    # the same restore _run() does for fit(ckpt_path=...).
+                    trainer._checkpoint_connector.restore(self.pending.checkpoint_path)
+                except Exception as e:   # e.g. a weights-only checkpoint: a halt, not a crash
+                    self.failed(e)
+                    break
                 trainer.should_stop = False
-                # lightning 2.6 trainer/connectors/checkpoint_connector.py restore() (private):
-                # the same restore _run() does for fit(ckpt_path=...).
-                trainer._checkpoint_connector.restore(self.pending.checkpoint_path)
                 # A new iterator over the train loader (fit_loop.setup_data made the first and
                 # skips when the loader exists): the sampler starts at the restored step.
                 if trainer.fit_loop._data_fetcher is not None:
@@ -415,4 +433,4 @@ class DeepSpeedRollBack(RollBack):
             c = self.session.control
             c.rollback_done()
             c.stop, c.stop_reason = True, f"{req.reason}; the automatic rollback failed: {e!r}"
-            self.session.requests(req.step)   # reports the halt (a stop action)
+            self.session.requests(req.step)   # reports the halt (a stop action); hook.close() closes
