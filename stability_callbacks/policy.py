@@ -38,6 +38,7 @@ LEADING_KINDS = frozenset({"grad_norm_spike", "second_moment_surge", "overflow_b
 
 _MAX_CHECKPOINTS = 32
 _MAX_LEADS = 16
+_SINCE_ROLLBACKS = ("skips", "data_skips")   # state keys a checkpoint from before them lacks
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -374,11 +375,12 @@ class Policy:
         return out
 
     def load_state_dict(self, d: dict) -> None:
-        if set(d) != set(self._state):
+        # States saved before skip step and automatic rollbacks existed lack their two keys only.
+        if set(d) - set(self._state) or set(self._state) - set(d) - set(_SINCE_ROLLBACKS):
             raise ValueError(f"policy state keys {sorted(d)} do not match {sorted(self._state)}")
         for k in self._state:
-            setattr(self, k, d[k])
-        self.data_skips = DataSkips.from_state(d["data_skips"])
+            setattr(self, k, d.get(k, []) if k == "skips" else d.get(k))
+        self.data_skips = DataSkips.from_state(d["data_skips"]) if "data_skips" in d else DataSkips()
 
 
 __all__ = ["Policy", "AutoRollback", "DAMAGE_KINDS", "EVENT_KINDS", "SKIP_STEP_ON"]

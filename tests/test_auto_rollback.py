@@ -85,6 +85,19 @@ def test_the_standing_requests_survive_the_policy_state_round_trip():
     assert [m2.policy.data_skips.lr_factor_at(s) for s in (20, 21, 30, 31)] == [1.0, 0.5, 0.5, 1.0]
 
 
+def test_a_state_saved_before_rollbacks_existed_still_loads():
+    m = _monitor()
+    state = json.loads(json.dumps(m.state_dict()))
+    for key in ("skips", "data_skips"):
+        del state["policy"][key]
+    m2 = _monitor()
+    m2.load_state_dict(state)
+    assert m2.policy.data_skips == DataSkips() and m2.policy.skips == []
+    state["policy"]["surprise"] = 1
+    with pytest.raises(ValueError, match="policy state keys"):
+        m2.load_state_dict(state)
+
+
 def test_two_rollbacks_map_steps_to_data_steps():
     skips = DataSkips().after_rollback(checkpoint_step=20, skip_steps=(25, 35))
     # The second rollback's steps are numbered as its branch counted them: step 30 read data 41.
