@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--framework", default="hf")
     p.add_argument("--out", default="out/demo")
     p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--auto-rollback", action="store_true",
+                   help="roll back to the last good checkpoint and skip the bad data instead of halting")
     return parser
 
 
@@ -121,7 +123,8 @@ def preflight(args) -> int:
 
 def demo(args) -> int:
     from .demo.run import main as demo_main
-    return demo_main(scenario=args.scenario, framework=args.framework, out_dir=args.out, steps=args.steps)
+    return demo_main(scenario=args.scenario, framework=args.framework, out_dir=args.out, steps=args.steps,
+                     auto_rollback=args.auto_rollback)
 
 
 def timeline(args) -> int:

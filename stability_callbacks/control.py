@@ -4,15 +4,20 @@ The policy only flips fields of :class:`Control`, each request with its reason; 
 carries them out in its framework's own way, reports each thing it did as an :class:`Action`
 (a run-log line and a listener event), and then calls :meth:`Control.step_done`, the one place
 where one-shot requests are reset.
+
+Two requests outlive a step: the skip-step rule (``skip_threshold``, applied on the device
+before every optimizer step) and the standing data skips and LR scaling of the automatic
+rollbacks (:class:`DataSkips`, part of the policy's state, so a checkpoint carries them).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from .record import Finding
 
 #: What an integration did (the ``action`` field of a run-log ``action`` line).
-ACTIONS = ("save", "save_blocked", "save_interval", "stop")
+ACTIONS = ("save", "save_blocked", "save_interval", "stop", "rollback")
 
 
 @dataclass
@@ -31,6 +36,11 @@ class Control:
     - ``state_is_good``: False once a critical finding says the current weights are damaged;
       an integration must then not save over the last good checkpoint (not even before a halt).
     - ``rollback``: the latest ``rollback_advice`` finding, if any (sticky).
+    - ``skip_threshold``: the skip-step rule for the next optimizer steps (``policy.skip_step_on``):
+      None = never skip; otherwise skip a step whose global grad norm is non-finite or above this
+      value (``inf``: non-finite only). Decided on the device, identically on every rank.
+    - ``rollback_request``: go back to a checkpoint now (:class:`RollbackRequest`;
+      ``policy.auto_rollback``). Reset by :meth:`rollback_done` once carried out or refused.
     """
 
     save_now: bool = False
@@ -42,6 +52,8 @@ class Control:
     alerts: list[Finding] = field(default_factory=list)
     state_is_good: bool = True
     rollback: Finding | None = None
+    skip_threshold: float | None = None
+    rollback_request: "RollbackRequest | None" = None
 
     def save_request(self, step: int, last_saved_step: int | None = None, *,
                      interval: int | None = None) -> str | None:
@@ -80,12 +92,17 @@ class Control:
         self.save_now = False
         self.save_reason = None
 
+    def rollback_done(self) -> None:
+        """The integration has carried out (or could not carry out) the rollback request."""
+        self.rollback_request = None
+
 
 @dataclass
 class Action:
     """One thing an integration did: a run-log ``action`` line (extends DESIGN 2.3) and what
-    listeners receive. ``action`` is one of :data:`ACTIONS`; ``path`` for a save; ``interval``
-    for a save-interval change (None: back to the user's own).
+    listeners receive. ``action`` is one of :data:`ACTIONS`; ``path`` for a save or the checkpoint
+    a rollback loaded; ``interval`` for a save-interval change (None: back to the user's own);
+    ``details`` for a rollback (``checkpoint_step``, ``skip_steps``, ``lr_factor``, ...).
 
     >>> Action(21, "save", "before the halt", path="ckpt/checkpoint-21").to_json()
     {'type': 'action', 'step': 21, 'action': 'save', 'reason': 'before the halt', 'path': 'ckpt/checkpoint-21'}
@@ -96,6 +113,7 @@ class Action:
     reason: str
     path: str | None = None
     interval: int | None = None
+    details: dict | None = None
 
     def __post_init__(self):
         if self.action not in ACTIONS:
@@ -107,4 +125,103 @@ class Action:
             out["path"] = self.path
         if self.action == "save_interval":
             out["interval"] = self.interval
+        if self.details:
+            out.update(self.details)
         return out
+
+
+@dataclass
+class DataSkips:
+    """The standing requests of automatic rollbacks: the data the run no longer reads and the LR
+    scaling in force (part of the policy's state, so every checkpoint carries them).
+
+    A *data step* numbers the batches as a run without skips reads them: data step ``d`` is what
+    optimizer step ``d`` reads there (``G`` samples per step: samples ``[(d-1)·G, d·G)`` of the
+    data order; per rank, micro-batches ``[(d-1)·GA, d·GA)`` of the rank's loader).
+
+    - ``ranges``: ``[[first, last], ...]`` data steps never read again (inclusive, sorted,
+      disjoint). Optimizer step ``s`` reads the ``s``-th data step outside them.
+    - ``lr_window``: ``[first_step, last_step, factor]``: optimizer steps run with the LR
+      scaled by ``factor``, or None.
+    - ``attempts``: automatic rollbacks carried out so far.
+
+    >>> skips = DataSkips().after_rollback(checkpoint_step=20, skip_steps=(25, 35), lr_factor=0.5,
+    ...                                    lr_factor_steps=10)
+    >>> skips.ranges, skips.lr_window, [skips.data_step(s) for s in (24, 25, 26)]
+    ([[25, 35]], [21, 30, 0.5], [24, 36, 37])
+    >>> skips.after_rollback(checkpoint_step=30, skip_steps=(39, 40)).ranges   # data steps 50-51
+    [[25, 35], [50, 51]]
+    """
+
+    ranges: list = field(default_factory=list)
+    lr_window: list | None = None
+    attempts: int = 0
+
+    def data_step(self, step: int) -> int:
+        """The data step optimizer step ``step`` reads."""
+        d = int(step)
+        for first, last in self.ranges:
+            if d < first:
+                break
+            d += last - first + 1
+        return d
+
+    def skipped(self, data_step: int) -> bool:
+        return any(first <= data_step <= last for first, last in self.ranges)
+
+    def lr_factor_at(self, step: int) -> float:
+        """The LR factor for optimizer step ``step`` (1.0 outside the window)."""
+        w = self.lr_window
+        return float(w[2]) if w is not None and w[0] <= step <= w[1] else 1.0
+
+    def after_rollback(self, *, checkpoint_step: int, skip_steps: tuple[int, int],
+                       lr_factor: float = 1.0, lr_factor_steps: int = 0) -> "DataSkips":
+        """The standing requests once the run went back to ``checkpoint_step`` and skips the data
+        of optimizer steps ``skip_steps`` (numbered as the abandoned branch counted them)."""
+        first, last = (self.data_step(s) for s in skip_steps)
+        ranges = sorted([list(r) for r in self.ranges] + [[first, last]])
+        merged: list = []
+        for a, b in ranges:
+            if merged and a <= merged[-1][1] + 1:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        window = None
+        if lr_factor != 1.0 and lr_factor_steps > 0:
+            window = [checkpoint_step + 1, checkpoint_step + lr_factor_steps, float(lr_factor)]
+        return DataSkips(merged, window, self.attempts + 1)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ranges": [list(r) for r in self.ranges], "lr_window": self.lr_window,
+                "attempts": self.attempts}
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any]) -> "DataSkips":
+        return cls([list(r) for r in d["ranges"]], d["lr_window"], int(d["attempts"]))
+
+
+@dataclass
+class RollbackRequest:
+    """Go back now (``policy.auto_rollback``): load the checkpoint of ``checkpoint_step``
+    (``checkpoint_path``), then train on with ``skips`` installed (the data of ``skip_steps``
+    skipped, the LR scaled by ``lr_factor`` for ``lr_factor_steps`` steps). Decided at ``step``;
+    ``attempt`` of ``max_attempts``; ``reason`` names the trigger. ``skips`` replaces the
+    checkpoint's own (older) standing requests once it is loaded."""
+
+    step: int
+    checkpoint_step: int
+    checkpoint_path: str | None
+    skip_steps: tuple[int, int]
+    lr_factor: float
+    lr_factor_steps: int
+    attempt: int
+    max_attempts: int
+    reason: str
+    skips: DataSkips
+
+    def action(self, what: str | None = None) -> Action:
+        """The run-log ``action`` line of carrying it out."""
+        return Action(self.step, "rollback", what or self.reason, path=self.checkpoint_path,
+                      details={"checkpoint_step": self.checkpoint_step,
+                               "skip_steps": list(self.skip_steps), "lr_factor": self.lr_factor,
+                               "lr_factor_steps": self.lr_factor_steps, "attempt": self.attempt})

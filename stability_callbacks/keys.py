@@ -8,6 +8,7 @@ GRAD_NORM = "grad_norm"            # global, pre-clip, unscaled
 LR = "lr"                          # the LR used by this optimizer step
 LOSS_SCALE = "loss_scale"
 SKIPPED = "skipped"                # 1.0 if the optimizer step was skipped for overflow
+SKIPPED_BY_POLICY = "skipped_by_policy"   # 1.0 if policy.skip_step_on dropped the step's update
 ADAM_V_MAX = "adam/exp_avg_sq_max"
 ADAM_V_L1 = "adam/exp_avg_sq_l1"
 ADAM_V_NUMEL = "adam/exp_avg_sq_numel"
@@ -20,7 +21,7 @@ BATCH_FINGERPRINT = "batch_fingerprint"   # a hash of the batch's token ids (res
 LOSS_STREAM_PREFIX = "loss/"       # per-dataset losses: loss/cm4, loss/pmd
 LOSS_RESOLUTION = "loss_resolution"  # a printed loss's last digit: 1e-4 for `2.3456`, 1e-6 for `1.000000`
 
-ALL = (LOSS, GRAD_NORM, LR, LOSS_SCALE, SKIPPED, ADAM_V_MAX, ADAM_V_L1, ADAM_V_NUMEL, ADAM_BETA2,
+ALL = (LOSS, GRAD_NORM, LR, LOSS_SCALE, SKIPPED, SKIPPED_BY_POLICY, ADAM_V_MAX, ADAM_V_L1, ADAM_V_NUMEL, ADAM_BETA2,
        ADAM_STEP, PARAM_NORM, UPDATE_NORM, CONSUMED_SAMPLES, BATCH_FINGERPRINT, LOSS_RESOLUTION)
 
 

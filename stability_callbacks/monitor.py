@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from . import keys
 from .config import load_config
 from .control import Control
-from .detectors import DETECTORS, Context, Detector, LossSpike
+from .detectors import DETECTORS, Context, Detector, GradNormSpike, LossSpike
 from .phase import PhaseTracker
 from .policy import Policy
 from .record import Finding, StepRecord
@@ -45,6 +45,9 @@ class Monitor:
         dcfg = self.config["detectors"]
         self.detectors: list[Detector] = [self._make(name) for name in DETECTORS if dcfg.get(name, {}) is not False]
         self._loss_spike = next((d for d in self.detectors if isinstance(d, LossSpike)), None)
+        self._grad_norm_spike = next((d for d in self.detectors if isinstance(d, GradNormSpike)), None)
+        if self.policy.skip_step_on == "grad_outlier" and self._grad_norm_spike is None:
+            raise ValueError("policy.skip_step_on: grad_outlier needs detectors.grad_norm_spike (its baseline)")
         self.control = Control()
         self.last_step: int | None = None
         self.segment = 0
@@ -104,6 +107,7 @@ class Monitor:
                 ctx.loss_floor_log, ctx.loss_signed = d.floor_log, d.signed
                 ctx.loss_spike_open = d.episode is not None
                 ctx.loss_spike_onset = d.episode.onset if d.episode is not None else None
+        out += self.policy.review_skip(record, out, ctx, self.control, self._grad_norm_spike)
         out += self.policy.decide(out, ctx, self.control, self.phase.risk_window)
         for f in out:
             if f.phase is None:
@@ -153,6 +157,7 @@ class Monitor:
         warmup end and risk window it knows, but not the last LR."""
         self.detectors = [self._make(d.name) for d in self.detectors]
         self._loss_spike = next((d for d in self.detectors if isinstance(d, LossSpike)), None)
+        self._grad_norm_spike = next((d for d in self.detectors if isinstance(d, GradNormSpike)), None)
         self._plans = {}
         self.phase.prev_lr = self.phase.prev_step = None
         self.phase.rising_samples = self.phase.flat = 0

@@ -2,19 +2,34 @@
 
 Detectors only report; the policy escalates (``warmup_instability``), asks for saves, interval
 bumps and halts, and writes the ``rollback_advice`` (PaLM / BigScience: go back to a checkpoint
-before the onset and skip the batches since). O(1) per update; state: 8 scalars and two short
-lists (recent leading signals, known checkpoints).
+before the onset and skip the batches since). Opt-in, it also acts on its own: the skip-step
+rule (``skip_step_on``: the device-side threshold on the next steps' grad norm, and a
+``step_skipped`` finding for every step it dropped) and automatic rollbacks (``auto_rollback``:
+a :class:`~stability_callbacks.control.RollbackRequest` instead of a halt, announced by an
+``auto_rollback`` finding). O(1) per update; state: 8 scalars, three short lists (recent
+leading signals, known checkpoints, recent skips) and the rollbacks' standing requests.
 """
 from __future__ import annotations
 
-from .control import Control
-from .detectors.base import Context, check, positive_int
-from .record import Finding, severity_rank
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from . import keys
+from .control import Control, DataSkips, RollbackRequest
+from .detectors.base import Context, check, fmt, positive_int
+from .params import in_interval, int_at_least, is_number, one_of
+from .record import Finding, StepRecord, severity_rank
 
 #: Findings that mean the current weights are damaged: never save over the last good checkpoint.
+#: (Also a critical finding with ``details["damage"]``: skips escalated by non-finite grads, every
+#: step failing although no update was applied.)
 DAMAGE_KINDS = frozenset({"nonfinite", "divergence", "spike_unrecovered", "loss_scale_collapse"})
 #: Events, not instabilities: never escalated, never a reason to save.
-EVENT_KINDS = frozenset({"warmup_end", "warmup_instability", "resume", "preflight", "rollback_advice"})
+EVENT_KINDS = frozenset({"warmup_end", "warmup_instability", "resume", "preflight", "rollback_advice",
+                         "step_skipped", "auto_rollback"})
+#: ``skip_step_on``: never; non-finite grad norms; non-finite or extreme outliers.
+SKIP_STEP_ON = ("never", "nonfinite", "grad_outlier")
 #: Unmistakable even in the first steps.
 UNMISTAKABLE_KINDS = frozenset({"nonfinite", "stall", "data_repetition"})
 #: Signals that lead a loss spike; their onsets locate the start of an episode.
@@ -23,6 +38,52 @@ LEADING_KINDS = frozenset({"grad_norm_spike", "second_moment_surge", "overflow_b
 
 _MAX_CHECKPOINTS = 32
 _MAX_LEADS = 16
+_SINCE_ROLLBACKS = ("skips", "data_skips")   # state keys a checkpoint from before them lacks
+
+
+@dataclass(frozen=True, kw_only=True)
+class AutoRollback:
+    """``policy.auto_rollback``: on a finding that would halt (any critical one), go back to the
+    checkpoint the rollback advice names, skip the data of the episode and train on.
+
+    - ``max_attempts``: automatic rollbacks per run; the next halt-level finding halts.
+    - ``lr_factor``: LR multiplier after a rollback (1.0: unchanged), for ``lr_factor_steps``
+      optimizer steps from the checkpoint on.
+    - ``skip_extra_steps``: data steps skipped past the detection step (a margin: the bad
+      pocket may reach further than what was seen).
+
+    >>> AutoRollback(lr_factor=2.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: lr_factor must be in (0, 1], got 2.0
+    """
+
+    max_attempts: int = 2
+    lr_factor: float = 1.0
+    lr_factor_steps: int = 100
+    skip_extra_steps: int = 0
+
+    def __post_init__(self):
+        positive_int("max_attempts", self.max_attempts)
+        in_interval("lr_factor", self.lr_factor, 0.0, 1.0, high_open=False)
+        int_at_least("lr_factor_steps", self.lr_factor_steps, 0)
+        int_at_least("skip_extra_steps", self.skip_extra_steps, 0)
+
+
+def _auto_rollback(value: Any) -> AutoRollback | None:
+    """``policy.auto_rollback`` as given: null/false (off), a mapping of its keys, or the object."""
+    if value is None or value is False or isinstance(value, AutoRollback):
+        return value or None
+    known = [f.name for f in fields(AutoRollback)]
+    if not isinstance(value, Mapping):
+        raise ValueError(f"auto_rollback must be a mapping of {', '.join(known)} (or null), got {value!r}")
+    for k in value:
+        if k not in known:
+            raise ValueError(f"auto_rollback.{k}: unknown key (known: {', '.join(known)})")
+    try:
+        return AutoRollback(**value)
+    except ValueError as e:
+        raise ValueError(f"auto_rollback.{e}") from None
 
 
 class Policy:
@@ -35,14 +96,25 @@ class Policy:
     - ``startup_steps``: findings in the first steps are ``info`` unless unmistakable.
     - ``lead_window_steps``: how far back a leading signal (grad norm, Adam variance, overflow)
       moves the onset of an episode (BLOOM-176B: the grad norm led the loss by 5 steps; 104B: 1).
+    - ``skip_step_on``: ``never`` (default), ``nonfinite`` or ``grad_outlier``: drop the update of
+      a step whose global grad norm is non-finite (or, for ``grad_outlier``, above
+      ``skip_grad_ratio`` x the ``grad_norm_spike`` detector's baseline, once that baseline is
+      warm and start-up is over). Decided on the device before the optimizer step; every skip
+      is a ``step_skipped`` finding, and the ``skip_escalate_count``-th within
+      ``skip_window_steps`` steps is critical.
+    - ``auto_rollback``: null (default) or :class:`AutoRollback`'s keys.
     """
 
-    _state = ("bump_until", "last_escalation", "leads", "checkpoints", "last_save_request")
+    _state = ("bump_until", "last_escalation", "leads", "checkpoints", "last_save_request",
+              "skips", "data_skips")
 
     def __init__(self, *, halt_on: str = "never", save_on: str = "warning",
                  bump_save_interval_to: int = 300, bump_duration_steps: int = 1000,
                  startup_steps: int = 20, lead_window_steps: int = 20,
-                 escalation_gap_steps: int = 100, min_save_gap_steps: int = 10):
+                 escalation_gap_steps: int = 100, min_save_gap_steps: int = 10,
+                 skip_step_on: str = "never", skip_grad_ratio: float = 10.0,
+                 skip_escalate_count: int = 3, skip_window_steps: int = 100,
+                 auto_rollback: Mapping | AutoRollback | None = None):
         self.halt_on = check("halt_on", halt_on, halt_on in ("never", "critical"), "'never' or 'critical'")
         self.save_on = check("save_on", save_on, save_on in ("never", "info", "warning", "critical"),
                              "one of never, info, warning, critical")
@@ -53,11 +125,19 @@ class Policy:
         self.lead_window_steps = positive_int("lead_window_steps", lead_window_steps)
         self.escalation_gap_steps = positive_int("escalation_gap_steps", escalation_gap_steps)
         self.min_save_gap_steps = positive_int("min_save_gap_steps", min_save_gap_steps)
+        self.skip_step_on = one_of("skip_step_on", skip_step_on, SKIP_STEP_ON)
+        self.skip_grad_ratio = check("skip_grad_ratio", skip_grad_ratio,
+                                     is_number(skip_grad_ratio) and skip_grad_ratio > 1, "a number > 1")
+        self.skip_escalate_count = positive_int("skip_escalate_count", skip_escalate_count)
+        self.skip_window_steps = positive_int("skip_window_steps", skip_window_steps)
+        self.auto_rollback = _auto_rollback(auto_rollback)
         self.bump_until: int | None = None
         self.last_escalation: int | None = None
         self.last_save_request: int | None = None
         self.leads: list = []          # [[step, kind], ...] recent leading-signal onsets
         self.checkpoints: list = []    # [[step, path, good], ...] newest last
+        self.skips: list = []          # steps skipped by skip_step_on, inside skip_window_steps
+        self.data_skips = DataSkips()  # the automatic rollbacks' standing requests
 
     # -- bookkeeping --------------------------------------------------------------------------
     def note_checkpoint(self, step: int, path: str | None, good: bool) -> None:
@@ -69,6 +149,62 @@ class Policy:
         """A rollback to ``step``: the checkpoints after it belong to the abandoned future."""
         self.checkpoints = [c for c in self.checkpoints if c[0] <= step]
         self.leads = [lead for lead in self.leads if lead[0] <= step]
+        self.skips = [s for s in self.skips if s <= step]
+
+    # -- skip step --------------------------------------------------------------------------
+    def review_skip(self, record: StepRecord, found: list[Finding], ctx: Context, control: Control,
+                    grad_norm_spike=None) -> list[Finding]:
+        """After the detectors saw ``record``: the skip-step rule for the next steps
+        (``control.skip_threshold``, from ``grad_norm_spike``'s baseline) and, when the
+        integration skipped this step (``skipped_by_policy``), its ``step_skipped`` finding. A
+        ``nonfinite`` finding of a skipped step becomes ``info``: the weights never saw it."""
+        if self.skip_step_on == "never":
+            return []
+        applied = control.skip_threshold
+        control.skip_threshold = math.inf
+        base = None
+        if grad_norm_spike is not None and grad_norm_spike.base.n >= grad_norm_spike.cold_start_samples:
+            base = grad_norm_spike.base.baseline
+            if self.skip_step_on == "grad_outlier" and not ctx.in_startup:
+                control.skip_threshold = self.skip_grad_ratio * base
+        step, m = ctx.step, record.metrics
+        if (m.get(keys.SKIPPED_BY_POLICY) or 0.0) < 1.0:
+            return []
+        if applied is not None and math.isfinite(applied):
+            base = applied / self.skip_grad_ratio   # the baseline the skipped step was judged by
+        for f in found:
+            if f.kind == "nonfinite" and f.severity != "info":
+                f.severity = "info"
+                f.details["skipped_by_policy"] = True
+                f.message = f"(Not applied: policy.skip_step_on skipped this step.) {f.message}"
+        self.skips = [s for s in self.skips if step - s < self.skip_window_steps] + [step]
+        n, count = len(self.skips), self.skip_escalate_count
+        g, loss = m.get(keys.GRAD_NORM), m.get(keys.LOSS)
+        if g is None or not math.isfinite(g):
+            why = f"its grad norm was {g if g is not None else 'not finite'}"
+            if loss is not None and not math.isfinite(loss):
+                why += f" (loss {loss})"
+        elif base is not None:
+            why = f"its grad norm {fmt(g)} was {g / base:.1f}x the grad-norm baseline {fmt(base)}"
+            if applied is not None and math.isfinite(applied):
+                why += f" (skipped above {self.skip_grad_ratio:g}x = {fmt(applied)})"
+        else:
+            why = f"its grad norm was {fmt(g)}"
+        head = (f"Step {step} was not applied (policy.skip_step_on = {self.skip_step_on}): {why}. "
+                f"Adam's moments and step count are untouched; the step's batch is dropped.")
+        if n == count:
+            tail = (f" That is {n} skips since step {self.skips[0]} (within {self.skip_window_steps} "
+                    f"steps): the weights or the data stream are going bad. Roll back to the last "
+                    f"checkpoint before step {self.skips[0]} and skip the data since.")
+        else:
+            tail = (f" An isolated skip is harmless; {count} within {self.skip_window_steps} steps "
+                    f"escalate to critical ({n} so far).")
+        return [Finding(step=step, kind="step_skipped", severity="critical" if n == count else "warning",
+                        message=head + tail, signal=keys.GRAD_NORM, value=g, baseline=base,
+                        threshold=applied if applied is not None and math.isfinite(applied) else None,
+                        onset_step=self.skips[0] if n == count else step,
+                        details={"rule": self.skip_step_on, "skips_in_window": n,
+                                 "damage": n == count and (g is None or not math.isfinite(g))})]
 
     # -- deciding -----------------------------------------------------------------------------
     def decide(self, findings: list[Finding], ctx: Context, control: Control,
@@ -107,21 +243,35 @@ class Policy:
         if serious:
             self.bump_until = max(self.bump_until or 0, step + self.bump_duration_steps)
 
-        damaged = [f for f in findings if f.kind in DAMAGE_KINDS and f.severity == "critical"]
+        damaged = [f for f in findings if f.severity == "critical"
+                   and (f.kind in DAMAGE_KINDS or f.details.get("damage"))]
         if damaged and control.state_is_good:
             control.state_is_good = False
             control.rollback = self._rollback_advice(step, damaged[0], ctx.loss_spike_onset)
             extra.append(control.rollback)
-        halting = self.halt_on == "critical" and any(f.severity == "critical" for f in findings + extra)
-        if halting and control.rollback is None:   # a halt always says where to go back to
+        critical = any(f.severity == "critical" for f in findings + extra)
+        halting = self.halt_on == "critical" and critical
+        rolling = (self.auto_rollback is not None and critical and control.rollback_request is None
+                   and not control.stop)
+        if (halting or rolling) and control.rollback is None:   # a halt always says where to go back to
             trigger = next(f for f in findings + extra if f.severity == "critical")
             control.rollback = self._rollback_advice(step, trigger, ctx.loss_spike_onset)
             extra.append(control.rollback)
+        no_rollback = None
+        if rolling:
+            request, no_rollback = self._rollback_request(step, control.rollback)
+            if request is not None:
+                control.rollback_request = request
+                extra.append(self._rollback_finding(request, control.rollback))
+                halting = False
+            else:
+                halting = True
 
         every = findings + extra
         asking = next((f for f in every if f.kind not in EVENT_KINDS
                        and severity_rank(f.severity) >= severity_rank(self.save_on)), None)
         if (control.state_is_good and self.save_on != "never" and asking is not None
+                and control.rollback_request is None   # this branch is about to be abandoned
                 and (self.last_save_request is None or step - self.last_save_request >= self.min_save_gap_steps)):
             control.save_now = True
             control.save_reason = f"save now: {asking.kind} ({asking.severity}) at step {step}"
@@ -132,7 +282,8 @@ class Policy:
             trigger = next((f for f in every if f.severity == "critical" and f.kind != "rollback_advice"),
                            every[0])
             control.stop_reason = (f"{trigger.kind} ({trigger.severity}) at step {step}; "
-                                   f"policy.halt_on = critical")
+                                   + (f"no automatic rollback: {no_rollback}" if no_rollback
+                                      else "policy.halt_on = critical"))
         control.alerts = every
         return extra
 
@@ -177,15 +328,59 @@ class Policy:
                      f"{first_skip}-{step}). If it happens again at the same place, change the seed or "
                      f"the data order (PaLM, BigScience)."))
 
+    def _rollback_request(self, step: int, advice: Finding) -> tuple[RollbackRequest | None, str | None]:
+        """The automatic rollback the advice calls for, or why there is none."""
+        ar, d = self.auto_rollback, advice.details
+        if d.get("checkpoint_step") is None:
+            return None, f"no good checkpoint before the onset (step {d['onset_step']}) is known"
+        if self.data_skips.attempts >= ar.max_attempts:
+            return None, (f"policy.auto_rollback.max_attempts ({ar.max_attempts}) automatic "
+                          f"rollbacks are used up")
+        first, last = d["skip_steps"]
+        last += ar.skip_extra_steps
+        skips = self.data_skips.after_rollback(checkpoint_step=d["checkpoint_step"], skip_steps=(first, last),
+                                               lr_factor=ar.lr_factor, lr_factor_steps=ar.lr_factor_steps)
+        return RollbackRequest(step=step, checkpoint_step=d["checkpoint_step"],
+                               checkpoint_path=d["checkpoint_path"], skip_steps=(first, last),
+                               lr_factor=ar.lr_factor, lr_factor_steps=ar.lr_factor_steps,
+                               attempt=skips.attempts, max_attempts=ar.max_attempts,
+                               reason=f"{d['trigger']} (critical) at step {step}; policy.auto_rollback",
+                               skips=skips), None
+
+    def _rollback_finding(self, r: RollbackRequest, advice: Finding) -> Finding:
+        first, last = r.skip_steps
+        where = f" ({r.checkpoint_path})" if r.checkpoint_path else ""
+        margin = (f", {self.auto_rollback.skip_extra_steps} of them past the detection as a margin"
+                  if self.auto_rollback.skip_extra_steps else "")
+        lr = (f", and the LR is scaled by {r.lr_factor:g} for {r.lr_factor_steps} steps"
+              if r.skips.lr_window is not None else "")
+        return Finding(
+            step=r.step, kind="auto_rollback", severity="warning", signal=advice.signal,
+            onset_step=advice.onset_step,
+            message=(f"Rolling back automatically (attempt {r.attempt} of {r.max_attempts}): "
+                     f"{advice.details['trigger']} at step {r.step}. Training goes back to the "
+                     f"checkpoint of step {r.checkpoint_step}{where}; the data of steps {first}-{last} "
+                     f"({last - first + 1} steps{margin}) is skipped on every rank{lr}. The detectors "
+                     f"restart from that checkpoint's state; the abandoned steps stay in the run log "
+                     f"as a superseded branch (stability-callbacks timeline)."),
+            details={"checkpoint_step": r.checkpoint_step, "checkpoint_path": r.checkpoint_path,
+                     "skip_steps": [first, last], "lr_factor": r.lr_factor,
+                     "lr_factor_steps": r.lr_factor_steps, "attempt": r.attempt,
+                     "max_attempts": r.max_attempts, "trigger": advice.details["trigger"]})
+
     # -- state ----------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self._state}
+        out = {k: getattr(self, k) for k in self._state}
+        out["data_skips"] = self.data_skips.state_dict()
+        return out
 
     def load_state_dict(self, d: dict) -> None:
-        if set(d) != set(self._state):
+        # States saved before skip step and automatic rollbacks existed lack their two keys only.
+        if set(d) - set(self._state) or set(self._state) - set(d) - set(_SINCE_ROLLBACKS):
             raise ValueError(f"policy state keys {sorted(d)} do not match {sorted(self._state)}")
         for k in self._state:
-            setattr(self, k, d[k])
+            setattr(self, k, d.get(k, []) if k == "skips" else d.get(k))
+        self.data_skips = DataSkips.from_state(d["data_skips"]) if "data_skips" in d else DataSkips()
 
 
-__all__ = ["Policy", "DAMAGE_KINDS", "EVENT_KINDS"]
+__all__ = ["Policy", "AutoRollback", "DAMAGE_KINDS", "EVENT_KINDS", "SKIP_STEP_ON"]

@@ -145,3 +145,30 @@ def test_deepspeed_demo_halts_a_hand_written_loop(tmp_path):
     assert sorted(d for d in os.listdir(tmp_path / "ckpt") if d.startswith("global_step")) == \
         ["global_step20", "global_step21"]
     assert 'engine.load_checkpoint("' + str(tmp_path / "ckpt") + '", tag="global_step20")' in proc.stdout
+
+
+def test_auto_rollback_demo_ends_healthy_and_draws_the_abandoned_branch(tmp_path):
+    """``demo --scenario data-pocket --auto-rollback``: a 12-step pocket from step 25 the model
+    does not recover from; rolled back to step 20, data of steps 25-40 skipped, healthy to 45."""
+    from stability_callbacks.cli import build_parser
+
+    args = build_parser().parse_args(["demo", "--scenario", "data-pocket", "--auto-rollback"])
+    assert args.auto_rollback and not build_parser().parse_args(["demo"]).auto_rollback
+    console, buf = _console()
+    o = run_demo(scenario="data-pocket", auto_rollback=True, out_dir=tmp_path, console=console)
+    assert o.exit_code == 0 and o.halted_at is None and o.last_step == 45
+    lines = _runlog(tmp_path)
+    assert _serious(lines) == [(25, "loss_spike", "warning"), (35, "spike_unrecovered", "critical"),
+                               (35, "rollback_advice", "critical"), (35, "auto_rollback", "warning")]
+    assert [(x["segment"], x["start_step"], x["reason"]) for x in lines if x["type"] == "segment"] == [
+        (0, 0, "start"), (1, 20, "rollback")]
+    assert [(r["step"], r["checkpoint_step"], r["skip_steps"]) for r in o.rollbacks] == [(35, 20, [25, 40])]
+    assert [r.step for r in o.timeline.superseded] == list(range(21, 36))
+    assert max(r.metrics["loss"] for r in o.timeline.live if r.step > 20) < 1.0
+    assert o.timeline_png == tmp_path / "timeline.png"
+    assert o.timeline_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(os.listdir(tmp_path / "ckpt" / "rolled_back")) == ["checkpoint-25", "checkpoint-30"]
+    text = buf.getvalue()
+    assert "step  35  ACTION   automatic rollback to " + str(tmp_path / "ckpt" / "checkpoint-20") in text
+    assert "step  20  SEGMENT  rolled back" in text
+    assert "15 steps of the abandoned branch are kept apart in" in text and "timeline.png" in text

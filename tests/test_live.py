@@ -122,4 +122,4 @@ def test_one_shot_requests_are_reset_in_one_place():
     c.step_done()
     assert (c.save_now, c.save_reason, c.save_interval_steps, c.stop) == (False, None, 5, True)
     with pytest.raises(ValueError, match="action must be one of save, save_blocked"):
-        Action(1, "rollback", "not an action yet")
+        Action(1, "reboot", "not an action")

@@ -21,8 +21,16 @@ arriving at a local Slack-compatible inbox the demo starts on 127.0.0.1 (the rea
 ``report.html`` and ``report.png`` (the replay report of the run log) and a summary of what was
 caught, when, and how that compares with the loss peak and the planted fault.
 
-Exit code: 0 when the run caught what its scenario planted (``healthy``: no warning at all),
-1 when it did not, 2 for a bad option or a framework whose demo is not available.
+``--auto-rollback`` turns on ``policy.auto_rollback``: instead of halting, the integration goes
+back to the checkpoint the rollback advice names, skips the data of the episode and trains on.
+With ``--scenario data-pocket`` the pocket is 12 steps of random tokens from step 25, which the
+model does not recover from (``spike_unrecovered`` 10 steps after the onset); the run rolls back to
+the checkpoint of step 20, skips the data of steps 25-40 and ends healthy. ``timeline.png``
+shows the abandoned branch faded behind the live trajectory.
+
+Exit code: 0 when the run caught what its scenario planted (``healthy``: no warning at all;
+``--auto-rollback``: rolled back and finished healthy), 1 when it did not, 2 for a bad option or
+a framework whose demo is not available.
 """
 from __future__ import annotations
 
@@ -48,35 +56,49 @@ _FRAMEWORK_NAMES = {"hf": "the HF Trainer", "lightning": "the Lightning Trainer"
 _NEEDS = {"hf": (("torch", "transformers", "matplotlib"), "hf,report"),
           "lightning": (("torch", "transformers", "matplotlib", "lightning"), "hf,report,lightning"),
           "deepspeed": (("torch", "transformers", "matplotlib", "deepspeed"), "hf,report,deepspeed")}
+#: The demo model's loss once it knows its pattern is ~0.55 nats; a healthy stretch stays below.
+HEALTHY_LOSS = 1.0
 _MONITOR_NAMES = {"hf": "StabilityCallback.attach(trainer)",
                   "lightning": "The Lightning StabilityCallback", "deepspeed": "attach(engine)"}
 
 
-def demo_config(webhook_url: str) -> dict:
+#: ``--auto-rollback``: the pocket of ``data-pocket`` is long enough to do lasting damage, the
+#: recovery horizon fits the demo's length, and the skipped range gets a margin past the detection.
+POCKET_STEPS_UNRECOVERED = 12
+ROLLBACK_HORIZON_STEPS = 10
+ROLLBACK_MARGIN_STEPS = 5
+
+
+def demo_config(webhook_url: str, *, auto_rollback: bool = False) -> dict:
     """The monitor's configuration for the demo: defaults plus an opt-in halt, a save interval
-    the demo's length can show, and Slack alerts to the local inbox."""
-    return {
+    the demo's length can show, and Slack alerts to the local inbox (``auto_rollback``: rolls
+    back instead of halting, with a recovery horizon the demo's length can show)."""
+    config = {
         "policy": {"halt_on": "critical", "bump_save_interval_to": BUMPED_SAVE_STEPS},
         # The terminal shows every finding itself; the log sink would print each one twice.
         "actions": {"slack": {"webhook_url": webhook_url, "min_severity": "warning",
                               "rate_limit_s": 0, "timeout_s": 2.0}},
     }
+    if auto_rollback:
+        config["policy"]["auto_rollback"] = {"skip_extra_steps": ROLLBACK_MARGIN_STEPS}
+        config["detectors"] = {"loss_spike": {"horizon_steps": ROLLBACK_HORIZON_STEPS}}
+    return config
 
 
 # ------------------------------------------------------------------------------------ main
 def main(*, scenario: str = DEFAULT_SCENARIO, framework: str = "hf", out_dir: str | os.PathLike = "out/demo",
-         steps: int | None = None, console=None) -> int:
+         steps: int | None = None, auto_rollback: bool = False, console=None) -> int:
     """Run the demo (see the module docstring) and return its exit code.
 
     ``steps`` overrides the scenario's length; ``console``: a ``rich.console.Console``."""
     outcome = run_demo(scenario=scenario, framework=framework, out_dir=out_dir, steps=steps,
-                       console=console)
+                       auto_rollback=auto_rollback, console=console)
     return outcome if isinstance(outcome, int) else outcome.exit_code
 
 
 def run_demo(*, scenario: str = DEFAULT_SCENARIO, framework: str = "hf",
              out_dir: str | os.PathLike = "out/demo", steps: int | None = None,
-             console=None) -> "DemoOutcome | int":
+             auto_rollback: bool = False, console=None) -> "DemoOutcome | int":
     """The demo; returns its :class:`DemoOutcome`, or the exit code 2 for a bad option."""
     from rich.console import Console
 
@@ -102,7 +124,12 @@ def run_demo(*, scenario: str = DEFAULT_SCENARIO, framework: str = "hf",
                       f"Run it with --framework hf.")
         return 2
     try:
-        sc = build_scenario(scenario, max_steps=steps)
+        extra = {}
+        if auto_rollback:   # skipped data must be made up for: twice the data the run needs
+            extra["data_steps"] = 2 * (steps or build_scenario(scenario).max_steps)
+            if scenario == "data-pocket":
+                extra["pocket_steps"] = POCKET_STEPS_UNRECOVERED
+        sc = build_scenario(scenario, max_steps=steps, **extra)
     except ValueError as e:
         console.print(f"[red]error:[/] {e}")
         return 2
@@ -113,25 +140,37 @@ def run_demo(*, scenario: str = DEFAULT_SCENARIO, framework: str = "hf",
     ckpt_dir, run_dir = out / "ckpt", out / "stability"
     for d in (ckpt_dir, run_dir):     # the run log appends: a rerun must not mix with the last one
         shutil.rmtree(d, ignore_errors=True)
-    _intro(console, sc, framework)
+    _intro(console, sc, framework, auto_rollback)
+    expected = dict(sc.expected)
+    if auto_rollback and sc.fault_steps:   # what halted before is now rolled back
+        expected.pop("spike_recovered", None)
+        first = sc.fault_steps[0]
+        expected["auto_rollback"] = (first, first + ROLLBACK_HORIZON_STEPS)
     outcome = DemoOutcome(scenario=scenario, framework=framework, max_steps=sc.max_steps,
-                          fault_steps=tuple(sc.fault_steps), expected=dict(sc.expected))
+                          fault_steps=tuple(sc.fault_steps), expected=expected,
+                          auto_rollback=auto_rollback)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)       # a 100k-parameter model: more threads only add contention
     try:
         display = LiveDisplay(console, outcome, user_save_steps=USER_SAVE_STEPS)
         with LocalSlackInbox(on_message=display.alert) as inbox, display:
-            runner(sc, demo_config(inbox.url), ckpt_dir, run_dir, display)
+            runner(sc, demo_config(inbox.url, auto_rollback=auto_rollback), ckpt_dir, run_dir, display)
     finally:
         torch.set_num_threads(threads)
 
     _read_back(outcome, run_dir)
     outcome.report_html, outcome.report_png = _write_reports(outcome, out)
+    if outcome.rollbacks:
+        from ..replay.timeline import write_timeline_png
+
+        outcome.timeline_png = write_timeline_png(
+            out / "timeline.png", outcome.timeline,
+            title=f"stability-callbacks demo: {scenario} ({framework}) with --auto-rollback")
     outcome.exit_code = _summary(console, outcome)
     return outcome
 
 
-def _intro(console, sc, framework: str) -> None:
+def _intro(console, sc, framework: str, auto_rollback: bool = False) -> None:
     fault = ""
     if sc.fault_steps:
         what = "a batch with a corrupted embedding row (NaN)" if sc.name == "nan" else \
@@ -142,12 +181,17 @@ def _intro(console, sc, framework: str) -> None:
                   f"{sc.max_steps} steps with {_FRAMEWORK_NAMES[framework]} at peak LR {sc.lr:g}, warmup "
                   f"{sc.warmup_steps} steps, checkpoints every {USER_SAVE_STEPS} steps.{fault} "
                   f"{_MONITOR_NAMES[framework]} watches loss, grad norm, LR and Adam's exp_avg_sq; alerts "
-                  f"go to a local Slack-style inbox; policy.halt_on = critical.", highlight=False)
+                  f"go to a local Slack-style inbox; "
+                  + ("policy.auto_rollback: a critical finding rolls back to the last good checkpoint "
+                     "and skips the data of the episode." if auto_rollback else "policy.halt_on = critical."),
+                  highlight=False)
 
 
 def _read_back(outcome: DemoOutcome, run_dir: Path) -> None:
-    """The run log, as ``replay`` reads it: records and findings."""
+    """The run log, as ``replay`` reads it: records and findings; after a rollback, the stitched
+    trajectory (``timeline``) is the run's record and the abandoned branch stays apart."""
     from ..replay.readers import read_records
+    from ..replay.timeline import stitch
     from ..runlog import RUNLOG_NAME
 
     path = run_dir / RUNLOG_NAME
@@ -155,6 +199,10 @@ def _read_back(outcome: DemoOutcome, run_dir: Path) -> None:
     with open(path, encoding="utf-8") as fh:
         lines = [json.loads(line) for line in fh if line.strip()]
     outcome.findings = [Finding.from_json(x) for x in lines if x.get("type") == "finding"]
+    outcome.rollbacks = [x for x in lines if x.get("type") == "action" and x.get("action") == "rollback"]
+    if outcome.rollbacks:
+        outcome.timeline = stitch(path)
+        outcome.records = list(outcome.timeline.live)
 
 
 def _write_reports(outcome: DemoOutcome, out: Path) -> tuple[Path, Path]:
@@ -203,7 +251,7 @@ def _summary(console, o: DemoOutcome) -> int:
         console.print("[green]No warning or critical finding: a healthy run stays quiet.[/]")
 
     first = next((f for f in serious if f.kind not in EVENT_KINDS), None)
-    peak = _loss_peak(o.records)
+    peak = _loss_peak(o.records + (list(o.timeline.superseded) if o.timeline is not None else []))
     if first is not None and peak is not None:
         lead = peak[0] - first.step
         when = (f"{_steps(lead)} before the loss peak at step {peak[0]} ({peak[1]:.4g})" if lead > 0
@@ -222,14 +270,28 @@ def _summary(console, o: DemoOutcome) -> int:
     for step, old, new in o.interval_changes:
         console.print(f"Save interval {old} → {new} at step {step}.", highlight=False)
     if o.checkpoints:
-        console.print("Checkpoints: " + ", ".join(f"{Path(p).name} ({r.split(':')[0]})"
-                                                  for _, p, r in o.checkpoints), highlight=False)
+        abandoned = {(c["step"], c["path"]) for c in o.timeline.checkpoints if c["superseded"]} \
+            if o.timeline is not None else set()
+        console.print("Checkpoints: " + ", ".join(
+            f"{Path(p).name} ({r.split(':')[0]}{'; abandoned branch, moved to rolled_back/' if (s, p) in abandoned else ''})"
+            for s, p, r in o.checkpoints), highlight=False)
     console.print(f"Alerts delivered to the local Slack inbox: {len(o.alerts)}.", highlight=False)
     if o.rollback is not None:
         d = o.rollback.details
         target = d.get("checkpoint_path") or "the last checkpoint before the onset"
         console.print(f"Rollback: resume from {target}, skip steps {d['skip_steps'][0]}-"
                       f"{d['skip_steps'][1]}.", highlight=False)
+    for r in o.rollbacks:
+        console.print(f"Rolled back automatically at step {r['step']} to the checkpoint of step "
+                      f"{r['checkpoint_step']} ({Path(r['path']).name}); the data of steps "
+                      f"{r['skip_steps'][0]}-{r['skip_steps'][1]} was skipped.", highlight=False)
+    if o.rollbacks and o.timeline is not None:
+        seg = o.timeline.segments[-1]
+        tail = [r.metrics["loss"] for r in o.timeline.live[-10:] if "loss" in r.metrics]
+        console.print(f"The run went on from step {seg['start_step']} and finished at step {o.last_step} "
+                      f"(mean loss of the last {len(tail)} steps: {sum(tail) / max(1, len(tail)):.3f}); "
+                      f"{len(o.timeline.superseded)} steps of the abandoned branch are kept apart in "
+                      f"{o.timeline_png}.", highlight=False)
     console.print(f"Report: {o.report_html}  and  {o.report_png}", highlight=False)
 
     ok = _met_expectations(console, o, serious)
@@ -248,6 +310,16 @@ def _met_expectations(console, o: DemoOutcome, serious: list[Finding]) -> bool:
             console.print("[red]Unexpected: the healthy run raised warnings.[/]")
         return ok
     ok = True
+    if o.auto_rollback and o.expected:
+        # Rolled back, then trained to the end, healthy: no halt, back at the pre-fault loss.
+        tail = [r.metrics["loss"] for r in o.records[-10:] if "loss" in r.metrics]
+        healthy = (o.halted_at is None and o.last_step == o.max_steps and bool(tail)
+                   and max(tail) < HEALTHY_LOSS)
+        if not healthy:
+            ok = False
+            console.print(f"[red]Expected a rolled-back run to finish healthy at step {o.max_steps}, "
+                          f"got step {o.last_step}" + (f", halted at {o.halted_at}" if o.halted_at else "")
+                          + ".[/]")
     for kind, (lo, hi) in o.expected.items():
         if lo > o.last_step:
             continue     # not reached: the run halted before the step it could appear

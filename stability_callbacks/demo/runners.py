@@ -101,7 +101,7 @@ def train_deepspeed(sc, config: dict, ckpt_dir: Path, run_dir: Path, display: Li
             with attach(engine, config=config, run_dir=run_dir, run_name=f"demo-{sc.name}",
                         save_dir=ckpt_dir, listeners=[display]) as hook:
                 last = 0
-                for batch in loader:
+                for batch in hook.batches(loader):   # rewinds after an automatic rollback
                     engine.backward(engine(input_ids=batch["input_ids"], labels=batch["labels"]).loss)
                     engine.step()
                     step = int(engine.global_steps)

@@ -63,6 +63,8 @@ class Scenario:
     fault_steps: tuple[int, ...]    # the optimizer steps whose batches carry the fault
     expected: dict[str, tuple[int, int]] = field(default_factory=dict)
     pretrain_steps: int = 40
+    data_steps: int | None = None   # optimizer steps' worth of data (default max_steps; more when
+                                    # an automatic rollback skips some)
     n_layer: int = 2
     n_embd: int = 64
     n_head: int = 2
@@ -129,8 +131,8 @@ class Scenario:
         return index // self.samples_per_step(world_size) + 1
 
     def train_dataset(self, world_size: int = 1, num_steps: int | None = None) -> "ScenarioDataset":
-        """``num_steps`` (default ``max_steps``) optimizer steps' worth of samples."""
-        n_steps = self.max_steps if num_steps is None else num_steps
+        """``num_steps`` (default ``data_steps``, else ``max_steps``) optimizer steps' worth of samples."""
+        n_steps = num_steps or self.data_steps or self.max_steps
         g = self.samples_per_step(world_size)
         gen = torch.Generator().manual_seed(self.seed + 1)
         n = n_steps * g
@@ -210,7 +212,7 @@ def _linear_schedule(i: int, warmup_steps: int, max_steps: int) -> float:
 def build_scenario(name: str, *, seed: int = 0, max_steps: int | None = None,
                    batch_size: int = 8, grad_accum: int = 1, lr: float = 3e-3,
                    warmup_steps: int | None = None, fault_step: int | None = None,
-                   pocket_steps: int = 3, seq_len: int = 32) -> Scenario:
+                   pocket_steps: int = 3, seq_len: int = 32, data_steps: int | None = None) -> Scenario:
     """The scenario ``name`` (one of :data:`NAMES`) with its planted fault.
 
     Defaults keep one run to a few seconds on 2 CPU cores.
@@ -247,7 +249,7 @@ def build_scenario(name: str, *, seed: int = 0, max_steps: int | None = None,
         expected["nonfinite"] = (fault_step, fault_step)
     return Scenario(name=name, seed=seed, max_steps=max_steps, batch_size=batch_size,
                     grad_accum=grad_accum, lr=lr, warmup_steps=warmup_steps, seq_len=seq_len,
-                    fault_steps=fault_steps, expected=expected)
+                    fault_steps=fault_steps, expected=expected, data_steps=data_steps)
 
 
 def train_plain(scenario: Scenario, world_size: int = 1) -> list[float]:

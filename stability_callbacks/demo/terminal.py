@@ -80,6 +80,10 @@ class DemoOutcome:
     report_html: Path | None = None
     report_png: Path | None = None
     exit_code: int = 0
+    auto_rollback: bool = False
+    rollbacks: list = field(default_factory=list)          # the run log's rollback actions
+    timeline: object = None                                # the stitched run (after a rollback)
+    timeline_png: Path | None = None
 
 
 class LiveDisplay(RunListener):
@@ -109,6 +113,12 @@ class LiveDisplay(RunListener):
     def _print(self, text: str) -> None:
         self.console.print(text, highlight=False)
 
+    def on_segment(self, segment: int, start_step: int, reason: str) -> None:
+        if reason == "rollback":
+            self.progress.update(self.task, description="[yellow]rolled back")
+            self._print(f"[bold yellow]step {start_step:>3}  SEGMENT  rolled back: training goes on from the "
+                        f"checkpoint of step {start_step}; what came after it is an abandoned branch[/]")
+
     def on_record(self, record: StepRecord) -> None:
         self.outcome.last_step = record.step
         loss = record.metrics.get("loss")
@@ -136,6 +146,10 @@ class LiveDisplay(RunListener):
                 self._rollback(self._advice)
         elif a.action == "save":
             self._save_reasons[a.step] = a.reason   # printed with its checkpoint, next
+        elif a.action == "rollback":
+            self._print(f"[bold yellow]step {a.step:>3}  ACTION   automatic rollback[/] to {a.path}: {a.reason}"
+                        + (f"; LR x{a.details['lr_factor']:g} for {a.details['lr_factor_steps']} steps"
+                           if a.details and a.details.get("lr_factor", 1.0) != 1.0 else ""))
         else:
             self._print(f"[bold cyan]step {a.step:>3}  ACTION   {a.action}[/] {a.reason}")
 

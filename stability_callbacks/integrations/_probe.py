@@ -197,6 +197,7 @@ class StepProbe:
             if DTensor is not None and isinstance(value, DTensor):
                 value = value.full_tensor()  # a collective, not a host sync (FSDP2 norms)
             self._dev[keys.GRAD_NORM] = value.detach()
+            self._host.pop(keys.GRAD_NORM, None)   # the latest reading wins
         else:
             self._host[keys.GRAD_NORM] = float(value)
 

@@ -32,9 +32,10 @@ requests at the same step (saves are collective under DeepSpeed and FSDP). Ordin
 a few device ops on scalars and the probe's one packed collective; the syncs are the flushes,
 each tagged ``# host-sync:``.
 
-Where later work plugs in: a skip-step decision belongs in ``before_optimizer_step``; an
-automatic rollback restores through ``restore`` and opens its segment with
-``start(step, "rollback")``.
+Skip step (``policy.skip_step_on``, :mod:`._skip`): ``session.skip``
+decides in ``before_optimizer_step``, reports in ``end_step`` and takes the policy's next rule
+after it; the adapters gate the optimizer's ``step``. An automatic rollback (:mod:`._rollback`)
+restores through ``restore`` and opens its segment with ``start(step, "rollback")``.
 """
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ from ._preflight import run_preflight
 from ._probe import StepProbe
 from ._readings import step_lr
 from ._reductions import batch_fingerprint
+from ._skip import SkipStep
 
 __all__ = ["LiveSession", "SessionAdapter", "STATE_FILE"]
 
@@ -92,12 +94,15 @@ class LiveSession:
         self.guard = run.guard
         sampling = run.monitor.config.get("sampling") or {}
         self.every_n_steps = int(sampling.get("every_n_steps", 1) or 1)
+        #: The skip-step decisions (``policy.skip_step_on``), or None when off.
+        self.skip = SkipStep() if run.monitor.policy.skip_step_on != "never" else None
         # Every rank declares the same extras, so the packed layout (and the collective) matches.
         self.probe = StepProbe(
             process_group=process_group,
             adam_every_n_steps=int(sampling.get("adam_every_n_steps", 1) or 0),
             param_norm_every_n_steps=int(sampling.get("param_norm_every_n_steps", 0) or 0),
             extra_reductions={keys.BATCH_FINGERPRINT: "sum",
+                              **({keys.SKIPPED_BY_POLICY: "max"} if self.skip else {}),
                               **{keys.LOSS_STREAM_PREFIX + n: "mean"
                                  for n in sampling.get("loss_streams") or ()}})
         self.lockstep = lockstep
@@ -211,14 +216,15 @@ class LiveSession:
         or host float) or computed here from ``params`` with one foreach reduction.
         ``scaled_by``: the loss scale the grads are still multiplied by (a fused optimizer under
         a GradScaler unscales inside its step), divided out of the recorded norm. Returns the
-        norm as given or computed (the tensor to clip with), or None. A skip-step decision
-        belongs here."""
+        norm as given or computed (the tensor to clip with), or None. The skip-step decision
+        (``policy.skip_step_on``) is taken here, on the unscaled norm."""
         with self.guard("grad-norm", "reading the grad norm"):
             norm = self.probe.compute_grad_norm(params) if params is not None else grad_norm
-            if scaled_by is not None and norm is not None:
-                self.probe.set_grad_norm(norm / scaled_by)
-            elif params is None:
-                self.probe.set_grad_norm(norm)
+            unscaled = norm / scaled_by if scaled_by is not None and norm is not None else norm
+            if scaled_by is not None or params is None:
+                self.probe.set_grad_norm(unscaled)
+            if self.skip is not None:
+                self.skip.decide(unscaled)
             return norm
         return None
 
@@ -238,6 +244,8 @@ class LiveSession:
                 probe.set_extra(keys.BATCH_FINGERPRINT, self._fp, op="sum")
             for name, (total, n) in self._streams.items():
                 probe.set_extra(keys.LOSS_STREAM_PREFIX + name, total / n, op="mean")
+            if self.skip is not None:
+                self.skip.report(probe)
             self._fp, self._streams = None, {}
             if step % self.every_n_steps:
                 probe.discard_step()
@@ -266,6 +274,8 @@ class LiveSession:
             for record, found in pairs:
                 self._scalars.update(reporter_scalars(record, found))
                 self.finding_pending = self.finding_pending or bool(found)
+        if self.skip is not None:
+            self.skip.set_threshold(self.control.skip_threshold)   # the rule for the next steps
         return pairs
 
     def take_scalars(self) -> dict[str, float]:
@@ -459,3 +469,11 @@ class SessionAdapter:
                 self._crashed(exc)
                 raise
         return call
+
+    def _auto_rollback(self) -> bool:
+        """Whether ``policy.auto_rollback`` is on (``{}``: on, with its defaults), read before the
+        session exists (config errors surface here)."""
+        from stability_callbacks.config import load_config
+
+        policy = (self.monitor.config if self.monitor is not None else load_config(self.config))["policy"]
+        return policy.get("auto_rollback") not in (None, False)

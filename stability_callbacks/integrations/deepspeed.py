@@ -15,13 +15,14 @@ requests carried out after it), ``save_checkpoint`` / ``load_checkpoint`` (the d
 ``client_state["stability"]``). The ``with`` block (or :meth:`StabilityHook.close`) ends the run;
 an exception leaving the block is the crash alert. Where each signal comes from and what the
 hook does: README, "DeepSpeed engine". Not covered: the pipeline engine (``train_batch`` never
-calls ``engine.step()``), torch-autocast ZeRO-0.
+calls ``engine.step()``), torch-autocast ZeRO-0. With ``policy.auto_rollback`` the hook rolls
+back in-process right after ``engine.step()`` (:mod:`._rollback`); the loop then iterates
+``hook.batches(loader)``, which rewinds the data. Skip step goes through DeepSpeed's own
+overflow path (:mod:`._skip`).
 """
 from __future__ import annotations
 
 import os
-import re
-import shutil
 from typing import Any
 
 import torch
@@ -31,15 +32,14 @@ from stability_callbacks.live import InstancePatches
 from stability_callbacks.params import flag
 
 from ._readings import DeepSpeedStep
+from ._rollback import ROLLED_BACK_DIR, DeepSpeedRollBack, barrier, roll_back_latest
 from ._session import SessionAdapter
+from ._skip import gate_optimizer
 
 #: ``client_state`` key of the detector state in every DeepSpeed checkpoint.
 CLIENT_STATE_KEY = "stability"
-#: Where :func:`roll_back_latest` moves the tags newer than the rollback target.
-ROLLED_BACK_DIR = "rolled_back"
-_TAG_STEP = re.compile(r"(\d+)$")
 
-__all__ = ["attach", "StabilityHook", "roll_back_latest", "CLIENT_STATE_KEY", "ROLLED_BACK_DIR"]
+__all__ = ["attach", "StabilityHook", "roll_back_latest", "CLIENT_STATE_KEY", "ROLLED_BACK_DIR"]  # the last two live in ._rollback
 
 
 def attach(engine, **kwargs) -> "StabilityHook":
@@ -82,6 +82,9 @@ class StabilityHook(SessionAdapter):
         self._loop_save_dir: str | None = None   # where the loop itself last saved
         self._request: str | None = None         # why the hook's own save_checkpoint call saves
         self._patches = InstancePatches(engine)  # the engine's wrapped methods
+        self._rollback = DeepSpeedRollBack(lambda: self.session, engine)
+        self._gate = gate_optimizer(self.session.skip, engine.optimizer, engine=engine,
+                                    lr_factor=self._rollback.lr_factor(lambda: int(engine.global_steps) + 1))
         sched_warmup = getattr(getattr(engine, "lr_scheduler", None), "warmup_num_steps", None)
         if isinstance(sched_warmup, int) and sched_warmup > 0:
             # DeepSpeed's warmup schedulers count iterations 0..W-1 as warmup, and optimizer
@@ -95,6 +98,14 @@ class StabilityHook(SessionAdapter):
     def saved_steps(self) -> list[int]:
         """The steps the hook itself saved (the monitor's requests)."""
         return [step for step, _ in self.saved]
+
+    def batches(self, loader):
+        """Iterate ``loader`` (a torch ``DataLoader`` over a map-style dataset, this rank's
+        micro-batches) from the data the engine is at: after ``engine.load_checkpoint`` the
+        batches of the steps already trained are left out, after an automatic rollback the
+        skipped ones too. ``for batch in hook.batches(loader):`` replaces ``for batch in loader:``
+        (needed for ``policy.auto_rollback``); one pass over the loader."""
+        return self._rollback.batches(loader)
 
     def apply_rollback(self, save_dir: str | os.PathLike | None = None) -> dict | None:
         """Carry out the rollback advice on disk: ``latest`` names the advised checkpoint's tag and
@@ -120,7 +131,7 @@ class StabilityHook(SessionAdapter):
             if self._is_rank0():
                 moved = roll_back_latest(target_dir, tag)
         finally:
-            _barrier()   # reached on every rank even if rank 0's file moves failed
+            barrier()   # reached on every rank even if rank 0's file moves failed
         return {"tag": tag, "moved": moved}
 
     def close(self) -> None:
@@ -129,6 +140,10 @@ class StabilityHook(SessionAdapter):
             self.session.close()   # host-sync: end of training; never raises
         finally:
             self._patches.restore()
+            if self._gate is not None:
+                self._gate.close()
+            if self.session.skip is not None:
+                self.session.skip.close()
 
     def __enter__(self) -> "StabilityHook":
         return self
@@ -233,8 +248,9 @@ class StabilityHook(SessionAdapter):
     def _act(self) -> None:
         s, step = self.session, int(self.engine.global_steps)
         with self.guard("act", "carrying out the monitor's requests"):
+            rollback = self._rollback.accept(step)   # refused: a halt (requests() reports it)
             why, stop = s.requests(step, interval_saves=self.save_on_request)
-            if why and self.save_on_request:   # a halt saves a good state first
+            if why and self.save_on_request and rollback is None:   # a halt saves a good state first
                 self._request = why
                 try:
                     self.engine.save_checkpoint(self._save_dir(), tag=f"global_step{step}")
@@ -242,6 +258,8 @@ class StabilityHook(SessionAdapter):
                     self._request = None
             if stop and s.stopped_at == step and self.rollback_on_halt and s.control.rollback is not None:
                 self.apply_rollback()
+        if rollback is not None:   # outside the guard: a failed load is not a monitoring failure
+            self._rollback.carry_out(rollback)
 
     # ------------------------------------------------------------------ checkpoints and resume
     def _save(self, save_fn, save_dir, tag, client_state, args, kwargs):
@@ -274,6 +292,8 @@ class StabilityHook(SessionAdapter):
             reason = self.session.reload((client_state or {}).get(CLIENT_STATE_KEY), load_path)
             self._ds.mark()
             self._start(reason)
+            if self._rollback.pending is not None:
+                self._rollback.restored()
 
     def _start(self, reason: str) -> None:
         e = self.engine
@@ -287,47 +307,3 @@ class StabilityHook(SessionAdapter):
 
     def _is_rank0(self) -> bool:
         return int(getattr(self.engine, "global_rank", 0)) == 0
-
-
-def roll_back_latest(save_dir: str | os.PathLike, tag: str) -> list[str]:
-    """Point ``<save_dir>/latest`` at ``tag`` and move every tag with a higher step number into
-    ``<save_dir>/rolled_back/`` (kept, never deleted; a name already there gets a ``.1``, ``.2``
-    suffix). Returns the moved tags, oldest first. Filesystem only: call it on one rank.
-
-    Raises ``ValueError`` when ``tag`` is not a checkpoint folder in ``save_dir`` or carries no
-    step number (``global_step<N>``, ``iter_<N>``, ...).
-    """
-    save_dir = os.fspath(save_dir)
-    if not os.path.isdir(os.path.join(save_dir, tag)):
-        raise ValueError(f"tag: {tag!r} is not a checkpoint folder in {save_dir}")
-    target = _tag_step(tag)
-    if target is None:
-        raise ValueError(f"tag: {tag!r} carries no step number")
-    newer = sorted((s, name) for name in os.listdir(save_dir)
-                   if name != ROLLED_BACK_DIR and os.path.isdir(os.path.join(save_dir, name))
-                   and (s := _tag_step(name)) is not None and s > target)
-    aside = os.path.join(save_dir, ROLLED_BACK_DIR)
-    moved = []
-    for _, name in newer:
-        os.makedirs(aside, exist_ok=True)
-        dest, k = os.path.join(aside, name), 0
-        while os.path.exists(dest):
-            k += 1
-            dest = os.path.join(aside, f"{name}.{k}")
-        shutil.move(os.path.join(save_dir, name), dest)
-        moved.append(name)
-    tmp = os.path.join(save_dir, "latest.tmp")
-    with open(tmp, "w") as fh:
-        fh.write(tag)
-    os.replace(tmp, os.path.join(save_dir, "latest"))
-    return moved
-
-
-def _tag_step(tag: str) -> int | None:
-    m = _TAG_STEP.search(tag)
-    return int(m.group(1)) if m else None
-
-
-def _barrier() -> None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()

@@ -6,8 +6,10 @@ HF hands callbacks neither the trainer nor the two values a monitor must reuse r
 recompute: the micro-batch loss (``Trainer.training_step``'s return) and the pre-clip grad norm
 (``Trainer._get_grad_norm``'s). So the callback finds the Trainer that holds it, once (when the
 Trainer is built, else at train begin: :func:`_find_trainer`), and wraps those methods *on that
-instance*, plus ``train`` (the checkpoint a resume loads; the crash alert); ``attach(trainer)``
-binds explicitly. Where each signal comes from, how saves and halts go: README, "HF Trainer".
+instance*, plus ``train`` (the crash alert; an automatic rollback re-enters it from the
+checkpoint it goes back to: :class:`~._rollback.HFRollBack`); ``attach(trainer)`` binds
+explicitly. Skip step gates the optimizer's ``step`` (:mod:`._skip`). Where each signal comes
+from, how saves and halts go: README, "HF Trainer".
 """
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ from transformers import Trainer, TrainerCallback
 from stability_callbacks.live import InstancePatches
 
 from ._readings import DeepSpeedStep, read_grad_scaler
+from ._rollback import HFRollBack, RollBack
 from ._session import STATE_FILE, SessionAdapter
+from ._skip import gate_optimizer
 
 __all__ = ["StabilityCallback", "STATE_FILE"]
 
@@ -41,7 +45,7 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
         SessionAdapter.__init__(self, config=config, monitor=monitor, run_dir=run_dir,
                                 run_name=run_name, listeners=listeners)
         self.log_to_reporters = bool(log_to_reporters)
-        self.trainer = self._patches = self._hook = self._ds = None
+        self.trainer = self._patches = self._hook = self._ds = self._rollback = self._gate = None
         self._ga, self._user_save_steps = 1, None
         self._save_reason: tuple[int, str | None] | None = None   # the step's save, and why
         if trainer is not None:
@@ -60,13 +64,15 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
         5.23, trainer.py:2781), but the loop hands its pre-clip norm to no callback; if a later
         version drops it, the grad norm is missing (one warning). ``running``: bound at train
         begin, past this ``train`` call's wrapper: ``_run_epoch`` (private, trainer.py:1660)
-        carries the crash alert instead (not under ``auto_find_batch_size``, which retries)."""
+        carries the crash alert instead (not under ``auto_find_batch_size``, which retries), and
+        an automatic rollback cannot reach the train loader (it is built already): a halt."""
         if self.trainer is trainer:
             return self
         if self.trainer is not None:
             raise ValueError(f"trainer: this StabilityCallback is already bound to {self.trainer!r}")
         self.trainer, self._patches = trainer, InstancePatches(trainer)
         orig_step, orig_norm = trainer.training_step, getattr(trainer, "_get_grad_norm", None)
+        orig_train = trainer.train
 
         def training_step(*args, **kwargs):
             loss = orig_step(*args, **kwargs)
@@ -82,8 +88,20 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
                 self.session.before_optimizer_step(grad_norm=norm)
             return norm
 
+        def train(*args, **kwargs):
+            out = orig_train(*args, **kwargs)
+            # An automatic rollback stopped the Trainer: re-enter from the checkpoint it names
+            # (the loop's `resume_from_checkpoint`, read at train begin, restores our state too).
+            while self._rollback is not None and (path := self._rollback.reenter()) is not None:
+                self.session.alive()   # reloading is progress, not a hang
+                kwargs = {**dict(zip(("resume_from_checkpoint", "trial", "ignore_keys_for_eval"), args)),
+                          **kwargs, "resume_from_checkpoint": path}
+                args = ()
+                out = orig_train(**kwargs)
+            return out
+
         self._patches.set("training_step", training_step)
-        self._patches.set("train", self._reporting_crashes(trainer.train))
+        self._patches.set("train", self._reporting_crashes(train))
         if orig_norm is not None:
             self._patches.set("_get_grad_norm", _get_grad_norm)
         else:
@@ -91,6 +109,11 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
                                  "transformers version; the grad norm is not monitored")
         if running and hasattr(trainer, "_run_epoch") and not trainer.args.auto_find_batch_size:
             self._patches.set("_run_epoch", self._reporting_crashes(trainer._run_epoch))
+        if self._auto_rollback():
+            self._rollback = HFRollBack(lambda: self.session, trainer, self._patches)
+            if running:
+                self._rollback.sampler_problem = ("the callback met its Trainer after the train loader "
+                                                  "was built (add it with Trainer(callbacks=[...]))")
         return self
 
     # ----------------------------------------------------------------------- training events
@@ -113,9 +136,10 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
                                      "StabilityCallback.attach(trainer, ...)")
             resume = loop.f_locals.get("resume_from_checkpoint") if loop is not None else None
             resume = os.fspath(resume) if isinstance(resume, (str, os.PathLike)) else None
+            rolling = self._rollback is not None and self._rollback.pending is not None
             # The W&B sink finds the run HF's WandbCallback started (wandb.run) by itself.
-            s = self._open(is_rank0=state.is_world_process_zero,
-                           run_name=self.run_name or getattr(args, "run_name", None))
+            s = self.session if rolling else self._open(
+                is_rank0=state.is_world_process_zero, run_name=self.run_name or getattr(args, "run_name", None))
             s.report = self.log_to_reporters and self.trainer is not None
             self._ga = max(1, int(args.gradient_accumulation_steps))
             # The interval the Trainer saves on (TrainerState.compute_steps; a resume's own).
@@ -125,13 +149,24 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
             if resume is not None:
                 s.restore_file(resume)
             precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
-            s.start(state.global_step, "resume" if resume or state.global_step else "start",
-                    model=model, optimizer=optimizer, scheduler=kwargs.get("lr_scheduler"),
-                    precision=precision, warmup_steps=warmup, total_steps=state.max_steps or None)
+            reason = "rollback" if rolling else "resume" if resume or state.global_step else "start"
+            s.start(state.global_step, reason, model=model, optimizer=optimizer,
+                    scheduler=kwargs.get("lr_scheduler"), precision=precision, warmup_steps=warmup,
+                    total_steps=state.max_steps or None)
+            if rolling:
+                self._rollback.restored()
+            elif self._rollback is None and self.trainer is None and self._auto_rollback():
+                self._rollback = RollBack(lambda: self.session)   # unbound: every request is a halt
+                self._rollback.sampler_problem = "the callback could not find its Trainer (use attach)"
             if model is not None:   # the unwrapped model: its hook fires inside DDP/DeepSpeed too
                 self._hook = model.register_forward_hook(self._forward_hook, with_kwargs=True)
-            if getattr(self.trainer, "is_deepspeed_enabled", False):
-                self._ds = DeepSpeedStep(self.trainer.model_wrapped)
+            engine = self.trainer.model_wrapped if getattr(self.trainer, "is_deepspeed_enabled", False) else None
+            if engine is not None:
+                self._ds = DeepSpeedStep(engine)
+            if self.trainer is not None and optimizer is not None:
+                lr_factor = self._rollback.lr_factor(lambda: state.global_step + 1) if self._rollback else None
+                self._gate = gate_optimizer(s.skip, engine.optimizer if engine is not None else optimizer,
+                                            engine=engine, lr_factor=lr_factor)
 
     def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
         # HF steps the scheduler after the optimizer, and DeepSpeed both inside backward: only
@@ -180,9 +215,12 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
         s, step = self.session, state.global_step
         with self.guard("act", "carrying out the monitor's requests"):
             own = control.should_save   # the Trainer's own interval (DefaultFlowCallback ran first)
+            rollback = self._rollback.accept(step) if self._rollback is not None else None
             why, stop = s.requests(step, user_interval=self._user_save_steps)
-            if stop:   # stopping does not save by itself (FRAMEWORK_NOTES 1.4)
+            if stop or rollback is not None:   # stopping does not save by itself (FRAMEWORK_NOTES 1.4)
                 control.should_training_stop = True
+            if rollback is not None:   # this branch is abandoned: train() re-enters from the checkpoint
+                own, why = False, None
             if own and not s.control.state_is_good:   # its rotation could delete the last good one
                 s.save_blocked(step, "the Trainer's own save")
             control.should_save = bool(why) or (own and s.control.state_is_good)
@@ -201,11 +239,15 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
                 self.session.write_state_file(path, blob)
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self.session is not None:
+        rolling = self._rollback is not None and self._rollback.pending is not None
+        if self.session is not None and not rolling:   # a rollback goes on in the same session
             self.session.close()   # host-sync: the last records; never raises
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        if self._gate is not None:
+            self._gate.close()
+            self._gate = None
 
     def close(self) -> None:
         """Undo :meth:`bind` (the trainer's methods are restored)."""

@@ -8,7 +8,10 @@ boundary from ``trainer.global_step`` (also under DeepSpeed, whose hooks fire pe
 the grad norm, LR and GradScaler state in ``on_before_optimizer_step``, the crash alert in
 ``on_exception``. Saves are ``trainer.save_checkpoint`` on every rank at the same step, a halt
 is ``trainer.should_stop``, the detector state is the callback's ``state_dict``. Where each
-signal comes from and what the callback does: README, "Lightning".
+signal comes from and what the callback does: README, "Lightning". Skip step gates the
+optimizer's ``step`` (or joins a GradScaler's ``found_inf``: :mod:`._skip`); an automatic
+rollback stops the fit loop, restores the checkpoint and runs the loop again, with a skip-aware
+sampler in the train loader (:mod:`._rollback`).
 """
 from __future__ import annotations
 
@@ -20,10 +23,13 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.precision import FSDPPrecision
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy   # no deepspeed import
 
+from stability_callbacks.live import InstancePatches
 from stability_callbacks.params import flag
 
 from ._readings import DeepSpeedStep, read_grad_scaler, sharded_grad_norm
+from ._rollback import LightningRollBack
 from ._session import SessionAdapter
+from ._skip import gate_optimizer
 
 __all__ = ["StabilityCallback"]
 
@@ -53,6 +59,7 @@ class StabilityCallback(Callback, SessionAdapter):
         self._last_step = 0
         self._norm: torch.Tensor | None = None    # this step's grad norm, for the clipping
         self._orig_clip = self._ds = self._mc_seen = self._save_pending = None
+        self._rollback = self._loop_patches = self._gate = None
 
     # ------------------------------------------------------------------------------ set-up
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -71,6 +78,9 @@ class StabilityCallback(Callback, SessionAdapter):
             s.report, self._closed = self.log_to_loggers, False
             if self.take_over_clipping and not isinstance(trainer.strategy, DeepSpeedStrategy):
                 self._take_over_clipping(trainer)
+            if self._auto_rollback() and self._loop_patches is None:
+                self._loop_patches = InstancePatches(trainer.fit_loop)
+                self._rollback = LightningRollBack(lambda: self.session, trainer, self._loop_patches)
 
     def _take_over_clipping(self, trainer) -> None:
         """Clip with the norm this callback already computed (``clip_grads_with_norm_``: the same
@@ -112,19 +122,30 @@ class StabilityCallback(Callback, SessionAdapter):
             s = self.session
             self._last_step = trainer.global_step
             # A checkpoint without this callback's state is a resume too (fresh detectors).
-            reason = "resume" if self._resumed or trainer.ckpt_path else "start"
+            rolling = self._rollback is not None and self._rollback.pending is not None
+            reason = "rollback" if rolling else "resume" if self._resumed or trainer.ckpt_path else "start"
             scheds = trainer.lr_scheduler_configs
             s.start(trainer.global_step, reason, model=pl_module,
                     optimizer=trainer.optimizers[0] if trainer.optimizers else None,
                     scheduler=scheds[0].scheduler if scheds else None, precision=str(trainer.precision),
                     total_steps=trainer.max_steps if trainer.max_steps > 0 else None)
+            if rolling:
+                self._rollback.restored()
+            if self._rollback is not None:
+                self._rollback.install()
             # CPU copies land at once (poll is deterministic); on accelerators the copy may land
             # at different times on different ranks, so multi-rank runs drain in lockstep.
             s.lockstep = trainer.world_size > 1 and trainer.strategy.root_device.type != "cpu"
             if isinstance(trainer.checkpoint_callback, ModelCheckpoint):
                 self._mc_seen = trainer.checkpoint_callback._last_checkpoint_saved or None
+            engine = None
             if isinstance(trainer.strategy, DeepSpeedStrategy):
-                self._ds = DeepSpeedStep(trainer.strategy.deepspeed_engine)
+                engine = trainer.strategy.deepspeed_engine
+                self._ds = DeepSpeedStep(engine)
+            if self._gate is None and trainer.optimizers:
+                lr_factor = self._rollback.lr_factor(lambda: trainer.global_step + 1) if self._rollback else None
+                self._gate = gate_optimizer(s.skip, engine.optimizer if engine is not None else trainer.optimizers[0],
+                                            engine=engine, lr_factor=lr_factor)
 
     # ------------------------------------------------------------------------------ per step
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
@@ -139,14 +160,16 @@ class StabilityCallback(Callback, SessionAdapter):
                 return
             # After unscale_, before update(): the scale this step used and found_inf. A fused
             # optimizer unscales inside its step (amp.py:84-88): no found_inf, grads still scaled.
-            scale, found_inf = read_grad_scaler(s.probe, getattr(trainer.precision_plugin, "scaler", None),
-                                                optimizer)
+            scaler = getattr(trainer.precision_plugin, "scaler", None)
+            scale, found_inf = read_grad_scaler(s.probe, scaler, optimizer)
             params = list(trainer.precision_plugin.main_params(optimizer))
             if isinstance(trainer.strategy, FSDPStrategy):
                 s.before_optimizer_step(grad_norm=sharded_grad_norm(params))
             else:
                 self._norm = s.before_optimizer_step(params=params, scaled_by=(
                     scale if scale is not None and found_inf is None else None))
+            if scaler is not None and s.skip is not None:   # the scaler's own skip carries it out
+                s.skip.merge_into_scaler(scaler, optimizer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._off():
@@ -187,10 +210,11 @@ class StabilityCallback(Callback, SessionAdapter):
                 for cb in trainer.checkpoint_callbacks:
                     if isinstance(cb, ModelCheckpoint):
                         cb._last_global_step_saved = step
+            rollback = self._rollback.accept(step) if self._rollback is not None else None
             why, stop = s.requests(step)
-            if stop:
+            if stop or rollback is not None:   # a rollback: the fit loop wrapper takes it from here
                 trainer.should_stop = True
-            if why:
+            if why and rollback is None:
                 # Collective under DeepSpeed/FSDP: every rank reaches this at the same step.
                 mc = trainer.checkpoint_callback
                 folder = self.checkpoint_dir or (mc.dirpath if isinstance(mc, ModelCheckpoint) and mc.dirpath
@@ -223,6 +247,8 @@ class StabilityCallback(Callback, SessionAdapter):
         if not self._off():
             self.session.flush()   # host-sync: end of training
             self._note_framework_saves(trainer)
+        if self._rollback is not None and self._rollback.pending is not None:
+            return   # the run goes on from the checkpoint, in the same session
         self.session.close()   # never raises
         self._closed = True
 
@@ -233,6 +259,11 @@ class StabilityCallback(Callback, SessionAdapter):
             self._closed = True
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
+        if self._gate is not None:
+            self._gate.close()
+        if self._loop_patches is not None:
+            self._loop_patches.restore()
+        self._gate = self._loop_patches = self._rollback = None
         if self._orig_clip is not None:
             precision, _ = self._orig_clip
             vars(precision).pop("clip_grad_by_norm", None)

@@ -345,6 +345,89 @@ def case_crash(out_dir):
     return summary(hook, {"same_object": raised is err, "closed": hook.session.closed, "records": alerts})
 
 
+class _NoHook:
+    should_stop = False
+
+
+def _params(engine):
+    return [p.detach().clone() for p in engine.module.parameters()]
+
+
+def _rows_without(sc, steps):
+    """The data order of a run where the optimizer steps ``steps`` never happened."""
+    ids = sc.train_dataset(dist.get_world_size()).input_ids
+    g = sc.samples_per_step(dist.get_world_size())
+    return ids[[i for i in range(len(ids)) if i // g + 1 not in steps]]
+
+
+def case_skip(out_dir):
+    """bf16 ZeRO-2, a data pocket (steps 25-27) whose grad norm is ~6x its baseline; with
+    skip_step_on: grad_outlier at ratio 3 DeepSpeed's own overflow path drops the three updates
+    (its norm test turned on for bf16). The run equals one that never had those steps."""
+    sc = build_scenario("data-pocket", max_steps=32, batch_size=4)
+    run_dir = shared_dir(out_dir, "skip-z2")
+    engine = make_engine(sc, stage=2, precision="bf16")
+    hook = attach(engine, config={"actions": {}, "policy": {"skip_step_on": "grad_outlier",
+                                                             "skip_grad_ratio": 3.0}}, run_dir=run_dir)
+    train(engine, hook, sc, last_step=sc.max_steps)
+    hook.close()
+    got, skipped = _params(engine), int(engine.skipped_steps)
+    ref = make_engine(sc, stage=2, precision="bf16")
+    train(ref, _NoHook(), sc, last_step=sc.max_steps - 3, ids=_rows_without(sc, {25, 26, 27}))
+    records = {r["step"]: r["metrics"] for r in runlog_lines(run_dir) if r["type"] == "step"}
+    return summary(hook, {"same_as_without": all(torch.equal(a, b) for a, b in zip(got, _params(ref))),
+                          "skipped_steps": skipped, "global_steps": int(engine.global_steps),
+                          # rank 0 writes the run log
+                          "records": {"flags": [s for s, m in sorted(records.items()) if m.get("skipped_by_policy")],
+                                      "norms": [records[s]["grad_norm"] for s in (24, 25)]}
+                          if dist.get_rank() == 0 else None})
+
+
+def case_rollback(out_dir):
+    """fp32 ZeRO-1, a 12-step data pocket from step 25 that does not recover: the hook rolls
+    back in-process to the checkpoint of step 20, the loop's hook.batches(loader) (a
+    DistributedSampler DataLoader) skips the data of steps 25-40 on both ranks, the LR runs at
+    half for 10 steps; the run then equals a run that never saw that data (same LR factor)."""
+    sc = build_scenario("data-pocket", pocket_steps=12, batch_size=4, data_steps=70)
+    run_dir = shared_dir(out_dir, "rollback-z1")
+    cfg = {"actions": {}, "detectors": {"loss_spike": {"horizon_steps": 10}},
+           "policy": {"bump_save_interval_to": 5, "skip_step_on": "grad_outlier",
+                      "auto_rollback": {"skip_extra_steps": 5, "lr_factor": 0.5, "lr_factor_steps": 10}}}
+    engine = make_engine(sc, stage=1, precision="fp32")
+    hook = attach(engine, config=cfg, run_dir=run_dir, save_dir=os.path.join(run_dir, "ckpt"))
+    ds = sc.train_dataset(dist.get_world_size())
+    loader = torch.utils.data.DataLoader(ds, batch_size=sc.batch_size, sampler=torch.utils.data.DistributedSampler(
+        ds, num_replicas=dist.get_world_size(), rank=dist.get_rank(), shuffle=False))
+    for batch in hook.batches(loader):
+        engine.backward(engine(input_ids=batch["input_ids"], labels=batch["labels"]).loss)
+        engine.step()
+        if hook.should_stop or engine.global_steps >= sc.max_steps:
+            break
+    hook.close()
+    got = _params(engine)
+    # The reference: the data without steps 25-40, the LR halved for steps 21-30 by hand.
+    ref = make_engine(sc, stage=1, precision="fp32")
+    rows = _rows_without(sc, set(range(25, 41)))
+    while ref.global_steps < sc.max_steps:
+        step = ref.global_steps + 1
+        for m, mb in enumerate(micro_batches(rows, sc, step)):
+            ref.backward(ref(input_ids=mb, labels=mb).loss)
+            if m == sc.grad_accum - 1 and 21 <= step <= 30:
+                for group in ref.optimizer.param_groups:
+                    group["lr"] *= 0.5   # the scheduler sets the next LR afterwards
+            ref.step()
+    lines = runlog_lines(run_dir)
+    save_dir = os.path.join(run_dir, "ckpt")
+    with open(os.path.join(save_dir, "latest")) as fh:
+        latest = fh.read().strip()
+    return summary(hook, {"same_as_without": all(torch.equal(a, b) for a, b in zip(got, _params(ref))),
+                          "global_steps": int(engine.global_steps), "latest": latest,
+                          "aside": sorted(os.listdir(os.path.join(save_dir, "rolled_back"))),
+                          "records": {"segments": [[r["segment"], r["start_step"], r["reason"]] for r in lines
+                                                   if r["type"] == "segment"]} if dist.get_rank() == 0 else None,
+                          "actions": runlog_actions(run_dir)})
+
+
 CASES = {
     "nonorm-z2": case_no_grad_norm,
     "crash-z1": case_crash,
@@ -354,6 +437,8 @@ CASES = {
     "nan-z0": case_nan,
     "spike-z3": case_warmup_spike,
     "streams-z1": case_streams,
+    "skip-z2": case_skip,
+    "rollback-z1": case_rollback,
 }
 
 

@@ -22,6 +22,10 @@ def main() -> int:
     ap.add_argument("--scenario", required=True)
     ap.add_argument("--max-steps", type=int, default=None)
     ap.add_argument("--halt-on", default="never")
+    ap.add_argument("--config", default=None, help="a JSON monitoring config (instead of --halt-on)")
+    ap.add_argument("--pocket-steps", type=int, default=3)
+    ap.add_argument("--data-steps", type=int, default=None)
+    ap.add_argument("--full-checkpoints", action="store_true", help="optimizer and scheduler too")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
@@ -32,7 +36,8 @@ def main() -> int:
 
     world = int(os.environ["WORLD_SIZE"])
     rank = int(os.environ["RANK"])
-    sc = build_scenario(a.scenario, max_steps=a.max_steps, batch_size=4)
+    sc = build_scenario(a.scenario, max_steps=a.max_steps, batch_size=4, pocket_steps=a.pocket_steps,
+                        data_steps=a.data_steps)
     ds_config = None
     if a.backend.startswith("zero"):
         ds_config = {"zero_optimization": {"stage": int(a.backend[-1])}, "bf16": {"enabled": False},
@@ -45,9 +50,9 @@ def main() -> int:
         save_strategy="steps", save_steps=1000, report_to="none",
         train_sampling_strategy="sequential", disable_tqdm=True, logging_nan_inf_filter=False,
         ddp_backend="gloo", ddp_find_unused_parameters=False, deepspeed=ds_config, use_cpu=True,
-        save_only_model=True)
+        save_only_model=not a.full_checkpoints)
     trainer = Trainer(model=sc.make_model(), args=args, train_dataset=sc.train_dataset(world))
-    config = {"policy": {"halt_on": a.halt_on}}
+    config = json.loads(a.config) if a.config else {"policy": {"halt_on": a.halt_on}}
     cb = StabilityCallback.attach(trainer, config=config, run_dir=os.path.join(a.out, "stability"))
     trainer.train()
     ckpts = sorted(d for d in os.listdir(args.output_dir) if d.startswith("checkpoint-")) \
@@ -58,7 +63,8 @@ def main() -> int:
                    "is_deepspeed": bool(trainer.is_deepspeed_enabled),
                    "zero_stage": (trainer.model_wrapped.zero_optimization_stage()
                                   if trainer.is_deepspeed_enabled else None),
-                   "num_params": sum(p.numel() for p in trainer.model.parameters())}, fh)
+                   "num_params": sum(p.numel() for p in trainer.model.parameters()),
+                   "weights_sum": float(sum(p.detach().double().sum() for p in trainer.model.parameters()))}, fh)
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()

@@ -61,7 +61,7 @@ def run(strategy_name: str, a, world: int, rank: int) -> None:
     from test_lightning import ScenarioModule   # the same LightningModule as the 1-process tests
 
     sc = build_scenario(a.scenario, max_steps=a.max_steps, fault_step=a.fault_step,
-                        batch_size=a.batch_size)
+                        batch_size=a.batch_size, pocket_steps=a.pocket_steps, data_steps=a.data_steps)
     if strategy_name == "ddp":
         strategy = DDPStrategy(process_group_backend="gloo")
     else:
@@ -96,6 +96,8 @@ def main() -> int:
     ap.add_argument("--max-steps", type=int, default=None)
     ap.add_argument("--fault-step", type=int, default=None)
     ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--pocket-steps", type=int, default=3)
+    ap.add_argument("--data-steps", type=int, default=None)
     ap.add_argument("--config", default="{}")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()

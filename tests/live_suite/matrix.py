@@ -23,6 +23,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from .runners import CONFIG_ENV
 from .scenarios import FRAMEWORKS, QUICK, SCENARIOS, Scenario
 from .verdict import judge
 
@@ -254,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "out" / "live_matrix"), help="run logs and results")
     p.add_argument("--jobs", type=int, default=2, help="worker processes at once (default 2)")
     p.add_argument("--list", action="store_true", help="print the scenario table and exit")
+    p.add_argument("--healthy", action="store_true", help="only the healthy scenarios")
+    p.add_argument("--config", help="a monitoring config (JSON) every runner uses instead of the "
+                                    "defaults, e.g. '{\"policy\": {\"skip_step_on\": \"grad_outlier\"}}'")
     p.add_argument("--compact", nargs=2, metavar=("RUNLOG", "OUT"),
                    help="write a smaller replayable copy of a run log and exit")
     p.add_argument("--up-to-step", type=int, metavar="N", help="with --compact: keep steps 1..N")
@@ -268,6 +272,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     only = [n for item in a.only for n in item.split(",") if n]
     scenarios = select(only=only, frameworks=a.framework, quick=a.quick)
+    if a.healthy:
+        scenarios = [sc for sc in scenarios if sc.healthy]
+    if a.config:
+        json.loads(a.config)   # a bad config fails here, not in every worker
+        os.environ[CONFIG_ENV] = a.config
     if a.list:
         for sc in scenarios:
             what = "healthy" if sc.healthy else f"{sc.fault.kind}@{sc.fault.step} (<= +{sc.fault.within})"

@@ -9,13 +9,15 @@ library's public API only, its run log written to ``run_dir``.
 - DeepSpeed: ``attach(engine, run_dir=...)`` on a hand-written loop, single process on the CPU
   accelerator, optimizer and scheduler from the DeepSpeed config (WSD: a client scheduler).
 
-Every runner uses the default monitoring config, as a user who adds one line would. Faults are
+Every runner uses the default monitoring config, as a user who adds one line would (or the JSON
+config in the environment variable ``LIVE_MATRIX_CONFIG``: ``live_matrix.py --config``). Faults are
 planted right before the first micro-batch of their step (:func:`plant`); data faults live in
 the data (``scenarios.train_rows``). A resume is a second process-like start: a fresh model,
 framework object and callback/hook on the same ``run_dir``, loading the checkpoint.
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 from pathlib import Path
@@ -23,6 +25,13 @@ from pathlib import Path
 import torch
 
 from .scenarios import Scenario, eval_rows, make_model, make_optimizer, make_scheduler, train_rows
+
+#: The environment variable holding a JSON monitoring config for every runner (None: defaults).
+CONFIG_ENV = "LIVE_MATRIX_CONFIG"
+
+
+def _config():
+    return json.loads(os.environ.get(CONFIG_ENV) or "null")
 
 
 # -------------------------------------------------------------------------------- faults
@@ -112,7 +121,7 @@ def run_hf(sc: Scenario, run_dir: Path) -> dict:
     def trainer(**extra):
         return Trainer(model=make_model(sc), args=TrainingArguments(**{**kw, **extra}),
                        train_dataset=train_rows(sc), eval_dataset=eval_rows(sc) if sc.eval_every else None,
-                       callbacks=[Plant(), StabilityCallback(run_dir=run_dir)])
+                       callbacks=[Plant(), StabilityCallback(run_dir=run_dir, config=_config())])
 
     if sc.resume_at is None:
         trainer().train()
@@ -174,7 +183,7 @@ def run_lightning(sc: Scenario, run_dir: Path) -> dict:
             kw.update(max_steps=max_steps)
         if sc.eval_every:
             kw.update(val_check_interval=sc.eval_every * sc.grad_accum, check_val_every_n_epoch=None)
-        cb = StabilityCallback(run_dir=run_dir, checkpoint_dir=run_dir / "ckpt")
+        cb = StabilityCallback(run_dir=run_dir, checkpoint_dir=run_dir / "ckpt", config=_config())
         trainer = pl.Trainer(callbacks=[Plant(), cb, *callbacks], **kw)
         trainer.fit(Module(), loader(data), val, ckpt_path=ckpt_path)
         return trainer
@@ -262,7 +271,7 @@ def run_deepspeed(sc: Scenario, run_dir: Path) -> dict:
             client_sched = lambda opt: make_scheduler(sc, opt)  # noqa: E731
         engine, _, _, _ = deepspeed.initialize(model=model, config=ds_config(sc), lr_scheduler=client_sched,
                                                model_parameters=model.parameters())
-        return engine, attach(engine, run_dir=run_dir)
+        return engine, attach(engine, run_dir=run_dir, config=_config())
 
     def train(engine, hook, last_step, data_offset=0):
         while engine.global_steps < last_step:
