@@ -2,7 +2,7 @@
 
 Run log: ``{"type": "step", "step": 7, "segment": 0, "metrics": {...}}`` lines become records in
 file order (stitching rollback segments is :mod:`stability_callbacks.replay.timeline`'s job);
-``finding`` / ``segment`` / ``checkpoint`` / ``phase`` lines are not steps (a ``phase`` line's
+``finding`` / ``segment`` / ``checkpoint`` / ``action`` / ``phase`` lines are not steps (a ``phase`` line's
 declared ``warmup_steps`` rides on the next step record, for the Monitor: replay = live). Plain
 objects (``{"step": 7, "loss": 2.5, "train/grad_norm": 0.3}``, LLaMA-Factory's ``trainer_log.jsonl``
 with ``current_steps``, nested ``{"train": {"loss": ...}}``) are read with the generic reader's
@@ -54,7 +54,7 @@ def read(path, *, on_skip: SkipReport, progress: bool = False, lines=None, user_
             if kind == "phase":
                 declared = obj.get("warmup_steps") or declared
                 continue
-            if kind in ("finding", "segment", "checkpoint"):
+            if kind in ("finding", "segment", "checkpoint", "action"):
                 continue
         yield from feed_line(reader, asm, line_no, s, on_skip)
     yield from asm.finish()
