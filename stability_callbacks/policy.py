@@ -258,7 +258,7 @@ class Policy:
             control.rollback = self._rollback_advice(step, trigger, ctx.loss_spike_onset)
             extra.append(control.rollback)
         no_rollback = None
-        if rolling:
+        if rolling and control.rollback is not None:
             request, no_rollback = self._rollback_request(step, control.rollback)
             if request is not None:
                 control.rollback_request = request
@@ -331,6 +331,7 @@ class Policy:
     def _rollback_request(self, step: int, advice: Finding) -> tuple[RollbackRequest | None, str | None]:
         """The automatic rollback the advice calls for, or why there is none."""
         ar, d = self.auto_rollback, advice.details
+        assert ar is not None   # only called with policy.auto_rollback on
         if d.get("checkpoint_step") is None:
             return None, f"no good checkpoint before the onset (step {d['onset_step']}) is known"
         if self.data_skips.attempts >= ar.max_attempts:
@@ -350,8 +351,8 @@ class Policy:
     def _rollback_finding(self, r: RollbackRequest, advice: Finding) -> Finding:
         first, last = r.skip_steps
         where = f" ({r.checkpoint_path})" if r.checkpoint_path else ""
-        margin = (f", {self.auto_rollback.skip_extra_steps} of them past the detection as a margin"
-                  if self.auto_rollback.skip_extra_steps else "")
+        extra = self.auto_rollback.skip_extra_steps if self.auto_rollback is not None else 0
+        margin = f", {extra} of them past the detection as a margin" if extra else ""
         lr = (f", and the LR is scaled by {r.lr_factor:g} for {r.lr_factor_steps} steps"
               if r.skips.lr_window is not None else "")
         return Finding(

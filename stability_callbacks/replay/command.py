@@ -152,8 +152,9 @@ def _follow(args, monitor, user_keys, pattern) -> int:
     except KeyboardInterrupt:
         stop.reason = "interrupted"
     finally:
-        if stream is not None:
-            stream.close()        # the tail's file
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()               # the tail's file
     done = carry_out_halt(halt[0], stop_file=args.stop_file, on_halt=args.on_halt) if halt else []
     run.close()
     summary_to = replay.finish(args)

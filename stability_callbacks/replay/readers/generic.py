@@ -40,7 +40,7 @@ import heapq
 import operator
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ... import keys
 from ...record import StepRecord
@@ -210,8 +210,8 @@ class Plan:
     parts: tuple = ()                # kind multi: ((first number, end, plan), ...)
     score: int = 0                   # how close to a record (for the error message)
     named: tuple[str, ...] = ()      # the keys it printed, for the error message
-    match: object = None             # the template's own regular expression (fullmatch), once used
-    values: object = None            # numbers -> metric values (C-level, no negatives)
+    match: Callable[[str], re.Match | None] | None = None   # the template's fullmatch, once used
+    values: Callable[[Any], tuple] | None = None   # numbers -> metric values (C-level, no negatives)
     names: tuple[str, ...] = ()      # the metric keys, in `values` order
     loss_at: int | None = None       # the index of the loss among the line's numbers
 
@@ -340,9 +340,10 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
     for i in range(n):
         before = befores[i]
         has_total = i + 1 < n and texts[i + 1].strip() == "/" and not noise[i + 1]
-        if glued[i]:
-            kind, what = classify(glued[i], user)
-            roles.append((kind, what, glued[i]))
+        g = glued[i]
+        if g:
+            kind, what = classify(g, user)
+            roles.append((kind, what, g))
             continue
         if noise[i]:
             roles.append(("noise", None, ""))
@@ -389,7 +390,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
         if kind == "other" and not name and total and bar_label is not None:
             kind, what, name = bar_label
             bar_label = None
-        if kind == "metric" and what not in seen_keys:
+        if kind == "metric" and what is not None and what not in seen_keys:
             seen_keys.add(what)
             negative = texts[i].endswith("-") and not texts[i].endswith("--")
             metrics.append((i, what, negative))
@@ -398,7 +399,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
                 split_loss = plan.loss_name in _SPLIT_QUALIFIED_LOSS
             if what == keys.SKIPPED:
                 plan.prints_skipped = True
-        elif kind == "step":
+        elif kind == "step" and what is not None:
             steps.append((int(what), i, normalise_key(name)))
         elif kind == "epoch" and plan.epoch is None:
             plan.epoch = i
@@ -435,8 +436,8 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
     plan.metrics = tuple(metrics)
     plan.loss_at = next((i for i, k, _ in metrics if k == keys.LOSS), None)
     if metrics and not any(neg for _, _, neg in metrics):
-        idx = [i for i, _, _ in metrics]
-        plan.values = operator.itemgetter(*idx) if len(idx) > 1 else (lambda nums, i=idx[0]: (nums[i],))
+        cols = [i for i, _, _ in metrics]
+        plan.values = operator.itemgetter(*cols) if len(cols) > 1 else (lambda nums, i=cols[0]: (nums[i],))
         plan.names = tuple(k for _, k, _ in metrics)
     plan.named = tuple(named)
     plan.score = len(named) + 2 * len(metrics) + (2 if steps else 0)
@@ -515,7 +516,7 @@ class LineReader:
 
     def parse(self, seg: str) -> tuple[tuple | list, Plan] | None:
         last = self.last
-        if last is not None:
+        if last is not None and last.match is not None:   # a record plan: compiled
             m = last.match(seg)
             if m is not None:
                 return m.groups(), last
@@ -539,10 +540,12 @@ class LineReader:
         return parts[1::2], plan
 
     def _parse_pattern(self, seg: str):
-        m = self.pattern.search(seg)
+        m = self.pattern.search(seg) if self.pattern is not None else None
         if m is None:
             return None
-        nums, metrics, step = [], [], None
+        nums: list[str] = []
+        metrics: list[tuple[int, str, bool]] = []
+        step = None
         for name, value in m.groupdict().items():
             if value is None:
                 continue
@@ -667,7 +670,7 @@ class Assembler:
         value = int(float(nums[plan.step]))
         if self.epoch is None or plan.step_priority == 0:
             return value
-        done = self.epoch - self.epoch_base
+        done = self.epoch - (self.epoch_base or 0)
         per_epoch = self.per_epoch
         if plan.within_epoch and plan.step_total is not None:
             per_epoch = int(float(nums[plan.step_total]))
@@ -815,8 +818,8 @@ def read(path, *, on_skip: SkipReport, progress: bool = False, lines: Iterable |
             continue
         # The common case inline (a line of the last record template); feed_line otherwise.
         last = reader.last
-        m = last.match(text) if last is not None and asm.header_step is None else None
-        if m is not None:
+        m = last.match(text) if last is not None and last.match is not None and asm.header_step is None else None
+        if m is not None and last is not None:
             try:
                 out = asm.feed(m.groups(), last)
             except (ValueError, OverflowError) as e:
