@@ -20,9 +20,11 @@ CONSUMED_SAMPLES = "consumed_samples"
 BATCH_FINGERPRINT = "batch_fingerprint"   # a hash of the batch's token ids (resume auditor)
 LOSS_STREAM_PREFIX = "loss/"       # per-dataset losses: loss/cm4, loss/pmd
 LOSS_RESOLUTION = "loss_resolution"  # a printed loss's last digit: 1e-4 for `2.3456`, 1e-6 for `1.000000`
+LOSS_WINDOW = "loss_window"        # the steps a printed loss summarises (a window median: 20)
 
 ALL = (LOSS, GRAD_NORM, LR, LOSS_SCALE, SKIPPED, SKIPPED_BY_POLICY, ADAM_V_MAX, ADAM_V_L1, ADAM_V_NUMEL, ADAM_BETA2,
-       ADAM_STEP, PARAM_NORM, UPDATE_NORM, CONSUMED_SAMPLES, BATCH_FINGERPRINT, LOSS_RESOLUTION)
+       ADAM_STEP, PARAM_NORM, UPDATE_NORM, CONSUMED_SAMPLES, BATCH_FINGERPRINT, LOSS_RESOLUTION,
+       LOSS_WINDOW)
 
 
 def is_known(key: str) -> bool:

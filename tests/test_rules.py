@@ -6,6 +6,7 @@ its README) and on the synthetic physics of tests/physics.py."""
 import math
 import random
 import re
+import statistics
 
 import pytest
 from conftest import DATA
@@ -392,3 +393,28 @@ def test_a_spike_that_stays_in_a_sparse_log_is_unrecovered_after_ten_points():
     f = run(sparse_noisy_run(60_000, seed=1, noise=0.05, jump_at=30_000))
     assert found(f)[:4] == [(30_000, "loss_spike", "info"), (30_200, "loss_spike", "warning"),
                             (30_900, "spike_unrecovered", "critical"), (30_900, "rollback_advice", "critical")]
+
+
+def _metric_logger_log(path, n: int, frozen_from: int | None = None):
+    """torchvision's MetricLogger line: the median of the last 20 losses, then their average."""
+    rng, window, total, lines = random.Random(7), [], 0.0, []
+    for step in range(1, n + 1):
+        x = 2.0 if frozen_from is not None and step >= frozen_from else 2.0 * (1 + 0.01 * rng.gauss(0, 1))
+        window, total = (window + [x])[-20:], total + x
+        lines.append(f"Epoch: [0]  [{step:4d}/{n}]  eta: 0:01:00  lr: 0.1  "
+                     f"loss: {statistics.median(window):.4f} ({total / step:.4f})  time: 2.5848")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_window_median_repeats_while_its_window_turns_over(tmp_path):
+    # healthy: the 20-step median repeats 4-5 times at 4 decimals now and then, never a stall
+    recs = list(read_records(_metric_logger_log(tmp_path / "ok.log", 3000)))
+    assert recs[0].metrics["loss_window"] == 20.0
+    assert [f for f in run(recs) if f.kind == "stall"] == []
+    # frozen from step 2000 (a median of values around 2.0 and exact 2.0s is 2.0 at once): the
+    # 5 repeats 4 decimals need plus the window, 25 in a row
+    f = [f for f in run(read_records(_metric_logger_log(tmp_path / "frozen.log", 2100, frozen_from=2000)))
+         if f.kind == "stall"]
+    assert [(x.step, x.onset_step, x.details["rule"], x.details["needed"]) for x in f] == [
+        (2024, 2000, "frozen", 25)]

@@ -61,9 +61,10 @@ class Stall(Detector):
       at least ``min_samples``: ``1.000000`` (PaddleOCR, 7 digits) needs 3, HF's 4 decimals
       of a loss near 2 need 5, full float precision 3. σ is ``noise_floor``, not a noise
       measured on the run: smoothed or daily losses move less from point to point than their
-      residuals suggest. A print so coarse that more than ``num_samples`` repeats would be
-      needed (2 decimals; Lightning's 3 significant digits of a loss above 1), or a value with a
-      single significant digit (``0.0001``, the print floor), cannot tell a freeze from noise:
+      residuals suggest. A loss the reader knows to be a window statistic (``loss_window``:
+      MetricLogger's 20-step median) repeats while its window turns over: ``k`` + the window.
+      A print so coarse that more than ``num_samples`` repeats would be needed (2 decimals;
+      Lightning's 3 significant digits of a loss above 1), or a value with a single significant digit (``0.0001``, the print floor), cannot tell a freeze from noise:
       the rule stays silent there.
     - *repeating*: the loss repeats, value for value, the values of ``P`` points earlier
       (2 ≤ P ≤ ``max_period_samples``): the weights are frozen and the data loader cycles the
@@ -145,6 +146,9 @@ class Stall(Detector):
             if self.count == 2:
                 self.run_start = self.last_step
                 self.need = self._samples_needed(x, m.get(keys.LOSS_RESOLUTION))
+                if self.need is not None and m.get(keys.LOSS_WINDOW):
+                    # a window statistic repeats while its window turns over: count from there
+                    self.need += int(m[keys.LOSS_WINDOW])
             self.last_step = step
             self._remember(step, x, False, None)
             if self.need is not None and self.latch.update(self.count >= self.need):

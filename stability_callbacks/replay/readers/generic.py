@@ -214,6 +214,7 @@ class Plan:
     values: Callable[[Any], tuple] | None = None   # numbers -> metric values (C-level, no negatives)
     names: tuple[str, ...] = ()      # the metric keys, in `values` order
     loss_at: int | None = None       # the index of the loss among the line's numbers
+    loss_window: int = 0             # `loss: 6.9733 (6.9704)`: a window statistic (see make_plan)
 
 
 def _key_before(piece: str, glued: bool) -> str:
@@ -434,7 +435,14 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
                                    for a, b in multi)
                 return plan
     plan.metrics = tuple(metrics)
-    plan.loss_at = next((i for i, k, _ in metrics if k == keys.LOSS), None)
+    plan.loss_at = at = next((i for i, k, _ in metrics if k == keys.LOSS), None)
+    if at is not None and at + 1 < len(nums) and texts[at + 1].strip() == "(" \
+            and texts[at + 2].lstrip().startswith(")"):
+        # `loss: 6.9733 (6.9704)`: torchvision's MetricLogger (and detectron2's printer) print
+        # the median of the last 20 values, then the average; a median repeats while the
+        # window turns over. Other `value (average)` prints (timm) show the step's own value:
+        # treating those as a window only makes the frozen-loss rule wait longer.
+        plan.loss_window = 20
     if metrics and not any(neg for _, _, neg in metrics):
         cols = [i for i, _, _ in metrics]
         plan.values = operator.itemgetter(*cols) if len(cols) > 1 else (lambda nums, i=cols[0]: (nums[i],))
@@ -689,6 +697,8 @@ class Assembler:
             if text[-1:] == "0" and "." in text and "e" not in text and "E" not in text:
                 # `1.000000` reads back as 1.0: the printed digits the float loses (stall)
                 metrics[keys.LOSS_RESOLUTION] = 10.0 ** (text.index(".") + 1 - len(text))
+            if plan.loss_window:
+                metrics[keys.LOSS_WINDOW] = plan.loss_window
         step = self._step_of(nums, plan)
         if step is None and plan.step is None:
             step = self.header_step
