@@ -195,10 +195,6 @@ def _summary(console, o: DemoOutcome) -> int:
             f"{Path(p).name} ({r.split(':')[0]}{'; abandoned branch, moved to rolled_back/' if (s, p) in abandoned else ''})"
             for s, p, r in o.checkpoints))
     say(f"Alerts delivered to the local Slack inbox: {len(o.alerts)}.")
-    if o.rollback is not None:
-        d = o.rollback.details
-        say(f"Rollback: resume from {d.get('checkpoint_path') or 'the last checkpoint before the onset'}, "
-            f"skip steps {d['skip_steps'][0]}-{d['skip_steps'][1]}.")
     for r in o.rollbacks:
         say(f"Rolled back automatically at step {r['step']} to the checkpoint of step {r['checkpoint_step']} "
             f"({Path(r['path']).name}); the data of steps {r['skip_steps'][0]}-{r['skip_steps'][1]} was skipped.")
