@@ -12,34 +12,23 @@ import json
 import re
 import threading
 from collections import defaultdict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from stability_callbacks.demo.terminal import LocalSlackInbox
 
 _TITLE = re.compile(r"stability: (\w+) \((\w+)\)")
 
 
-class AlertInbox(ThreadingHTTPServer):
-    daemon_threads = True
+class AlertInbox(LocalSlackInbox):
+    """The demo's local inbox (a threaded HTTP server answering ``ok``), keeping what arrives."""
+
+    path = "/alerts"
 
     def __init__(self):
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__()
         self.alerts: list[dict] = []          # {"kind", "severity", "step", "body"} per POST
         self.on_kind: dict[str, object] = {}  # kind -> callable, run once when it arrives
         self._events: dict[str, threading.Event] = defaultdict(threading.Event)
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/alerts"
-
-    def __enter__(self) -> "AlertInbox":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown()
-        self.server_close()
 
     def wait_for(self, kind: str, timeout_s: float = 60.0) -> bool:
         """True once an alert of ``kind`` has arrived (False after ``timeout_s``: a failure)."""
@@ -52,7 +41,8 @@ class AlertInbox(ThreadingHTTPServer):
         with self._lock:
             return [(a["step"], a["kind"], a["severity"]) for a in self.alerts]
 
-    def _received(self, body: dict) -> None:
+    def received(self, raw: bytes) -> None:   # recorded before the sender hears back
+        body = json.loads(raw)
         finding = body.get("finding") if isinstance(body.get("finding"), dict) else None
         m = _TITLE.search(body.get("title") or "")
         alert = {"kind": finding["kind"] if finding else m and m.group(1),
@@ -65,16 +55,3 @@ class AlertInbox(ThreadingHTTPServer):
         if callback is not None:
             callback()
         event.set()
-
-
-class _Handler(BaseHTTPRequestHandler):
-    def do_POST(self):  # noqa: N802 (http.server's naming)
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self.server._received(json.loads(body))   # recorded before the sender hears back
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain")
-        self.end_headers()
-        self.wfile.write(b"ok")
-
-    def log_message(self, *args):
-        pass

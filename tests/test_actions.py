@@ -278,19 +278,25 @@ def test_500_429_and_a_silent_server_cost_training_under_5_percent(slack_env, mo
     assert len(slack_env.requests) >= 1 and slack_env.requests[0]["path"] == SECRET_PATH
 
 
-def test_close_deadline_bounds_a_full_queue_against_a_silent_server(slack_env):
-    slack_env.mode = "hang"
-    d = build_sinks({"slack": _fast_slack(timeout_s=0.3, rate_limit_s=0.0, queue_size=4)},
-                    is_rank0=True, run_name="r")
+def _flood_a_silent_server(name: str, sink: dict, findings: int, close_s: float, *, copies: int = 1) -> dict:
+    """``findings`` critical findings (each submitted ``copies`` times) to a sink whose server never
+    answers: submitting must not block and ``close`` must keep its deadline. The sink's stats."""
+    d = build_sinks({name: sink}, is_rank0=True, run_name="r")
     t0 = time.perf_counter()
-    for step in range(50):
-        d.submit(Finding(step, "nonfinite", "critical", f"NaN at {step}."))
+    for step in range(findings):
+        for _ in range(copies):
+            d.submit(Finding(step, "nonfinite", "critical", f"NaN at {step}."))
     submit_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    d.close(timeout_s=0.4)
-    assert time.perf_counter() - t0 < 0.4 + 0.3
+    d.close(timeout_s=close_s)
+    assert time.perf_counter() - t0 < close_s + 0.3
     assert submit_s < 0.1
-    s = d.stats()["slack"]
+    return d.stats()[name]
+
+
+def test_close_deadline_bounds_a_full_queue_against_a_silent_server(slack_env):
+    slack_env.mode = "hang"
+    s = _flood_a_silent_server("slack", _fast_slack(timeout_s=0.3, rate_limit_s=0.0, queue_size=4), 50, 0.4)
     assert s["delivered"] == 0 and s["dropped"] >= 45
 
 
@@ -654,18 +660,8 @@ def test_webhook_retries_5xx_and_429_but_not_4xx(hook_env, script, requests, del
 
 def test_webhook_dedupes_and_a_silent_server_is_bounded_by_the_close_deadline(hook_env):
     hook_env.mode = "hang"
-    d = build_sinks({"webhook": _fast_hook(timeout_s=0.3, rate_limit_s=0.0, queue_size=4)},
-                    is_rank0=True, run_name="r")
-    t0 = time.perf_counter()
-    for step in range(50):
-        d.submit(Finding(step, "nonfinite", "critical", f"NaN at {step}."))
-        d.submit(Finding(step, "nonfinite", "critical", f"NaN at {step}."))   # a duplicate
-    submit_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    d.close(timeout_s=0.4)
-    assert time.perf_counter() - t0 < 0.4 + 0.3
-    assert submit_s < 0.1
-    s = d.stats()["webhook"]
+    s = _flood_a_silent_server("webhook", _fast_hook(timeout_s=0.3, rate_limit_s=0.0, queue_size=4), 50, 0.4,
+                               copies=2)     # each one with a duplicate
     assert s["duplicates"] == 50 and s["delivered"] == 0 and s["dropped"] >= 45, s
 
 
@@ -796,17 +792,8 @@ def test_apprise_failures_are_retried_then_counted(apprise_env):
 
 def test_apprise_silent_server_is_bounded_by_the_close_deadline(apprise_env):
     apprise_env.mode = "hang"
-    d = build_sinks({"apprise": _fast_apprise(timeout_s=0.3, max_retries=0, rate_limit_s=0.0,
-                                              queue_size=4)}, is_rank0=True, run_name="r")
-    t0 = time.perf_counter()
-    for step in range(20):
-        d.submit(Finding(step, "nonfinite", "critical", f"NaN at {step}."))
-    submit_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    d.close(timeout_s=0.5)
-    assert time.perf_counter() - t0 < 0.5 + 0.3
-    assert submit_s < 0.1
-    s = d.stats()["apprise"]
+    s = _flood_a_silent_server("apprise", _fast_apprise(timeout_s=0.3, max_retries=0, rate_limit_s=0.0,
+                                                        queue_size=4), 20, 0.5)
     assert s["delivered"] == 0 and s["dropped"] >= 15, s
 
 

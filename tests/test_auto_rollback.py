@@ -176,12 +176,7 @@ CONFIG = {"actions": {}, "detectors": {"loss_spike": {"horizon_steps": 10}},
 SKIPPED = set(range(25, 41))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _pocket():

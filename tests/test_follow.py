@@ -32,6 +32,19 @@ def tail(path, stop):
     return iter(TailLines(path, poll_s=0.001, should_stop=stop))
 
 
+def tail_of(tmp_path, data: bytes):
+    """A ``train.log`` holding ``data``, a stop switch and the tail of the log."""
+    log = tmp_path / "train.log"
+    log.write_bytes(data)
+    stop = Stop()
+    return log, stop, tail(log, stop)
+
+
+def append(path, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)
+
+
 def next_line(it):
     """The next real line, passing over idle ticks (each tick is one poll that found nothing)."""
     for item in it:
@@ -41,42 +54,29 @@ def next_line(it):
 
 
 def test_partial_last_line_is_held_back_until_complete(tmp_path):
-    log = tmp_path / "train.log"
-    log.write_bytes(b"step 1 loss 2.5\nstep 2 lo")
-    stop = Stop()
-    it = tail(log, stop)
+    log, stop, it = tail_of(tmp_path, b"step 1 loss 2.5\nstep 2 lo")
     assert next(it) == (1, "step 1 loss 2.5")
     assert next(it) == (1, None)                 # `step 2 lo` is not out: an idle tick instead
-    with open(log, "ab") as f:
-        f.write(b"ss 2.4\nstep 3 loss 2.3\n")
+    append(log, b"ss 2.4\nstep 3 loss 2.3\n")
     assert next_line(it) == (2, "step 2 loss 2.4")
     assert next_line(it) == (3, "step 3 loss 2.3")
-    with open(log, "ab") as f:
-        f.write(b"step 4 loss")                  # the job died mid-line: given out at the end
+    append(log, b"step 4 loss")                  # the job died mid-line: given out at the end
     stop.now = True
     assert list(it) == [(4, "step 4 loss")]
 
 
 def test_tqdm_redraws_of_an_unfinished_line_go_out_at_once(tmp_path):
-    log = tmp_path / "train.log"
-    log.write_bytes(b"epoch 1\n 10%| 1/10 [loss=2.5]\r 20%| 2/10 [loss=2.4]\r 30%| 3/1")
-    stop = Stop()
-    it = tail(log, stop)
+    log, stop, it = tail_of(tmp_path, b"epoch 1\n 10%| 1/10 [loss=2.5]\r 20%| 2/10 [loss=2.4]\r 30%| 3/1")
     assert next(it) == (1, "epoch 1")
     assert next(it) == (2, " 10%| 1/10 [loss=2.5]\r 20%| 2/10 [loss=2.4]")
-    with open(log, "ab") as f:
-        f.write(b"0 [loss=2.3]\n")
+    append(log, b"0 [loss=2.3]\n")
     assert next_line(it) == (2, " 30%| 3/10 [loss=2.3]")
 
 
 def test_rotation_reads_the_old_file_to_its_end_then_the_new_one(tmp_path):
-    log = tmp_path / "train.log"
-    log.write_text("step 1 loss 2.5\n")
-    stop = Stop()
-    it = tail(log, stop)
+    log, stop, it = tail_of(tmp_path, b"step 1 loss 2.5\n")
     assert next(it) == (1, "step 1 loss 2.5")
-    with open(log, "a") as f:
-        f.write("step 2 loss 2.4\n")             # written just before the rename
+    append(log, b"step 2 loss 2.4\n")             # written just before the rename
     os.replace(log, tmp_path / "train.log.1")
     log.write_text("step 3 loss 2.3\n")
     assert next_line(it) == (2, "step 2 loss 2.4")
@@ -86,10 +86,7 @@ def test_rotation_reads_the_old_file_to_its_end_then_the_new_one(tmp_path):
 
 
 def test_truncation_restarts_at_the_top(tmp_path):
-    log = tmp_path / "train.log"
-    log.write_text("step 1 loss 2.5\nstep 2 loss 2.4\nstep 3 loss 2.3\n")
-    stop = Stop()
-    it = tail(log, stop)
+    log, stop, it = tail_of(tmp_path, b"step 1 loss 2.5\nstep 2 loss 2.4\nstep 3 loss 2.3\n")
     assert [next_line(it) for _ in range(3)][-1] == (3, "step 3 loss 2.3")
     with open(log, "w") as f:                    # copytruncate, or a restart with `>`
         f.write("step 1 loss 9.9\n")

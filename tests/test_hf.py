@@ -29,13 +29,7 @@ from stability_callbacks.integrations.hf import STATE_FILE, StabilityCallback  #
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # 2 shared cores: intra-op threads only add contention at this model size.
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _args(out, sc, **overrides) -> TrainingArguments:

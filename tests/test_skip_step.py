@@ -224,12 +224,7 @@ from stability_callbacks.demo.scenarios import ScenarioDataset, build_scenario  
 from stability_callbacks.integrations.hf import StabilityCallback  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _hf_args(out, sc, steps, optim):

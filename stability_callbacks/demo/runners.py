@@ -23,7 +23,7 @@ def train_hf(sc, config: dict, ckpt_dir: Path, run_dir: Path, display: LiveDispl
         save_strategy="steps", save_steps=display.user_save_steps, report_to="none",
         train_sampling_strategy="sequential", use_cpu=True, disable_tqdm=True,
         logging_nan_inf_filter=False, seed=sc.seed)
-    with _quiet_transformers():
+    with _quiet():
         trainer = Trainer(model=sc.make_model(), args=args, train_dataset=sc.train_dataset())
         for cb in (PrinterCallback, ProgressCallback):   # the demo's own bar and lines instead
             trainer.remove_callback(cb)
@@ -58,7 +58,7 @@ def train_lightning(sc, config: dict, ckpt_dir: Path, run_dir: Path, display: Li
     stability = StabilityCallback(config=config, run_dir=run_dir, run_name=f"demo-{sc.name}",
                                   checkpoint_dir=ckpt_dir, listeners=[display])
     loader = torch.utils.data.DataLoader(sc.train_dataset(), batch_size=sc.batch_size, shuffle=False)
-    with _quiet_lightning():
+    with _quiet():
         trainer = pl.Trainer(max_steps=sc.max_steps, accelerator="cpu", devices=1,
                              accumulate_grad_batches=sc.grad_accum, gradient_clip_val=1.0,
                              callbacks=[stability], enable_checkpointing=False, logger=False,
@@ -89,7 +89,7 @@ def train_deepspeed(sc, config: dict, ckpt_dir: Path, run_dir: Path, display: Li
         for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(_free_port())),
                            ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
             os.environ.setdefault(key, value)
-    with _quiet_transformers():
+    with _quiet():
         if created:
             deepspeed.init_distributed(dist_backend="gloo", verbose=False)
         try:
@@ -118,50 +118,35 @@ def train_deepspeed(sc, config: dict, ckpt_dir: Path, run_dir: Path, display: Li
 
 
 @contextmanager
-def _quiet_transformers():
+def _quiet():
     """Tiny-model warnings (no attention mask, loss_type), DeepSpeed's "Setting accelerator to
-    CPU" (it is imported by the Trainer when installed) and the checkpoint writer's progress
-    bars would drown the story; all restored afterwards. A filter, not a level: DeepSpeed sets
-    its logger's level itself when it is first imported."""
+    CPU", checkpoint progress bars, Lightning's start-up notes (GPU available, a logger tip) and
+    deprecation warnings of pinned dependencies would drown the story; all restored afterwards.
+    DeepSpeed's logger gets a filter, not a level: DeepSpeed sets its level when first imported."""
+    import warnings
+
     import transformers
 
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    ds_logger = logging.getLogger("DeepSpeed")
-    ds_filter = _BelowError()
-    ds_logger.addFilter(ds_filter)
-    try:
-        yield
-    finally:
-        ds_logger.removeFilter(ds_filter)
-        transformers.logging.set_verbosity(verbosity)
-        transformers.utils.logging.enable_progress_bar()
-
-
-class _BelowError(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.ERROR
-
-
-@contextmanager
-def _quiet_lightning():
-    """Lightning's start-up notes (GPU available, TPU, a logger tip) and deprecation warnings
-    of its pinned dependencies are not the demo's story."""
-    import warnings
-
-    names = ("lightning.pytorch", "lightning.fabric", "lightning.pytorch.utilities.rank_zero",
-             "lightning.fabric.utilities.rank_zero")
-    saved = [(logging.getLogger(n), logging.getLogger(n).level) for n in names]
-    for lg, _ in saved:
+    ds_logger, below_error = logging.getLogger("DeepSpeed"), lambda record: record.levelno >= logging.ERROR
+    ds_logger.addFilter(below_error)
+    lightning = [logging.getLogger(f"lightning.{n}") for n in ("pytorch", "fabric", "pytorch.utilities.rank_zero",
+                                                                "fabric.utilities.rank_zero")]
+    levels = [lg.level for lg in lightning]
+    for lg in lightning:
         lg.setLevel(logging.ERROR)
     try:
-        with _quiet_transformers(), warnings.catch_warnings():
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
-        for lg, level in saved:
+        for lg, level in zip(lightning, levels):
             lg.setLevel(level)
+        ds_logger.removeFilter(below_error)
+        transformers.logging.set_verbosity(verbosity)
+        transformers.utils.logging.enable_progress_bar()
 
 
 def _free_port() -> int:

@@ -189,15 +189,7 @@ def _pretrained_state(sc: Scenario, config) -> dict:
                          batch_size=8, grad_accum=1, lr=1e-2, warmup_steps=5, seq_len=sc.seq_len,
                          fault_steps=(), pretrain_steps=0, n_layer=sc.n_layer, n_embd=sc.n_embd,
                          n_head=sc.n_head)
-        opt, sched = clean.make_optimizer(model)
-        ids = clean.train_dataset().input_ids
-        for s in range(clean.max_steps):
-            batch = ids[s * 8:(s + 1) * 8]
-            model(input_ids=batch, labels=batch).loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            opt.zero_grad()
+        train_plain(clean, model)
         _PRETRAINED[key] = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return _PRETRAINED[key]
 
@@ -252,9 +244,10 @@ def build_scenario(name: str, *, seed: int = 0, max_steps: int | None = None,
                     fault_steps=fault_steps, expected=expected, data_steps=data_steps)
 
 
-def train_plain(scenario: Scenario, world_size: int = 1) -> list[float]:
-    """Reference loop (no framework): the per-step loss. Used to check the scenarios."""
-    model = scenario.make_model()
+def train_plain(scenario: Scenario, model=None, world_size: int = 1) -> list[float]:
+    """Reference loop (no framework) on ``model`` (default: the scenario's): the per-step loss.
+    It pretrains the scenarios' model, and checks the scenarios (``python -m`` this module)."""
+    model = model if model is not None else scenario.make_model()
     opt, sched = scenario.make_optimizer(model)
     ds = scenario.train_dataset(world_size)
     bs = scenario.batch_size

@@ -22,31 +22,15 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import deepspeed  # noqa: E402
-import cpu_deepspeed  # noqa: E402,F401  (before DeepSpeed initialises)
-from deepspeed.accelerator import get_accelerator  # noqa: E402
+from cpu_deepspeed import GradBlowUp, allow_fp16  # noqa: E402  (before DeepSpeed initialises)
 
-# DeepSpeed refuses fp16 on this CPU (mkldnn has no fp16); the engine's fp16 paths (loss
-# scaler, overflow skips) run fine once allowed (FRAMEWORK_NOTES 3.4).
-type(get_accelerator()).is_fp16_supported = lambda self: True
+allow_fp16()
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # tests/
 from alert_inbox import AlertInbox  # noqa: E402
 from stability_callbacks.demo.scenarios import build_scenario  # noqa: E402
 from stability_callbacks.integrations.deepspeed import (CLIENT_STATE_KEY, attach,  # noqa: E402
                                                         roll_back_latest)
-
-
-class GradBlowUp(torch.autograd.Function):
-    """Identity forward; the backward multiplies the gradient by 1e30 (inf in fp16): a planted
-    fp16 overflow with a finite loss, as a real overflow cascade looks."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 1e30
 
 
 def make_engine(sc, *, stage: int, precision: str):

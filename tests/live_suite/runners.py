@@ -62,19 +62,6 @@ def _scale_lr(optimizer, scheduler, factor: float) -> None:
         scheduler.base_lrs = [b * factor for b in scheduler.base_lrs]
 
 
-class GradBlowUp(torch.autograd.Function):
-    """Identity forward; the backward multiplies the gradient by 1e30 (inf in fp16): an fp16
-    overflow with a finite loss, as a real overflow cascade looks."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 1e30
-
-
 def _loss(out):
     return out["loss"]
 
@@ -249,16 +236,12 @@ def ds_config(sc: Scenario) -> dict:
 
 def run_deepspeed(sc: Scenario, run_dir: Path) -> dict:
     import deepspeed
-    from deepspeed.accelerator import get_accelerator
-
-    import cpu_deepspeed  # noqa: F401  (tests/dist: no shared-memory op build on this CPU box)
+    from cpu_deepspeed import GradBlowUp, allow_fp16   # tests/dist: no shared-memory op build here
 
     from stability_callbacks.integrations.deepspeed import attach
 
     if sc.precision == "fp16":
-        # DeepSpeed refuses fp16 on this CPU (mkldnn); its fp16 paths run once allowed
-        # (FRAMEWORK_NOTES 3.4).
-        type(get_accelerator()).is_fp16_supported = lambda self: True
+        allow_fp16()
     _init_single_process_dist()
     ids = train_rows(sc).columns["input_ids"]
     val = eval_rows(sc).columns["input_ids"] if sc.eval_every else None
