@@ -34,8 +34,9 @@ each tagged ``# host-sync:``.
 
 Skip step (``policy.skip_step_on``, :mod:`._skip`): ``session.skip``
 decides in ``before_optimizer_step``, reports in ``end_step`` and takes the policy's next rule
-after it; the adapters gate the optimizer's ``step``. An automatic rollback (:mod:`._rollback`)
-restores through ``restore`` and opens its segment with ``start(step, "rollback")``.
+after it; :meth:`SessionAdapter._gate_step` gates the optimizer's ``step``. An automatic
+rollback (:mod:`._rollback`) restores through ``restore`` and opens its segment with
+``start(step, "rollback")`` (:meth:`SessionAdapter._begin`).
 """
 from __future__ import annotations
 
@@ -145,11 +146,12 @@ class LiveSession:
         return list(self.run.findings)
 
     # ------------------------------------------------------------------------ run structure
-    def use_deepspeed(self, engine, *, grad_norm: bool = True) -> DeepSpeedStep:
-        """The run steps a DeepSpeed ``engine``: each step close reads its loss scale, skips and
-        (``grad_norm``) global grad norm, and takes the Adam statistics from the engine (where
-        the ZeRO partitions live) rather than the optimizer."""
-        self.deepspeed, self._ds_grad_norm = DeepSpeedStep(engine), grad_norm
+    def use_deepspeed(self, engine, *, grad_norm: bool = True) -> DeepSpeedStep | None:
+        """The run steps a DeepSpeed ``engine`` (None: it does not): each step close reads its
+        loss scale, skips and (``grad_norm``) global grad norm, and takes the Adam statistics
+        from the engine (where the ZeRO partitions live) rather than the optimizer."""
+        self.deepspeed = None if engine is None else DeepSpeedStep(engine)
+        self._ds_grad_norm = grad_norm
         return self.deepspeed
 
     def declare_warmup(self, warmup_steps: int | None) -> None:
@@ -481,6 +483,31 @@ class SessionAdapter:
 
     def _off(self) -> bool:
         return self.session is None or self.session.off
+
+    def _alive(self) -> None:
+        """An evaluation batch: progress, not a hang (:meth:`LiveSession.alive`)."""
+        if not self._off():
+            self.session.alive()
+
+    def _wrap(self, patches, name: str, *, before=None, after=None) -> bool:
+        """Wrap method ``name`` of ``patches.obj`` on that instance (``patches``: its
+        :class:`~stability_callbacks.live.InstancePatches`): while monitoring is on,
+        ``before(*args, **kwargs)`` runs before each call and ``after(result, *args, **kwargs)``
+        after it; the result is returned as it is. False (nothing wrapped) when there is no such
+        method."""
+        orig = getattr(patches.obj, name, None)
+        if orig is None:
+            return False
+
+        def call(*args, **kwargs):
+            if before is not None and not self._off():
+                before(*args, **kwargs)
+            out = orig(*args, **kwargs)
+            if after is not None and not self._off():
+                after(out, *args, **kwargs)
+            return out
+        patches.set(name, call)
+        return True
 
     def _crashed(self, exc: BaseException) -> None:
         """Training raised ``exc``: the crash alert (:meth:`LiveSession.crashed`); the caller

@@ -123,75 +123,55 @@ class StabilityHook(SessionAdapter):
     # ---------------------------------------------------------------------- wiring to engine
     def _wrap_engine(self) -> None:
         e, s = self.engine, self.session
-        orig = {name: getattr(e, name, None) for name in ("forward", "backward", "scale", "_take_model_step",
-                                                          "step", "save_checkpoint", "load_checkpoint")}
-
-        def forward(*args, **kwargs):
-            out = orig["forward"](*args, **kwargs)
-            if not self._off() and not e.training:
-                s.alive()   # an evaluation batch: progress, not a hang
-            elif not self._off():
-                ids = kwargs.get("input_ids")
-                if ids is None and args:
-                    ids = args[0].get("input_ids") if isinstance(args[0], dict) else args[0]
-                s.add_micro_batch(input_ids=ids)
-                s.read_model_output(out)
-            return out
-
-        def backward(loss, *args, **kwargs):
-            out = orig["backward"](loss, *args, **kwargs)
-            if not self._off():
-                # DeepSpeed returns loss / GAS (or the loss as given with scale_wrt_gas=False):
-                # summed over the micro-batches it is the step loss.
-                s.add_micro_batch(loss=out if isinstance(out, torch.Tensor) else loss)
-            return out
-
-        def scale(loss, *args, **kwargs):
-            # torch-style backward (engine.scale(loss).backward()) never enters engine.backward.
-            if not self._off():
-                s.add_micro_batch(loss=loss, divide_by=float(e.gradient_accumulation_steps()))
-            return orig["scale"](loss, *args, **kwargs)
-
-        def take_model_step(*args, **kwargs):
-            self._before_model_step()
-            out = orig["_take_model_step"](*args, **kwargs)
-            self._after_model_step()
-            return out
-
-        def step(*args, **kwargs):
-            before = e.global_steps
-            out = orig["step"](*args, **kwargs)
-            if e.global_steps != before and not self._off():
-                self._act()
-            return out
-
-        def save_checkpoint(save_dir, tag=None, client_state=None, *args, **kwargs):
-            return self._save(orig["save_checkpoint"], save_dir, tag, client_state, args, kwargs)
-
-        def load_checkpoint(load_dir, *args, **kwargs):
-            result = orig["load_checkpoint"](load_dir, *args, **kwargs)
-            self._loaded(result)
-            return result
-
-        if orig["_take_model_step"] is None:
+        if getattr(e, "_take_model_step", None) is None:
             # Without the step boundary there is no record to close: monitoring is off.
             self.guard.warn_once("no-model-step", "stability: this DeepSpeed engine has no "
                                  "_take_model_step; stability monitoring is off for this run")
             self.guard.off = True
             return
-        for name, fn in (("forward", forward), ("backward", backward), ("scale", scale),
-                         ("_take_model_step", take_model_step), ("step", step),
-                         ("save_checkpoint", save_checkpoint), ("load_checkpoint", load_checkpoint)):
-            if orig[name] is None:
+
+        def forward(out, *args, **kwargs):
+            if not e.training:
+                s.alive()   # an evaluation batch: progress, not a hang
+                return
+            ids = kwargs.get("input_ids")
+            if ids is None and args:
+                ids = args[0].get("input_ids") if isinstance(args[0], dict) else args[0]
+            s.add_micro_batch(input_ids=ids)
+            s.read_model_output(out)
+
+        def backward(out, loss, *args, **kwargs):
+            # DeepSpeed returns loss / GAS (or the loss as given with scale_wrt_gas=False):
+            # summed over the micro-batches it is the step loss.
+            s.add_micro_batch(loss=out if isinstance(out, torch.Tensor) else loss)
+
+        def scale(loss, *args, **kwargs):
+            # torch-style backward (engine.scale(loss).backward()) never enters engine.backward.
+            s.add_micro_batch(loss=loss, divide_by=float(e.gradient_accumulation_steps()))
+
+        orig_step, orig_save = getattr(e, "step", None), getattr(e, "save_checkpoint", None)
+
+        def step(*args, **kwargs):
+            before = e.global_steps
+            out = orig_step(*args, **kwargs)
+            if e.global_steps != before and not self._off():
+                self._act()
+            return out
+
+        def save_checkpoint(save_dir, tag=None, client_state=None, *args, **kwargs):
+            return self._save(orig_save, save_dir, tag, client_state, args, kwargs)
+
+        for name, before, after in (("forward", None, forward), ("backward", None, backward), ("scale", scale, None),
+                                    ("_take_model_step", self._before_model_step, self._after_model_step),
+                                    ("load_checkpoint", None, lambda result, *_, **__: self._loaded(result))):
+            if not self._wrap(self._patches, name, before=before, after=after):
                 self.guard.warn_once(f"no-{name}", "stability: this DeepSpeed engine has no %s; the "
                                      "parts of monitoring that need it are off", name)
-            else:
-                self._patches.set(name, fn)
+        self._patches.set("step", step)   # the engine's own checks make both exist
+        self._patches.set("save_checkpoint", save_checkpoint)
 
     # ------------------------------------------------------------------------------ per step
-    def _before_model_step(self) -> None:
-        if self._off():
-            return
+    def _before_model_step(self, *_, **__) -> None:
         e, s = self.engine, self.session
         with self.guard("before-step", "reading the step's inputs"):
             self._start_once()
@@ -200,9 +180,7 @@ class StabilityHook(SessionAdapter):
             self._ds.mark()
             self._ds.grad_norm_before_step(s)   # where DeepSpeed keeps none
 
-    def _after_model_step(self) -> None:
-        if self._off():
-            return
+    def _after_model_step(self, *_, **__) -> None:
         e, s = self.engine, self.session
         with self.guard("after-step", "reading DeepSpeed's step"):
             s.probe.set_value(keys.CONSUMED_SAMPLES, float(e.global_samples))
@@ -211,7 +189,7 @@ class StabilityHook(SessionAdapter):
         s.end_step(int(e.global_steps))
 
     def _act(self) -> None:
-        s, step = self.session, int(self.engine.global_steps)
+        s, step, rollback = self.session, int(self.engine.global_steps), None
         with self.guard("act", "carrying out the monitor's requests"):
             rollback, why, stop = self._requests(step, interval_saves=self.save_on_request)
             if why and self.save_on_request:   # a halt saves a good state first

@@ -64,30 +64,17 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
         if self.trainer is not None:
             raise ValueError(f"trainer: this StabilityCallback is already bound to {self.trainer!r}")
         self.trainer, self._patches = trainer, InstancePatches(trainer)
-        orig_step, orig_norm = trainer.training_step, getattr(trainer, "_get_grad_norm", None)
         if self._auto_rollback():   # re-enters train() from the checkpoint it goes back to
             self._rollback = HFRollBack(lambda: self.session, trainer, self._patches, late=running)
         train = trainer.train if self._rollback is None else self._rollback.reentering(trainer.train)
 
-        def training_step(*args, **kwargs):
-            loss = orig_step(*args, **kwargs)
-            inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
-            if not self._off():   # inputs: a dict or BatchEncoding (a UserDict, not a dict)
-                ids = inputs.get("input_ids") if hasattr(inputs, "get") else None
-                self.session.add_micro_batch(loss=loss, input_ids=ids)
-            return loss
+        def training_step(loss, model=None, inputs=None, *_, **__):   # inputs: a dict or BatchEncoding
+            self.session.add_micro_batch(loss=loss, input_ids=inputs.get("input_ids") if hasattr(inputs, "get") else None)
 
-        def _get_grad_norm(*args, **kwargs):
-            norm = orig_norm(*args, **kwargs)
-            if not self._off():
-                self.session.before_optimizer_step(grad_norm=norm)
-            return norm
-
-        self._patches.set("training_step", training_step)
+        self._wrap(self._patches, "training_step", after=training_step)
         self._patches.set("train", self._reporting_crashes(train))
-        if orig_norm is not None:
-            self._patches.set("_get_grad_norm", _get_grad_norm)
-        else:
+        if not self._wrap(self._patches, "_get_grad_norm",
+                          after=lambda norm, *_, **__: self.session.before_optimizer_step(grad_norm=norm)):
             self.guard.warn_once("no-grad-norm", "stability: Trainer._get_grad_norm is gone in this "
                                  "transformers version; the grad norm is not monitored")
         if running and hasattr(trainer, "_run_epoch") and not trainer.args.auto_find_batch_size:
@@ -134,8 +121,7 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
             if model is not None:   # the unwrapped model: its hook fires inside DDP/DeepSpeed too
                 self._hook = model.register_forward_hook(self._forward_hook, with_kwargs=True)
             engine = self.trainer.model_wrapped if getattr(self.trainer, "is_deepspeed_enabled", False) else None
-            if engine is not None:   # the grad norm: _get_grad_norm's
-                s.use_deepspeed(engine, grad_norm=False)
+            s.use_deepspeed(engine, grad_norm=False)   # the grad norm: _get_grad_norm's
             if self.trainer is not None and optimizer is not None:
                 self._gate_step(optimizer, engine=engine, next_step=lambda: state.global_step + 1)
 
@@ -156,8 +142,7 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
         self.session.read_model_output(output)
 
     def on_prediction_step(self, args, state, control, **kwargs):
-        if not self._off():
-            self.session.alive()   # an evaluation batch: progress, not a hang
+        self._alive()
 
     def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         # After scaler.update() (accelerate's skip flag is wrong for fused optimizers).
@@ -184,8 +169,7 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
             rollback, why, stop = self._requests(step, user_interval=self._user_save_steps)
             if stop or rollback is not None:   # stopping does not save by itself (FRAMEWORK_NOTES 1.4)
                 control.should_training_stop = True
-            # A rollback abandons this branch (train() re-enters from the checkpoint); damaged
-            # weights are not saved: the Trainer's rotation could delete the last good checkpoint.
+            # Damaged weights: no save (the Trainer's rotation could delete the last good checkpoint).
             own = own and rollback is None and s.allow_save(step, "the Trainer's own save")
             control.should_save = bool(why) or own
             self._save_reason = (step, why)   # why None: the Trainer's own save

@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.precision import FSDPPrecision
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy   # no deepspeed import
 
+from stability_callbacks.live import InstancePatches
 from stability_callbacks.params import flag
 
 from ._readings import read_grad_scaler, sharded_grad_norm
@@ -28,10 +29,11 @@ __all__ = ["StabilityCallback"]
 class StabilityCallback(Callback, SessionAdapter):
     """Live stability monitoring for ``lightning.pytorch.Trainer`` (DESIGN 2.6).
 
-    Keyword arguments: those of :class:`~._session.SessionAdapter`; ``checkpoint_dir`` (where the callback's own saves go; default: the ``ModelCheckpoint``
-    dirpath, else ``<default_root_dir>/checkpoints``); ``take_over_clipping`` (reuse the
-    monitored grad norm for norm clipping instead of computing it twice; default True);
-    ``log_to_loggers`` (``pl_module.log`` the signals and findings; default True).
+    Keyword arguments: those of :class:`~._session.SessionAdapter`; ``checkpoint_dir`` (where the
+    callback's own saves go; default: the ``ModelCheckpoint`` dirpath, else
+    ``<default_root_dir>/checkpoints``); ``take_over_clipping`` (reuse the monitored grad norm
+    for norm clipping instead of computing it twice; default True); ``log_to_loggers``
+    (``pl_module.log`` the signals and findings; default True).
     """
 
     def __init__(self, *, config: Any = None, monitor: Any = None,
@@ -45,7 +47,7 @@ class StabilityCallback(Callback, SessionAdapter):
         self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
         self._resumed, self._last_step = False, 0
         self._norm: torch.Tensor | None = None    # this step's grad norm, for the clipping
-        self._orig_clip = self._mc_seen = self._save_pending = None
+        self._clip_patches = self._mc_seen = self._save_pending = None
 
     # ------------------------------------------------------------------------------ set-up
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -75,7 +77,7 @@ class StabilityCallback(Callback, SessionAdapter):
         precision = trainer.precision_plugin
         if isinstance(precision, FSDPPrecision) or "clip_grad_by_norm" in vars(precision):
             return
-        orig = precision.clip_grad_by_norm
+        orig, self._clip_patches = precision.clip_grad_by_norm, InstancePatches(precision)
 
         def clip_grad_by_norm(optimizer, clip_val):
             norm, self._norm = self._norm, None
@@ -84,8 +86,7 @@ class StabilityCallback(Callback, SessionAdapter):
             params = [p for p in precision.main_params(optimizer) if p.grad is not None]
             torch.nn.utils.clip_grads_with_norm_(params, clip_val, norm)
 
-        precision.clip_grad_by_norm = clip_grad_by_norm
-        self._orig_clip = (precision, orig)
+        self._clip_patches.set("clip_grad_by_norm", clip_grad_by_norm)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Lightning calls this after ``setup`` (trainer.py:1039-1046) with the state saved in the
@@ -121,8 +122,7 @@ class StabilityCallback(Callback, SessionAdapter):
             if isinstance(trainer.checkpoint_callback, ModelCheckpoint):
                 self._mc_seen = trainer.checkpoint_callback._last_checkpoint_saved or None
             engine = trainer.strategy.deepspeed_engine if isinstance(trainer.strategy, DeepSpeedStrategy) else None
-            if engine is not None:
-                s.use_deepspeed(engine)
+            s.use_deepspeed(engine)
             if self._gate is None and trainer.optimizers:
                 self._gate_step(trainer.optimizers[0], engine=engine, next_step=lambda: trainer.global_step + 1)
 
@@ -171,8 +171,7 @@ class StabilityCallback(Callback, SessionAdapter):
         self._act(trainer, step)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        if not self._off():
-            self.session.alive()   # an evaluation batch: progress, not a hang
+        self._alive()
 
     def _act(self, trainer, step: int) -> None:
         s = self.session
@@ -230,8 +229,6 @@ class StabilityCallback(Callback, SessionAdapter):
         self._ungate()
         if self._rollback is not None:
             self._rollback.close()
-        self._rollback = None
-        if self._orig_clip is not None:
-            precision, _ = self._orig_clip
-            vars(precision).pop("clip_grad_by_norm", None)
-            self._orig_clip = None
+        if self._clip_patches is not None:
+            self._clip_patches.restore()
+        self._rollback = self._clip_patches = None
