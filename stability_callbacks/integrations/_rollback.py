@@ -43,7 +43,7 @@ from stability_callbacks.control import DataSkips, RollbackRequest
 from stability_callbacks.live import InstancePatches
 
 __all__ = ["SkipSampler", "RollBack", "HFRollBack", "LightningRollBack", "DeepSpeedRollBack",
-           "install_sampler", "roll_back_latest", "set_aside_newer", "ROLLED_BACK_DIR"]
+           "install_sampler", "roll_back_latest", "set_aside_newer", "set_latest_on_rank0", "ROLLED_BACK_DIR"]
 
 log = logging.getLogger("stability_callbacks")
 
@@ -183,6 +183,18 @@ def roll_back_latest(save_dir: str | os.PathLike, tag: str) -> list[str]:
     return moved
 
 
+def set_latest_on_rank0(save_dir: str, tag: str, rank0: bool) -> list[str]:
+    """:func:`roll_back_latest` on rank 0 (``rank0``), then a barrier every rank reaches, even
+    if rank 0's file moves failed. Returns the moved tags (rank 0; elsewhere empty)."""
+    moved: list[str] = []
+    try:
+        if rank0:
+            moved = roll_back_latest(save_dir, tag)
+    finally:
+        barrier()
+    return moved
+
+
 def _tag_step(tag: str) -> int | None:
     m = _TAG_STEP.search(tag)
     return int(m.group(1)) if m else None
@@ -210,13 +222,14 @@ def is_rank0() -> bool:
 # ------------------------------------------------------------------------ carrying it out
 class RollBack:
     """What every framework shares: accept or refuse the request, install the standing
-    requests once the checkpoint is loaded. ``pending`` is the accepted request until then."""
+    requests once the checkpoint is loaded. ``pending`` is the accepted request until then.
+    ``sampler_problem``: why the data cannot be skipped (every request is a halt), or None."""
 
-    def __init__(self, session_of: Callable[[], Any]):
+    def __init__(self, session_of: Callable[[], Any], sampler_problem: str | None = "the training data was not seen yet"):
         self._session_of = session_of
         self.pending: RollbackRequest | None = None
         self.sampler: SkipSampler | None = None
-        self.sampler_problem: str | None = "the training data was not seen yet"
+        self.sampler_problem = sampler_problem
 
     @property
     def session(self):
@@ -288,10 +301,11 @@ class HFRollBack(RollBack):
     """HF Trainer: the sampler the Trainer builds is wrapped; a rollback stops the Trainer and
     re-enters ``train(resume_from_checkpoint=<checkpoint>)``, which restores model, optimizer,
     scheduler, RNG and ``global_step`` and skips the batches of the first ``S`` steps of the
-    (skip-aware) data order."""
+    (skip-aware) data order. ``late``: met at train begin, the train loader built already."""
 
-    def __init__(self, session_of, trainer, patches: InstancePatches):
-        super().__init__(session_of)
+    def __init__(self, session_of, trainer, patches: InstancePatches, *, late: bool = False):
+        super().__init__(session_of, "the callback met its Trainer after the train loader was built "
+                         "(add it with Trainer(callbacks=[...]))" if late else "the training data was not seen yet")
         self.trainer = trainer
         orig = trainer._get_train_sampler   # transformers 5.23 trainer.py:1071 (private)
 
@@ -321,6 +335,21 @@ class HFRollBack(RollBack):
 
         patches.set("_get_train_sampler", _get_train_sampler)
 
+    def reentering(self, train: Callable[..., Any]) -> Callable[..., Any]:
+        """``train`` (the Trainer's own), re-entered after it returns while a rollback is pending:
+        ``resume_from_checkpoint`` is then the checkpoint gone back to (the loop reads it at train
+        begin, and the callback restores its state from it)."""
+        def call(*args, **kwargs):
+            out = train(*args, **kwargs)
+            while (path := self.reenter()) is not None:
+                self.session.alive()   # reloading is progress, not a hang
+                kwargs = {**dict(zip(("resume_from_checkpoint", "trial", "ignore_keys_for_eval"), args)),
+                          **kwargs, "resume_from_checkpoint": path}
+                args = ()
+                out = train(**kwargs)
+            return out
+        return call
+
     def reenter(self) -> str | None:
         """After ``train()`` returned: the checkpoint to resume from, when a rollback is pending
         (the abandoned branch's checkpoints moved aside first)."""
@@ -344,11 +373,12 @@ class LightningRollBack(RollBack):
     trained: Lightning restores the loop, not a map-style loader's position); a rollback stops
     the fit loop, restores the checkpoint with the trainer's checkpoint connector (model,
     optimizers, schedulers, loops, callbacks: what ``fit(ckpt_path=...)`` restores) and runs the
-    fit loop again. Wraps ``trainer.fit_loop.run`` on that instance."""
+    fit loop again. Wraps ``trainer.fit_loop.run`` on that instance (until :meth:`close`)."""
 
-    def __init__(self, session_of, trainer, patches: InstancePatches):
+    def __init__(self, session_of, trainer):
         super().__init__(session_of)
         self.trainer = trainer
+        self._patches = InstancePatches(trainer.fit_loop)
         orig = trainer.fit_loop.run
 
         def run(*args, **kwargs):
@@ -369,7 +399,11 @@ class LightningRollBack(RollBack):
                 out = orig(*args, **kwargs)
             return out
 
-        patches.set("run", run)
+        self._patches.set("run", run)
+
+    def close(self) -> None:
+        """Restore ``trainer.fit_loop.run``."""
+        self._patches.restore()
 
     def install(self) -> None:
         """At train start: the skip-aware sampler into the train loader."""
@@ -420,11 +454,7 @@ class DeepSpeedRollBack(RollBack):
         engine's state is then unknown (the checkpoints on disk are untouched)."""
         save_dir, tag = os.path.split(req.checkpoint_path.rstrip("/\\"))
         try:
-            try:
-                if is_rank0():
-                    roll_back_latest(save_dir, tag)   # the newer tags were set aside on accept
-            finally:
-                barrier()
+            set_latest_on_rank0(save_dir, tag, is_rank0())   # the newer tags were set aside on accept
             self.engine.load_checkpoint(save_dir, tag=tag)
             self._rewind = True
         except Exception as e:   # monitoring never takes training down: a halt instead
@@ -434,3 +464,21 @@ class DeepSpeedRollBack(RollBack):
             c.rollback_done()
             c.stop, c.stop_reason = True, f"{req.reason}; the automatic rollback failed: {e!r}"
             self.session.requests(req.step)   # reports the halt (a stop action); hook.close() closes
+
+    def apply_advice(self, save_dir: str | os.PathLike | None, default_dir: Callable[[], str]) -> dict | None:
+        """:meth:`~.deepspeed.StabilityHook.apply_rollback`: ``latest`` names the tag of the
+        checkpoint the rollback advice names (``"<save_dir>/<tag>"``, how the hook reports saves),
+        newer tags move aside. ``save_dir``: where the tags are (None: the advice's folder, else
+        ``default_dir()``). Every rank; rank 0 moves."""
+        s = self.session
+        details = getattr(s.control.rollback, "details", None) or {}
+        step = details.get("checkpoint_step")
+        if step is None:
+            s.guard.warn_once("no-rollback-target", "stability: no good checkpoint before the "
+                              "instability is known; latest is left as it is")
+            return None
+        path = (details.get("checkpoint_path") or "").rstrip("/\\")
+        tag = os.path.basename(path) or f"global_step{step}"
+        target_dir = os.fspath(save_dir) if save_dir is not None else os.path.dirname(path) or default_dir()
+        rank0 = int(getattr(self.engine, "global_rank", 0)) == 0
+        return {"tag": tag, "moved": set_latest_on_rank0(target_dir, tag, rank0)}

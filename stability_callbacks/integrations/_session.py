@@ -34,8 +34,9 @@ each tagged ``# host-sync:``.
 
 Skip step (``policy.skip_step_on``, :mod:`._skip`): ``session.skip``
 decides in ``before_optimizer_step``, reports in ``end_step`` and takes the policy's next rule
-after it; the adapters gate the optimizer's ``step``. An automatic rollback (:mod:`._rollback`)
-restores through ``restore`` and opens its segment with ``start(step, "rollback")``.
+after it; :meth:`SessionAdapter._gate_step` gates the optimizer's ``step``. An automatic
+rollback (:mod:`._rollback`) restores through ``restore`` and opens its segment with
+``start(step, "rollback")`` (:meth:`SessionAdapter._begin`).
 """
 from __future__ import annotations
 
@@ -55,9 +56,9 @@ from stability_callbacks.watchdog import HangWatchdog
 
 from ._preflight import run_preflight
 from ._probe import StepProbe
-from ._readings import step_lr
+from ._readings import DeepSpeedStep, step_lr
 from ._reductions import batch_fingerprint
-from ._skip import SkipStep
+from ._skip import SkipStep, gate_optimizer
 
 __all__ = ["LiveSession", "SessionAdapter", "STATE_FILE"]
 
@@ -124,6 +125,9 @@ class LiveSession:
         self.saves: list[tuple[int, str | None]] = []
         #: The first step at which the integration carried out a halt.
         self.stopped_at: int | None = None
+        #: DeepSpeed's view of each step (the engine the framework runs under), or None.
+        self.deepspeed: DeepSpeedStep | None = None
+        self._ds_grad_norm = True
         self._fp: torch.Tensor | None = None
         self._streams: dict[str, tuple[torch.Tensor, int]] = {}
         self._interval: int | None = None   # the save interval last reported
@@ -142,6 +146,14 @@ class LiveSession:
         return list(self.run.findings)
 
     # ------------------------------------------------------------------------ run structure
+    def use_deepspeed(self, engine, *, grad_norm: bool = True) -> DeepSpeedStep | None:
+        """The run steps a DeepSpeed ``engine`` (None: it does not): each step close reads its
+        loss scale, skips and (``grad_norm``) global grad norm, and takes the Adam statistics
+        from the engine (where the ZeRO partitions live) rather than the optimizer."""
+        self.deepspeed = None if engine is None else DeepSpeedStep(engine)
+        self._ds_grad_norm = grad_norm
+        return self.deepspeed
+
     def declare_warmup(self, warmup_steps: int | None) -> None:
         """The framework's LR warmup, unless ``phase.warmup_steps`` is configured."""
         if warmup_steps and self.run.monitor.config["phase"].get("warmup_steps") is None:
@@ -233,8 +245,13 @@ class LiveSession:
         """Close optimizer step ``step`` (every rank, the same steps): the micro-batch values go
         into the probe; on the sampling cadence the probe finishes the step (Adam statistics
         from ``optimizer``, one packed collective), otherwise it forgets it. The records the
-        probe hands out are fed to the run. Returns them with their findings."""
+        probe hands out are fed to the run. Returns them with their findings. Under DeepSpeed
+        (:meth:`use_deepspeed`) its step is read first and the engine replaces ``optimizer``."""
         records: list[StepRecord] = []
+        if self.deepspeed is not None:
+            with self.guard("deepspeed", "reading DeepSpeed's step"):
+                self.deepspeed.read_into(self.probe, grad_norm=self._ds_grad_norm)
+            optimizer = self.deepspeed.engine
         with self.guard("step", "closing the step's sample"):
             probe = self.probe
             # host-sync: lockstep (several ranks on an accelerator) waits for the previous steps'
@@ -309,10 +326,15 @@ class LiveSession:
             self.run.act(Action(step, "stop", c.stop_reason or "requested by the policy"))
         last = self.saves[-1][0] if self.saves else None
         why = c.save_request(step, last) if (interval_saves or c.stop or c.save_now) else None
-        if why is not None and not c.state_is_good:
-            self.save_blocked(step, why)
-            return None, c.stop
-        return why, c.stop
+        return (why if why is None or self.allow_save(step, why) else None), c.stop
+
+    def allow_save(self, step: int, what: str) -> bool:
+        """Whether a save (``what``: the monitor's reason, the framework's or the loop's own save)
+        may go ahead: not while the weights are damaged (:meth:`save_blocked`)."""
+        if self.control.state_is_good:
+            return True
+        self.save_blocked(step, what)
+        return False
 
     def saved(self, step: int, path: str | None, reason: str | None = None) -> None:
         """A checkpoint of ``step`` was written to ``path``: on the monitor's request (``reason``:
@@ -400,7 +422,15 @@ class LiveSession:
 class SessionAdapter:
     """What the three integrations share around their session: the constructor's common keyword
     arguments, the guard (made first, so that even a failed start is caught), the session once
-    the framework says training begins, and the views users and tests read."""
+    the framework says training begins, the views users and tests read, and the plumbing of an
+    automatic rollback (``_rollback``: the framework's :class:`~._rollback.RollBack`, None when
+    off) and of the gated optimizer step (``_gate``: :func:`~._skip.gate_optimizer`).
+
+    The common keyword arguments: ``config`` (a preset name, YAML path, dict, or None = the
+    defaults) or ``monitor`` (a ready ``Monitor``); ``run_dir`` (the run log JSONL and reports;
+    one per run); ``run_name``; ``listeners`` (:class:`~stability_callbacks.live.RunListener` s:
+    records, findings, actions).
+    """
 
     def __init__(self, *, config: Any = None, monitor: Any = None,
                  run_dir: str | os.PathLike = "out/stability", run_name: str | None = None,
@@ -410,6 +440,7 @@ class SessionAdapter:
         self.listeners = list(listeners)
         self.guard = Guard()
         self.session: LiveSession | None = None
+        self._rollback = self._gate = None
 
     def _open(self, *, is_rank0: bool, run_name: str | None = None, wandb_run=None,
               monitor: Any = None, process_group=None) -> LiveSession:
@@ -453,6 +484,31 @@ class SessionAdapter:
     def _off(self) -> bool:
         return self.session is None or self.session.off
 
+    def _alive(self) -> None:
+        """An evaluation batch: progress, not a hang (:meth:`LiveSession.alive`)."""
+        if not self._off():
+            self.session.alive()
+
+    def _wrap(self, patches, name: str, *, before=None, after=None) -> bool:
+        """Wrap method ``name`` of ``patches.obj`` on that instance (``patches``: its
+        :class:`~stability_callbacks.live.InstancePatches`): while monitoring is on,
+        ``before(*args, **kwargs)`` runs before each call and ``after(result, *args, **kwargs)``
+        after it; the result is returned as it is. False (nothing wrapped) when there is no such
+        method."""
+        orig = getattr(patches.obj, name, None)
+        if orig is None:
+            return False
+
+        def call(*args, **kwargs):
+            if before is not None and not self._off():
+                before(*args, **kwargs)
+            out = orig(*args, **kwargs)
+            if after is not None and not self._off():
+                after(out, *args, **kwargs)
+            return out
+        patches.set(name, call)
+        return True
+
     def _crashed(self, exc: BaseException) -> None:
         """Training raised ``exc``: the crash alert (:meth:`LiveSession.crashed`); the caller
         re-raises it."""
@@ -477,3 +533,38 @@ class SessionAdapter:
 
         policy = (self.monitor.config if self.monitor is not None else load_config(self.config))["policy"]
         return policy.get("auto_rollback") not in (None, False)
+
+    @property
+    def _rolling(self) -> bool:
+        """An automatic rollback was accepted and its checkpoint is not loaded yet (the run goes
+        on in the same session)."""
+        return self._rollback is not None and self._rollback.pending is not None
+
+    def _begin(self, step: int, reason: str, **facts) -> None:
+        """:meth:`LiveSession.start` of a segment: ``rollback`` while one is pending, whose
+        standing requests then replace those of the checkpoint loaded."""
+        rolling = self._rolling
+        self.session.start(step, "rollback" if rolling else reason, **facts)
+        if rolling:
+            self._rollback.restored()
+
+    def _gate_step(self, optimizer, *, next_step, engine=None) -> None:
+        """Gate the optimizer step (``engine``: DeepSpeed's, whose overflow path carries out a
+        skip) for skip step and an automatic rollback's LR window (``next_step``: returns the
+        step about to run)."""
+        lr_factor = self._rollback.lr_factor(next_step) if self._rollback is not None else None
+        self._gate = gate_optimizer(self.session.skip, engine.optimizer if engine is not None else optimizer,
+                                    engine=engine, lr_factor=lr_factor)
+
+    def _ungate(self) -> None:
+        if self._gate is not None:
+            self._gate.close()
+            self._gate = None
+
+    def _requests(self, step: int, **kwargs) -> tuple[Any, str | None, bool]:
+        """``(rollback, why, stop)`` after ``step``: an automatic rollback accepted now (refused:
+        a halt, in ``stop``), then :meth:`LiveSession.requests` (``kwargs``). A rollback abandons
+        this branch: no save then (``why`` None); the framework stops and goes back."""
+        rollback = self._rollback.accept(step) if self._rollback is not None else None
+        why, stop = self.session.requests(step, **kwargs)
+        return rollback, None if rollback is not None else why, stop

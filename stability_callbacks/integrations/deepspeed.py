@@ -9,16 +9,9 @@
 ...             break
 
 DeepSpeed has no callback API (FRAMEWORK_NOTES 3.1), so ``attach`` wraps engine methods *on that
-instance* and feeds the shared :class:`~._session.LiveSession`: ``forward``, ``backward`` and
-``scale`` (token ids, losses), ``_take_model_step`` (the optimizer-step boundary), ``step`` (the
-requests carried out after it), ``save_checkpoint`` / ``load_checkpoint`` (the detector state in
-``client_state["stability"]``). The ``with`` block (or :meth:`StabilityHook.close`) ends the run;
-an exception leaving the block is the crash alert. Where each signal comes from and what the
-hook does: README, "DeepSpeed engine". Not covered: the pipeline engine (``train_batch`` never
-calls ``engine.step()``), torch-autocast ZeRO-0. With ``policy.auto_rollback`` the hook rolls
-back in-process right after ``engine.step()`` (:mod:`._rollback`); the loop then iterates
-``hook.batches(loader)``, which rewinds the data. Skip step goes through DeepSpeed's own
-overflow path (:mod:`._skip`).
+instance* (:meth:`StabilityHook._wrap_engine`) and feeds the shared :class:`~._session.LiveSession`;
+the detector state rides in ``client_state["stability"]``. Where each signal comes from, how
+saves, halts and rollbacks go, what is not covered: README, "DeepSpeed engine".
 """
 from __future__ import annotations
 
@@ -31,10 +24,8 @@ from stability_callbacks import keys
 from stability_callbacks.live import InstancePatches
 from stability_callbacks.params import flag
 
-from ._readings import DeepSpeedStep
-from ._rollback import ROLLED_BACK_DIR, DeepSpeedRollBack, barrier, roll_back_latest
+from ._rollback import ROLLED_BACK_DIR, DeepSpeedRollBack, roll_back_latest
 from ._session import SessionAdapter
-from ._skip import gate_optimizer
 
 #: ``client_state`` key of the detector state in every DeepSpeed checkpoint.
 CLIENT_STATE_KEY = "stability"
@@ -55,13 +46,11 @@ def attach(engine, **kwargs) -> "StabilityHook":
 class StabilityHook(SessionAdapter):
     """Live stability monitoring of one DeepSpeed engine (DESIGN 2.6); a context manager.
 
-    Keyword arguments (the config): ``config`` (path, dict or None = defaults) or ``monitor``
-    (a ready ``Monitor``); ``run_dir`` (run log JSONL); ``run_name``; ``save_dir`` (where the
+    Keyword arguments: those of :class:`~._session.SessionAdapter`; ``save_dir`` (where the
     hook's own saves go; default: the directory of the loop's last ``save_checkpoint``, else
     ``<run_dir>/checkpoints``); ``save_on_request`` (carry out save-now and bumped-interval
     saves; False leaves them to the loop via ``hook.control``); ``rollback_on_halt`` (on a halt
-    with rollback advice, point ``latest`` at the advised checkpoint: :meth:`apply_rollback`);
-    ``listeners`` (:class:`~stability_callbacks.live.RunListener` s: records, findings, actions).
+    with rollback advice, point ``latest`` at the advised checkpoint: :meth:`apply_rollback`).
     """
 
     def __init__(self, engine, *, config: Any = None, monitor: Any = None,
@@ -77,14 +66,13 @@ class StabilityHook(SessionAdapter):
                          listeners=listeners)
         self.engine = engine
         self.save_dir = None if save_dir is None else os.fspath(save_dir)
-        self._open(is_rank0=self._is_rank0(), process_group=getattr(engine, "data_parallel_group", None))
-        self._ds = DeepSpeedStep(engine)
+        self._open(is_rank0=int(getattr(engine, "global_rank", 0)) == 0, process_group=getattr(engine, "data_parallel_group", None))
+        self._ds = self.session.use_deepspeed(engine)
         self._loop_save_dir: str | None = None   # where the loop itself last saved
         self._request: str | None = None         # why the hook's own save_checkpoint call saves
         self._patches = InstancePatches(engine)  # the engine's wrapped methods
         self._rollback = DeepSpeedRollBack(lambda: self.session, engine)
-        self._gate = gate_optimizer(self.session.skip, engine.optimizer, engine=engine,
-                                    lr_factor=self._rollback.lr_factor(lambda: int(engine.global_steps) + 1))
+        self._gate_step(None, engine=engine, next_step=lambda: int(engine.global_steps) + 1)
         sched_warmup = getattr(getattr(engine, "lr_scheduler", None), "warmup_num_steps", None)
         if isinstance(sched_warmup, int) and sched_warmup > 0:
             # DeepSpeed's warmup schedulers count iterations 0..W-1 as warmup, and optimizer
@@ -112,27 +100,7 @@ class StabilityHook(SessionAdapter):
         newer tags move to ``<save_dir>/rolled_back/`` (nothing is deleted). Call on every rank
         (rank 0 moves, then a barrier). Returns ``{"tag", "moved"}``, or None without advice or
         without an advised checkpoint."""
-        advice = self.session.control.rollback
-        details = getattr(advice, "details", None) or {}
-        step = details.get("checkpoint_step")
-        if step is None:
-            self.guard.warn_once("no-rollback-target", "stability: no good checkpoint before the "
-                                 "instability is known; latest is left as it is")
-            return None
-        # The advice names the checkpoint as "<save_dir>/<tag>" (how the hook reports saves).
-        path = (details.get("checkpoint_path") or "").rstrip("/\\")
-        tag = os.path.basename(path) or f"global_step{step}"
-        if save_dir is not None:
-            target_dir = os.fspath(save_dir)
-        else:
-            target_dir = os.path.dirname(path) or self._save_dir()
-        moved: list[str] = []
-        try:
-            if self._is_rank0():
-                moved = roll_back_latest(target_dir, tag)
-        finally:
-            barrier()   # reached on every rank even if rank 0's file moves failed
-        return {"tag": tag, "moved": moved}
+        return self._rollback.apply_advice(save_dir, self._save_dir)
 
     def close(self) -> None:
         """Flush the last records, close the run log and restore the engine's methods."""
@@ -140,8 +108,7 @@ class StabilityHook(SessionAdapter):
             self.session.close()   # host-sync: end of training; never raises
         finally:
             self._patches.restore()
-            if self._gate is not None:
-                self._gate.close()
+            self._ungate()
             if self.session.skip is not None:
                 self.session.skip.close()
 
@@ -156,101 +123,76 @@ class StabilityHook(SessionAdapter):
     # ---------------------------------------------------------------------- wiring to engine
     def _wrap_engine(self) -> None:
         e, s = self.engine, self.session
-        orig = {name: getattr(e, name, None) for name in ("forward", "backward", "scale", "_take_model_step",
-                                                          "step", "save_checkpoint", "load_checkpoint")}
-
-        def forward(*args, **kwargs):
-            out = orig["forward"](*args, **kwargs)
-            if not self._off() and not e.training:
-                s.alive()   # an evaluation batch: progress, not a hang
-            elif not self._off():
-                ids = kwargs.get("input_ids")
-                if ids is None and args:
-                    ids = args[0].get("input_ids") if isinstance(args[0], dict) else args[0]
-                s.add_micro_batch(input_ids=ids)
-                s.read_model_output(out)
-            return out
-
-        def backward(loss, *args, **kwargs):
-            out = orig["backward"](loss, *args, **kwargs)
-            if not self._off():
-                # DeepSpeed returns loss / GAS (or the loss as given with scale_wrt_gas=False):
-                # summed over the micro-batches it is the step loss.
-                s.add_micro_batch(loss=out if isinstance(out, torch.Tensor) else loss)
-            return out
-
-        def scale(loss, *args, **kwargs):
-            # torch-style backward (engine.scale(loss).backward()) never enters engine.backward.
-            if not self._off():
-                s.add_micro_batch(loss=loss, divide_by=float(e.gradient_accumulation_steps()))
-            return orig["scale"](loss, *args, **kwargs)
-
-        def take_model_step(*args, **kwargs):
-            self._before_model_step()
-            out = orig["_take_model_step"](*args, **kwargs)
-            self._after_model_step()
-            return out
-
-        def step(*args, **kwargs):
-            before = e.global_steps
-            out = orig["step"](*args, **kwargs)
-            if e.global_steps != before and not self._off():
-                self._act()
-            return out
-
-        def save_checkpoint(save_dir, tag=None, client_state=None, *args, **kwargs):
-            return self._save(orig["save_checkpoint"], save_dir, tag, client_state, args, kwargs)
-
-        def load_checkpoint(load_dir, *args, **kwargs):
-            result = orig["load_checkpoint"](load_dir, *args, **kwargs)
-            self._loaded(result)
-            return result
-
-        if orig["_take_model_step"] is None:
+        if getattr(e, "_take_model_step", None) is None:
             # Without the step boundary there is no record to close: monitoring is off.
             self.guard.warn_once("no-model-step", "stability: this DeepSpeed engine has no "
                                  "_take_model_step; stability monitoring is off for this run")
             self.guard.off = True
             return
-        for name, fn in (("forward", forward), ("backward", backward), ("scale", scale),
-                         ("_take_model_step", take_model_step), ("step", step),
-                         ("save_checkpoint", save_checkpoint), ("load_checkpoint", load_checkpoint)):
-            if orig[name] is None:
+
+        def forward(out, *args, **kwargs):
+            if not e.training:
+                s.alive()   # an evaluation batch: progress, not a hang
+                return
+            ids = kwargs.get("input_ids")
+            if ids is None and args:
+                ids = args[0].get("input_ids") if isinstance(args[0], dict) else args[0]
+            s.add_micro_batch(input_ids=ids)
+            s.read_model_output(out)
+
+        def backward(out, loss, *args, **kwargs):
+            # DeepSpeed returns loss / GAS (or the loss as given with scale_wrt_gas=False):
+            # summed over the micro-batches it is the step loss.
+            s.add_micro_batch(loss=out if isinstance(out, torch.Tensor) else loss)
+
+        def scale(loss, *args, **kwargs):
+            # torch-style backward (engine.scale(loss).backward()) never enters engine.backward.
+            s.add_micro_batch(loss=loss, divide_by=float(e.gradient_accumulation_steps()))
+
+        orig_step, orig_save = getattr(e, "step", None), getattr(e, "save_checkpoint", None)
+
+        def step(*args, **kwargs):
+            before = e.global_steps
+            out = orig_step(*args, **kwargs)
+            if e.global_steps != before and not self._off():
+                self._act()
+            return out
+
+        def save_checkpoint(save_dir, tag=None, client_state=None, *args, **kwargs):
+            return self._save(orig_save, save_dir, tag, client_state, args, kwargs)
+
+        for name, before, after in (("forward", None, forward), ("backward", None, backward), ("scale", scale, None),
+                                    ("_take_model_step", self._before_model_step, self._after_model_step),
+                                    ("load_checkpoint", None, lambda result, *_, **__: self._loaded(result))):
+            if not self._wrap(self._patches, name, before=before, after=after):
                 self.guard.warn_once(f"no-{name}", "stability: this DeepSpeed engine has no %s; the "
                                      "parts of monitoring that need it are off", name)
-            else:
-                self._patches.set(name, fn)
+        self._patches.set("step", step)   # the engine's own checks make both exist
+        self._patches.set("save_checkpoint", save_checkpoint)
 
     # ------------------------------------------------------------------------------ per step
-    def _before_model_step(self) -> None:
-        if self._off():
-            return
+    def _before_model_step(self, *_, **__) -> None:
         e, s = self.engine, self.session
         with self.guard("before-step", "reading the step's inputs"):
-            if not s.started:
-                self._start("resume" if e.global_steps > 0 else "start")
+            self._start_once()
             s.control.step_done()   # the one-shot requests of the previous step were readable until now
             s.read_lr(e.optimizer)   # engine.get_lr()'s source: the LR this step uses
             self._ds.mark()
             self._ds.grad_norm_before_step(s)   # where DeepSpeed keeps none
 
-    def _after_model_step(self) -> None:
-        if self._off():
-            return
+    def _after_model_step(self, *_, **__) -> None:
         e, s = self.engine, self.session
         with self.guard("after-step", "reading DeepSpeed's step"):
-            self._ds.read_into(s.probe, grad_norm=True)
             s.probe.set_value(keys.CONSUMED_SAMPLES, float(e.global_samples))
         # The probe hands out a step's record a fixed number of steps late (0 on CPU, 1 on
         # accelerators), the same step on every rank: decisions stay collective-safe.
-        s.end_step(int(e.global_steps), optimizer=e)
+        s.end_step(int(e.global_steps))
 
     def _act(self) -> None:
-        s, step = self.session, int(self.engine.global_steps)
+        s, step, rollback = self.session, int(self.engine.global_steps), None
         with self.guard("act", "carrying out the monitor's requests"):
-            rollback = self._rollback.accept(step)   # refused: a halt (requests() reports it)
-            why, stop = s.requests(step, interval_saves=self.save_on_request)
-            if why and self.save_on_request and rollback is None:   # a halt saves a good state first
+            rollback, why, stop = self._requests(step, interval_saves=self.save_on_request)
+            if why and self.save_on_request:   # a halt saves a good state first
                 self._request = why
                 try:
                     self.engine.save_checkpoint(self._save_dir(), tag=f"global_step{step}")
@@ -270,13 +212,11 @@ class StabilityHook(SessionAdapter):
         # host-sync: a checkpoint is a sync point anyway, and the saved state must cover every
         # step up to this one. save_checkpoint is collective: every rank flushes here.
         s.flush()
-        if not s.started:
-            with self.guard("start", "starting the stability monitor"):
-                self._start("resume" if step > 0 else "start")
-        if not s.control.state_is_good:
-            # Damaged weights (NaN, divergence, collapse): saving would make `latest` point at
-            # them and could rotate out the last good checkpoint. Every rank skips alike.
-            s.save_blocked(step, why or "the loop's save_checkpoint")
+        with self.guard("start", "starting the stability monitor"):
+            self._start_once()
+        # Damaged weights (NaN, divergence, collapse): saving would make `latest` point at them
+        # and could rotate out the last good checkpoint. Every rank skips alike.
+        if not s.allow_save(step, why or "the loop's save_checkpoint"):
             return False
         self._loop_save_dir = os.fspath(save_dir)
         path = os.path.join(self._loop_save_dir, f"global_step{step}" if tag is None else str(tag))
@@ -292,18 +232,16 @@ class StabilityHook(SessionAdapter):
             reason = self.session.reload((client_state or {}).get(CLIENT_STATE_KEY), load_path)
             self._ds.mark()
             self._start(reason)
-            if self._rollback.pending is not None:
-                self._rollback.restored()
+
+    def _start_once(self) -> None:
+        if not self.session.started:
+            self._start("resume" if self.engine.global_steps > 0 else "start")
 
     def _start(self, reason: str) -> None:
         e = self.engine
         precision = "fp16" if e.fp16_enabled() else "bf16" if e.bfloat16_enabled() else "fp32"
-        self.session.start(int(e.global_steps), reason, model=e.module,
-                           optimizer=getattr(e, "basic_optimizer", None),
-                           scheduler=getattr(e, "lr_scheduler", None), precision=precision)
+        self._begin(int(e.global_steps), reason, model=e.module, optimizer=getattr(e, "basic_optimizer", None),
+                    scheduler=getattr(e, "lr_scheduler", None), precision=precision)
 
     def _save_dir(self) -> str:
         return self.save_dir or self._loop_save_dir or os.path.join(self.run_dir, "checkpoints")
-
-    def _is_rank0(self) -> bool:
-        return int(getattr(self.engine, "global_rank", 0)) == 0

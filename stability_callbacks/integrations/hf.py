@@ -2,14 +2,10 @@
 
 >>> trainer = Trainer(model, args, train_dataset=ds, callbacks=[StabilityCallback(config="default")])  # doctest: +SKIP
 
-HF hands callbacks neither the trainer nor the two values a monitor must reuse rather than
-recompute: the micro-batch loss (``Trainer.training_step``'s return) and the pre-clip grad norm
-(``Trainer._get_grad_norm``'s). So the callback finds the Trainer that holds it, once (when the
-Trainer is built, else at train begin: :func:`_find_trainer`), and wraps those methods *on that
-instance*, plus ``train`` (the crash alert; an automatic rollback re-enters it from the
-checkpoint it goes back to: :class:`~._rollback.HFRollBack`); ``attach(trainer)`` binds
-explicitly. Skip step gates the optimizer's ``step`` (:mod:`._skip`). Where each signal comes
-from, how saves and halts go: README, "HF Trainer".
+HF hands callbacks neither the trainer nor the loss and pre-clip grad norm it computed, so the
+callback finds its Trainer (:func:`_find_trainer`) and wraps ``training_step``,
+``_get_grad_norm`` and ``train`` on that instance (:meth:`StabilityCallback.bind`). Where each
+signal comes from, how saves, halts and rollbacks go: README, "HF Trainer".
 """
 from __future__ import annotations
 
@@ -21,10 +17,9 @@ from transformers import Trainer, TrainerCallback
 
 from stability_callbacks.live import InstancePatches
 
-from ._readings import DeepSpeedStep, read_grad_scaler
+from ._readings import read_grad_scaler
 from ._rollback import HFRollBack, RollBack
 from ._session import STATE_FILE, SessionAdapter
-from ._skip import gate_optimizer
 
 __all__ = ["StabilityCallback", "STATE_FILE"]
 
@@ -32,11 +27,9 @@ __all__ = ["StabilityCallback", "STATE_FILE"]
 class StabilityCallback(TrainerCallback, SessionAdapter):
     """Live stability monitoring for ``transformers.Trainer`` (DESIGN 2.6).
 
-    Keyword arguments: ``config`` (path, dict or None = defaults) or ``monitor`` (a ready
-    ``Monitor``); ``run_dir`` (run log JSONL and reports); ``run_name`` (default: the Trainer's
-    ``args.run_name``); ``trainer`` (bind now; else the Trainer holding the callback is found);
-    ``log_to_reporters`` (``stability/...`` scalars through ``trainer.log``); ``listeners``
-    (:class:`~stability_callbacks.live.RunListener` s: records, findings, actions).
+    Keyword arguments: those of :class:`~._session.SessionAdapter` (``run_name`` default: the
+    Trainer's ``args.run_name``); ``trainer`` (bind now; else the Trainer holding the callback is
+    found); ``log_to_reporters`` (``stability/...`` scalars through ``trainer.log``).
     """
 
     def __init__(self, *, config: Any = None, monitor: Any = None,
@@ -45,7 +38,7 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
         SessionAdapter.__init__(self, config=config, monitor=monitor, run_dir=run_dir,
                                 run_name=run_name, listeners=listeners)
         self.log_to_reporters = bool(log_to_reporters)
-        self.trainer = self._patches = self._hook = self._ds = self._rollback = self._gate = None
+        self.trainer = self._patches = self._hook = None
         self._ga, self._user_save_steps = 1, None
         self._save_reason: tuple[int, str | None] | None = None   # the step's save, and why
         if trainer is not None:
@@ -71,49 +64,21 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
         if self.trainer is not None:
             raise ValueError(f"trainer: this StabilityCallback is already bound to {self.trainer!r}")
         self.trainer, self._patches = trainer, InstancePatches(trainer)
-        orig_step, orig_norm = trainer.training_step, getattr(trainer, "_get_grad_norm", None)
-        orig_train = trainer.train
+        if self._auto_rollback():   # re-enters train() from the checkpoint it goes back to
+            self._rollback = HFRollBack(lambda: self.session, trainer, self._patches, late=running)
+        train = trainer.train if self._rollback is None else self._rollback.reentering(trainer.train)
 
-        def training_step(*args, **kwargs):
-            loss = orig_step(*args, **kwargs)
-            inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
-            if not self._off():   # inputs: a dict or BatchEncoding (a UserDict, not a dict)
-                ids = inputs.get("input_ids") if hasattr(inputs, "get") else None
-                self.session.add_micro_batch(loss=loss, input_ids=ids)
-            return loss
+        def training_step(loss, model=None, inputs=None, *_, **__):   # inputs: a dict or BatchEncoding
+            self.session.add_micro_batch(loss=loss, input_ids=inputs.get("input_ids") if hasattr(inputs, "get") else None)
 
-        def _get_grad_norm(*args, **kwargs):
-            norm = orig_norm(*args, **kwargs)
-            if not self._off():
-                self.session.before_optimizer_step(grad_norm=norm)
-            return norm
-
-        def train(*args, **kwargs):
-            out = orig_train(*args, **kwargs)
-            # An automatic rollback stopped the Trainer: re-enter from the checkpoint it names
-            # (the loop's `resume_from_checkpoint`, read at train begin, restores our state too).
-            while self._rollback is not None and (path := self._rollback.reenter()) is not None:
-                self.session.alive()   # reloading is progress, not a hang
-                kwargs = {**dict(zip(("resume_from_checkpoint", "trial", "ignore_keys_for_eval"), args)),
-                          **kwargs, "resume_from_checkpoint": path}
-                args = ()
-                out = orig_train(**kwargs)
-            return out
-
-        self._patches.set("training_step", training_step)
+        self._wrap(self._patches, "training_step", after=training_step)
         self._patches.set("train", self._reporting_crashes(train))
-        if orig_norm is not None:
-            self._patches.set("_get_grad_norm", _get_grad_norm)
-        else:
+        if not self._wrap(self._patches, "_get_grad_norm",
+                          after=lambda norm, *_, **__: self.session.before_optimizer_step(grad_norm=norm)):
             self.guard.warn_once("no-grad-norm", "stability: Trainer._get_grad_norm is gone in this "
                                  "transformers version; the grad norm is not monitored")
         if running and hasattr(trainer, "_run_epoch") and not trainer.args.auto_find_batch_size:
             self._patches.set("_run_epoch", self._reporting_crashes(trainer._run_epoch))
-        if self._auto_rollback():
-            self._rollback = HFRollBack(lambda: self.session, trainer, self._patches)
-            if running:
-                self._rollback.sampler_problem = ("the callback met its Trainer after the train loader "
-                                                  "was built (add it with Trainer(callbacks=[...]))")
         return self
 
     # ----------------------------------------------------------------------- training events
@@ -136,9 +101,8 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
                                      "StabilityCallback.attach(trainer, ...)")
             resume = loop.f_locals.get("resume_from_checkpoint") if loop is not None else None
             resume = os.fspath(resume) if isinstance(resume, (str, os.PathLike)) else None
-            rolling = self._rollback is not None and self._rollback.pending is not None
             # The W&B sink finds the run HF's WandbCallback started (wandb.run) by itself.
-            s = self.session if rolling else self._open(
+            s = self.session if self._rolling else self._open(
                 is_rank0=state.is_world_process_zero, run_name=self.run_name or getattr(args, "run_name", None))
             s.report = self.log_to_reporters and self.trainer is not None
             self._ga = max(1, int(args.gradient_accumulation_steps))
@@ -149,24 +113,17 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
             if resume is not None:
                 s.restore_file(resume)
             precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
-            reason = "rollback" if rolling else "resume" if resume or state.global_step else "start"
-            s.start(state.global_step, reason, model=model, optimizer=optimizer,
-                    scheduler=kwargs.get("lr_scheduler"), precision=precision, warmup_steps=warmup,
-                    total_steps=state.max_steps or None)
-            if rolling:
-                self._rollback.restored()
-            elif self._rollback is None and self.trainer is None and self._auto_rollback():
-                self._rollback = RollBack(lambda: self.session)   # unbound: every request is a halt
-                self._rollback.sampler_problem = "the callback could not find its Trainer (use attach)"
+            self._begin(state.global_step, "resume" if resume or state.global_step else "start",
+                        model=model, optimizer=optimizer, scheduler=kwargs.get("lr_scheduler"),
+                        precision=precision, warmup_steps=warmup, total_steps=state.max_steps or None)
+            if self._rollback is None and self.trainer is None and self._auto_rollback():
+                self._rollback = RollBack(lambda: self.session, "the callback could not find its Trainer (use attach)")
             if model is not None:   # the unwrapped model: its hook fires inside DDP/DeepSpeed too
                 self._hook = model.register_forward_hook(self._forward_hook, with_kwargs=True)
             engine = self.trainer.model_wrapped if getattr(self.trainer, "is_deepspeed_enabled", False) else None
-            if engine is not None:
-                self._ds = DeepSpeedStep(engine)
+            s.use_deepspeed(engine, grad_norm=False)   # the grad norm: _get_grad_norm's
             if self.trainer is not None and optimizer is not None:
-                lr_factor = self._rollback.lr_factor(lambda: state.global_step + 1) if self._rollback else None
-                self._gate = gate_optimizer(s.skip, engine.optimizer if engine is not None else optimizer,
-                                            engine=engine, lr_factor=lr_factor)
+                self._gate_step(optimizer, engine=engine, next_step=lambda: state.global_step + 1)
 
     def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
         # HF steps the scheduler after the optimizer, and DeepSpeed both inside backward: only
@@ -185,24 +142,18 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
         self.session.read_model_output(output)
 
     def on_prediction_step(self, args, state, control, **kwargs):
-        if not self._off():
-            self.session.alive()   # an evaluation batch: progress, not a hang
+        self._alive()
 
     def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         # After scaler.update() (accelerate's skip flag is wrong for fused optimizers).
-        if not self._off() and self.trainer is not None and self._ds is None:
+        if not self._off() and self.trainer is not None and self.session.deepspeed is None:
             with self.guard("loss-scale", "reading the loss scale"):
                 read_grad_scaler(self.session.probe, self.trainer.accelerator.scaler, optimizer)
 
     def on_step_end(self, args, state, control, optimizer=None, **kwargs):
         if self._off():
             return
-        if self._ds is not None:
-            with self.guard("deepspeed", "reading DeepSpeed's step"):
-                self._ds.read_into(self.session.probe, grad_norm=False)   # norm: _get_grad_norm
-        # Under DeepSpeed the ZeRO partitions live on the engine; elsewhere the optimizer.
-        self.session.end_step(state.global_step, optimizer=self.trainer.model_wrapped
-                              if self._ds is not None else optimizer)
+        self.session.end_step(state.global_step, optimizer=optimizer)
         self._act(args, state, control)
         s = self.session   # to the reporters at logging steps, and at once for a finding
         if s.report and (control.should_log or s.finding_pending or control.should_training_stop):
@@ -215,15 +166,12 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
         s, step = self.session, state.global_step
         with self.guard("act", "carrying out the monitor's requests"):
             own = control.should_save   # the Trainer's own interval (DefaultFlowCallback ran first)
-            rollback = self._rollback.accept(step) if self._rollback is not None else None
-            why, stop = s.requests(step, user_interval=self._user_save_steps)
+            rollback, why, stop = self._requests(step, user_interval=self._user_save_steps)
             if stop or rollback is not None:   # stopping does not save by itself (FRAMEWORK_NOTES 1.4)
                 control.should_training_stop = True
-            if rollback is not None:   # this branch is abandoned: train() re-enters from the checkpoint
-                own, why = False, None
-            if own and not s.control.state_is_good:   # its rotation could delete the last good one
-                s.save_blocked(step, "the Trainer's own save")
-            control.should_save = bool(why) or (own and s.control.state_is_good)
+            # Damaged weights: no save (the Trainer's rotation could delete the last good checkpoint).
+            own = own and rollback is None and s.allow_save(step, "the Trainer's own save")
+            control.should_save = bool(why) or own
             self._save_reason = (step, why)   # why None: the Trainer's own save
             s.control.step_done()
 
@@ -239,15 +187,12 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
                 self.session.write_state_file(path, blob)
 
     def on_train_end(self, args, state, control, **kwargs):
-        rolling = self._rollback is not None and self._rollback.pending is not None
-        if self.session is not None and not rolling:   # a rollback goes on in the same session
+        if self.session is not None and not self._rolling:   # a rollback goes on in the same session
             self.session.close()   # host-sync: the last records; never raises
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-        if self._gate is not None:
-            self._gate.close()
-            self._gate = None
+        self._ungate()
 
     def close(self) -> None:
         """Undo :meth:`bind` (the trainer's methods are restored)."""

@@ -3,15 +3,8 @@
 >>> trainer = Trainer(callbacks=[StabilityCallback(config="default", run_dir="out/stability")])  # doctest: +SKIP
 
 The hooks Lightning 2.6 offers (FRAMEWORK_NOTES 2.1-2.5) feed the shared
-:class:`~._session.LiveSession`: the loss from ``on_train_batch_end``'s outputs, the step
-boundary from ``trainer.global_step`` (also under DeepSpeed, whose hooks fire per micro-batch),
-the grad norm, LR and GradScaler state in ``on_before_optimizer_step``, the crash alert in
-``on_exception``. Saves are ``trainer.save_checkpoint`` on every rank at the same step, a halt
-is ``trainer.should_stop``, the detector state is the callback's ``state_dict``. Where each
-signal comes from and what the callback does: README, "Lightning". Skip step gates the
-optimizer's ``step`` (or joins a GradScaler's ``found_inf``: :mod:`._skip`); an automatic
-rollback stops the fit loop, restores the checkpoint and runs the loop again, with a skip-aware
-sampler in the train loader (:mod:`._rollback`).
+:class:`~._session.LiveSession`; the detector state is the callback's ``state_dict``. Where each
+signal comes from, how saves, halts and rollbacks go: README, "Lightning".
 """
 from __future__ import annotations
 
@@ -26,10 +19,9 @@ from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy   # no 
 from stability_callbacks.live import InstancePatches
 from stability_callbacks.params import flag
 
-from ._readings import DeepSpeedStep, read_grad_scaler, sharded_grad_norm
+from ._readings import read_grad_scaler, sharded_grad_norm
 from ._rollback import LightningRollBack
 from ._session import SessionAdapter
-from ._skip import gate_optimizer
 
 __all__ = ["StabilityCallback"]
 
@@ -37,13 +29,11 @@ __all__ = ["StabilityCallback"]
 class StabilityCallback(Callback, SessionAdapter):
     """Live stability monitoring for ``lightning.pytorch.Trainer`` (DESIGN 2.6).
 
-    Keyword arguments: ``config`` (path, preset name, dict or None = defaults) or ``monitor`` (a
-    ready ``Monitor``); ``run_dir`` (run log JSONL and reports; one per run); ``run_name``;
-    ``checkpoint_dir`` (where the callback's own saves go; default: the ``ModelCheckpoint``
-    dirpath, else ``<default_root_dir>/checkpoints``); ``take_over_clipping`` (reuse the
-    monitored grad norm for norm clipping instead of computing it twice; default True);
-    ``log_to_loggers`` (``pl_module.log`` the signals and findings; default True); ``listeners``
-    (:class:`~stability_callbacks.live.RunListener` s: records, findings, actions).
+    Keyword arguments: those of :class:`~._session.SessionAdapter`; ``checkpoint_dir`` (where the
+    callback's own saves go; default: the ``ModelCheckpoint`` dirpath, else
+    ``<default_root_dir>/checkpoints``); ``take_over_clipping`` (reuse the monitored grad norm
+    for norm clipping instead of computing it twice; default True); ``log_to_loggers``
+    (``pl_module.log`` the signals and findings; default True).
     """
 
     def __init__(self, *, config: Any = None, monitor: Any = None,
@@ -55,15 +45,13 @@ class StabilityCallback(Callback, SessionAdapter):
         SessionAdapter.__init__(self, config=config, monitor=monitor, run_dir=run_dir,
                                 run_name=run_name, listeners=listeners)
         self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
-        self._resumed = self._closed = False
-        self._last_step = 0
+        self._resumed, self._last_step = False, 0
         self._norm: torch.Tensor | None = None    # this step's grad norm, for the clipping
-        self._orig_clip = self._ds = self._mc_seen = self._save_pending = None
-        self._rollback = self._loop_patches = self._gate = None
+        self._clip_patches = self._mc_seen = self._save_pending = None
 
     # ------------------------------------------------------------------------------ set-up
     def setup(self, trainer, pl_module, stage: str) -> None:
-        if stage != "fit" or (self.session is not None and not self._closed):
+        if stage != "fit" or (self.session is not None and not self.session.closed):
             return
         # A bad config is the user's error: it fails before step one.
         with self.guard("setup", "starting the stability monitor", fatal=True, passthrough=(ValueError,)):
@@ -75,12 +63,11 @@ class StabilityCallback(Callback, SessionAdapter):
             # A second fit() with the same callback continues the same Monitor (and run log).
             s = self._open(is_rank0=trainer.is_global_zero, wandb_run=wandb_run,
                            monitor=self.run.monitor if self.session is not None else None)
-            s.report, self._closed = self.log_to_loggers, False
+            s.report = self.log_to_loggers
             if self.take_over_clipping and not isinstance(trainer.strategy, DeepSpeedStrategy):
                 self._take_over_clipping(trainer)
-            if self._auto_rollback() and self._loop_patches is None:
-                self._loop_patches = InstancePatches(trainer.fit_loop)
-                self._rollback = LightningRollBack(lambda: self.session, trainer, self._loop_patches)
+            if self._auto_rollback() and self._rollback is None:
+                self._rollback = LightningRollBack(lambda: self.session, trainer)
 
     def _take_over_clipping(self, trainer) -> None:
         """Clip with the norm this callback already computed (``clip_grads_with_norm_``: the same
@@ -90,7 +77,7 @@ class StabilityCallback(Callback, SessionAdapter):
         precision = trainer.precision_plugin
         if isinstance(precision, FSDPPrecision) or "clip_grad_by_norm" in vars(precision):
             return
-        orig = precision.clip_grad_by_norm
+        orig, self._clip_patches = precision.clip_grad_by_norm, InstancePatches(precision)
 
         def clip_grad_by_norm(optimizer, clip_val):
             norm, self._norm = self._norm, None
@@ -99,8 +86,7 @@ class StabilityCallback(Callback, SessionAdapter):
             params = [p for p in precision.main_params(optimizer) if p.grad is not None]
             torch.nn.utils.clip_grads_with_norm_(params, clip_val, norm)
 
-        precision.clip_grad_by_norm = clip_grad_by_norm
-        self._orig_clip = (precision, orig)
+        self._clip_patches.set("clip_grad_by_norm", clip_grad_by_norm)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Lightning calls this after ``setup`` (trainer.py:1039-1046) with the state saved in the
@@ -122,30 +108,23 @@ class StabilityCallback(Callback, SessionAdapter):
             s = self.session
             self._last_step = trainer.global_step
             # A checkpoint without this callback's state is a resume too (fresh detectors).
-            rolling = self._rollback is not None and self._rollback.pending is not None
-            reason = "rollback" if rolling else "resume" if self._resumed or trainer.ckpt_path else "start"
+            reason = "resume" if self._resumed or trainer.ckpt_path else "start"
             scheds = trainer.lr_scheduler_configs
-            s.start(trainer.global_step, reason, model=pl_module,
-                    optimizer=trainer.optimizers[0] if trainer.optimizers else None,
-                    scheduler=scheds[0].scheduler if scheds else None, precision=str(trainer.precision),
-                    total_steps=trainer.max_steps if trainer.max_steps > 0 else None)
-            if rolling:
-                self._rollback.restored()
-            if self._rollback is not None:
+            self._begin(trainer.global_step, reason, model=pl_module,
+                        optimizer=trainer.optimizers[0] if trainer.optimizers else None,
+                        scheduler=scheds[0].scheduler if scheds else None, precision=str(trainer.precision),
+                        total_steps=trainer.max_steps if trainer.max_steps > 0 else None)
+            if self._rollback is not None:   # the skip-aware sampler into the train loader
                 self._rollback.install()
             # CPU copies land at once (poll is deterministic); on accelerators the copy may land
             # at different times on different ranks, so multi-rank runs drain in lockstep.
             s.lockstep = trainer.world_size > 1 and trainer.strategy.root_device.type != "cpu"
             if isinstance(trainer.checkpoint_callback, ModelCheckpoint):
                 self._mc_seen = trainer.checkpoint_callback._last_checkpoint_saved or None
-            engine = None
-            if isinstance(trainer.strategy, DeepSpeedStrategy):
-                engine = trainer.strategy.deepspeed_engine
-                self._ds = DeepSpeedStep(engine)
+            engine = trainer.strategy.deepspeed_engine if isinstance(trainer.strategy, DeepSpeedStrategy) else None
+            s.use_deepspeed(engine)
             if self._gate is None and trainer.optimizers:
-                lr_factor = self._rollback.lr_factor(lambda: trainer.global_step + 1) if self._rollback else None
-                self._gate = gate_optimizer(s.skip, engine.optimizer if engine is not None else trainer.optimizers[0],
-                                            engine=engine, lr_factor=lr_factor)
+                self._gate_step(trainer.optimizers[0], engine=engine, next_step=lambda: trainer.global_step + 1)
 
     # ------------------------------------------------------------------------------ per step
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
@@ -154,9 +133,9 @@ class StabilityCallback(Callback, SessionAdapter):
         s = self.session
         s.read_lr(optimizer)   # the LR this step uses; per micro-batch under DeepSpeed
         with self.guard("before-step", "reading the grad norm / loss scale"):
-            if self._ds is not None:   # grads still sit in p.grad before engine.step()
-                if self._ds.engine.is_gradient_accumulation_boundary():
-                    self._ds.grad_norm_before_step(s)
+            if s.deepspeed is not None:   # grads still sit in p.grad before engine.step()
+                if s.deepspeed.engine.is_gradient_accumulation_boundary():
+                    s.deepspeed.grad_norm_before_step(s)
                 return
             # After unscale_, before update(): the scale this step used and found_inf. A fused
             # optimizer unscales inside its step (amp.py:84-88): no found_inf, grads still scaled.
@@ -183,12 +162,7 @@ class StabilityCallback(Callback, SessionAdapter):
         if step == self._last_step:
             return            # an accumulation micro-batch (or a skipped training_step)
         self._last_step, self._norm = step, None
-        if self._ds is not None:
-            with self.guard("deepspeed", "reading DeepSpeed's step"):
-                self._ds.read_into(s.probe, grad_norm=True)
-        # Under DeepSpeed the ZeRO partitions live on the engine; elsewhere the optimizer.
-        s.end_step(step, optimizer=self._ds.engine if self._ds is not None
-                   else (trainer.optimizers[0] if trainer.optimizers else None))
+        s.end_step(step, optimizer=trainer.optimizers[0] if trainer.optimizers else None)
         if s.report:
             with self.guard("log", "logging to the trainer's loggers"):
                 for name, v in s.take_scalars().items():
@@ -197,8 +171,7 @@ class StabilityCallback(Callback, SessionAdapter):
         self._act(trainer, step)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        if not self._off():
-            self.session.alive()   # an evaluation batch: progress, not a hang
+        self._alive()
 
     def _act(self, trainer, step: int) -> None:
         s = self.session
@@ -210,11 +183,10 @@ class StabilityCallback(Callback, SessionAdapter):
                 for cb in trainer.checkpoint_callbacks:
                     if isinstance(cb, ModelCheckpoint):
                         cb._last_global_step_saved = step
-            rollback = self._rollback.accept(step) if self._rollback is not None else None
-            why, stop = s.requests(step)
+            rollback, why, stop = self._requests(step)
             if stop or rollback is not None:   # a rollback: the fit loop wrapper takes it from here
                 trainer.should_stop = True
-            if why and rollback is None:
+            if why:
                 # Collective under DeepSpeed/FSDP: every rank reaches this at the same step.
                 mc = trainer.checkpoint_callback
                 folder = self.checkpoint_dir or (mc.dirpath if isinstance(mc, ModelCheckpoint) and mc.dirpath
@@ -247,24 +219,16 @@ class StabilityCallback(Callback, SessionAdapter):
         if not self._off():
             self.session.flush()   # host-sync: end of training
             self._note_framework_saves(trainer)
-        if self._rollback is not None and self._rollback.pending is not None:
-            return   # the run goes on from the checkpoint, in the same session
-        self.session.close()   # never raises
-        self._closed = True
+        if not self._rolling:   # a rollback goes on from the checkpoint, in the same session
+            self.session.close()   # never raises
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        # Lightning re-raises it after its callbacks and teardown (trainer/call.py:68-73).
-        if self.session is not None and not self._closed:
-            self._crashed(exception)
-            self._closed = True
+        self._crashed(exception)   # Lightning re-raises it after its callbacks and teardown (call.py:68-73)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
-        if self._gate is not None:
-            self._gate.close()
-        if self._loop_patches is not None:
-            self._loop_patches.restore()
-        self._gate = self._loop_patches = self._rollback = None
-        if self._orig_clip is not None:
-            precision, _ = self._orig_clip
-            vars(precision).pop("clip_grad_by_norm", None)
-            self._orig_clip = None
+        self._ungate()
+        if self._rollback is not None:
+            self._rollback.close()
+        if self._clip_patches is not None:
+            self._clip_patches.restore()
+        self._rollback = self._clip_patches = None
