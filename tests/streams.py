@@ -34,3 +34,17 @@ def scale(records, key, factor_by_step):
         if key in r.metrics:
             r.metrics[key] *= factor_by_step(r.step)
     return records
+
+
+def two_stream_losses(logits, labels) -> dict:
+    """Per-dataset losses of an LM batch whose first half of rows is stream "a", the rest "b":
+    the mean next-token cross-entropy of each half (what a model output's ``stream_losses``
+    carries in the per-dataset loss tests of every integration)."""
+    import torch
+
+    logits = logits[:, :-1].float()
+    per_row = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+        reduction="none").view(labels.shape[0], -1).mean(1)
+    half = labels.shape[0] // 2
+    return {"a": per_row[:half].mean(), "b": per_row[half:].mean()}

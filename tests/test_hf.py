@@ -23,6 +23,7 @@ from transformers import Trainer, TrainingArguments  # noqa: E402
 
 from alert_inbox import AlertInbox  # noqa: E402
 from stability_callbacks.demo.scenarios import build_scenario  # noqa: E402
+from streams import two_stream_losses  # noqa: E402
 from stability_callbacks.integrations import hf  # noqa: E402
 from stability_callbacks.integrations.hf import STATE_FILE, StabilityCallback  # noqa: E402
 
@@ -454,13 +455,8 @@ def test_per_dataset_losses_from_the_model_output(tmp_path):
     class TwoStreams(GPT2LMHeadModel):
         def forward(self, input_ids=None, labels=None, **kwargs):
             out = super().forward(input_ids=input_ids, labels=labels, **kwargs)
-            logits = out.logits[:, :-1].float()
-            tok = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
-                reduction="none").view(labels.shape[0], -1).mean(1)
-            half = labels.shape[0] // 2      # first rows: stream "a", the rest: "b"
-            out["stream_losses"] = {"a": tok[:half].mean(), "b": tok[half:].mean()}
-            seen.append((tok[:half].mean().item(), tok[half:].mean().item()))
+            out["stream_losses"] = streams = two_stream_losses(out.logits, labels)
+            seen.append((streams["a"].item(), streams["b"].item()))
             return out
 
     seen: list = []

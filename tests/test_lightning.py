@@ -13,6 +13,7 @@ import torch
 pl = pytest.importorskip("lightning.pytorch")
 
 from stability_callbacks.demo.scenarios import build_scenario  # noqa: E402
+from streams import two_stream_losses  # noqa: E402
 from stability_callbacks.integrations.lightning import StabilityCallback  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -295,12 +296,7 @@ class TwoStreams(ScenarioModule):
     def training_step(self, batch, batch_idx):
         ids = batch["input_ids"]
         out = self.model(input_ids=ids, labels=ids)
-        logits = out.logits[:, :-1].float()
-        tok = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                ids[:, 1:].reshape(-1), reduction="none")
-        per_row = tok.view(ids.shape[0], -1).mean(1)
-        half = ids.shape[0] // 2
-        streams = {"a": per_row[:half].mean(), "b": per_row[half:].mean()}
+        streams = two_stream_losses(out.logits, ids)
         self.seen.append((streams["a"].item(), streams["b"].item()))
         return {"loss": out.loss, "stream_losses": streams}
 

@@ -28,6 +28,7 @@ allow_fp16()
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # tests/
 from alert_inbox import AlertInbox  # noqa: E402
+from streams import two_stream_losses  # noqa: E402
 from stability_callbacks.demo.scenarios import build_scenario  # noqa: E402
 from stability_callbacks.integrations.deepspeed import (CLIENT_STATE_KEY, attach,  # noqa: E402
                                                         roll_back_latest)
@@ -241,12 +242,7 @@ class TwoStreams(torch.nn.Module):
 
     def forward(self, input_ids=None, labels=None):
         out = self.model(input_ids=input_ids, labels=labels)
-        logits = out.logits[:, :-1].float()
-        tok = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                labels[:, 1:].reshape(-1), reduction="none")
-        per_row = tok.view(labels.shape[0], -1).mean(1)
-        half = labels.shape[0] // 2
-        out["stream_losses"] = {"a": per_row[:half].mean(), "b": per_row[half:].mean()}
+        out["stream_losses"] = two_stream_losses(out.logits, labels)
         self.seen.append([float(out["stream_losses"]["a"]), float(out["stream_losses"]["b"])])
         return out
 
