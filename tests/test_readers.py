@@ -282,6 +282,10 @@ NAN = float("nan")
     # Prefixes, timestamps, quoting, fences and colour codes around the metrics.
     ("```\n> [rank0]: 2023-03-22 09:30:39 iter 2920: loss 3.45, lr 1e-4\n```\n",
      [(2920, {"loss": 3.45, "lr": 1e-4})]),
+    # A logging handler's level (and logger) between the time and the key is no part of the key.
+    ("2024-05-01 12:00:00,123 - __main__ - INFO - Iter 10: Train loss 2.363, Learning Rate 1.0e-05\n"
+     "[12:00:01] WARNING Iter 20: Train loss 2.250, Learning Rate 1.0e-05\n",
+     [(10, {"loss": 2.363, "lr": 1e-05}), (20, {"loss": 2.25, "lr": 1e-05, "loss_resolution": 1e-3})]),
     ("INFO:root:\x1b[32mstep: 10  loss:  9.2100  grad_norm: 1.5  memory: 12.3GiB(15.6%)\x1b[39m\n",
      [(10, {"loss": 9.21, "grad_norm": 1.5, "loss_resolution": 1e-4})]),
     # Dict prints with single quotes and string values; JSON with nested fields.

@@ -64,6 +64,26 @@ def test_wild_log_parses_to_its_csv(label):
                 allowed_extra=("consumed_samples", "param_norm"))
 
 
+#: What users' tooling adds around a log: Windows line ends, an issue's code fence and quoting,
+#: torchrun's rank prefix, a logging handler's timestamp and level.
+def _as_pasted(text: str) -> str:
+    lines = [f"> [rank0]: 2024-05-01 12:00:00,123 INFO {line}" if line.strip() else "> " + line
+             for line in text.split("\n")]
+    return "```text\r\n" + "\r\n".join(lines) + "\r\n```\r\n"
+
+
+TEXT_LOGS = [lab for lab in LABELS if lab["log"].endswith(".log") and not lab["name"].startswith("b_tsv_")]
+
+
+@pytest.mark.parametrize("label", TEXT_LOGS, ids=[lab["name"] for lab in TEXT_LOGS])
+def test_prefixes_quotes_and_line_ends_change_nothing(label, tmp_path):
+    pasted = tmp_path / label["log"]
+    with open(WILD / label["log"], encoding="utf-8", errors="replace", newline="") as f:   # tqdm's \r kept
+        pasted.write_text(_as_pasted(f.read()), newline="")
+    assert_same(list(read_records(pasted)), WILD / label["csv"],
+                allowed_extra=("consumed_samples", "param_norm"))
+
+
 @pytest.mark.parametrize("label", LABELS, ids=[lab["name"] for lab in LABELS])
 def test_wild_log_meets_its_labels(label):
     monitor = Monitor()

@@ -29,7 +29,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 from ... import keys
 from ...record import StepRecord
 from . import caffe, csv_table, fairseq, generic, hf, jsonl, megatron, tensorboard_events
-from .source import LogFormatError, SkipReport, numbered_lines, segments
+from .source import LogFormatError, SkipReport, numbered_lines, segments, strip_prefix
 
 __all__ = ["FORMATS", "LogFormatError", "detect_format", "read_records"]
 
@@ -179,6 +179,7 @@ def detect_lines(path, lines: Iterable, *, user_keys=None, pattern=None
                 if needle in text and any(sig.search(text) for sig in signatures):
                     return name, consumed
         for seg in segments(text):
+            seg = strip_prefix(seg)
             got = reader.parse(seg)
             if got is None:
                 continue

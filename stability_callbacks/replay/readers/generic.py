@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ... import keys
 from ...record import StepRecord
-from .source import SkipReport, numbered_lines, segments
+from .source import SkipReport, numbered_lines, segments, strip_prefix
 from .tags import metric_key
 
 # Numbers: digits with an optional fraction and exponent (the sign lives in the template, so
@@ -133,6 +133,8 @@ _NAN_WARNING = re.compile(r"\bloss\b.*\b(?:is|are|was|were|became|got|detected|f
                           r"encountered)\b|\bdetected\b|\bnon-?finite\s+loss", re.I)
 _OVERFLOW = re.compile(r"overflow", re.I)
 _WORD_INSIDE_KEY = re.compile(r"\s+[A-Za-z][\w ]*[:=]\s*$")
+# A logging level between a timestamp and the key (`2024-05-01 12:00:00,123 INFO Iter 10`).
+_LOG_LEVELS = frozenset({"info", "debug", "warning", "warn", "error", "critical", "trace", "notice"})
 _QUOTES = " \t'\"\u2018\u2019\u201c\u201d"
 _CUTS = ",|;[]{}()<>'\"=:\t\u2018\u2019\u201c\u201d"
 
@@ -155,12 +157,15 @@ def classify(name: str, user: Mapping[str, str] | None = None) -> tuple[str, str
     (('metric', 'loss'), ('eval', 'loss'), ('step', '0'), ('metric', 'grad_norm'))
     """
     norm = normalise_key(name)
+    words = norm.split()
+    if len(words) > 1 and words[0] in _LOG_LEVELS:   # `... 12:00:00 INFO Iter 10`: the level
+        words = words[1:]
+        norm = " ".join(words)
     if user and norm in user:
         target = user[norm]
         return ("step", "0") if target == "step" else ("metric", target)
     if not norm:
         return "other", None
-    words = norm.split()
     if _EVAL_WORDS.intersection(words):
         return "eval", "loss" if ("loss" in words or "ppl" in words) else None
     if norm in STEP_NAMES:
@@ -826,6 +831,7 @@ def read(path, *, on_skip: SkipReport, progress: bool = False, lines: Iterable |
         if text is None:
             yield from asm.flush()
             continue
+        text = strip_prefix(text)
         # The common case inline (a line of the last record template); feed_line otherwise.
         last = reader.last
         m = last.match(text) if last is not None and last.match is not None and asm.header_step is None else None
@@ -846,9 +852,11 @@ def feed_line(reader: LineReader, asm: Assembler, line_no: int, text: str,
               on_skip: SkipReport) -> list[StepRecord]:
     """One physical line through ``reader`` into ``asm``: the records it completes."""
     out: list[StepRecord] = []
+    text = strip_prefix(text)
     if asm.header_step is not None and text[:1] not in (" ", "\t"):
         asm.header_step = None      # the indented block under a step line ended
     for seg in (segments(text) if ("\r" in text or "\x1b" in text or "\b" in text) else (text,)):
+        seg = strip_prefix(seg)     # a coloured prefix shows once the colour codes are gone
         got = reader.parse(seg)
         if got is None:
             continue

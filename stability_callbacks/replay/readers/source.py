@@ -81,6 +81,32 @@ def strip_quote(line: str) -> str:
     return line
 
 
+_LEVEL = r"(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL|NOTICE)"
+# What a launcher or a logging handler puts before a program's own line: torchrun's `[rank0]:`,
+# a date and/or time (ISO or not, with milliseconds, in brackets or not), a logging level with or
+# without its logger (`INFO:root:`, `__main__ - INFO - `), in any order. Each takes one space after
+# it: the indentation of the line itself stays (OLMo's blocks).
+_LINE_PREFIX = re.compile(
+    r"(?:\[?rank\s*\d+\]?:[ \t]?"
+    r"|\[?\d{4}[-/]\d\d[-/]\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?(?:[ \t]?[,|:-])?[ \t]"
+    r"|\[?\d\d:\d\d:\d\d(?:[.,]\d+)?\]?(?:[ \t]?[,|-])?[ \t]"
+    r"|[ \t]*(?:[\w.]+[ \t]+-[ \t]+)?\[?" + _LEVEL + r"\]?(?::[\w.]*:|[ \t]*[-|:][ \t]|[ \t]))+")
+
+
+def strip_prefix(line: str) -> str:
+    """The line without what a launcher or logger put before it (:data:`_LINE_PREFIX`).
+
+    >>> strip_prefix("[rank0]: 2024-05-01 12:00:00,123 INFO Iter 10: loss 2.3")
+    'Iter 10: loss 2.3'
+    >>> strip_prefix("2024-05-01 12:00:00,123 - __main__ - INFO - step 5 loss 2.0")
+    'step 5 loss 2.0'
+    >>> strip_prefix("0 train 10.93"), strip_prefix("12 | loss 2.5"), strip_prefix("[rank0]:    loss=2")
+    ('0 train 10.93', '12 | loss 2.5', '   loss=2')
+    """
+    m = _LINE_PREFIX.match(line)
+    return line[m.end():] if m else line
+
+
 def segments(line: str) -> list[str]:
     """The pieces of one physical line a terminal would have shown as separate lines.
 
