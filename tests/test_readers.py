@@ -341,6 +341,9 @@ NAN = float("nan")
     ("[Epoch 1/30, Batch 5/100] [Losses: x 0.5, cls 0.25, total 1.5]\n"
      "[Epoch 2/30, Batch 1/100] [Losses: x 0.5, cls 0.25, total 1.25]\nstep 300 total 7 loss 2.5\n",
      [(5, {"loss": 1.5}), (101, {"loss": 1.25}), (300, {"loss": 2.5})]),
+    # CamelCase `LearningRate`; a precision before a known key (insightface `Fp16 Grad Scale`).
+    ("Speed 2183.37 samples/sec   Loss 2.5   LearningRate 0.001000   Epoch: 0   Global Step: 30   "
+     "Fp16 Grad Scale:  0   Required: 144 hours\n", [(30, {"loss": 2.5, "lr": 0.001, "loss_scale": 0.0})]),
 ])
 def test_generic_reader_rules(tmp_path, text, want):
     got = records_of(tmp_path, text)

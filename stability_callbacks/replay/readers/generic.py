@@ -78,7 +78,7 @@ for _key, _names in {
                      "total grad norm", "global grad norm", "norm", "grad norm pre clip",
                      "total norm", "gradnorm", "g norm", "global norm", "grad norm l2",
                      "train grad norm", "optim total grad norm", "grad norm before clip"),
-    keys.LR: ("lr", "learning rate", "lr mul", "current lr", "train lr", "lr group0",
+    keys.LR: ("lr", "learning rate", "learningrate", "lr mul", "current lr", "train lr", "lr group0",
               "learning rate group0", "optim learning rate group0", "lr abs", "optim0 lr0",
               "train learning rate", "lrate", "lr 0", "base lr", "lrm"),
     keys.LOSS_SCALE: ("loss scale", "scale", "loss scaler", "cur scale", "current loss scale",
@@ -194,8 +194,8 @@ def classify(name: str, user: Mapping[str, str] | None = None) -> tuple[str, str
         return "metric", key
     if _SUMMARY_WORDS.intersection(words):
         return "summary", None
-    if len(words) > 1 and words[0] in ("train", "cur", "curr", "current") \
-            and SYNONYMS.get(norm[len(words[0]) + 1:]):       # `train_lr`, `cur_lr`, `curr_loss`
+    if len(words) > 1 and words[0] in ("train", "cur", "curr", "current", "fp16") \
+            and SYNONYMS.get(norm[len(words[0]) + 1:]):    # `train_lr`, `cur_lr`, `Fp16 Grad Scale`
         return "metric", SYNONYMS[norm[len(words[0]) + 1:]]
     return "other", None
 
