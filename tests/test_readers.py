@@ -331,6 +331,23 @@ NAN = float("nan")
     # rule; a mean of micro-batches or ranks is not printed, so it has none.
     ("iter 1: loss 1.000000\niter 2: loss 0.98\niter 3: loss 2.10\niter 3: loss 2.30\n",
      [(1, {"loss": 1.0, "loss_resolution": 1e-6}), (2, {"loss": 0.98}), (3, {"loss": 2.2})]),
+    # `Total iter` is the global count, beside an epoch and a batch counter (PaddleSlim).
+    ("Total iter: 0, epoch: 0, batch: 0, loss: [10.5]\nTotal iter: 10, epoch: 0, batch: 10, loss: [nan]\n",
+     [(0, {"loss": 10.5}), (10, {"loss": NAN})]),
+    # An overflow whose update went ahead (MindSpore `still update`): the scale, no skip.
+    ("overflow, still update, loss scale adjust to 1024.0\nStep 1/9, loss: 2.5, cur_lr: 0.25\n"
+     "overflow, still update, loss scale adjust to 512.0\n",
+     [(1, {"loss": 2.5, "lr": 0.25, "loss_scale": 1024.0}), (2, {"loss_scale": 512.0})]),
+    # Chinese key words: a step, and a test-set line that is evaluation.
+    ("训练次数：100, Loss：1.5\n整体测试集上的Loss: 262.6\n训练次数：200, Loss：1.25\n",
+     [(100, {"loss": 1.5}), (200, {"loss": 1.25})]),
+    # `total` is the loss inside a group named for losses, and nothing outside one.
+    ("[Epoch 1/30, Batch 5/100] [Losses: x 0.5, cls 0.25, total 1.5]\n"
+     "[Epoch 2/30, Batch 1/100] [Losses: x 0.5, cls 0.25, total 1.25]\nstep 300 total 7 loss 2.5\n",
+     [(5, {"loss": 1.5}), (101, {"loss": 1.25}), (300, {"loss": 2.5})]),
+    # CamelCase `LearningRate`; a precision before a known key (insightface `Fp16 Grad Scale`).
+    ("Speed 2183.37 samples/sec   Loss 2.5   LearningRate 0.001000   Epoch: 0   Global Step: 30   "
+     "Fp16 Grad Scale:  0   Required: 144 hours\n", [(30, {"loss": 2.5, "lr": 0.001, "loss_scale": 0.0})]),
 ])
 def test_generic_reader_rules(tmp_path, text, want):
     got = records_of(tmp_path, text)

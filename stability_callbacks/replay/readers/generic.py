@@ -23,6 +23,8 @@ The rules (the same the hand-written expected CSVs of ``tests/data/wild_logs`` f
   (epoch - first epoch) × batches per epoch + batch. No step at all: 1, 2, 3… in order.
 - DeepSpeed / apex / fairseq overflow lines fold into the next record (``skipped`` and the scale
   they reduced to, unless the record prints its own); at the end of the log each is a record.
+  An overflow line saying the update went ahead (MindSpore's ``overflow, still update``) gives
+  the scale and no skip.
 - DeepSpeed's ``step=N, skipped=K`` count is cumulative: a record carries the delta.
 - A warning that announces NaN (``loss is nan``) marks the step already printed (its loss, when
   its line printed none), never a new step. The same step printed again is one row (the mean
@@ -76,7 +78,7 @@ for _key, _names in {
                      "total grad norm", "global grad norm", "norm", "grad norm pre clip",
                      "total norm", "gradnorm", "g norm", "global norm", "grad norm l2",
                      "train grad norm", "optim total grad norm", "grad norm before clip"),
-    keys.LR: ("lr", "learning rate", "lr mul", "current lr", "train lr", "lr group0",
+    keys.LR: ("lr", "learning rate", "learningrate", "lr mul", "current lr", "train lr", "lr group0",
               "learning rate group0", "optim learning rate group0", "lr abs", "optim0 lr0",
               "train learning rate", "lrate", "lr 0", "base lr", "lrm"),
     keys.LOSS_SCALE: ("loss scale", "scale", "loss scaler", "cur scale", "current loss scale",
@@ -92,7 +94,8 @@ for _key, _names in {
 # Step counters, best first: an explicit optimizer-step count beats an iteration count, which
 # becomes the micro-batch counter when both are printed (`iter 3704 step 463`).
 STEP_NAMES = {"global step": 0, "num updates": 0, "current steps": 0, "updates": 0,
-              "optimizer step": 0, "optimizer steps": 0, "train step": 1, "training step": 1,
+              "optimizer step": 0, "optimizer steps": 0, "total iter": 0, "total iters": 0,
+              "total iteration": 0, "train step": 1, "training step": 1,
               "step": 1, "steps": 1, "update": 1, "iteration": 2, "iter": 2, "iters": 2,
               "iterations": 2, "it": 3, "s": 3, "global iteration": 2, "batch step": 2}
 _MICRO_PRIORITY = 2
@@ -125,6 +128,12 @@ _EVAL_WORDS = frozenset({"val", "valid", "validation", "eval", "evaluation", "te
 _SUMMARY_WORDS = frozenset({"runtime", "best", "flos", "average", "avg", "mean"})
 _SPLIT_QUALIFIED_LOSS = frozenset({"train loss", "training loss", "loss train", "train lm loss"})
 _NOT_A_KEY = re.compile(r"[^A-Za-z0-9]+")
+# Chinese key words (many posted logs print them): their English names, so that
+# `训练次数：100, Loss：1.98` has a step and `整体测试集上的Loss: 262.6` is an evaluation.
+_CJK_WORDS = {"迭代次数": " iteration ", "训练次数": " train step ", "训练步数": " train step ",
+              "步数": " step ", "迭代": " iter ", "训练": " train ", "测试": " test ",
+              "验证": " val ", "评估": " eval ", "损失": " loss ", "学习率": " lr "}
+_CJK = re.compile("|".join(sorted(_CJK_WORDS, key=len, reverse=True)))
 _STEP_MARKERS = ("(optimizer.step)", "(step)")
 # `--lr 3e-4`, `Namespace(lr=...)`, `args.lr`: argument echoes, never metrics.
 _ARG_ECHO = ("--", "namespace(", "args.", "argument", "config")
@@ -132,6 +141,8 @@ _ARG_ECHO = ("--", "namespace(", "args.", "argument", "config")
 _NAN_WARNING = re.compile(r"\bloss\b.*\b(?:is|are|was|were|became|got|detected|found|"
                           r"encountered)\b|\bdetected\b|\bnon-?finite\s+loss", re.I)
 _OVERFLOW = re.compile(r"overflow", re.I)
+# MindSpore's `overflow, still update, loss scale adjust to 1024.0`: the step was applied.
+_APPLIED = re.compile(r"\bstill updat|\bnot skip", re.I)
 _WORD_INSIDE_KEY = re.compile(r"\s+[A-Za-z][\w ]*[:=]\s*$")
 # A logging level between a timestamp and the key (`2024-05-01 12:00:00,123 INFO Iter 10`).
 _LOG_LEVELS = frozenset({"info", "debug", "warning", "warn", "error", "critical", "trace", "notice"})
@@ -142,9 +153,11 @@ _CUTS = ",|;[]{}()<>'\"=:\t\u2018\u2019\u201c\u201d"
 def normalise_key(name: str) -> str:
     """``"Train_Loss"`` -> ``"train loss"``: lower case, words separated by single spaces.
 
-    >>> normalise_key("optim/total-grad_norm"), normalise_key(" lm loss ")
-    ('optim total grad norm', 'lm loss')
+    >>> normalise_key("optim/total-grad_norm"), normalise_key(" lm loss "), normalise_key("训练次数")
+    ('optim total grad norm', 'lm loss', 'train step')
     """
+    if not name.isascii():
+        name = _CJK.sub(lambda m: _CJK_WORDS[m.group()], name)
     return " ".join(_NOT_A_KEY.split(name.lower())).strip()
 
 
@@ -186,8 +199,9 @@ def classify(name: str, user: Mapping[str, str] | None = None) -> tuple[str, str
         return "metric", key
     if _SUMMARY_WORDS.intersection(words):
         return "summary", None
-    if norm.startswith("train ") and SYNONYMS.get(norm[6:]):
-        return "metric", SYNONYMS[norm[6:]]
+    if len(words) > 1 and words[0] in ("train", "cur", "curr", "current", "fp16") \
+            and SYNONYMS.get(norm[len(words[0]) + 1:]):    # `train_lr`, `cur_lr`, `Fp16 Grad Scale`
+        return "metric", SYNONYMS[norm[len(words[0]) + 1:]]
     return "other", None
 
 
@@ -210,6 +224,7 @@ class Plan:
     prints_skipped: bool = False
     overflow_scale: int | None = None
     overflow_attempted: int | None = None
+    overflow_applied: bool = False   # the line says the update went ahead: a scale, no skip
     loss_name: str = ""              # the loss as the line names it (normalised)
     mixed: bool = False              # `train loss` beside `val loss`: see Assembler._emit
     parts: tuple = ()                # kind multi: ((first number, end, plan), ...)
@@ -315,6 +330,13 @@ def _glued_names(texts: list[str], nums: list[str]) -> list[str | None]:
     return out
 
 
+def _in_loss_group(texts: list[str], nums: list[str], i: int) -> bool:
+    """Whether number ``i`` sits in a bracketed group named for losses (``[Losses: ...``)."""
+    head = "".join(t + v for t, v in zip(texts[:i], nums[:i])) + texts[i]
+    start = max(head.rfind(c) for c in "[({")
+    return start >= 0 and "loss" in head[start:].lower().split(":")[0]
+
+
 def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None = None,
               split: bool = True) -> Plan:
     """Interpret one template: ``texts`` are the pieces around the numbers ``nums`` of a line."""
@@ -368,6 +390,8 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
             name = ""             # one letter is a key only as `s:12`, `L: 0.0058` (llm.c, SparK)
         full = f"{prefixes[i]}/{name}" if prefixes[i] and name else name
         kind, what = classify(full, user)
+        if kind == "other" and normalise_key(name) == "total" and _in_loss_group(texts, nums, i):
+            kind, what = "metric", keys.LOSS       # `[Losses: x 0.1, cls 0.2, total 0.3]`
         if kind == "other" and has_total and "/" in name:
             kind, what = classify(name.split("/")[0], user)   # "global_step/max_steps": "601/2161"
         if kind in ("other", "metric") and prefixes[i] and name \
@@ -471,6 +495,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
                 plan.step = i
         if "skip" in low or "scale" in low or plan.step is not None:
             plan.kind = "overflow"
+            plan.overflow_applied = bool(_APPLIED.search(joined))
             return plan
         plan.step = None
     named_step = plan.step is not None and not plan.counter
@@ -614,7 +639,7 @@ class Assembler:
         self.pending_loss_name = ""
         self.pending_last_step = 0
         self.loss_name: str | None = None     # how the log's plain records name their loss
-        self.overflows: list[tuple] = []      # (step or None, scale left) since the last record
+        self.overflows: list[tuple] = []      # (step or None, scale left, skipped) since the last record
         self.cumulative_skips = 0
         self.epoch: int | None = None
         self.epoch_base: int | None = None
@@ -632,7 +657,8 @@ class Assembler:
             idx = plan.overflow_scale if plan.overflow_scale is not None else plan.overflow_attempted
             # Hysteresis consumed without a reduction: the attempted scale stays.
             self._overflow(int(float(nums[plan.step])) if plan.step is not None else None,
-                           float(nums[idx]) if idx is not None else None)
+                           float(nums[idx]) if idx is not None else None,
+                           not plan.overflow_applied)
         elif kind == "nan":
             rec = self.pending
             if rec is not None and keys.LOSS not in rec.metrics and (
@@ -771,20 +797,22 @@ class Assembler:
             self.pending_loss_name = plan.loss_name
         return [prev] if prev is not None else []
 
-    def _overflow(self, step: int | None, scale: float | None) -> None:
+    def _overflow(self, step: int | None, scale: float | None, skipped: bool = True) -> None:
         """One overflow skip, told once however many ranks and lines print it: the same
-        iteration again, or rank 0's unnumbered line giving the scale of a numbered one."""
+        iteration again, or rank 0's unnumbered line giving the scale of a numbered one. An
+        overflow whose update went ahead (``skipped`` false) only sets the scale."""
         last = self.overflows[-1] if self.overflows else None
         if last is not None and ((step is not None and last[0] == step)
                                  or (step is None and last[0] is not None and last[1] is None)):
-            self.overflows[-1] = (last[0], scale if scale is not None else last[1])
+            self.overflows[-1] = (last[0], scale if scale is not None else last[1], last[2])
         else:
-            self.overflows.append((step, scale))
+            self.overflows.append((step, scale, skipped))
 
     def _fold_overflows(self, metrics: dict, plan: Plan) -> None:
-        if not plan.prints_skipped:
-            metrics[keys.SKIPPED] = float(len(self.overflows))
-        scale = next((x for _, x in reversed(self.overflows) if x is not None), None)
+        skips = sum(1 for _, _, skipped in self.overflows if skipped)
+        if not plan.prints_skipped and skips:
+            metrics[keys.SKIPPED] = float(skips)
+        scale = next((x for _, x, _ in reversed(self.overflows) if x is not None), None)
         if keys.LOSS_SCALE not in metrics and scale is not None:
             metrics[keys.LOSS_SCALE] = scale
         self.overflows = []
@@ -808,9 +836,9 @@ class Assembler:
 
     def finish(self) -> list[StepRecord]:
         out = self.flush()
-        for step, scale in self.overflows:    # overflow lines no record followed
+        for step, scale, skipped in self.overflows:    # overflow lines no record followed
             self.last_step = step if step is not None else self.last_step + 1
-            m = {keys.SKIPPED: 1.0}
+            m = {keys.SKIPPED: 1.0} if skipped else {}
             if scale is not None:
                 m[keys.LOSS_SCALE] = scale
             out.append(StepRecord(self.last_step, m))
