@@ -286,6 +286,10 @@ NAN = float("nan")
     ("2024-05-01 12:00:00,123 - __main__ - INFO - Iter 10: Train loss 2.363, Learning Rate 1.0e-05\n"
      "[12:00:01] WARNING Iter 20: Train loss 2.250, Learning Rate 1.0e-05\n",
      [(10, {"loss": 2.363, "lr": 1e-05}), (20, {"loss": 2.25, "lr": 1e-05, "loss_resolution": 1e-3})]),
+    # absl / glog's prefix (JAX, TensorFlow: t5x prints the step in brackets after it).
+    ("I1123 12:00:00.123456 140234 train.py:123] [100] loss=2.3456, learning_rate=0.001\n"
+     "I1123 12:00:09.654321 140234 train.py:123] [200] loss=2.25, learning_rate=0.001\n",
+     [(100, {"loss": 2.3456, "lr": 0.001}), (200, {"loss": 2.25, "lr": 0.001})]),
     ("INFO:root:\x1b[32mstep: 10  loss:  9.2100  grad_norm: 1.5  memory: 12.3GiB(15.6%)\x1b[39m\n",
      [(10, {"loss": 9.21, "grad_norm": 1.5, "loss_resolution": 1e-4})]),
     # Dict prints with single quotes and string values; JSON with nested fields.

@@ -83,11 +83,13 @@ def strip_quote(line: str) -> str:
 
 _LEVEL = r"(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL|NOTICE)"
 # What a launcher or a logging handler puts before a program's own line: torchrun's `[rank0]:`,
+# absl / glog's `I1123 12:00:00.123456 140234 train.py:123] ` (JAX, TensorFlow),
 # a date and/or time (ISO or not, with milliseconds, in brackets or not), a logging level with or
 # without its logger (`INFO:root:`, `__main__ - INFO - `), in any order. Each takes one space after
 # it: the indentation of the line itself stays (OLMo's blocks).
 _LINE_PREFIX = re.compile(
     r"(?:\[?rank\s*\d+\]?:[ \t]?"
+    r"|[IWEF]\d{4} \d\d:\d\d:\d\d(?:\.\d+)?[ \t]+\d+[ \t]+[\w./-]+:\d+\][ \t]"
     r"|\[?\d{4}[-/]\d\d[-/]\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?(?:[ \t]?[,|:-])?[ \t]"
     r"|\[?\d\d:\d\d:\d\d(?:[.,]\d+)?\]?(?:[ \t]?[,|-])?[ \t]"
     r"|[ \t]*(?:[\w.]+[ \t]+-[ \t]+)?\[?" + _LEVEL + r"\]?(?::[\w.]*:|[ \t]*[-|:][ \t]|[ \t]))+")
@@ -100,6 +102,8 @@ def strip_prefix(line: str) -> str:
     'Iter 10: loss 2.3'
     >>> strip_prefix("2024-05-01 12:00:00,123 - __main__ - INFO - step 5 loss 2.0")
     'step 5 loss 2.0'
+    >>> strip_prefix("I1123 12:00:00.123456 140234 train.py:123] [100] loss=2.3")
+    '[100] loss=2.3'
     >>> strip_prefix("0 train 10.93"), strip_prefix("12 | loss 2.5"), strip_prefix("[rank0]:    loss=2")
     ('0 train 10.93', '12 | loss 2.5', '   loss=2')
     """
