@@ -25,17 +25,19 @@ from stability_callbacks.integrations._session import LiveSession  # noqa: E402
 from stability_callbacks.live import LiveRun  # noqa: E402
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules[LiveSession.__module__].__file__)))
+TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
 def _call_site() -> tuple[str, str] | None:
-    """(file, function) of the innermost frame inside the package, or None (not ours)."""
+    """(file, function) of the code that asked for the value when it is the package's, else
+    None: the first frame outside torch (a framework's own reads, even inside a method the
+    package wraps, are the framework's)."""
     frame = sys._getframe(2)
-    while frame is not None:
-        path = frame.f_code.co_filename
-        if path.startswith(PACKAGE + os.sep):
-            return os.path.basename(path), frame.f_code.co_name
+    while frame is not None and frame.f_code.co_filename.startswith(TORCH):
         frame = frame.f_back
-    return None
+    if frame is None or not frame.f_code.co_filename.startswith(PACKAGE + os.sep):
+        return None
+    return os.path.basename(frame.f_code.co_filename), frame.f_code.co_name
 
 
 class ValueReads(TorchDispatchMode):
@@ -43,26 +45,29 @@ class ValueReads(TorchDispatchMode):
     ``.item()``, ``float()``, ``int()`` and ``bool()`` of a tensor dispatch to) and every
     ``.tolist()`` / ``.numpy()`` / ``.cpu()`` (which read memory without dispatching a scalar op)."""
 
-    def __init__(self, monkeypatch):
+    def __init__(self, monkeypatch, step_of=lambda: None):
         super().__init__()
         self.counts: collections.Counter = collections.Counter()
+        self.steps: collections.Counter = collections.Counter()   # (step, *site) -> reads
+        self.step_of = step_of
         for name in ("tolist", "numpy", "cpu"):
             orig = getattr(torch.Tensor, name)
 
             def wrapper(t, *args, _orig=orig, _name=name, **kwargs):
-                site = _call_site()
-                if site is not None:
-                    self.counts[(*site, _name)] += 1
+                self._count(_call_site(), _name)
                 return _orig(t, *args, **kwargs)
 
             monkeypatch.setattr(torch.Tensor, name, wrapper)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten._local_scalar_dense.default:
-            site = _call_site()
-            if site is not None:
-                self.counts[(*site, "scalar")] += 1
+            self._count(_call_site(), "scalar")
         return func(*args, **(kwargs or {}))
+
+    def _count(self, site, what: str) -> None:
+        if site is not None:
+            self.counts[(*site, what)] += 1
+            self.steps[(self.step_of(), *site, what)] += 1
 
 
 def _model():
@@ -114,3 +119,37 @@ def test_ordinary_steps_read_only_the_packed_record_and_adams_step(monkeypatch, 
     assert dict(reads.counts) == host_reads
     assert s.run.monitor.last_step == 23   # every step reached the Monitor
     s.close()
+
+
+def test_hf_trainer_steps_read_only_the_packed_record_and_adams_step(monkeypatch, tmp_path):
+    """The same under a real ``Trainer`` with the callback added the plain way (GA 2, clipping,
+    logging every 5 steps): the adapter's wrappers and hooks add no read of their own."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from stability_callbacks.demo.scenarios import build_scenario
+    from stability_callbacks.integrations.hf import StabilityCallback
+
+    monkeypatch.setattr(_reductions, "FOREACH_FAST_DEVICES", (*_reductions.FOREACH_FAST_DEVICES, "cpu"))
+    sc = build_scenario("healthy", max_steps=12, batch_size=4, grad_accum=2)
+    step = [0]
+
+    class Step(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            step[0] = state.global_step + 1
+
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=sc.max_steps,
+                             per_device_train_batch_size=sc.batch_size, gradient_accumulation_steps=2,
+                             learning_rate=sc.lr, warmup_steps=sc.warmup_steps, logging_steps=5,
+                             max_grad_norm=1.0, save_strategy="no", report_to="none", use_cpu=True,
+                             disable_tqdm=True, optim="adamw_torch")
+    trainer = Trainer(model=sc.make_model(), args=args, train_dataset=sc.train_dataset(),
+                      callbacks=[Step(), StabilityCallback(run_dir=tmp_path / "run")])
+    with ValueReads(monkeypatch, step_of=lambda: step[0]) as reads:
+        trainer.train()
+    ordinary = range(3, sc.max_steps)   # after the first steps, before the end's flush
+    per_step = collections.Counter()
+    for (n, *site), count in reads.steps.items():
+        if n in ordinary:
+            per_step[tuple(site)] += count
+    assert dict(per_step) == {("_probe.py", "_decode", "tolist"): len(ordinary),
+                              ("_probe.py", "_sample_adam_hyperparams", "scalar"): len(ordinary)}
