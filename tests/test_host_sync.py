@@ -146,8 +146,34 @@ def test_hf_trainer_steps_read_only_the_packed_record_and_adams_step(monkeypatch
                       callbacks=[Step(), StabilityCallback(run_dir=tmp_path / "run")])
     with ValueReads(monkeypatch, step_of=lambda: step[0]) as reads:
         trainer.train()
-    ordinary = range(3, sc.max_steps)   # after the first steps, before the end's flush
-    per_step = collections.Counter()
+    _assert_only_the_two_host_reads(reads, range(3, sc.max_steps))
+
+
+def test_lightning_steps_read_only_the_packed_record_and_adams_step(monkeypatch, tmp_path):
+    """And under a real ``Trainer.fit`` (GA 2, the callback's own norm reused for clipping,
+    ``pl_module.log`` of the signals): nothing but the two host reads either."""
+    pl = pytest.importorskip("lightning.pytorch")
+    from test_lightning import fit
+
+    from stability_callbacks.demo.scenarios import build_scenario
+
+    monkeypatch.setattr(_reductions, "FOREACH_FAST_DEVICES", (*_reductions.FOREACH_FAST_DEVICES, "cpu"))
+    sc = build_scenario("healthy", max_steps=12, batch_size=4, grad_accum=2)
+    step = [0]
+
+    class Step(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            step[0] = trainer.global_step + 1
+
+    with ValueReads(monkeypatch, step_of=lambda: step[0]) as reads:
+        fit(sc, tmp_path, callbacks=[Step()])
+    _assert_only_the_two_host_reads(reads, range(3, sc.max_steps))
+
+
+def _assert_only_the_two_host_reads(reads: ValueReads, ordinary: range) -> None:
+    """Over the ``ordinary`` steps (after the first ones, before the end's flush): one read of
+    the packed record and one of Adam's CPU step count per step, nothing else."""
+    per_step: collections.Counter = collections.Counter()
     for (n, *site), count in reads.steps.items():
         if n in ordinary:
             per_step[tuple(site)] += count
