@@ -352,6 +352,15 @@ NAN = float("nan")
     # CamelCase `LearningRate`; a precision before a known key (insightface `Fp16 Grad Scale`).
     ("Speed 2183.37 samples/sec   Loss 2.5   LearningRate 0.001000   Epoch: 0   Global Step: 30   "
      "Fp16 Grad Scale:  0   Required: 144 hours\n", [(30, {"loss": 2.5, "lr": 0.001, "loss_scale": 0.0})]),
+    # Nested counters `[e/E][b/N]` under a name that is no counter (Swin's `Train:`): the outer
+    # one counts epochs, as `Epoch: [e][b/N]` does with its name.
+    ("INFO Train: [3/300][370/1251]  lr 0.000166  loss 6.3568\n"
+     "INFO Train: [3/300][380/1251]  lr 0.000166  loss 5.5428\n",
+     [(2872, {"lr": 0.000166, "loss": 6.3568}), (2882, {"lr": 0.000166, "loss": 5.5428})]),
+    # Prose: `Loss is x. Current learning rate is y.` (BigDL); the key is the sentence's subject.
+    ("[Iteration 7] Throughput is 408.4 records/second. Loss is 1.25. Current learning rate is 0.04.\n"
+     "[Iteration 8] Throughput is 398.7 records/second. Loss is Infinity. Current learning rate is 0.04.\n",
+     [(7, {"loss": 1.25, "lr": 0.04}), (8, {"loss": float("inf"), "lr": 0.04})]),
 ])
 def test_generic_reader_rules(tmp_path, text, want):
     got = records_of(tmp_path, text)

@@ -268,7 +268,11 @@ def _key_before(piece: str, glued: bool) -> str:
         j = s.rfind(sep)
         if j >= 0 and j + len(sep) - 1 > cut:
             cut = j + len(sep) - 1
-    return s[cut + 1:].strip()
+    key = s[cut + 1:].strip()
+    if key.endswith(" is") and ". " in piece:  # sentences (BigDL): `.../second. Loss is 1.26.`
+        key = key[:-3].rstrip()                # (not a warning's `loss is nan at step 12`)
+        key = key[key.rfind(". ") + 2:] if ". " in key else key
+    return key
 
 
 _PATH_TOKENS = re.compile(r"""['"]?([\w./ -]+?)['"]?\s*[:=]\s*\{|\{|\}""")
@@ -397,6 +401,10 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
         if kind in ("other", "metric") and prefixes[i] and name \
                 and classify(prefixes[i], user)[0] == "eval":
             kind, what = "eval", None
+        if kind == "other" and has_total and i + 3 < n and texts[i + 3].strip() == "/" \
+                and texts[i + 2].replace(" ", "") == "][" and nums[i].isdigit():
+            kind, what = "epoch", None      # `Train: [3/300][370/1251]`: nested counters, the
+            #                                 outer one counts epochs (Swin, `Epoch: [e][b/N]`)
         if i == 0 and kind == "other" and not name and nums[0].isdigit() and n > 1 \
                 and _key_before(texts[1], glued=False)[:1].isalpha():
             kind, what = "step", "5"                   # `420 | loss 4.06 | lr ...`, `0 train 10.9`
