@@ -23,7 +23,7 @@ from stability_callbacks.monitor import STATE_VERSION  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "dist" / "ds_scenarios.py"
 CASES = ("overflow-z1", "overflow-z0", "pocket-z2", "nan-z0", "spike-z3", "streams-z1", "nonorm-z2",
-         "crash-z1", "skip-z2", "rollback-z1")
+         "crash-z1", "skip-z2", "rollback-z1", "hostsync-z2")
 LAUNCH_TIMEOUT_S = 420
 
 
@@ -86,6 +86,15 @@ def _comparable(result):
 def test_every_rank_decides_the_same(ds, case):
     rank0, rank1 = ds[case]
     assert _comparable(rank0) == _comparable(rank1)
+
+
+def test_ordinary_steps_read_only_the_packed_record_and_adams_step(ds):
+    # tests/test_host_sync.py under ZeRO-2 on 2 ranks (the reductions on their GPU path): over
+    # steps 4-11 the hook reads the packed record and Adam's CPU step count, once per step each;
+    # DeepSpeed's own reads are DeepSpeed's.
+    for rank in ds["hostsync-z2"]:
+        assert rank["reads"] == {"_probe.py/_decode/tolist": 8, "_probe.py/_sample_adam_hyperparams/scalar": 8}
+        assert kinds(rank) == [(6, "warmup_end", "info")]
 
 
 def test_fp16_overflow_cascade_is_called_before_deepspeeds_minimum_scale_exit(ds):

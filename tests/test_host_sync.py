@@ -45,19 +45,30 @@ class ValueReads(TorchDispatchMode):
     ``.item()``, ``float()``, ``int()`` and ``bool()`` of a tensor dispatch to) and every
     ``.tolist()`` / ``.numpy()`` / ``.cpu()`` (which read memory without dispatching a scalar op)."""
 
-    def __init__(self, monkeypatch, step_of=lambda: None):
+    def __init__(self, step_of=lambda: None):
         super().__init__()
         self.counts: collections.Counter = collections.Counter()
         self.steps: collections.Counter = collections.Counter()   # (step, *site) -> reads
         self.step_of = step_of
-        for name in ("tolist", "numpy", "cpu"):
-            orig = getattr(torch.Tensor, name)
+        self._originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy", "cpu")}
+        self._own = {name for name in self._originals if name in vars(torch.Tensor)}
 
+    def __enter__(self):
+        for name, orig in self._originals.items():
             def wrapper(t, *args, _orig=orig, _name=name, **kwargs):
                 self._count(_call_site(), _name)
                 return _orig(t, *args, **kwargs)
 
-            monkeypatch.setattr(torch.Tensor, name, wrapper)
+            setattr(torch.Tensor, name, wrapper)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for name, orig in self._originals.items():
+            if name in self._own:
+                setattr(torch.Tensor, name, orig)
+            else:
+                delattr(torch.Tensor, name)   # inherited from TensorBase again
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten._local_scalar_dense.default:
@@ -104,7 +115,7 @@ def test_ordinary_steps_read_only_the_packed_record_and_adams_step(monkeypatch, 
 
     for n in range(1, 4):   # warm-up of the loop: lazily built state, the first records
         step(n)
-    with ValueReads(monkeypatch) as reads:
+    with ValueReads() as reads:
         for n in range(4, 24):
             step(n)
     host_reads = {
@@ -144,7 +155,7 @@ def test_hf_trainer_steps_read_only_the_packed_record_and_adams_step(monkeypatch
                              disable_tqdm=True, optim="adamw_torch")
     trainer = Trainer(model=sc.make_model(), args=args, train_dataset=sc.train_dataset(),
                       callbacks=[Step(), StabilityCallback(run_dir=tmp_path / "run")])
-    with ValueReads(monkeypatch, step_of=lambda: step[0]) as reads:
+    with ValueReads(step_of=lambda: step[0]) as reads:
         trainer.train()
     _assert_only_the_two_host_reads(reads, range(3, sc.max_steps))
 
@@ -165,7 +176,7 @@ def test_lightning_steps_read_only_the_packed_record_and_adams_step(monkeypatch,
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             step[0] = trainer.global_step + 1
 
-    with ValueReads(monkeypatch, step_of=lambda: step[0]) as reads:
+    with ValueReads(step_of=lambda: step[0]) as reads:
         fit(sc, tmp_path, callbacks=[Step()])
     _assert_only_the_two_host_reads(reads, range(3, sc.max_steps))
 

@@ -408,8 +408,30 @@ def case_rollback(out_dir):
                           "actions": runlog_actions(run_dir)})
 
 
+def case_host_sync(out_dir):
+    """ZeRO-2, fp32, 2 ranks, the reductions on their GPU path: every value read the hook makes
+    on steps 4-11 (tests/test_host_sync.py), by call site."""
+    from test_host_sync import ValueReads
+
+    from stability_callbacks.integrations import _reductions
+
+    _reductions.FOREACH_FAST_DEVICES += ("cpu",)
+    try:
+        sc = build_scenario("healthy", max_steps=12, batch_size=2, grad_accum=2)
+        engine = make_engine(sc, stage=2, precision="fp32")
+        with attach(engine, run_dir=shared_dir(out_dir, "host_sync")) as hook:
+            train(engine, hook, sc, last_step=3)
+            with ValueReads() as reads:
+                train(engine, hook, sc, last_step=11)
+            train(engine, hook, sc, last_step=12)
+        return summary(hook, {"reads": {"/".join(k): v for k, v in sorted(reads.counts.items())}})
+    finally:
+        _reductions.FOREACH_FAST_DEVICES = _reductions.FOREACH_FAST_DEVICES[:-1]
+
+
 CASES = {
     "nonorm-z2": case_no_grad_norm,
+    "hostsync-z2": case_host_sync,
     "crash-z1": case_crash,
     "overflow-z1": lambda out: case_overflow(out, 1),
     "overflow-z0": lambda out: case_overflow(out, 0),
