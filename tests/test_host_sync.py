@@ -20,11 +20,13 @@ torch = pytest.importorskip("torch")
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
+import stability_callbacks  # noqa: E402
+
 from stability_callbacks.integrations import _reductions  # noqa: E402
 from stability_callbacks.integrations._session import LiveSession  # noqa: E402
 from stability_callbacks.live import LiveRun  # noqa: E402
 
-PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules[LiveSession.__module__].__file__)))
+PACKAGE = os.path.dirname(os.path.abspath(stability_callbacks.__file__))
 TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 

@@ -144,8 +144,6 @@ _OVERFLOW = re.compile(r"overflow", re.I)
 # MindSpore's `overflow, still update, loss scale adjust to 1024.0`: the step was applied.
 _APPLIED = re.compile(r"\bstill updat|\bnot skip", re.I)
 _WORD_INSIDE_KEY = re.compile(r"\s+[A-Za-z][\w ]*[:=]\s*$")
-# A logging level between a timestamp and the key (`2024-05-01 12:00:00,123 INFO Iter 10`).
-_LOG_LEVELS = frozenset({"info", "debug", "warning", "warn", "error", "critical", "trace", "notice"})
 _QUOTES = " \t'\"\u2018\u2019\u201c\u201d"
 _CUTS = ",|;[]{}()<>'\"=:\t\u2018\u2019\u201c\u201d"
 
@@ -171,9 +169,6 @@ def classify(name: str, user: Mapping[str, str] | None = None) -> tuple[str, str
     """
     norm = normalise_key(name)
     words = norm.split()
-    if len(words) > 1 and words[0] in _LOG_LEVELS:   # `... 12:00:00 INFO Iter 10`: the level
-        words = words[1:]
-        norm = " ".join(words)
     if user and norm in user:
         target = user[norm]
         return ("step", "0") if target == "step" else ("metric", target)
@@ -235,6 +230,11 @@ class Plan:
     names: tuple[str, ...] = ()      # the metric keys, in `values` order
     loss_at: int | None = None       # the index of the loss among the line's numbers
     loss_window: int = 0             # `loss: 6.9733 (6.9704)`: a window statistic (see make_plan)
+
+
+def _loss_index(metrics) -> int | None:
+    """Where the loss is among a line's numbers (``Plan.loss_at``)."""
+    return next((i for i, k, _ in metrics if k == keys.LOSS), None)
 
 
 def _key_before(piece: str, glued: bool) -> str:
@@ -472,7 +472,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
                                    for a, b in multi)
                 return plan
     plan.metrics = tuple(metrics)
-    plan.loss_at = at = next((i for i, k, _ in metrics if k == keys.LOSS), None)
+    plan.loss_at = at = _loss_index(metrics)
     if at is not None and at + 1 < len(nums) and texts[at + 1].strip() == "(" \
             and texts[at + 2].lstrip().startswith(")"):
         # `loss: 6.9733 (6.9704)`: torchvision's MetricLogger (and detectron2's printer) print
@@ -600,8 +600,7 @@ class LineReader:
             else:
                 metrics.append((len(nums), name, False))
             nums.append(value.strip())
-        return nums, Plan(metrics=tuple(metrics), step=step,
-                          loss_at=next((i for i, k, _ in metrics if k == keys.LOSS), None))
+        return nums, Plan(metrics=tuple(metrics), step=step, loss_at=_loss_index(metrics))
 
 
 _OVERFLOW_LINES = LineReader()

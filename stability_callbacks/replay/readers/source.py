@@ -83,14 +83,16 @@ def strip_quote(line: str) -> str:
 
 _LEVEL = r"(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL|NOTICE)"
 # What a launcher or a logging handler puts before a program's own line: torchrun's `[rank0]:`,
-# absl / glog's `I1123 12:00:00.123456 140234 train.py:123] ` (JAX, TensorFlow),
-# a date and/or time (ISO or not, with milliseconds, in brackets or not), a logging level with or
-# without its logger (`INFO:root:`, `__main__ - INFO - `), in any order. Each takes one space after
-# it: the indentation of the line itself stays (OLMo's blocks).
+# absl / glog's `I1123 12:00:00.123456 140234 train.py:123] ` (JAX, TensorFlow), a date and time
+# (ISO, day/month or `Nov 23`, with milliseconds, in brackets or not), a logging level with or
+# without its logger (`INFO:root:`, `__main__ - INFO - `), in any order. Each takes one space
+# after it: the indentation of the line itself stays (OLMo's blocks). One home for the level
+# words: a key never starts with one once the prefix is gone.
 _LINE_PREFIX = re.compile(
     r"(?:\[?rank\s*\d+\]?:[ \t]?"
     r"|[IWEF]\d{4} \d\d:\d\d:\d\d(?:\.\d+)?[ \t]+\d+[ \t]+[\w./-]+:\d+\][ \t]"
-    r"|\[?\d{4}[-/]\d\d[-/]\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?(?:[ \t]?[,|:-])?[ \t]"
+    r"|\[?(?:\d{4}[-/.]\d\d[-/.]\d\d|\d\d?[-/.]\d\d?[-/.]\d{2,4}|[A-Z][a-z]{2}[ \t]+\d\d?)[ T]"
+    r"\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?(?:[ \t]?[,|:-])?[ \t]"
     r"|\[?\d\d:\d\d:\d\d(?:[.,]\d+)?\]?(?:[ \t]?[,|-])?[ \t]"
     r"|[ \t]*(?:[\w.]+[ \t]+-[ \t]+)?\[?" + _LEVEL + r"\]?(?::[\w.]*:|[ \t]*[-|:][ \t]|[ \t]))+")
 
@@ -104,6 +106,8 @@ def strip_prefix(line: str) -> str:
     'step 5 loss 2.0'
     >>> strip_prefix("I1123 12:00:00.123456 140234 train.py:123] [100] loss=2.3")
     '[100] loss=2.3'
+    >>> strip_prefix("11/23/2026 12:00:00 INFO Iter 10"), strip_prefix("Nov 23 12:00:00 INFO Iter 10")
+    ('Iter 10', 'Iter 10')
     >>> strip_prefix("0 train 10.93"), strip_prefix("12 | loss 2.5"), strip_prefix("[rank0]:    loss=2")
     ('0 train 10.93', '12 | loss 2.5', '   loss=2')
     """
