@@ -188,9 +188,6 @@ class LiveRun:
     def runlog_path(self) -> Path | None:
         return self.runlog.path if self.runlog else None
 
-    def add_listener(self, listener: RunListener) -> None:
-        self.listeners.append(listener)
-
     def start(self, step: int, reason: str = "start") -> list[Finding]:
         """A segment begins: a fresh start, a resume, or a rollback to an older checkpoint."""
         with self._lock:
