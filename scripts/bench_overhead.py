@@ -27,9 +27,9 @@ import warnings
 
 import torch
 
-from stability_callbacks.integrations._optim_state import find_second_moments
-from stability_callbacks.integrations._reductions import param_sq_sum, second_moment_stats
-from stability_callbacks.integrations._session import LiveSession
+from stability_callbacks.integrations.torch.optim_state import find_second_moments
+from stability_callbacks.integrations.torch.reductions import param_sq_sum, second_moment_stats
+from stability_callbacks.integrations.torch.session import LiveSession
 from stability_callbacks.live import LiveRun
 
 

@@ -9,7 +9,7 @@ skip** (the same with ``policy.skip_step_on: grad_outlier``: the device-side dec
 path) and a foreach AdamW (one host boolean per step).
 
 The rollback machinery on ordinary steps is the skip-aware sampler: one pass over a DataLoader
-of a map-style dataset with and without :class:`SkipSampler` (two skipped ranges in force), and
+of a map-style dataset with and without :class:`DataSkipSampler` (two skipped ranges in force), and
 the gated step with an LR factor (``lr_factor_steps`` window) versus the plain step.
 
     python scripts/bench_skip_rollback.py [--layers 4 --width 256 --seq-len 128 --pairs 12]
@@ -30,9 +30,9 @@ import warnings
 import torch
 
 from stability_callbacks.control import DataSkips
-from stability_callbacks.integrations._rollback import install_sampler
-from stability_callbacks.integrations._session import LiveSession
-from stability_callbacks.integrations._skip import GatedStep
+from stability_callbacks.integrations.torch.rollback import install_sampler
+from stability_callbacks.integrations.torch.session import LiveSession
+from stability_callbacks.integrations.torch.skip_step import GatedStep
 from stability_callbacks.live import LiveRun
 
 
@@ -234,7 +234,7 @@ def main(argv=None):
     print(f"LR-window gate: {g['step_ms_gated_lr']:.4f} ms per optimizer step vs {g['step_ms_plain']:.4f} bare")
     s = out["sampler"]
     print(f"sampler: {s['batch_ms_plain']:.4f} ms/batch plain, {s['batch_ms_skip_sampler']:.4f} with "
-          f"SkipSampler ({s['sampler_over_plain']:.2f}x)")
+          f"DataSkipSampler ({s['sampler_over_plain']:.2f}x)")
     print(json.dumps(out))
 
 

@@ -1,6 +1,9 @@
-"""Configuration: YAML (or the same structure as a dict) → validated once → constructor args.
+"""The configuration schema: YAML (or the same structure as a dict) → validated once →
+constructor args. Which sections exist and what builds each; the utility that builds an object
+from a mapping of its keys is :mod:`stability_callbacks.params`. This module sits above every
+section it checks (detectors, phase, policy, actions, preflight, watchdog) and none imports it.
 
-Every section maps onto constructors (DESIGN 2.5, with ``preflight`` and ``watchdog`` added):
+Every section maps onto constructors (docs/design.md, "Configuration"):
 ``sampling`` → :class:`Sampling`, ``phase`` → ``PhaseTracker``, ``detectors.<name>`` → the
 detector, ``policy`` → ``Policy``, ``actions.<sink>`` → the sink class, ``preflight`` →
 ``Preflight``, ``watchdog`` → ``HangWatchdog``.
@@ -14,24 +17,26 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
-from .params import check, int_at_least
+from .actions import validate_actions
+from .detectors import DETECTORS
+from .params import ConfigError, check, checked, construct, int_at_least
+from .phase import PhaseTracker
+from .policy import Policy
+from .preflight import Preflight
+from .watchdog import HangWatchdog
+
+__all__ = ["load_config", "validate", "ConfigError", "Sampling", "SECTIONS", "PRESETS_DIR", "preset_path"]
 
 SECTIONS = ("sampling", "phase", "detectors", "policy", "actions", "preflight", "watchdog")
 PRESETS_DIR = Path(__file__).resolve().parent / "configs"   # shipped in the wheel
 #: The actions when the section is absent: findings go to Python logging.
 DEFAULT_ACTIONS = {"log": {"min_severity": "info"}}
-
-
-class ConfigError(ValueError):
-    """A configuration problem; the message names the key path and the bad value."""
 
 
 @dataclass(kw_only=True)
@@ -77,7 +82,7 @@ def load_config(source: str | Path | Mapping | None = None) -> dict[str, Any]:
     >>> load_config({"detectors": {"loss_spike": {"z_treshold": 5}}})
     Traceback (most recent call last):
     ...
-    stability_callbacks.config.ConfigError: detectors.loss_spike.z_treshold: unknown key (known: baseline_alpha, ..., z_threshold)
+    stability_callbacks.params.ConfigError: detectors.loss_spike.z_treshold: unknown key (known: baseline_alpha, ..., z_threshold)
     """
     if source is None:
         raw: Any = {}
@@ -106,18 +111,14 @@ def load_config(source: str | Path | Mapping | None = None) -> dict[str, Any]:
 
 
 def validate(raw: Mapping) -> dict[str, Any]:
-    from .detectors import DETECTORS
-    from .phase import PhaseTracker
-    from .policy import Policy
-    from .preflight import Preflight
-    from .watchdog import HangWatchdog
-
+    """``raw`` checked section by section (each constructor built once); the arguments as given,
+    every section present."""
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown section (known: {', '.join(SECTIONS)})")
     out: dict[str, Any] = {}
     out["sampling"] = dataclasses.asdict(construct("sampling", Sampling, _section(raw, "sampling")))
-    out["phase"] = _checked("phase", PhaseTracker, _section(raw, "phase"))
+    out["phase"] = checked("phase", PhaseTracker, _section(raw, "phase"))
     detectors = _section(raw, "detectors")
     out["detectors"] = {}
     for name, kwargs in detectors.items():
@@ -128,73 +129,13 @@ def validate(raw: Mapping) -> dict[str, Any]:
             continue
         kwargs = dict(kwargs or {})
         kwargs.pop("enabled", None)
-        out["detectors"][name] = _checked(f"detectors.{name}", DETECTORS[name], kwargs)
-    out["policy"] = _checked("policy", Policy, _section(raw, "policy"))
+        out["detectors"][name] = checked(f"detectors.{name}", DETECTORS[name], kwargs)
+    out["policy"] = checked("policy", Policy, _section(raw, "policy"))
     out["actions"] = validate_actions(raw["actions"] if "actions" in raw else DEFAULT_ACTIONS)
     preflight = {"enabled": False} if raw.get("preflight") is False else _section(raw, "preflight")
-    out["preflight"] = _checked("preflight", Preflight, preflight)
-    out["watchdog"] = _checked("watchdog", HangWatchdog, _section(raw, "watchdog"))
+    out["preflight"] = checked("preflight", Preflight, preflight)
+    out["watchdog"] = checked("watchdog", HangWatchdog, _section(raw, "watchdog"))
     return out
-
-
-def validate_actions(actions: Any) -> dict[str, dict]:
-    """The ``actions`` section: sink name → its keyword arguments (``false`` = off, dropped;
-    ``null`` or ``{}`` = on with defaults). Every sink is built once to check its values; the
-    environment is not read here (that happens when the sinks are built for a run)."""
-    from .actions import SINK_CLASSES
-
-    if actions is None:
-        return {}
-    if not isinstance(actions, Mapping):
-        raise ConfigError(f"actions must be a mapping, got {actions!r}")
-    out = {}
-    for name, v in actions.items():
-        if name not in SINK_CLASSES:
-            raise ConfigError(f"actions.{name}: unknown sink (known: {', '.join(SINK_CLASSES)})")
-        if v is False:
-            continue
-        if v is not None and not isinstance(v, Mapping):
-            raise ConfigError(f"actions.{name} must be a mapping (or false to turn it off), got {v!r}")
-        out[name] = _checked(f"actions.{name}", SINK_CLASSES[name], dict(v or {}))
-    return out
-
-
-def config_keys(cls) -> dict[str, inspect.Parameter]:
-    """The config keys of ``cls``: the keyword-only parameters of its constructor (runtime
-    objects such as a W&B run or a TensorBoard writer are positional-or-keyword, not config)."""
-    params = inspect.signature(cls).parameters
-    return {k: p for k, p in params.items() if p.kind == inspect.Parameter.KEYWORD_ONLY}
-
-
-def construct(path: str, cls, kwargs: Mapping[str, Any], **runtime):
-    """``cls(**kwargs, **runtime)``; an unknown or missing key, or a bad value, raises
-    :class:`ConfigError` naming ``path.key`` (and the value: the constructor's own message).
-
-    >>> construct("sampling", Sampling, {"every_n_steps": 0})
-    Traceback (most recent call last):
-    ...
-    stability_callbacks.config.ConfigError: sampling.every_n_steps must be an integer ≥ 1, got 0
-    """
-    params = config_keys(cls)
-    for k in kwargs:
-        if k not in params:
-            raise ConfigError(f"{path}.{k}: unknown key (known: {', '.join(sorted(params))})")
-    for k, p in params.items():
-        if p.default is inspect.Parameter.empty and k not in kwargs:
-            raise ConfigError(f"{path}.{k}: required key missing")
-    try:
-        return cls(**kwargs, **runtime)
-    except (ValueError, TypeError) as e:
-        raise ConfigError(with_path(path, str(e), params)) from None
-
-
-def with_path(path: str, message: str, keys=()) -> str:
-    """``message`` from a constructor (``"z_threshold must be ..."``, ``"urls[0]: ..."``) with the
-    key path in front: ``path.z_threshold must be ...``; ``path: message`` when it names no key."""
-    m = re.match(r"([A-Za-z_]\w*)(?=[\s:.\[])", message)
-    if m and m.group(1) in keys:
-        return f"{path}.{message}"
-    return f"{path}: {message}"
 
 
 def _section(raw: Mapping, name: str) -> dict:
@@ -204,9 +145,3 @@ def _section(raw: Mapping, name: str) -> dict:
     if not isinstance(v, Mapping):
         raise ConfigError(f"{name} must be a mapping, got {v!r}")
     return dict(v)
-
-
-def _checked(path: str, cls, kwargs: dict) -> dict:
-    """Build ``cls(**kwargs)`` once to validate; return the arguments as given."""
-    construct(path, cls, kwargs)
-    return kwargs

@@ -87,6 +87,11 @@ class Control:
             return f"the weights are damaged ({advice.details['trigger']} at step {advice.step})"
         return "the weights are damaged"
 
+    def halt(self, reason: str) -> None:
+        """Stop training (sticky), for ``reason``: what an integration requests when it cannot
+        carry out another request (an automatic rollback it must refuse or that failed)."""
+        self.stop, self.stop_reason = True, reason
+
     def step_done(self) -> None:
         """The integration has carried out the one-shot requests of this step."""
         self.save_now = False
@@ -99,7 +104,7 @@ class Control:
 
 @dataclass
 class Action:
-    """One thing an integration did: a run-log ``action`` line (extends DESIGN 2.3) and what
+    """One thing an integration did: a run-log ``action`` line (docs/design.md, Run log) and what
     listeners receive. ``action`` is one of :data:`ACTIONS`; ``path`` for a save or the checkpoint
     a rollback loaded; ``interval`` for a save-interval change (None: back to the user's own);
     ``details`` for a rollback (``checkpoint_step``, ``skip_steps``, ``lr_factor``, ...).

@@ -1,4 +1,4 @@
-"""Metric keys of a :class:`~stability_callbacks.record.StepRecord` (DESIGN 2.1).
+"""Metric keys of a :class:`~stability_callbacks.record.StepRecord` (docs/design.md, Metric keys).
 
 A missing key is skipped, never an error; non-finite values are data.
 """

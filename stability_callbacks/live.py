@@ -1,13 +1,13 @@
 """The framework-neutral, torch-free glue of a monitored run: Monitor + run log + alert sinks +
 listeners, and the one guard that keeps monitoring from taking training down.
 
-The torch side (:class:`~stability_callbacks.integrations._session.LiveSession`) turns
+The torch side (:class:`~stability_callbacks.integrations.torch.session.LiveSession`) turns
 framework hooks into :class:`StepRecord` s, calls :meth:`LiveRun.observe` once per optimizer
 step, carries out ``run.control`` and reports what it did with :meth:`LiveRun.act`. Offline
 ``replay --follow`` feeds the same class from a growing log. Everything here runs on every rank
 (so every rank decides the same); only rank 0 writes the run log and sends alerts. Nothing here
-raises into the training loop: a failure is logged once and that part goes quiet (DESIGN
-invariant 4).
+raises into the training loop: a failure is logged once and that part goes quiet (docs/design.md,
+Invariants).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from . import keys
-from .control import Action, Control
+from .control import Action, Control, DataSkips
 from .monitor import Monitor
 from .record import Finding, StepRecord
 from .runlog import RUNLOG_NAME, RunLog
@@ -68,7 +68,7 @@ class InstancePatches:
 
 
 class Guard:
-    """The single home of DESIGN invariant 4, "monitoring never takes training down".
+    """The single home of "monitoring never takes training down" (docs/design.md, Invariants).
 
     Every monitoring call that could fail runs as ``with guard(part, what):``. A failure is
     logged once per part, with its traceback, and swallowed: that part goes quiet and the rest
@@ -187,6 +187,40 @@ class LiveRun:
     @property
     def runlog_path(self) -> Path | None:
         return self.runlog.path if self.runlog else None
+
+    # -- What an integration reads and requests: named here, so that no integration reaches
+    # -- into the Monitor's policy (docs/design.md, "The live run").
+    @property
+    def config(self) -> dict[str, Any]:
+        """The validated configuration (every section present)."""
+        return self.monitor.config
+
+    @property
+    def skips_steps(self) -> bool:
+        """Whether ``policy.skip_step_on`` may drop updates (the integration gates the step)."""
+        return self.monitor.policy.skip_step_on != "never"
+
+    @property
+    def auto_rollback(self) -> Any:
+        """``policy.auto_rollback``'s settings, or None when automatic rollbacks are off."""
+        return self.monitor.policy.auto_rollback
+
+    @property
+    def data_skips(self) -> DataSkips:
+        """The data the run no longer reads and the LR scaling in force (the automatic
+        rollbacks' standing requests, saved with every checkpoint)."""
+        return self.monitor.policy.data_skips
+
+    def request_data_skips(self, skips: DataSkips) -> None:
+        """Install the standing requests of a rollback once its checkpoint is loaded (they
+        replace that checkpoint's older ones)."""
+        self.monitor.policy.data_skips = skips
+
+    def declare_warmup(self, warmup_steps: int | None) -> None:
+        """The framework's LR warmup (its scheduler or arguments), unless ``phase.warmup_steps``
+        is configured, which wins."""
+        if warmup_steps and self.monitor.config["phase"].get("warmup_steps") is None:
+            self.monitor.set_warmup_steps(warmup_steps)
 
     def start(self, step: int, reason: str = "start") -> list[Finding]:
         """A segment begins: a fresh start, a resume, or a rollback to an older checkpoint."""

@@ -1,9 +1,11 @@
-"""Constructor parameter checks: the one vocabulary of every class whose constructor is the config.
+"""Constructor parameters: the one vocabulary of every class whose constructor is the config.
 
 Each check returns the value it was given (``self.z = positive("z", z)``) or raises
 ``ValueError("<name> must be <what>, got <value!r>")``. Constructors name only their own key;
-:func:`stability_callbacks.config.construct` puts the key path in front
-(``detectors.loss_spike.z_threshold must be a positive number, got -2``). Torch-free, no state.
+:func:`construct` builds an object from a mapping of its keys and puts the key path in front
+(``detectors.loss_spike.z_threshold must be a positive number, got -2``): the utility every
+config section uses (the schema itself, which sections exist, is :mod:`stability_callbacks.config`).
+Torch-free, no state.
 
 >>> positive("z_threshold", 6.0)
 6.0
@@ -18,11 +20,14 @@ ValueError: min_severity must be one of ('info', 'warning', 'critical'), got 'lo
 """
 from __future__ import annotations
 
+import inspect
 import math
-from typing import Any, Sequence
+import re
+from typing import Any, Mapping, Sequence
 
 __all__ = ["check", "is_number", "positive", "positive_int", "at_least", "int_at_least",
-           "in_interval", "one_of", "flag", "text"]
+           "in_interval", "one_of", "flag", "text", "ConfigError", "config_keys", "construct",
+           "checked", "with_path"]
 
 
 def check(name: str, value: Any, ok: bool, want: str) -> Any:
@@ -87,3 +92,53 @@ def flag(name: str, value: Any) -> bool:
 def text(name: str, value: Any) -> str:
     """A non-empty string."""
     return check(name, value, isinstance(value, str) and bool(value.strip()), "a non-empty string")
+
+
+# -- Building an object from a mapping of its keys ------------------------------------------
+class ConfigError(ValueError):
+    """A configuration problem; the message names the key path and the bad value."""
+
+
+def config_keys(cls) -> dict[str, inspect.Parameter]:
+    """The config keys of ``cls``: the keyword-only parameters of its constructor (runtime
+    objects such as a W&B run or a TensorBoard writer are positional-or-keyword, not config)."""
+    params = inspect.signature(cls).parameters
+    return {k: p for k, p in params.items() if p.kind == inspect.Parameter.KEYWORD_ONLY}
+
+
+def construct(path: str, cls, kwargs: Mapping[str, Any], **runtime):
+    """``cls(**kwargs, **runtime)``; an unknown or missing key, or a bad value, raises
+    :class:`ConfigError` naming ``path.key`` (and the value: the constructor's own message).
+
+    >>> from stability_callbacks.config import Sampling
+    >>> construct("sampling", Sampling, {"every_n_steps": 0})
+    Traceback (most recent call last):
+    ...
+    stability_callbacks.params.ConfigError: sampling.every_n_steps must be an integer ≥ 1, got 0
+    """
+    params = config_keys(cls)
+    for k in kwargs:
+        if k not in params:
+            raise ConfigError(f"{path}.{k}: unknown key (known: {', '.join(sorted(params))})")
+    for k, p in params.items():
+        if p.default is inspect.Parameter.empty and k not in kwargs:
+            raise ConfigError(f"{path}.{k}: required key missing")
+    try:
+        return cls(**kwargs, **runtime)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(with_path(path, str(e), params)) from None
+
+
+def with_path(path: str, message: str, keys=()) -> str:
+    """``message`` from a constructor (``"z_threshold must be ..."``, ``"urls[0]: ..."``) with the
+    key path in front: ``path.z_threshold must be ...``; ``path: message`` when it names no key."""
+    m = re.match(r"([A-Za-z_]\w*)(?=[\s:.\[])", message)
+    if m and m.group(1) in keys:
+        return f"{path}.{message}"
+    return f"{path}: {message}"
+
+
+def checked(path: str, cls, kwargs: dict) -> dict:
+    """Build ``cls(**kwargs)`` once to validate; return the arguments as given."""
+    construct(path, cls, kwargs)
+    return kwargs

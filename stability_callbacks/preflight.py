@@ -1,7 +1,7 @@
 """Preflight audit: known causes of instability that are visible before step one.
 
 Pure rules on plain values (no torch): an integration measures the model once at train begin
-(``stability_callbacks.integrations._preflight.collect_facts``) and hands the
+(``stability_callbacks.integrations.torch.preflight.collect_facts``) and hands the
 :class:`PreflightFacts` to :func:`audit`; the CLI builds the same facts from a transformers
 ``config.json`` (no weights, no transformers import). The thresholds are :class:`Preflight`'s
 keywords, set under the ``preflight`` config section for both. Every rule cites where it comes

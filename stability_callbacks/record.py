@@ -1,4 +1,4 @@
-"""Core values: one optimizer step's metrics, and one finding (DESIGN 2.1, 2.2)."""
+"""Core values: one optimizer step's metrics, and one finding (docs/design.md, Metric keys and Findings)."""
 from __future__ import annotations
 
 import math
@@ -42,7 +42,7 @@ class StepRecord:
         return self.metrics.get(key)
 
     def to_json(self) -> dict[str, Any]:
-        """The run-log line (DESIGN 2.3); non-finite floats become strings JSON can carry."""
+        """The run-log line (docs/design.md, Run log); non-finite floats become strings JSON can carry."""
         return {"type": "step", "step": self.step, "segment": self.segment,
                 "metrics": {k: _json_float(v) for k, v in self.metrics.items()}}
 
@@ -54,7 +54,7 @@ class StepRecord:
 
 @dataclass(slots=True)
 class Finding:
-    """What a detector saw (DESIGN 2.2). ``message`` is the 3 a.m. sentence."""
+    """What a detector saw (docs/design.md, Findings). ``message`` is the 3 a.m. sentence."""
 
     step: int
     kind: str

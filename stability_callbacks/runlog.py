@@ -1,10 +1,10 @@
-"""The run log (DESIGN 2.3): one JSON object per line — steps, findings, segments, checkpoints,
+"""The run log (docs/design.md, Run log): one JSON object per line — steps, findings, segments, checkpoints,
 and (an extension) actions: what the integration did and why (``{"type": "action", "step": N,
 "action": "save"|"save_blocked"|"save_interval"|"stop", "reason": ..., "path": ...}``) and the
 phase facts the Monitor was given (``{"type": "phase", "warmup_steps": N}``, after the ``segment``
 line of every start and resume: the LR warmup the integration declared from the scheduler or
 TrainingArguments, or the configured one). The LR stream alone tells a warmup's end only a few
-steps late; a replay of the run log declares it again, so replay = live (DESIGN invariant 6).
+steps late; a replay of the run log declares it again, so replay = live (docs/design.md, Invariants).
 
 Written by every integration (rank 0), read by ``replay`` and ``timeline`` (which skip line
 types they do not know). Lines are buffered and flushed every ``flush_every`` steps and at every

@@ -125,13 +125,13 @@ def test_bad_auto_rollback_keys_name_key_and_value(auto, message):
 # --------------------------------------------------------------------------- the sampler
 torch = pytest.importorskip("torch")
 
-from stability_callbacks.integrations._rollback import (SkipSampler, install_sampler,  # noqa: E402
+from stability_callbacks.integrations.torch.rollback import (DataSkipSampler, install_sampler,  # noqa: E402
                                                         set_aside_newer)
 
 
 def test_the_sampler_skips_per_epoch_and_reports_the_epoch_length():
     skips = DataSkips([[2, 2], [6, 7]])
-    s = SkipSampler(list(range(10)), samples_per_step=2, skips=lambda: skips)
+    s = DataSkipSampler(list(range(10)), samples_per_step=2, skips=lambda: skips)
     assert list(s) == [0, 1, 4, 5, 6, 7, 8, 9] and len(s) == 8   # data steps 1-5 in epoch 0
     s.set_epoch(1)                                               # data steps 6-10: 6 and 7 go
     assert list(s) == [4, 5, 6, 7, 8, 9] and len(s) == 6

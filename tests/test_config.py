@@ -27,7 +27,8 @@ def test_default_yaml_shows_the_real_defaults():
     sig = inspect.signature(Policy.__init__).parameters
     for k, v in raw["policy"].items():
         assert sig[k].default == v, f"policy.{k}"
-    from stability_callbacks.config import Sampling, config_keys
+    from stability_callbacks.config import Sampling
+    from stability_callbacks.params import config_keys
     from stability_callbacks.preflight import Preflight
     from stability_callbacks.watchdog import HangWatchdog
     for section, cls in (("sampling", Sampling), ("preflight", Preflight), ("watchdog", HangWatchdog)):  # every key, shown
@@ -90,7 +91,7 @@ def _nest(path: str, kwargs: dict) -> dict:
 
 
 def test_every_numeric_key_of_every_section_rejects_a_bad_value_naming_path_and_value():
-    from stability_callbacks.config import config_keys
+    from stability_callbacks.params import config_keys
     checked = 0
     for path, cls, required in _sections():
         for key, p in config_keys(cls).items():
@@ -114,7 +115,7 @@ def test_sections_keep_their_arguments_and_sampling_its_defaults():
 
 def test_sink_keys_are_their_constructor_signatures():
     from stability_callbacks.actions import SINK_CLASSES
-    from stability_callbacks.config import config_keys
+    from stability_callbacks.params import config_keys
     assert list(SINK_CLASSES) == ["log", "slack", "webhook", "apprise", "wandb", "tensorboard"]
     assert sorted(config_keys(SINK_CLASSES["tensorboard"])) == [
         "log_dir", "min_severity", "queue_size", "rate_limit_s"]       # `writer` is not config

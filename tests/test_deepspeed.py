@@ -93,7 +93,7 @@ def test_ordinary_steps_read_only_the_packed_record_and_adams_step(ds):
     # steps 4-11 the hook reads the packed record and Adam's CPU step count, once per step each;
     # DeepSpeed's own reads are DeepSpeed's.
     for rank in ds["hostsync-z2"]:
-        assert rank["reads"] == {"_probe.py/_decode/tolist": 8, "_probe.py/_sample_adam_hyperparams/scalar": 8}
+        assert rank["reads"] == {"packed.py/_decode/tolist": 8, "probe.py/_sample_adam_hyperparams/scalar": 8}
         assert kinds(rank) == [(6, "warmup_end", "info")]
 
 

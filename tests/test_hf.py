@@ -24,7 +24,7 @@ from transformers import Trainer, TrainingArguments  # noqa: E402
 from alert_inbox import AlertInbox  # noqa: E402
 from stability_callbacks.demo.scenarios import build_scenario  # noqa: E402
 from streams import two_stream_losses  # noqa: E402
-from stability_callbacks.integrations import hf  # noqa: E402
+from stability_callbacks.integrations.hf import callback as hf_callback  # noqa: E402
 from stability_callbacks.integrations.hf import STATE_FILE, StabilityCallback  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,7 +137,7 @@ def test_tensorboard_gets_stability_scalars_and_keeps_the_trainers_line(pocket):
     ea.Reload()
     tags = ea.Tags()["scalars"]
     # HF's own loss and grad_norm are at every logging step: our trainer.log() calls did not
-    # swallow them (FRAMEWORK_NOTES pitfall H4).
+    # swallow them (trainer.log clears control.should_log; the callback restores it).
     assert [e.step for e in ea.Scalars("train/loss")] == list(range(5, 46, 5))
     assert [e.step for e in ea.Scalars("train/grad_norm")] == list(range(5, 46, 5))
     assert {"train/stability/loss", "train/stability/grad_norm", "train/stability/lr"} <= set(tags)
@@ -244,7 +244,7 @@ def test_callback_added_after_the_trainer_was_built_finds_it(tmp_path, caplog):
 def test_without_its_trainer_the_callback_runs_degraded_and_says_so(tmp_path, caplog, monkeypatch):
     """Should a transformers version hide the Trainer from its callbacks: the loss and the batch
     come from the model's forward, there is no grad norm, and one warning says what is missing."""
-    monkeypatch.setattr(hf, "_find_trainer", lambda callback, max_frames=32: (None, None))
+    monkeypatch.setattr(hf_callback, "_find_trainer", lambda callback, max_frames=32: (None, None))
     sc = build_scenario("data-pocket", batch_size=4, grad_accum=2)
     cb = StabilityCallback(run_dir=tmp_path / "stability")
     trainer = Trainer(model=sc.make_model(), args=_args(tmp_path / "ckpt", sc),

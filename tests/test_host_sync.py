@@ -22,8 +22,8 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import stability_callbacks  # noqa: E402
 
-from stability_callbacks.integrations import _reductions  # noqa: E402
-from stability_callbacks.integrations._session import LiveSession  # noqa: E402
+from stability_callbacks.integrations.torch import reductions as _reductions  # noqa: E402
+from stability_callbacks.integrations.torch.session import LiveSession  # noqa: E402
 from stability_callbacks.live import LiveRun  # noqa: E402
 
 PACKAGE = os.path.dirname(os.path.abspath(stability_callbacks.__file__))
@@ -121,12 +121,12 @@ def test_ordinary_steps_read_only_the_packed_record_and_adams_step(monkeypatch, 
         for n in range(4, 24):
             step(n)
     host_reads = {
-        ("_probe.py", "_decode", "tolist"): 20,                       # the packed record
-        ("_probe.py", "_sample_adam_hyperparams", "scalar"): 20,      # Adam's step: a CPU tensor
+        ("packed.py", "_decode", "tolist"): 20,                       # the packed record
+        ("probe.py", "_sample_adam_hyperparams", "scalar"): 20,      # Adam's step: a CPU tensor
     }
     if kernels == "cpu":
         cpu_only = {k: v for k, v in reads.counts.items() if k[:2] in (
-            ("_reductions.py", "_max_and_sum_cpu"), ("_reductions.py", "<genexpr>"))}
+            ("reductions.py", "_max_and_sum_cpu"), ("reductions.py", "<genexpr>"))}
         assert cpu_only and all(v == 20 for v in cpu_only.values())
         host_reads.update(cpu_only)
     assert dict(reads.counts) == host_reads
@@ -190,5 +190,5 @@ def _assert_only_the_two_host_reads(reads: ValueReads, ordinary: range) -> None:
     for (n, *site), count in reads.steps.items():
         if n in ordinary:
             per_step[tuple(site)] += count
-    assert dict(per_step) == {("_probe.py", "_decode", "tolist"): len(ordinary),
-                              ("_probe.py", "_sample_adam_hyperparams", "scalar"): len(ordinary)}
+    assert dict(per_step) == {("packed.py", "_decode", "tolist"): len(ordinary),
+                              ("probe.py", "_sample_adam_hyperparams", "scalar"): len(ordinary)}

@@ -327,7 +327,7 @@ class FusedOrNot(ScenarioModule):
 
 
 def test_fp16_amp_grad_norm_is_unscaled_with_a_fused_optimizer_too(tmp_path):
-    """16-mixed with a GradScaler (forced on CPU, FRAMEWORK_NOTES 2.2): Lightning unscales the
+    """16-mixed with a GradScaler (forced on CPU): Lightning unscales the
     grads before ``on_before_optimizer_step`` for AdamW, but not for AdamW(fused=True), which
     unscales inside its step. The recorded norm is the unscaled one either way."""
     from lightning.pytorch.plugins import MixedPrecision

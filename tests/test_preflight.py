@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from stability_callbacks import preflight as preflight_mod
-from stability_callbacks.integrations import _preflight as torch_side
-from stability_callbacks.integrations._preflight import collect_facts
+from stability_callbacks.integrations.torch import preflight as torch_side
+from stability_callbacks.integrations.torch.preflight import collect_facts
 from stability_callbacks.cli import main as cli_main
 from stability_callbacks.config import load_config
 from stability_callbacks.preflight import Preflight, PreflightFacts, audit, init_std_formulas
@@ -362,7 +362,7 @@ def test_preflight_section_is_validated_and_false_turns_it_off():
 
 
 def test_integrations_audit_with_the_run_configs_thresholds(tmp_path):
-    from stability_callbacks.integrations._preflight import run_preflight
+    from stability_callbacks.integrations.torch.preflight import run_preflight
     from stability_callbacks.live import LiveRun
 
     model = _wide_linear(std=0.02)          # 2.6x sqrt(1/(3*2048)): flagged at the default 1.5x

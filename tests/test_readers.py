@@ -133,7 +133,7 @@ def test_format_aliases_and_forced_format():
 
 def test_tensorboard_summary_writer_round_trip(tmp_path):
     torch_tb = pytest.importorskip("torch.utils.tensorboard")
-    n = 10_050   # more than the 10,000 the default size guidance would keep (FRAMEWORK_NOTES 6)
+    n = 10_050   # more than the 10,000 the default size guidance would keep (TensorBoard's scalar size guidance)
     writer = torch_tb.SummaryWriter(str(tmp_path / "run"))
     for step in range(n):
         writer.add_scalar("train/loss", 10.0 / (step + 1), step)

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from stability_callbacks.integrations._session import LiveSession  # noqa: E402
+from stability_callbacks.integrations.torch.session import LiveSession  # noqa: E402
 from stability_callbacks.live import LiveRun  # noqa: E402
 
 
@@ -26,7 +26,7 @@ def _train(s: LiveSession, steps, *, nan_at=None, saves=True) -> None:
         s.end_step(step)
         why, stop = s.requests(step)
         if why and saves:
-            s.saved(step, f"ckpt/{step}", why)
+            s.record_save(step, f"ckpt/{step}", why)
         s.control.step_done()
         if stop:
             break

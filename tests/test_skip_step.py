@@ -125,7 +125,7 @@ def test_grad_outlier_needs_the_grad_norm_detector():
 # ------------------------------------------------------------------------- the device side
 torch = pytest.importorskip("torch")
 
-from stability_callbacks.integrations._skip import GatedStep, SkipStep  # noqa: E402
+from stability_callbacks.integrations.torch.skip_step import GatedStep, SkipStep  # noqa: E402
 
 
 def _model_and_grads(seed=0):

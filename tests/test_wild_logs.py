@@ -40,7 +40,7 @@ KNOWN_MISSES = {
     "c_bracket_iter_resume_restarts_lr_and_counter": (
         [_expected("lr_anomaly", 1, 1), _expected("resume|resume_spike", 1, 1)],
         "the step counter goes back to 1: a rollback to step 0, whose resume finding is dated at "
-        "the step it resumes from (0, DESIGN 2.3); after a rollback the detectors forget the "
+        "the step it resumes from (0, docs/design.md, Run log); after a rollback the detectors forget the "
         "abandoned branch (invariant 5), so LR 0.001 at step 1 is the schedule's start"),
     "c_modded_nanogpt_optimizers_run2_bump196_recovers": (
         [_expected("loss_spike", 196, 203), _expected("spike_recovered", 205, 220)],

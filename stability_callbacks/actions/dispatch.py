@@ -5,7 +5,7 @@ puts the alert on a bounded queue; one daemon thread per network sink delivers i
 timeout and retries 429/5xx/timeouts with exponential backoff. A full queue drops (counted,
 logged once); a failing sink is logged once and counted. ``close`` flushes what is pending
 until a deadline and then walks away from a stuck endpoint (the daemon thread dies with the
-process). Network sinks run on rank 0 only (DESIGN 3.2).
+process). Network sinks run on rank 0 only (docs/design.md, Invariants).
 
 >>> from stability_callbacks.record import Finding
 >>> from stability_callbacks.actions.log import LogFindings
@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
 from ..record import Finding, severity_rank
 from .sink import Alert, AlertSink, DeliveryError
@@ -307,41 +307,3 @@ class AlertDispatcher:
             self._error_logged = True
             logger.warning("stability alerts: %s failed (%s); alerts degrade, training continues",
                            where, type(exc).__name__)
-
-
-# ---------------------------------------------------------------------------------------------
-
-def build_sinks(actions_config: Mapping[str, Any] | None, *, is_rank0: bool, run_name: str,
-                report_path: str | None = None, wandb_run=None, tb_writer=None) -> AlertDispatcher:
-    """The dispatcher for the ``actions`` config section (DESIGN 2.5).
-
-    A missing section (or ``false``) = that sink off; ``{}`` or ``null`` = on with defaults.
-    Validation is the config's (``actions.<sink>.<key>`` in every message); then each sink reads
-    the environment (:meth:`AlertSink.resolve`). Every rank does both (a bad URL or unset
-    variable fails everywhere, early, alike); only rank 0 gets sinks, the others a dispatcher
-    that does nothing (DESIGN 3.2).
-    """
-    from ..config import ConfigError, config_keys, construct, validate_actions, with_path
-    from . import SINK_CLASSES
-
-    config = validate_actions(actions_config)
-    runtime = {"wandb": {"run": wandb_run}, "tensorboard": {"writer": tb_writer}}
-    sinks: list[AlertSink] = []
-    for name, cls in SINK_CLASSES.items():
-        if name not in config:
-            continue
-        path = f"actions.{name}"
-        sink = construct(path, cls, config[name], **runtime.get(name, {}))
-        try:
-            off = sink.resolve()
-        except ValueError as e:
-            raise ConfigError(with_path(path, str(e), config_keys(cls))) from None
-        if off is None:
-            sinks.append(sink)
-        elif is_rank0:
-            logger.info("stability alerts: %s is configured but off (%s)", path, off)
-    if not is_rank0:
-        for sink in sinks:
-            sink.close()
-        return AlertDispatcher((), run_name=run_name, report_path=report_path)
-    return AlertDispatcher(sinks, run_name=run_name, report_path=report_path)

@@ -1,7 +1,8 @@
 """Slack incoming webhook: the generic webhook with Slack's body, one mrkdwn message per alert.
 
 Slack answers 200 ``ok``; 4xx with a short code (``invalid_payload``, ``no_service``) is
-permanent; 429 carries ``Retry-After``; 5xx and timeouts are worth a retry (FRAMEWORK_NOTES 5).
+permanent; 429 carries ``Retry-After``; 5xx and timeouts are worth a retry (Slack's incoming-webhook
+error reference).
 The URL is the secret (whoever has it can post): it is read from the environment
 (``"${SLACK_WEBHOOK_URL}"``), redacted from every description we log, and never in ``repr``.
 """

@@ -1,4 +1,4 @@
-"""TensorBoard: findings as text and scalars, metrics as scalars (FRAMEWORK_NOTES 6).
+"""TensorBoard: findings as text and scalars, metrics as scalars.
 
 Writes through the integration's writer (torch ``SummaryWriter``, HF
 ``TensorBoardCallback.tb_writer``, anything with ``add_scalar``/``add_text``) or, given

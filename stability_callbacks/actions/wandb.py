@@ -1,4 +1,4 @@
-"""W&B: ``run.alert`` per finding, and metrics under ``stability/`` (FRAMEWORK_NOTES 5).
+"""W&B: ``run.alert`` per finding, and metrics under ``stability/``.
 
 ``wandb`` is never imported here: the run comes from the integration (HF
 ``WandbCallback._wandb.run``, Lightning ``WandbLogger.experiment``) or, lazily at each

@@ -15,7 +15,7 @@ deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 def allow_fp16() -> None:
     """DeepSpeed refuses fp16 on this CPU (mkldnn has no fp16); the engine's fp16 paths (loss
-    scaler, overflow skips) run fine once allowed (FRAMEWORK_NOTES 3.4)."""
+    scaler, overflow skips) run fine once allowed."""
     from deepspeed.accelerator import get_accelerator
 
     type(get_accelerator()).is_fp16_supported = lambda self: True

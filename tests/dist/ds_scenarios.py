@@ -413,7 +413,7 @@ def case_host_sync(out_dir):
     on steps 4-11 (tests/test_host_sync.py), by call site."""
     from test_host_sync import ValueReads
 
-    from stability_callbacks.integrations import _reductions
+    from stability_callbacks.integrations.torch import reductions as _reductions
 
     _reductions.FOREACH_FAST_DEVICES += ("cpu",)
     try:
@@ -465,7 +465,7 @@ def main(argv):
                 json.dump(res, fh, indent=1, default=str)
             dist.barrier()
     finally:
-        # Without it gloo aborts at interpreter teardown (FRAMEWORK_NOTES 3.4).
+        # Without it gloo aborts at interpreter teardown (its process group must be destroyed first).
         dist.destroy_process_group()
 
 

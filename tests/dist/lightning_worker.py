@@ -21,8 +21,8 @@ torch.set_num_threads(1)
 
 def _cpu_deepspeed_strategy(**kwargs):
     """Lightning's DeepSpeedStrategy minus its CUDA-only checks (lightning 2.6.6
-    strategies/deepspeed.py:341-356, 448): DeepSpeed itself runs on CPU with DS_ACCELERATOR=cpu
-    and gloo (FRAMEWORK_NOTES 3.4). Test scaffolding only; the callback needs none of it."""
+    DeepSpeedStrategy.setup_environment and _setup_model): DeepSpeed itself runs on CPU with
+    DS_ACCELERATOR=cpu and gloo. Test scaffolding only; the callback needs none of it."""
     import argparse as _ap
 
     from lightning.fabric.utilities.seed import reset_seed
@@ -107,7 +107,7 @@ def main() -> int:
         run(name, a, world, rank)
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
-        # Without it gloo aborts at interpreter exit (FRAMEWORK_NOTES 3.4).
+        # Without it gloo aborts at interpreter exit (its process group must be destroyed first).
         torch.distributed.destroy_process_group()
     return 0
 

@@ -17,9 +17,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from stability_callbacks import keys  # noqa: E402
-from stability_callbacks.integrations._probe import StepProbe  # noqa: E402
-from stability_callbacks.integrations._readings import deepspeed_readings  # noqa: E402
-from stability_callbacks.integrations._reductions import batch_fingerprint  # noqa: E402
+from stability_callbacks.integrations.torch.probe import StepProbe  # noqa: E402
+from stability_callbacks.integrations.deepspeed.readings import deepspeed_readings  # noqa: E402
+from stability_callbacks.integrations.torch.reductions import batch_fingerprint  # noqa: E402
 
 STEPS = 2
 BETA2 = 0.98   # not torch's default: the records must carry the optimizer's own (adam/beta2)

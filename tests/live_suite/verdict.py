@@ -2,7 +2,7 @@
 planted fault was caught, and evidence that the run is what the table claims (a healthy run
 learns and stays finite; a planted fault really hit the loss, the LR, the data or the scaler).
 
-Everything is read back from the run log (``runlog.jsonl``, DESIGN 2.3), so a verdict can be
+Everything is read back from the run log (``runlog.jsonl``, docs/design.md, Run log), so a verdict can be
 recomputed from a kept log without training again.
 """
 from __future__ import annotations

@@ -4,8 +4,8 @@ the parameters' sum of squares, and a batch's fingerprint.
 ``exp_avg_sq`` on accelerators goes through multi-tensor (``torch._foreach_*``) kernels; on CPU,
 where foreach kernels are per-tensor loops anyway, one pass of sums over groups of 16 elements,
 whose sums bound the max so that only the few blocks that can hold it are read again. Where the
-tensors come from (ZeRO partitions, FSDP2 shards, replicated state) is :mod:`._optim_state`'s job;
-reducing the results across ranks is :class:`~._probe.StepProbe`'s.
+tensors come from (ZeRO partitions, FSDP2 shards, replicated state) is :mod:`.optim_state`'s job;
+reducing the results across ranks is :class:`~.probe.StepProbe`'s.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Iterable
 
 import torch
 
-from ._optim_state import find_second_moments, local_tensor
+from .optim_state import find_second_moments, local_tensor
 
 __all__ = ["SecondMomentStats", "second_moment_stats", "param_sq_sum", "batch_fingerprint",
            "FOREACH_FAST_DEVICES"]
@@ -56,7 +56,7 @@ def _max_and_sum_cpu(tensors: list) -> tuple[torch.Tensor, torch.Tensor]:
     """The CPU path of ``_max_and_sum``: one read from memory, then the max of a few blocks.
 
     CPU foreach kernels are per-tensor loops, ``_foreach_norm(ord=1)`` loses accuracy on huge
-    tensors (FRAMEWORK_NOTES pitfall 9), and a max after the sum would read everything twice.
+    tensors (it accumulates in the tensor's own dtype), and a max after the sum would read everything twice.
     Instead one pass sums every group of 16 elements (a ``[blocks, 16, 1 Ki]`` view reduced over
     its middle dim: ~1.3-1.5x a plain sum here, into a transient buffer 1/16 the state's size).
     The L1 is the sum of those group sums, and they bound the max: a non-negative element is

@@ -15,11 +15,10 @@ fused torch optimizers                ``found_inf`` (the attribute ``GradScaler`
 a ``GradScaler`` (AMP fp16)           the flag is OR-ed into the scaler's ``found_inf`` after
                                       ``unscale_``: the scaler's own skip (no new sync; the
                                       scaler also halves its scale, as for an overflow)
-DeepSpeed ZeRO 1-3                    DeepSpeed's overflow path: the norm it computes inside
-                                      its step is replaced by ``inf`` when the flag is set, so
-                                      it skips the step, its LR-scheduler step included. ZeRO
-                                      1/2/3 already test that norm on the host; bf16 ZeRO 1/2
-                                      do not, and get that one test (one boolean) turned on
+DeepSpeed ZeRO 1-3                    DeepSpeed's overflow path (``integrations.deepspeed.
+                                      skip_step``): the norm it computes inside its step reads
+                                      ``inf`` when the flag is set, so it skips the step, its
+                                      LR-scheduler step included
 other torch optimizers (foreach /      a host decision: one boolean per step
 for-loop Adam, SGD, ...)               (``# host-sync:``), only while ``skip_step_on`` is on
 ====================================  ====================================================
@@ -41,9 +40,9 @@ import torch
 from stability_callbacks import keys
 from stability_callbacks.live import Guard, InstancePatches
 
-from ._optim_state import unwrap_optimizer
+from .optim_state import unwrap_optimizer
 
-__all__ = ["SkipStep", "GatedStep", "gate_optimizer"]
+__all__ = ["SkipStep", "GatedStep", "gate_optimizer", "supports_found_inf"]
 
 _ONCE = Guard()   # process-wide: one warning per problem
 
@@ -58,18 +57,21 @@ def supports_found_inf(optimizer) -> bool:
 
 class SkipStep:
     """One run's skip-step decisions. ``decide(norm)`` before the optimizer step; the optimizer
-    step is gated by :class:`GatedStep` (or by DeepSpeed's own path, :meth:`attach_deepspeed`);
-    ``report(probe)`` puts the step's flag (``skipped_by_policy``) in its record;
-    ``set_threshold`` takes the policy's rule for the next steps. State: one device scalar."""
+    step is gated by :class:`GatedStep`, or by an engine's own overflow path, which then decides
+    inside its step (``decided_inside``: DeepSpeed,
+    :func:`~stability_callbacks.integrations.deepspeed.skip_step.gate_engine`, which keeps the
+    instance patches it made in ``patches``); ``report(probe)`` puts the step's flag
+    (``skipped_by_policy``) in its record; ``set_threshold`` takes the policy's rule for the next
+    steps. State: one device scalar."""
 
     def __init__(self):
         self.threshold = math.inf
         self.flag: torch.Tensor | None = None      # this step's decision, float 0/1 on the device
-        self.consumed = False                      # a GradScaler / DeepSpeed carries it out
-        self.deepspeed = False                     # decided inside DeepSpeed's step
+        self.consumed = False                      # a GradScaler / an engine carries it out
+        self.decided_inside = False                # decided inside an engine's step (DeepSpeed)
         self._device_threshold: torch.Tensor | None = None
-        self._norm: torch.Tensor | None = None     # the real norm where DeepSpeed reports inf
-        self._patches: list[InstancePatches] = []
+        self._norm: torch.Tensor | None = None     # the real norm where the engine reports inf
+        self.patches: list[InstancePatches] = []
 
     # ---------------------------------------------------------------------------- the decision
     def set_threshold(self, value: float | None) -> None:
@@ -108,66 +110,17 @@ class SkipStep:
             self.consumed = True
 
     def report(self, probe) -> None:
-        """Into this step's record: the flag, and (DeepSpeed, which then reports inf) the norm."""
+        """Into this step's record: the flag, and (an engine that then reports inf) the norm."""
         if self.flag is not None:
             probe.set_extra(keys.SKIPPED_BY_POLICY, self.flag, op="max")
-            if self.deepspeed and self._norm is not None:
+            if self.decided_inside and self._norm is not None:
                 probe.set_grad_norm(self._norm)
         self.flag, self._norm, self.consumed = None, None, False
 
-    # --------------------------------------------------------------------------- DeepSpeed
-    def attach_deepspeed(self, engine) -> bool:
-        """Decide inside DeepSpeed's step, on the norm it computes, and let its overflow path
-        skip. Returns False (one warning) for an optimizer this cannot reach."""
-        opt = engine.optimizer
-        name = type(opt).__name__
-        patches = InstancePatches(opt)
-        if name == "DeepSpeedZeroOptimizer" and hasattr(opt, "scaled_global_norm"):
-            orig = opt.scaled_global_norm
-
-            def scaled_global_norm(*args, **kwargs):
-                norm = orig(*args, **kwargs)
-                flag = self._decide_inside(norm, opt)
-                return norm if flag is None else torch.where(flag > 0, torch.full_like(norm, math.inf), norm)
-
-            patches.set("scaled_global_norm", scaled_global_norm)
-            if getattr(opt, "dtype", None) == torch.bfloat16 and not opt.check_grad_overflow:
-                # bf16 ZeRO 1/2 skip DeepSpeed's test of the norm (stage_1_and_2.py step():
-                # `dtype != bf16 or check_grad_overflow`). Turn the test on; its other half, a scan
-                # of every gradient for inf (check_overflow), is what the norm already tells.
-                opt.check_grad_overflow = True
-                patches.set("check_overflow", lambda *a, **k: None)
-        elif name == "DeepSpeedZeroOptimizer_Stage3" and hasattr(opt, "_get_norm_groups"):
-            from deepspeed.runtime.utils import combine_grad_norm_groups
-
-            orig = opt._get_norm_groups
-
-            def _get_norm_groups(*args, **kwargs):
-                groups = orig(*args, **kwargs)
-                flag = self._decide_inside(combine_grad_norm_groups(groups), opt)
-                if flag is None:
-                    return groups
-                return [torch.where(flag > 0, torch.full_like(g, math.inf), g) for g in groups]
-
-            patches.set("_get_norm_groups", _get_norm_groups)
-        elif isinstance(opt, torch.optim.Optimizer) and not engine.zero_optimization():
-            return True   # ZeRO-0 fp32: the plain torch optimizer, gated like any other
-        else:
-            _ONCE.warn_once(f"skip-ds-{name}", "stability: policy.skip_step_on cannot reach DeepSpeed's "
-                            "%s (ZeRO-0 with fp16/bf16); steps are not skipped", name)
-            return False
-        self.deepspeed = True
-        self._patches.append(patches)
-        return True
-
-    def _decide_inside(self, norm, opt) -> torch.Tensor | None:
-        """The decision inside DeepSpeed's step; a failure there skips nothing (logged once)."""
-        return _ONCE.call("skip-decide", lambda: self.decide(norm, scale=float(opt.loss_scale)))
-
     def close(self) -> None:
-        for p in self._patches:
+        for p in self.patches:
             p.restore()
-        self._patches.clear()
+        self.patches.clear()
 
 
 class GatedStep:
@@ -211,7 +164,7 @@ class GatedStep:
             with torch.enable_grad():
                 loss = closure()
         skip = self.skip
-        flag = skip.flag if skip is not None and not skip.consumed and not skip.deepspeed else None
+        flag = skip.flag if skip is not None and not skip.consumed and not skip.decided_inside else None
         if flag is not None and not self.fused:
             if bool(flag):   # host-sync: one boolean per step; non-fused optimizers, skip_step_on only
                 return loss
@@ -238,13 +191,10 @@ class GatedStep:
         self._patches.restore()
 
 
-def gate_optimizer(skip: SkipStep | None, owner, *, engine=None,
+def gate_optimizer(skip: SkipStep | None, owner, *,
                    lr_factor: Callable[[], float] | None = None) -> GatedStep | None:
     """Gate ``owner.step`` (what the framework calls) for the skip-step rule and an automatic
-    rollback's LR window; under DeepSpeed (``engine``) the skip goes through its own overflow
-    path instead. None when neither feature is on."""
-    if engine is not None and skip is not None:
-        skip.attach_deepspeed(engine)
+    rollback's LR window. None when neither feature is on."""
     if skip is None and lr_factor is None:
         return None
     return GatedStep.install(owner, skip=skip, lr_factor=lr_factor)

@@ -339,7 +339,7 @@ def _guard(what: str, fn, fallback):
     try:
         out = fn()
         return fallback if out is None and fallback is not None else out
-    except Exception as exc:   # monitoring never takes training down (DESIGN 3.4)
+    except Exception as exc:   # monitoring never takes training down (docs/design.md, Invariants)
         if what not in _logged:
             _logged.add(what)
             log.warning("stability_callbacks preflight: %s failed (%s: %s); that part of the audit "

@@ -15,7 +15,7 @@ step close            :meth:`~LiveSession.end_step`: the sampling cadence, the m
                       monotonic timestamp per finished step
 requests              :meth:`~LiveSession.requests`: why to save now (or None) and whether to
                       stop; a changed save interval, a halt and a refused save are reported as
-                      actions (run log + listeners), as is every :meth:`~LiveSession.saved`
+                      actions (run log + listeners), as is every :meth:`~LiveSession.record_save`
 checkpoints           :meth:`~LiveSession.checkpoint` (flush, a sync point; note it; the blob
                       saved with it) and :meth:`~LiveSession.restore` (from the checkpoint
                       actually loaded)
@@ -32,11 +32,12 @@ requests at the same step (saves are collective under DeepSpeed and FSDP). Ordin
 a few device ops on scalars and the probe's one packed collective; the syncs are the flushes,
 each tagged ``# host-sync:``.
 
-Skip step (``policy.skip_step_on``, :mod:`._skip`): ``session.skip``
+Skip step (``policy.skip_step_on``, :mod:`.skip_step`): ``session.skip``
 decides in ``before_optimizer_step``, reports in ``end_step`` and takes the policy's next rule
-after it; :meth:`SessionAdapter._gate_step` gates the optimizer's ``step``. An automatic
-rollback (:mod:`._rollback`) restores through ``restore`` and opens its segment with
-``start(step, "rollback")`` (:meth:`SessionAdapter._begin`).
+after it; :meth:`~.adapter.SessionAdapter._gate_step` gates the optimizer's ``step``. An
+automatic rollback (:mod:`.rollback`) restores through ``restore`` and opens its segment with
+``start(step, "rollback")`` (:meth:`~.adapter.SessionAdapter._begin`). An engine that steps the
+optimizer itself (DeepSpeed) is read through :meth:`LiveSession.read_engine`.
 """
 from __future__ import annotations
 
@@ -44,23 +45,23 @@ import json
 import os
 import time
 from collections import deque
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol
 
 import torch
 
 from stability_callbacks import keys
 from stability_callbacks.control import Action, Control
-from stability_callbacks.live import Guard, LiveRun, reporter_scalars
+from stability_callbacks.live import LiveRun, reporter_scalars
 from stability_callbacks.record import Finding, StepRecord
 from stability_callbacks.watchdog import HangWatchdog
 
-from ._preflight import run_preflight
-from ._probe import StepProbe
-from ._readings import DeepSpeedStep, step_lr
-from ._reductions import batch_fingerprint
-from ._skip import SkipStep, gate_optimizer
+from .preflight import run_preflight
+from .probe import StepProbe
+from .readings import step_lr
+from .reductions import batch_fingerprint
+from .skip_step import SkipStep
 
-__all__ = ["LiveSession", "SessionAdapter", "STATE_FILE"]
+__all__ = ["LiveSession", "EngineStep", "STATE_FILE"]
 
 #: The detector state's file inside a checkpoint folder (HF: every ``checkpoint-N``).
 STATE_FILE = "stability_state.json"
@@ -70,7 +71,7 @@ STEP_TIMES_KEPT = 128
 
 
 class LiveSession:
-    """One monitored run on the torch side: a :class:`~._probe.StepProbe` configured from
+    """One monitored run on the torch side: a :class:`~.probe.StepProbe` configured from
     ``sampling``, the micro-batch accumulators, and the acting bookkeeping, over a ``LiveRun``.
 
     ``process_group``: the data-parallel group the probe reduces over (None: the default group).
@@ -93,10 +94,10 @@ class LiveSession:
     def __init__(self, run: LiveRun, *, process_group=None, lockstep: bool = False):
         self.run = run
         self.guard = run.guard
-        sampling = run.monitor.config.get("sampling") or {}
+        sampling = run.config.get("sampling") or {}
         self.every_n_steps = int(sampling.get("every_n_steps", 1) or 1)
         #: The skip-step decisions (``policy.skip_step_on``), or None when off.
-        self.skip = SkipStep() if run.monitor.policy.skip_step_on != "never" else None
+        self.skip = SkipStep() if run.skips_steps else None
         # Every rank declares the same extras, so the packed layout (and the collective) matches.
         self.probe = StepProbe(
             process_group=process_group,
@@ -125,9 +126,8 @@ class LiveSession:
         self.saves: list[tuple[int, str | None]] = []
         #: The first step at which the integration carried out a halt.
         self.stopped_at: int | None = None
-        #: DeepSpeed's view of each step (the engine the framework runs under), or None.
-        self.deepspeed: DeepSpeedStep | None = None
-        self._ds_grad_norm = True
+        #: The engine that steps the optimizer itself (DeepSpeed), read first at each step close.
+        self.engine: EngineStep | None = None
         self._fp: torch.Tensor | None = None
         self._streams: dict[str, tuple[torch.Tensor, int]] = {}
         self._interval: int | None = None   # the save interval last reported
@@ -146,18 +146,16 @@ class LiveSession:
         return list(self.run.findings)
 
     # ------------------------------------------------------------------------ run structure
-    def use_deepspeed(self, engine, *, grad_norm: bool = True) -> DeepSpeedStep | None:
-        """The run steps a DeepSpeed ``engine`` (None: it does not): each step close reads its
-        loss scale, skips and (``grad_norm``) global grad norm, and takes the Adam statistics
-        from the engine (where the ZeRO partitions live) rather than the optimizer."""
-        self.deepspeed = None if engine is None else DeepSpeedStep(engine)
-        self._ds_grad_norm = grad_norm
-        return self.deepspeed
+    def read_engine(self, engine: "EngineStep | None") -> None:
+        """The run steps an engine that owns its optimizer (DeepSpeed; None: it does not): each
+        step close first reads what the engine knows of the step (:meth:`EngineStep.read_into`)
+        and takes the Adam statistics from ``engine.engine`` (where the ZeRO partitions live)
+        rather than from the optimizer the framework hands over."""
+        self.engine = engine
 
     def declare_warmup(self, warmup_steps: int | None) -> None:
         """The framework's LR warmup, unless ``phase.warmup_steps`` is configured."""
-        if warmup_steps and self.run.monitor.config["phase"].get("warmup_steps") is None:
-            self.run.monitor.set_warmup_steps(warmup_steps)
+        self.run.declare_warmup(warmup_steps)
 
     def start(self, step: int, reason: str, *, model=None, optimizer=None, scheduler=None,
               **facts) -> None:
@@ -170,7 +168,7 @@ class LiveSession:
         self.started = True
         if self._watchdog is None and self.run.is_rank0:
             with self.guard("watchdog", "starting the hang watchdog"):
-                self._watchdog = HangWatchdog(**(self.run.monitor.config.get("watchdog") or {}))
+                self._watchdog = HangWatchdog(**(self.run.config.get("watchdog") or {}))
                 self._watchdog.start(lambda: (self.last_step, self.finished_at_s, self.alive_at_s),
                                      lambda finding: self.run.emit([finding], wait_s=5.0))
 
@@ -245,13 +243,13 @@ class LiveSession:
         """Close optimizer step ``step`` (every rank, the same steps): the micro-batch values go
         into the probe; on the sampling cadence the probe finishes the step (Adam statistics
         from ``optimizer``, one packed collective), otherwise it forgets it. The records the
-        probe hands out are fed to the run. Returns them with their findings. Under DeepSpeed
-        (:meth:`use_deepspeed`) its step is read first and the engine replaces ``optimizer``."""
+        probe hands out are fed to the run. Returns them with their findings. With an engine
+        (:meth:`read_engine`) its step is read first and the engine replaces ``optimizer``."""
         records: list[StepRecord] = []
-        if self.deepspeed is not None:
-            with self.guard("deepspeed", "reading DeepSpeed's step"):
-                self.deepspeed.read_into(self.probe, grad_norm=self._ds_grad_norm)
-            optimizer = self.deepspeed.engine
+        if self.engine is not None:
+            with self.guard("engine", "reading the engine's step"):
+                self.engine.read_into(self.probe)
+            optimizer = self.engine.engine
         with self.guard("step", "closing the step's sample"):
             probe = self.probe
             # host-sync: lockstep (several ranks on an accelerator) waits for the previous steps'
@@ -336,7 +334,7 @@ class LiveSession:
         self.save_blocked(step, what)
         return False
 
-    def saved(self, step: int, path: str | None, reason: str | None = None) -> None:
+    def record_save(self, step: int, path: str | None, reason: str | None = None) -> None:
         """A checkpoint of ``step`` was written to ``path``: on the monitor's request (``reason``:
         a ``save`` action) or by the framework or the loop itself (only the checkpoint line)."""
         path = None if path is None else str(path)
@@ -360,7 +358,7 @@ class LiveSession:
         known (so a resume from it knows it), and the small JSON blob to save with it."""
         self.flush()   # host-sync: a checkpoint is a sync point anyway
         if path is not None:
-            self.saved(step, path, reason)
+            self.record_save(step, path, reason)
         return self.state(step)
 
     def write_state_file(self, folder: str, blob: Mapping[str, Any]) -> None:
@@ -419,152 +417,11 @@ class LiveSession:
         self.run.close()
 
 
-class SessionAdapter:
-    """What the three integrations share around their session: the constructor's common keyword
-    arguments, the guard (made first, so that even a failed start is caught), the session once
-    the framework says training begins, the views users and tests read, and the plumbing of an
-    automatic rollback (``_rollback``: the framework's :class:`~._rollback.RollBack`, None when
-    off) and of the gated optimizer step (``_gate``: :func:`~._skip.gate_optimizer`).
+class EngineStep(Protocol):
+    """What an engine that steps its own optimizer knows after a step (DeepSpeed's
+    :class:`~stability_callbacks.integrations.deepspeed.readings.DeepSpeedStep`): ``engine`` holds
+    the optimizer state, :meth:`read_into` puts the step's values into the probe, with no sync."""
 
-    The common keyword arguments: ``config`` (a preset name, YAML path, dict, or None = the
-    defaults) or ``monitor`` (a ready ``Monitor``); ``run_dir`` (the run log JSONL and reports;
-    one per run); ``run_name``; ``listeners`` (:class:`~stability_callbacks.live.RunListener` s:
-    records, findings, actions).
-    """
+    engine: Any
 
-    def __init__(self, *, config: Any = None, monitor: Any = None,
-                 run_dir: str | os.PathLike = "out/stability", run_name: str | None = None,
-                 listeners=()):
-        self.config, self.monitor, self.run_name = config, monitor, run_name
-        self.run_dir = os.fspath(run_dir)
-        self.listeners = list(listeners)
-        self.guard = Guard()
-        self.session: LiveSession | None = None
-        self._rollback = self._gate = None
-
-    def _open(self, *, is_rank0: bool, run_name: str | None = None, wandb_run=None,
-              monitor: Any = None, process_group=None) -> LiveSession:
-        """The session (and its LiveRun: config errors surface here)."""
-        self.session = LiveSession(LiveRun(
-            config=self.config, monitor=monitor if monitor is not None else self.monitor,
-            run_dir=self.run_dir, is_rank0=is_rank0, run_name=run_name or self.run_name,
-            wandb_run=wandb_run, listeners=self.listeners, guard=self.guard), process_group=process_group)
-        return self.session
-
-    @property
-    def run(self) -> LiveRun | None:
-        """The :class:`~stability_callbacks.live.LiveRun` (Monitor, run log, sinks)."""
-        return None if self.session is None else self.session.run
-
-    @property
-    def control(self) -> Control | None:
-        """The Monitor's requests (:class:`~stability_callbacks.control.Control`)."""
-        return None if self.session is None else self.session.control
-
-    @property
-    def findings(self) -> list[Finding]:
-        """Every finding of this run so far."""
-        return [] if self.session is None else self.session.findings
-
-    @property
-    def saved(self) -> list[tuple[int, str | None]]:
-        """``(step, path)`` of the saves made on the monitor's request, oldest first."""
-        return [] if self.session is None else list(self.session.saves)
-
-    @property
-    def should_stop(self) -> bool:
-        """True once the policy asked for a halt; the same step on every rank."""
-        return self.session is not None and bool(self.session.control.stop)
-
-    @property
-    def stopped_at(self) -> int | None:
-        """The step at which the integration carried out the halt."""
-        return None if self.session is None else self.session.stopped_at
-
-    def _off(self) -> bool:
-        return self.session is None or self.session.off
-
-    def _alive(self) -> None:
-        """An evaluation batch: progress, not a hang (:meth:`LiveSession.alive`)."""
-        if not self._off():
-            self.session.alive()
-
-    def _wrap(self, patches, name: str, *, before=None, after=None) -> bool:
-        """Wrap method ``name`` of ``patches.obj`` on that instance (``patches``: its
-        :class:`~stability_callbacks.live.InstancePatches`): while monitoring is on,
-        ``before(*args, **kwargs)`` runs before each call and ``after(result, *args, **kwargs)``
-        after it; the result is returned as it is. False (nothing wrapped) when there is no such
-        method."""
-        orig = getattr(patches.obj, name, None)
-        if orig is None:
-            return False
-
-        def call(*args, **kwargs):
-            if before is not None and not self._off():
-                before(*args, **kwargs)
-            out = orig(*args, **kwargs)
-            if after is not None and not self._off():
-                after(out, *args, **kwargs)
-            return out
-        patches.set(name, call)
-        return True
-
-    def _crashed(self, exc: BaseException) -> None:
-        """Training raised ``exc``: the crash alert (:meth:`LiveSession.crashed`); the caller
-        re-raises it."""
-        if self.session is not None:
-            self.session.crashed(exc)
-
-    def _reporting_crashes(self, fn):
-        """``fn`` (a framework's training entry point), reporting the exception it raises
-        (:meth:`_crashed`) before it propagates: the same object, its traceback untouched."""
-        def call(*args, **kwargs):
-            try:
-                return fn(*args, **kwargs)
-            except BaseException as exc:
-                self._crashed(exc)
-                raise
-        return call
-
-    def _auto_rollback(self) -> bool:
-        """Whether ``policy.auto_rollback`` is on (``{}``: on, with its defaults), read before the
-        session exists (config errors surface here)."""
-        from stability_callbacks.config import load_config
-
-        policy = (self.monitor.config if self.monitor is not None else load_config(self.config))["policy"]
-        return policy.get("auto_rollback") not in (None, False)
-
-    @property
-    def _rolling(self) -> bool:
-        """An automatic rollback was accepted and its checkpoint is not loaded yet (the run goes
-        on in the same session)."""
-        return self._rollback is not None and self._rollback.pending is not None
-
-    def _begin(self, step: int, reason: str, **facts) -> None:
-        """:meth:`LiveSession.start` of a segment: ``rollback`` while one is pending, whose
-        standing requests then replace those of the checkpoint loaded."""
-        rolling = self._rolling
-        self.session.start(step, "rollback" if rolling else reason, **facts)
-        if rolling:
-            self._rollback.restored()
-
-    def _gate_step(self, optimizer, *, next_step, engine=None) -> None:
-        """Gate the optimizer step (``engine``: DeepSpeed's, whose overflow path carries out a
-        skip) for skip step and an automatic rollback's LR window (``next_step``: returns the
-        step about to run)."""
-        lr_factor = self._rollback.lr_factor(next_step) if self._rollback is not None else None
-        self._gate = gate_optimizer(self.session.skip, engine.optimizer if engine is not None else optimizer,
-                                    engine=engine, lr_factor=lr_factor)
-
-    def _ungate(self) -> None:
-        if self._gate is not None:
-            self._gate.close()
-            self._gate = None
-
-    def _requests(self, step: int, **kwargs) -> tuple[Any, str | None, bool]:
-        """``(rollback, why, stop)`` after ``step``: an automatic rollback accepted now (refused:
-        a halt, in ``stop``), then :meth:`LiveSession.requests` (``kwargs``). A rollback abandons
-        this branch: no save then (``why`` None); the framework stops and goes back."""
-        rollback = self._rollback.accept(step) if self._rollback is not None else None
-        why, stop = self.session.requests(step, **kwargs)
-        return rollback, None if rollback is not None else why, stop
+    def read_into(self, probe: StepProbe) -> None: ...

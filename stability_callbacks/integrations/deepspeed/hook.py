@@ -8,8 +8,8 @@
 ...         if hook.should_stop:              # opt-in halt (policy.halt_on: critical)
 ...             break
 
-DeepSpeed has no callback API (FRAMEWORK_NOTES 3.1), so ``attach`` wraps engine methods *on that
-instance* (:meth:`StabilityHook._wrap_engine`) and feeds the shared :class:`~._session.LiveSession`;
+DeepSpeed has no callback API, so ``attach`` wraps engine methods *on that instance*
+(:meth:`StabilityHook._wrap_engine`) and feeds the shared :class:`~..torch.session.LiveSession`;
 the detector state rides in ``client_state["stability"]``. Where each signal comes from, how
 saves, halts and rollbacks go, what is not covered: README, "DeepSpeed engine".
 """
@@ -24,13 +24,15 @@ from stability_callbacks import keys
 from stability_callbacks.live import InstancePatches
 from stability_callbacks.params import flag
 
-from ._rollback import ROLLED_BACK_DIR, DeepSpeedRollBack, roll_back_latest
-from ._session import SessionAdapter
+from ..torch.adapter import SessionAdapter
+from .readings import DeepSpeedStep
+from .rollback import DeepSpeedRollBack
+from .skip_step import gate_engine
 
 #: ``client_state`` key of the detector state in every DeepSpeed checkpoint.
 CLIENT_STATE_KEY = "stability"
 
-__all__ = ["attach", "StabilityHook", "roll_back_latest", "CLIENT_STATE_KEY", "ROLLED_BACK_DIR"]  # the last two live in ._rollback
+__all__ = ["attach", "StabilityHook", "CLIENT_STATE_KEY"]
 
 
 def attach(engine, **kwargs) -> "StabilityHook":
@@ -44,9 +46,10 @@ def attach(engine, **kwargs) -> "StabilityHook":
 
 
 class StabilityHook(SessionAdapter):
-    """Live stability monitoring of one DeepSpeed engine (DESIGN 2.6); a context manager.
+    """Live stability monitoring of one DeepSpeed engine (docs/design.md, "Public API"); a
+    context manager.
 
-    Keyword arguments: those of :class:`~._session.SessionAdapter`; ``save_dir`` (where the
+    Keyword arguments: those of :class:`~..torch.adapter.SessionAdapter`; ``save_dir`` (where the
     hook's own saves go; default: the directory of the loop's last ``save_checkpoint``, else
     ``<run_dir>/checkpoints``); ``save_on_request`` (carry out save-now and bumped-interval
     saves; False leaves them to the loop via ``hook.control``); ``rollback_on_halt`` (on a halt
@@ -67,17 +70,19 @@ class StabilityHook(SessionAdapter):
         self.engine = engine
         self.save_dir = None if save_dir is None else os.fspath(save_dir)
         self._open(is_rank0=int(getattr(engine, "global_rank", 0)) == 0, process_group=getattr(engine, "data_parallel_group", None))
-        self._ds = self.session.use_deepspeed(engine)
+        self._ds = DeepSpeedStep(engine)
+        self.session.read_engine(self._ds)
         self._loop_save_dir: str | None = None   # where the loop itself last saved
         self._request: str | None = None         # why the hook's own save_checkpoint call saves
         self._patches = InstancePatches(engine)  # the engine's wrapped methods
         self._rollback = DeepSpeedRollBack(lambda: self.session, engine)
-        self._gate_step(None, engine=engine, next_step=lambda: int(engine.global_steps) + 1)
+        gate_engine(self, engine, next_step=lambda: int(engine.global_steps) + 1)
         sched_warmup = getattr(getattr(engine, "lr_scheduler", None), "warmup_num_steps", None)
         if isinstance(sched_warmup, int) and sched_warmup > 0:
             # DeepSpeed's warmup schedulers count iterations 0..W-1 as warmup, and optimizer
             # step s runs at iteration s-2 (the scheduler starts at -1 and the first step()
-            # only moves it to 0; runtime/lr_schedules.py:755-790): steps 1..W+1 are warmup.
+            # only moves it to 0: deepspeed.runtime.lr_schedules.WarmupLR): steps 1..W+1 are
+            # warmup.
             self.session.declare_warmup(sched_warmup + 1)
         self._wrap_engine()
 

@@ -2,8 +2,8 @@
 
 >>> trainer = Trainer(callbacks=[StabilityCallback(config="default", run_dir="out/stability")])  # doctest: +SKIP
 
-The hooks Lightning 2.6 offers (FRAMEWORK_NOTES 2.1-2.5) feed the shared
-:class:`~._session.LiveSession`; the detector state is the callback's ``state_dict``. Where each
+The hooks Lightning 2.6 offers feed the shared
+:class:`~..torch.session.LiveSession`; the detector state is the callback's ``state_dict``. Where each
 signal comes from, how saves, halts and rollbacks go: README, "Lightning".
 """
 from __future__ import annotations
@@ -19,17 +19,19 @@ from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy   # no 
 from stability_callbacks.live import InstancePatches
 from stability_callbacks.params import flag
 
-from ._readings import read_grad_scaler, sharded_grad_norm
-from ._rollback import LightningRollBack
-from ._session import SessionAdapter
+from ..deepspeed.readings import DeepSpeedStep
+from ..deepspeed.skip_step import gate_engine
+from ..torch.adapter import SessionAdapter
+from ..torch.readings import read_grad_scaler, sharded_grad_norm
+from .rollback import LightningRollBack
 
 __all__ = ["StabilityCallback"]
 
 
 class StabilityCallback(Callback, SessionAdapter):
-    """Live stability monitoring for ``lightning.pytorch.Trainer`` (DESIGN 2.6).
+    """Live stability monitoring for ``lightning.pytorch.Trainer`` (docs/design.md, "Public API").
 
-    Keyword arguments: those of :class:`~._session.SessionAdapter`; ``checkpoint_dir`` (where the
+    Keyword arguments: those of :class:`~..torch.adapter.SessionAdapter`; ``checkpoint_dir`` (where the
     callback's own saves go; default: the ``ModelCheckpoint`` dirpath, else
     ``<default_root_dir>/checkpoints``); ``take_over_clipping`` (reuse the monitored grad norm
     for norm clipping instead of computing it twice; default True); ``log_to_loggers``
@@ -89,7 +91,7 @@ class StabilityCallback(Callback, SessionAdapter):
         self._clip_patches.set("clip_grad_by_norm", clip_grad_by_norm)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Lightning calls this after ``setup`` (trainer.py:1039-1046) with the state saved in the
+        """Lightning calls this after ``setup`` (``Trainer._run``) with the state saved in the
         checkpoint it resumes from; ``{}``: saved while monitoring was off (fresh detectors)."""
         self._resumed = True
         if state_dict and not self._off():
@@ -122,9 +124,14 @@ class StabilityCallback(Callback, SessionAdapter):
             if isinstance(trainer.checkpoint_callback, ModelCheckpoint):
                 self._mc_seen = trainer.checkpoint_callback._last_checkpoint_saved or None
             engine = trainer.strategy.deepspeed_engine if isinstance(trainer.strategy, DeepSpeedStrategy) else None
-            s.use_deepspeed(engine)
+            s.read_engine(None if engine is None else DeepSpeedStep(engine))
             if self._gate is None and trainer.optimizers:
-                self._gate_step(trainer.optimizers[0], engine=engine, next_step=lambda: trainer.global_step + 1)
+                def next_step() -> int:
+                    return trainer.global_step + 1
+                if engine is not None:
+                    gate_engine(self, engine, next_step=next_step)
+                else:
+                    self._gate_step(trainer.optimizers[0], next_step=next_step)
 
     # ------------------------------------------------------------------------------ per step
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
@@ -133,12 +140,13 @@ class StabilityCallback(Callback, SessionAdapter):
         s = self.session
         s.read_lr(optimizer)   # the LR this step uses; per micro-batch under DeepSpeed
         with self.guard("before-step", "reading the grad norm / loss scale"):
-            if s.deepspeed is not None:   # grads still sit in p.grad before engine.step()
-                if s.deepspeed.engine.is_gradient_accumulation_boundary():
-                    s.deepspeed.grad_norm_before_step(s)
+            if s.engine is not None:   # DeepSpeed: grads still sit in p.grad before engine.step()
+                if s.engine.engine.is_gradient_accumulation_boundary():
+                    s.engine.grad_norm_before_step(s)
                 return
             # After unscale_, before update(): the scale this step used and found_inf. A fused
-            # optimizer unscales inside its step (amp.py:84-88): no found_inf, grads still scaled.
+            # optimizer unscales inside its step (MixedPrecision.optimizer_step): no found_inf,
+            # grads still scaled.
             scaler = getattr(trainer.precision_plugin, "scaler", None)
             scale, found_inf = read_grad_scaler(s.probe, scaler, optimizer)
             params = list(trainer.precision_plugin.main_params(optimizer))
@@ -179,7 +187,7 @@ class StabilityCallback(Callback, SessionAdapter):
             if not s.control.state_is_good:
                 # Damaged weights (NaN, unrecovered divergence): no save of any kind, or a
                 # rotation could delete the last good checkpoint. ModelCheckpoint skips a step
-                # it believes saved (model_checkpoint.py _should_skip_saving_checkpoint).
+                # it believes saved (ModelCheckpoint._should_skip_saving_checkpoint).
                 for cb in trainer.checkpoint_callbacks:
                     if isinstance(cb, ModelCheckpoint):
                         cb._last_global_step_saved = step
@@ -193,20 +201,20 @@ class StabilityCallback(Callback, SessionAdapter):
                                                  else os.path.join(trainer.default_root_dir, "checkpoints"))
                 path = os.path.join(folder, f"stability-step={step}.ckpt")
                 trainer.save_checkpoint(path)
-                s.saved(step, path, why)
+                s.record_save(step, path, why)
             s.control.step_done()
 
     def _note_framework_saves(self, trainer) -> None:
         """Tell the Monitor about ModelCheckpoint's saves (the rollback advice names them).
 
         ``on_save_checkpoint`` gives no path; ModelCheckpoint keeps the path of its latest save
-        only in the private ``_last_checkpoint_saved`` (lightning 2.6 model_checkpoint.py)."""
+        only in the private ``_last_checkpoint_saved`` (lightning 2.6)."""
         mc = trainer.checkpoint_callback
         path = (mc._last_checkpoint_saved or None) if isinstance(mc, ModelCheckpoint) else None
         if path and path != self._mc_seen and self._save_pending is not None:
             self._mc_seen = path
             with self.guard("checkpoint", "noting a ModelCheckpoint save"):
-                self.session.saved(self._save_pending, path)
+                self.session.record_save(self._save_pending, path)
         self._save_pending = None
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
@@ -223,7 +231,7 @@ class StabilityCallback(Callback, SessionAdapter):
             self.session.close()   # never raises
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        self._crashed(exception)   # Lightning re-raises it after its callbacks and teardown (call.py:68-73)
+        self._crashed(exception)   # Lightning re-raises it after its callbacks and teardown (_call_and_handle_interrupt)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         self._ungate()

@@ -17,17 +17,21 @@ from transformers import Trainer, TrainerCallback
 
 from stability_callbacks.live import InstancePatches
 
-from ._readings import read_grad_scaler
-from ._rollback import HFRollBack, RollBack
-from ._session import STATE_FILE, SessionAdapter
+from ..deepspeed.readings import DeepSpeedStep
+from ..deepspeed.skip_step import gate_engine
+from ..torch.adapter import SessionAdapter
+from ..torch.readings import read_grad_scaler
+from ..torch.rollback import RollBack
+from ..torch.session import STATE_FILE
+from .rollback import HFRollBack
 
 __all__ = ["StabilityCallback", "STATE_FILE"]
 
 
 class StabilityCallback(TrainerCallback, SessionAdapter):
-    """Live stability monitoring for ``transformers.Trainer`` (DESIGN 2.6).
+    """Live stability monitoring for ``transformers.Trainer`` (docs/design.md, "Public API").
 
-    Keyword arguments: those of :class:`~._session.SessionAdapter` (``run_name`` default: the
+    Keyword arguments: those of :class:`~..torch.adapter.SessionAdapter` (``run_name`` default: the
     Trainer's ``args.run_name``); ``trainer`` (bind now; else the Trainer holding the callback is
     found); ``log_to_reporters`` (``stability/...`` scalars through ``trainer.log``).
     """
@@ -53,11 +57,11 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
 
     def bind(self, trainer, *, running: bool = False) -> "StabilityCallback":
         """Wrap ``training_step``, ``_get_grad_norm`` and ``train`` on ``trainer``'s instance
-        (the loop looks them up at every call). ``_get_grad_norm`` is private (transformers
-        5.23, trainer.py:2781), but the loop hands its pre-clip norm to no callback; if a later
+        (the loop looks them up at every call). ``Trainer._get_grad_norm`` is private
+        (transformers 5.23), but the loop hands its pre-clip norm to no callback; if a later
         version drops it, the grad norm is missing (one warning). ``running``: bound at train
-        begin, past this ``train`` call's wrapper: ``_run_epoch`` (private, trainer.py:1660)
-        carries the crash alert instead (not under ``auto_find_batch_size``, which retries), and
+        begin, past this ``train`` call's wrapper: ``Trainer._run_epoch`` (private) carries the
+        crash alert instead (not under ``auto_find_batch_size``, which retries), and
         an automatic rollback cannot reach the train loader (it is built already): a halt."""
         if self.trainer is trainer:
             return self
@@ -121,9 +125,15 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
             if model is not None:   # the unwrapped model: its hook fires inside DDP/DeepSpeed too
                 self._hook = model.register_forward_hook(self._forward_hook, with_kwargs=True)
             engine = self.trainer.model_wrapped if getattr(self.trainer, "is_deepspeed_enabled", False) else None
-            s.use_deepspeed(engine, grad_norm=False)   # the grad norm: _get_grad_norm's
+            # The grad norm under DeepSpeed: _get_grad_norm's, as without it.
+            s.read_engine(None if engine is None else DeepSpeedStep(engine, grad_norm=False))
             if self.trainer is not None and optimizer is not None:
-                self._gate_step(optimizer, engine=engine, next_step=lambda: state.global_step + 1)
+                def next_step() -> int:
+                    return state.global_step + 1
+                if engine is not None:
+                    gate_engine(self, engine, next_step=next_step)
+                else:
+                    self._gate_step(optimizer, next_step=next_step)
 
     def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
         # HF steps the scheduler after the optimizer, and DeepSpeed both inside backward: only
@@ -146,7 +156,7 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
 
     def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         # After scaler.update() (accelerate's skip flag is wrong for fused optimizers).
-        if not self._off() and self.trainer is not None and self.session.deepspeed is None:
+        if not self._off() and self.trainer is not None and self.session.engine is None:
             with self.guard("loss-scale", "reading the loss scale"):
                 read_grad_scaler(self.session.probe, self.trainer.accelerator.scaler, optimizer)
 
@@ -160,14 +170,14 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
             with self.guard("report", "logging to the Trainer's reporters"):
                 keep = control.should_log
                 self.trainer.log(s.take_scalars())
-                control.should_log = keep   # trainer.log clears it: HF's own line would vanish (H4)
+                control.should_log = keep   # trainer.log clears it: HF's own line would vanish
 
     def _act(self, args, state, control) -> None:
         s, step = self.session, state.global_step
         with self.guard("act", "carrying out the monitor's requests"):
             own = control.should_save   # the Trainer's own interval (DefaultFlowCallback ran first)
             rollback, why, stop = self._requests(step, user_interval=self._user_save_steps)
-            if stop or rollback is not None:   # stopping does not save by itself (FRAMEWORK_NOTES 1.4)
+            if stop or rollback is not None:   # should_training_stop does not save by itself
                 control.should_training_stop = True
             # Damaged weights: no save (the Trainer's rotation could delete the last good checkpoint).
             own = own and rollback is None and s.allow_save(step, "the Trainer's own save")
@@ -204,10 +214,10 @@ def _find_trainer(callback, max_frames: int = 32):
     """``(trainer, frame)``: the Trainer whose callback handler holds ``callback``, and the frame
     of the Trainer method that fired the event; ``(None, None)`` when there is none.
 
-    ``CallbackHandler.call_event`` passes callbacks no trainer (transformers 5.23,
-    trainer_callback.py:543-560), but runs synchronously inside the Trainer's own methods:
-    ``on_init_end`` from ``Trainer.__init__`` (trainer.py:642), ``on_train_begin`` from
-    ``_inner_training_loop`` (1653), whose arguments include ``resume_from_checkpoint``. The
+    ``CallbackHandler.call_event`` passes callbacks no trainer (transformers 5.23), but runs
+    synchronously inside the Trainer's own methods: ``on_init_end`` from ``Trainer.__init__``,
+    ``on_train_begin`` from ``Trainer._inner_training_loop``, whose arguments include
+    ``resume_from_checkpoint``. The
     trainer is that frame's ``self``, checked to hold this very callback. Twice per run at most.
     """
     frame = sys._getframe(1)

@@ -1,7 +1,7 @@
 """Where an optimizer keeps its rank-local state: Adam's ``exp_avg_sq`` and the parameters it
 updates, under plain torch / DDP (replicated), FSDP2 (DTensor shards) and DeepSpeed ZeRO 0-3 and
 BF16_Optimizer (flat fp32 partitions, alignment padding excluded). No compute, no sync: the
-reductions over what is found here live in :mod:`._reductions`.
+reductions over what is found here live in :mod:`.reductions`.
 """
 from __future__ import annotations
 

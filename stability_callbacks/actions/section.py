@@ -1,0 +1,79 @@
+"""The ``actions`` config section: sink name → sink class, its validation, and the dispatcher
+built from it for a run.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping
+
+from ..params import ConfigError, checked, config_keys, construct, with_path
+from .apprise import NotifyApprise
+from .dispatch import AlertDispatcher
+from .log import LogFindings
+from .sink import AlertSink
+from .slack import NotifySlack
+from .tensorboard import WriteTensorBoard
+from .wandb import NotifyWandb
+from .webhook import NotifyWebhook
+
+__all__ = ["SINK_CLASSES", "validate_actions", "build_sinks"]
+
+logger = logging.getLogger("stability_callbacks.actions")
+
+#: The ``actions`` config section: sink name → class, in delivery order. A sink's config keys
+#: are its constructor's keyword-only parameters (:func:`~stability_callbacks.params.config_keys`).
+SINK_CLASSES = {cls.name: cls for cls in (LogFindings, NotifySlack, NotifyWebhook, NotifyApprise,
+                                          NotifyWandb, WriteTensorBoard)}
+
+
+def validate_actions(actions: Any) -> dict[str, dict]:
+    """The ``actions`` section: sink name → its keyword arguments (``false`` = off, dropped;
+    ``null`` or ``{}`` = on with defaults). Every sink is built once to check its values; the
+    environment is not read here (that happens when the sinks are built for a run)."""
+    if actions is None:
+        return {}
+    if not isinstance(actions, Mapping):
+        raise ConfigError(f"actions must be a mapping, got {actions!r}")
+    out = {}
+    for name, v in actions.items():
+        if name not in SINK_CLASSES:
+            raise ConfigError(f"actions.{name}: unknown sink (known: {', '.join(SINK_CLASSES)})")
+        if v is False:
+            continue
+        if v is not None and not isinstance(v, Mapping):
+            raise ConfigError(f"actions.{name} must be a mapping (or false to turn it off), got {v!r}")
+        out[name] = checked(f"actions.{name}", SINK_CLASSES[name], dict(v or {}))
+    return out
+
+
+def build_sinks(actions_config: Mapping[str, Any] | None, *, is_rank0: bool, run_name: str,
+                report_path: str | None = None, wandb_run=None, tb_writer=None) -> AlertDispatcher:
+    """The dispatcher for the ``actions`` config section (docs/design.md, "Configuration").
+
+    A missing section (or ``false``) = that sink off; ``{}`` or ``null`` = on with defaults.
+    Validation is the config's (``actions.<sink>.<key>`` in every message); then each sink reads
+    the environment (:meth:`AlertSink.resolve`). Every rank does both (a bad URL or unset
+    variable fails everywhere, early, alike); only rank 0 gets sinks, the others a dispatcher
+    that does nothing (docs/design.md, "Invariants").
+    """
+    config = validate_actions(actions_config)
+    runtime = {"wandb": {"run": wandb_run}, "tensorboard": {"writer": tb_writer}}
+    sinks: list[AlertSink] = []
+    for name, cls in SINK_CLASSES.items():
+        if name not in config:
+            continue
+        path = f"actions.{name}"
+        sink = construct(path, cls, config[name], **runtime.get(name, {}))
+        try:
+            off = sink.resolve()
+        except ValueError as e:
+            raise ConfigError(with_path(path, str(e), config_keys(cls))) from None
+        if off is None:
+            sinks.append(sink)
+        elif is_rank0:
+            logger.info("stability alerts: %s is configured but off (%s)", path, off)
+    if not is_rank0:
+        for sink in sinks:
+            sink.close()
+        return AlertDispatcher((), run_name=run_name, report_path=report_path)
+    return AlertDispatcher(sinks, run_name=run_name, report_path=report_path)

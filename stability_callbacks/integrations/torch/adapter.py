@@ -1,0 +1,169 @@
+"""What the three framework adapters share around their :class:`~.session.LiveSession`: the
+constructor's common keyword arguments, the guard, opening the session, the views users read
+(``findings``, ``saved``, ``should_stop``), wrapping a framework's methods on one instance, the
+crash alert around its training entry point, and the plumbing of skip step and automatic
+rollback. Framework-neutral: each framework's package builds on it.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from stability_callbacks.config import load_config
+from stability_callbacks.control import Control
+from stability_callbacks.live import Guard, LiveRun
+from stability_callbacks.record import Finding
+
+from .session import LiveSession
+from .skip_step import gate_optimizer
+
+__all__ = ["SessionAdapter"]
+
+
+class SessionAdapter:
+    """What the three integrations share around their session: the constructor's common keyword
+    arguments, the guard (made first, so that even a failed start is caught), the session once
+    the framework says training begins, the views users and tests read, and the plumbing of an
+    automatic rollback (``_rollback``: the framework's :class:`~.rollback.RollBack`, None when
+    off) and of the gated optimizer step (``_gate``: :func:`~.skip_step.gate_optimizer`).
+
+    The common keyword arguments: ``config`` (a preset name, YAML path, dict, or None = the
+    defaults) or ``monitor`` (a ready ``Monitor``); ``run_dir`` (the run log JSONL and reports;
+    one per run); ``run_name``; ``listeners`` (:class:`~stability_callbacks.live.RunListener` s:
+    records, findings, actions).
+    """
+
+    def __init__(self, *, config: Any = None, monitor: Any = None,
+                 run_dir: str | os.PathLike = "out/stability", run_name: str | None = None,
+                 listeners=()):
+        self.config, self.monitor, self.run_name = config, monitor, run_name
+        self.run_dir = os.fspath(run_dir)
+        self.listeners = list(listeners)
+        self.guard = Guard()
+        self.session: LiveSession | None = None
+        self._rollback = self._gate = None
+
+    def _open(self, *, is_rank0: bool, run_name: str | None = None, wandb_run=None,
+              monitor: Any = None, process_group=None) -> LiveSession:
+        """The session (and its LiveRun: config errors surface here)."""
+        self.session = LiveSession(LiveRun(
+            config=self.config, monitor=monitor if monitor is not None else self.monitor,
+            run_dir=self.run_dir, is_rank0=is_rank0, run_name=run_name or self.run_name,
+            wandb_run=wandb_run, listeners=self.listeners, guard=self.guard), process_group=process_group)
+        return self.session
+
+    @property
+    def run(self) -> LiveRun | None:
+        """The :class:`~stability_callbacks.live.LiveRun` (Monitor, run log, sinks)."""
+        return None if self.session is None else self.session.run
+
+    @property
+    def control(self) -> Control | None:
+        """The Monitor's requests (:class:`~stability_callbacks.control.Control`)."""
+        return None if self.session is None else self.session.control
+
+    @property
+    def findings(self) -> list[Finding]:
+        """Every finding of this run so far."""
+        return [] if self.session is None else self.session.findings
+
+    @property
+    def saved(self) -> list[tuple[int, str | None]]:
+        """``(step, path)`` of the saves made on the monitor's request, oldest first."""
+        return [] if self.session is None else list(self.session.saves)
+
+    @property
+    def should_stop(self) -> bool:
+        """True once the policy asked for a halt; the same step on every rank."""
+        return self.session is not None and bool(self.session.control.stop)
+
+    @property
+    def stopped_at(self) -> int | None:
+        """The step at which the integration carried out the halt."""
+        return None if self.session is None else self.session.stopped_at
+
+    def _off(self) -> bool:
+        return self.session is None or self.session.off
+
+    def _alive(self) -> None:
+        """An evaluation batch: progress, not a hang (:meth:`LiveSession.alive`)."""
+        if not self._off():
+            self.session.alive()
+
+    def _wrap(self, patches, name: str, *, before=None, after=None) -> bool:
+        """Wrap method ``name`` of ``patches.obj`` on that instance (``patches``: its
+        :class:`~stability_callbacks.live.InstancePatches`): while monitoring is on,
+        ``before(*args, **kwargs)`` runs before each call and ``after(result, *args, **kwargs)``
+        after it; the result is returned as it is. False (nothing wrapped) when there is no such
+        method."""
+        orig = getattr(patches.obj, name, None)
+        if orig is None:
+            return False
+
+        def call(*args, **kwargs):
+            if before is not None and not self._off():
+                before(*args, **kwargs)
+            out = orig(*args, **kwargs)
+            if after is not None and not self._off():
+                after(out, *args, **kwargs)
+            return out
+        patches.set(name, call)
+        return True
+
+    def _crashed(self, exc: BaseException) -> None:
+        """Training raised ``exc``: the crash alert (:meth:`LiveSession.crashed`); the caller
+        re-raises it."""
+        if self.session is not None:
+            self.session.crashed(exc)
+
+    def _reporting_crashes(self, fn):
+        """``fn`` (a framework's training entry point), reporting the exception it raises
+        (:meth:`_crashed`) before it propagates: the same object, its traceback untouched."""
+        def call(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except BaseException as exc:
+                self._crashed(exc)
+                raise
+        return call
+
+    def _auto_rollback(self) -> bool:
+        """Whether ``policy.auto_rollback`` is on (``{}``: on, with its defaults), read before the
+        session exists (config errors surface here)."""
+        policy = (self.monitor.config if self.monitor is not None else load_config(self.config))["policy"]
+        return policy.get("auto_rollback") not in (None, False)
+
+    @property
+    def _rolling(self) -> bool:
+        """An automatic rollback was accepted and its checkpoint is not loaded yet (the run goes
+        on in the same session)."""
+        return self._rollback is not None and self._rollback.pending is not None
+
+    def _begin(self, step: int, reason: str, **facts) -> None:
+        """:meth:`LiveSession.start` of a segment: ``rollback`` while one is pending, whose
+        standing requests then replace those of the checkpoint loaded."""
+        rolling = self._rolling
+        self.session.start(step, "rollback" if rolling else reason, **facts)
+        if rolling:
+            self._rollback.restored()
+
+    def _gate_step(self, optimizer, *, next_step) -> None:
+        """Gate ``optimizer.step`` (what the framework calls) for skip step and an automatic
+        rollback's LR window (``next_step``: returns the step about to run). An engine that
+        skips through its own overflow path is set up first by its package
+        (:func:`~stability_callbacks.integrations.deepspeed.skip_step.gate_engine`)."""
+        lr_factor = self._rollback.lr_factor(next_step) if self._rollback is not None else None
+        self._gate = gate_optimizer(self.session.skip, optimizer, lr_factor=lr_factor)
+
+    def _ungate(self) -> None:
+        if self._gate is not None:
+            self._gate.close()
+            self._gate = None
+
+    def _requests(self, step: int, **kwargs) -> tuple[Any, str | None, bool]:
+        """``(rollback, why, stop)`` after ``step``: an automatic rollback accepted now (refused:
+        a halt, in ``stop``), then :meth:`LiveSession.requests` (``kwargs``). A rollback abandons
+        this branch: no save then (``why`` None); the framework stops and goes back."""
+        rollback = self._rollback.accept(step) if self._rollback is not None else None
+        why, stop = self.session.requests(step, **kwargs)
+        return rollback, None if rollback is not None else why, stop
