@@ -1,12 +1,15 @@
 """``stability-callbacks`` (also ``python -m stability_callbacks``): replay, timeline, preflight, demo.
 
 Exit codes: 0 no critical finding; 1 a critical finding (or, for preflight, a warning);
-2 unreadable input or a bad config (the message names the file and line, or the key);
-3 ``replay --follow`` halted the run (a halt-level finding).
+2 unreadable input, a bad config (the message names the file and line, or the key) or a missing
+extra (named, with the pip command); 3 ``replay --follow`` halted the run (a halt-level finding).
+``--json [OUT]`` means the same in every command: the findings as JSON lines, to OUT or stdout.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import sys
 
@@ -15,26 +18,75 @@ from .config import ConfigError
 from .preflight import PRECISIONS
 
 
+#: What a subcommand's --help says of its exit codes.
+EXIT_CODES = {
+    "replay": "exit codes: 0 no critical finding, 1 a critical finding, 2 unreadable input, no training "
+              "loss read, a bad config or a missing extra, 3 --follow halted the run",
+    "timeline": "exit codes: 0 stitched, 2 unreadable run log or a missing extra",
+    "preflight": "exit codes: 0 nothing worse than info, 1 a warning, 2 unreadable input, a bad config "
+                 "or a missing extra",
+    "demo": "exit codes: 0 the run caught what its scenario planted (healthy: no warning), 1 it did "
+            "not, 2 a bad option or a missing extra",
+}
+#: Optional modules → the extra that installs them (a missing one is exit 2, named).
+EXTRAS = {"matplotlib": "report", "tensorboard": "tensorboard", "wandb": "wandb", "apprise": "apprise",
+          "transformers": "hf", "accelerate": "hf", "lightning": "lightning", "deepspeed": "deepspeed",
+          "trackio": "trackio"}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     run = {"replay": replay, "timeline": timeline, "preflight": preflight, "demo": demo}[args.command]
-    return run(args)
+    # A plot is asked for up front: find out before the work, not after it.
+    if getattr(args, "report", None) or getattr(args, "png", None):
+        if importlib.util.find_spec("matplotlib") is None:
+            return _missing(args.command, "matplotlib")
+    try:
+        return run(args)
+    except ModuleNotFoundError as e:
+        root = (e.name or "").split(".")[0]
+        if root != "torch" and root not in EXTRAS:
+            raise
+        return _missing(args.command, root)
+
+
+def _missing(command: str, module: str) -> int:
+    """Exit 2, naming the missing module and what installs it."""
+    if module == "torch":
+        print(f"error: {command} needs torch here, which the package never installs: pip install "
+              f"torch (or your own build) first", file=sys.stderr)
+    else:
+        print(f"error: {command} needs {module} here: pip install 'stability-callbacks[{EXTRAS[module]}]'",
+              file=sys.stderr)
+    return 2
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Every subcommand in one tree (``main`` calls the function of the same name)."""
+    from .demo import SCENARIOS
+    from .demo.run import FRAMEWORKS
+
     parser = argparse.ArgumentParser(prog="stability-callbacks",
-                                     description="Catch training instabilities; replay real logs offline.")
+                                     description="Catch training instabilities; replay real logs offline.",
+                                     epilog="Each command's --help says what it does and its exit codes.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("replay", help="run the live detector over a training log")
+
+    def command(name: str, help: str, description: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=description, epilog=EXIT_CODES[name])
+
+    json_help = "write the findings as JSON lines to OUT (- or no value: standard output)"
+    p = command("replay", "run the live detector over a training log",
+                "Run the live detector over a training log (any framework's text log, a run log, "
+                "trainer_state.json, a TensorBoard directory, a W&B or our CSV), offline or, with "
+                "--follow, as the job writes it. Prints what was read and a summary of the findings.")
     p.add_argument("path")
     p.add_argument("--format", default="auto",
                    help="auto|generic|megatron|fairseq|hf-state|jsonl|csv|tensorboard|wandb-csv "
                         "(also hf, nanogpt, llmc, deepspeed, litgpt, mlx, llamafactory, ...: "
                         "read by the generic reader)")
     p.add_argument("--config", help="YAML config or preset name (default, pretrain-fp16, ...)")
-    p.add_argument("--json", dest="json_out", help="write findings as JSON lines to this file (- = stdout)")
+    p.add_argument("--json", dest="json_out", nargs="?", const="-", metavar="OUT", help=json_help)
     p.add_argument("--report", help="write a report: OUT.html (self-contained) or OUT.png")
     p.add_argument("--warmup-steps", type=int, help="declare the LR warmup length (else inferred from the LR)")
     p.add_argument("--keys", help="say which names the log prints: OURS=THEIRS,... with OURS = step, loss, "
@@ -51,13 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-file", help="--follow: on a halt, write this file (the finding as JSON) for the job")
     p.add_argument("--on-halt", help="--follow: on a halt, run this shell command (STABILITY_STEP, STABILITY_KIND, "
                                      "STABILITY_MESSAGE set), e.g. 'scancel $SLURM_JOB_ID'")
-    p = sub.add_parser("timeline", help="stitch a run log's segments after rollbacks")
+    p = command("timeline", "stitch a run log's segments after rollbacks",
+                "Stitch a run log (runlog.jsonl) across resumes and rollbacks into the trajectory the "
+                "model really took; the abandoned points are kept apart (and shown faded with --png).")
     p.add_argument("runlog")
     p.add_argument("--png", help="write the stitched trajectory as a PNG")
-    p = sub.add_parser("preflight", help="audit a transformers config.json for known causes of instability",
-                       description="Audit a transformers config.json for known causes of instability. "
-                                   "Exit 1 on a warning, 0 otherwise, 2 when the input cannot be read. "
-                                   "Training settings a config.json does not hold come from flags.")
+    p = command("preflight", "audit a transformers config.json for known causes of instability",
+                "Audit a transformers config.json for known causes of instability (init std against "
+                "the width, fp16 against bf16, Adam beta2, the warmup). Training settings a "
+                "config.json does not hold come from flags.")
     p.add_argument("model_config", metavar="CONFIG_OR_DIR",
                    help="config.json path, or a directory holding config.json")
     p.add_argument("--config", help="stability config (YAML or preset name) whose `preflight` section "
@@ -69,12 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float)
     p.add_argument("--warmup-steps", type=int)
     p.add_argument("--total-steps", type=int)
-    p.add_argument("--json", action="store_true", help="one JSON finding per line")
-    p = sub.add_parser("demo", help="a tiny real training run that goes wrong, caught live")
-    p.add_argument("--scenario", default="warmup-spike")
-    p.add_argument("--framework", default="hf")
-    p.add_argument("--out", default="out/demo")
-    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--json", dest="json_out", nargs="?", const="-", metavar="OUT", help=json_help)
+    p = command("demo", "a tiny real training run that goes wrong, caught live",
+                "Train a tiny GPT-2 (built from a config, nothing downloaded) on the CPU with a planted "
+                "instability, and watch it caught live: findings, saves, alerts to a local inbox, the "
+                "halt or the rollback, a report.")
+    p.add_argument("--scenario", default="warmup-spike", choices=SCENARIOS,
+                   help="the planted fault (default: %(default)s)")
+    p.add_argument("--framework", default="hf", choices=tuple(FRAMEWORKS),
+                   help="what trains the model (default: %(default)s)")
+    p.add_argument("--out", default="out/demo", help="where the run log, checkpoints and report go")
+    p.add_argument("--steps", type=int, default=None, help="the run's length (default: the scenario's)")
     p.add_argument("--auto-rollback", action="store_true",
                    help="roll back to the last good checkpoint and skip the bad data instead of halting")
     return parser
@@ -114,11 +173,26 @@ def preflight(args) -> int:
     facts.warmup_steps = args.warmup_steps
     facts.total_steps = args.total_steps
     findings = rules.audit(facts)
-    for f in findings:
-        print(json.dumps({"type": "finding", **f.to_json()}) if args.json else format_finding(f))
-    if not findings and not args.json:
-        print(f"preflight: no known cause of instability in {facts.source}")
+    if args.json_out is not None:
+        with _json_out(args.json_out) as out:
+            for f in findings:
+                out.write(json.dumps({"type": "finding", **f.to_json()}) + "\n")
+    if args.json_out != "-":
+        for f in findings:
+            print(format_finding(f))
+        if not findings:
+            print(f"preflight: no known cause of instability in {facts.source}")
     return 1 if any(f.at_least("warning") for f in findings) else 0
+
+
+@contextlib.contextmanager
+def _json_out(dest: str):
+    """``--json OUT``: a file, or standard output for ``-``."""
+    if dest == "-":
+        yield sys.stdout
+    else:
+        with open(dest, "w", encoding="utf-8") as fh:
+            yield fh
 
 
 def demo(args) -> int:

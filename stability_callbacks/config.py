@@ -31,7 +31,8 @@ from .policy import Policy
 from .preflight import Preflight
 from .watchdog import HangWatchdog
 
-__all__ = ["load_config", "validate", "ConfigError", "Sampling", "SECTIONS", "PRESETS_DIR", "preset_path"]
+__all__ = ["load_config", "validate", "ConfigError", "Sampling", "SECTIONS", "PRESETS_DIR", "preset_path",
+           "presets"]
 
 SECTIONS = ("sampling", "phase", "detectors", "policy", "actions", "preflight", "watchdog")
 PRESETS_DIR = Path(__file__).resolve().parent / "configs"   # shipped in the wheel
@@ -73,6 +74,11 @@ def preset_path(name: str) -> Path:
     return PRESETS_DIR / f"{name}.yaml"
 
 
+def presets() -> list[str]:
+    """The names of the presets shipped in the package."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
 def load_config(source: str | Path | Mapping | None = None) -> dict[str, Any]:
     """Read and validate a config. ``source``: a YAML path, a preset name (``default``,
     ``pretrain-fp16``, ``pretrain-bf16``, ``finetune``), a dict, or ``None`` (defaults).
@@ -97,7 +103,8 @@ def load_config(source: str | Path | Mapping | None = None) -> dict[str, Any]:
         try:
             raw = yaml.safe_load(path.read_text()) or {}
         except FileNotFoundError:
-            raise ConfigError(f"{path}: config file not found") from None
+            raise ConfigError(f"{path}: no such config file, and no preset of that name (presets: "
+                              f"{', '.join(presets())})") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark is not None else ""

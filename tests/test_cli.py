@@ -67,3 +67,52 @@ def test_replay_of_an_unknown_format_says_how_to_read_it(tmp_path):
     assert r.returncode == 0 and "40 steps" in r.stdout, r.stderr
     r = cli("replay", log, "--keys", "stp=ep")
     assert r.returncode == 2 and "--keys: 'stp' is not step or a metric key" in r.stderr
+
+
+def test_every_command_says_what_it_does_and_its_exit_codes():
+    for command in ("replay", "timeline", "preflight", "demo"):
+        r = cli(command, "--help")
+        assert r.returncode == 0, r.stderr
+        usage, _, rest = r.stdout.partition("\n\n")
+        assert rest.split("\n\n")[0].strip() and not rest.startswith("positional"), command   # a description
+        assert "exit codes: 0 " in r.stdout and " 2 " in r.stdout.split("exit codes:")[1], command
+
+
+def test_demo_help_lists_its_choices():
+    r = cli("demo", "--help")
+    assert "{healthy,data-pocket,nan,warmup-spike}" in r.stdout and "{hf,lightning,deepspeed}" in r.stdout
+    r = cli("demo", "--scenario", "oops")
+    assert r.returncode == 2 and "invalid choice: 'oops'" in r.stderr
+
+
+def test_json_means_the_same_in_every_command(tmp_path):
+    """``--json OUT`` writes JSON lines to OUT, ``--json`` alone to standard output: replay and
+    preflight alike."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "gpt2", "n_embd": 4096, "n_layer": 2, "initializer_range": 0.02,
+                                  "torch_dtype": "float16"}))
+    r = cli("preflight", config, "--json", tmp_path / "pre.jsonl")
+    to_file = [json.loads(x) for x in (tmp_path / "pre.jsonl").read_text().splitlines()]
+    assert r.returncode == 1 and to_file and all(f["kind"] == "preflight" for f in to_file)
+    assert "[warning] init_std: Init std 0.0200" in r.stdout   # the human lines still go to the terminal
+    r = cli("preflight", config, "--json")
+    assert [json.loads(x) for x in r.stdout.splitlines()] == to_file
+
+
+def test_unknown_preset_lists_the_presets():
+    r = cli("replay", LOGS / "bs_tr1_13B_spike29k.csv", "--config", "pretrain_fp16")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "no preset of that name (presets: default, finetune, pretrain-bf16, pretrain-fp16)" in r.stderr
+
+
+def test_a_missing_extra_exits_2_and_names_it_before_the_work(monkeypatch, capsys, tmp_path):
+    from stability_callbacks import cli as cli_module
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # what an install without [report] has
+    for args in (["replay", str(LOGS / "bs_tr1_13B_spike29k.csv"), "--report", str(tmp_path / "r.png")],
+                 ["timeline", str(tmp_path / "runlog.jsonl"), "--png", str(tmp_path / "t.png")]):
+        assert cli_module.main(args) == 2
+        out = capsys.readouterr()
+        assert out.err == (f"error: {args[0]} needs matplotlib here: pip install "
+                           f"'stability-callbacks[report]'\n")
+        assert out.out == ""   # said before any work, not after

@@ -4,3 +4,6 @@ Framework-neutral: :mod:`stability_callbacks.demo.scenarios` builds a tiny GPT, 
 planted fault at a known optimizer step, and the findings that fault must produce. It imports
 torch and transformers; the core never imports this package.
 """
+
+#: The demo's scenarios (``build_scenario`` names); here, torch-free, for ``demo --help``.
+SCENARIOS = ("healthy", "data-pocket", "nan", "warmup-spike")

@@ -30,7 +30,7 @@ DEFAULT_SCENARIO = "warmup-spike"
 USER_SAVE_STEPS = 50
 BUMPED_SAVE_STEPS = 5
 #: framework: (how the intro names it, what watches it, the package it needs besides the HF ones)
-_FRAMEWORKS = {"hf": ("the HF Trainer", "StabilityCallback.attach(trainer)", None),
+FRAMEWORKS = {"hf": ("the HF Trainer", "StabilityCallback.attach(trainer)", None),
                "lightning": ("the Lightning Trainer", "The Lightning StabilityCallback", "lightning"),
                "deepspeed": ("a DeepSpeed engine", "attach(engine)", "deepspeed")}
 #: The demo model's loss once it knows its pattern is ~0.55 nats; a healthy stretch stays below.
@@ -73,10 +73,10 @@ def run_demo(*, scenario: str = DEFAULT_SCENARIO, framework: str = "hf",
     from rich.console import Console
 
     console = console or Console(highlight=False)
-    if framework not in _FRAMEWORKS:
-        console.print(f"[red]error:[/] --framework: {framework!r} is not one of {', '.join(_FRAMEWORKS)}")
+    if framework not in FRAMEWORKS:
+        console.print(f"[red]error:[/] --framework: {framework!r} is not one of {', '.join(FRAMEWORKS)}")
         return 2
-    needs = ("torch", "transformers", "matplotlib") + (_FRAMEWORKS[framework][2] or "",)
+    needs = ("torch", "transformers", "matplotlib") + (FRAMEWORKS[framework][2] or "",)
     missing = [m for m in needs if m and importlib.util.find_spec(m) is None]
     if missing:
         extras = ",".join(["hf", "report"] + [m for m in needs[3:] if m])
@@ -144,7 +144,7 @@ def _intro(console, sc, framework: str, auto_rollback: bool = False) -> None:
         what = "a batch with a corrupted embedding row (NaN)" if sc.name == "nan" else \
             "a pocket of corrupted batches (uniform random tokens)"
         fault = f" Planted: {what} at steps {sc.fault_steps[0]}-{sc.fault_steps[-1]}."
-    name, watcher, _ = _FRAMEWORKS[framework]
+    name, watcher, _ = FRAMEWORKS[framework]
     console.rule(f"[bold]stability-callbacks demo: {sc.name} ({framework})")
     console.print(f"A {sc.n_layer}-layer GPT-2 ({sc.n_embd}-d, built from a config) trains for "
                   f"{sc.max_steps} steps with {name} at peak LR {sc.lr:g}, warmup "

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-NAMES = ("healthy", "data-pocket", "nan", "warmup-spike")
+from . import SCENARIOS as NAMES
 
 VOCAB_SIZE = 64
 POISON_TOKEN = VOCAB_SIZE - 1       # never in the pattern; its embedding row is the planted NaN
