@@ -87,8 +87,10 @@ HF_FINDINGS = [(5, "warmup_end", "info"), (NAN_STEP, "nonfinite", "critical"),
 
 
 def _hf_launch(tmp_path, launcher: list[str], **env) -> list[dict]:
-    _launch([*launcher, str(DIST / "hf_worker.py"), "--backend", "ddp", "--scenario", "nan",
-             "--halt-on", "critical", "--out", str(tmp_path)], tmp_path, **env)
+    output = _launch([*launcher, str(DIST / "hf_worker.py"), "--backend", "ddp", "--scenario", "nan",
+                      "--halt-on", "critical", "--out", str(tmp_path)], tmp_path, **env)
+    # The alert sinks are rank 0's: the log sink prints the critical once for the whole job.
+    assert output.count(f"CRITICAL: nonfinite at step {NAN_STEP}") == 1, output[-4000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
