@@ -1,6 +1,7 @@
 """Planted-fault DeepSpeed runs for tests/test_deepspeed.py: real engines on CPU, 2 ranks, gloo.
 
     DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 tests/dist/ds_scenarios.py OUT_DIR [CASE ...]
+    DS_ACCELERATOR=cpu deepspeed --num_accelerators 2 tests/dist/ds_scenarios.py OUT_DIR [CASE ...]
 
 Every case runs a hand-written loop (forward, engine.backward, engine.step) on a fresh engine
 with ``attach(engine, ...)`` and writes what the hook saw and did to
@@ -429,7 +430,20 @@ def case_host_sync(out_dir):
         _reductions.FOREACH_FAST_DEVICES = _reductions.FOREACH_FAST_DEVICES[:-1]
 
 
+def case_halt(out_dir):
+    """fp32 ZeRO-2, a NaN at step 22, ``halt_on: critical``: every rank halts at that step; rank 0
+    alone writes the run log. Run by tests/test_launchers.py under the ``deepspeed`` launcher."""
+    sc = build_scenario("nan", batch_size=4)
+    engine = make_engine(sc, stage=2, precision="fp32")
+    run_dir = shared_dir(out_dir, "halt-z2")
+    hook = attach(engine, config={"policy": {"halt_on": "critical"}, "actions": {}}, run_dir=run_dir)
+    res = train(engine, hook, sc, last_step=sc.max_steps)
+    hook.close()
+    return summary(hook, {"train": res, "world": dist.get_world_size(), "expected": sc.expected})
+
+
 CASES = {
+    "halt-z2": case_halt,
     "nonorm-z2": case_no_grad_norm,
     "hostsync-z2": case_host_sync,
     "crash-z1": case_crash,
@@ -445,6 +459,8 @@ CASES = {
 
 
 def main(argv):
+    # The deepspeed launcher passes --local_rank=N to the script (its rank is in the environment too).
+    argv = [a for a in argv if not a.startswith("--local_rank")]
     out_dir, names = argv[0], argv[1:] or list(CASES)
     deepspeed.init_distributed(dist_backend="gloo")
     rank = dist.get_rank()

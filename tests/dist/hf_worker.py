@@ -60,6 +60,7 @@ def main() -> int:
     with open(os.path.join(a.out, f"rank{rank}.json"), "w") as fh:
         json.dump({"rank": rank, "world": world, "global_step": trainer.state.global_step,
                    "findings": [f.to_json() for f in cb.findings], "checkpoints": ckpts,
+                   "distributed_type": trainer.accelerator.distributed_type.value,
                    "is_deepspeed": bool(trainer.is_deepspeed_enabled),
                    "zero_stage": (trainer.model_wrapped.zero_optimization_stage()
                                   if trainer.is_deepspeed_enabled else None),

@@ -169,7 +169,10 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
         if s.report and (control.should_log or s.finding_pending or control.should_training_stop):
             with self.guard("report", "logging to the Trainer's reporters"):
                 keep = control.should_log
-                self.trainer.log(s.take_scalars())
+                # Trainer.log itself, not a subclass's: TRL's log() adds and clears the metrics
+                # it gathered since its last line (rewards, token accuracy), which belong to
+                # its own line at the logging step.
+                Trainer.log(self.trainer, s.take_scalars())
                 control.should_log = keep   # trainer.log clears it: HF's own line would vanish
 
     def _act(self, args, state, control) -> None:
