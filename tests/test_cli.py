@@ -1,5 +1,6 @@
 """The CLI as users run it: a subprocess, exit codes, JSON lines, the summary."""
 import json
+import re
 import subprocess
 import sys
 
@@ -67,3 +68,18 @@ def test_replay_of_an_unknown_format_says_how_to_read_it(tmp_path):
     assert r.returncode == 0 and "40 steps" in r.stdout, r.stderr
     r = cli("replay", log, "--keys", "stp=ep")
     assert r.returncode == 2 and "--keys: 'stp' is not step or a metric key" in r.stderr
+
+
+def test_rollback_advice_speaks_the_logs_framework_and_advice_all_gives_every_form():
+    """A Megatron log: the advice in Megatron's terms only (``--advice auto``, the default);
+    ``--advice all`` adds HF, Lightning and DeepSpeed; ``--advice deepspeed`` that one."""
+    log = LOGS / "bs_tr8_104B_exp12_spike8740_diverge9027.log"
+
+    def forms(*flags):
+        r = cli("replay", log, *flags)
+        assert r.returncode == 1, r.stderr
+        return [m.group(1) for m in map(re.compile(r"^    (\w+): ").match, r.stdout.splitlines()) if m]
+
+    assert forms() == ["megatron"]
+    assert forms("--advice", "all") == ["hf", "lightning", "megatron", "deepspeed"]
+    assert forms("--advice", "deepspeed") == ["deepspeed"]
