@@ -395,9 +395,10 @@ def test_the_run_lives_under_default_root_dir_and_an_unwritable_one_is_one_warni
     assert steps == [1, 2, 3, 4]
     (tmp_path / "a-file").write_text("not a folder")
     with caplog.at_level("WARNING", logger="stability_callbacks"):
-        cb, trainer = fit(build_scenario("nan"), tmp_path, run_dir="a-file/stability")
+        cb, trainer = fit(build_scenario("healthy", max_steps=8, warmup_steps=3), tmp_path,
+                          run_dir="a-file/stability")
     assert caplog.text.count("cannot write the run log") == 1 and "monitoring is off" not in caplog.text
-    assert first_steps(cb.findings)["nonfinite"] == build_scenario("nan").fault_steps[0]
+    assert [f.kind for f in cb.findings] == ["warmup_end"]   # still detecting
 
 
 def test_crash_alert_goes_out_through_apprise_before_lightning_reraises(tmp_path):
