@@ -96,7 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", action="store_true",
                    help="tail the log as it grows (sidecar mode): run log, alerts and halts as live; ends when "
                         "--pid ends, after --idle-exit-s, on a halt (exit 3) or on Ctrl-C")
-    p.add_argument("--run-dir", default="out/stability", help="--follow: where the run log goes (runlog.jsonl)")
+    p.add_argument("--advice", default="auto", choices=("auto", "all", "hf", "lightning", "megatron", "deepspeed"),
+                   help="rollback advice in which framework's terms: auto (the log's own format), all, or one")
+    p.add_argument("--run-dir", help="--follow: where the run log goes (runlog.jsonl; default: a folder named stability next to the log)")
+    p.add_argument("--wandb-project", help="--follow: the job's W&B project (default: WANDB_PROJECT)")
+    p.add_argument("--wandb-run-id", help="--follow: write the scalars and alerts into this W&B run "
+                                          "(default: WANDB_RUN_ID; actions.wandb is off without one)")
     p.add_argument("--pid", type=int, help="--follow: stop when this process (the training job) ends")
     p.add_argument("--idle-exit-s", type=float, help="--follow: stop after this many seconds without a new line")
     p.add_argument("--poll-s", type=float, default=1.0, help="--follow: seconds between looks at the file")

@@ -11,10 +11,12 @@ Invariants).
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -23,7 +25,7 @@ from . import keys
 from .control import Action, Control, DataSkips
 from .monitor import Monitor
 from .record import Finding, StepRecord
-from .runlog import RUNLOG_NAME, RunLog
+from .runlog import RUNLOG_NAME, RunLog, knows_checkpoint, set_aside
 
 log = logging.getLogger("stability_callbacks")
 
@@ -154,39 +156,75 @@ class LiveRun:
     >>> run.control.save_now, run.control.save_reason
     (True, 'save now: loss_spike (warning) at step 31')
     >>> run.close()
+
+    ``run_dir`` holds the run log (opened at the first :meth:`start`: one per run, see
+    :func:`~stability_callbacks.runlog.knows_checkpoint`), the TensorBoard sink's default
+    ``log_dir`` and the ranks' crash notes; a folder that cannot be written is one loud warning,
+    and detection and alerts go on. ``advice_forms``: the frameworks whose rollback form an
+    alert carries (None: all of them; ``()``: none). ``sinks_off``: sink name -> why this run
+    leaves that configured sink out (said once).
     """
 
     def __init__(self, config: str | Mapping | None = None, *, monitor: Monitor | None = None,
                  run_dir: str | Path | None = "out/stability", is_rank0: bool = True,
                  run_name: str | None = None, wandb_run=None, tb_writer=None,
-                 report_path: str | None = None, metrics_every_n_steps: int = 0,
+                 report_path: str | None = None, advice_forms: tuple[str, ...] | None = None,
+                 sinks_off: Mapping[str, str] | None = None,
                  listeners: Iterable[RunListener] = (), guard: Guard | None = None):
         self.monitor = monitor if monitor is not None else Monitor(config)
         self.is_rank0 = is_rank0
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.run_name = run_name or (self.run_dir.name if self.run_dir else "run")
-        self.metrics_every_n_steps = metrics_every_n_steps
         self.findings: list[Finding] = []
         self.listeners: list = list(listeners)
         self.guard = guard if guard is not None else Guard()
         # The hang watchdog emits from its own thread: one writer at a time (uncontended: ~0.1 us).
         self._lock = threading.RLock()
-        self.runlog = RunLog(self.run_dir / RUNLOG_NAME) if (is_rank0 and self.run_dir) else None
-        from .actions import build_sinks   # config errors (bad URL, unset variable) surface here, early
+        self.runlog: RunLog | None = None
+        self._runlog_decided = False
+        self._created_s = time.time()   # wall clock: crash notes of an earlier run are older
+        # A Monitor that was fed before (a second ``fit`` with the same callback) continues its run log.
+        self._monitor_ran = self.monitor.last_step is not None
+        self._sink_args = dict(wandb_run=wandb_run, tb_writer=tb_writer, report_path=report_path,
+                               advice_forms=advice_forms, off=dict(sinks_off or {}))
+        self.dispatcher = self._build_dispatcher()   # config errors (bad URL, unset variable) surface here, early
+
+    def _build_dispatcher(self, *, is_rank0: bool | None = None, only_messages: bool = False):
+        from .actions import build_sinks
+        a = self._sink_args
         actions = dict(self.monitor.config["actions"])
-        if "tensorboard" in actions and tb_writer is None and self.run_dir is not None:
+        if "tensorboard" in actions and a["tb_writer"] is None and self.run_dir is not None:
             actions["tensorboard"] = {"log_dir": str(self.run_dir / "tensorboard"), **actions["tensorboard"]}
-        self.dispatcher = build_sinks(actions, is_rank0=is_rank0,
-                                      run_name=self.run_name, report_path=report_path,
-                                      wandb_run=wandb_run, tb_writer=tb_writer)
+        return build_sinks(actions, is_rank0=self.is_rank0 if is_rank0 is None else is_rank0,
+                           run_name=self.run_name, report_path=a["report_path"], wandb_run=a["wandb_run"],
+                           tb_writer=a["tb_writer"], advice_forms=a["advice_forms"], off=a["off"],
+                           only_messages=only_messages, quiet=only_messages)
 
     @property
     def control(self) -> Control:
         return self.monitor.control
 
     @property
+    def sinks_on(self) -> set[str]:
+        """The sinks this run delivers to (configured, resolved, on this rank)."""
+        return {sink.name for sink in self.dispatcher.sinks}
+
+    @property
     def runlog_path(self) -> Path | None:
         return self.runlog.path if self.runlog else None
+
+    def place(self, run_dir: str | Path) -> None:
+        """Put this run in ``run_dir`` after all (before its first :meth:`start`): an integration
+        that learns where the user keeps the run only once it runs (DeepSpeed: the checkpoint
+        folder a loop loads from)."""
+        if self._runlog_decided:
+            raise RuntimeError("place() after the run log was opened")
+        default_name = self.run_dir is None or self.run_name == self.run_dir.name
+        self.run_dir = Path(run_dir)
+        if default_name:
+            self.run_name = self.run_dir.name
+        self.dispatcher.close(timeout_s=0)   # nothing was submitted yet
+        self.dispatcher = self._build_dispatcher()
 
     # -- What an integration reads and requests: named here, so that no integration reaches
     # -- into the Monitor's policy (docs/design.md, "The live run").
@@ -222,9 +260,12 @@ class LiveRun:
         if warmup_steps and self.monitor.config["phase"].get("warmup_steps") is None:
             self.monitor.set_warmup_steps(warmup_steps)
 
-    def start(self, step: int, reason: str = "start") -> list[Finding]:
-        """A segment begins: a fresh start, a resume, or a rollback to an older checkpoint."""
+    def start(self, step: int, reason: str = "start", *, checkpoint: str | None = None) -> list[Finding]:
+        """A segment begins: a fresh start, a resume, or a rollback to an older checkpoint
+        (``checkpoint``: the one it loaded, when known: whether the run log in ``run_dir`` is
+        this run's, :meth:`_open_runlog`)."""
         with self._lock:
+            self._open_runlog(step, reason, checkpoint)
             found = self.guard.call("start", lambda: self.monitor.begin_segment(step, reason), [])
             if self.runlog:
                 with self.guard("runlog"):
@@ -235,17 +276,42 @@ class LiveRun:
             self._emit(found)
         return found
 
+    def _open_runlog(self, step: int, reason: str, checkpoint: str | None) -> None:
+        """Rank 0's run log, once (docs/design.md, Run log): the run log already in ``run_dir``
+        is continued by a rollback, by a Monitor that has run before (a second ``fit``), and by a
+        resume from a checkpoint it knows; any other run moves it aside (``runlog.<n>.jsonl``)
+        and starts its own. A folder that cannot be written: one warning, no run log, the rest
+        goes on (docs/design.md, Invariants)."""
+        if self._runlog_decided:
+            return
+        self._runlog_decided = True
+        if not (self.is_rank0 and self.run_dir):
+            return
+        path = self.run_dir / RUNLOG_NAME
+        try:
+            if path.is_file() and path.stat().st_size and not (
+                    reason == "rollback" or self._monitor_ran
+                    or (reason == "resume" and knows_checkpoint(path, step, checkpoint))):
+                aside = set_aside(path)
+                log.info("stability: %s belongs to another run; moved to %s", path, aside.name)
+            self.runlog = RunLog(path)
+        except OSError as exc:
+            self.guard.failed.add("runlog")
+            self.guard.warn_once("runlog", "stability: cannot write the run log %s (%s); "
+                                 "detection and alerts go on without it", path, exc)
+
     def observe(self, record: StepRecord) -> list[Finding]:
-        """Feed one optimizer step. Returns its findings; requests are on ``control``."""
+        """Feed one optimizer step. Returns its findings; requests are on ``control``. The metric
+        sinks (W&B, TensorBoard, Trackio) get its scalars on their own ``metrics_every_n_steps``."""
         with self._lock:
+            self._open_runlog(record.step, "start", None)
             record.segment = self.monitor.segment
             found = self.guard.call("monitor", lambda: self.monitor.update(record), [])
             if self.runlog:
                 with self.guard("runlog"):
                     self.runlog.step(record)
-            if self.metrics_every_n_steps and record.step % self.metrics_every_n_steps == 0:
-                with self.guard("metrics"):
-                    self.dispatcher.log_metrics(record.step, record.metrics)
+            with self.guard("metrics"):
+                self.dispatcher.log_metrics(record.step, record.metrics)
             self._notify("on_record", record)
             self._emit(found)
         return found
@@ -265,27 +331,68 @@ class LiveRun:
         finally:
             self._lock.release()
 
-    def crash(self, step: int, exc: BaseException) -> Finding:
-        """Training raised ``exc`` after step ``step`` (the last one finished): one critical
-        ``crash`` finding, emitted like any other. Only the exception's type and the first line
-        of its message (:func:`exception_text`) leave the process; the traceback stays in the
-        job's own log."""
+    def crash(self, step: int, exc: BaseException, *, rank: int = 0, world_size: int = 1) -> Finding:
+        """Training raised ``exc`` on ``rank`` after step ``step`` (the last one finished): one
+        critical ``crash`` finding. Only the exception's type and the first line of its message
+        (:func:`exception_text`) leave the process; the traceback stays in the job's own log.
+
+        Several ranks (docs/design.md, The live run): the rank that fails first names itself and
+        sends the alert (rank 0 may not live to: a launcher stops the other ranks once one
+        exits, and rank 0 itself only sees "connection closed"); a rank that fails after it
+        names that first rank and its exception and records, but sends no second alert. Ranks
+        learn of each other through ``run_dir/crash/`` (no collective): every failing rank
+        leaves ``rank<r>.json``, and the first claims ``first.json``."""
         text = exception_text(exc)
         name = type(exc).__name__
+        mine = {"rank": rank, "time_s": time.time(), "step": step, "exception": name, "message": text}
+        first, pages = mine, self.is_rank0   # without notes: rank 0 pages, as on one rank
+        if world_size > 1 and self.run_dir is not None:
+            with self.guard("crash-note", "leaving a crash note for the other ranks"):
+                first = _claim_first_crash(self.run_dir / CRASH_DIR, mine, since_s=self._created_s)
+                pages = first is mine
+        f = self._crash_finding(step, mine, first, world_size)
+        if pages and not self.is_rank0:   # only rank 0 holds sinks: build the messaging ones now
+            with self.guard("crash-alert", "sending the crash alert from this rank"):
+                dispatcher = self._build_dispatcher(is_rank0=True, only_messages=True)
+                dispatcher.submit(f)
+                dispatcher.close()
+            self.findings.append(f)
+            self._notify("on_finding", f)
+            return f
+        if pages:
+            self.emit([f])
+        else:   # the first failing rank sends the alert (or rank 0): record it here, no second page
+            log.error("stability: %s", f.message)
+            with self._lock:
+                self.findings.append(f)
+                if self.runlog:
+                    with self.guard("runlog"):
+                        self.runlog.finding(f)
+                self._notify("on_finding", f)
+        return f
+
+    def _crash_finding(self, step: int, mine: dict, first: dict, world_size: int) -> Finding:
         ckpt = next(iter(self.monitor.policy.checkpoints[::-1]), None)
         last = (f" The last checkpoint the monitor knows is step {ckpt[0]} ({ckpt[1]})."
                 if ckpt else "")
-        f = Finding(step, "crash", "critical", signal="exception",
-                    message=f"Training crashed in step {step + 1} with {name}: {text}. The last "
-                            f"finished step is {step}; monitoring has stopped.{last} Read the "
-                            f"traceback in the job's log, fix the cause and restart from a good "
-                            f"checkpoint.",
-                    details={"exception": name, "message": text, "in_step": step + 1,
-                             "checkpoint_step": ckpt[0] if ckpt else None})
-        self.emit([f])
-        return f
+        where = f" on rank {first['rank']}" if world_size > 1 else ""
+        head = (f"Training crashed{where} in step {first['step'] + 1} with {first['exception']}: "
+                f"{first['message']}.")
+        if first is not mine:
+            head += (f" Rank {mine['rank']} failed after it, with {mine['exception']}: "
+                     f"{mine['message']}.")
+        details = {"exception": first["exception"], "message": first["message"],
+                   "in_step": first["step"] + 1, "rank": first["rank"],
+                   "checkpoint_step": ckpt[0] if ckpt else None}
+        if first is not mine:
+            details["then"] = {k: mine[k] for k in ("rank", "exception", "message")}
+        return Finding(step, "crash", "critical", signal="exception", details=details,
+                       message=f"{head} The last finished step is {step}; monitoring has stopped.{last} "
+                               f"Read the traceback in the job's log, fix the cause and restart "
+                               f"from a good checkpoint.")
 
     def _emit(self, found: list[Finding]) -> None:
+        self._open_runlog(0, "start", None)   # findings before any segment (a preflight audit)
         self.findings.extend(found)
         for f in found:
             if self.runlog:
@@ -298,6 +405,7 @@ class LiveRun:
     def checkpoint_saved(self, step: int, path: str | None = None) -> None:
         path = None if path is None else str(path)
         with self._lock:
+            self._open_runlog(step, "start", None)
             self.monitor.note_checkpoint(step, path)
             if self.runlog:
                 with self.guard("runlog"):
@@ -308,6 +416,7 @@ class LiveRun:
         """The integration did something (saved, refused a save, changed the save interval,
         stopped): one ``action`` line in the run log, and the listeners hear of it."""
         with self._lock:
+            self._open_runlog(action.step, "start", None)
             if self.runlog:
                 with self.guard("runlog"):
                     self.runlog.action(action)
@@ -333,6 +442,41 @@ class LiveRun:
         if self.runlog:
             with self._lock, self.guard("runlog"):
                 self.runlog.close()
+
+
+#: The folder under ``run_dir`` where failing ranks leave their crash notes.
+CRASH_DIR = "crash"
+
+
+def _claim_first_crash(folder: Path, mine: dict, *, since_s: float) -> dict:
+    """Leave ``mine`` as ``folder/rank<r>.json`` and claim ``folder/first.json`` (an exclusive
+    create: one rank wins, on a shared filesystem too). Returns the first failing rank's note:
+    ``mine`` itself when this rank claimed it. A ``first.json`` older than ``since_s`` is an
+    earlier run's and is replaced."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"rank{mine['rank']}.json").write_text(json.dumps(mine), encoding="utf-8")
+    first = folder / "first.json"
+    for _ in range(2):
+        try:
+            fd = os.open(first, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            other = None
+            for _ in range(20):   # the winner may be writing it this instant
+                try:
+                    other = json.loads(first.read_text(encoding="utf-8"))
+                    break
+                except (OSError, ValueError):
+                    time.sleep(0.01)
+            if other is None:
+                return mine
+            if other.get("time_s", 0) >= since_s:
+                return other
+            first.unlink(missing_ok=True)   # an earlier run's
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(mine, fh)
+        return mine
+    return mine
 
 
 #: Environment variables whose values never leave the process in an alert.

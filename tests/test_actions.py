@@ -134,6 +134,15 @@ def test_slack_message_arrives_with_run_step_kind_severity_sentence_report_and_r
                                   "rate_limited": 0, "dropped": 0, "metrics_failed": 0}
 
 
+def test_rollback_advice_names_only_the_framework_in_use(slack_env):
+    d = build_sinks({"slack": _fast_slack()}, is_rank0=True, run_name="r", advice_forms=("deepspeed",))
+    d.submit(Finding(40905, "rollback_advice", "critical", "Roll back to step 40700.", details=ROLLBACK_DETAILS))
+    d.close(timeout_s=5.0)
+    (text,) = _texts(slack_env)
+    assert 'DeepSpeed: engine.load_checkpoint("ckpt", tag="global_step40700")' in text
+    assert "ignore_data_skip" not in text and "Megatron" not in text and "Lightning" not in text
+
+
 def test_slack_text_escapes_mrkdwn_control_characters(slack_env):
     d = build_sinks({"slack": _fast_slack()}, is_rank0=True, run_name="r")
     d.submit(Finding(3, "divergence", "critical", "loss <b> & grad_norm > 1e3"))
@@ -476,6 +485,22 @@ def test_tensorboard_event_files_contain_findings_and_metrics(tmp_path, writer_k
     assert "Loss spike did not recover." in texts[1][1]
 
 
+def test_tensorboard_scalars_every_n_steps_through_a_live_run(tmp_path):
+    """``metrics_every_n_steps``: the sink's own interval for the ``stability/<key>`` scalars
+    (every step by default); findings are written at their step whatever the interval."""
+    from stability_callbacks.live import LiveRun
+    from stability_callbacks.record import StepRecord
+
+    run = LiveRun(config={"actions": {"tensorboard": {"metrics_every_n_steps": 3}}}, run_dir=tmp_path)
+    run.start(0)
+    found = [f for s in range(1, 33) for f in run.observe(StepRecord(s, {"loss": 9.0 if s == 31 else 2 + s % 3 / 100}))]
+    run.close()
+    acc = _read_tb(tmp_path / "tensorboard")
+    assert [e.step for e in acc.Scalars("stability/loss")] == list(range(3, 33, 3))
+    assert [f.step for f in found if f.kind == "loss_spike"] == [31]
+    assert [e.step for e in acc.Scalars("stability/finding/loss_spike")] == [31]
+
+
 def test_tensorboard_without_writer_or_log_dir_is_off(caplog):
     with caplog.at_level(logging.INFO, logger="stability_callbacks"):
         d = build_sinks({"tensorboard": {}}, is_rank0=True, run_name="r")
@@ -554,7 +579,9 @@ def test_wandb_sink_without_a_run_degrades(caplog):
     ({"log": {"min_severity": "loud"}},
      "actions.log.min_severity must be one of ('info', 'warning', 'critical'), got 'loud'"),
     ({"wandb": {"wait_duration_s": 0}}, "actions.wandb.wait_duration_s must be a number ≥ 1, got 0"),
-    ({"email": {}}, "actions.email: unknown sink (known: log, slack, webhook, apprise, wandb, tensorboard)"),
+    ({"tensorboard": {"metrics_every_n_steps": 0}},
+     "actions.tensorboard.metrics_every_n_steps must be a positive integer, got 0"),
+    ({"email": {}}, "actions.email: unknown sink (known: log, slack, webhook, apprise, wandb, tensorboard, trackio)"),
     ({"tensorboard": []}, "actions.tensorboard must be a mapping (or false to turn it off), got []"),
 ])
 def test_config_errors_are_clear_and_early(config, message, monkeypatch):

@@ -1,5 +1,6 @@
 """The CLI as users run it: a subprocess, exit codes, JSON lines, the summary."""
 import json
+import re
 import subprocess
 import sys
 
@@ -116,3 +117,18 @@ def test_a_missing_extra_exits_2_and_names_it_before_the_work(monkeypatch, capsy
         assert out.err == (f"error: {args[0]} needs matplotlib here: pip install "
                            f"'stability-callbacks[report]'\n")
         assert out.out == ""   # said before any work, not after
+
+
+def test_rollback_advice_speaks_the_logs_framework_and_advice_all_gives_every_form():
+    """A Megatron log: the advice in Megatron's terms only (``--advice auto``, the default);
+    ``--advice all`` adds HF, Lightning and DeepSpeed; ``--advice deepspeed`` that one."""
+    log = LOGS / "bs_tr8_104B_exp12_spike8740_diverge9027.log"
+
+    def forms(*flags):
+        r = cli("replay", log, *flags)
+        assert r.returncode == 1, r.stderr
+        return [m.group(1) for m in map(re.compile(r"^    (\w+): ").match, r.stdout.splitlines()) if m]
+
+    assert forms() == ["megatron"]
+    assert forms("--advice", "all") == ["hf", "lightning", "megatron", "deepspeed"]
+    assert forms("--advice", "deepspeed") == ["deepspeed"]

@@ -116,11 +116,13 @@ def test_sections_keep_their_arguments_and_sampling_its_defaults():
 def test_sink_keys_are_their_constructor_signatures():
     from stability_callbacks.actions import SINK_CLASSES
     from stability_callbacks.params import config_keys
-    assert list(SINK_CLASSES) == ["log", "slack", "webhook", "apprise", "wandb", "tensorboard"]
+    assert list(SINK_CLASSES) == ["log", "slack", "webhook", "apprise", "wandb", "tensorboard", "trackio"]
     assert sorted(config_keys(SINK_CLASSES["tensorboard"])) == [
-        "log_dir", "min_severity", "queue_size", "rate_limit_s"]       # `writer` is not config
+        "log_dir", "metrics", "metrics_every_n_steps", "min_severity", "queue_size", "rate_limit_s"]   # `writer` is not config
     assert sorted(config_keys(SINK_CLASSES["wandb"])) == [
-        "metrics", "min_severity", "queue_size", "rate_limit_s", "wait_duration_s"]   # nor `run`
+        "metrics", "metrics_every_n_steps", "min_severity", "queue_size", "rate_limit_s", "wait_duration_s"]   # nor `run`
+    assert sorted(config_keys(SINK_CLASSES["trackio"])) == [
+        "metrics", "metrics_every_n_steps", "min_severity", "project", "queue_size", "rate_limit_s"]   # nor `run`, `run_name`
     with pytest.raises(ConfigError, match=r"^actions\.webhook\.url: required key missing$"):
         load_config({"actions": {"webhook": {}}})
 

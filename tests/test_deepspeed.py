@@ -22,7 +22,7 @@ from stability_callbacks.monitor import STATE_VERSION  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "dist" / "ds_scenarios.py"
-CASES = ("overflow-z1", "overflow-z0", "pocket-z2", "nan-z0", "spike-z3", "streams-z1", "nonorm-z2",
+CASES = ("loud-z1", "monitor-z1", "overflow-z1", "overflow-z0", "pocket-z2", "nan-z0", "spike-z3", "streams-z1", "nonorm-z2",
          "crash-z1", "skip-z2", "rollback-z1", "hostsync-z2")
 LAUNCH_TIMEOUT_S = 420
 
@@ -86,6 +86,30 @@ def _comparable(result):
 def test_every_rank_decides_the_same(ds, case):
     rank0, rank1 = ds[case]
     assert _comparable(rank0) == _comparable(rank1)
+
+
+def test_a_bad_config_raises_at_attach_and_an_unwritable_run_dir_is_one_warning(ds):
+    r0 = ds["loud-z1"][0]
+    assert r0["errors"] == ["policy.halt_on", "actions.slack.webhook_url"]
+    assert r0["last_step"] == 4 and r0["findings"] == [[3, "warmup_end", "info"]]   # DeepSpeed: warmup 2 + 1
+    (warning,) = r0["records"]["warnings"]   # rank 0 writes the run log, and says it cannot, once
+    assert warning.startswith("stability: cannot write the run log") and "detection and alerts go on" in warning
+
+
+def test_the_ds_config_monitor_gets_the_scalars_and_the_run_lives_with_its_checkpoints(ds):
+    """A ``monitor.tensorboard`` section in ds_config: DeepSpeed's own event file holds
+    ``stability/loss`` at every step of the three runs (x = samples, DeepSpeed's axis: 8+2 steps
+    of the first two, then 2 of a fresh start). The run's folder is ``<save_dir>/stability``, and
+    the engine that loads from the checkpoint folder lands there too and continues that run log;
+    a fresh start moves it aside."""
+    r0 = ds["monitor-z1"][0]
+    assert r0["run_dirs"] == ["ckpt/stability"] * 3
+    rec = r0["records"]
+    g = rec["samples_per_step"]
+    assert rec["loss_x"] == [s * g for s in range(1, 11)] + [g, 2 * g]
+    assert rec["continued"] == [[0, 0, "start"], [1, 8, "resume"]]
+    assert rec["runlogs"] == ["runlog.1.jsonl", "runlog.jsonl"]
+    assert rec["fresh_segments"] == [[0, 0, "start"]]
 
 
 def test_ordinary_steps_read_only_the_packed_record_and_adams_step(ds):
@@ -295,10 +319,13 @@ def test_an_exception_leaving_the_with_block_is_one_crash_alert(ds):
     r = ds["crash-z1"][0]
     assert r["same_object"] and r["closed"]
     assert r["findings"][-1] == [3, "crash", "critical"]
-    assert r["records"]["received"] == [[3, "crash", "critical"]]     # rank 0 alerts, once
-    assert r["records"]["finding"]["details"]["exception"] == "RuntimeError"
+    # Both ranks raise: the one that failed first alerts, once, naming itself.
+    assert r["records"]["received"] == [[3, "crash", "critical"]]
+    details = r["records"]["finding"]["details"]
+    assert details["exception"] == "RuntimeError" and details["rank"] in (0, 1)
     assert r["records"]["finding"]["message"].startswith(
-        "Training crashed in step 4 with RuntimeError: NCCL error: unhandled system error.")
+        f"Training crashed on rank {details['rank']} in step 4 with RuntimeError: NCCL error: "
+        f"unhandled system error.")
 
 
 def test_skip_step_goes_through_deepspeeds_overflow_path(ds):

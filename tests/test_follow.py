@@ -3,6 +3,7 @@ on a real training subprocess, with a halt, a stop file, a command and a Slack a
 local HTTP server."""
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -236,3 +237,73 @@ def test_follow_reports_unreadable_input_and_bad_flags(tmp_path):
     assert r.returncode == 2 and "--poll-s" in r.stderr
     r = _follow(tmp_path / "x.csv", "--format", "tensorboard", "--idle-exit-s", 0.3)
     assert r.returncode == 2 and "cannot be followed" in r.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("policy: {halt_on: warnings}\n")
+    r = _follow(log, "--config", bad, "--idle-exit-s", 0.3, "--run-dir", tmp_path / "run")
+    assert r.returncode == 2 and "policy.halt_on" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the follower writes: the job's W&B run, its run folder; what it prints.
+
+@pytest.fixture(scope="module")
+def finished_log(tmp_path_factory):
+    """A finished job's log: 40 torchtitan-style steps, NaN from step 30 on."""
+    log = tmp_path_factory.mktemp("job") / "train.log"
+    job = _job(log, "--nan-at", 30, "--steps", 40)
+    assert job.wait(120) == 0
+    return log
+
+
+def test_follow_writes_into_the_jobs_wandb_run_and_prints_each_finding_once(tmp_path, finished_log):
+    """``--wandb-run-id`` (offline W&B): the follower joins that run and writes the
+    ``stability/<key>`` scalars of every step and the alerts there; each finding is printed once
+    (no second copy from the log sink on stderr)."""
+    pytest.importorskip("wandb")
+    from test_actions import _wandb_records_when_complete
+
+    config = tmp_path / "c.yaml"
+    config.write_text("actions:\n  log: {}\n  wandb: {min_severity: critical}\n")
+    wandb_dir = tmp_path / "wandb"
+    wandb_dir.mkdir()
+    r = _follow(finished_log, "--idle-exit-s", 0.5, "--config", config, "--run-dir", tmp_path / "run",
+                "--wandb-project", "stab", "--wandb-run-id", "job42",
+                env=_env(WANDB_MODE="offline", WANDB_DIR=str(wandb_dir), WANDB_SILENT="true"))
+    assert r.returncode == 1, r.stderr
+    assert r.stdout.count("step 30 nonfinite") == 1 and "nonfinite" not in r.stderr
+    (run_file,) = wandb_dir.rglob("run-job42.wandb")
+    records = _wandb_records_when_complete(run_file)
+    rows = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in x.history.item}
+            for x in records if x.WhichOneof("record_type") == "history"]
+    assert [row["stability/step"] for row in rows if "stability/loss" in row] == list(range(1, 41))
+    alerts = [(x.alert.title, x.alert.level) for x in records if x.WhichOneof("record_type") == "alert"]
+    assert ("stability: nonfinite (critical)", "ERROR") in alerts
+
+
+def test_follow_without_a_wandb_run_says_why_and_keeps_its_run_next_to_the_log(tmp_path, finished_log):
+    config = tmp_path / "c.yaml"
+    config.write_text("actions:\n  wandb: {}\n")
+    log = tmp_path / "train.log"
+    log.write_bytes(finished_log.read_bytes())
+    env = _env()
+    env.pop("WANDB_RUN_ID", None)
+    r = _follow(log, "--idle-exit-s", 0.5, "--config", config, "--advice", "all", env=env)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.count("actions.wandb is off: no W&B run to write to") == 1 and "failed" not in r.stderr
+    # --advice all: the advice in each framework's terms (auto: none for a torchtitan log).
+    forms = [line.split(":")[0].strip() for line in r.stdout.splitlines() if re.match(r"    \S", line)]
+    assert forms == ["hf", "lightning", "megatron", "deepspeed"]
+    steps = [json.loads(x)["step"] for x in (tmp_path / "stability" / "runlog.jsonl").read_text().splitlines()
+             if '"type":"step"' in x]
+    assert steps == list(range(1, 41))
+
+
+def test_follow_with_an_unwritable_run_dir_warns_once_and_keeps_alerting(tmp_path, finished_log, inbox):
+    (tmp_path / "a-file").write_text("not a folder")
+    config = tmp_path / "c.yaml"
+    config.write_text("actions:\n  slack: {webhook_url: '${SLACK_WEBHOOK_URL}', min_severity: critical}\n")
+    r = _follow(finished_log, "--idle-exit-s", 0.5, "--config", config, "--run-dir", tmp_path / "a-file" / "run",
+                env=_env(SLACK_WEBHOOK_URL=f"http://127.0.0.1:{inbox.server_address[1]}/hook"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.count("cannot write the run log") == 1
+    assert any("nonfinite" in p["json"]["text"] for p in inbox.posts)

@@ -136,8 +136,8 @@ def test_tensorboard_gets_stability_scalars_and_keeps_the_trainers_line(pocket):
     ea = EventAccumulator(str(events.parent), size_guidance={"scalars": 0})
     ea.Reload()
     tags = ea.Tags()["scalars"]
-    # HF's own loss and grad_norm are at every logging step: our trainer.log() calls did not
-    # swallow them (trainer.log clears control.should_log; the callback restores it).
+    # HF's own loss and grad_norm are at every logging step: our reporter calls (each
+    # reporter's on_log, not trainer.log) leave control.should_log alone.
     assert [e.step for e in ea.Scalars("train/loss")] == list(range(5, 46, 5))
     assert [e.step for e in ea.Scalars("train/grad_norm")] == list(range(5, 46, 5))
     assert {"train/stability/loss", "train/stability/grad_norm", "train/stability/lr"} <= set(tags)
@@ -190,7 +190,7 @@ def test_resume_without_data_skip_reports_data_repetition(pocket, tmp_path):
 
 # ----------------------------------------------------------------------------------- NaN
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
-def test_nan_halts_cleanly_without_saving_damaged_weights(tmp_path, bf16):
+def test_nan_halts_cleanly_without_saving_damaged_weights(tmp_path, bf16, caplog):
     sc = build_scenario("nan")
     # bf16 autocast on CPU, and the Trainer's own NaN filter on: it masks the NaN in *its* logged
     # loss, not in the value training_step returns, which is what the monitor reads.
@@ -198,7 +198,12 @@ def test_nan_halts_cleanly_without_saving_damaged_weights(tmp_path, bf16):
     trainer = Trainer(model=sc.make_model(), args=args, train_dataset=sc.train_dataset())
     cb = StabilityCallback.attach(trainer, config={"policy": {"halt_on": "critical"}},
                                   run_dir=tmp_path / "stability")
-    trainer.train()
+    with caplog.at_level("ERROR", logger="stability_callbacks.findings"):
+        trainer.train()
+    # The advice in the log sink's alert speaks HF only (the framework in use).
+    (advice,) = [r.getMessage() for r in caplog.records if "rollback_advice" in r.getMessage()]
+    assert "Rollback advice: | HF Trainer / accelerate: trainer.train(" in advice
+    assert "Lightning:" not in advice and "DeepSpeed:" not in advice
     (bad,) = sc.fault_steps
     nonfinite = _first(cb.findings, "nonfinite")
     assert (nonfinite.step, nonfinite.severity) == (bad, "critical")
@@ -262,6 +267,128 @@ def test_without_its_trainer_the_callback_runs_degraded_and_says_so(tmp_path, ca
         assert sum(window) / 5 == pytest.approx(h["loss"], rel=1e-5)   # the Trainer's loss
 
 
+# ---------------------------------------------------------------- loud failures, user folders
+def test_a_bad_config_stops_the_run_before_step_one_with_the_key_named(tmp_path, monkeypatch):
+    from stability_callbacks import ConfigError
+
+    with pytest.raises(ConfigError, match=r"policy\.halt_on must be 'never' or 'critical', got 'warnings'"):
+        StabilityCallback(config={"policy": {"halt_on": "warnings"}})
+    # What only the run can check (a sink's environment variable) raises through the Trainer.
+    monkeypatch.delenv("NO_SUCH_WEBHOOK", raising=False)
+    sc = build_scenario("healthy", max_steps=4)
+    cb = StabilityCallback(config={"actions": {"slack": {"webhook_url": "${NO_SUCH_WEBHOOK}"}}})
+    trainer = Trainer(model=sc.make_model(), args=_args(tmp_path / "ckpt", sc), train_dataset=sc.train_dataset(),
+                      callbacks=[cb])
+    with pytest.raises(ConfigError, match="actions.slack.webhook_url: environment variable NO_SUCH_WEBHOOK"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+
+def test_an_unwritable_run_dir_is_one_warning_and_detection_and_alerts_go_on(tmp_path, caplog):
+    sc = build_scenario("nan")
+    (tmp_path / "a-file").write_text("not a folder")
+    with AlertInbox() as inbox:
+        cb = StabilityCallback(config={"actions": _webhook(inbox, "critical")}, run_dir=tmp_path / "a-file" / "stability")
+        trainer = Trainer(model=sc.make_model(), args=_args(tmp_path / "ckpt", sc), train_dataset=sc.train_dataset(),
+                          callbacks=[cb])
+        with caplog.at_level("WARNING", logger="stability_callbacks"):
+            trainer.train()
+        alerts = inbox.kinds()
+    (bad,) = sc.fault_steps
+    assert caplog.text.count("cannot write the run log") == 1 and "monitoring is off" not in caplog.text
+    assert _first(cb.findings, "nonfinite").step == bad
+    assert (bad, "nonfinite", "critical") in alerts
+
+
+def test_the_run_lives_under_output_dir_one_run_log_per_run_a_resume_continues_it(tmp_path):
+    """No run_dir: ``<output_dir>/stability``. A resume from one of its checkpoints continues
+    that run log; a fresh run in the same output_dir moves it aside (``runlog.1.jsonl``)."""
+    sc = build_scenario("healthy", max_steps=6)
+    out = tmp_path / "out"
+
+    def train(resume=None, **overrides):
+        trainer = Trainer(model=sc.make_model(), args=_args(out, sc, save_steps=4, **overrides),
+                          train_dataset=sc.train_dataset(), callbacks=[StabilityCallback(config={"actions": {}})])
+        trainer.train(resume_from_checkpoint=resume)
+
+    def segments(name="runlog.jsonl"):
+        return [(x["segment"], x["start_step"], x["reason"]) for x in map(json.loads, (out / "stability" / name)
+                .read_text().splitlines()) if x["type"] == "segment"]
+
+    train(max_steps=4)
+    train(resume=str(out / "checkpoint-4"))
+    assert segments() == [(0, 0, "start"), (1, 4, "resume")]
+    train()
+    assert segments() == [(0, 0, "start")]
+    assert segments("runlog.1.jsonl") == [(0, 0, "start"), (1, 4, "resume")]
+
+
+def test_stability_scalars_reach_the_reporters_not_the_console(tmp_path, capsys):
+    """One dict line per logging step on the console (the Trainer's own, PrinterCallback); our
+    ``train/stability/*`` scalars only in the reporter (TensorBoard), and not in log_history."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    sc = build_scenario("healthy", max_steps=10)
+    cb = StabilityCallback(config={"actions": {}})
+    trainer = Trainer(model=sc.make_model(), args=_args(tmp_path / "ckpt", sc, report_to=["tensorboard"]),
+                      train_dataset=sc.train_dataset(), callbacks=[cb])
+    trainer.train()
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert len(printed) == 3 and not any("stability" in line for line in printed)   # steps 5, 10, the summary
+    assert not any(k.startswith("stability") for h in trainer.state.log_history for k in h)
+    (events,) = (tmp_path / "ckpt" / "runs").glob("*/events.out.tfevents.*")
+    ea = EventAccumulator(str(events.parent), size_guidance={"scalars": 0})
+    ea.Reload()
+    # The signals at the logging steps and at once with a finding: the warmup's end (step 5) is
+    # known from the LR of step 6; the finding itself is charted at its own step.
+    assert [(f.step, f.kind) for f in cb.findings] == [(sc.warmup_steps, "warmup_end")]
+    assert [e.step for e in ea.Scalars("train/stability/loss")] == [5, sc.warmup_steps + 1, 10]
+    assert [e.step for e in ea.Scalars("train/stability/finding/warmup_end")] == [sc.warmup_steps]
+    assert [e.step for e in ea.Scalars("train/loss")] == [5, 10]
+
+
+_TRACKIO_RUN = """
+import json, sys
+from transformers import Trainer, TrainingArguments
+from stability_callbacks.demo.scenarios import build_scenario
+from stability_callbacks.integrations.hf import StabilityCallback
+sc = build_scenario("data-pocket", batch_size=4, grad_accum=2, max_steps=28)
+args = TrainingArguments(sys.argv[1], max_steps=sc.max_steps, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                         learning_rate=sc.lr, warmup_steps=sc.warmup_steps, logging_steps=5, report_to=["trackio"],
+                         project="stab", run_name="pocket", train_sampling_strategy="sequential", use_cpu=True,
+                         disable_tqdm=True, save_strategy="no")
+cb = StabilityCallback(config={"actions": {"trackio": {"min_severity": "warning"}}})
+Trainer(model=sc.make_model(), args=args, train_dataset=sc.train_dataset(), callbacks=[cb]).train()
+from trackio import SQLiteStorage
+logs = SQLiteStorage.get_logs("stab", "pocket")
+print(json.dumps({"loss_steps": [r["step"] for r in logs if "stability/loss" in r],
+                  "hf_steps": [r["step"] for r in logs if "train/loss" in r],
+                  "train_stability": any(k.startswith("train/stability") for r in logs for k in r),
+                  "spike": [r["step"] for r in logs if "stability/finding/loss_spike" in r],
+                  "alerts": [(a["step"], a["title"], a["level"]) for a in SQLiteStorage.get_alerts("stab", run_name="pocket")]}))
+"""
+
+
+def test_trackio_sink_writes_alerts_and_scalars_into_the_trainers_trackio_run(tmp_path):
+    """``report_to="trackio"`` (HF's TrackioCallback starts a local run) with ``actions.trackio``:
+    our scalars at every step and the alert in that run; HF's reporter route leaves Trackio to
+    the sink (no ``train/stability/*`` twin). A subprocess: TRACKIO_DIR is read at import."""
+    pytest.importorskip("trackio")
+    env = dict(os.environ, TRACKIO_DIR=str(tmp_path / "trackio"), OMP_NUM_THREADS="1",
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", _TRACKIO_RUN, str(tmp_path / "out")], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    sc = build_scenario("data-pocket", batch_size=4, grad_accum=2, max_steps=28)
+    assert got["loss_steps"] == list(range(1, sc.max_steps + 1))
+    # HF's TrackioCallback logs without a step (Trackio then takes the step after the run's
+    # latest, ours included): its points are there, at steps we do not pin down.
+    assert len(got["hf_steps"]) == sc.max_steps // 5 and not got["train_stability"]
+    assert got["spike"] == [sc.fault_steps[0]]
+    assert (sc.fault_steps[0], "stability: loss_spike (warning)", "warn") in [tuple(a) for a in got["alerts"]]
+
+
 # ----------------------------------------------------------------------- crash and hang alerts
 def _fault_at(model, call: int, action) -> None:
     """Run ``action`` at the ``call``-th training forward of ``model`` (GA 1: that step)."""
@@ -313,7 +440,7 @@ def test_crash_sends_one_critical_alert_then_reraises_it_unchanged(tmp_path, exc
         return
     assert alerts == [(5, "crash", "critical")]                        # delivered before the raise
     (crash,) = [x for x in lines if x["type"] == "finding" and x["kind"] == "crash"]
-    assert crash["details"] == {"exception": "RuntimeError", "in_step": 6, "checkpoint_step": None,
+    assert crash["details"] == {"exception": "RuntimeError", "in_step": 6, "checkpoint_step": None, "rank": 0,
                                 "message": "CUDA error: an illegal memory access was encountered "
                                            "at https://example.org/..."}
     assert crash["message"].startswith("Training crashed in step 6 with RuntimeError: CUDA error")
@@ -445,6 +572,36 @@ def test_two_ranks_decide_the_same_and_exit_cleanly(tmp_path, backend, scenario)
     else:
         assert (22, "nonfinite") in kinds
         assert r0["checkpoints"] == []                          # NaN weights: no save
+
+
+def test_when_rank_1_raises_the_alert_names_rank_1_and_its_exception(tmp_path):
+    """torchrun, 2 CPU processes, gloo, DDP: rank 1 raises in step 6; rank 0 then fails in the
+    step's all-reduce with gloo's "Connection closed by peer". One crash alert reaches a real
+    local endpoint, sent by rank 1 itself (torchrun stops rank 0 once rank 1 exits, so rank 0
+    cannot be relied on to page), naming rank 1 and its exception; rank 0's run log records the
+    crash with both (~25 s, mostly imports)."""
+    sc = build_scenario("healthy", max_steps=10, batch_size=4)
+    with AlertInbox() as inbox:
+        config = {"actions": {"webhook": {"url": inbox.url, "min_severity": "critical", "rate_limit_s": 0}}}
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--monitor-interval=2",
+             f"--master_port={_free_port()}", str(REPO / "tests" / "dist" / "hf_worker.py"),
+             "--backend", "ddp", "--scenario", "healthy", "--max-steps", str(sc.max_steps),
+             "--config", json.dumps(config), "--raise-on-rank", "1", "--raise-at", "6", "--out", str(tmp_path)],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        alerts = list(inbox.alerts)
+    assert proc.returncode != 0 and "boom on rank 1" in proc.stderr
+    assert [(a["step"], a["kind"]) for a in alerts] == [(5, "crash")], proc.stderr[-3000:]
+    crash = alerts[0]["body"]["finding"]
+    assert crash["details"]["rank"] == 1 and crash["details"]["exception"] == "RuntimeError"
+    assert crash["message"].startswith("Training crashed on rank 1 in step 6 with RuntimeError: boom on "
+                                       "rank 1: an illegal memory access.")
+    assert json.loads((tmp_path / "stability" / "crash" / "rank1.json").read_text())["rank"] == 1
+    (logged,) = [x for x in _runlog(tmp_path / "stability") if x.get("kind") == "crash"]
+    assert logged["details"]["rank"] == 1 and logged["details"]["then"]["rank"] == 0
+    assert "Connection closed by peer" in logged["details"]["then"]["message"]
+    assert "Rank 0 failed after it, with RuntimeError" in logged["message"]
 
 
 # ------------------------------------------------------------------- per-dataset losses

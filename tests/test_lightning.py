@@ -192,7 +192,10 @@ def test_nan_halts_without_saving_damaged_weights(tmp_path):
 def test_warmup_spike_escalates_saves_and_halts(tmp_path):
     sc = build_scenario("warmup-spike")
     spike = sc.fault_steps[0]
-    cb, trainer = fit(sc, tmp_path, config=_config(sc, bump_save_interval_to=2))
+    from lightning.pytorch.loggers import CSVLogger
+
+    cb, trainer = fit(sc, tmp_path, config=_config(sc, bump_save_interval_to=2), log_every_n_steps=10,
+                      logger=CSVLogger(tmp_path, name="csv", version=0))
     first = first_steps(cb.findings)
     assert first["warmup_end"] == sc.warmup_steps
     assert first["loss_spike"] == spike
@@ -209,9 +212,17 @@ def test_warmup_spike_escalates_saves_and_halts(tmp_path):
     assert actions == [(w + 1, "save_interval", f"inside the warmup-end risk window (steps {w + 1}-{3 * w})")] + [
         (s, "save", "bumped save interval (2 steps)") for s in range(w + 1, spike) if s % 2 == 0] + [
         (spike, "stop", halt), (spike, "save", "before the halt")]
-    # Lightning's logging: the signals and findings went through pl_module.log.
+    # The signals and findings reach callback_metrics (pl_module.log with logger=False).
     assert trainer.callback_metrics["stability/finding/warmup_instability"] == 3.0
     assert float(trainer.callback_metrics["stability/lr"]) == pytest.approx(sc.lr_at(spike))
+    # The logger (a real CSVLogger): the signals at log_every_n_steps, each finding once, at its
+    # own step (through pl_module.log a finding's value came back at later logging steps).
+    import csv
+    rows = list(csv.DictReader(open(tmp_path / "csv" / "version_0" / "metrics.csv")))
+    at = lambda key: [int(r["step"]) for r in rows if r.get(key)]  # noqa: E731
+    assert at("stability/loss") == [10, 20]
+    assert at("stability/finding/warmup_end") == [first["warmup_end"]]
+    assert at("stability/finding/warmup_instability") == [first["warmup_instability"]]
 
 
 def test_grad_norm_is_pre_clip_and_clipping_reuses_it(tmp_path):
@@ -360,6 +371,34 @@ class RaisesAt(ScenarioModule):
         if self.trainer.global_step + 1 == self.step:
             raise self.exc
         return super().training_step(batch, batch_idx)
+
+
+def test_a_bad_config_stops_the_run_before_step_one_with_the_key_named(tmp_path, monkeypatch):
+    from stability_callbacks import ConfigError
+
+    with pytest.raises(ConfigError, match="detectors.loss_spike.z_threshold"):
+        StabilityCallback(config={"detectors": {"loss_spike": {"z_threshold": -1}}})
+    monkeypatch.delenv("NO_SUCH_WEBHOOK", raising=False)
+    sc = build_scenario("healthy", max_steps=4)
+    with pytest.raises(ConfigError, match="actions.webhook.url: environment variable NO_SUCH_WEBHOOK"):
+        fit(sc, tmp_path, config={"actions": {"webhook": {"url": "${NO_SUCH_WEBHOOK}"}}})
+
+
+def test_the_run_lives_under_default_root_dir_and_an_unwritable_one_is_one_warning(tmp_path, caplog):
+    sc = build_scenario("healthy", max_steps=4)
+    cb = StabilityCallback(config={"actions": {}})
+    trainer = pl.Trainer(callbacks=[cb], max_steps=4, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path / "root")
+    loader = torch.utils.data.DataLoader(sc.train_dataset(), batch_size=sc.batch_size)
+    trainer.fit(ScenarioModule(sc), loader)
+    steps = [x["step"] for x in runlog(tmp_path / "root" / "stability" / "runlog.jsonl") if x["type"] == "step"]
+    assert steps == [1, 2, 3, 4]
+    (tmp_path / "a-file").write_text("not a folder")
+    with caplog.at_level("WARNING", logger="stability_callbacks"):
+        cb, trainer = fit(build_scenario("healthy", max_steps=8, warmup_steps=3), tmp_path,
+                          run_dir="a-file/stability")
+    assert caplog.text.count("cannot write the run log") == 1 and "monitoring is off" not in caplog.text
+    assert [f.kind for f in cb.findings] == ["warmup_end"]   # still detecting
 
 
 def test_crash_alert_goes_out_through_apprise_before_lightning_reraises(tmp_path):

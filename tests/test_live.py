@@ -123,3 +123,80 @@ def test_one_shot_requests_are_reset_in_one_place():
     assert (c.save_now, c.save_reason, c.save_interval_steps, c.stop) == (False, None, 5, True)
     with pytest.raises(ValueError, match="action must be one of save, save_blocked"):
         Action(1, "reboot", "not an action")
+
+
+# ------------------------------------------------------------------ one run log per run
+def _run_once(run_dir, steps, *, reason="start", start=0, checkpoint=None, saves=()):
+    run = LiveRun(config={"actions": {}}, run_dir=run_dir)
+    run.start(start, reason, checkpoint=checkpoint)
+    for s in steps:
+        run.observe(StepRecord(s, {"loss": 2.0 + s % 3 / 100}))
+        if s in saves:
+            run.checkpoint_saved(s, f"{run_dir}/../ckpt/checkpoint-{s}")
+    run.close()
+    return run
+
+
+def _segments(path):
+    return [(x["segment"], x["start_step"], x["reason"]) for x in map(json.loads, path.read_text().splitlines())
+            if x["type"] == "segment"]
+
+
+def test_a_resume_from_a_checkpoint_the_run_log_knows_continues_it_any_other_run_starts_its_own(tmp_path):
+    """The rule (docs/design.md, Run log): a resume from a checkpoint noted in the run log of
+    ``run_dir`` appends to it; a fresh start, or a resume from a checkpoint it does not know
+    (another run's), moves it aside as ``runlog.<n>.jsonl`` and starts a new one."""
+    log = tmp_path / "runlog.jsonl"
+    _run_once(tmp_path, range(1, 21), saves=(10, 20))
+    # The same checkpoint under another path (moved, or another mount): the same folder name.
+    _run_once(tmp_path, range(11, 16), reason="resume", start=10, checkpoint="/mnt/elsewhere/checkpoint-10")
+    assert _segments(log) == [(0, 0, "start"), (1, 10, "resume")]
+    _run_once(tmp_path, range(1, 6))                                        # a new run here
+    assert _segments(log) == [(0, 0, "start")]
+    assert _segments(tmp_path / "runlog.1.jsonl") == [(0, 0, "start"), (1, 10, "resume")]
+    _run_once(tmp_path, range(31, 33), reason="resume", start=30, checkpoint="other/checkpoint-30")
+    assert _segments(log) == [(1, 30, "resume")]                            # unknown: its own log
+    assert sorted(p.name for p in tmp_path.glob("runlog*")) == ["runlog.1.jsonl", "runlog.2.jsonl", "runlog.jsonl"]
+    # A Monitor that ran before (a second fit with the same callback) carries on in its log.
+    first = _run_once(tmp_path / "b", range(1, 4))
+    again = LiveRun(monitor=first.monitor, run_dir=tmp_path / "b")
+    again.start(3, "start")
+    again.close()
+    assert _segments(tmp_path / "b" / "runlog.jsonl") == [(0, 0, "start"), (0, 3, "start")]
+
+
+def test_an_unwritable_run_dir_is_one_warning_and_detection_and_alerts_go_on(tmp_path, caplog):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    ear = Ear()
+    run = LiveRun(config={"actions": {"log": {}}}, run_dir=blocker / "stability", listeners=[ear])
+    with caplog.at_level(logging.INFO):
+        run.start(0)
+        found = [f.kind for s in range(1, 33) for f in run.observe(StepRecord(s, {"loss": _loss(s)}))]
+        run.close()
+    assert found == ["loss_spike", "spike_recovered"] and run.runlog is None
+    warnings = [r.getMessage() for r in caplog.records if "cannot write the run log" in r.getMessage()]
+    assert len(warnings) == 1 and "detection and alerts go on" in warnings[0]
+    assert "loss_spike at step 31" in caplog.text                            # the log sink still alerts
+    assert ("finding", 31, "loss_spike") in ear.events
+
+
+def test_the_first_failing_rank_claims_the_crash_and_the_later_one_names_it(tmp_path):
+    """Two ranks' runs in one folder (no collective): rank 1 fails first and claims the crash;
+    rank 0's finding names rank 1 first, then its own exception; a claim older than the run is
+    an earlier run's and is replaced."""
+    rank0 = LiveRun(config={"actions": {}}, run_dir=tmp_path, is_rank0=True)
+    rank1 = LiveRun(config={"actions": {}}, run_dir=tmp_path, is_rank0=False)
+    rank0.start(0)
+    rank1.start(0)
+    first = rank1.crash(5, RuntimeError("boom"), rank=1, world_size=2)
+    then = rank0.crash(5, RuntimeError("Connection closed by peer"), rank=0, world_size=2)
+    assert first.details["rank"] == 1 and first.message.startswith("Training crashed on rank 1 in step 6 with "
+                                                                    "RuntimeError: boom.")
+    assert (then.details["rank"], then.details["then"]) == (1, {"rank": 0, "exception": "RuntimeError",
+                                                                "message": "Connection closed by peer"})
+    assert "Rank 0 failed after it, with RuntimeError: Connection closed by peer." in then.message
+    later = LiveRun(config={"actions": {}}, run_dir=tmp_path, is_rank0=True)   # the next run
+    assert later.crash(2, ValueError("x"), rank=0, world_size=2).details["rank"] == 0
+    for run in (rank0, rank1, later):
+        run.close()

@@ -54,7 +54,7 @@ def test_names_map_back_to_metric_keys():
 
 def test_our_tensorboard_sink_replays_to_the_live_findings(tmp_path):
     pytest.importorskip("tensorboard")
-    run = LiveRun(config={"actions": {"tensorboard": {}}}, run_dir=tmp_path, metrics_every_n_steps=1)
+    run = LiveRun(config={"actions": {"tensorboard": {}}}, run_dir=tmp_path)
     run.start(0)
     fed = _stream()
     live = [f for r in fed for f in run.observe(r)]

@@ -372,7 +372,8 @@ def test_integrations_audit_with_the_run_configs_thresholds(tmp_path):
         run = LiveRun(config={"actions": {}, "preflight": section}, run_dir=tmp_path / name)
         found[name] = signals(run_preflight(run, model))
         run.close()
-        lines = (tmp_path / name / "runlog.jsonl").read_text().splitlines()
+        log = tmp_path / name / "runlog.jsonl"   # opened by the first line it holds
+        lines = log.read_text().splitlines() if log.exists() else []
         assert [json.loads(x)["signal"] for x in lines if '"finding"' in x] == [s for s, _ in found[name]]
     assert found == {"default": [("init_std", "warning")], "lenient": [], "off": [], "narrow-only": []}
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from stability_callbacks.actions.rollback import native_forms
+from stability_callbacks.actions.rollback import advice_forms_for, native_forms
 
 # The tr8-104B / GLM-130B recipe: back to 40700, skip iterations 40701-40900.
 ADVICE = {"checkpoint_step": 40700, "checkpoint_path": "ckpt/global_step40700",
@@ -62,6 +62,25 @@ def test_deepspeed_dir_and_tag(path, expected):
                           "global_batch_size": None})
     assert forms["deepspeed"].startswith(expected)
     assert "(50 optimizer steps)" in forms["deepspeed"]
+
+
+def test_only_the_forms_asked_for_and_a_lightning_file_is_no_folder():
+    """Live, an integration asks for its own form only; replay for the log's (a format without a
+    form of its own: none, the sentence says it); a Lightning ``.ckpt`` file is never a folder
+    to load a DeepSpeed tag or Megatron iteration from."""
+    assert list(native_forms(ADVICE, ("lightning",))) == ["lightning"]
+    assert native_forms(ADVICE, ()) == {}
+    assert [advice_forms_for(s) for s in ("hf", "lightning", "deepspeed", "megatron", "hf-state", "generic",
+                                          "jsonl", None)] == [("hf",), ("lightning",), ("deepspeed",), ("megatron",),
+                                                              ("hf",), (), (), ()]
+    ckpt = {**ADVICE, "checkpoint_step": 700, "checkpoint_path": "out/checkpoints/stability-step=700.ckpt",
+            "skip_steps": [701, 750], "onset_step": 720}
+    forms = native_forms(ckpt)
+    assert forms["lightning"].startswith('trainer.fit(model, datamodule=dm, ckpt_path="out/checkpoints/'
+                                         'stability-step=700.ckpt") (step 700)')
+    assert ".ckpt/" not in forms["deepspeed"] + forms["megatron"]
+    assert forms["deepspeed"].startswith('engine.load_checkpoint("<checkpoint dir of step 700>", '
+                                         'tag="global_step700")')
 
 
 def test_a_single_step():

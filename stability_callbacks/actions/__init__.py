@@ -1,4 +1,4 @@
-"""Act on findings: alert sinks (log, Slack, generic webhook, Apprise, W&B, TensorBoard) behind a
+"""Act on findings: alert sinks (log, Slack, generic webhook, Apprise, W&B, TensorBoard, Trackio) behind a
 non-blocking dispatcher, and rollback advice in each framework's native form.
 
 Saving, interval bumps and halts are requests on :class:`~stability_callbacks.control.Control`
@@ -11,9 +11,10 @@ from .section import SINK_CLASSES, build_sinks, validate_actions
 from .sink import Alert, AlertSink, DeliveryError
 from .slack import NotifySlack
 from .tensorboard import WriteTensorBoard
+from .trackio import NotifyTrackio
 from .wandb import NotifyWandb
 from .webhook import NotifyWebhook
 
 __all__ = ["SINK_CLASSES", "AlertDispatcher", "build_sinks", "validate_actions", "Alert", "AlertSink",
            "DeliveryError", "LogFindings", "NotifySlack", "NotifyWebhook", "NotifyApprise", "NotifyWandb",
-           "WriteTensorBoard"]
+           "WriteTensorBoard", "NotifyTrackio"]

@@ -53,7 +53,8 @@ class _SinkWorker:
         self._final_cpu_s = 0.0
 
     # -- caller thread -------------------------------------------------------------------------
-    def offer(self, finding: Finding, run_name: str, report_path: str | None) -> None:
+    def offer(self, finding: Finding, run_name: str, report_path: str | None,
+              advice_forms: tuple[str, ...] | None = None) -> None:
         sink = self.sink
         if not sink.wants(finding):
             return
@@ -72,13 +73,15 @@ class _SinkWorker:
             self._held_back[finding.kind] = self._held_back.get(finding.kind, 0) + 1
             return
         self._last_sent[finding.kind] = (now, rank)
-        alert = Alert(finding, run_name, report_path, self._held_back.pop(finding.kind, 0))
+        alert = Alert(finding, run_name, report_path, self._held_back.pop(finding.kind, 0), advice_forms)
         if sink.inline:
             self._deliver_with_retries(alert)
         else:
             self._put(("alert", alert))
 
     def offer_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.sink.wants_metrics(step):   # the sink's own metrics_every_n_steps
+            return
         if self.sink.inline:
             self._write_metrics(step, metrics)
         else:
@@ -240,12 +243,14 @@ class AlertDispatcher:
 
     ``submit`` and ``log_metrics`` cost a few dict operations on the caller's thread; delivery
     happens on one daemon thread per non-inline sink. ``close(timeout_s)`` is the final flush.
+    ``advice_forms``: the frameworks whose rollback form an alert carries (None: all).
     """
 
     def __init__(self, sinks: Iterable[AlertSink] = (), *, run_name: str = "run",
-                 report_path: str | None = None):
+                 report_path: str | None = None, advice_forms: tuple[str, ...] | None = None):
         self.run_name = run_name
         self.report_path = report_path
+        self.advice_forms = advice_forms
         self._workers = [_SinkWorker(s) for s in sinks]
         self._metric_workers = [w for w in self._workers if w.sink.handles_metrics]
         self._closed = False
@@ -261,12 +266,13 @@ class AlertDispatcher:
             return
         try:
             for w in self._workers:
-                w.offer(finding, self.run_name, self.report_path)
+                w.offer(finding, self.run_name, self.report_path, self.advice_forms)
         except Exception as exc:
             self._log_error_once("submit", exc)
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        """Scalars for the metric sinks (W&B, TensorBoard): metric keys, written as ``stability/<key>``."""
+        """Scalars for the metric sinks (W&B, TensorBoard, Trackio): metric keys, written as
+        ``stability/<key>``, each sink on its own ``metrics_every_n_steps``."""
         if self._closed or not self._metric_workers:
             return
         try:

@@ -23,10 +23,36 @@ import re
 from typing import Any, Mapping
 
 _TAG_DIR = re.compile(r"^(global_step|iter_|step|checkpoint-|epoch=)")
+# A checkpoint that is one file (Lightning's ``*.ckpt``, a torch.save): no Megatron or DeepSpeed
+# checkpoint folder to load it from.
+_ONE_FILE = re.compile(r"\.(ckpt|pt|pth|bin|safetensors)$")
+
+#: The frameworks with a rollback form, and how an alert names each.
+FORM_LABELS = {"hf": "HF Trainer / accelerate", "lightning": "Lightning", "megatron": "Megatron",
+               "deepspeed": "DeepSpeed"}
+
+# Where a run or a log comes from -> the form that speaks its language: an integration's name,
+# or the format a replayed log was read as (docs/design.md, CLI).
+_FORM_OF = {"hf": "hf", "hf-trainer": "hf", "hf-state": "hf", "trl": "hf", "lightning": "lightning",
+            "megatron": "megatron", "megatron-deepspeed": "megatron", "gpt-neox": "megatron",
+            "deepspeed": "deepspeed"}
 
 
-def native_forms(advice_details: Mapping[str, Any]) -> dict[str, str]:
-    """``{"hf", "lightning", "megatron", "deepspeed"}`` → one instruction each.
+def advice_forms_for(source: str | None) -> tuple[str, ...]:
+    """The rollback forms for a run of ``source`` (an integration or a log format): its own,
+    or none when no form speaks its language (the advice's sentence still says what to do).
+
+    >>> advice_forms_for("hf-state"), advice_forms_for("megatron"), advice_forms_for("generic")
+    (('hf',), ('megatron',), ())
+    """
+    form = _FORM_OF.get((source or "").strip().lower())
+    return (form,) if form else ()
+
+
+def native_forms(advice_details: Mapping[str, Any],
+                 frameworks: tuple[str, ...] | None = None) -> dict[str, str]:
+    """``{"hf", "lightning", "megatron", "deepspeed"}`` → one instruction each (``frameworks``:
+    only these; None: all four).
 
     ``advice_details``: ``checkpoint_step`` (int or None = none recorded), ``checkpoint_path``
     (str or None), ``onset_step``, ``skip_steps`` ``[first, last]``, ``global_batch_size``
@@ -100,13 +126,14 @@ def native_forms(advice_details: Mapping[str, Any]) -> dict[str, str]:
                  f"{ckpt_dir}/latest, the tag load_checkpoint picks by default); then skip "
                  f"{what}: when the loop reaches step {first}, draw and discard {n_steps} * "
                  f"gradient_accumulation_steps micro-batches")
-    return {"hf": hf, "lightning": lightning, "megatron": megatron, "deepspeed": deepspeed}
+    forms = {"hf": hf, "lightning": lightning, "megatron": megatron, "deepspeed": deepspeed}
+    return forms if frameworks is None else {k: v for k, v in forms.items() if k in frameworks}
 
 
 def _split_tag(path: str | None, step: int) -> tuple[str, str]:
     """(save dir, tag): DeepSpeed saves ``<dir>/<tag>/`` with the default tag ``global_step<N>``;
     Megatron saves ``<dir>/iter_<N>/``. A path naming the tag folder itself is split."""
-    if path is None:
+    if path is None or _ONE_FILE.search(path.rstrip("/\\")):
         return f"<checkpoint dir of step {step}>", f"global_step{step}"
     clean = path.rstrip("/\\")
     base = os.path.basename(clean)

@@ -13,6 +13,7 @@ from .log import LogFindings
 from .sink import AlertSink
 from .slack import NotifySlack
 from .tensorboard import WriteTensorBoard
+from .trackio import NotifyTrackio
 from .wandb import NotifyWandb
 from .webhook import NotifyWebhook
 
@@ -23,7 +24,7 @@ logger = logging.getLogger("stability_callbacks.actions")
 #: The ``actions`` config section: sink name → class, in delivery order. A sink's config keys
 #: are its constructor's keyword-only parameters (:func:`~stability_callbacks.params.config_keys`).
 SINK_CLASSES = {cls.name: cls for cls in (LogFindings, NotifySlack, NotifyWebhook, NotifyApprise,
-                                          NotifyWandb, WriteTensorBoard)}
+                                          NotifyWandb, WriteTensorBoard, NotifyTrackio)}
 
 
 def validate_actions(actions: Any) -> dict[str, dict]:
@@ -47,7 +48,9 @@ def validate_actions(actions: Any) -> dict[str, dict]:
 
 
 def build_sinks(actions_config: Mapping[str, Any] | None, *, is_rank0: bool, run_name: str,
-                report_path: str | None = None, wandb_run=None, tb_writer=None) -> AlertDispatcher:
+                report_path: str | None = None, wandb_run=None, tb_writer=None, trackio_run=None,
+                advice_forms: tuple[str, ...] | None = None, off: Mapping[str, str] | None = None,
+                only_messages: bool = False, quiet: bool = False) -> AlertDispatcher:
     """The dispatcher for the ``actions`` config section (docs/design.md, "Configuration").
 
     A missing section (or ``false``) = that sink off; ``{}`` or ``null`` = on with defaults.
@@ -55,25 +58,33 @@ def build_sinks(actions_config: Mapping[str, Any] | None, *, is_rank0: bool, run
     the environment (:meth:`AlertSink.resolve`). Every rank does both (a bad URL or unset
     variable fails everywhere, early, alike); only rank 0 gets sinks, the others a dispatcher
     that does nothing (docs/design.md, "Invariants").
+
+    ``off``: sink name -> why this run leaves it out (said once, like a sink that resolves to
+    off). ``only_messages``: leave out the sinks that write into rank 0's own tracker run
+    (``run_bound``: W&B, TensorBoard, Trackio), for a crash alert sent from another rank.
+    ``advice_forms``: the frameworks whose rollback form alerts carry (None: all).
     """
     config = validate_actions(actions_config)
-    runtime = {"wandb": {"run": wandb_run}, "tensorboard": {"writer": tb_writer}}
+    runtime = {"wandb": {"run": wandb_run}, "tensorboard": {"writer": tb_writer},
+               "trackio": {"run": trackio_run, "run_name": run_name}}
     sinks: list[AlertSink] = []
     for name, cls in SINK_CLASSES.items():
-        if name not in config:
+        if name not in config or (only_messages and cls.run_bound):
             continue
         path = f"actions.{name}"
         sink = construct(path, cls, config[name], **runtime.get(name, {}))
-        try:
-            off = sink.resolve()
-        except ValueError as e:
-            raise ConfigError(with_path(path, str(e), config_keys(cls))) from None
-        if off is None:
+        why_off = (off or {}).get(name)
+        if why_off is None:
+            try:
+                why_off = sink.resolve()
+            except ValueError as e:
+                raise ConfigError(with_path(path, str(e), config_keys(cls))) from None
+        if why_off is None:
             sinks.append(sink)
-        elif is_rank0:
-            logger.info("stability alerts: %s is configured but off (%s)", path, off)
+        elif is_rank0 and not quiet:
+            logger.info("stability alerts: %s is configured but off (%s)", path, why_off)
     if not is_rank0:
         for sink in sinks:
             sink.close()
-        return AlertDispatcher((), run_name=run_name, report_path=report_path)
-    return AlertDispatcher(sinks, run_name=run_name, report_path=report_path)
+        sinks = []
+    return AlertDispatcher(sinks, run_name=run_name, report_path=report_path, advice_forms=advice_forms)

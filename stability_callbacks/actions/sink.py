@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..params import at_least, int_at_least, one_of, positive_int
+from ..params import at_least, flag, int_at_least, one_of, positive_int
 from ..record import SEVERITIES, Finding, severity_rank
 
 
@@ -25,6 +25,8 @@ class Alert:
     run_name: str
     report_path: str | None = None
     suppressed: int = 0          # findings of this kind held back by the rate limit since the last one
+    #: The frameworks whose rollback form the message carries (None: all; ``()``: none).
+    advice_forms: tuple[str, ...] | None = None
 
 
 class DeliveryError(Exception):
@@ -57,6 +59,8 @@ class AlertSink:
     name = "sink"                 # the config section, e.g. "slack"
     inline = False                # True: delivered on the caller's thread (cheap, local sinks)
     handles_metrics = False       # True: also receives ``log_metrics`` batches
+    run_bound = False             # True: writes into rank 0's own tracker run (never from another rank)
+    metrics_every_n_steps = 1     # a metric sink writes the scalars of every n-th step
 
     def __init__(self, *, min_severity: str = "warning", rate_limit_s: float = 300.0,
                  queue_size: int = 256, max_retries: int = 0, backoff_s: float = 1.0,
@@ -84,12 +88,41 @@ class AlertSink:
     def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         """Record scalar metrics (only sinks with ``handles_metrics``)."""
 
+    def wants_metrics(self, step: int) -> bool:
+        """Whether the scalars of ``step`` go to :meth:`write_metrics`."""
+        return self.handles_metrics and step % self.metrics_every_n_steps == 0
+
     def close(self) -> None:
         """Flush local buffers at shutdown (never blocks on the network)."""
 
     def redact(self, text: str) -> str:
         """``text`` with this sink's secrets removed (every logged description goes through it)."""
         return text
+
+
+class MetricSink(AlertSink):
+    """A sink that also charts the signals: a tracker (W&B, TensorBoard, Trackio) that writes
+    ``stability/<key>`` scalars (docs/design.md, Metric keys) besides its alerts.
+
+    Keys, besides :class:`AlertSink`'s: ``metrics`` (True: the scalars and a
+    ``stability/finding/<kind>`` point per finding; False: alerts only) and
+    ``metrics_every_n_steps`` (1: the scalars of every step the Monitor sees; n: of every
+    n-th step). It writes into the run's own tracker, so only rank 0 has one.
+    """
+
+    handles_metrics = True
+    run_bound = True
+
+    def __init__(self, *, min_severity: str = "warning", rate_limit_s: float = 300.0,
+                 queue_size: int = 256, max_retries: int = 0, backoff_s: float = 1.0,
+                 max_backoff_s: float = 30.0, metrics: bool = True, metrics_every_n_steps: int = 1):
+        super().__init__(min_severity=min_severity, rate_limit_s=rate_limit_s, queue_size=queue_size,
+                         max_retries=max_retries, backoff_s=backoff_s, max_backoff_s=max_backoff_s)
+        self.metrics = flag("metrics", metrics)
+        self.metrics_every_n_steps = positive_int("metrics_every_n_steps", metrics_every_n_steps)
+
+    def wants_metrics(self, step: int) -> bool:
+        return self.metrics and step % self.metrics_every_n_steps == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,8 +195,8 @@ def alert_lines(alert: Alert, *, markdown: bool) -> list[str]:
     if alert.report_path:
         lines.append(f"Report: `{esc(alert.report_path)}`" if markdown
                      else f"Report: {alert.report_path}")
-    if f.kind == "rollback_advice":
-        lines.extend(_rollback_lines(f, markdown=markdown))
+    if f.kind == "rollback_advice" and alert.advice_forms != ():
+        lines.extend(_rollback_lines(f, alert.advice_forms, markdown=markdown))
     return lines
 
 
@@ -171,16 +204,14 @@ def alert_text(alert: Alert, *, markdown: bool) -> str:
     return "\n".join(alert_lines(alert, markdown=markdown))
 
 
-def _rollback_lines(f: Finding, *, markdown: bool) -> list[str]:
-    from .rollback import native_forms  # local: rollback is only needed for this one kind
+def _rollback_lines(f: Finding, frameworks: tuple[str, ...] | None, *, markdown: bool) -> list[str]:
+    from .rollback import FORM_LABELS, native_forms  # local: rollback is only needed for this one kind
     try:
-        forms = native_forms(f.details)
+        forms = native_forms(f.details, frameworks)
     except (KeyError, TypeError, ValueError) as exc:
         # The advice is still in the message; a malformed details dict must not lose the alert.
         return [f"(rollback forms unavailable: {type(exc).__name__})"]
-    labels = {"hf": "HF Trainer / accelerate", "lightning": "Lightning",
-              "megatron": "Megatron", "deepspeed": "DeepSpeed"}
-    body = [f"{labels.get(k, k)}: {v}" for k, v in forms.items()]
+    body = [f"{FORM_LABELS[k]}: {v}" for k, v in forms.items()]
     if markdown:
         return ["*Rollback advice*", "```", *[_slack_escape(b) for b in body], "```"]
     return ["Rollback advice:", *body]

@@ -11,27 +11,29 @@ from typing import Mapping
 
 from .. import keys
 from ..params import text
-from .sink import Alert, AlertSink, alert_text
+from .sink import Alert, MetricSink, alert_text
 
 
-class WriteTensorBoard(AlertSink):
+class WriteTensorBoard(MetricSink):
     """Per finding: text ``stability/findings`` and scalar ``stability/finding/<kind>`` =
     severity code (1 info, 2 warning, 3 critical) at the finding's step; metrics as scalars
     ``stability/<key>`` (the key scheme of :mod:`~stability_callbacks.keys`, which ``replay``
     reads back).
 
-    Keys: ``log_dir`` (used when the integration has no writer), ``min_severity`` (info),
-    ``rate_limit_s`` (0), ``queue_size``. ``writer`` (not a config key) is the integration's
-    writer. Without a writer or ``log_dir`` the sink is off: there is nowhere to write.
+    Keys: ``log_dir`` (used when the integration has no writer; default
+    ``<run_dir>/tensorboard``), ``min_severity`` (info), ``rate_limit_s`` (0), ``metrics`` (True),
+    ``metrics_every_n_steps`` (1), ``queue_size``. ``writer`` (not a config key) is the
+    integration's writer. Without a writer or ``log_dir`` the sink is off: there is nowhere to
+    write.
     """
 
     name = "tensorboard"
-    handles_metrics = True
 
     def __init__(self, writer=None, *, log_dir: str | None = None, min_severity: str = "info",
-                 rate_limit_s: float = 0.0, queue_size: int = 4096):
-        super().__init__(min_severity=min_severity, rate_limit_s=rate_limit_s,
-                         queue_size=queue_size)
+                 rate_limit_s: float = 0.0, metrics: bool = True, metrics_every_n_steps: int = 1,
+                 queue_size: int = 4096):
+        super().__init__(min_severity=min_severity, rate_limit_s=rate_limit_s, queue_size=queue_size,
+                         metrics=metrics, metrics_every_n_steps=metrics_every_n_steps)
         self.log_dir = None if log_dir is None else text("log_dir", log_dir)
         if writer is not None and not (hasattr(writer, "add_scalar") and hasattr(writer, "add_text")):
             raise ValueError(f"writer must have add_scalar and add_text, got {writer!r}")
@@ -52,7 +54,8 @@ class WriteTensorBoard(AlertSink):
     def deliver(self, alert: Alert) -> None:
         f = alert.finding
         w = self._get_writer()
-        w.add_scalar(keys.finding_tag(f.kind), keys.SEVERITY_CODE[f.severity], f.step)
+        if self.metrics:
+            w.add_scalar(keys.finding_tag(f.kind), keys.SEVERITY_CODE[f.severity], f.step)
         w.add_text(keys.FINDING_TEXT, alert_text(alert, markdown=False).replace("\n", "  \n"), f.step)
         w.flush()   # findings are rare and should show up while the run is still going
 

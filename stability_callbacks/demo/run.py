@@ -159,6 +159,7 @@ def _intro(console, sc, framework: str, auto_rollback: bool = False) -> None:
 def _summary(console, o: DemoOutcome) -> int:
     """``replay``'s summary of the run log, then what the demo adds: when the first finding came
     against the loss peak and the planted fault, the actions taken; the exit code."""
+    from ..actions.rollback import advice_forms_for
     from ..policy import EVENT_KINDS
     from ..replay.command import print_summary
 
@@ -166,7 +167,8 @@ def _summary(console, o: DemoOutcome) -> int:
     t = o.timeline
     serious = [f for f in t.findings if severity_rank(f.severity) >= severity_rank("warning")]
     if serious:
-        print_summary(t.findings, len(t.live), f"{o.scenario} ({o.framework})", file=console.file)
+        print_summary(t.findings, len(t.live), f"{o.scenario} ({o.framework})", file=console.file,
+                      advice_forms=advice_forms_for(o.framework))
     else:
         console.print("[green]No warning or critical finding: a healthy run stays quiet.[/]")
     say = lambda text: console.print(text, highlight=False)  # noqa: E731

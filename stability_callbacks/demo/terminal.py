@@ -161,13 +161,14 @@ class LiveDisplay(RunListener):
         self._print(None, "INBOX    Slack alert received:", text.splitlines()[0] if text else "", "magenta")
 
     def _rollback(self, advice: Finding) -> None:
-        from ..actions.rollback import native_forms
+        from ..actions.rollback import advice_forms_for, native_forms
 
         self.outcome.rollback = advice
         lines = [f"[bold red]step {advice.step:>3}  CRITICAL rollback_advice[/]  {advice.message}"]
         try:
-            lines.append("         in each framework's own terms:")
-            lines += [f"           [bold]{name:<9}[/] {text}" for name, text in native_forms(advice.details).items()]
+            forms = native_forms(advice.details, advice_forms_for(self.outcome.framework))
+            lines.append("         in the framework's own terms:")
+            lines += [f"           [bold]{name:<9}[/] {text}" for name, text in forms.items()]
         except ValueError as e:
             lines.append(f"         (no native forms: {e})")
         # One print: alerts arriving from the inbox thread must not land inside the block.

@@ -76,8 +76,9 @@ class _Replay:
             if after is not None and after(rec, found):
                 break
 
-    def finish(self, args):
-        """Notes, JSON, summary and report; returns where the summary went."""
+    def finish(self, args, *, printed: bool = False):
+        """Notes, JSON, summary and report; returns where the summary went. ``printed``: the
+        findings were printed as they came (``--follow``): the summary is the table only."""
         if self.skipped:
             first = self.skipped[0]
             print(f"note: skipped {len(self.skipped)} unreadable line(s) of {args.path} (first: "
@@ -90,10 +91,11 @@ class _Replay:
                 out.close()
         summary_to = sys.stderr if args.json_out == "-" else sys.stdout
         name = Path(args.path).name
-        print_summary(self.findings, self.count, name, file=summary_to)
+        print_summary(self.findings, self.count, name, file=summary_to, list_findings=not printed,
+                      advice_forms=_advice_forms(args, self.findings))
         if args.report:
             from .report import write_report
-            path = write_report(args.report, self.records, self.findings, title=name,
+            path = write_report(args.report, self.records or [], self.findings, title=name,
                                 phases=self.phases)
             print(f"report: {path}", file=summary_to)
         return summary_to
@@ -101,13 +103,21 @@ class _Replay:
 
 def _follow(args, monitor, user_keys, pattern) -> int:
     from ..live import LiveRun
-    from .follow import EXIT_HALTED, StopConditions, TailLines, carry_out_halt
+    from .follow import EXIT_HALTED, StopConditions, TailLines, carry_out_halt, follow_run_dir, follow_wandb_run
     from .readers import LogFormatError, read_records
 
     err = sys.stderr
+    forms = _advice_forms(args, None)
+    # The follower prints every finding itself (once); the log sink would print them again.
+    off = {"log": "the follower prints the findings"}
     try:
-        run = LiveRun(monitor=monitor, run_dir=args.run_dir, is_rank0=True,
-                      run_name=Path(args.path).name)
+        wandb_run, why = follow_wandb_run(args, wanted="wandb" in monitor.config["actions"])
+        if why:
+            off["wandb"] = why
+            print(f"note: actions.wandb is off: {why}", file=err)
+        run = LiveRun(monitor=monitor, run_dir=follow_run_dir(args), is_rank0=True,
+                      run_name=Path(args.path).name, wandb_run=wandb_run, advice_forms=forms,
+                      sinks_off=off)
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=err)
         return 2
@@ -131,7 +141,7 @@ def _follow(args, monitor, user_keys, pattern) -> int:
     def after(rec, found):
         for f in found:
             if f.severity != "info":
-                print(f"[{f.severity}] step {f.step} {f.kind}: {f.message}", flush=True)
+                print_finding(f, forms)
         if run.control.stop:
             critical = [f for f in run.findings if f.severity == "critical"]
             halt.append(next((f for f in critical if f.kind != "rollback_advice"), critical[-1]))
@@ -139,7 +149,7 @@ def _follow(args, monitor, user_keys, pattern) -> int:
             return True
         return False
 
-    print(f"following {args.path} (run log: {run.runlog_path}); Ctrl-C to stop", flush=True)
+    print(f"following {args.path} (run folder: {run.run_dir}); Ctrl-C to stop", flush=True)
     stream = None
     try:
         stream = read_records(args.path, args.format, on_skip=replay.skip, user_keys=user_keys,
@@ -157,7 +167,9 @@ def _follow(args, monitor, user_keys, pattern) -> int:
             close()               # the tail's file
     done = carry_out_halt(halt[0], stop_file=args.stop_file, on_halt=args.on_halt) if halt else []
     run.close()
-    summary_to = replay.finish(args)
+    if wandb_run is not None:
+        wandb_run.finish()
+    summary_to = replay.finish(args, printed=True)
     if halt:
         f = halt[0]
         print(f"halted at step {f.step} ({f.kind}): " + "; ".join(done or ["no --stop-file or "
@@ -167,8 +179,45 @@ def _follow(args, monitor, user_keys, pattern) -> int:
     return 1 if any(f.severity == "critical" for f in replay.findings) else 0
 
 
-def print_summary(findings: list[Finding], num_records: int, name: str, *, file=None) -> None:
-    """A table of finding kinds, then every warning-or-worse finding with its sentence."""
+def _advice_forms(args, findings) -> tuple[str, ...] | None:
+    """The rollback forms to print (``--advice``): ``all`` (None), one framework, or (``auto``)
+    the one the log speaks: the ``--format`` named, else the format detected (only looked up
+    when a ``findings`` list holds rollback advice; ``--follow`` passes None: no detection)."""
+    from ..actions.rollback import advice_forms_for
+
+    if args.advice == "all":
+        return None
+    if args.advice != "auto":
+        return (args.advice,)
+    source = args.format
+    if source == "auto" and findings and any(f.kind == "rollback_advice" for f in findings):
+        from .readers import detect_format
+        try:
+            source = detect_format(args.path)
+        except Exception:   # the advice says what to do in words either way
+            source = None
+    return advice_forms_for(source)
+
+
+def print_finding(f: Finding, advice_forms: tuple[str, ...] | None, *, console=None) -> None:
+    """One finding as a line (``[severity] step N kind: message``), and under rollback advice
+    its native forms (``advice_forms``: those frameworks; None: all four; ``()``: a hint)."""
+    out = console.print if console is not None else (lambda text, **_: print(text, flush=True))
+    out(f"[{f.severity}] step {f.step} {f.kind}: {f.message}", markup=False)
+    if f.kind == "rollback_advice":
+        from ..actions.rollback import native_forms
+        forms = native_forms(f.details, advice_forms)
+        for fw, text in forms.items():
+            out(f"    {fw}: {text}", markup=False)
+        if not forms:
+            out("    (--advice all, or --advice hf|lightning|megatron|deepspeed: this advice as "
+                "that framework's command)", markup=False)
+
+
+def print_summary(findings: list[Finding], num_records: int, name: str, *, file=None,
+                  list_findings: bool = True, advice_forms: tuple[str, ...] | None = None) -> None:
+    """A table of finding kinds, then (``list_findings``) every warning-or-worse finding with its
+    sentence, rollback advice in the forms ``advice_forms`` names (None: all four)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -182,13 +231,9 @@ def print_summary(findings: list[Finding], num_records: int, name: str, *, file=
     for (kind, sev), fs in sorted(groups.items(), key=lambda kv: (-severity_rank(kv[0][1]), kv[1][0].step)):
         table.add_row(kind, sev, str(len(fs)), str(fs[0].step), str(fs[-1].step))
     console.print(table)
-    serious = [f for f in findings if severity_rank(f.severity) >= 1]
+    serious = [f for f in findings if severity_rank(f.severity) >= 1] if list_findings else []
     for f in serious[:50]:
-        console.print(f"[{f.severity}] step {f.step} {f.kind}: {f.message}", markup=False)
-        if f.kind == "rollback_advice":
-            from ..actions.rollback import native_forms
-            for fw, text in native_forms(f.details).items():
-                console.print(f"    {fw}: {text}", markup=False)
+        print_finding(f, advice_forms, console=console)
     if len(serious) > 50:
         console.print(f"... and {len(serious) - 50} more warning-or-worse findings (see --json)")
     counts = Counter(f.severity for f in findings)

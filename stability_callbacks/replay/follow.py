@@ -32,9 +32,11 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
+from ..runlog import RUN_DIR_NAME
+
 log = logging.getLogger("stability_callbacks")
 
-# Exit codes (DESIGN 2.4, extended): 0 no critical finding, 1 a critical finding, 2 unreadable
+# Exit codes (docs/design.md, CLI): 0 no critical finding, 1 a critical finding, 2 unreadable
 # input or a bad config, 3 halted (a halt-level finding; stop file written / command run).
 EXIT_HALTED = 3
 _READ_BYTES = 1 << 20
@@ -170,6 +172,37 @@ class StopConditions:
         elif self.idle_exit_s is not None and time.monotonic() - self._last_activity >= self.idle_exit_s:
             self.reason = f"no new line for {self.idle_exit_s:g} s"
         return self.reason is not None
+
+
+def follow_run_dir(args) -> Path:
+    """Where a follower keeps its run (``--run-dir``): by default ``stability/`` next to the log
+    it follows, where the job keeps its own files."""
+    if args.run_dir:
+        return Path(args.run_dir)
+    return Path(os.path.abspath(args.path)).parent / RUN_DIR_NAME
+
+
+def follow_wandb_run(args, *, wanted: bool):
+    """``(run, why_off)``: the job's W&B run to write into, when ``actions.wandb`` is configured
+    (``wanted``) and a run id is given (``--wandb-run-id``, else ``WANDB_RUN_ID``; the project
+    from ``--wandb-project``, else wandb's own ``WANDB_PROJECT``). The follower joins it
+    (``resume="allow"``: the job's run if it exists, a run of that id otherwise). Without an id
+    the sink is off, and ``why_off`` says so."""
+    if not wanted:
+        return None, None
+    run_id = args.wandb_run_id or os.environ.get("WANDB_RUN_ID")
+    if not run_id:
+        return None, ("no W&B run to write to: pass --wandb-run-id ID (and --wandb-project), or "
+                      "set WANDB_RUN_ID to the job's run")
+    try:
+        import wandb
+    except ImportError:
+        raise ValueError("actions.wandb needs the wandb package: pip install "
+                         "'stability-callbacks[wandb]'") from None
+    try:
+        return wandb.init(project=args.wandb_project, id=run_id, resume="allow"), None
+    except Exception as e:   # the follower goes on with its other sinks
+        return None, f"joining W&B run {run_id} failed: {type(e).__name__}: {e}"
 
 
 def carry_out_halt(finding, *, stop_file: str | None, on_halt: str | None) -> list[str]:

@@ -297,8 +297,9 @@ def case_no_grad_norm(out_dir):
 
 
 def case_crash(out_dir):
-    """fp32 ZeRO-1, the loop raises in step 4 inside ``with attach(...)``: one critical alert from
-    rank 0 to a real local endpoint, delivered before the very same exception leaves the block."""
+    """fp32 ZeRO-1, the loop raises in step 4 inside ``with attach(...)`` on both ranks: one
+    critical alert to a real local endpoint, from the rank that failed first, delivered before
+    the very same exception leaves the block."""
     sc = build_scenario("healthy", max_steps=8, warmup_steps=2, batch_size=4, lr=3e-3)
     engine = make_engine(sc, stage=1, precision="fp32")
     run_dir = shared_dir(out_dir, "crash-z1")
@@ -319,6 +320,7 @@ def case_crash(out_dir):
                     engine.step()
     except RuntimeError as e:
         raised = e
+    dist.barrier()   # both ranks are past their crash handling (the first one's alert is out)
     alerts = None
     if inbox is not None:
         alerts = {"received": inbox.kinds(), "finding": inbox.alerts[0]["body"]["finding"] if inbox.alerts else None}
@@ -442,8 +444,95 @@ def case_halt(out_dir):
     return summary(hook, {"train": res, "world": dist.get_world_size(), "expected": sc.expected})
 
 
+def case_monitor(out_dir):
+    """A ds_config ``monitor.tensorboard`` section: the stability scalars in DeepSpeed's own event
+    file at every step (x = samples, DeepSpeed's axis). And where the run lives: ``save_dir=``
+    puts it in ``<ckpt>/stability``; a second engine that loads from ``<ckpt>`` (no run_dir, no
+    save_dir) continues that run log; a fresh start there moves it aside."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    sc = build_scenario("healthy", max_steps=10, warmup_steps=3, batch_size=2, grad_accum=2)
+    base = shared_dir(out_dir, "monitor")
+    ckpt, tb = os.path.join(base, "ckpt"), os.path.join(base, "tb")
+    cfg = {**sc.deepspeed_config(stage=1), "tensorboard": {"enabled": True, "output_path": tb, "job_name": "job"}}
+
+    def engine_with_monitor():
+        model = sc.make_model()
+        return deepspeed.initialize(model=model, config=cfg, model_parameters=model.parameters())[0]
+
+    engine = engine_with_monitor()
+    with attach(engine, config={"actions": {}}, save_dir=ckpt) as hook:
+        train(engine, hook, sc, last_step=8, user_save_every=4, save_dir=ckpt)
+    run_dir = str(hook.run.run_dir)
+    resumed = engine_with_monitor()
+    with attach(resumed, config={"actions": {}}) as hook2:
+        resumed.load_checkpoint(ckpt)
+        train(resumed, hook2, sc, last_step=10, save_dir=ckpt)
+    continued = [[r["segment"], r["start_step"], r["reason"]] for r in runlog_lines(run_dir) if r["type"] == "segment"]
+    dist.barrier()
+    fresh = engine_with_monitor()
+    with attach(fresh, config={"actions": {}}, save_dir=ckpt) as hook3:
+        train(fresh, hook3, sc, last_step=2)
+    res = {"run_dirs": [os.path.relpath(str(h.run.run_dir), base) for h in (hook, hook2, hook3)],
+           "findings": [], "records": None}
+    if dist.get_rank() == 0:   # rank 0 writes the run log and the monitor's events
+        (events,) = {d for d, _, fs in os.walk(tb) for f in fs if "tfevents" in f}   # one per engine
+        ea = EventAccumulator(events, size_guidance={"scalars": 0})
+        ea.Reload()
+        res["records"] = {
+            "loss_x": [e.step for e in ea.Scalars("stability/loss")],
+            "samples_per_step": sc.samples_per_step(dist.get_world_size()), "continued": continued,
+            "runlogs": sorted(f for f in os.listdir(run_dir) if f.startswith("runlog")),
+            "fresh_segments": [[r["segment"], r["start_step"], r["reason"]] for r in runlog_lines(run_dir)
+                               if r["type"] == "segment"]}
+    return res
+
+
+def case_loud(out_dir):
+    """A bad config raises at ``attach`` (before step one) with the key named; an unwritable
+    run_dir is one warning, and the run is monitored all the same."""
+    from stability_callbacks import ConfigError
+
+    sc = build_scenario("healthy", max_steps=4, warmup_steps=2, batch_size=2)
+    engine = make_engine(sc, stage=1, precision="fp32")
+    errors = []
+    os.environ.pop("NO_SUCH_WEBHOOK", None)
+    for config in ({"policy": {"halt_on": "warnings"}}, {"actions": {"slack": {"webhook_url": "${NO_SUCH_WEBHOOK}"}}}):
+        try:
+            attach(engine, config=config)
+        except ConfigError as e:
+            errors.append(str(e).split(":")[0].split(" must")[0])
+    base = shared_dir(out_dir, "loud")
+    blocker = os.path.join(base, "a-file")
+    if dist.get_rank() == 0:
+        with open(blocker, "w") as fh:
+            fh.write("not a folder")
+    dist.barrier()
+
+    class Seen(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    seen = Seen()
+    logging.getLogger("stability_callbacks").addHandler(seen)
+    try:
+        with attach(engine, config={"actions": {}}, run_dir=os.path.join(blocker, "stability")) as hook:
+            train(engine, hook, sc, last_step=4)
+    finally:
+        logging.getLogger("stability_callbacks").removeHandler(seen)
+    return summary(hook, {"errors": errors,
+                          "last_step": hook.session.last_step,
+                          "records": {"warnings": [m for m in seen.messages if "run log" in m]}})
+
+
 CASES = {
     "halt-z2": case_halt,
+    "loud-z1": case_loud,
+    "monitor-z1": case_monitor,
     "nonorm-z2": case_no_grad_norm,
     "hostsync-z2": case_host_sync,
     "crash-z1": case_crash,

@@ -27,6 +27,8 @@ def main() -> int:
     ap.add_argument("--data-steps", type=int, default=None)
     ap.add_argument("--full-checkpoints", action="store_true", help="optimizer and scheduler too")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--raise-on-rank", type=int, default=None, help="this rank raises RuntimeError ...")
+    ap.add_argument("--raise-at", type=int, default=6, help="... in the forward of this step")
     a = ap.parse_args()
 
     from transformers import Trainer, TrainingArguments
@@ -51,7 +53,17 @@ def main() -> int:
         train_sampling_strategy="sequential", disable_tqdm=True, logging_nan_inf_filter=False,
         ddp_backend="gloo", ddp_find_unused_parameters=False, deepspeed=ds_config, use_cpu=True,
         save_only_model=not a.full_checkpoints)
-    trainer = Trainer(model=sc.make_model(), args=args, train_dataset=sc.train_dataset(world))
+    model = sc.make_model()
+    if a.raise_on_rank == rank:
+        calls = []
+
+        def boom(module, inputs):
+            calls.append(1)
+            if len(calls) == (a.raise_at - 1) * sc.grad_accum + 1:   # step raise_at's first micro-batch
+                raise RuntimeError(f"boom on rank {rank}: an illegal memory access")
+
+        model.register_forward_pre_hook(boom)
+    trainer = Trainer(model=model, args=args, train_dataset=sc.train_dataset(world))
     config = json.loads(a.config) if a.config else {"policy": {"halt_on": a.halt_on}}
     cb = StabilityCallback.attach(trainer, config=config, run_dir=os.path.join(a.out, "stability"))
     trainer.train()

@@ -24,7 +24,8 @@ from stability_callbacks import keys
 from stability_callbacks.live import InstancePatches
 from stability_callbacks.params import flag
 
-from ..torch.adapter import SessionAdapter
+from ..torch.adapter import RUN_DIR_NAME, SessionAdapter
+from .monitor import engine_monitor_writer
 from .readings import DeepSpeedStep
 from .rollback import DeepSpeedRollBack
 from .skip_step import gate_engine
@@ -49,15 +50,24 @@ class StabilityHook(SessionAdapter):
     """Live stability monitoring of one DeepSpeed engine (docs/design.md, "Public API"); a
     context manager.
 
-    Keyword arguments: those of :class:`~..torch.adapter.SessionAdapter`; ``save_dir`` (where the
-    hook's own saves go; default: the directory of the loop's last ``save_checkpoint``, else
-    ``<run_dir>/checkpoints``); ``save_on_request`` (carry out save-now and bumped-interval
-    saves; False leaves them to the loop via ``hook.control``); ``rollback_on_halt`` (on a halt
-    with rollback advice, point ``latest`` at the advised checkpoint: :meth:`apply_rollback`).
+    Keyword arguments: those of :class:`~..torch.adapter.SessionAdapter` (``run_dir`` default:
+    ``<save_dir>/stability``, else ``<folder of the loop's load_checkpoint>/stability`` when the
+    loop loads one before its first step, else ``./stability``); ``save_dir`` (where the hook's
+    own saves go, and the run's folder; default: the directory of the loop's last
+    ``save_checkpoint``, else ``<run_dir>/checkpoints``); ``save_on_request`` (carry out save-now
+    and bumped-interval saves; False leaves them to the loop via ``hook.control``);
+    ``rollback_on_halt`` (on a halt with rollback advice, point ``latest`` at the advised
+    checkpoint: :meth:`apply_rollback`).
+
+    An engine whose ``ds_config`` has a ``monitor`` section (``tensorboard``, ``wandb``,
+    ``csv_monitor``) also gets the ``stability/...`` scalars through ``engine.monitor``
+    (:func:`~.monitor.engine_monitor_writer`).
     """
 
+    framework = "deepspeed"
+
     def __init__(self, engine, *, config: Any = None, monitor: Any = None,
-                 run_dir: str | os.PathLike = "out/stability", run_name: str | None = None,
+                 run_dir: str | os.PathLike | None = None, run_name: str | None = None,
                  save_dir: str | os.PathLike | None = None, save_on_request: bool = True,
                  rollback_on_halt: bool = False, listeners=()):
         self.save_on_request = flag("save_on_request", save_on_request)
@@ -69,7 +79,14 @@ class StabilityHook(SessionAdapter):
                          listeners=listeners)
         self.engine = engine
         self.save_dir = None if save_dir is None else os.fspath(save_dir)
-        self._open(is_rank0=int(getattr(engine, "global_rank", 0)) == 0, process_group=getattr(engine, "data_parallel_group", None))
+        # The run's folder: the checkpoint folder when known now; else placed at the loop's
+        # load_checkpoint (_loading), else the working directory's.
+        self._placed = self.run_dir is not None or self.save_dir is not None
+        rank0 = int(getattr(engine, "global_rank", 0)) == 0
+        writer = engine_monitor_writer(engine) if rank0 else None
+        self._open(is_rank0=rank0, process_group=getattr(engine, "data_parallel_group", None),
+                   run_dir=os.path.join(self.save_dir, RUN_DIR_NAME) if self.save_dir else RUN_DIR_NAME,
+                   listeners=[writer] if writer is not None else [])
         self._ds = DeepSpeedStep(engine)
         self.session.read_engine(self._ds)
         self._loop_save_dir: str | None = None   # where the loop itself last saved
@@ -168,7 +185,7 @@ class StabilityHook(SessionAdapter):
 
         for name, before, after in (("forward", None, forward), ("backward", None, backward), ("scale", scale, None),
                                     ("_take_model_step", self._before_model_step, self._after_model_step),
-                                    ("load_checkpoint", None, lambda result, *_, **__: self._loaded(result))):
+                                    ("load_checkpoint", self._loading, lambda result, *_, **__: self._loaded(result))):
             if not self._wrap(self._patches, name, before=before, after=after):
                 self.guard.warn_once(f"no-{name}", "stability: this DeepSpeed engine has no %s; the "
                                      "parts of monitoring that need it are off", name)
@@ -229,6 +246,14 @@ class StabilityHook(SessionAdapter):
             client_state[CLIENT_STATE_KEY] = s.checkpoint(step, path, why)
         return save_fn(save_dir, tag, client_state, *args, **kwargs)
 
+    def _loading(self, load_dir=None, *_, **__) -> None:
+        """Before ``engine.load_checkpoint(load_dir, ...)``: a run not placed yet lives next to
+        the checkpoints it loads, ``<load_dir>/stability``."""
+        if not self._placed and load_dir is not None and not self.session.started:
+            self._placed = True
+            with self.guard("place", "placing the run next to its checkpoints"):
+                self.run.place(os.path.join(os.fspath(load_dir), RUN_DIR_NAME))
+
     def _loaded(self, result) -> None:
         load_path, client_state = result if isinstance(result, tuple) and len(result) == 2 else (None, None)
         if self._off() or load_path is None:
@@ -236,17 +261,21 @@ class StabilityHook(SessionAdapter):
         with self.guard("load-state", "restoring the stability state"):
             reason = self.session.reload((client_state or {}).get(CLIENT_STATE_KEY), load_path)
             self._ds.mark()
-            self._start(reason)
+            # load_path is the tag folder's model-states file: the checkpoint is the tag folder.
+            folder = os.path.dirname(load_path) if os.path.isfile(load_path) else load_path
+            self._start(reason, checkpoint=folder)
 
     def _start_once(self) -> None:
         if not self.session.started:
             self._start("resume" if self.engine.global_steps > 0 else "start")
 
-    def _start(self, reason: str) -> None:
+    def _start(self, reason: str, checkpoint: str | None = None) -> None:
         e = self.engine
+        self._placed = True
         precision = "fp16" if e.fp16_enabled() else "bf16" if e.bfloat16_enabled() else "fp32"
-        self._begin(int(e.global_steps), reason, model=e.module, optimizer=getattr(e, "basic_optimizer", None),
+        self._begin(int(e.global_steps), reason, checkpoint=checkpoint, model=e.module,
+                    optimizer=getattr(e, "basic_optimizer", None),
                     scheduler=getattr(e, "lr_scheduler", None), precision=precision)
 
     def _save_dir(self) -> str:
-        return self.save_dir or self._loop_save_dir or os.path.join(self.run_dir, "checkpoints")
+        return self.save_dir or self._loop_save_dir or os.path.join(self.run.run_dir, "checkpoints")

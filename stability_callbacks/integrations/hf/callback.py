@@ -9,17 +9,19 @@ signal comes from, how saves, halts and rollbacks go: README, "HF Trainer".
 """
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from typing import Any
 
 from transformers import Trainer, TrainerCallback
+from transformers.integrations import INTEGRATION_TO_CALLBACK
 
 from stability_callbacks.live import InstancePatches
 
 from ..deepspeed.readings import DeepSpeedStep
 from ..deepspeed.skip_step import gate_engine
-from ..torch.adapter import SessionAdapter
+from ..torch.adapter import CONFIG_ERRORS, RUN_DIR_NAME, SessionAdapter
 from ..torch.readings import read_grad_scaler
 from ..torch.rollback import RollBack
 from ..torch.session import STATE_FILE
@@ -27,17 +29,23 @@ from .rollback import HFRollBack
 
 __all__ = ["StabilityCallback", "STATE_FILE"]
 
+#: Our sinks that write into the tracker run HF's reporter of the same name writes to.
+_SAME_RUN_SINKS = ("wandb", "trackio")
+
 
 class StabilityCallback(TrainerCallback, SessionAdapter):
     """Live stability monitoring for ``transformers.Trainer`` (docs/design.md, "Public API").
 
-    Keyword arguments: those of :class:`~..torch.adapter.SessionAdapter` (``run_name`` default: the
-    Trainer's ``args.run_name``); ``trainer`` (bind now; else the Trainer holding the callback is
-    found); ``log_to_reporters`` (``stability/...`` scalars through ``trainer.log``).
+    Keyword arguments: those of :class:`~..torch.adapter.SessionAdapter` (``run_dir`` default:
+    ``<output_dir>/stability``; ``run_name`` default: the Trainer's ``args.run_name``);
+    ``trainer`` (bind now; else the Trainer holding the callback is found); ``log_to_reporters``
+    (``stability/...`` scalars to the Trainer's reporters, :meth:`_report`).
     """
 
+    framework = "hf"
+
     def __init__(self, *, config: Any = None, monitor: Any = None,
-                 run_dir: str | os.PathLike = "out/stability", run_name: str | None = None,
+                 run_dir: str | os.PathLike | None = None, run_name: str | None = None,
                  trainer: Any = None, log_to_reporters: bool = True, listeners=()):
         SessionAdapter.__init__(self, config=config, monitor=monitor, run_dir=run_dir,
                                 run_name=run_name, listeners=listeners)
@@ -94,7 +102,8 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
                     self.bind(trainer)
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
-        with self.guard("start", "starting the stability monitor", fatal=True):
+        # A bad config (a sink's unset variable) raises through the Trainer, before step one.
+        with self.guard("start", "starting the stability monitor", fatal=True, passthrough=CONFIG_ERRORS):
             trainer, loop = _find_trainer(self)   # the loop's frame: the checkpoint it resumes from
             if self.trainer is None and trainer is not None:   # trainer.add_callback(this)
                 self.bind(trainer, running=True)
@@ -107,7 +116,8 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
             resume = os.fspath(resume) if isinstance(resume, (str, os.PathLike)) else None
             # The W&B sink finds the run HF's WandbCallback started (wandb.run) by itself.
             s = self.session if self._rolling else self._open(
-                is_rank0=state.is_world_process_zero, run_name=self.run_name or getattr(args, "run_name", None))
+                is_rank0=state.is_world_process_zero, run_dir=os.path.join(args.output_dir, RUN_DIR_NAME),
+                run_name=self.run_name or getattr(args, "run_name", None))
             s.report = self.log_to_reporters and self.trainer is not None
             self._ga = max(1, int(args.gradient_accumulation_steps))
             # The interval the Trainer saves on (TrainerState.compute_steps; a resume's own).
@@ -118,7 +128,7 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
                 s.restore_file(resume)
             precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
             self._begin(state.global_step, "resume" if resume or state.global_step else "start",
-                        model=model, optimizer=optimizer, scheduler=kwargs.get("lr_scheduler"),
+                        checkpoint=resume, model=model, optimizer=optimizer, scheduler=kwargs.get("lr_scheduler"),
                         precision=precision, warmup_steps=warmup, total_steps=state.max_steps or None)
             if self._rollback is None and self.trainer is None and self._auto_rollback():
                 self._rollback = RollBack(lambda: self.session, "the callback could not find its Trainer (use attach)")
@@ -168,12 +178,34 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
         s = self.session   # to the reporters at logging steps, and at once for a finding
         if s.report and (control.should_log or s.finding_pending or control.should_training_stop):
             with self.guard("report", "logging to the Trainer's reporters"):
-                keep = control.should_log
-                # Trainer.log itself, not a subclass's: TRL's log() adds and clears the metrics
-                # it gathered since its last line (rewards, token accuracy), which belong to
-                # its own line at the logging step.
-                Trainer.log(self.trainer, s.take_scalars())
-                control.should_log = keep   # trainer.log clears it: HF's own line would vanish
+                self._report(args, state, control)
+
+    def _report(self, args, state, control) -> None:
+        """The ``stability/...`` scalars to the Trainer's reporters (``report_to``: its
+        TensorBoard, W&B, Trackio, ... callbacks), each through its own ``on_log`` as
+        ``Trainer.log`` calls it, but not to the console printers (``PrinterCallback``,
+        ``ProgressCallback``) nor into ``log_history``: the Trainer's own line stays the one line
+        per logging step. The reporters log at ``state.global_step``: each call gets a copy of
+        ``state`` at the step of what it carries (the newest record's signals; each finding at
+        its own step). A reporter whose tracker one of our sinks already writes to
+        (``actions.wandb`` / ``actions.trackio``: the same run, every ``metrics_every_n_steps``)
+        is left out."""
+        step, signals, found = self.session.take_report()
+        rows: dict[int, dict[str, float]] = {} if step is None else {step: signals}
+        for at, tag, code in found:
+            rows.setdefault(at, {})[tag] = code
+        handler = self.trainer.callback_handler
+        ours = self.session.run.sinks_on & set(_SAME_RUN_SINKS)
+        reporters = tuple(cls for name, cls in INTEGRATION_TO_CALLBACK.items() if name not in ours)
+        for at in sorted(rows):
+            at_step = copy.copy(state)
+            at_step.global_step = at
+            for cb in handler.callbacks:
+                if isinstance(cb, reporters):
+                    cb.on_log(args, at_step, control, logs=dict(rows[at]), model=handler.model,
+                              processing_class=handler.processing_class, optimizer=handler.optimizer,
+                              lr_scheduler=handler.lr_scheduler, train_dataloader=handler.train_dataloader,
+                              eval_dataloader=handler.eval_dataloader)
 
     def _act(self, args, state, control) -> None:
         s, step = self.session, state.global_step

@@ -21,7 +21,7 @@ from stability_callbacks.params import flag
 
 from ..deepspeed.readings import DeepSpeedStep
 from ..deepspeed.skip_step import gate_engine
-from ..torch.adapter import SessionAdapter
+from ..torch.adapter import CONFIG_ERRORS, RUN_DIR_NAME, SessionAdapter
 from ..torch.readings import read_grad_scaler, sharded_grad_norm
 from .rollback import LightningRollBack
 
@@ -31,15 +31,18 @@ __all__ = ["StabilityCallback"]
 class StabilityCallback(Callback, SessionAdapter):
     """Live stability monitoring for ``lightning.pytorch.Trainer`` (docs/design.md, "Public API").
 
-    Keyword arguments: those of :class:`~..torch.adapter.SessionAdapter`; ``checkpoint_dir`` (where the
-    callback's own saves go; default: the ``ModelCheckpoint`` dirpath, else
-    ``<default_root_dir>/checkpoints``); ``take_over_clipping`` (reuse the monitored grad norm
-    for norm clipping instead of computing it twice; default True); ``log_to_loggers``
-    (``pl_module.log`` the signals and findings; default True).
+    Keyword arguments: those of :class:`~..torch.adapter.SessionAdapter` (``run_dir`` default:
+    ``<default_root_dir>/stability``); ``checkpoint_dir`` (where the callback's own saves go;
+    default: the ``ModelCheckpoint`` dirpath, else ``<default_root_dir>/checkpoints``);
+    ``take_over_clipping`` (reuse the monitored grad norm for norm clipping instead of computing
+    it twice; default True); ``log_to_loggers`` (the signals and findings to the trainer's
+    loggers, :meth:`_log`; default True).
     """
 
+    framework = "lightning"
+
     def __init__(self, *, config: Any = None, monitor: Any = None,
-                 run_dir: str | os.PathLike = "out/stability", run_name: str | None = None,
+                 run_dir: str | os.PathLike | None = None, run_name: str | None = None,
                  checkpoint_dir: str | os.PathLike | None = None,
                  take_over_clipping: bool = True, log_to_loggers: bool = True, listeners=()):
         self.take_over_clipping = flag("take_over_clipping", take_over_clipping)
@@ -55,8 +58,8 @@ class StabilityCallback(Callback, SessionAdapter):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "fit" or (self.session is not None and not self.session.closed):
             return
-        # A bad config is the user's error: it fails before step one.
-        with self.guard("setup", "starting the stability monitor", fatal=True, passthrough=(ValueError,)):
+        # A bad config (a sink's unset variable) is the user's error: it fails before step one.
+        with self.guard("setup", "starting the stability monitor", fatal=True, passthrough=CONFIG_ERRORS):
             wandb_run = None
             if trainer.is_global_zero:
                 for lg in trainer.loggers:
@@ -64,6 +67,7 @@ class StabilityCallback(Callback, SessionAdapter):
                         wandb_run = self.guard.call("wandb", lambda lg=lg: lg.experiment)
             # A second fit() with the same callback continues the same Monitor (and run log).
             s = self._open(is_rank0=trainer.is_global_zero, wandb_run=wandb_run,
+                           run_dir=os.path.join(trainer.default_root_dir, RUN_DIR_NAME),
                            monitor=self.run.monitor if self.session is not None else None)
             s.report = self.log_to_loggers
             if self.take_over_clipping and not isinstance(trainer.strategy, DeepSpeedStrategy):
@@ -112,7 +116,8 @@ class StabilityCallback(Callback, SessionAdapter):
             # A checkpoint without this callback's state is a resume too (fresh detectors).
             reason = "resume" if self._resumed or trainer.ckpt_path else "start"
             scheds = trainer.lr_scheduler_configs
-            self._begin(trainer.global_step, reason, model=pl_module,
+            ckpt = None if trainer.ckpt_path is None else os.fspath(trainer.ckpt_path)
+            self._begin(trainer.global_step, reason, checkpoint=ckpt, model=pl_module,
                         optimizer=trainer.optimizers[0] if trainer.optimizers else None,
                         scheduler=scheds[0].scheduler if scheds else None, precision=str(trainer.precision),
                         total_steps=trainer.max_steps if trainer.max_steps > 0 else None)
@@ -173,10 +178,33 @@ class StabilityCallback(Callback, SessionAdapter):
         s.end_step(step, optimizer=trainer.optimizers[0] if trainer.optimizers else None)
         if s.report:
             with self.guard("log", "logging to the trainer's loggers"):
-                for name, v in s.take_scalars().items():
-                    pl_module.log(name, v, on_step=True, on_epoch=False)
+                self._log(trainer, pl_module)
         self._note_framework_saves(trainer)
         self._act(trainer, step)
+
+    def _log(self, trainer, pl_module) -> None:
+        """The signals and findings to the trainer's loggers, through each logger's own
+        ``log_metrics`` (rank 0 only, as Lightning's loggers are): the signals at Lightning's
+        ``log_every_n_steps``, each finding once, at its own step (through ``pl_module.log`` a
+        finding's value stays in the step results and is logged again at later logging steps).
+        A ``WandbLogger`` is left out when ``actions.wandb`` writes to that same run. Every value
+        also goes to ``trainer.callback_metrics`` (``pl_module.log(..., logger=False)``), where
+        ``ModelCheckpoint`` or ``EarlyStopping`` can monitor it."""
+        step, signals, found = self.session.take_report()
+        for name, v in {**signals, **{tag: code for _, tag, code in found}}.items():
+            pl_module.log(name, v, on_step=True, on_epoch=False, logger=False)
+        rows: dict[int, dict[str, float]] = {}
+        if step is not None and step % max(1, trainer.log_every_n_steps) == 0:
+            rows[step] = signals
+        for at, tag, code in found:
+            rows.setdefault(at, {})[tag] = code
+        if not rows:
+            return
+        skip = "WandbLogger" if "wandb" in self.session.run.sinks_on else None
+        for lg in trainer.loggers:
+            if type(lg).__name__ != skip:
+                for at in sorted(rows):
+                    lg.log_metrics(rows[at], step=at)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
         self._alive()

@@ -9,15 +9,22 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from stability_callbacks.actions.rollback import advice_forms_for
 from stability_callbacks.config import load_config
 from stability_callbacks.control import Control
 from stability_callbacks.live import Guard, LiveRun
+from stability_callbacks.params import ConfigError
+from stability_callbacks.runlog import RUN_DIR_NAME
 from stability_callbacks.record import Finding
 
 from .session import LiveSession
 from .skip_step import gate_optimizer
 
-__all__ = ["SessionAdapter"]
+__all__ = ["SessionAdapter", "RUN_DIR_NAME", "CONFIG_ERRORS"]
+
+#: What a bad configuration raises at train begin (a sink's environment variable unset): the
+#: user's to see, before step one; everything else there is monitoring's own failure.
+CONFIG_ERRORS = (ConfigError,)
 
 
 class SessionAdapter:
@@ -28,28 +35,39 @@ class SessionAdapter:
     off) and of the gated optimizer step (``_gate``: :func:`~.skip_step.gate_optimizer`).
 
     The common keyword arguments: ``config`` (a preset name, YAML path, dict, or None = the
-    defaults) or ``monitor`` (a ready ``Monitor``); ``run_dir`` (the run log JSONL and reports;
-    one per run); ``run_name``; ``listeners`` (:class:`~stability_callbacks.live.RunListener` s:
-    records, findings, actions).
+    defaults; validated here, so a bad key raises before anything runs) or ``monitor`` (a ready
+    ``Monitor``); ``run_dir`` (the run log JSONL and reports; one run log per run; default: a
+    ``stability`` folder where the framework keeps the run,
+    :data:`~stability_callbacks.runlog.RUN_DIR_NAME`);
+    ``run_name``; ``listeners`` (:class:`~stability_callbacks.live.RunListener` s: records,
+    findings, actions).
     """
 
+    #: The framework, for the rollback advice's native form (``actions.rollback``).
+    framework = ""
+
     def __init__(self, *, config: Any = None, monitor: Any = None,
-                 run_dir: str | os.PathLike = "out/stability", run_name: str | None = None,
+                 run_dir: str | os.PathLike | None = None, run_name: str | None = None,
                  listeners=()):
+        if monitor is None:
+            load_config(config)   # a bad config raises here, with the key named
         self.config, self.monitor, self.run_name = config, monitor, run_name
-        self.run_dir = os.fspath(run_dir)
+        self.run_dir = None if run_dir is None else os.fspath(run_dir)
         self.listeners = list(listeners)
         self.guard = Guard()
         self.session: LiveSession | None = None
         self._rollback = self._gate = None
 
-    def _open(self, *, is_rank0: bool, run_name: str | None = None, wandb_run=None,
-              monitor: Any = None, process_group=None) -> LiveSession:
-        """The session (and its LiveRun: config errors surface here)."""
+    def _open(self, *, is_rank0: bool, run_dir: str | None, run_name: str | None = None, wandb_run=None,
+              monitor: Any = None, process_group=None, listeners=(), sinks_off=None) -> LiveSession:
+        """The session (and its LiveRun: config errors surface here); ``run_dir``: the folder the
+        framework keeps the run in, for the default (``<run_dir>``, unless given to the
+        constructor)."""
         self.session = LiveSession(LiveRun(
             config=self.config, monitor=monitor if monitor is not None else self.monitor,
-            run_dir=self.run_dir, is_rank0=is_rank0, run_name=run_name or self.run_name,
-            wandb_run=wandb_run, listeners=self.listeners, guard=self.guard), process_group=process_group)
+            run_dir=self.run_dir or run_dir, is_rank0=is_rank0, run_name=run_name or self.run_name,
+            wandb_run=wandb_run, advice_forms=advice_forms_for(self.framework), sinks_off=sinks_off,
+            listeners=[*self.listeners, *listeners], guard=self.guard), process_group=process_group)
         return self.session
 
     @property
@@ -141,7 +159,8 @@ class SessionAdapter:
 
     def _begin(self, step: int, reason: str, **facts) -> None:
         """:meth:`LiveSession.start` of a segment: ``rollback`` while one is pending, whose
-        standing requests then replace those of the checkpoint loaded."""
+        standing requests then replace those of the checkpoint loaded (``facts``: the
+        checkpoint loaded, the preflight's facts)."""
         rolling = self._rolling
         self.session.start(step, "rollback" if rolling else reason, **facts)
         if rolling:

@@ -51,7 +51,7 @@ import torch
 
 from stability_callbacks import keys
 from stability_callbacks.control import Action, Control
-from stability_callbacks.live import LiveRun, reporter_scalars
+from stability_callbacks.live import LiveRun
 from stability_callbacks.record import Finding, StepRecord
 from stability_callbacks.watchdog import HangWatchdog
 
@@ -116,12 +116,14 @@ class LiveSession:
         #: Monotonic time (s) of the last other sign of progress (an evaluation batch).
         self.alive_at_s: float | None = None
         self._watchdog: HangWatchdog | None = None
-        #: Keep the framework-logger scalars of every record observed (:meth:`take_scalars`).
+        #: Keep the framework-logger scalars of every record observed (:meth:`take_report`).
         self.report = False
         #: A finding came since the scalars were last taken (report them now, not at the next
         #: logging step: its step is the news).
         self.finding_pending = False
-        self._scalars: dict[str, float] = {}
+        self._signals: dict[str, float] = {}
+        self._signals_step: int | None = None
+        self._found: list[tuple[int, str, float]] = []
         #: The saves made on the monitor's request: ``(step, path)``, oldest first.
         self.saves: list[tuple[int, str | None]] = []
         #: The first step at which the integration carried out a halt.
@@ -157,11 +159,12 @@ class LiveSession:
         """The framework's LR warmup, unless ``phase.warmup_steps`` is configured."""
         self.run.declare_warmup(warmup_steps)
 
-    def start(self, step: int, reason: str, *, model=None, optimizer=None, scheduler=None,
-              **facts) -> None:
-        """A segment begins (``start``, ``resume``, ``rollback``); a fresh start also runs the
-        preflight audit on ``model``/``optimizer``/``scheduler`` (``facts``: precision, ...)."""
-        self.run.start(step, reason)
+    def start(self, step: int, reason: str, *, checkpoint: str | None = None, model=None,
+              optimizer=None, scheduler=None, **facts) -> None:
+        """A segment begins (``start``, ``resume``, ``rollback``; ``checkpoint``: the one loaded,
+        when known); a fresh start also runs the preflight audit on
+        ``model``/``optimizer``/``scheduler`` (``facts``: precision, ...)."""
+        self.run.start(step, reason, checkpoint=checkpoint)
         self.last_step = int(step)
         if reason == "start":
             run_preflight(self.run, model, optimizer, scheduler, **facts)
@@ -186,7 +189,10 @@ class LiveSession:
             return
         if isinstance(exc, Exception) and not self.off:
             with self.guard("crash", "reporting the crash"):
-                self.run.crash(self.last_step, exc)
+                dist = torch.distributed
+                several = dist.is_available() and dist.is_initialized()
+                self.run.crash(self.last_step, exc, rank=dist.get_rank() if several else 0,
+                               world_size=dist.get_world_size() if several else 1)
         self.close(flush=False)
 
     # ------------------------------------------------------------------------- micro-batches
@@ -287,17 +293,22 @@ class LiveSession:
         pairs = [(r, self.run.observe(r)) for r in records]
         if self.report:
             for record, found in pairs:
-                self._scalars.update(reporter_scalars(record, found))
+                self._signals.update(keys.charted(record.metrics))
+                self._signals_step = record.step
+                self._found += [(f.step, keys.finding_tag(f.kind), keys.SEVERITY_CODE[f.severity])
+                                for f in found]
                 self.finding_pending = self.finding_pending or bool(found)
         if self.skip is not None:
             self.skip.set_threshold(self.control.skip_threshold)   # the rule for the next steps
         return pairs
 
-    def take_scalars(self) -> dict[str, float]:
-        """The ``stability/...`` scalars (:func:`~stability_callbacks.live.reporter_scalars`) of
-        the records observed since the last call, newest value per key, for the framework's
-        loggers (with ``report`` on)."""
-        out, self._scalars, self.finding_pending = self._scalars, {}, False
+    def take_report(self) -> tuple[int | None, dict[str, float], list[tuple[int, str, float]]]:
+        """The framework-logger scalars of the records observed since the last call (with
+        ``report`` on): the newest record's step and its ``stability/<key>`` signals (newest value
+        per key), and each finding as ``(its step, stability/finding/<kind>, severity code)``: a
+        logger that writes each at its own step charts a finding once, at its step."""
+        out = (self._signals_step, self._signals, self._found)
+        self._signals, self._signals_step, self._found, self.finding_pending = {}, None, [], False
         return out
 
     # ------------------------------------------------------------------------------ requests
