@@ -4,6 +4,9 @@ its hand-written CSV (README there: what a log parses to), and its replay meets 
 except the known misses below, each asserted exactly as it fails today, with the reason no
 principled rule can deliver it from the points given."""
 import json
+import math
+import random
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,34 @@ from stability_callbacks import Monitor
 from stability_callbacks.replay.readers import read_records
 
 WILD = Path(__file__).parent / "data" / "wild_logs"
-LABELS = [entry for f in sorted(WILD.glob("labels.*.json")) for entry in json.loads(f.read_text())]
+ALL_LABELS = [entry for f in sorted(WILD.glob("labels.*.json")) for entry in json.loads(f.read_text())]
+SPLIT = json.loads((WILD / "split.json").read_text())
+HELD_OUT = {name for batch in SPLIT["batches"] for name in batch["held_out"]}
+#: The rules part: the logs reader rules may be written and tuned against (split.json).
+LABELS = [lab for lab in ALL_LABELS if lab["name"] not in HELD_OUT]
+
+
+def source_group(source: str) -> str:
+    """The thread (``owner/repo#N``) or repository (``owner/repo``) a log was taken from."""
+    m = re.match(r"([\w.-]+/[\w.-]+)#(\d+)", source)
+    if m:
+        return f"{m.group(1)}#{m.group(2)}"
+    return re.match(r"([\w.-]+/[\w.-]+) @", source).group(1)
+
+
+def draw_held_out(labels: list[dict], seed: int, share: float) -> list[str]:
+    """split.json's method: whole source groups in a seeded shuffle until ``share`` is reached."""
+    groups: dict[str, list[str]] = {}
+    for lab in labels:
+        groups.setdefault(source_group(lab["source"]), []).append(lab["name"])
+    order = sorted(groups)
+    random.Random(seed).shuffle(order)
+    held: list[str] = []
+    for g in order:
+        if len(held) >= math.ceil(share * len(labels)):
+            break
+        held += groups[g]
+    return sorted(held)
 
 
 def _expected(kind, lo, hi):
@@ -91,8 +121,16 @@ def test_wild_log_meets_its_labels(label):
     assert violations(label, findings) == KNOWN_MISSES.get(label["name"], ([], None))[0]
 
 
+def test_the_held_out_part_is_the_seeded_draw():
+    batch = SPLIT["batches"][0]
+    first = [lab for lab in ALL_LABELS if lab["log"][:2] in ("a_", "b_", "c_", "d_", "e_")]
+    assert len(first) == batch["logs"] == 122
+    assert draw_held_out(first, batch["seed"], batch["share"]) == batch["held_out"]
+    assert len(batch["held_out"]) == 37
+
+
 def test_the_known_misses_are_few_and_labelled():
-    assert set(KNOWN_MISSES) <= {lab["name"] for lab in LABELS} and len(LABELS) == 122
+    assert set(KNOWN_MISSES) <= {lab["name"] for lab in ALL_LABELS} and len(ALL_LABELS) == 122
     assert len(KNOWN_MISSES) == 7
     assert all(reason for _, reason in KNOWN_MISSES.values())
 
@@ -100,4 +138,4 @@ def test_the_known_misses_are_few_and_labelled():
 def test_every_wild_log_has_a_label():
     logs = {p.name for p in WILD.glob("*") if p.suffix in (".log", ".json", ".jsonl", ".txt")
             and not p.name.startswith("labels.")}
-    assert logs == {lab["log"] for lab in LABELS}
+    assert logs == {lab["log"] for lab in ALL_LABELS}
