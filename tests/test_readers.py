@@ -196,29 +196,29 @@ def test_run_log_jsonl_reads_step_lines_in_file_order(tmp_path):
     assert math.isnan(recs[1].metrics["loss"]) and recs[1].metrics["grad_norm"] == math.inf
 
 
-def test_partly_unreadable_file_reports_skips_and_replays_the_rest(tmp_path):
+def test_partly_unreadable_file_reports_ignored_lines_and_replays_the_rest(tmp_path):
     path = tmp_path / "broken.jsonl"
     path.write_bytes(b'{"step": 1, "loss": 2.0}\n{"step": 2, "loss": \n\xff\xfe garbage\n'
                      b'{"step": 3, "loss": 1.5}\n')
     skipped = []
-    recs = list(read_records(path, on_skip=lambda n, text, why: skipped.append((n, why))))
+    recs = list(read_records(path, on_ignore=lambda n, text, why: skipped.append((n, why))))
     assert [r.step for r in recs] == [1, 3]
     assert [n for n, _ in skipped] == [2, 3] and all("not JSON" in w for _, w in skipped)
 
     path = tmp_path / "broken.csv"
     path.write_text("step,loss\n1,2.0\n2,two\n3,1.5\n")
     skipped.clear()
-    recs = list(read_records(path, on_skip=lambda n, text, why: skipped.append((n, text))))
+    recs = list(read_records(path, on_ignore=lambda n, text, why: skipped.append((n, text))))
     assert [r.step for r in recs] == [1, 3] and skipped == [(3, "2,two")]
 
 
-def test_unreadable_skip_without_callback_is_logged_once(tmp_path, caplog):
+def test_unreadable_lines_without_callback_are_logged_once(tmp_path, caplog):
     path = tmp_path / "broken.jsonl"
     path.write_text('{"step": 1, "loss": 2.0}\nnot json\nnor this\n')
     recs = list(read_records(path))
     assert [r.step for r in recs] == [1]
     msgs = [r.getMessage() for r in caplog.records]
-    assert len(msgs) == 1 and "skipped 2 unreadable line(s); first at line 2" in msgs[0]
+    assert len(msgs) == 1 and "ignored 2 unreadable line(s); first at line 2" in msgs[0]
 
 
 def test_fatal_errors_name_the_file_and_line(tmp_path):
@@ -424,5 +424,5 @@ def test_a_followed_log_waits_for_megatron_behind_deepspeed_lines(monkeypatch):
     fmt, consumed = readers.detect_lines("run.log", iter(lines))
     assert fmt == "megatron" and consumed == [(1, ds), (2, mega)]
     # A log that stays DeepSpeed-only is the generic reader's once the wait is over.
-    monkeypatch.setattr(readers, "SETTLE_S", 0.0)
+    monkeypatch.setattr(readers.sniff, "SETTLE_S", 0.0)
     assert readers.detect_lines("run.log", iter(lines))[0] == "generic"
