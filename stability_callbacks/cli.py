@@ -27,14 +27,24 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Catch training instabilities; replay real logs offline.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("replay", help="run the live detector over a training log")
-    p.add_argument("path")
+    p = sub.add_parser(
+        "replay", help="run the live detector over a training log",
+        description="Replay a training log (a text log of any common printer, Megatron, fairseq, "
+                    "Caffe, JSON lines, CSV, W&B CSV, trainer_state.json, a TensorBoard directory; "
+                    "gzip read as is; - for stdin) through the live detector. It first says what it "
+                    "read: the steps, which printed name became each key, how steps were numbered, "
+                    "the lines it ignored.",
+        epilog="Exit codes: 0 no critical finding; 1 a critical finding; 2 the input cannot be read "
+               "(not text, no known format, no training loss read) or a bad config; 3 --follow "
+               "halted the run.")
+    p.add_argument("path", help="the log file, a TensorBoard directory, or - for standard input")
     p.add_argument("--format", default="auto",
                    help="auto|generic|megatron|fairseq|hf-state|jsonl|csv|tensorboard|wandb-csv "
                         "(also hf, nanogpt, llmc, deepspeed, litgpt, mlx, llamafactory, ...: "
                         "read by the generic reader)")
     p.add_argument("--config", help="YAML config or preset name (default, pretrain-fp16, ...)")
-    p.add_argument("--json", dest="json_out", help="write findings as JSON lines to this file (- = stdout)")
+    p.add_argument("--json", dest="json_out", help="write what was read (the first record, type \"read\") and the findings as "
+                                                  "JSON lines to this file (- = stdout)")
     p.add_argument("--report", help="write a report: OUT.html (self-contained) or OUT.png")
     p.add_argument("--warmup-steps", type=int, help="declare the LR warmup length (else inferred from the LR)")
     p.add_argument("--keys", help="say which names the log prints: OURS=THEIRS,... with OURS = step, loss, "

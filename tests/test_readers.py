@@ -361,6 +361,33 @@ NAN = float("nan")
     ("[Iteration 7] Throughput is 408.4 records/second. Loss is 1.25. Current learning rate is 0.04.\n"
      "[Iteration 8] Throughput is 398.7 records/second. Loss is Infinity. Current learning rate is 0.04.\n",
      [(7, {"loss": 1.25, "lr": 0.04}), (8, {"loss": float("inf"), "lr": 0.04})]),
+    # Keras per-epoch lines that only print complete bars (samples or batches): nothing finer
+    # than the epoch is printed, so the epoch is the step.
+    ("Epoch 1/3\n60000/60000 [==============================] - 5s 83us/sample - loss: 0.5000\n"
+     "Epoch 2/3\n60000/60000 [==============================] - 5s 81us/sample - loss: 0.4000 - val_loss: 0.45\n",
+     [(1, {"loss": 0.5, "loss_resolution": 1e-4}), (2, {"loss": 0.4, "loss_resolution": 1e-4})]),
+    # An epoch that is the only counter is the step; two records of one epoch: order of appearance.
+    ("epoch: 1 loss: 2.3\nepoch: 2 loss: nan\n", [(1, {"loss": 2.3}), (2, {"loss": NAN})]),
+    ("epoch 1 loss 2.0\nepoch 1 loss 1.9\nepoch 2 loss 1.8\n",
+     [(1, {"loss": 2.0, "loss_resolution": 0.1}), (2, {"loss": 1.9}), (3, {"loss": 1.8})]),
+    # `<iteration>: <value>` lines: a counter and one unnamed value, the loss (its NaN too).
+    ("100: 2.5\n110: 2.4\n120: nan\n", [(100, {"loss": 2.5}), (110, {"loss": 2.4}), (120, {"loss": NAN})]),
+    # A key of two words and a parenthesis: `(curr)` is the value, `(avg)` a statistic.
+    ("iter 100 | loss train (curr): 2.345 | loss train (avg): 2.401\n", [(100, {"loss": 2.345})]),
+    # mmengine prints the configured `base_lr` beside the scheduled `lr`.
+    ("Epoch(train)  [1][ 50/500]  base_lr: 1.0000e-02 lr: 5.0000e-03  eta: 0:01:00  time: 0.5  loss: 1.2000\n",
+     [(50, {"lr": 0.005, "loss": 1.2, "loss_resolution": 1e-4})]),
+    # DeepSpeed's cumulative count in an excerpt: the first count is no delta of its step.
+    ("[Rank 0] step=510, skipped=8, lr=[1e-05], mom=[(0.9, 0.95)]\n"
+     "[Rank 0] step=520, skipped=9, lr=[1e-05], mom=[(0.9, 0.95)]\n",
+     [(510, {"lr": 1e-05}), (520, {"lr": 1e-05, "skipped": 1.0})]),
+    # A table: a header row of names, rows of values (HF notebook tables, ultralytics).
+    ("Step | Training Loss | Validation Loss | reward\n-- | -- | -- | --\n1 | 0.500000 | 0.6 | 1.0\n"
+     "2 | 0.400000 | No log | 1.5\n", [(1, {"loss": 0.5, "loss_resolution": 1e-6}), (2, {"loss": 0.4, "loss_resolution": 1e-6})]),
+    # Named terms of the objective and no total: the loss is their sum.
+    ("      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size\n"
+     "        1/3      1.95G        1.0        2.0        0.5         33        640: 100%|##| 8/8 [00:02<00:00]\n",
+     [(1, {"loss": 3.5})]),
 ])
 def test_generic_reader_rules(tmp_path, text, want):
     got = records_of(tmp_path, text)
@@ -391,6 +418,24 @@ def test_a_log_without_metrics_says_what_was_looked_for_and_what_came_closest(tm
         == want
     pat = compile_pattern(msg.split("--pattern '")[1].split("'")[0])
     assert [(r.step, r.metrics) for r in read_records(path, pattern=pat)] == want
+
+
+def test_the_hint_never_names_a_counter_that_repeats_as_the_step(tmp_path):
+    path = tmp_path / "odd.log"
+    path.write_text("".join(f"ep 0 mse_err {1 / (b + 1):.3f} acc 0.{b}\n" for b in range(5)))
+    with pytest.raises(LogFormatError) as e:
+        read_records(path)
+    assert "say it explicitly: --keys loss=mse_err   (no step printed" in str(e.value)
+
+
+def test_a_megatron_excerpt_after_a_sentence_with_commas_is_megatron(tmp_path):
+    path = tmp_path / "issue.log"
+    path.write_text("Hi, the loss spikes at iteration 20, with bf16, TP=2, logs below:\n\n" + "".join(
+        f" iteration       {i}/    1000 | consumed samples:     {i * 512} | learning rate: 1.000E-05 | "
+        f"lm loss: 7.5E+00 | loss scale: 1.0 | number of skipped iterations:   0 | "
+        f"number of nan iterations:   0 |\n" for i in range(10, 13)))
+    assert detect_format(path) == "megatron"
+    assert [r.step for r in read_records(path)] == [10, 11, 12]
 
 
 def test_keys_and_pattern_flags_are_checked():

@@ -1,11 +1,17 @@
 """The ``replay`` command (DESIGN 2.4): a log through the live Monitor, offline or as it grows.
 
-``replay LOG`` reads the whole log, prints a summary table (and ``--json`` / ``--report``);
+``replay LOG`` reads the whole log (``-``: standard input), says what it read (the steps, the
+printed name behind each key, how steps were numbered, the lines it ignored: also the first
+``--json`` record), then prints a summary table (and ``--json`` / ``--report``);
 ``replay LOG --follow`` tails it through a :class:`~stability_callbacks.live.LiveRun` (run log,
-alert sinks, halts: :mod:`.follow`). Both feed the records the same way (:func:`_feed`).
+alert sinks, halts: :mod:`.follow`). Both feed the records the same way (:class:`_Replay`).
 
-Exit codes: 0 no critical finding; 1 a critical finding; 2 unreadable input, no per-step
-metrics or a bad config (one message: the file and line, or the key); 3 (``--follow``) halted.
+Where the log prints no step, steps are record numbers: findings say so, and rollback advice
+names no checkpoint step or batches to skip (docs/replay.md, What was read).
+
+Exit codes: 0 no critical finding; 1 a critical finding; 2 unreadable input (not text, no known
+format, no training loss read) or a bad config (one message: the file and line, or the key);
+3 (``--follow``) halted.
 """
 from __future__ import annotations
 
@@ -17,10 +23,14 @@ from pathlib import Path
 from ..config import ConfigError
 from ..record import Finding, severity_rank
 
+# Said of every finding of a log whose steps are record numbers.
+RECORD_NUMBERS = ("(step {step} is the {step}-th record of the log, which prints no step "
+                  "numbers: find it by counting records, not by a step the trainer knows)")
+
 def run(args) -> int:
     """``stability-callbacks replay``: the exit code."""
     from ..monitor import Monitor
-    from .readers import LogFormatError, compile_pattern, parse_keys, read_records
+    from .readers import LogFormatError, ReadAccount, compile_pattern, parse_keys, read_records
 
     err = sys.stderr
     try:
@@ -37,14 +47,20 @@ def run(args) -> int:
     if args.follow:
         return _follow(args, monitor, user_keys, pattern)
     replay = _Replay(monitor, keep=bool(args.report))
+    replay.account = ReadAccount(args.path, replay.ignore)
     try:
-        replay.feed(read_records(args.path, args.format, on_skip=replay.skip,
-                                 progress=err.isatty(), user_keys=user_keys, pattern=pattern),
+        replay.feed(read_records(args.path, args.format, progress=err.isatty(), user_keys=user_keys,
+                                 pattern=pattern, account=replay.account),
                     monitor.update)
     except (LogFormatError, OSError, ValueError) as e:
         print(f"error: {e}", file=err)
         return 2
     replay.finish(args)
+    if not replay.account.with_loss:
+        print(f"error: {args.path}: no training loss was read "
+              f"({replay.account.records} steps, keys: {', '.join(replay.account.keys) or 'none'}); "
+              "name the loss the log prints with --keys loss=NAME", file=err)
+        return 2
     return 1 if any(f.severity == "critical" for f in replay.findings) else 0
 
 
@@ -58,10 +74,10 @@ class _Replay:
         self.records: list | None = [] if keep else None
         self.phases: list = []
         self.count = 0
-        self.skipped: list[tuple[int, str, str]] = []
+        self.account = None
 
-    def skip(self, line_no: int, text: str, reason: str) -> None:
-        self.skipped.append((line_no, text, reason))
+    def ignore(self, line_no: int, text: str, reason: str) -> None:
+        """An unreadable line: counted in the account, said once at the end."""
 
     def feed(self, stream, observe, after=None) -> None:
         """Every record into ``observe`` (``Monitor.update`` or ``LiveRun.observe``);
@@ -77,18 +93,27 @@ class _Replay:
                 break
 
     def finish(self, args):
-        """Notes, JSON, summary and report; returns where the summary went."""
-        if self.skipped:
-            first = self.skipped[0]
-            print(f"note: skipped {len(self.skipped)} unreadable line(s) of {args.path} (first: "
-                  f"line {first[0]}: {first[2]})", file=sys.stderr)
+        """What was read, JSON, summary and report; returns where the summary went."""
+        account = self.account
+        summary_to = sys.stderr if args.json_out == "-" else sys.stdout
+        if account is not None:
+            account.records = self.count
+            if account.order_numbered:
+                self.findings = [record_numbered(f) for f in self.findings]
+            for line in account.lines():
+                print(line, file=summary_to)
+            if account.first_unreadable is not None:
+                line_no, reason = account.first_unreadable
+                print(f"note: ignored {account.unreadable} unreadable line(s) of {args.path} "
+                      f"(first: line {line_no}: {reason})", file=sys.stderr)
         if args.json_out:
             out = sys.stdout if args.json_out == "-" else open(args.json_out, "w", encoding="utf-8")
+            if account is not None:
+                out.write(json.dumps(account.to_json()) + "\n")
             for f in self.findings:
                 out.write(json.dumps(f.to_json()) + "\n")
             if out is not sys.stdout:
                 out.close()
-        summary_to = sys.stderr if args.json_out == "-" else sys.stdout
         name = Path(args.path).name
         print_summary(self.findings, self.count, name, file=summary_to)
         if args.report:
@@ -102,7 +127,7 @@ class _Replay:
 def _follow(args, monitor, user_keys, pattern) -> int:
     from ..live import LiveRun
     from .follow import EXIT_HALTED, StopConditions, TailLines, carry_out_halt
-    from .readers import LogFormatError, read_records
+    from .readers import LogFormatError, ReadAccount, read_records
 
     err = sys.stderr
     try:
@@ -121,6 +146,7 @@ def _follow(args, monitor, user_keys, pattern) -> int:
             yield item
 
     replay = _Replay(monitor, keep=bool(args.report))
+    replay.account = ReadAccount(args.path, replay.ignore)
     halt: list[Finding] = []
 
     def observe(rec):
@@ -142,8 +168,8 @@ def _follow(args, monitor, user_keys, pattern) -> int:
     print(f"following {args.path} (run log: {run.runlog_path}); Ctrl-C to stop", flush=True)
     stream = None
     try:
-        stream = read_records(args.path, args.format, on_skip=replay.skip, user_keys=user_keys,
-                              pattern=pattern, lines=lines())
+        stream = read_records(args.path, args.format, user_keys=user_keys, pattern=pattern,
+                              lines=lines(), account=replay.account)
         replay.feed(stream, observe, after=after)
     except (LogFormatError, OSError, ValueError) as e:
         run.close()
@@ -167,6 +193,22 @@ def _follow(args, monitor, user_keys, pattern) -> int:
     return 1 if any(f.severity == "critical" for f in replay.findings) else 0
 
 
+def record_numbered(f: Finding) -> Finding:
+    """A finding of a log whose steps are record numbers, saying so; rollback advice keeps its
+    onset and drops the checkpoint step and the batches to skip (record numbers are neither)."""
+    from dataclasses import replace
+    details = dict(f.details, step_is_record_number=True)
+    message = f"{f.message} {RECORD_NUMBERS.format(step=f.step)}"
+    if f.kind == "rollback_advice":
+        for k in ("skip_steps", "consumed_samples", "checkpoint_step", "checkpoint_path"):
+            details.pop(k, None)
+        message = (f"the run went wrong at record {f.step} of the log; it prints no step numbers, "
+                   "so no checkpoint step or batches to skip can be named from it: go back to the "
+                   "last checkpoint saved before that point and find its step in the trainer's "
+                   f"own log. {RECORD_NUMBERS.format(step=f.step)}")
+    return replace(f, message=message, details=details)
+
+
 def print_summary(findings: list[Finding], num_records: int, name: str, *, file=None) -> None:
     """A table of finding kinds, then every warning-or-worse finding with its sentence."""
     from rich.console import Console
@@ -185,7 +227,7 @@ def print_summary(findings: list[Finding], num_records: int, name: str, *, file=
     serious = [f for f in findings if severity_rank(f.severity) >= 1]
     for f in serious[:50]:
         console.print(f"[{f.severity}] step {f.step} {f.kind}: {f.message}", markup=False)
-        if f.kind == "rollback_advice":
+        if f.kind == "rollback_advice" and not f.details.get("step_is_record_number"):
             from ..actions.rollback import native_forms
             for fw, text in native_forms(f.details).items():
                 console.print(f"    {fw}: {text}", markup=False)

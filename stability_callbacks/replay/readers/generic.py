@@ -30,6 +30,9 @@ from .source import segments, strip_prefix
 from .vocabulary import classify, normalise_key
 
 MAX_TEMPLATES = 4096
+# Plans are pure functions of a template and the user's keys: shared by every reader of the
+# process (detection and reading of one log interpret each template once).
+_PLANS: dict[tuple, Plan] = {}
 # A learned record template as one regular expression: the next line of the same shape is read
 # by a single match (about twice as fast as splitting it), whitespace runs of any width. Only
 # templates of ordinary lines are compiled (a regular expression per number costs to build).
@@ -50,8 +53,8 @@ class LineReader:
     def __init__(self, user_keys: Mapping[str, str] | None = None,
                  pattern: re.Pattern | None = None):
         self.user = {normalise_key(k): v for k, v in (user_keys or {}).items()}
+        self._user_key = tuple(sorted(self.user.items()))
         self.pattern = pattern
-        self._plans: dict[str, Plan] = {}
         self.last: Plan | None = None
         self.table: tuple[list[str], list[int], bool] | None = None   # header, key columns, pipes
 
@@ -71,12 +74,12 @@ class LineReader:
             row = self._table_row(seg)
             if row is not None:
                 texts, nums = tokens.split(row)
-        tkey = "\x00".join(texts)
-        plan = self._plans.get(tkey)
+        tkey = ("\x00".join(texts), self._user_key)
+        plan = _PLANS.get(tkey)
         if plan is None:
-            if len(self._plans) >= MAX_TEMPLATES:
-                self._plans.clear()
-            plan = self._plans[tkey] = make_plan(texts, nums, self.user)
+            if len(_PLANS) >= MAX_TEMPLATES:
+                _PLANS.clear()
+            plan = _PLANS[tkey] = make_plan(texts, nums, self.user)
         if plan.kind == "record":
             if plan.match is None and len(nums) <= _COMPILE_MAX_NUMBERS:
                 plan.match = re.compile(_TEMPLATE_NUMBER.join(
@@ -108,7 +111,8 @@ class LineReader:
         if any(not cells[i][:1].isdigit() and cells[i][:2] != "-0" and cells[i][:1] != "-"
                and cells[i].lower() != "nan" for i in key_cols):
             return None
-        return " | ".join(f"{name}: {cell.rstrip(':')}" for name, cell in zip(names, cells))
+        return " | ".join(f"{name}: {cell.rstrip(':')}" for name, cell in zip(names, cells)
+                          if cell[:1].isdigit() or cell[:1] == "-" or cell.lower() == "nan")
 
     def _parse_pattern(self, seg: str):
         m = self.pattern.search(seg) if self.pattern is not None else None

@@ -146,8 +146,15 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
             multi = _periodic(repeated, n)
             if multi:
                 plan.kind = "multi"
-                plan.parts = tuple((a, b, make_plan(texts[a:b + 1], nums[a:b], user, split=False))
-                                   for a, b in multi)
+                made: dict[str, Plan] = {}    # glued records share their template: one plan
+                parts = []
+                for a, b in multi:
+                    sub = texts[a:b + 1]
+                    key = "\x00".join(sub)
+                    if key not in made:
+                        made[key] = make_plan(sub, nums[a:b], user, split=False)
+                    parts.append((a, b, made[key]))
+                plan.parts = tuple(parts)
                 return plan
     plan.metrics = tuple(ordered)
     plan.ranks = tuple(metrics[k][0] for _, k, _ in ordered)
@@ -282,6 +289,8 @@ def _kind(plan: Plan, texts, nums, roles, joined, summary, eval_context, eval_lo
     if not metrics and not plan.components:
         if any(v[:1] in "nNiI" for v in nums) and _NAN_WARNING.search(joined):
             plan.kind = "nan"
+        elif eval_loss:
+            plan.kind = "eval"        # `step 30 | val loss 2.5`: an evaluation at a step
         elif plan.step is not None and plan.micro is None and roles[plan.step][3]:
             plan.kind = "header"      # OLMo's `[step=1/739328,epoch=0]`, composer's `[batch=1/20]:`
         elif (plan.epoch is not None or plan.per_epoch is not None) and plan.step is None:

@@ -30,8 +30,9 @@ def metric_key(name: str, tag_map: Mapping[str, str | None] | None = None,
     """
     if tag_map and name in tag_map:
         return tag_map[name]
+    from ... import keys
     got = ours(name)
-    if got is not None or name.strip().startswith("stability/") or "/stability/" in name:
+    if got is not None or name.strip().startswith(keys.PREFIX) or f"/{keys.PREFIX}" in name:
         return got
     role, key, _ = classify(name, {normalise_key(k): v for k, v in user.items()} if user else None)
     return key if role == "metric" else None

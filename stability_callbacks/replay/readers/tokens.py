@@ -32,6 +32,7 @@ _TRAILING_WORD = re.compile(r"(?<![A-Za-z])([A-Za-z]+)$")
 _LEADING_WORD = re.compile(r"([A-Za-z]+)(?![A-Za-z])")
 _QUOTES = " \t'\"\u2018\u2019\u201c\u201d"
 _CUTS = ",|;[]{}()<>'\"=:\t\u2018\u2019\u201c\u201d"
+_AFTER_LAST_CUT = re.compile(f"[{re.escape(_CUTS)}]([^{re.escape(_CUTS)}]*)\\Z")
 _PATH_TOKENS = re.compile(r"""['"]?([\w./ -]+?)['"]?\s*[:=]\s*\{|\{|\}""")
 _WORD_INSIDE_KEY = re.compile(r"\s+[A-Za-z][\w ]*[:=]\s*$")
 _STATISTIC_QUALIFIERS = frozenset({"avg", "average", "mean", "ema", "smoothed", "running"})
@@ -70,7 +71,8 @@ def key_before(piece: str, glued: bool) -> str:
         inner = s[s.rfind("[") + 1:-1].strip()
         if inner[:1].isalpha():
             return inner
-    cut = max(s.rfind(c) for c in _CUTS)
+    m = _AFTER_LAST_CUT.search(s)
+    cut = m.start() if m else -1
     for sep in (" - ", "  "):                  # Keras ` - loss: `, torchtitan's double spaces
         j = s.rfind(sep)
         if j >= 0 and j + len(sep) - 1 > cut:
