@@ -20,8 +20,13 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from ..config import ConfigError
 from ..record import Finding, severity_rank
+
+if TYPE_CHECKING:
+    from .readers import ReadAccount
 
 # Said of every finding of a log whose steps are record numbers.
 RECORD_NUMBERS = ("(step {step} is the {step}-th record of the log, which prints no step "
@@ -47,18 +52,18 @@ def run(args) -> int:
     if args.follow:
         return _follow(args, monitor, user_keys, pattern)
     replay = _Replay(monitor, keep=bool(args.report))
-    replay.account = ReadAccount(args.path, replay.ignore)
+    account = replay.account = ReadAccount(args.path, replay.ignore)
     try:
         replay.feed(read_records(args.path, args.format, progress=err.isatty(), user_keys=user_keys,
-                                 pattern=pattern, account=replay.account),
+                                 pattern=pattern, account=account),
                     monitor.update)
     except (LogFormatError, OSError, ValueError) as e:
         print(f"error: {e}", file=err)
         return 2
     replay.finish(args)
-    if not replay.account.with_loss:
+    if not account.with_loss:
         print(f"error: {args.path}: no training loss was read "
-              f"({replay.account.records} steps, keys: {', '.join(replay.account.keys) or 'none'}); "
+              f"({account.records} steps, keys: {', '.join(account.keys) or 'none'}); "
               "name the loss the log prints with --keys loss=NAME", file=err)
         return 2
     return 1 if any(f.severity == "critical" for f in replay.findings) else 0
@@ -74,7 +79,7 @@ class _Replay:
         self.records: list | None = [] if keep else None
         self.phases: list = []
         self.count = 0
-        self.account = None
+        self.account: ReadAccount | None = None
 
     def ignore(self, line_no: int, text: str, reason: str) -> None:
         """An unreadable line: counted in the account, said once at the end."""

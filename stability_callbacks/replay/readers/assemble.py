@@ -45,7 +45,8 @@ class Assembler:
         self.loss_name: str | None = None     # how the log's plain records name their loss
         self.overflows: list[tuple] = []      # (step or None, scale left, skipped) since the last record
         self.cumulative: int | None = None    # DeepSpeed's last cumulative skip count
-        self.cumulative_first: tuple | None = None   # (record, count, step): its delta undecided
+        self.cumulative_first: tuple[StepRecord | None, int, int | None] | None = None
+        # ^ (record, count, step) of the first cumulative count, its delta undecided
         self.epoch: int | None = None
         self.epoch_base: int | None = None
         self.per_epoch: int | None = None     # batches per epoch, where the log declares them
@@ -62,13 +63,15 @@ class Assembler:
         self.micro_step: int | None = None
         self.micro_metrics: dict[str, float] = {}
         self._noted: set = set()
+        self._noted_plan: Plan | None = None   # the plan noted last (the common case: again)
+        self._noted_how = ""
 
     # -- lines -------------------------------------------------------------------------------
 
     def feed(self, nums, plan: Plan) -> list[StepRecord]:
         kind = plan.kind
         if kind == "record" or (kind == "ignore" and self.block is not None and plan.metrics):
-            return self._record(nums, plan)   # (an LR alone is a line of the block)
+            return self.record(nums, plan)   # (an LR alone is a line of the block)
         if kind == "overflow":
             idx = plan.overflow_scale if plan.overflow_scale is not None else plan.overflow_attempted
             # Hysteresis consumed without a reduction: the attempted scale stays.
@@ -105,7 +108,7 @@ class Assembler:
         return self.emit(step, block, None, how, name)
 
     def _printed_step(self, plan: Plan) -> str:
-        return next((n for k, n in plan.printed if k == "step"), "")
+        return plan.step_name
 
     def _epoch_context(self, nums, plan: Plan) -> None:
         if plan.per_epoch is not None:
@@ -165,7 +168,8 @@ class Assembler:
             self.pending.step = self.last_step = done * total + total
             self.pending_how = "counter"
 
-    def _record(self, nums, plan: Plan) -> list[StepRecord]:
+    def record(self, nums, plan: Plan) -> list[StepRecord]:
+        """The records a record line completes (the readers' fast path calls it directly)."""
         if plan.values is not None:
             metrics = dict(zip(plan.names, map(float, plan.values(nums))))
         else:
@@ -183,6 +187,10 @@ class Assembler:
         if self.block is not None:
             self._into_block(metrics, plan)
             return []
+        if plan.simple and self.epoch is None:      # the common case: a named step as printed
+            text = nums[plan.step]
+            return self.emit(int(text) if text.isdigit() else int(float(text)), metrics, plan,
+                             "counter", plan.step_name)
         step, how = self._step_of(nums, plan)
         if how == "epoch" and not plan.counter and self.pending is not None \
                 and self.pending_how == "epoch" and self.pending.step == step:
@@ -198,11 +206,13 @@ class Assembler:
         return self.emit(step, metrics, plan, how, self._printed_step(plan))
 
     def _into_block(self, metrics: dict, plan: Plan) -> None:
+        block = self.block
+        assert block is not None
         ranks = dict(zip((k for _, k, _ in plan.metrics), plan.ranks)) if plan.ranks else {}
         for k, v in metrics.items():
             rank = ranks.get(k, 1)
-            if k not in self.block or rank < self.block_ranks.get(k, 1):
-                self.block[k] = v
+            if k not in block or rank < self.block_ranks.get(k, 1):
+                block[k] = v
                 self.block_ranks[k] = rank
         self._note(plan, "")
 
@@ -287,20 +297,23 @@ class Assembler:
         self.last_step = step
         rec = self.pending = StepRecord(step, metrics)
         self.pending_how = how
-        self.repeat = [0, 0.0, 0.0, True]
+        if self.repeat[0]:
+            self.repeat = [0, 0.0, 0.0, True]
         if self.cumulative_first is not None and self.cumulative_first[0] is None:
             self.cumulative_first = (rec, *self.cumulative_first[1:])
-        if plan is not None:
-            self._note(plan, how, step_name)
+        if plan is None:
+            self.account.numbered(how, step_name)
+        else:
+            if plan is not self._noted_plan or how != self._noted_how:
+                self._note(plan, how, step_name)
             if plan.mixed:
                 self.pending_undecided = self.loss_name is None
                 self.pending_loss_name = plan.loss_name
-        else:
-            self.account.numbered(how, step_name)
         return [prev] if prev is not None else []
 
     def _note(self, plan: Plan, how: str, step_name: str = "") -> None:
         """The account learns each plan's printed names and numbering once."""
+        self._noted_plan, self._noted_how = plan, how
         tag = (id(plan), how)
         if tag in self._noted:
             return

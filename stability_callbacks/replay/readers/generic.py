@@ -143,6 +143,7 @@ def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str,
     metric keys) replace the grammar."""
     reader = LineReader(user_keys, pattern)
     asm = Assembler(account)
+    record = asm.record
     for line_no, text in lines:
         if text is None:
             yield from asm.flush()
@@ -154,7 +155,7 @@ def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str,
             and asm.block is None else None
         if m is not None and last is not None:
             try:
-                out = asm.feed(m.groups(), last)
+                out = record(m.groups(), last)
             except (ValueError, OverflowError) as e:
                 account(line_no, text, f"unreadable number: {e}")
                 continue

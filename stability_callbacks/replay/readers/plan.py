@@ -78,6 +78,8 @@ class Plan:
     names: tuple[str, ...] = ()      # the metric keys, in `values` order
     loss_at: int | None = None       # the index of the loss among the line's numbers
     loss_window: int = 0             # `loss: 6.9733 (6.9704)`: a window statistic
+    step_name: str = ""              # the step as the line prints it
+    simple: bool = False             # a named step and nothing else to work out (the fast path)
 
 
 def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None = None,
@@ -165,7 +167,8 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
         plan.components = tuple(comps)
         printed.append((keys.LOSS, " + ".join(roles[i][3] for i in comps)))
     if plan.step is not None:
-        printed.append(("step", roles[plan.step][3] or ("a bar's count" if plan.counter else UNNAMED)))
+        plan.step_name = roles[plan.step][3] or ("a bar's count" if plan.counter else UNNAMED)
+        printed.append(("step", plan.step_name))
     plan.printed = tuple(printed)
     plan.prints_skipped = keys.SKIPPED in metrics
     plan.loss_at = at = metrics[keys.LOSS][1] if keys.LOSS in metrics else None
@@ -181,7 +184,11 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
     plan.named = tuple(named)
     plan.score = len(named) + 2 * (len(ordered) + len(plan.components)) + (2 if steps else 0)
     plan.marker = any(m in joined for m in STEP_MARKERS)
-    return _kind(plan, texts, nums, roles, joined, summary, eval_context, eval_loss)
+    plan = _kind(plan, texts, nums, roles, joined, summary, eval_context, eval_loss)
+    plan.simple = (plan.kind == "record" and plan.step is not None and plan.epoch is None
+                   and plan.per_epoch is None and plan.micro is None and not plan.cumulative_skips
+                   and not plan.mixed and not plan.components and not plan.counter)
+    return plan
 
 
 def _roles(texts, nums, user, nested) -> tuple[list[tuple[str, str | None, int, str]], bool]:

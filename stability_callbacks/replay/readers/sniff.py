@@ -25,6 +25,7 @@ DETECT_MAX_LINES = 200_000
 # `{` on a line of its own: a JSON document; its `log_history` key (trainer_state.json) comes
 # among its first keys.
 JSON_SNIFF_LINES = 2_000
+JSON_LINE_MAX_CHARS = 1 << 20
 # A followed file: how long a tentative answer (DeepSpeed or overflow lines so far) waits for a
 # decisive line (Megatron's first iteration line comes within a few steps of DeepSpeed's).
 SETTLE_S = 30.0
@@ -178,6 +179,7 @@ class _Structured:
         self.held: list[tuple[int, str]] = []
         self.mode = ""            # "" | "json" (a document) | "table" (a header, awaiting a row)
         self.header: list[str] = []
+        self.delimiter = ","
         self.seen = 0
 
     def release(self) -> list[tuple[int, str]]:
@@ -212,6 +214,8 @@ class _Structured:
             self.open = False
             return None
         if s.startswith("{"):
+            if len(s) > JSON_LINE_MAX_CHARS:       # one huge object: look, do not load
+                return "hf-state" if '"log_history"' in s[:JSON_LINE_MAX_CHARS] else "jsonl"
             try:
                 obj = json.loads(s)
             except ValueError:
