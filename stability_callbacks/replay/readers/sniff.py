@@ -17,7 +17,7 @@ from typing import Iterable
 
 from ... import keys
 from . import caffe, fairseq, generic, megatron
-from .source import LogFormatError, strip_prefix
+from .source import LogFormatError, segments, strip_prefix
 from .vocabulary import classify
 
 # A Megatron log may print 10k lines of arguments and start-up before its first iteration.
@@ -151,7 +151,7 @@ def _line_kind(text, reader, closest, line_no, explicit) -> str | None:
             if needle in text and any(sig.search(text) for sig in signatures):
                 return name
     tentative = False
-    for seg in generic.segments(text):
+    for seg in segments(text):
         got = reader.parse(strip_prefix(seg))
         if got is None:
             continue
