@@ -175,14 +175,15 @@ def read_records(path, format: str = "auto", tag_map: Mapping[str, str | None] |
 
 
 def _records(path, fmt, tag_map, account, user_keys, pattern, lines) -> Iterator[StepRecord]:
-    n = 0
+    n = with_loss = 0
+    loss = keys.LOSS
     for rec in _READERS[fmt](path, account=account, tag_map=tag_map, lines=lines,
                              user_keys=user_keys, pattern=pattern):
         n += 1
-        if keys.LOSS in rec.metrics:
-            account.with_loss += 1
+        if loss in rec.metrics:
+            with_loss += 1
         yield rec
-    account.records = n
+    account.records, account.with_loss = n, with_loss
     account.finish()
     if n == 0:
         if fmt == "generic" and not (user_keys or pattern) and path != "-":

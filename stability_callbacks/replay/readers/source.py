@@ -111,7 +111,11 @@ class Source:
                 raw.close()
             raise LogFormatError(self.path, None, f"not a text log: {why}")
         self.head = head
-        self._stream = io.BufferedReader(_Prefixed(raw, head))
+        if self.size and raw.seekable():
+            raw.seek(0)                       # a regular file: read it again from the start
+            self._stream: IO[bytes] = raw
+        else:
+            self._stream = io.BufferedReader(_Prefixed(raw, head))
 
     def text(self) -> str:
         """The whole content (JSON documents)."""
