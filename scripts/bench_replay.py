@@ -13,6 +13,12 @@
         times other checkouts of the package on the same files, interleaved round by round
         (compare code on a loaded machine by the ratio, not the absolute figure). Prints
         steps/s per format and code, and JSON as the last line.
+
+    python scripts/bench_replay.py --linear [--code DIR ...] [--out DIR]
+        Reading cost where it used to grow faster than the input (issue 26): lines that repeat
+        one step number (10k, 20k, 40k lines) and one giant line of glued records (256 KB,
+        512 KB, 1 MB). Prints seconds per size and the ratio per doubling (linear: ~2) for this
+        checkout and each --code checkout (a subprocess each; a run over 120 s is cut off).
 """
 from __future__ import annotations
 
@@ -124,11 +130,63 @@ def full_cli(args) -> dict:
     return {"steps": args.steps, "rows": rows, "load_1min": load}
 
 
+_READ_ONLY = ("import sys, time; from stability_callbacks.replay.readers import read_records; "
+              "t = time.perf_counter(); n = sum(1 for _ in read_records(sys.argv[1])); "
+              "print(time.perf_counter() - t, n)")
+
+
+def linear_inputs(out: Path) -> dict[str, list[Path]]:
+    """The inputs of ``--linear``: repeated steps and one giant line, each at three sizes."""
+    out.mkdir(parents=True, exist_ok=True)
+    made: dict[str, list[Path]] = {"repeated_step_lines": [], "one_giant_line": []}
+    for n in (10_000, 20_000, 40_000):
+        p = out / f"repeated_{n}.log"
+        if not p.exists():
+            p.write_text("".join(f"step 7 loss {1.0 + (i % 7) / 10}\n" for i in range(n)))
+        made["repeated_step_lines"].append(p)
+    for kb in (256, 512, 1024):
+        p = out / f"giant_{kb}k.log"
+        if not p.exists():
+            records, size, s = [], 0, 0
+            while size < kb * 1024:
+                rec = f"step {s // 50} loss {2.0 + s % 3}"
+                records.append(rec)
+                size += len(rec) + 1
+                s += 1
+            p.write_text(" ".join(records) + "\n")
+        made["one_giant_line"].append(p)
+    return made
+
+
+def linear(args) -> dict:
+    inputs = linear_inputs(Path(args.out))
+    codes = [REPO] + [Path(c).resolve() for c in args.code]
+    rows = []
+    for kind, paths in inputs.items():
+        for code in codes:
+            secs = []
+            for p in paths:
+                env = dict(os.environ, PYTHONPATH=str(code))
+                try:
+                    r = subprocess.run([sys.executable, "-c", _READ_ONLY, str(p.resolve())], env=env,
+                                       cwd=code, capture_output=True, text=True, timeout=120)
+                    secs.append(float(r.stdout.split()[0]) if r.returncode == 0 else math.inf)
+                except subprocess.TimeoutExpired:
+                    secs.append(math.inf)
+            ratios = [b / a if a else math.inf for a, b in zip(secs, secs[1:])]
+            rows.append({"input": kind, "code": str(code), "sizes": [p.name for p in paths],
+                         "seconds": [round(x, 3) for x in secs], "ratio_per_doubling": [round(x, 2) for x in ratios]})
+            print(f"{kind:20s} {code}: " + ", ".join(f"{p.name} {x:.2f} s" for p, x in zip(paths, secs))
+                  + f"   (x{', x'.join(f'{r:.1f}' for r in ratios)} per doubling)")
+    return {"linear": rows, "load_1min": os.getloadavg()[0]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("log", nargs="?", default=str(DEFAULT))
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--cli", action="store_true", help="time the full CLI path on a generated log")
+    ap.add_argument("--linear", action="store_true", help="reading cost on repeated steps and one giant line")
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--formats", default="megatron,generic,csv")
     ap.add_argument("--code", action="append", default=[],
@@ -136,7 +194,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default="out/bench_replay")
     args = ap.parse_args()
-    result = full_cli(args) if args.cli else monitor_only(args.log, args.repeat)
+    result = (full_cli(args) if args.cli else linear(args) if args.linear
+              else monitor_only(args.log, args.repeat))
     print(json.dumps(result))
 
 

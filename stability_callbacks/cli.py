@@ -20,8 +20,9 @@ from .preflight import PRECISIONS
 
 #: What a subcommand's --help says of its exit codes.
 EXIT_CODES = {
-    "replay": "exit codes: 0 no critical finding, 1 a critical finding, 2 unreadable input, no training "
-              "loss read, a bad config or a missing extra, 3 --follow halted the run",
+    "replay": "exit codes: 0 no critical finding, 1 a critical finding, 2 the input cannot be read (not "
+              "text, no known format, no training loss read), a bad config or a missing extra, 3 "
+              "--follow halted the run",
     "timeline": "exit codes: 0 stitched, 2 unreadable run log or a missing extra",
     "preflight": "exit codes: 0 nothing worse than info, 1 a warning, 2 unreadable input, a bad config "
                  "or a missing extra",
@@ -77,16 +78,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     json_help = "write the findings as JSON lines to OUT (- or no value: standard output)"
     p = command("replay", "run the live detector over a training log",
-                "Run the live detector over a training log (any framework's text log, a run log, "
-                "trainer_state.json, a TensorBoard directory, a W&B or our CSV), offline or, with "
-                "--follow, as the job writes it. Prints what was read and a summary of the findings.")
-    p.add_argument("path")
+                "Replay a training log (a text log of any common printer, Megatron, fairseq, Caffe, "
+                "JSON lines, CSV, W&B CSV, trainer_state.json, a TensorBoard directory; gzip read as "
+                "is; - for stdin) through the live detector, offline or, with --follow, as the job "
+                "writes it. It first says what it read: the steps, which printed name became each "
+                "key, how steps were numbered, the lines it ignored.")
+    p.add_argument("path", help="the log file, a TensorBoard directory, or - for standard input")
     p.add_argument("--format", default="auto",
                    help="auto|generic|megatron|fairseq|hf-state|jsonl|csv|tensorboard|wandb-csv "
                         "(also hf, nanogpt, llmc, deepspeed, litgpt, mlx, llamafactory, ...: "
                         "read by the generic reader)")
     p.add_argument("--config", help="YAML config or preset name (default, pretrain-fp16, ...)")
-    p.add_argument("--json", dest="json_out", nargs="?", const="-", metavar="OUT", help=json_help)
+    p.add_argument("--json", dest="json_out", nargs="?", const="-", metavar="OUT",
+                   help="write what was read (the first record, type \"read\") and the findings as "
+                        "JSON lines to OUT (- or no value: standard output)")
     p.add_argument("--report", help="write a report: OUT.html (self-contained) or OUT.png")
     p.add_argument("--warmup-steps", type=int, help="declare the LR warmup length (else inferred from the LR)")
     p.add_argument("--keys", help="say which names the log prints: OURS=THEIRS,... with OURS = step, loss, "

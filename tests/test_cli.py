@@ -17,7 +17,8 @@ def cli(*args):
 def test_replay_exit_1_on_critical_with_json_lines():
     r = cli("replay", LOGS / "bs_tr8_104B_exp12_spike8740_diverge9027.csv", "--json", "-")
     assert r.returncode == 1, r.stderr
-    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    read, *lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert read["type"] == "read" and read["format"] == "csv" and read["steps"] == read["steps_with_loss"]
     assert [(f["step"], f["kind"]) for f in lines] == [
         (8740, "grad_norm_spike"), (8741, "loss_spike"), (8743, "loss_spike"), (9027, "nonfinite"),
         (9027, "rollback_advice")]
@@ -51,7 +52,8 @@ def test_replay_of_our_own_run_log_reproduces_live_findings(tmp_path):
     run.close()
     r = cli("replay", tmp_path / "runlog.jsonl", "--json", tmp_path / "f.jsonl")
     assert r.returncode == 0, r.stderr
-    replayed = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()]
+    read, *replayed = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()]
+    assert read["type"] == "read" and read["steps"] == 400
     assert replayed == [f.to_json() for f in live]
     assert [(f["step"], f["kind"]) for f in replayed] == [(50, "warmup_end"), (300, "loss_spike"),
                                                           (301, "spike_recovered")]

@@ -65,7 +65,8 @@ def test_our_tensorboard_sink_replays_to_the_live_findings(tmp_path):
     r = subprocess.run([sys.executable, "-m", "stability_callbacks", "replay", str(events), "--json", "-"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stderr                   # the spike is inside the warmup-end risk window
-    replayed = [json.loads(x) for x in r.stdout.splitlines()]
+    read, *replayed = [json.loads(x) for x in r.stdout.splitlines()]
+    assert read["type"] == "read" and read["format"] == "tensorboard"
     assert [(f["step"], f["kind"]) for f in replayed] == [(f.step, f.kind) for f in live]
 
 

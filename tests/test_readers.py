@@ -196,29 +196,29 @@ def test_run_log_jsonl_reads_step_lines_in_file_order(tmp_path):
     assert math.isnan(recs[1].metrics["loss"]) and recs[1].metrics["grad_norm"] == math.inf
 
 
-def test_partly_unreadable_file_reports_skips_and_replays_the_rest(tmp_path):
+def test_partly_unreadable_file_reports_ignored_lines_and_replays_the_rest(tmp_path):
     path = tmp_path / "broken.jsonl"
     path.write_bytes(b'{"step": 1, "loss": 2.0}\n{"step": 2, "loss": \n\xff\xfe garbage\n'
                      b'{"step": 3, "loss": 1.5}\n')
     skipped = []
-    recs = list(read_records(path, on_skip=lambda n, text, why: skipped.append((n, why))))
+    recs = list(read_records(path, on_ignore=lambda n, text, why: skipped.append((n, why))))
     assert [r.step for r in recs] == [1, 3]
     assert [n for n, _ in skipped] == [2, 3] and all("not JSON" in w for _, w in skipped)
 
     path = tmp_path / "broken.csv"
     path.write_text("step,loss\n1,2.0\n2,two\n3,1.5\n")
     skipped.clear()
-    recs = list(read_records(path, on_skip=lambda n, text, why: skipped.append((n, text))))
+    recs = list(read_records(path, on_ignore=lambda n, text, why: skipped.append((n, text))))
     assert [r.step for r in recs] == [1, 3] and skipped == [(3, "2,two")]
 
 
-def test_unreadable_skip_without_callback_is_logged_once(tmp_path, caplog):
+def test_unreadable_lines_without_callback_are_logged_once(tmp_path, caplog):
     path = tmp_path / "broken.jsonl"
     path.write_text('{"step": 1, "loss": 2.0}\nnot json\nnor this\n')
     recs = list(read_records(path))
     assert [r.step for r in recs] == [1]
     msgs = [r.getMessage() for r in caplog.records]
-    assert len(msgs) == 1 and "skipped 2 unreadable line(s); first at line 2" in msgs[0]
+    assert len(msgs) == 1 and "ignored 2 unreadable line(s); first at line 2" in msgs[0]
 
 
 def test_fatal_errors_name_the_file_and_line(tmp_path):
@@ -361,6 +361,33 @@ NAN = float("nan")
     ("[Iteration 7] Throughput is 408.4 records/second. Loss is 1.25. Current learning rate is 0.04.\n"
      "[Iteration 8] Throughput is 398.7 records/second. Loss is Infinity. Current learning rate is 0.04.\n",
      [(7, {"loss": 1.25, "lr": 0.04}), (8, {"loss": float("inf"), "lr": 0.04})]),
+    # Keras per-epoch lines that only print complete bars (samples or batches): nothing finer
+    # than the epoch is printed, so the epoch is the step.
+    ("Epoch 1/3\n60000/60000 [==============================] - 5s 83us/sample - loss: 0.5000\n"
+     "Epoch 2/3\n60000/60000 [==============================] - 5s 81us/sample - loss: 0.4000 - val_loss: 0.45\n",
+     [(1, {"loss": 0.5, "loss_resolution": 1e-4}), (2, {"loss": 0.4, "loss_resolution": 1e-4})]),
+    # An epoch that is the only counter is the step; two records of one epoch: order of appearance.
+    ("epoch: 1 loss: 2.3\nepoch: 2 loss: nan\n", [(1, {"loss": 2.3}), (2, {"loss": NAN})]),
+    ("epoch 1 loss 2.0\nepoch 1 loss 1.9\nepoch 2 loss 1.8\n",
+     [(1, {"loss": 2.0, "loss_resolution": 0.1}), (2, {"loss": 1.9}), (3, {"loss": 1.8})]),
+    # `<iteration>: <value>` lines: a counter and one unnamed value, the loss (its NaN too).
+    ("100: 2.5\n110: 2.4\n120: nan\n", [(100, {"loss": 2.5}), (110, {"loss": 2.4}), (120, {"loss": NAN})]),
+    # A key of two words and a parenthesis: `(curr)` is the value, `(avg)` a statistic.
+    ("iter 100 | loss train (curr): 2.345 | loss train (avg): 2.401\n", [(100, {"loss": 2.345})]),
+    # mmengine prints the configured `base_lr` beside the scheduled `lr`.
+    ("Epoch(train)  [1][ 50/500]  base_lr: 1.0000e-02 lr: 5.0000e-03  eta: 0:01:00  time: 0.5  loss: 1.2000\n",
+     [(50, {"lr": 0.005, "loss": 1.2, "loss_resolution": 1e-4})]),
+    # DeepSpeed's cumulative count in an excerpt: the first count is no delta of its step.
+    ("[Rank 0] step=510, skipped=8, lr=[1e-05], mom=[(0.9, 0.95)]\n"
+     "[Rank 0] step=520, skipped=9, lr=[1e-05], mom=[(0.9, 0.95)]\n",
+     [(510, {"lr": 1e-05}), (520, {"lr": 1e-05, "skipped": 1.0})]),
+    # A table: a header row of names, rows of values (HF notebook tables, ultralytics).
+    ("Step | Training Loss | Validation Loss | reward\n-- | -- | -- | --\n1 | 0.500000 | 0.6 | 1.0\n"
+     "2 | 0.400000 | No log | 1.5\n", [(1, {"loss": 0.5, "loss_resolution": 1e-6}), (2, {"loss": 0.4, "loss_resolution": 1e-6})]),
+    # Named terms of the objective and no total: the loss is their sum.
+    ("      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size\n"
+     "        1/3      1.95G        1.0        2.0        0.5         33        640: 100%|##| 8/8 [00:02<00:00]\n",
+     [(1, {"loss": 3.5})]),
 ])
 def test_generic_reader_rules(tmp_path, text, want):
     got = records_of(tmp_path, text)
@@ -391,6 +418,24 @@ def test_a_log_without_metrics_says_what_was_looked_for_and_what_came_closest(tm
         == want
     pat = compile_pattern(msg.split("--pattern '")[1].split("'")[0])
     assert [(r.step, r.metrics) for r in read_records(path, pattern=pat)] == want
+
+
+def test_the_hint_never_names_a_counter_that_repeats_as_the_step(tmp_path):
+    path = tmp_path / "odd.log"
+    path.write_text("".join(f"ep 0 mse_err {1 / (b + 1):.3f} acc 0.{b}\n" for b in range(5)))
+    with pytest.raises(LogFormatError) as e:
+        read_records(path)
+    assert "say it explicitly: --keys loss=mse_err   (no step printed" in str(e.value)
+
+
+def test_a_megatron_excerpt_after_a_sentence_with_commas_is_megatron(tmp_path):
+    path = tmp_path / "issue.log"
+    path.write_text("Hi, the loss spikes at iteration 20, with bf16, TP=2, logs below:\n\n" + "".join(
+        f" iteration       {i}/    1000 | consumed samples:     {i * 512} | learning rate: 1.000E-05 | "
+        f"lm loss: 7.5E+00 | loss scale: 1.0 | number of skipped iterations:   0 | "
+        f"number of nan iterations:   0 |\n" for i in range(10, 13)))
+    assert detect_format(path) == "megatron"
+    assert [r.step for r in read_records(path)] == [10, 11, 12]
 
 
 def test_keys_and_pattern_flags_are_checked():
@@ -424,5 +469,5 @@ def test_a_followed_log_waits_for_megatron_behind_deepspeed_lines(monkeypatch):
     fmt, consumed = readers.detect_lines("run.log", iter(lines))
     assert fmt == "megatron" and consumed == [(1, ds), (2, mega)]
     # A log that stays DeepSpeed-only is the generic reader's once the wait is over.
-    monkeypatch.setattr(readers, "SETTLE_S", 0.0)
+    monkeypatch.setattr(readers.sniff, "SETTLE_S", 0.0)
     assert readers.detect_lines("run.log", iter(lines))[0] == "generic"

@@ -1,9 +1,13 @@
 """The wild corpus (tests/data/wild_logs, labels.*.json): real logs from public issue threads and
-repositories that nobody on this project wrote. Each parses with ``--format auto`` to exactly
-its hand-written CSV (README there: what a log parses to), and its replay meets its labels —
-except the known misses below, each asserted exactly as it fails today, with the reason no
-principled rule can deliver it from the points given."""
+repositories that nobody on this project wrote, and logs of 2025-26 tools (half F). The corpus is
+split (split.json, a seeded draw over source threads and repositories) into a rules part, which
+parses with ``--format auto`` to exactly its hand-written CSV (README there: what a log parses to)
+and meets its labels, and a held-out part, never used to write rules, asserted as first scored.
+Known misses are asserted exactly as they fail, each with its reason."""
 import json
+import math
+import random
+import re
 from pathlib import Path
 
 import pytest
@@ -11,10 +15,46 @@ from test_readers import assert_same
 from test_real_logs import violations
 
 from stability_callbacks import Monitor
-from stability_callbacks.replay.readers import read_records
+from stability_callbacks.replay.readers import LogFormatError, read_records
 
 WILD = Path(__file__).parent / "data" / "wild_logs"
-LABELS = [entry for f in sorted(WILD.glob("labels.*.json")) for entry in json.loads(f.read_text())]
+ALL_LABELS = [entry for f in sorted(WILD.glob("labels.*.json")) for entry in json.loads(f.read_text())]
+SPLIT = json.loads((WILD / "split.json").read_text())
+HELD_OUT = {name for batch in SPLIT["batches"] for name in batch["held_out"]}
+#: The rules part: the logs reader rules may be written and tuned against (split.json).
+LABELS = [lab for lab in ALL_LABELS if lab["name"] not in HELD_OUT]
+
+
+def source_group(source: str) -> str:
+    """The group a log is drawn with: its thread (``owner/repo#N``), the repository its file is
+    from (``owner/repo``), the search-index file it was found as (``index:ID``), or, for a log
+    generated from a tool's print format, that tool (``owner/repo (generated)``)."""
+    m = re.match(r"([\w.-]+/[\w.-]+)#(\d+)", source)
+    if m:
+        return f"{m.group(1)}#{m.group(2)}"
+    m = re.match(r"generated from the print format of ([\w.-]+/[\w.-]+)", source)
+    if m:
+        return f"{m.group(1)} (generated)"
+    m = re.search(r"index file id (\d+)", source)
+    if m:
+        return f"index:{m.group(1)}"
+    m = re.match(r"(?:produced here by running the )?([\w.-]+/[\w.-]+)[ @]", source)
+    return m.group(1)
+
+
+def draw_held_out(labels: list[dict], seed: int, share: float) -> list[str]:
+    """split.json's method: whole source groups in a seeded shuffle until ``share`` is reached."""
+    groups: dict[str, list[str]] = {}
+    for lab in labels:
+        groups.setdefault(source_group(lab["source"]), []).append(lab["name"])
+    order = sorted(groups)
+    random.Random(seed).shuffle(order)
+    held: list[str] = []
+    for g in order:
+        if len(held) >= math.ceil(share * len(labels)):
+            break
+        held += groups[g]
+    return sorted(held)
 
 
 def _expected(kind, lo, hi):
@@ -91,13 +131,63 @@ def test_wild_log_meets_its_labels(label):
     assert violations(label, findings) == KNOWN_MISSES.get(label["name"], ([], None))[0]
 
 
+@pytest.mark.parametrize("halves, size, held", [("abcde", 122, 37), ("f", 27, 9)])
+def test_the_held_out_part_is_the_seeded_draw(halves, size, held):
+    batch = next(b for b in SPLIT["batches"] if b["logs"] == size)
+    drawn = [lab for lab in ALL_LABELS if lab["name"][0] in halves]
+    assert len(drawn) == size
+    assert draw_held_out(drawn, batch["seed"], batch["share"]) == batch["held_out"]
+    assert len(batch["held_out"]) == held
+
+
+HELD_OUT_LABELS = [lab for lab in ALL_LABELS if lab["name"] in HELD_OUT]
+
+#: The held-out part as first (and only) scored, at the end of issue 26 (README, Measured
+#: generality): 44 of 46 parse exactly, 43 meet their labels. name -> why it does not parse to
+#: its CSV. Never fixed by a rule for the file: a later change to the rules needs a new
+#: held-out batch (split.json).
+HELD_OUT_PARSE_MISSES = {
+    "b_build_nanogpt_logtxt_first95_healthy": (
+        "build-nanogpt's log.txt prints `N train X` / `N val X`: the loss under a split word "
+        "alone, no loss name; the vocabulary has no such name (the rule of issue 15 that read "
+        "it fired for this file only and was dropped): no records, exit 2"),
+    "f_olmo_core_gen_console_ce_loss_nan_300": (
+        "OLMo-core's `optim/LR (group 0)=x` puts a number inside the parenthesis of its key: "
+        "the tokenizer cuts the key at that number and the LR is lost (loss and grad norm read)"),
+}
+
+
+@pytest.mark.parametrize("label", HELD_OUT_LABELS, ids=[lab["name"] for lab in HELD_OUT_LABELS])
+def test_held_out_log_reads_as_first_scored(label):
+    try:
+        records = list(read_records(WILD / label["log"]))
+        assert_same(records, WILD / label["csv"], allowed_extra=("consumed_samples", "param_norm"))
+        exact = True
+    except (AssertionError, LogFormatError):
+        exact = False
+    assert exact == (label["name"] not in HELD_OUT_PARSE_MISSES)
+
+
+@pytest.mark.parametrize("label", HELD_OUT_LABELS, ids=[lab["name"] for lab in HELD_OUT_LABELS])
+def test_held_out_log_meets_its_labels_as_first_scored(label):
+    if label["name"] == "b_build_nanogpt_logtxt_first95_healthy":
+        with pytest.raises(LogFormatError, match="unknown log format"):
+            read_records(WILD / label["log"])
+        return
+    monitor = Monitor()
+    findings = [f for rec in read_records(WILD / label["log"]) for f in monitor.update(rec)]
+    assert violations(label, findings) == KNOWN_MISSES.get(label["name"], ([], None))[0]
+
+
 def test_the_known_misses_are_few_and_labelled():
-    assert set(KNOWN_MISSES) <= {lab["name"] for lab in LABELS} and len(LABELS) == 122
-    assert len(KNOWN_MISSES) == 7
+    assert set(KNOWN_MISSES) <= {lab["name"] for lab in ALL_LABELS} and len(ALL_LABELS) == 149
+    assert len(KNOWN_MISSES) == 7 and len(HELD_OUT_PARSE_MISSES) == 2
+    assert set(HELD_OUT_PARSE_MISSES) <= HELD_OUT and len(HELD_OUT_LABELS) == 46
     assert all(reason for _, reason in KNOWN_MISSES.values())
 
 
 def test_every_wild_log_has_a_label():
-    logs = {p.name for p in WILD.glob("*") if p.suffix in (".log", ".json", ".jsonl", ".txt")
-            and not p.name.startswith("labels.")}
-    assert logs == {lab["log"] for lab in LABELS}
+    logs = {p.name for p in WILD.glob("*") if (p.suffix in (".log", ".json", ".jsonl", ".txt")
+                                               or p.name.endswith(".metrics.csv"))
+            and not p.name.startswith(("labels.", "split."))}
+    assert logs == {lab["log"] for lab in ALL_LABELS}

@@ -1,11 +1,17 @@
-"""The ``replay`` command (DESIGN 2.4): a log through the live Monitor, offline or as it grows.
+"""The ``replay`` command (docs/design.md, CLI): a log through the live Monitor, offline or as it grows.
 
-``replay LOG`` reads the whole log, prints a summary table (and ``--json`` / ``--report``);
+``replay LOG`` reads the whole log (``-``: standard input), says what it read (the steps, the
+printed name behind each key, how steps were numbered, the lines it ignored: also the first
+``--json`` record), then prints a summary table (and ``--json`` / ``--report``);
 ``replay LOG --follow`` tails it through a :class:`~stability_callbacks.live.LiveRun` (run log,
-alert sinks, halts: :mod:`.follow`). Both feed the records the same way (:func:`_feed`).
+alert sinks, halts: :mod:`.follow`). Both feed the records the same way (:class:`_Replay`).
 
-Exit codes: 0 no critical finding; 1 a critical finding; 2 unreadable input, no per-step
-metrics or a bad config (one message: the file and line, or the key); 3 (``--follow``) halted.
+Where the log prints no step, steps are record numbers: findings say so, and rollback advice
+names no checkpoint step or batches to skip (docs/replay.md, What was read).
+
+Exit codes: 0 no critical finding; 1 a critical finding; 2 unreadable input (not text, no known
+format, no training loss read) or a bad config (one message: the file and line, or the key);
+3 (``--follow``) halted.
 """
 from __future__ import annotations
 
@@ -13,14 +19,23 @@ import json
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..config import ConfigError
 from ..record import Finding, severity_rank
 
+if TYPE_CHECKING:
+    from .readers import ReadAccount
+
+# Said of every finding of a log whose steps are record numbers.
+RECORD_NUMBERS = ("(step {step} is the {step}-th record of the log, which prints no step "
+                  "numbers: find it by counting records, not by a step the trainer knows)")
+
+
 def run(args) -> int:
     """``stability-callbacks replay``: the exit code."""
     from ..monitor import Monitor
-    from .readers import LogFormatError, compile_pattern, parse_keys, read_records
+    from .readers import LogFormatError, ReadAccount, compile_pattern, parse_keys, read_records
 
     err = sys.stderr
     try:
@@ -37,14 +52,20 @@ def run(args) -> int:
     if args.follow:
         return _follow(args, monitor, user_keys, pattern)
     replay = _Replay(monitor, keep=bool(args.report))
+    account = replay.account = ReadAccount(args.path, replay.ignore)
     try:
-        replay.feed(read_records(args.path, args.format, on_skip=replay.skip,
-                                 progress=err.isatty(), user_keys=user_keys, pattern=pattern),
+        replay.feed(read_records(args.path, args.format, progress=err.isatty(), user_keys=user_keys,
+                                 pattern=pattern, account=account),
                     monitor.update)
     except (LogFormatError, OSError, ValueError) as e:
         print(f"error: {e}", file=err)
         return 2
     replay.finish(args)
+    if not account.with_loss:
+        print(f"error: {args.path}: no training loss was read "
+              f"({account.records} steps, keys: {', '.join(account.keys) or 'none'}); "
+              "name the loss the log prints with --keys loss=NAME", file=err)
+        return 2
     return 1 if any(f.severity == "critical" for f in replay.findings) else 0
 
 
@@ -58,10 +79,10 @@ class _Replay:
         self.records: list | None = [] if keep else None
         self.phases: list = []
         self.count = 0
-        self.skipped: list[tuple[int, str, str]] = []
+        self.account: ReadAccount | None = None
 
-    def skip(self, line_no: int, text: str, reason: str) -> None:
-        self.skipped.append((line_no, text, reason))
+    def ignore(self, line_no: int, text: str, reason: str) -> None:
+        """An unreadable line: counted in the account, said once at the end."""
 
     def feed(self, stream, observe, after=None) -> None:
         """Every record into ``observe`` (``Monitor.update`` or ``LiveRun.observe``);
@@ -77,22 +98,31 @@ class _Replay:
                 break
 
     def finish(self, args, *, printed: bool = False):
-        """Notes, JSON, summary and report; returns where the summary went. ``printed``: the
-        findings were printed as they came (``--follow``): the summary is the table only."""
-        if self.skipped:
-            first = self.skipped[0]
-            print(f"note: skipped {len(self.skipped)} unreadable line(s) of {args.path} (first: "
-                  f"line {first[0]}: {first[2]})", file=sys.stderr)
+        """What was read, JSON, summary and report; returns where the summary went. ``printed``:
+        the findings were printed as they came (``--follow``): the summary is the table only."""
+        account = self.account
+        summary_to = sys.stderr if args.json_out == "-" else sys.stdout
+        if account is not None:
+            account.records = self.count
+            if account.order_numbered:
+                self.findings = [record_numbered(f) for f in self.findings]
+            for line in account.lines():
+                print(line, file=summary_to)
+            if account.first_unreadable is not None:
+                line_no, reason = account.first_unreadable
+                print(f"note: ignored {account.unreadable} unreadable line(s) of {args.path} "
+                      f"(first: line {line_no}: {reason})", file=sys.stderr)
         if args.json_out:
             out = sys.stdout if args.json_out == "-" else open(args.json_out, "w", encoding="utf-8")
+            if account is not None:
+                out.write(json.dumps(account.to_json()) + "\n")
             for f in self.findings:
                 out.write(json.dumps(f.to_json()) + "\n")
             if out is not sys.stdout:
                 out.close()
-        summary_to = sys.stderr if args.json_out == "-" else sys.stdout
         name = Path(args.path).name
         print_summary(self.findings, self.count, name, file=summary_to, list_findings=not printed,
-                      advice_forms=_advice_forms(args, self.findings))
+                      advice_forms=_advice_forms(args, account))
         if args.report:
             from .report import write_report
             path = write_report(args.report, self.records or [], self.findings, title=name,
@@ -104,7 +134,7 @@ class _Replay:
 def _follow(args, monitor, user_keys, pattern) -> int:
     from ..live import LiveRun
     from .follow import EXIT_HALTED, StopConditions, TailLines, carry_out_halt, follow_run_dir, follow_wandb_run
-    from .readers import LogFormatError, read_records
+    from .readers import LogFormatError, ReadAccount, read_records
 
     err = sys.stderr
     forms = _advice_forms(args, None)
@@ -131,6 +161,7 @@ def _follow(args, monitor, user_keys, pattern) -> int:
             yield item
 
     replay = _Replay(monitor, keep=bool(args.report))
+    replay.account = ReadAccount(args.path, replay.ignore)
     halt: list[Finding] = []
 
     def observe(rec):
@@ -152,8 +183,8 @@ def _follow(args, monitor, user_keys, pattern) -> int:
     print(f"following {args.path} (run folder: {run.run_dir}); Ctrl-C to stop", flush=True)
     stream = None
     try:
-        stream = read_records(args.path, args.format, on_skip=replay.skip, user_keys=user_keys,
-                              pattern=pattern, lines=lines())
+        stream = read_records(args.path, args.format, user_keys=user_keys, pattern=pattern,
+                              lines=lines(), account=replay.account)
         replay.feed(stream, observe, after=after)
     except (LogFormatError, OSError, ValueError) as e:
         run.close()
@@ -179,32 +210,41 @@ def _follow(args, monitor, user_keys, pattern) -> int:
     return 1 if any(f.severity == "critical" for f in replay.findings) else 0
 
 
-def _advice_forms(args, findings) -> tuple[str, ...] | None:
+def record_numbered(f: Finding) -> Finding:
+    """A finding of a log whose steps are record numbers, saying so; rollback advice keeps its
+    onset and drops the checkpoint step and the batches to skip (record numbers are neither)."""
+    from dataclasses import replace
+    details = dict(f.details, step_is_record_number=True)
+    message = f"{f.message} {RECORD_NUMBERS.format(step=f.step)}"
+    if f.kind == "rollback_advice":
+        for k in ("skip_steps", "consumed_samples", "checkpoint_step", "checkpoint_path"):
+            details.pop(k, None)
+        message = (f"the run went wrong at record {f.step} of the log; it prints no step numbers, "
+                   "so no checkpoint step or batches to skip can be named from it: go back to the "
+                   "last checkpoint saved before that point and find its step in the trainer's "
+                   f"own log. {RECORD_NUMBERS.format(step=f.step)}")
+    return replace(f, message=message, details=details)
+
+
+def _advice_forms(args, account: "ReadAccount | None") -> tuple[str, ...] | None:
     """The rollback forms to print (``--advice``): ``all`` (None), one framework, or (``auto``)
-    the one the log speaks: the ``--format`` named, else the format detected (only looked up
-    when a ``findings`` list holds rollback advice; ``--follow`` passes None: no detection)."""
+    the one the log speaks: the ``--format`` named, else the format the reader detected."""
     from ..actions.rollback import advice_forms_for
 
     if args.advice == "all":
         return None
     if args.advice != "auto":
         return (args.advice,)
-    source = args.format
-    if source == "auto" and findings and any(f.kind == "rollback_advice" for f in findings):
-        from .readers import detect_format
-        try:
-            source = detect_format(args.path)
-        except Exception:   # the advice says what to do in words either way
-            source = None
-    return advice_forms_for(source)
+    return advice_forms_for(args.format if args.format != "auto" else account.format if account else None)
 
 
 def print_finding(f: Finding, advice_forms: tuple[str, ...] | None, *, console=None) -> None:
     """One finding as a line (``[severity] step N kind: message``), and under rollback advice
-    its native forms (``advice_forms``: those frameworks; None: all four; ``()``: a hint)."""
+    its native forms (``advice_forms``: those frameworks; None: all four; ``()``: a hint). A log
+    without step numbers gets no forms: record numbers are neither checkpoints nor batches."""
     out = console.print if console is not None else (lambda text, **_: print(text, flush=True))
     out(f"[{f.severity}] step {f.step} {f.kind}: {f.message}", markup=False)
-    if f.kind == "rollback_advice":
+    if f.kind == "rollback_advice" and not f.details.get("step_is_record_number"):
         from ..actions.rollback import native_forms
         forms = native_forms(f.details, advice_forms)
         for fw, text in forms.items():

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..record import Finding, StepRecord
-from .readers.source import LogFormatError, SkipReport, numbered_lines
+from .readers.account import ReadAccount
+from .readers.source import LogFormatError, numbered_lines
 
 
 class Timeline(NamedTuple):
@@ -40,7 +41,7 @@ def stitch(runlog_path, *, on_skip=None) -> Timeline:
     Raises :class:`~stability_callbacks.replay.readers.LogFormatError` for a missing file or one
     with no step line; unreadable lines go to ``on_skip(line_no, text, reason)``.
     """
-    report = SkipReport(runlog_path, on_skip)
+    report = ReadAccount(runlog_path, on_skip)
     live: list[StepRecord] = []         # ascending by step
     superseded: list[StepRecord] = []
     segments: list[dict] = []

@@ -18,7 +18,8 @@ from typing import Iterator
 
 from ... import keys
 from ...record import StepRecord
-from .source import SkipReport, numbered_lines, to_float
+from .account import ReadAccount
+from .source import to_float
 
 HEADER = re.compile(r"\] Iteration (\d+)(?: \([^)]*\))?, loss = (\S+)")
 _OUTPUT = re.compile(r"\] +Train net output #\d+: \S+ = (\S+)(?: \(\* \S+ = (\S+) loss\))?")
@@ -26,10 +27,12 @@ _LR = re.compile(r"\] Iteration (\d+), lr = (\S+)")
 SIGNATURES = (HEADER, _OUTPUT)
 
 
-def read(path, *, on_skip: SkipReport, progress: bool = False, lines=None, **_
-         ) -> Iterator[StepRecord]:
+def read(path, *, account: ReadAccount, lines, **_) -> Iterator[StepRecord]:
+    account.saw(keys.LOSS, "Train net output (* w = V loss)")
+    account.saw(keys.LR, "lr")
+    account.numbered("counter", "Iteration")
     group: dict = {}                  # step, header (loss), loss, lr of the iteration being read
-    for line_no, text in (lines if lines is not None else numbered_lines(path, progress=progress)):
+    for line_no, text in lines:
         if text is None or "] " not in text:
             continue
         try:
@@ -56,7 +59,7 @@ def read(path, *, on_skip: SkipReport, progress: bool = False, lines=None, **_
                 yield from _record(group)
                 group = {}
         except ValueError as e:
-            on_skip(line_no, text, f"unreadable number: {e}")
+            account(line_no, text, f"unreadable number: {e}")
     if group:
         yield from _record(group)
 

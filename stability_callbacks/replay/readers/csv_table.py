@@ -1,16 +1,18 @@
-"""Tables: our CSV (DESIGN 2.4) and W&B CSV exports.
+"""Tables: CSV / TSV with a header row (ours, Lightning's ``metrics.csv``, any) and W&B exports.
 
-Our CSV: header ``step,loss,grad_norm,lr,loss_scale,skipped`` (any subset, commas or tabs; other metric-key
-columns such as ``adam/exp_avg_sq_max`` or ``loss/<name>`` kept); an empty cell is a missing value,
-``nan`` is NaN.
+Our CSV (DESIGN 2.4): header ``step,loss,grad_norm,lr,loss_scale,skipped`` (any subset, commas or
+tabs; other metric-key columns such as ``adam/exp_avg_sq_max`` or ``loss/<name>`` kept); an empty
+cell is a missing value, ``nan`` is NaN, and a row is a step even when every cell is empty.
+Other tables name their columns as their logger does; the columns map through :mod:`.tags`
+(Lightning's CSVLogger: ``train_loss_step`` is the loss at ``step``; ``train_loss_epoch`` and
+``val_loss`` are not). A row of such a table is a record only where it holds one of our metrics
+(Lightning and W&B write a row per ``log`` call).
 
 W&B: a run-history export (``_step,_runtime,_timestamp,train/loss,...``; HF runs also carry
 ``train/global_step``, which is the optimizer step and wins over ``_step``; the rows of our W&B sink
 carry ``stability/step``, which wins over both) or a chart-panel export
 (``Step,<run> - train/loss,<run> - train/loss__MIN,<run> - train/loss__MAX``: the ``__MIN``/``__MAX``
 envelopes are dropped, the ``<run> - `` prefix is stripped, the first run of the panel is read).
-W&B rows without one of our metrics are not steps (W&B writes a row per ``log`` call); a row
-of our CSV is a step even when every cell is empty (the step happened, nothing was printed).
 """
 from __future__ import annotations
 
@@ -20,33 +22,48 @@ from typing import Iterator
 
 from ... import keys
 from ...record import StepRecord
-from .source import LogFormatError, SkipReport, numbered_lines, to_float
-from .tags import is_ours, metric_key
+from .account import ReadAccount
+from .source import LogFormatError, to_float
+from .tags import metric_key, rank
+from .vocabulary import classify
 
 # Our W&B sink's rows carry `stability/step` first: HF's WandbCallback syncs `train/global_step`
 # into every row of the run (define_metric step_sync), ours included, with the reporter's step.
-_WANDB_STEP_COLUMNS = (keys.STEP_AXIS, "train/global_step", "trainer/global_step", "global_step", "Step",
-                       "_step")
-_OUR_STEP_COLUMNS = ("step", "Step", "iteration", "iter", "global_step", "_step")
+_WANDB_STEP_COLUMNS = (keys.STEP_AXIS, "train/global_step", "trainer/global_step", "global_step",
+                       "Step", "_step")
 
 
-def read_csv(path, *, on_skip: SkipReport, progress: bool = False, tag_map=None, lines=None, **_
+def read_csv(path, *, account: ReadAccount, lines, tag_map=None, user_keys=None, **_
              ) -> Iterator[StepRecord]:
-    yield from _read(path, on_skip, progress, tag_map, wandb=False, lines=lines)
+    yield from _read(path, account, lines, tag_map, user_keys, wandb=False)
 
 
-def read_wandb(path, *, on_skip: SkipReport, progress: bool = False, tag_map=None, **_
+def read_wandb(path, *, account: ReadAccount, lines, tag_map=None, user_keys=None, **_
                ) -> Iterator[StepRecord]:
-    yield from _read(path, on_skip, progress, tag_map, wandb=True)
+    yield from _read(path, account, lines, tag_map, user_keys, wandb=True)
 
 
-def _columns(header: list[str], tag_map, wandb: bool):
-    """(index of the step column(s) in priority order, [(index, metric key)])."""
+def _step_columns(names: list[str], wandb: bool, user) -> list[int]:
+    """The step column(s), best first: W&B's own order; else the best-ranked counter."""
+    if wandb:
+        return [names.index(s) for s in _WANDB_STEP_COLUMNS if s in names]
+    ranked = []
+    for i, name in enumerate(names):
+        role, _, r = classify(name, user)
+        if role == "step":
+            ranked.append((r, i))
+        elif role == "epoch":
+            ranked.append((10, i))         # only where nothing finer is printed
+    return [i for _, i in sorted(ranked)]
+
+
+def _columns(header: list[str], tag_map, wandb: bool, user):
+    """(index of the step column(s) in priority order, [(index, metric key)], our own table)."""
     names = [h.strip() for h in header]
-    step_names = _WANDB_STEP_COLUMNS if wandb else _OUR_STEP_COLUMNS
-    steps = [names.index(s) for s in step_names if s in names]
+    steps = _step_columns(names, wandb, user)
     run = None
     metrics = []
+    own = True
     for i, name in enumerate(names):
         if i in steps or name.endswith("__MIN") or name.endswith("__MAX"):
             continue
@@ -56,19 +73,17 @@ def _columns(header: list[str], tag_map, wandb: bool):
                 run = prefix
             elif prefix != run:
                 continue
-        key = metric_key(name, tag_map)
+        key = metric_key(name, tag_map, user)
+        own = own and keys.is_known(name)
         if key is not None:
-            metrics.append((not is_ours(name), i, key))
-    # one column per key: ours (`train/stability/loss`) over a framework's alias (`train/loss`)
-    chosen: dict[str, int] = {}
-    for _, i, key in sorted(metrics):
-        chosen.setdefault(key, i)
-    return steps, sorted((i, key) for key, i in chosen.items())
+            metrics.append((rank(name), i, key, name))
+    chosen: dict[str, tuple[int, str]] = {}
+    for _, i, key, name in sorted(metrics):
+        chosen.setdefault(key, (i, name))
+    return steps, sorted((i, key, name) for key, (i, name) in chosen.items()), own and not wandb
 
 
-def _read(path, on_skip, progress, tag_map, wandb, lines=None):
-    if lines is None:
-        lines = numbered_lines(path, progress=progress)
+def _read(path, account: ReadAccount, lines, tag_map, user, wandb):
     numbers = [0]    # the line the csv module last consumed (rows may span lines)
     lines = iter(lines)
     first = []
@@ -86,17 +101,31 @@ def _read(path, on_skip, progress, tag_map, wandb, lines=None):
 
     tabs = bool(first) and "\t" in first[0][1] and "," not in first[0][1]
     rows = csv.reader(text_lines(), delimiter="\t" if tabs else ",")
-    header = next(rows, None)
-    while header is not None and not any(c.strip() for c in header):
+    try:
         header = next(rows, None)
+        while header is not None and not any(c.strip() for c in header):
+            header = next(rows, None)
+    except csv.Error as e:
+        raise LogFormatError(path, numbers[-1], f"not a CSV header: {e}") from e
     if header is None:
         raise LogFormatError(path, None, "empty file (no CSV header)")
-    steps, metrics = _columns(header, tag_map, wandb)
+    steps, metrics, own = _columns(header, tag_map, wandb, user)
     if not steps:
         raise LogFormatError(path, numbers[-1], f"no step column in header {header!r}")
     if not metrics:
         raise LogFormatError(path, numbers[-1], f"no metric column in header {header!r}")
-    for row in rows:
+    for _, key, name in metrics:
+        account.saw(key, name)
+    account.numbered("epoch" if classify(header[steps[0]].strip())[0] == "epoch" and not wandb
+                     else "counter", header[steps[0]].strip())
+    while True:
+        try:
+            row = next(rows, None)
+        except csv.Error as e:
+            account(numbers[-1], "", f"unreadable CSV row: {e}")
+            continue
+        if row is None:
+            break
         line_no = numbers[-1]
         if not row or not any(c.strip() for c in row):
             continue
@@ -106,12 +135,14 @@ def _read(path, on_skip, progress, tag_map, wandb, lines=None):
                 raise ValueError("no step")
             step = int(to_float(step_cell))
             values = {}
-            for i, key in metrics:
+            for i, key, _ in metrics:
                 cell = row[i].strip() if i < len(row) else ""
                 if cell:
                     values[key] = to_float(cell)
         except (ValueError, OverflowError) as e:
-            on_skip(line_no, ",".join(row), f"unreadable CSV row: {e}")
+            account(line_no, ",".join(row), f"unreadable CSV row: {e}")
             continue
-        if values or not wandb:
+        if values or own:
             yield StepRecord(step, values)
+        else:
+            account.ignore(line_no, ",".join(row), "row without a training metric")

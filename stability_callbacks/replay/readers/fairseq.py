@@ -16,20 +16,20 @@ import re
 from typing import Iterator
 
 from ...record import StepRecord
-from .generic import Assembler, LineReader, feed_line
-from .source import SkipReport, numbered_lines
+from .account import ReadAccount
+from .assemble import Assembler
+from .generic import LineReader, feed_line
 
 INNER = re.compile(r"\bepoch \d+:\s+\d+\s*/\s*\d+\s+(.*\bnum_updates=\d+.*)$")
 SUMMARY = re.compile(r"\|\s*epoch \d+\s*\|\s*(loss .*\|\s*num_updates \d+.*)$")
 SIGNATURES = (INNER, SUMMARY)
 
 
-def read(path, *, on_skip: SkipReport, progress: bool = False, lines=None, **_
-         ) -> Iterator[StepRecord]:
-    reader, asm = LineReader(), Assembler()
+def read(path, *, account: ReadAccount, lines, **_) -> Iterator[StepRecord]:
+    reader, asm = LineReader(), Assembler(account)
     seen_inner = False
     held = None                      # an epoch summary, while no train_inner line has shown
-    for line_no, text in (lines if lines is not None else numbered_lines(path, progress=progress)):
+    for line_no, text in lines:
         if text is None:
             yield from asm.flush()
             continue
@@ -38,15 +38,16 @@ def read(path, *, on_skip: SkipReport, progress: bool = False, lines=None, **_
                 seen_inner, held = True, None
             elif SUMMARY.search(text):
                 if seen_inner:
+                    account.ignore(line_no, text, "epoch summary (the log prints updates)")
                     continue
                 if held is not None:           # two summaries, no update line between
-                    yield from feed_line(reader, asm, *held, on_skip)
+                    yield from feed_line(reader, asm, *held, account)
                 held = (line_no, text)
                 continue
         elif held is not None and "overflow" in text:    # it comes after the summary
-            yield from feed_line(reader, asm, *held, on_skip)
+            yield from feed_line(reader, asm, *held, account)
             held = None
-        yield from feed_line(reader, asm, line_no, text, on_skip)
+        yield from feed_line(reader, asm, line_no, text, account)
     if held is not None:
-        yield from feed_line(reader, asm, *held, on_skip)
+        yield from feed_line(reader, asm, *held, account)
     yield from asm.finish()

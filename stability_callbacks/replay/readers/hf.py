@@ -1,55 +1,65 @@
-"""HF Trainer ``trainer_state.json``: ``log_history`` entries with a ``step`` and a training metric.
+"""HF Trainer ``trainer_state.json``: the Trainer's own history, one record per step.
 
-Loaded whole (JSON has no streaming reader in the standard library, and the file is small).
-Evaluation entries (``eval_loss``) and the final summary (``train_runtime``) are not steps.
-The printed log dicts (``{'loss': '2.346', 'grad_norm': '1.234', ...}``) are read by the generic
-reader (:mod:`.generic`).
+``log_history`` holds one entry per ``trainer.log`` call: the Trainer's own (``loss``,
+``grad_norm``, ``learning_rate`` at ``step``), and any a callback logged at the same step (ours:
+``stability/<key>``). Entries of one step make one record (a step is never read twice: that
+would be a resume that never happened); our names win over the Trainer's alias of the same key
+(its ``loss`` is a mean over the logging interval). Evaluation entries (``eval_loss``) and the
+final summary (``train_runtime``) are not steps. Loaded whole (JSON has no streaming reader in
+the standard library, and the file is small). The printed log dicts (``{'loss': '2.346', ...}``)
+are read by the generic reader (:mod:`.generic`).
 """
 from __future__ import annotations
 
 import json
 from typing import Iterator
 
+from ... import keys
 from ...record import StepRecord
-from .source import LogFormatError, SkipReport, to_float
-from .tags import metric_key
+from .account import ReadAccount
+from .source import LogFormatError, to_float
+from .tags import metric_key, rank
 
 _NOT_A_STEP = ("train_runtime", "eval_loss", "eval_runtime")
 
 
-def _metrics(items, tag_map) -> dict[str, float]:
-    out = {}
-    for name, value in items:
-        key = metric_key(name, tag_map)
-        if key is None or key in out:
-            continue
-        out[key] = to_float(value) if isinstance(value, str) else float(value)
-    return out
-
-
-def read_state(path, *, on_skip: SkipReport, tag_map=None, **_) -> Iterator[StepRecord]:
+def read_state(path, *, account: ReadAccount, lines, tag_map=None, user_keys=None, **_
+               ) -> Iterator[StepRecord]:
+    text = "\n".join(t for _, t in lines if t is not None)
     try:
-        with open(path, encoding="utf-8") as f:
-            state = json.load(f)
-    except OSError as e:
-        raise LogFormatError(path, None, f"cannot open: {e.strerror or e}") from e
+        state = json.loads(text)
     except json.JSONDecodeError as e:
         raise LogFormatError(path, e.lineno, f"not valid JSON: {e.msg}") from e
     history = state.get("log_history") if isinstance(state, dict) else None
     if not isinstance(history, list):
         raise LogFormatError(path, None, "no log_history list (not a trainer_state.json)")
+    by_step: dict[int, dict[str, tuple[int, float]]] = {}
     for i, entry in enumerate(history):
         if not isinstance(entry, dict) or "step" not in entry:
-            on_skip(i + 1, repr(entry)[:200], "log_history entry without a step")
+            account(i + 1, repr(entry)[:200], "log_history entry without a step")
             continue
         if any(k in entry for k in _NOT_A_STEP):
+            account.ignore(i + 1, "", "evaluation or run summary entry")
             continue
         try:
-            metrics = _metrics(((k, v) for k, v in entry.items() if k not in ("step", "epoch")),
-                               tag_map)
             step = int(entry["step"])
+            ours_at = entry.get(keys.STEP_AXIS)
+            for name, value in entry.items():
+                if name in ("step", "epoch"):
+                    continue
+                key = metric_key(name, tag_map, user_keys)
+                if key is None:
+                    continue
+                at = int(ours_at) if ours_at is not None and keys.from_tag(name) else step
+                got = by_step.setdefault(at, {})
+                r = rank(name)
+                if key not in got or r < got[key][0]:
+                    got[key] = (r, to_float(value) if isinstance(value, str) else float(value))
+                    account.saw(key, name)
         except (TypeError, ValueError) as e:
-            on_skip(i + 1, repr(entry)[:200], f"unreadable value: {e}")
-            continue
+            account(i + 1, repr(entry)[:200], f"unreadable value: {e}")
+    account.numbered("counter", "log_history step")
+    for step in sorted(by_step):
+        metrics = {k: v for k, (_, v) in by_step[step].items()}
         if metrics:
             yield StepRecord(step, metrics)

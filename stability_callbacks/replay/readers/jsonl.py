@@ -15,16 +15,17 @@ import json
 from typing import Iterator
 
 from ...record import StepRecord
-from .generic import Assembler, LineReader, feed_line
-from .source import SkipReport, numbered_lines
+from .account import ReadAccount
+from .assemble import Assembler
+from .generic import LineReader, feed_line
 
 
-def read(path, *, on_skip: SkipReport, progress: bool = False, lines=None, user_keys=None,
-         **_) -> Iterator[StepRecord]:
+def read(path, *, account: ReadAccount, lines, user_keys=None, **_) -> Iterator[StepRecord]:
     reader = LineReader(user_keys)
-    asm = Assembler()
+    asm = Assembler(account)
+    run_log = False
     declared = None   # a phase line's declared warmup, handed to the next step record
-    for line_no, text in (lines if lines is not None else numbered_lines(path, progress=progress)):
+    for line_no, text in lines:
         if text is None:
             yield from asm.flush()
             continue
@@ -32,22 +33,27 @@ def read(path, *, on_skip: SkipReport, progress: bool = False, lines=None, user_
         if not s:
             continue
         if not (s.startswith("{") and s.endswith("}")):
-            on_skip(line_no, text, "not JSON: not an object on one line")
+            account(line_no, text, "not JSON: not an object on one line")
             continue
         if '"type"' in s:
             try:
                 obj = json.loads(s)
             except ValueError as e:
-                on_skip(line_no, text, f"not JSON: {e}")
+                account(line_no, text, f"not JSON: {e}")
                 continue
             kind = obj.get("type")
             if kind == "step":
                 try:
                     rec = StepRecord.from_json(obj)
                 except (KeyError, TypeError, ValueError) as e:
-                    on_skip(line_no, text, f"unreadable step line: {e!r}")
+                    account(line_no, text, f"unreadable step line: {e!r}")
                     continue
                 rec.warmup_steps, declared = declared, None
+                if not run_log:
+                    run_log = True
+                    account.numbered("counter", "step (our run log)")
+                    for key in rec.metrics:
+                        account.saw(key, key)
                 yield from asm.flush()
                 yield rec
                 continue
@@ -55,6 +61,7 @@ def read(path, *, on_skip: SkipReport, progress: bool = False, lines=None, user_
                 declared = obj.get("warmup_steps") or declared
                 continue
             if kind in ("finding", "segment", "checkpoint", "action"):
+                account.ignore(line_no, text, f"run-log {kind} line")
                 continue
-        yield from feed_line(reader, asm, line_no, s, on_skip)
+        yield from feed_line(reader, asm, line_no, s, account)
     yield from asm.finish()

@@ -27,7 +27,8 @@ from typing import Iterator
 from ...record import StepRecord
 from ... import keys
 from .generic import overflow_scale
-from .source import SkipReport, numbered_lines, to_float
+from .account import ReadAccount
+from .source import to_float
 
 _ITERATION = re.compile(r"iteration\s*\d+\s*/\s*\d+\s*\|")
 # Detection wants Megatron's own field names too: NeMo, CPM and others print `iteration N/M |`
@@ -46,18 +47,21 @@ _FIELDS = {
 }
 
 
-def read(path, *, on_skip: SkipReport, progress: bool = False, lines=None, **_
-         ) -> Iterator[StepRecord]:
+def read(path, *, account: ReadAccount, lines, **_) -> Iterator[StepRecord]:
+    for key, name in ((keys.LOSS, "lm loss"), (keys.GRAD_NORM, "grad norm"), (keys.LR, "learning rate"),
+                      (keys.LOSS_SCALE, "loss scale"), (keys.SKIPPED, "number of skipped iterations")):
+        account.saw(key, name)
+    account.numbered("counter", "iteration")
     pending: list[str] = []          # a wrapped iteration line being joined
     pending_line = 0
     overflows = 0
     scale: float | None = None
-    for line_no, text in (lines if lines is not None else numbered_lines(path, progress=progress)):
+    for line_no, text in lines:
         if text is None:             # a followed file went idle: a wrapped line may go on
             continue
         if pending:
             if _ITERATION.search(text) or "OVERFLOW!" in text:
-                rec = _finish(pending, pending_line, on_skip, overflows, scale)
+                rec = _finish(pending, pending_line, account, overflows, scale)
                 pending = []
                 if rec is not None:
                     overflows, scale = 0, None
@@ -65,7 +69,7 @@ def read(path, *, on_skip: SkipReport, progress: bool = False, lines=None, **_
             else:
                 pending.append(text)
                 if text.rstrip().endswith("|") or len(pending) >= _MAX_JOINED_LINES:
-                    rec = _finish(pending, pending_line, on_skip, overflows, scale)
+                    rec = _finish(pending, pending_line, account, overflows, scale)
                     pending = []
                     if rec is not None:
                         overflows, scale = 0, None
@@ -82,24 +86,24 @@ def read(path, *, on_skip: SkipReport, progress: bool = False, lines=None, **_
             continue
         body = text[m.start():]
         if body.rstrip().endswith("|"):
-            rec = _finish([body], line_no, on_skip, overflows, scale)
+            rec = _finish([body], line_no, account, overflows, scale)
             if rec is not None:
                 overflows, scale = 0, None
                 yield rec
         else:
             pending, pending_line = [body], line_no
     if pending:
-        rec = _finish(pending, pending_line, on_skip, overflows, scale)
+        rec = _finish(pending, pending_line, account, overflows, scale)
         if rec is not None:
             yield rec
 
 
-def _finish(parts: list[str], line_no: int, on_skip: SkipReport, overflows: int,
+def _finish(parts: list[str], line_no: int, account: ReadAccount, overflows: int,
             overflow_scale: float | None) -> StepRecord | None:
     flat = "".join("".join(parts).split())
     m = _ITER.search(flat)
     if m is None:
-        on_skip(line_no, " ".join(parts), "iteration line without an iteration number")
+        account(line_no, " ".join(parts), "iteration line without an iteration number")
         return None
     metrics: dict[str, float] = {}
     skipped_count = 0.0
@@ -118,7 +122,7 @@ def _finish(parts: list[str], line_no: int, on_skip: SkipReport, overflows: int,
         # The skipped count is only known when printed; keep "absent" apart from 0.
         printed_skip = "numberofskippediterations:" in flat
     except ValueError as e:
-        on_skip(line_no, " ".join(parts), f"unreadable number in iteration line: {e}")
+        account(line_no, " ".join(parts), f"unreadable number in iteration line: {e}")
         return None
     if keys.LOSS not in metrics and (nan_count > 0 or skipped_count == 0):
         metrics[keys.LOSS] = float("nan")

@@ -1,31 +1,43 @@
-"""Streaming a text log line by line: line numbers, quoting, progress, skip reports.
+"""A log's text, read once: files, gzip files, ``-`` (stdin), pipes and FIFOs.
 
-Every text reader consumes :func:`numbered_lines`; none of them loads a whole file. Invalid
-UTF-8 becomes U+FFFD rather than an error; memory stays O(longest line) whatever the log size.
+:class:`Source` opens the input, refuses what is not text with a reason (a known binary magic,
+NUL bytes, a high density of invalid UTF-8), unpacks gzip transparently, and yields
+``(line_no, text)`` (:meth:`Source.lines`) in one pass: detection consumes a prefix of those
+lines and hands them back (``read_records`` chains them), so a stream is read in full.
+Invalid UTF-8 in a text log becomes U+FFFD; memory stays O(longest line).
 """
 from __future__ import annotations
 
-import logging
+import gzip
+import io
 import os
 import re
-from typing import Callable, Iterator
-
-logger = logging.getLogger(__name__)
+import stat
+import sys
+from typing import IO, Iterator
 
 # Files below this size finish before a progress bar would be readable.
 PROGRESS_MIN_BYTES = 4 * 1024 * 1024
 _PROGRESS_EVERY_LINES = 4096
+SNIFF_BYTES = 64 * 1024
 
 # "> " (and "> > ") prefixes of text quoted in an issue, a forum post or an e-mail.
 _QUOTE = re.compile(r"^[ \t]*(?:>[ \t]?)+")
 # Colour and cursor escapes (CSI sequences; OSC titles end with BEL or ESC \).
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 
-SkipCallback = Callable[[int, str, str], None]
+# Magic bytes of files people point replay at by mistake.
+_MAGIC = ((b"\x7fELF", "an ELF executable"), (b"PK\x03\x04", "a zip archive (a torch .pt/.pth "
+          "checkpoint, a .zip)"), (b"\x80\x02", "a pickle (an old torch checkpoint)"),
+          (b"\x80\x04", "a pickle"), (b"\x80\x05", "a pickle"), (b"\x89HDF", "an HDF5 file"),
+          (b"\x93NUMPY", "a NumPy array"), (b"\x89PNG", "a PNG image"), (b"%PDF", "a PDF"),
+          (b"\xca\xfe\xba\xbe", "a Mach-O binary"), (b"\xcf\xfa\xed\xfe", "a Mach-O binary"),
+          (b"MZ", "a Windows executable"), (b"BZh", "a bzip2 archive"),
+          (b"\xfd7zXZ", "an xz archive"), (b"\x28\xb5\x2f\xfd", "a zstd archive"))
 
 
 class LogFormatError(ValueError):
-    """A log that cannot be replayed at all: missing, unreadable, or of no known format.
+    """A log that cannot be replayed at all: missing, not text, or of no known format.
 
     ``str()`` names the file and, where one is to blame, the line:
 
@@ -41,31 +53,139 @@ class LogFormatError(ValueError):
         super().__init__(f"{where}: {msg}")
 
 
-class SkipReport:
-    """Forwards unreadable lines to the caller's ``on_skip``; without one, logs a summary once.
+def not_text(head: bytes) -> str | None:
+    """Why the first bytes of a file are no text log, or None.
 
-    A partly unreadable file is replayed anyway (the readable records still carry the story), so
-    skipping is never an error; it is counted and, where nobody listens, reported at the end.
+    >>> not_text(b"\\x7fELF\\x02\\x01"), not_text(b"step 1 loss 2.5\\n")
+    ('an ELF executable (magic bytes 7f 45 4c 46)', None)
     """
+    for magic, what in _MAGIC:
+        if head.startswith(magic):
+            return f"{what} (magic bytes {magic.hex(' ')})"
+    if len(head) >= 10 and head[8:10] == b'{"' and int.from_bytes(head[:8], "little") < 1 << 30:
+        return "a safetensors file (an 8-byte header length, then its JSON header)"
+    if not head:
+        return None
+    nul = head.count(b"\x00")
+    if nul * 100 > len(head):
+        return f"binary data: {nul} NUL bytes in the first {len(head)} bytes"
+    text = head.decode("utf-8", errors="replace")
+    bad = text.count("\ufffd") - head.decode("utf-8", errors="ignore").count("\ufffd")
+    if bad * 20 > len(text):
+        return f"binary data: {bad} of the first {len(text)} characters are not UTF-8"
+    return None
 
-    def __init__(self, path, on_skip: SkipCallback | None):
+
+class Source:
+    """One input, opened for one pass (see the module docstring). ``path`` is a file, a
+    gzip file, a FIFO, or ``-`` for standard input."""
+
+    def __init__(self, path):
         self.path = str(path)
-        self.on_skip = on_skip
-        self.count = 0
-        self.first: tuple[int, str] | None = None
+        self.size = 0
+        try:
+            if self.path == "-":
+                raw: IO[bytes] = sys.stdin.buffer
+            else:
+                mode = os.stat(self.path).st_mode
+                if stat.S_ISDIR(mode):
+                    raise LogFormatError(self.path, None, "a directory without TensorBoard event files")
+                if stat.S_ISREG(mode):
+                    self.size = os.path.getsize(self.path)
+                raw = open(self.path, "rb")
+        except FileNotFoundError as e:
+            raise LogFormatError(self.path, None, "no such file") from e
+        except OSError as e:
+            raise LogFormatError(self.path, None, f"cannot open: {e.strerror or e}") from e
+        head = _read_head(raw, SNIFF_BYTES)
+        if head[:2] == b"\x1f\x8b":
+            unpacked = gzip.GzipFile(fileobj=io.BufferedReader(_Prefixed(raw, head)), mode="rb")
+            try:
+                head = _read_head(unpacked, SNIFF_BYTES)
+            except (OSError, EOFError) as e:
+                raise LogFormatError(self.path, None, f"a gzip file that does not unpack: {e}") from e
+            raw, self.size = unpacked, 0      # type: ignore[assignment]
+        why = not_text(head)
+        if why is not None:
+            if raw is not sys.stdin.buffer:
+                raw.close()
+            raise LogFormatError(self.path, None, f"not a text log: {why}")
+        self.head = head
+        if self.size and raw.seekable():
+            raw.seek(0)                       # a regular file: read it again from the start
+            self._stream: IO[bytes] = raw
+        else:
+            self._stream = io.BufferedReader(_Prefixed(raw, head))
 
-    def __call__(self, line_no: int, text: str, reason: str) -> None:
-        self.count += 1
-        if self.first is None:
-            self.first = (line_no, reason)
-        if self.on_skip is not None:
-            self.on_skip(line_no, text, reason)
+    def text(self) -> str:
+        """The whole content (JSON documents)."""
+        with self._stream as f:
+            return f.read().decode("utf-8", errors="replace")
 
-    def finish(self) -> None:
-        if self.on_skip is None and self.count and self.first is not None:
-            line_no, reason = self.first
-            logger.warning("%s: skipped %d unreadable line(s); first at line %d: %s",
-                           self.path, self.count, line_no, reason)
+    def lines(self, *, progress: bool = False) -> Iterator[tuple[int, str]]:
+        """``(line_no, text)`` (1-based, quoting and line ends removed), in one pass.
+
+        Only ``\\n`` ends a line (a ``\\r`` inside one is a tqdm redraw, see :func:`segments`).
+        """
+        bar = _ProgressBar(self.path, self.size) if progress and self.size >= PROGRESS_MIN_BYTES else None
+        f = io.TextIOWrapper(self._stream, encoding="utf-8", errors="replace", newline="\n")  # type: ignore[arg-type]
+        try:
+            done = 0
+            for line_no, text in enumerate(f, 1):
+                if bar is not None:
+                    done += len(text)           # characters: close enough to bytes for a bar
+                    if line_no % _PROGRESS_EVERY_LINES == 0:
+                        bar.update(done)
+                text = text.rstrip("\r\n")
+                if "\x00" in text:
+                    text = text.replace("\x00", "")
+                if ">" in text[:8]:
+                    text = strip_quote(text)
+                yield line_no, text
+        except (OSError, EOFError) as e:
+            raise LogFormatError(self.path, None, f"read failed: {e}") from e
+        finally:
+            if bar is not None:
+                bar.close()
+            f.close()
+
+
+def _read_head(f, size: int) -> bytes:
+    """Up to ``size`` first bytes (a pipe delivers them in pieces)."""
+    chunks, got = [], 0
+    while got < size:
+        data = f.read(size - got)
+        if not data:
+            break
+        chunks.append(data)
+        got += len(data)
+    return b"".join(chunks)
+
+
+class _Prefixed(io.RawIOBase):
+    """A binary stream that first gives back the bytes already read from it."""
+
+    def __init__(self, f, prefix: bytes):
+        self.f = f
+        self.prefix = memoryview(prefix)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        if self.prefix:
+            n = min(len(b), len(self.prefix))
+            b[:n] = self.prefix[:n]
+            self.prefix = self.prefix[n:]
+            return n
+        data = self.f.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if self.f is not sys.stdin.buffer:
+            self.f.close()
+        super().close()
 
 
 def strip_quote(line: str) -> str:
@@ -86,8 +206,7 @@ _LEVEL = r"(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL|NOTICE)"
 # absl / glog's `I1123 12:00:00.123456 140234 train.py:123] ` (JAX, TensorFlow), a date and time
 # (ISO, day/month or `Nov 23`, with milliseconds, in brackets or not), a logging level with or
 # without its logger (`INFO:root:`, `__main__ - INFO - `), in any order. Each takes one space
-# after it: the indentation of the line itself stays (OLMo's blocks). One home for the level
-# words: a key never starts with one once the prefix is gone.
+# after it: the indentation of the line itself stays (OLMo's blocks).
 _LINE_PREFIX = re.compile(
     r"(?:\[?rank\s*\d+\]?:[ \t]?"
     r"|[IWEF]\d{4} \d\d:\d\d:\d\d(?:\.\d+)?[ \t]+\d+[ \t]+[\w./-]+:\d+\][ \t]"
@@ -135,38 +254,11 @@ def segments(line: str) -> list[str]:
 
 def numbered_lines(path, *, progress: bool = False, max_lines: int | None = None
                    ) -> Iterator[tuple[int, str]]:
-    """Yield ``(line_no, text)`` (1-based, quoting and line ends removed) of a text file.
-
-    Streams; a ``rich`` progress bar on stderr for files over ``PROGRESS_MIN_BYTES`` when asked.
-    Only ``\\n`` ends a line (a ``\\r`` inside one is a tqdm redraw, see :func:`segments`).
-    """
-    try:
-        size = os.path.getsize(path)
-        f = open(path, encoding="utf-8", errors="replace", newline="\n")
-    except OSError as e:
-        raise LogFormatError(path, None, f"cannot open: {e.strerror or e}") from e
-    bar = None
-    if progress and size >= PROGRESS_MIN_BYTES:
-        bar = _ProgressBar(path, size)
-    try:
-        with f:
-            done = 0
-            for line_no, text in enumerate(f, 1):
-                if max_lines is not None and line_no > max_lines:
-                    return
-                if bar is not None:
-                    done += len(text)           # characters: close enough to bytes for a bar
-                    if line_no % _PROGRESS_EVERY_LINES == 0:
-                        bar.update(done)
-                text = text.rstrip("\r\n")
-                if "\x00" in text:
-                    text = text.replace("\x00", "")
-                if ">" in text[:8]:
-                    text = strip_quote(text)
-                yield line_no, text
-    finally:
-        if bar is not None:
-            bar.close()
+    """``(line_no, text)`` of a text file (see :meth:`Source.lines`), at most ``max_lines``."""
+    for line_no, text in Source(path).lines(progress=progress):
+        if max_lines is not None and line_no > max_lines:
+            return
+        yield line_no, text
 
 
 class _ProgressBar:

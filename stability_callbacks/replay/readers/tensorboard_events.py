@@ -2,21 +2,24 @@
 
 Every scalar is read (``size_guidance`` 0: the default keeps 10,000 per tag by reservoir
 sampling, FRAMEWORK_NOTES 6), both legacy ``simple_value`` scalars and ``new_style`` tensors.
-Tags map to metric keys through :mod:`.tags` (HF ``train/loss``, Megatron ``lm loss``, ...; our
-``stability/<key>`` and HF's ``train/stability/<key>``, which win over an alias of the same key);
-values of one step from several tags make one record. A directory whose event files sit in
-sub-directories (one per run/version) is read as one run, later files winning on conflicts.
-Requires ``pip install stability-callbacks[tensorboard]``; loads the run into memory (event files
-are read by the package as a whole).
+Tags map to metric keys through :mod:`.tags` (HF ``train/loss``, Megatron ``lm loss``,
+torchtitan ``loss_metrics/global_avg_loss``, OLMo-core ``train/CE loss``, Lightning
+``train_loss_step``; ``--keys`` and ``tag_map`` name others; our ``stability/<key>`` wins over
+an alias of the same key); values of one step from several tags make one record. A directory
+whose event files sit in sub-directories (one per run/version) is read as one run, later files
+winning on conflicts. A run with no tag that is a training loss is refused, naming the tags it
+has. Requires ``pip install stability-callbacks[tensorboard]``; loads the run into memory.
 """
 from __future__ import annotations
 
 import os
 from typing import Iterator
 
+from ... import keys
 from ...record import StepRecord
-from .source import LogFormatError, SkipReport
-from .tags import is_ours, metric_key
+from .account import ReadAccount
+from .source import LogFormatError
+from .tags import metric_key, rank
 
 
 def event_dirs(path) -> list[str]:
@@ -31,7 +34,7 @@ def event_dirs(path) -> list[str]:
     return sorted(found)
 
 
-def read(path, *, on_skip: SkipReport, tag_map=None, **_) -> Iterator[StepRecord]:
+def read(path, *, account: ReadAccount, tag_map=None, user_keys=None, **_) -> Iterator[StepRecord]:
     try:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
         from tensorboard.util.tensor_util import make_ndarray
@@ -41,32 +44,45 @@ def read(path, *, on_skip: SkipReport, tag_map=None, **_) -> Iterator[StepRecord
     dirs = event_dirs(path)
     if not dirs:
         raise LogFormatError(path, None, "no events.out.tfevents.* file here")
-    by_step: dict[int, dict[str, float]] = {}
+    by_step: dict[int, dict[str, tuple[int, float]]] = {}
+    seen: list[str] = []
     for d in dirs:
         ea = EventAccumulator(d, size_guidance={"scalars": 0, "tensors": 0})
         try:
             ea.Reload()
         except Exception as e:  # a corrupt/truncated event file: keep what the others give
-            on_skip(0, d, f"unreadable event file: {e!r}")
+            account(0, d, f"unreadable event file: {e!r}")
             continue
         tags = ea.Tags()
-        # Our own tags last: they win over a framework's alias of the same key at the same step.
-        named = sorted([(t, False) for t in tags.get("scalars", [])]
-                       + [(t, True) for t in tags.get("tensors", [])], key=lambda tt: is_ours(tt[0]))
+        named = [(t, False) for t in tags.get("scalars", [])] + [(t, True) for t in tags.get("tensors", [])]
         for tag, is_tensor in named:
-            key = metric_key(tag, tag_map)
+            if tag not in seen:
+                seen.append(tag)
+            key = metric_key(tag, tag_map, user_keys)
             if key is None:
                 continue
-            if not is_tensor:
-                for ev in ea.Scalars(tag):
-                    by_step.setdefault(int(ev.step), {})[key] = float(ev.value)
-                continue
-            for ev in ea.Tensors(tag):
-                try:
-                    value = float(make_ndarray(ev.tensor_proto).reshape(-1)[0])
-                except (ValueError, IndexError, TypeError) as e:
-                    on_skip(0, f"{d}:{tag}@{ev.step}", f"not a scalar tensor: {e!r}")
-                    continue
-                by_step.setdefault(int(ev.step), {})[key] = value
+            r = rank(tag)
+            account.saw(key, tag)
+            for step, value in _values(ea, tag, is_tensor, make_ndarray, account, d):
+                got = by_step.setdefault(step, {})
+                if key not in got or r <= got[key][0]:
+                    got[key] = (r, value)
+    if not any(keys.LOSS in m for m in by_step.values()):
+        shown = ", ".join(seen[:40]) + (f", ... ({len(seen)} tags)" if len(seen) > 40 else "")
+        raise LogFormatError(path, None, f"no training loss among the TensorBoard tags "
+                             f"({shown or 'none'}); name it with --keys loss=TAG")
+    account.numbered("counter", "the event step")
     for step in sorted(by_step):
-        yield StepRecord(step, by_step[step])
+        yield StepRecord(step, {k: v for k, (_, v) in by_step[step].items()})
+
+
+def _values(ea, tag, is_tensor, make_ndarray, account, d) -> Iterator[tuple[int, float]]:
+    if not is_tensor:
+        for ev in ea.Scalars(tag):
+            yield int(ev.step), float(ev.value)
+        return
+    for ev in ea.Tensors(tag):
+        try:
+            yield int(ev.step), float(make_ndarray(ev.tensor_proto).reshape(-1)[0])
+        except (ValueError, IndexError, TypeError) as e:
+            account(0, f"{d}:{tag}@{ev.step}", f"not a scalar tensor: {e!r}")

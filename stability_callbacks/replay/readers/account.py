@@ -1,0 +1,120 @@
+"""What a reader read: the steps, which printed name became each of our keys, how the steps were
+numbered, and the lines it ignored, by reason (docs/replay.md, What was read).
+
+Every reader reports into one :class:`ReadAccount`; ``replay`` prints it before its findings
+and writes it as the first ``--json`` record, so a replay always says what it assumed.
+
+>>> a = ReadAccount("run.log")
+>>> a.saw("loss", "lm loss"); a.numbered("counter", "iteration"); a.ignore(7, "x", "evaluation")
+>>> a.to_json()["keys"], a.to_json()["steps_numbered_by"], a.to_json()["ignored_lines"]
+({'loss': ['lm loss']}, {'the log': ['iteration']}, {'evaluation': {'lines': 1, 'first_line': 7}})
+
+Cost: O(1) per line (a counter per reason); state: the distinct printed names and reasons.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+logger = logging.getLogger(__name__)
+
+IgnoreCallback = Callable[[int, str, str], None]
+
+#: How steps may be numbered: the log's own counter, the order of the records, the epoch.
+NUMBERINGS = {"counter": "the log", "order": "order of appearance", "epoch": "the epoch"}
+#: Reasons a line is ignored that the caller hears of line by line (a partly unreadable file).
+UNREADABLE = "unreadable"
+
+
+class ReadAccount:
+    """The account of one read (see the module docstring). ``on_ignore(line_no, text, reason)``
+    hears of every unreadable line; without it, they are logged once at the end."""
+
+    def __init__(self, path, on_ignore: IgnoreCallback | None = None):
+        self.path = str(path)
+        self.on_ignore = on_ignore
+        self.format = ""
+        self.records = 0
+        self.with_loss = 0
+        self.keys: dict[str, list[str]] = {}
+        self.numbering: dict[str, list[str]] = {}
+        self.ignored: dict[str, list[int]] = {}      # reason -> [count, first line]
+        self.notes: list[str] = []
+        self.first_unreadable: tuple[int, str] | None = None
+
+    def saw(self, key: str, printed: str) -> None:
+        names = self.keys.setdefault(key, [])
+        if printed not in names and len(names) < 8:
+            names.append(printed)
+
+    def numbered(self, how: str, name: str = "") -> None:
+        names = self.numbering.setdefault(how, [])
+        if name and name not in names and len(names) < 8:
+            names.append(name)
+
+    def note(self, text: str) -> None:
+        if text not in self.notes and len(self.notes) < 20:
+            self.notes.append(text)
+
+    def ignore(self, line_no: int, text: str, reason: str) -> None:
+        """A line that gave no record: ``reason`` is short and shared by lines alike
+        (``evaluation``, ``run summary``, ``no training metric``); unreadable lines carry
+        ``unreadable: <what>`` and go to ``on_ignore`` too."""
+        if reason.startswith(UNREADABLE):
+            group = UNREADABLE
+            if self.first_unreadable is None:
+                self.first_unreadable = (line_no, reason)
+            if self.on_ignore is not None:
+                self.on_ignore(line_no, text, reason)
+        else:
+            group = reason
+        seen = self.ignored.get(group)
+        if seen is None:
+            self.ignored[group] = [1, line_no]
+        else:
+            seen[0] += 1
+
+    def __call__(self, line_no: int, text: str, reason: str) -> None:
+        """An unreadable line (the callback readers call)."""
+        self.ignore(line_no, text, reason if reason.startswith(UNREADABLE) else f"{UNREADABLE}: {reason}")
+
+    @property
+    def unreadable(self) -> int:
+        return self.ignored.get(UNREADABLE, [0])[0]
+
+    def finish(self) -> None:
+        if self.on_ignore is None and self.first_unreadable is not None:
+            line_no, reason = self.first_unreadable
+            logger.warning("%s: ignored %d unreadable line(s); first at line %d: %s",
+                           self.path, self.unreadable, line_no, reason)
+
+    def to_json(self) -> dict:
+        return {"type": "read", "path": self.path, "format": self.format, "steps": self.records,
+                "steps_with_loss": self.with_loss, "keys": dict(self.keys),
+                "steps_numbered_by": {NUMBERINGS[k]: v for k, v in self.numbering.items()},
+                "ignored_lines": {r: {"lines": c, "first_line": f} for r, (c, f) in self.ignored.items()},
+                "notes": list(self.notes)}
+
+    def lines(self) -> list[str]:
+        """The account as a few human lines (``replay`` prints them first)."""
+        out = [f"read {self.records:,} steps ({self.format or 'unknown format'})"]
+        if self.keys:
+            out.append("  keys: " + ", ".join(f"{k} <- {' | '.join(repr(n) for n in v)}"
+                                             for k, v in self.keys.items()))
+        for how, names in self.numbering.items():
+            label = {"counter": "the log's counter", "order": "order of appearance (the log prints "
+                     "no step: step N is the N-th record)", "epoch": "the epoch (nothing finer is "
+                     "printed)"}[how]
+            out.append(f"  steps numbered by {label}" + (f": {', '.join(repr(n) for n in names)}"
+                                                          if names else ""))
+        if self.ignored:
+            parts = [f"{c:,} {r}" + (f" (first: line {f})" if f else "")
+                     for r, (c, f) in sorted(self.ignored.items(), key=lambda kv: -kv[1][0])]
+            out.append("  lines ignored: " + "; ".join(parts))
+        out += [f"  note: {n}" for n in self.notes]
+        return out
+
+    @property
+    def order_numbered(self) -> bool:
+        """True when some steps are record numbers, not steps the trainer counted."""
+        return "order" in self.numbering

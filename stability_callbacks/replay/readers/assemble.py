@@ -1,0 +1,394 @@
+"""The assembler: interpreted lines (numbers + :class:`~.plan.Plan`) -> step records.
+
+What it decides across lines (docs/replay.md, The reader grammar):
+
+- Step numbering: the log's counter as printed; a counter beside an epoch counts batches of the
+  epoch, ``(epoch - first epoch) x batches per epoch + batch``, until it fails to restart at an
+  epoch change (then it is global and taken as printed); bars only ever printed complete, or an
+  epoch with no finer counter, number steps by the epoch; no counter at all, by order of
+  appearance. Two records of one epoch with nothing finer fall back to order of appearance.
+- The same step printed again is one record: the mean loss (ranks, micro-batches of one step),
+  or a bar redrawn for the same count, its last values. ``iter N step M``: micro-batches, one
+  record per optimizer step with their mean loss.
+- DeepSpeed / apex / fairseq overflow lines fold into the next record (``skipped`` and the
+  scale they reduced to); at the end of the log each is a record. DeepSpeed's cumulative
+  ``skipped=K`` gives each record its delta; the first count is a delta only where the log starts
+  at the run's first print interval.
+- A NaN warning marks the step already printed; a step header above an indented block of metric
+  lines makes one record of the block.
+
+Memory is O(1) per line; records are emitted one line late (an overflow or NaN warning may still
+concern them), or at once on an idle tick (:meth:`Assembler.flush`).
+"""
+from __future__ import annotations
+
+from ... import keys
+from ...record import StepRecord
+from .account import ReadAccount
+from .plan import Plan
+
+
+class Assembler:
+    """Turns interpreted lines into records (see the module docstring). ``feed`` returns the
+    records that are final; ``flush`` releases the held-back one; ``finish`` the rest."""
+
+    def __init__(self, account: ReadAccount | None = None):
+        self.account = account if account is not None else ReadAccount("")
+        self.indent = 0                       # the indentation of the line being fed
+        self.last_step = 0
+        self.pending: StepRecord | None = None
+        self.pending_how = ""
+        self.repeat = [0, 0.0, 0.0, True]     # a repeated step's losses (see _add)
+        self.pending_undecided = False        # see emit
+        self.pending_loss_name = ""
+        self.pending_last_step = 0
+        self.loss_name: str | None = None     # how the log's plain records name their loss
+        self.overflows: list[tuple] = []      # (step or None, scale left, skipped) since the last record
+        self.cumulative: int | None = None    # DeepSpeed's last cumulative skip count
+        self.cumulative_first: tuple[StepRecord | None, int, int | None] | None = None
+        # ^ (record, count, step) of the first cumulative count, its delta undecided
+        self.epoch: int | None = None
+        self.epoch_base: int | None = None
+        self.per_epoch: int | None = None     # batches per epoch, where the log declares them
+        self.fine_counter = False             # a bar below its total was printed
+        self.bar: tuple = (0, 0)              # (epochs done, total) of the last complete bar
+        self.counter_global = False           # a batch counter went on across an epoch change
+        self.counter_last: tuple = (None, 0)  # (epoch, value) of the last batch counter
+        self.epoch_steps = True               # False once an epoch held two records
+        self.block: dict | None = None        # metrics of the indented block under a step header
+        self.block_ranks: dict[str, int] = {}
+        self.block_step: tuple = (None, "order", "")
+        self.block_indent = -1
+        self.micro = [0, 0.0, 0.0, True]      # micro-batch losses of one optimizer step
+        self.micro_step: int | None = None
+        self.micro_metrics: dict[str, float] = {}
+        self._noted: set = set()
+        self._noted_plan: Plan | None = None   # the plan noted last (the common case: again)
+        self._noted_how = ""
+
+    # -- lines -------------------------------------------------------------------------------
+
+    def feed(self, nums, plan: Plan) -> list[StepRecord]:
+        kind = plan.kind
+        if kind == "record" or (kind == "ignore" and self.block is not None and plan.metrics):
+            return self.record(nums, plan)   # (an LR alone is a line of the block)
+        if kind == "overflow":
+            idx = plan.overflow_scale if plan.overflow_scale is not None else plan.overflow_attempted
+            # Hysteresis consumed without a reduction: the attempted scale stays.
+            self._overflow(int(float(nums[plan.step])) if plan.step is not None else None,
+                           float(nums[idx]) if idx is not None else None,
+                           not plan.overflow_applied)
+        elif kind == "nan":
+            rec = self.pending
+            if rec is not None and keys.LOSS not in rec.metrics and (
+                    plan.step is None or int(float(nums[plan.step])) == rec.step):
+                rec.metrics[keys.LOSS] = float("nan")
+        elif kind == "epoch":
+            self._epoch_context(nums, plan)
+        elif kind == "header":
+            out = self.close_block()
+            step, how = self._step_of(nums, plan)
+            self.block, self.block_ranks = {}, {}
+            self.block_step = (step, how, self._printed_step(plan))
+            self.block_indent = self.indent
+            return out
+        elif kind == "multi":
+            out = []
+            for a, b, part in plan.parts:
+                out += self.feed(nums[a:b], part)
+            return out
+        return []
+
+    def close_block(self) -> list[StepRecord]:
+        """The record of the indented block under a step header, once the block has ended."""
+        block, self.block = self.block, None
+        if not block:
+            return []
+        step, how, name = self.block_step
+        return self.emit(step, block, None, how, name)
+
+    def _printed_step(self, plan: Plan) -> str:
+        return plan.step_name
+
+    def _epoch_context(self, nums, plan: Plan) -> None:
+        if plan.per_epoch is not None:
+            self.per_epoch = int(float(nums[plan.per_epoch]))
+        if plan.epoch is not None:
+            text = nums[plan.epoch]
+            if not text.isdigit():
+                return                        # HF's epoch fraction is no counter
+            self.epoch = int(text)
+            if self.epoch_base is None:       # Lightning counts epochs from 0, Keras from 1
+                self.epoch_base = min(self.epoch, 1)
+
+    def _step_of(self, nums, plan: Plan) -> tuple[int | None, str]:
+        """The step a line stands for and how it was numbered (``counter``, ``epoch``, or
+        ``order``: ``None``, numbered in order of appearance)."""
+        if plan.epoch is None and plan.per_epoch is None \
+                and (self.epoch is None or plan.step_rank == 0):
+            if plan.step is None:
+                return None, "order"
+            text = nums[plan.step]
+            return (int(text) if text.isdigit() else int(float(text))), "counter"
+        self._epoch_context(nums, plan)
+        if plan.step is None:
+            own = nums[plan.epoch] if plan.epoch is not None else ""
+            if own.isdigit() and self.epoch_steps:
+                return int(own), "epoch"      # an epoch and nothing finer: the epoch is the step
+            return None, "order"
+        value = int(float(nums[plan.step]))
+        if self.epoch is None or plan.step_rank == 0:
+            return value, "counter"
+        done = self.epoch - (self.epoch_base or 0)
+        total = int(float(nums[plan.step_total])) if plan.step_total is not None else None
+        if plan.within_epoch:
+            last_epoch, last_value = self.counter_last
+            if last_epoch is not None and self.epoch > last_epoch and value > last_value:
+                self.counter_global = True    # it did not restart: a global count
+            self.counter_last = (self.epoch, value)
+            if self.counter_global:
+                return value, "counter"
+            if total is not None and value < total and not self.fine_counter:
+                self.fine_counter = True
+                self._renumber_bar()
+            if plan.counter and total is not None and value == total and not self.fine_counter:
+                self.bar = (self.epoch - (self.epoch_base or 0), total)
+                return self.epoch, "epoch"    # only complete bars: nothing finer than the epoch
+            per_epoch = total if total is not None else self.per_epoch
+            if per_epoch is not None:
+                return done * per_epoch + value, "counter"
+        elif self.per_epoch is not None:
+            return done * self.per_epoch + value, "counter"
+        return (value, "counter") if value >= done and not plan.counter else (None, "order")
+
+    def _renumber_bar(self) -> None:
+        """The first bar below its total: the complete bar held back counts batches too."""
+        if self.pending is not None and self.pending_how == "epoch":
+            done, total = self.bar
+            self.pending.step = self.last_step = done * total + total
+            self.pending_how = "counter"
+
+    def record(self, nums, plan: Plan) -> list[StepRecord]:
+        """The records a record line completes (the readers' fast path calls it directly)."""
+        if plan.values is not None:
+            metrics = dict(zip(plan.names, map(float, plan.values(nums))))
+        else:
+            metrics = {key: (-float(nums[i]) if negative else float(nums[i]))
+                       for i, key, negative in plan.metrics}
+        if plan.components:
+            metrics[keys.LOSS] = sum(float(nums[i]) for i in plan.components)
+        if plan.loss_at is not None:
+            text = nums[plan.loss_at]
+            if text[-1:] == "0" and "." in text and "e" not in text and "E" not in text:
+                # `1.000000` reads back as 1.0: the printed digits the float loses (stall)
+                metrics[keys.LOSS_RESOLUTION] = 10.0 ** (text.index(".") + 1 - len(text))
+            if plan.loss_window:
+                metrics[keys.LOSS_WINDOW] = plan.loss_window
+        if self.block is not None:
+            self._into_block(metrics, plan)
+            return []
+        if plan.simple and self.epoch is None:      # the common case: a named step as printed
+            text = nums[plan.step]
+            return self.emit(int(text) if text.isdigit() else int(float(text)), metrics, plan,
+                             "counter", plan.step_name)
+        step, how = self._step_of(nums, plan)
+        if how == "epoch" and not plan.counter and self.pending is not None \
+                and self.pending_how == "epoch" and self.pending.step == step:
+            # Two records of one epoch and nothing finer: records are numbered in order.
+            self.epoch_steps = False
+            self.pending.step = self.pending_last_step + 1
+            self.last_step, self.pending_how = self.pending.step, "order"
+            step, how = None, "order"
+        if plan.cumulative_skips and keys.SKIPPED in metrics:
+            self._cumulative(metrics, step)
+        if plan.micro is not None and step is not None:
+            return self._micro(step, metrics, plan, how)
+        return self.emit(step, metrics, plan, how, self._printed_step(plan))
+
+    def _into_block(self, metrics: dict, plan: Plan) -> None:
+        block = self.block
+        assert block is not None
+        ranks = dict(zip((k for _, k, _ in plan.metrics), plan.ranks)) if plan.ranks else {}
+        for k, v in metrics.items():
+            rank = ranks.get(k, 1)
+            if k not in block or rank < self.block_ranks.get(k, 1):
+                block[k] = v
+                self.block_ranks[k] = rank
+        self._note(plan, "")
+
+    def _cumulative(self, metrics: dict, step: int | None) -> None:
+        total = int(metrics.pop(keys.SKIPPED))
+        first = self.cumulative_first
+        if self.cumulative is None:
+            if total == 0:
+                metrics[keys.SKIPPED] = 0.0           # nothing skipped so far: none here either
+            else:
+                self.cumulative_first = (None, total, step)   # the record is set by emit
+        else:
+            last = self.cumulative
+            metrics[keys.SKIPPED] = float(total - last if total >= last else total)
+            if first is not None:
+                rec, count, first_step = first
+                if step is not None and first_step is not None and first_step <= step - first_step \
+                        and rec is not None and rec is self.pending:
+                    rec.metrics[keys.SKIPPED] = float(count)   # the run's first print interval
+                else:
+                    self._mid_run(count, first_step)
+                self.cumulative_first = None
+        self.cumulative = total
+
+    def _mid_run(self, count: int, step) -> None:
+        self.account.note(f"the first cumulative skip count ({count} at step {step}) is not "
+                          "counted as skips of that step: the log does not start at the run's "
+                          "first print interval")
+
+    def _micro(self, step: int, metrics: dict, plan: Plan, how: str) -> list[StepRecord]:
+        # litgpt counts the optimizer step on the micro-batch that takes it: a record is the
+        # micro-batches since the previous step, at the new step number; micro-batches after
+        # the last optimizer step of the log make none.
+        loss = metrics.pop(keys.LOSS, None)
+        metrics.pop(keys.LOSS_RESOLUTION, None)   # their mean is not printed
+        if loss is not None:
+            _add(self.micro, loss)
+        self.micro_metrics.update(metrics)
+        stepped = plan.marker or (self.micro_step is not None and step > self.micro_step)
+        self.micro_step = step
+        if not stepped:
+            return []
+        out = self.micro_metrics
+        if self.micro[0]:
+            out[keys.LOSS] = _mean(self.micro)
+        self.micro, self.micro_metrics = [0, 0.0, 0.0, True], {}
+        return self.emit(step, out, plan, how, self._printed_step(plan))
+
+    # -- records -----------------------------------------------------------------------------
+
+    def emit(self, step: int | None, metrics: dict, plan: Plan | None, how: str,
+             step_name: str) -> list[StepRecord]:
+        """A record at ``step`` (``None``: the next in order); returns the one it releases."""
+        if plan is not None and (plan.mixed or self.pending_undecided):
+            # A line printing a split-named training loss beside an evaluation loss
+            # (`train loss 2.1, val loss 2.3`) is a record where the log's plain records name
+            # their loss the same way (deit, Lightning), and an evaluation report where they
+            # name it otherwise (nanoGPT's `step N: train loss .., val loss ..` beside
+            # `iter N: loss ..`). Undecided until a plain record shows the log's naming.
+            if plan.mixed and self.loss_name is not None and plan.loss_name != self.loss_name:
+                return []
+            if self.pending_undecided and not plan.mixed:
+                if plan.loss_name and plan.loss_name != self.pending_loss_name:
+                    self.pending, self.pending_undecided = None, False
+                    self.last_step = self.pending_last_step
+        elif plan is not None and plan.loss_name and self.loss_name is None:
+            self.loss_name = plan.loss_name
+        if step is None:
+            step, how = self.last_step + 1, "order"
+        if self.overflows:
+            self._fold_overflows(metrics, plan)
+        prev = self.pending
+        if prev is not None and prev.step == step:
+            if self.cumulative_first is not None and self.cumulative_first[0] is None:
+                self.cumulative_first = (prev, *self.cumulative_first[1:])
+            if plan is not None and plan.counter:
+                prev.metrics.update(metrics)  # a progress bar redrawn: its last postfix counts
+            else:
+                self._repeat(prev, metrics)   # another rank, or a micro-batch of the step
+            return []
+        self.pending_last_step = self.last_step
+        self.last_step = step
+        rec = self.pending = StepRecord(step, metrics)
+        self.pending_how = how
+        if self.repeat[0]:
+            self.repeat = [0, 0.0, 0.0, True]
+        if self.cumulative_first is not None and self.cumulative_first[0] is None:
+            self.cumulative_first = (rec, *self.cumulative_first[1:])
+        if plan is None:
+            self.account.numbered(how, step_name)
+        else:
+            if plan is not self._noted_plan or how != self._noted_how:
+                self._note(plan, how, step_name)
+            if plan.mixed:
+                self.pending_undecided = self.loss_name is None
+                self.pending_loss_name = plan.loss_name
+        return [prev] if prev is not None else []
+
+    def _note(self, plan: Plan, how: str, step_name: str = "") -> None:
+        """The account learns each plan's printed names and numbering once."""
+        self._noted_plan, self._noted_how = plan, how
+        tag = (id(plan), how)
+        if tag in self._noted:
+            return
+        self._noted.add(tag)
+        for key, printed in plan.printed:
+            if key != "step":
+                self.account.saw(key, printed)
+        if how:
+            self.account.numbered(how, step_name if how == "counter" else "")
+
+    def _overflow(self, step: int | None, scale: float | None, skipped: bool = True) -> None:
+        """One overflow skip, told once however many ranks and lines print it: the same
+        iteration again, or rank 0's unnumbered line giving the scale of a numbered one. An
+        overflow whose update went ahead (``skipped`` false) only sets the scale."""
+        last = self.overflows[-1] if self.overflows else None
+        if last is not None and ((step is not None and last[0] == step)
+                                 or (step is None and last[0] is not None and last[1] is None)):
+            self.overflows[-1] = (last[0], scale if scale is not None else last[1], last[2])
+        else:
+            self.overflows.append((step, scale, skipped))
+
+    def _fold_overflows(self, metrics: dict, plan: Plan | None) -> None:
+        skips = sum(1 for _, _, skipped in self.overflows if skipped)
+        if not (plan is not None and plan.prints_skipped) and skips:
+            metrics[keys.SKIPPED] = float(skips)
+        scale = next((x for _, x, _ in reversed(self.overflows) if x is not None), None)
+        if keys.LOSS_SCALE not in metrics and scale is not None:
+            metrics[keys.LOSS_SCALE] = scale
+        self.overflows = []
+
+    def _repeat(self, prev: StepRecord, metrics: dict) -> None:
+        if keys.LOSS in metrics:
+            if self.repeat[0] == 0 and keys.LOSS in prev.metrics:
+                _add(self.repeat, prev.metrics[keys.LOSS])
+            _add(self.repeat, metrics[keys.LOSS])
+            prev.metrics[keys.LOSS] = _mean(self.repeat)
+            prev.metrics.pop(keys.LOSS_RESOLUTION, None)   # a mean is not printed
+            metrics.pop(keys.LOSS_RESOLUTION, None)
+        for k, v in metrics.items():
+            prev.metrics.setdefault(k, v)
+
+    def flush(self) -> list[StepRecord]:
+        """The held-back records (a followed file went idle: no warning is coming for them)."""
+        out = self.close_block()
+        if self.pending is not None:
+            out.append(self.pending)
+        self.pending = None
+        return out
+
+    def finish(self) -> list[StepRecord]:
+        out = self.flush()
+        for step, scale, skipped in self.overflows:    # overflow lines no record followed
+            self.last_step = step if step is not None else self.last_step + 1
+            m = {keys.SKIPPED: 1.0} if skipped else {}
+            if scale is not None:
+                m[keys.LOSS_SCALE] = scale
+            out.append(StepRecord(self.last_step, m))
+            self.account.numbered("counter" if step is not None else "order", "")
+        self.overflows = []
+        if self.cumulative_first is not None:
+            self._mid_run(*self.cumulative_first[1:])
+            self.cumulative_first = None
+        return out
+
+
+def _add(acc: list, value: float) -> None:
+    """A running mean's state ``[count, sum, first value, all equal]``: O(1) per value."""
+    if acc[0] == 0:
+        acc[2] = value
+    elif value != acc[2]:
+        acc[3] = False
+    acc[0] += 1
+    acc[1] += value
+
+
+def _mean(acc: list) -> float:
+    """The mean, exact when every value is the same (a step repeated by every rank)."""
+    return acc[2] if acc[3] else acc[1] / acc[0]

@@ -1,0 +1,330 @@
+"""Interpreting one line template: which number is the step, which the loss, what kind of line.
+
+A :class:`Plan` is made once per template (:mod:`.tokens`) from the vocabulary
+(:mod:`.vocabulary`) and the line's structure, and cached: every later line of the same shape
+is read by it. The structural rules (docs/replay.md, The reader grammar):
+
+- The step counter: a named step beats a named iteration (which becomes the micro-batch count
+  beside a step); a run of bare integers at the start of a line (``420 | loss ...``,
+  ``1|12|Loss: ...``) ends with the step; a bar's ``n/N`` counts batches within an epoch; a bar
+  printed after the values on a line that names its epoch is that epoch's progress, not a step.
+- The loss: the best-ranked name of the line that the vocabulary calls the loss; where none is
+  printed, the sum of the named terms of the objective (``box_loss``, ``loss_cls``) when there
+  are two or more; the one unnamed value of a ``N: x`` line.
+- Evaluation (a split named by a key or around the keys) and run summaries (``train_runtime``)
+  are no records; statistics (``mean_token_accuracy``) and unknown names are other numbers.
+- DeepSpeed / apex / fairseq overflow lines, NaN warnings, epoch headers and step headers above
+  an indented block have kinds of their own (:mod:`.assemble` gives them their meaning).
+"""
+from __future__ import annotations
+
+import operator
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from ... import keys
+from . import tokens
+from .vocabulary import MICRO_RANK, ITERATION_LIKE, STEP_MARKERS, classify, normalise_key
+
+# A split named outside any key (`| valid | epoch 1 | loss 2.3`, `Validation: step 100 ...`),
+# not a key itself (litgpt's `val: n/a`) nor a file name (`eval.py:12`).
+_EVAL_CONTEXT = re.compile(r"\b(?:val|valid|validation|validating|eval|evaluation|evaluating|"
+                           r"test|testing)\b(?!['\"]?\s*[:=]|\.py)", re.I)
+_SPLIT_QUALIFIED_LOSS = frozenset({"train loss", "training loss", "loss train"})
+# `--lr 3e-4`, `Namespace(lr=...)`, `args.lr`: argument echoes, never metrics.
+_ARG_ECHO = ("--", "namespace(", "args.", "argument", "config")
+# `loss is nan at step 12`, `Detected NaN`: about the loss (`NaN found in input tensor` is not).
+_NAN_WARNING = re.compile(r"\bloss\b.*\b(?:is|are|was|were|became|got|detected|found|"
+                          r"encountered)\b|\bdetected\b|\bnon-?finite\s+loss", re.I)
+_OVERFLOW = re.compile(r"overflow", re.I)
+# MindSpore's `overflow, still update, loss scale adjust to 1024.0`: the step was applied.
+_APPLIED = re.compile(r"\bstill updat|\bnot skip", re.I)
+_KEYLESS = 5                  # the rank of a bare leading counter
+_BAR = 9                      # the rank of a keyless `n/N` counter
+UNNAMED = "(unnamed)"
+
+
+@dataclass(slots=True)
+class Plan:
+    """How to read every line of one template: indices into the line's numbers per role."""
+
+    metrics: tuple[tuple[int, str, bool], ...] = ()   # (number index, metric key, negative)
+    ranks: tuple[int, ...] = ()      # the vocabulary rank of each metric's printed name
+    components: tuple[int, ...] = ()   # terms summed into the loss where none is printed
+    printed: tuple[tuple[str, str], ...] = ()   # (our key or "step", the name the line prints)
+    step: int | None = None
+    step_rank: int = 1
+    step_total: int | None = None    # `Step 10/1000`: the 1000
+    counter: bool = False            # the step is a bar's count, not a named step
+    within_epoch: bool = False       # an iteration or bar count: counts batches of an epoch
+    micro: int | None = None
+    epoch: int | None = None
+    per_epoch: int | None = None     # `Total Micro Batches 8`: batches per epoch declared
+    kind: str = "record"             # record | epoch | header | overflow | nan | eval | summary | ignore | multi
+    marker: bool = False             # the line says it stepped the optimizer
+    cumulative_skips: bool = False   # DeepSpeed `step=N, skipped=K`
+    prints_skipped: bool = False
+    overflow_scale: int | None = None
+    overflow_attempted: int | None = None
+    overflow_applied: bool = False   # the line says the update went ahead: a scale, no skip
+    loss_name: str = ""              # the loss as the line names it (normalised)
+    mixed: bool = False              # `train loss` beside `val loss`: see Assembler.emit
+    parts: tuple = ()                # kind multi: ((first number, end, plan), ...)
+    score: int = 0                   # how close to a record (for the error message)
+    named: tuple[str, ...] = ()      # the keys it printed, for the error message
+    match: Callable[[str], re.Match | None] | None = None   # the template's fullmatch, once used
+    values: Callable[[Any], tuple] | None = None   # numbers -> metric values (C-level)
+    names: tuple[str, ...] = ()      # the metric keys, in `values` order
+    loss_at: int | None = None       # the index of the loss among the line's numbers
+    loss_window: int = 0             # `loss: 6.9733 (6.9704)`: a window statistic
+    step_name: str = ""              # the step as the line prints it
+    simple: bool = False             # a named step and nothing else to work out (the fast path)
+
+
+def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None = None,
+              split: bool = True) -> Plan:
+    """Interpret one template: ``texts`` are the pieces around the numbers ``nums`` of a line."""
+    n = len(nums)
+    joined = "#".join(texts)
+    plan = Plan()
+    roles, eval_context = _roles(texts, nums, user, "{" in joined)
+    metrics: dict[str, tuple[int, int, str, bool]] = {}   # key -> (rank, index, name, negative)
+    steps: list[tuple[int, int, str]] = []
+    comps: list[int] = []
+    eval_loss = summary = False
+    named = []
+    bar_label = None
+    for i, (role, key, rank, name) in enumerate(roles):
+        if name:
+            named.append(name)
+        total = i + 1 < n and roles[i + 1][0] == "total"
+        if role in ("step", "batch", "epoch") and texts[i + 1].startswith("%"):
+            bar_label = (role, key, rank, name)   # `steps:  22%|███| 176/800`: the bar's count
+            continue
+        if role == "other" and not name and total and bar_label is not None:
+            role, key, rank, name = bar_label
+            bar_label = None
+        if role == "metric" and key is not None:
+            negative = texts[i].endswith("-") and not texts[i].endswith("--")
+            if key not in metrics or rank < metrics[key][0]:
+                metrics[key] = (rank, i, name, negative)
+        elif role == "component":
+            comps.append(i)
+        elif role == "step":
+            steps.append((rank, i, normalise_key(name)))
+        elif role == "epoch" and plan.epoch is None:
+            plan.epoch = i
+        elif role == "per_epoch" and plan.per_epoch is None:
+            plan.per_epoch = i
+        elif role == "batch" or (role == "other" and not name and total):
+            if not any(p == _BAR for p, _, _ in steps):
+                steps.append((_BAR, i, "batch" if role == "batch" else ""))   # `100/500 [==>..]`
+        elif role == "eval" and key == keys.LOSS:
+            eval_loss = True
+        elif role == "summary":
+            summary = True
+    ordered = sorted(((i, k, neg) for k, (_, i, _, neg) in metrics.items()))
+    last_value = max((i for i, _, _ in ordered), default=-1)
+    if plan.epoch is not None:
+        # A bar after the values of a line that names its epoch is the epoch's progress.
+        steps = [s for s in steps if not (s[0] == _BAR and s[1] > last_value >= 0)]
+    if steps:
+        steps.sort()
+        prio, idx, name = steps[0]
+        plan.step, plan.step_rank = idx, prio
+        if idx + 1 < n and roles[idx + 1][0] == "total":
+            plan.step_total = idx + 1
+        plan.counter = prio == _BAR
+        plan.within_epoch = prio == _BAR or name in ITERATION_LIKE or (
+            prio == _KEYLESS and plan.epoch is not None)
+        if prio < MICRO_RANK:
+            micro = [i for p, i, _ in steps[1:] if MICRO_RANK <= p <= 3
+                     and not (i + 1 < n and roles[i + 1][0] == "total")]
+            if micro:
+                plan.micro = micro[0]
+        if split:
+            repeated = [i for p, i, nm in steps if nm == name and p == prio]
+            multi = _periodic(repeated, n)
+            if multi:
+                plan.kind = "multi"
+                made: dict[str, Plan] = {}    # glued records share their template: one plan
+                parts = []
+                for a, b in multi:
+                    sub = texts[a:b + 1]
+                    key = "\x00".join(sub)
+                    if key not in made:
+                        made[key] = make_plan(sub, nums[a:b], user, split=False)
+                    parts.append((a, b, made[key]))
+                plan.parts = tuple(parts)
+                return plan
+    plan.metrics = tuple(ordered)
+    plan.ranks = tuple(metrics[k][0] for _, k, _ in ordered)
+    printed = [(k, metrics[k][2] or UNNAMED) for _, k, _ in ordered]
+    if keys.LOSS in metrics:
+        plan.loss_name = normalise_key(metrics[keys.LOSS][2])
+    elif len(comps) >= 2:
+        plan.components = tuple(comps)
+        printed.append((keys.LOSS, " + ".join(roles[i][3] for i in comps)))
+    if plan.step is not None:
+        plan.step_name = roles[plan.step][3] or ("a bar's count" if plan.counter else UNNAMED)
+        printed.append(("step", plan.step_name))
+    plan.printed = tuple(printed)
+    plan.prints_skipped = keys.SKIPPED in metrics
+    plan.loss_at = at = metrics[keys.LOSS][1] if keys.LOSS in metrics else None
+    if at is not None and at + 1 < n and texts[at + 1].strip() == "(" \
+            and texts[at + 2].lstrip().startswith(")"):
+        # `loss: 6.9733 (6.9704)`: torchvision's MetricLogger (and detectron2's) print the median
+        # of the last 20 values, then the average; a median repeats while the window turns over.
+        plan.loss_window = 20
+    if ordered and not any(neg for _, _, neg in ordered):
+        cols = [i for i, _, _ in ordered]
+        plan.values = operator.itemgetter(*cols) if len(cols) > 1 else (lambda v, i=cols[0]: (v[i],))
+        plan.names = tuple(k for _, k, _ in ordered)
+    plan.named = tuple(named)
+    plan.score = len(named) + 2 * (len(ordered) + len(plan.components)) + (2 if steps else 0)
+    plan.marker = any(m in joined for m in STEP_MARKERS)
+    plan = _kind(plan, texts, nums, roles, joined, summary, eval_context, eval_loss)
+    plan.simple = (plan.kind == "record" and plan.step is not None and plan.epoch is None
+                   and plan.per_epoch is None and plan.micro is None and not plan.cumulative_skips
+                   and not plan.mixed and not plan.components and not plan.counter)
+    return plan
+
+
+def _roles(texts, nums, user, nested) -> tuple[list[tuple[str, str | None, int, str]], bool]:
+    """``(role, our key, rank, printed name)`` of every number, and whether a split is named
+    around the keys."""
+    n = len(nums)
+    is_noise = tokens.noise(texts, nums)
+    glued = tokens.glued_names(texts, nums)
+    for i in range(n):
+        if glued[i]:
+            is_noise[i] = False
+    befores = tokens.befores(texts, nums, is_noise, glued)
+    prefixes = tokens.paths(texts) if nested else None
+    roles: list[tuple[str, str | None, int, str]] = []
+    eval_context = False
+    for i in range(n):
+        before, g = befores[i], glued[i]
+        if g:
+            roles.append((*classify(g, user), g))
+            continue
+        if is_noise[i]:
+            roles.append(("noise", None, 0, ""))
+            continue
+        if i > 0 and before.strip() == "/" and not is_noise[i - 1]:
+            roles.append(("total", None, 0, ""))
+            continue
+        name = tokens.key_before(before, glued=i > 0)
+        rest = before[:before.rfind(name)] if name else before
+        if _EVAL_CONTEXT.search(rest):
+            eval_context = True
+        if name.startswith("-") or name.lower().startswith(_ARG_ECHO):
+            roles.append(("other", None, 0, name))
+            continue
+        if len(name) == 1 and not before.rstrip(" \t").endswith(":"):
+            name = ""             # one letter is a key only as `s:12`, `L: 0.0058` (llm.c, SparK)
+        full = f"{prefixes[i]}/{name}" if prefixes and prefixes[i] and name else name
+        role, key, rank = classify(full, user)
+        has_total = i + 1 < n and texts[i + 1].strip() == "/" and not is_noise[i + 1]
+        if role == "other" and normalise_key(name) == "total" and tokens.in_loss_group(texts, i):
+            role, key, rank = "metric", keys.LOSS, 1     # `[Losses: x 0.1, cls 0.2, total 0.3]`
+        elif role == "other" and has_total and "/" in name:
+            role, key, rank = classify(name.split("/")[0], user)   # "global_step/max_steps": "601/2161"
+        elif role in ("metric", "component", "other") and prefixes and prefixes[i] and name \
+                and classify(prefixes[i], user)[0] == "eval":
+            role, key = "eval", None
+        elif role == "other" and has_total and i + 3 < n and texts[i + 3].strip() == "/" \
+                and texts[i + 2].replace(" ", "") == "][" and nums[i].isdigit():
+            role = "epoch"        # `Train: [3/300][370/1251]`: nested counters, the outer one
+        roles.append((role, key, rank, name))   # counts epochs (`Epoch: [e][b/N]` names it)
+    _bare_counters(texts, nums, roles)
+    return roles, eval_context
+
+
+def _bare_counters(texts, nums, roles) -> None:
+    """A run of bare integers that opens a line ends with its step (``420 | loss 4.06``,
+    ``1|12|Loss: 1.04``), the number before it an epoch; a ``N: x`` line is a step and one
+    unnamed value (the loss)."""
+    n = len(nums)
+
+    def bare(i):
+        return roles[i][0] == "other" and not roles[i][3]
+
+    if n == 2 and bare(0) and bare(1) and nums[0].isdigit() and not texts[0].strip() \
+            and texts[1].strip() in (":", "|") and not texts[2].strip():
+        roles[0], roles[1] = ("step", None, _KEYLESS, ""), ("metric", keys.LOSS, 1, "")
+        return
+    run = 0
+    while run < n and bare(run) and nums[run].isdigit() and len(texts[run].strip(" [")) <= 1:
+        run += 1
+    if 0 < run < n and roles[run][3][:1].isalpha():
+        roles[run - 1] = ("step", None, _KEYLESS, "")
+        if run > 1:               # `333 154 Loss=..`, `1|12|Loss: ..`: an epoch, then the count
+            roles[run - 2] = ("epoch", None, 0, "")
+
+
+def _kind(plan: Plan, texts, nums, roles, joined, summary, eval_context, eval_loss) -> Plan:
+    metrics = plan.metrics
+    if _OVERFLOW.search(joined):
+        # `OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768`,
+        # `Gradient overflow.  Skipping step, ... reducing loss scale to 1024.0`, fairseq's
+        # `overflow detected, setting loss scale to: 64`, `Grad overflow on iteration 3`.
+        step = None
+        for i, (_, _, _, name) in enumerate(roles):
+            words = normalise_key(name).split()
+            if words and words[-1] == "to" and "hysteresis" not in words:
+                plan.overflow_scale = i
+            elif "attempted" in words:
+                plan.overflow_attempted = i
+            elif words and words[-1] in ("iteration", "iter", "step"):
+                step = i
+        low = joined.lower()
+        if "skip" in low or "scale" in low or step is not None:
+            plan.step = step
+            plan.kind = "overflow"
+            plan.overflow_applied = bool(_APPLIED.search(joined))
+            return plan
+    named_step = plan.step is not None and not plan.counter
+    if summary and not named_step:
+        plan.kind = "summary"     # a run summary (HF's `train_runtime`, a best loss), not a step
+        return plan
+    if eval_context:
+        plan.kind = "eval"
+        return plan
+    plan.mixed = eval_loss and plan.loss_name in _SPLIT_QUALIFIED_LOSS
+    if not metrics and not plan.components:
+        if any(v[:1] in "nNiI" for v in nums) and _NAN_WARNING.search(joined):
+            plan.kind = "nan"
+        elif eval_loss:
+            plan.kind = "eval"        # `step 30 | val loss 2.5`: an evaluation at a step
+        elif plan.step is not None and plan.micro is None and roles[plan.step][3]:
+            plan.kind = "header"      # OLMo's `[step=1/739328,epoch=0]`, composer's `[batch=1/20]:`
+        elif (plan.epoch is not None or plan.per_epoch is not None) and plan.step is None:
+            plan.kind = "epoch"       # `Epoch 2/10` above Keras' batch lines
+        else:
+            plan.kind = "ignore"
+        return plan
+    if "step=" in joined and "skipped=" in joined:
+        plan.cumulative_skips = True          # the DeepSpeed engine's counts: global, cumulative
+        plan.step_rank = 0
+    if not named_step and not plan.components \
+            and not any(k in (keys.LOSS, keys.GRAD_NORM) for _, k, _ in metrics):
+        plan.kind = "ignore"  # an LR or a scale with no step: a config echo, an epoch summary
+    return plan
+
+
+def _periodic(positions: list[int], n: int) -> list[tuple[int, int]]:
+    """Several records glued on one line (lost newlines): the step name repeats at a fixed
+    period. The (first, end) number ranges of the records, or [] for one record. The last
+    record places the step within a record (the first may have lost its start)."""
+    if len(positions) < 2:
+        return []
+    period = positions[1] - positions[0]
+    if any(b - a != period for a, b in zip(positions, positions[1:])):
+        return []
+    offset = positions[-1] - (n - period)
+    if not 0 <= offset <= positions[0]:
+        offset = positions[0]
+    starts = [max(0, p - offset) for p in positions]
+    return list(zip(starts, starts[1:] + [n]))

@@ -1,0 +1,251 @@
+"""Format detection from a log's text: the first decisive line wins.
+
+JSON objects (our run log, metric dicts; ``trainer_state.json``), CSV tables (a header row of
+names and a row of as many cells: our CSV, Lightning's ``metrics.csv``, W&B exports) are told
+by their first lines; Megatron, fairseq and Caffe by a line only they print; anything else that
+prints a step and a training metric is the generic reader's. Detection reads a bounded prefix
+(``DETECT_MAX_LINES``, ``JSON_SNIFF_LINES``), never a whole file, and never throws on what it
+reads: a line it cannot interpret is no evidence either way.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import re
+import time
+from typing import Iterable
+
+from ... import keys
+from . import caffe, fairseq, generic, megatron
+from .source import LogFormatError, segments, strip_prefix
+from .vocabulary import classify
+
+# A Megatron log may print 10k lines of arguments and start-up before its first iteration.
+DETECT_MAX_LINES = 200_000
+# `{` on a line of its own: a JSON document; its `log_history` key (trainer_state.json) comes
+# among its first keys.
+JSON_SNIFF_LINES = 2_000
+JSON_LINE_MAX_CHARS = 1 << 20
+# A followed file: how long a tentative answer (DeepSpeed or overflow lines so far) waits for a
+# decisive line (Megatron's first iteration line comes within a few steps of DeepSpeed's).
+SETTLE_S = 30.0
+
+# Formats with semantics of their own, recognised line by line before the generic reader, each
+# with a substring every decisive line contains (a cheap filter before the regular expression).
+# Megatron-DeepSpeed logs also carry DeepSpeed's `step=N, skipped=K` and OVERFLOW lines (which
+# the generic reader reads), sometimes hundreds of lines before the first iteration line: a
+# record without a loss or a grad norm, or an overflow line, waits for a decisive line.
+_SIGNATURES = (("megatron", "iteration", (megatron.SIGNATURE,)),
+               ("fairseq", "num_updates", fairseq.SIGNATURES),
+               ("caffe", "] ", caffe.SIGNATURES))
+_CELL = re.compile(r"^[\w./ ()\[\]%-]{1,80}$")
+
+LOOKED_FOR = (
+    "a step (step, iter, iteration, global_step, num_updates, Step N/M, epoch + batch) with a\n"
+    "    training loss, grad norm, LR or loss scale (loss, lm loss, train_loss, grad_norm, gnorm,\n"
+    "    lr, learning_rate, loss_scale, ...) as key: v, key=v, key v, | fields, tables, dicts or\n"
+    "    JSON; or Megatron, fairseq, Caffe, JSON lines, CSV, W&B CSV, trainer_state.json, TensorBoard")
+
+
+class NoRecords(LogFormatError):
+    """No per-step training metric anywhere: what was looked for, the closest lines, the way out."""
+
+    def __init__(self, path, num_lines: int, closest: list[tuple[int, str, tuple]]):
+        self.closest = closest
+        lines = [f"unknown log format: no per-step training metrics in {num_lines} line(s).",
+                 f"  looked for: {LOOKED_FOR}."]
+        if closest:
+            lines.append("  closest lines:")
+            lines += [f"    line {n}: {text}" for n, text, _ in closest]
+        lines += suggestion(closest)
+        super().__init__(path, None, "\n".join(lines))
+
+
+def suggestion(closest) -> list[str]:
+    """How to say it explicitly, built from the closest line's names where it has two. An epoch
+    is never suggested as the step: every line of an epoch would fold into one record."""
+    names = list(closest[0][2]) if closest else []
+    step = next((n for n in names if re.search(r"^(?:ep|it|s)$|step|iter|epoch|batch", n, re.I)
+                 and _varies(n, closest)), None)
+    value = next((n for n in names if n != step and classify(n)[0] not in ("epoch", "batch")), None)
+    if value and step:
+        keys_flag = f"--keys step={step},loss={value}"
+        pattern = (f"{re.escape(step)}\\W*(?P<step>\\d+).*?{re.escape(value)}\\W*"
+                   "(?P<loss>[^\\s,;|]+)")
+    elif value:
+        keys_flag = f"--keys loss={value}   (no step printed: records numbered in order)"
+        pattern = f"{re.escape(value)}\\W*(?P<loss>[^\\s,;|]+)"
+    else:
+        keys_flag = "--keys step=NAME,loss=NAME"
+        pattern = "step (?P<step>\\d+) .*? loss (?P<loss>\\S+)"
+    return [f"  say it explicitly: {keys_flag}   (our key=the name the log prints)",
+            f"    or --pattern '{pattern}'   (named groups: step, loss, grad_norm, lr, "
+            "loss_scale, skipped)"]
+
+
+def _varies(name: str, closest) -> bool:
+    """Whether a counter takes different values on the closest lines (a name that repeats its
+    value, an epoch over its batches, would fold every line into one record)."""
+    pat = re.compile(re.escape(name) + r"\W*(\d+)")
+    values = {m.group(1) for _, text, _ in closest for m in [pat.search(text)] if m}
+    return len(values) > 1
+
+
+def detect_lines(path, lines: Iterable, *, user_keys=None, pattern=None) -> tuple[str, list]:
+    """The format of a log from its ``(line_no, text)`` lines, and the lines consumed.
+
+    A ``None`` text (a followed file went idle) settles a tentative answer held ``SETTLE_S``;
+    otherwise detection waits for a decisive line. :class:`NoRecords` when the lines end (or
+    ``DETECT_MAX_LINES`` pass) undecided.
+    """
+    consumed: list = []
+    structured = _Structured()
+    tentative = None
+    tentative_since = 0.0
+    reader = generic.LineReader(user_keys, pattern)
+    closest = generic.ClosestLines()
+    for item in lines:
+        line_no, text = item
+        if text is None:
+            if tentative is not None and time.monotonic() - tentative_since >= SETTLE_S:
+                return tentative, consumed
+            continue
+        consumed.append(item)
+        if len(consumed) > DETECT_MAX_LINES:
+            break
+        if structured.open:
+            kind = structured.offer(text)
+            if kind is not None:
+                return kind, consumed
+            if structured.open:
+                continue
+            for held_no, held in structured.release():
+                got = _line_kind(held, reader, closest, held_no, user_keys or pattern)
+                if got == "tentative" and tentative is None:
+                    tentative, tentative_since = "generic", time.monotonic()
+                elif got is not None and got != "tentative":
+                    return got, consumed
+            continue
+        got = _line_kind(text, reader, closest, line_no, user_keys or pattern)
+        if got == "tentative":
+            if tentative is None:
+                tentative, tentative_since = "generic", time.monotonic()
+        elif got is not None:
+            return got, consumed
+    if structured.open:
+        for held_no, held in structured.release():
+            got = _line_kind(held, reader, closest, held_no, user_keys or pattern)
+            if got is not None and got != "tentative":
+                return got, consumed
+            if got == "tentative" and tentative is None:
+                tentative = "generic"
+    if tentative is not None:
+        return tentative, consumed
+    raise NoRecords(path, len(consumed), closest.lines())
+
+
+def _line_kind(text, reader, closest, line_no, explicit) -> str | None:
+    """The format one line decides, ``"tentative"`` for a record that may be Megatron's, or None."""
+    if not explicit:
+        for name, needle, signatures in _SIGNATURES:
+            if needle in text and any(sig.search(text) for sig in signatures):
+                return name
+    tentative = False
+    for seg in segments(text):
+        got = reader.parse(strip_prefix(seg))
+        if got is None:
+            continue
+        plan = got[1]
+        parts = [p for _, _, p in plan.parts] if plan.kind == "multi" else [plan]
+        if any(p.kind == "record" and (explicit or p.components or any(
+                k in (keys.LOSS, keys.GRAD_NORM) for _, k, _ in p.metrics)) for p in parts):
+            return "generic"
+        if plan.kind in ("record", "overflow"):
+            tentative = True          # an LR, a skip count, an overflow: maybe Megatron's
+        elif plan.score:
+            closest.offer(line_no, seg, plan)
+    if reader.table is not None:
+        return None
+    return "tentative" if tentative else None
+
+
+class _Structured:
+    """The first non-blank lines of JSON and CSV files: ``offer`` lines until they decide a
+    format (returned) or rule the structured formats out (``open`` turns False; ``release``
+    gives the lines back to line-by-line detection)."""
+
+    def __init__(self):
+        self.open = True
+        self.held: list[tuple[int, str]] = []
+        self.mode = ""            # "" | "json" (a document) | "table" (a header, awaiting a row)
+        self.header: list[str] = []
+        self.delimiter = ","
+        self.seen = 0
+
+    def release(self) -> list[tuple[int, str]]:
+        held, self.held, self.open = self.held, [], False
+        return held
+
+    def offer(self, text: str) -> str | None:
+        s = text.strip()
+        if not s and not self.held:
+            return None
+        self.seen += 1
+        self.held.append((self.seen, text))
+        try:
+            return self._decide(s)
+        except (csv.Error, ValueError):
+            self.open = False
+            return None
+
+    def _decide(self, s: str) -> str | None:
+        if self.mode == "json":
+            if '"log_history"' in s:
+                return "hf-state"
+            if self.seen > JSON_SNIFF_LINES:
+                self.open = False
+            return None
+        if self.mode == "table":
+            if not s:
+                return None
+            row = next(csv.reader([s], delimiter=self.delimiter))
+            if len(row) == len(self.header):
+                return self._table_kind()
+            self.open = False
+            return None
+        if s.startswith("{"):
+            if len(s) > JSON_LINE_MAX_CHARS:       # one huge object: look, do not load
+                return "hf-state" if '"log_history"' in s[:JSON_LINE_MAX_CHARS] else "jsonl"
+            try:
+                obj = json.loads(s)
+            except ValueError:
+                obj = None
+            if isinstance(obj, dict):
+                return "hf-state" if "log_history" in obj else "jsonl"
+            if "'" not in s[:3]:
+                self.mode = "json"         # a document over many lines
+                if '"log_history"' in s:
+                    return "hf-state"
+                return None
+            self.open = False
+            return None
+        self.delimiter = "\t" if "\t" in s and "," not in s else ","
+        if self.delimiter in s:
+            cells = [c.strip() for c in next(csv.reader([s], delimiter=self.delimiter))]
+            if len(cells) >= 2 and all(_CELL.match(c) for c in cells if c) and self._counter(cells):
+                self.mode, self.header = "table", cells
+                return None
+        self.open = False
+        return None
+
+    @staticmethod
+    def _counter(cells: list[str]) -> bool:
+        return any(c in ("_step", "Step", "step") or classify(c)[0] in ("step", "epoch")
+                   or " - " in c for c in cells)
+
+    def _table_kind(self) -> str:
+        cells = self.header
+        if ("_step" in cells or "Step" in cells or "train/global_step" in cells
+                or any(" - " in c or c.endswith("__MIN") for c in cells)):
+            return "wandb-csv"
+        return "csv"

@@ -1,0 +1,184 @@
+"""The line tokenizer: a line of text -> its numbers and, around them, its template.
+
+The text between the numbers is the line's *template*; for every number it gives the key
+printed before it (``key: v``, ``key=v``, ``key v``, ``| key v |``, dict prints and JSON with
+their key paths, ``Key is v.``), whether it is noise (a time of day, a date, digits inside a name),
+a counter's total (``10/1000``) or a name glued to a counter (``ep6``, ``1020batch``). Nothing
+here knows what a name means (:mod:`.vocabulary`) or which number is the step (:mod:`.plan`).
+
+>>> texts, nums = split("step 10 | loss: 2.5 | lr 3.0e-4")
+>>> nums, [key_before(t, i > 0) for i, t in enumerate(texts[:-1])]
+(['10', '2.5', '3.0e-4'], ['step', 'loss', 'lr'])
+
+Cost: one regular-expression split per line and O(numbers) work per new template.
+"""
+from __future__ import annotations
+
+import re
+
+# Numbers: digits with an optional fraction and exponent (the sign stays in the template, so a
+# template does not change with it), and the non-finite words, which only lines that contain
+# them pay for. `nanxxx` (PaddleOCR) and `nanms` are NaNs with text glued on; `INFO` is no inf.
+NUM = r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
+_SPLIT = re.compile(f"({NUM})").split
+_SPLIT_NONFINITE = re.compile(
+    rf"({NUM}|(?<![A-Za-z])(?:nan|NaN|NAN|(?:[Ii]nfinity|inf|Inf|INF)(?![A-Za-z])))").split
+_NONFINITE_HINT = re.compile(r"nan|NaN|NAN|[Ii]nfinity|inf|Inf|INF").search
+
+_GLUED_BEFORE = {"ep": "epoch", "epoch": "epoch", "it": "it", "iter": "iter",
+                 "iteration": "iteration", "step": "step"}
+_GLUED_AFTER = {"epoch": "epoch", "batch": "batch", "batches": "batch"}
+_TRAILING_WORD = re.compile(r"(?<![A-Za-z])([A-Za-z]+)$")
+_LEADING_WORD = re.compile(r"([A-Za-z]+)(?![A-Za-z])")
+_QUOTES = " \t'\"\u2018\u2019\u201c\u201d"
+_CUTS = ",|;[]{}()<>'\"=:\t\u2018\u2019\u201c\u201d"
+_AFTER_LAST_CUT = re.compile(f"[{re.escape(_CUTS)}]([^{re.escape(_CUTS)}]*)\\Z")
+_PATH_TOKENS = re.compile(r"""['"]?([\w./ -]+?)['"]?\s*[:=]\s*\{|\{|\}""")
+_WORD_INSIDE_KEY = re.compile(r"\s+[A-Za-z][\w ]*[:=]\s*$")
+_STATISTIC_QUALIFIERS = frozenset({"avg", "average", "mean", "ema", "smoothed", "running"})
+
+
+def split(line: str) -> tuple[list[str], list[str]]:
+    """``(texts, numbers)``: ``len(texts) == len(numbers) + 1``; the texts are the template."""
+    parts = (_SPLIT_NONFINITE if _NONFINITE_HINT(line) else _SPLIT)(line)
+    return parts[0::2], parts[1::2]
+
+
+def key_before(piece: str, glued: bool) -> str:
+    """The key a piece of text gives the number after it (``" | lm loss: "`` -> ``lm loss``).
+
+    ``glued``: the piece starts right after a number, so its first token is that number's unit
+    (``ms, mfu `` -> ``mfu``). A parenthesis after a key is a unit (``(ms)``), dropped, or a
+    statistic (``loss (avg):``), kept as a word of the key.
+    """
+    s = piece
+    if s[-1:] in "-+" and s[-2:-1] in (" ", ":", "=", "\t", "'", '"', "[", "("):
+        s = s[:-1]                             # the number's sign: `loss: -1.0000`
+    if glued:
+        i = 0
+        while i < len(s) and not s[i].isspace() and s[i] not in _CUTS:
+            i += 1
+        s = s[i:]
+    s = s.rstrip(_QUOTES + "[(~")
+    s = s.rstrip(" \t:=").rstrip(_QUOTES)
+    qualifier = ""
+    if s.endswith(")") and "(" in s:           # `elapsed time per iteration (ms):`
+        inner = s[s.rfind("(") + 1:-1]
+        if _STATISTIC_QUALIFIERS.intersection(inner.lower().split()):
+            qualifier = " " + inner
+        s = s[:s.rfind("(")].rstrip()
+    elif s.endswith("]") and "[" in s:         # `| [Loss] 51566519.44 | [step]    89 |`
+        inner = s[s.rfind("[") + 1:-1].strip()
+        if inner[:1].isalpha():
+            return inner
+    m = _AFTER_LAST_CUT.search(s)
+    cut = m.start() if m else -1
+    for sep in (" - ", "  "):                  # Keras ` - loss: `, torchtitan's double spaces
+        j = s.rfind(sep)
+        if j >= 0 and j + len(sep) - 1 > cut:
+            cut = j + len(sep) - 1
+    key = s[cut + 1:].strip()
+    if key.endswith(" is") and ". " in piece:  # prose (BigDL): `.../second. Loss is 1.26.`
+        key = key[:-3].rstrip()                # (not a warning's `loss is nan at step 12`)
+        key = key[key.rfind(". ") + 2:] if ". " in key else key
+    return key + qualifier if key else key
+
+
+def paths(texts: list[str]) -> list[str]:
+    """The enclosing dict keys of every number (``{"train": {"loss": 2}}`` -> ``train``)."""
+    stack: list[str] = []
+    out = []
+    for piece in texts[:-1]:
+        for m in _PATH_TOKENS.finditer(piece):
+            if m.group(0) == "}":
+                if stack:
+                    stack.pop()
+            else:
+                stack.append((m.group(1) or "").strip())
+        out.append("/".join(p for p in stack if p))
+    return out
+
+
+def noise(texts: list[str], nums: list[str]) -> list[bool]:
+    """Numbers that are no values: parts of names (``rank0``, ``v1.2``), times of day and
+    durations (``09:30:39,305``, ``00:30<00:36``), dates (``2023-03-22``, ``07/21/2024``,
+    ``10/30 22:18:02``) and the start of a range (``1-1020``)."""
+    n = len(nums)
+    out = [False] * n
+    for i in range(n):
+        before, after = texts[i], texts[i + 1]
+        if before and (before[-1].isalpha() or before[-1] in "_."):
+            out[i] = True
+        if (after == ":" and i + 1 < n) or (before == ":" and i > 0):
+            out[i] = True
+        if before in (",", ".") and i > 1 and out[i - 1] and texts[i - 1] == ":":
+            out[i] = True
+    for i in range(n - 1):
+        sep = texts[i + 1]
+        if sep not in ("/", "-"):
+            continue
+        if i + 2 < n and texts[i + 2] == sep:
+            out[i] = out[i + 1] = out[i + 2] = True                    # a date
+        elif sep == "-":
+            out[i] = True                                              # a range: its end counts
+        elif i + 2 < n and texts[i + 2] in (" ", "T", "-") and texts[i + 3:i + 4] == [":"]:
+            out[i] = out[i + 1] = True                                 # 10/30 22:18:02
+    return out
+
+
+def glued_names(texts: list[str], nums: list[str]) -> list[str | None]:
+    """Counter names glued to their number (``ep6``, ``it156``, ``1epoch``, ``1020batch``)."""
+    out: list[str | None] = [None] * len(nums)
+    for i, num in enumerate(nums):
+        m = _TRAILING_WORD.search(texts[i])
+        if m and m.group(1).lower() in _GLUED_BEFORE:
+            out[i] = _GLUED_BEFORE[m.group(1).lower()]
+        elif num.isdigit():
+            m = _LEADING_WORD.match(texts[i + 1])
+            if m and m.group(1).lower() in _GLUED_AFTER:
+                out[i] = _GLUED_AFTER[m.group(1).lower()]
+    return out
+
+
+def befores(texts: list[str], nums: list[str], is_noise: list[bool],
+            glued: list[str | None]) -> list[str]:
+    """The text each number's key is read from: its own piece, or, where digits or a non-finite
+    word sit inside the next key's name (``optim0_lr0=``, ``number of nan iterations:``), the
+    pieces joined up to it."""
+    out = list(texts[:len(nums)])
+    for i in range(len(nums) - 1):
+        if glued[i]:
+            continue
+        if nums[i][:1] in "nNiI" and _WORD_INSIDE_KEY.match(texts[i + 1]) \
+                and not texts[i].rstrip(" '\"").endswith((":", "=")):
+            is_noise[i] = True
+            out[i + 1] = out[i] + nums[i] + texts[i + 1]
+        elif is_noise[i] and (texts[i][-1:].isalpha() or texts[i][-1:] == "_"):
+            out[i + 1] = out[i] + nums[i] + texts[i + 1]
+    return out
+
+
+def in_loss_group(texts: list[str], i: int) -> bool:
+    """Whether number ``i`` sits in a bracketed group named for losses (``[Losses: ... total``).
+    Reads back from number ``i`` to the group's opening bracket only."""
+    for j in range(i, -1, -1):
+        piece = texts[j]
+        k_open = max(piece.rfind(c) for c in "[({")
+        k_close = max(piece.rfind(c) for c in "])}")
+        if k_open > k_close:
+            return "loss" in piece[k_open:].lower().split(":")[0]
+        if k_close >= 0:
+            return False
+    return False
+
+
+def cells(line: str, pipes: bool | None = None) -> list[str]:
+    """The cells of a table line: ``|``-separated where it has a ``|`` (or ``pipes``), else
+    whitespace runs.
+
+    >>> cells("Step | Training Loss | reward"), cells("   Epoch    GPU_mem   box_loss")
+    (['Step', 'Training Loss', 'reward'], ['Epoch', 'GPU_mem', 'box_loss'])
+    """
+    if pipes or (pipes is None and "|" in line):
+        return [c.strip() for c in line.strip().strip("|").split("|")]
+    return line.split()

@@ -1,0 +1,119 @@
+"""What a printed name means: one vocabulary (``vocabulary.json``, package data) for every reader.
+
+Each entry of the file names who prints it. A name is classified on its own, never by the line
+around it (docs/replay.md, The reader grammar): an unknown name, or a running statistic such as
+``mean_token_accuracy``, is just another number of the line, never a reason to drop the line.
+
+>>> classify("lm loss"), classify("val_loss"), classify("num_updates"), classify("base_lr")
+(('metric', 'loss', 1), ('eval', 'loss', 0), ('step', None, 0), ('ignore', None, 1))
+>>> classify("mean_token_accuracy")[0], classify("Train loss/train/total")[:2], classify("box_loss")[0]
+('statistic', ('metric', 'loss'), 'component')
+
+Cost: one dict lookup per name, cached per template by the callers. State: none.
+"""
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from importlib import resources
+from typing import Mapping
+
+from ... import keys
+
+_DATA = json.loads(resources.files(__package__).joinpath("vocabulary.json").read_text("utf-8"))
+
+#: Normalised name -> (role, our key or None, rank).
+ENTRIES: dict[str, tuple[str, str | None, int]] = {}
+for _e in _DATA["entries"]:
+    _role = _e["is"]
+    _key = _role if keys.is_known(_role) else None
+    ENTRIES[_e["name"]] = ("metric" if _key else _role, _key, int(_e.get("rank", 1)))
+#: Words that give their role to any name they are part of (`eval_loss`, `train_runtime`).
+WORD_ROLES = {n: r for n, (r, _, _) in ENTRIES.items()
+              if r in ("split", "summary", "statistic", "ignore") and " " not in n}
+PREFIXES = frozenset(_DATA["prefixes"])
+STEP_MARKERS: tuple[str, ...] = tuple(_DATA["step_markers"])
+_CJK_WORDS: dict[str, str] = {k: f" {v} " for k, v in _DATA["cjk"].items()}
+_CJK = re.compile("|".join(sorted(_CJK_WORDS, key=len, reverse=True)))
+_NOT_A_KEY = re.compile(r"[^A-Za-z0-9]+")
+# Step counters below this rank are the optimizer's count; `iteration` / `it` beside a
+# `step` count micro-batches (litgpt `iter 3704 step 463`).
+MICRO_RANK = 2
+ITERATION_LIKE = frozenset(n for n, (r, _, rank) in ENTRIES.items() if r == "step" and rank >= MICRO_RANK)
+
+
+def normalise_key(name: str) -> str:
+    """``"Train_Loss"`` -> ``"train loss"``: lower case, words separated by single spaces.
+
+    >>> normalise_key("optim/total-grad_norm"), normalise_key(" lm loss "), normalise_key("训练次数")
+    ('optim total grad norm', 'lm loss', 'train step')
+    """
+    if not name.isascii():
+        name = _CJK.sub(lambda m: _CJK_WORDS[m.group()], name)
+    return " ".join(_NOT_A_KEY.split(name.lower())).strip()
+
+
+def classify(name: str, user: Mapping[str, str] | None = None) -> tuple[str, str | None, int]:
+    """``(role, our key, rank)`` of a printed name (see the module docstring and the roles of
+    ``vocabulary.json``; ``eval`` carries ``"loss"`` for an evaluation loss; ``component`` is a
+    named term of the loss such as ``box_loss``; ``other`` an unknown name). ``user``: the
+    ``--keys`` map, normalised name -> ``"step"`` or a metric key, which wins."""
+    return _classify(normalise_key(name), name.strip(), tuple(sorted(user.items())) if user else ())
+
+
+@lru_cache(maxsize=8192)
+def _classify(norm: str, raw: str, user: tuple) -> tuple[str, str | None, int]:
+    if user:
+        target = dict(user).get(norm)
+        if target is not None:
+            return ("step", None, -1) if target == "step" else ("metric", target, -1)
+    if not norm:
+        return "other", None, 0
+    words = norm.split()
+    if any(WORD_ROLES.get(w) == "split" for w in words):
+        return "eval", "loss" if ("loss" in words or "ppl" in words) else None, 0
+    got = _lookup(norm, words)
+    if got is not None:
+        return got
+    key = ours(raw)                       # our own tags and metric keys
+    if key is not None:
+        return "metric", key, 1
+    for w in words:
+        role = WORD_ROLES.get(w)
+        if role is not None:
+            return role, None, 0
+    bare = [w for w in words if w not in PREFIXES] or words
+    if bare[0] == "lr" and len(bare) > 1 and "lr-" in raw.lower():
+        return "metric", keys.LR, 1       # Lightning / composer LR monitors: `lr-AdamW/pg1`
+    if len(words) > 1 and (words[-1] == "loss" or words[0] == "loss"):
+        return "component", keys.LOSS, 0  # `box_loss`, `loss_cls`: a term of the objective
+    return "other", None, 0
+
+
+def ours(name: str) -> str | None:
+    """Our own names: ``stability/<key>`` (and ``train/stability/<key>`` through HF's
+    reporters), and our metric keys as such (``adam/exp_avg_sq_max``, ``loss/cm4``)."""
+    n = name.strip()
+    if n.startswith(keys.PREFIX) or any(n.startswith(p + keys.PREFIX) for p in keys.FRAMEWORK_PREFIXES):
+        return keys.from_tag(n)
+    if keys.is_known(n):
+        return n
+    for p in keys.FRAMEWORK_PREFIXES:
+        if n.startswith(p) and keys.is_known(n[len(p):]):
+            return n[len(p):]
+    return None
+
+
+def _lookup(norm: str, words: list[str]) -> tuple[str, str | None, int] | None:
+    """The entry of a name, or of the name without a printer's prefix words (`cur_lr`)."""
+    got = ENTRIES.get(norm)
+    if got is not None:
+        return got
+    for i in range(1, len(words)):
+        if words[i - 1] not in PREFIXES:
+            break
+        got = ENTRIES.get(" ".join(words[i:]))
+        if got is not None:
+            return got
+    return None
