@@ -12,16 +12,16 @@ from stability_callbacks.integrations.torch import reductions  # noqa: E402
 from stability_callbacks.integrations.torch.probe import StepProbe  # noqa: E402
 from stability_callbacks.integrations.torch.readings import grad_scaler_readings  # noqa: E402
 from stability_callbacks.integrations.torch.reductions import (  # noqa: E402
-    batch_fingerprint, second_moment_stats)
+    adam_moment_stats, batch_fingerprint)
 
 
 def adam_second_moment_stats(optimizer):
     """Single-process ``(max, l1, numel)`` of ``exp_avg_sq`` as floats/int, for the assertions
     (the probe folds the same local values into its one packed collective)."""
-    st = second_moment_stats(optimizer)
+    st = adam_moment_stats(optimizer)
     if st is None:
         return None
-    return float(st.max), float(st.l1), st.numel
+    return float(st.v_max), float(st.v_l1), st.numel
 
 
 def _model(seed=0, dtype=torch.float32):
@@ -141,11 +141,11 @@ def test_nonfinite_state_gives_nan_max_whatever_the_sign_bit():
     p.grad = torch.zeros_like(p)
     opt.step()
     opt.state[p]["exp_avg_sq"][3] = -float("nan")   # x86's default NaN has the sign bit set
-    st = second_moment_stats(opt)
-    assert math.isnan(float(st.max)) and math.isnan(float(st.l1))
+    st = adam_moment_stats(opt)
+    assert math.isnan(float(st.v_max)) and math.isnan(float(st.v_l1))
     opt.state[p]["exp_avg_sq"][3] = float("inf")
-    st = second_moment_stats(opt)
-    assert float(st.max) == math.inf
+    st = adam_moment_stats(opt)
+    assert float(st.v_max) == math.inf
 
 
 def test_loss_is_summed_over_micro_batches_under_accumulation():
@@ -274,7 +274,7 @@ def test_empty_state_before_the_first_step_is_silent(caplog):
         probe.finish_step(0, optimizer=opt)
     (rec,) = probe.poll()
     assert rec.metrics == {} and not caplog.records
-    assert second_moment_stats(opt) is None
+    assert adam_moment_stats(opt) is None
 
 
 def test_wrapped_optimizers_are_unwrapped():
@@ -376,11 +376,11 @@ def test_accelerator_branch_matches_the_cpu_branch(monkeypatch):
     torch.nn.functional.mse_loss(model(x), y).backward()
     opt.step()
     opt.state[next(iter(model.parameters()))]["exp_avg_sq"][0, 0] = 0.0   # v >= 0 kept
-    cpu = second_moment_stats(opt)
+    cpu = adam_moment_stats(opt)
     sq_cpu = reductions.param_sq_sum(model.parameters())
     monkeypatch.setattr(reductions, "FOREACH_FAST_DEVICES", ("cpu",))
-    fe = second_moment_stats(opt)
-    assert float(fe.max) == float(cpu.max)
-    assert float(fe.l1) == pytest.approx(float(cpu.l1), rel=1e-6)
+    fe = adam_moment_stats(opt)
+    assert float(fe.v_max) == float(cpu.v_max)
+    assert float(fe.v_l1) == pytest.approx(float(cpu.v_l1), rel=1e-6)
     assert float(reductions.param_sq_sum(model.parameters())) == pytest.approx(float(sq_cpu),
                                                                                rel=1e-6)
