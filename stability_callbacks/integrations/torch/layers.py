@@ -62,28 +62,29 @@ class LayerSummary:
 
     def block(self, stats: MomentStats | None, state: AdamState | None, *, num_tensors: int,
               step, lr: float | None, device) -> Block:
-        """This step's block: this rank's per-tensor sums (None: none this step, e.g. its pass
-        failed; the summary is then left out) and how to summarise them once reduced. ``step``:
-        Adam's update count (host number or device tensor); ``lr``: the record's LR."""
-        local = None
-        if stats is not None and state is not None and stats.per_tensor is not None and step is not None:
-            local = stats.per_tensor.reshape(-1)
-            hyper = _group_hyper(state, step, lr, device)
-            numel, group = self._layout(state, device)
+        """This step's block: this rank's per-tensor sums and how to summarise them once reduced.
+        ``stats``/``state`` None (this rank's pass failed or is off), or no ``step`` (Adam's update
+        count, a host number or device tensor): the block carries zeros with its flag down, and
+        the summary is left out of the record on every rank. ``lr``: the record's LR.
+
+        Every rank counts the sample and keeps the same baselines (they move only on a step where
+        every rank sent its values), so every rank gets the same summary."""
+        size, names = 2 * num_tensors, list(SUMMARY_KEYS)
         warm = self.samples >= WARM_SAMPLES
+        alpha = max(ALPHA, 1.0 / (self.samples + 1))
+        self.samples += 1
+        if stats is None or state is None or stats.per_tensor is None or step is None:
+            return Block(size, None, "sum", _nothing, names, [False] * len(names))
+        hyper = _group_hyper(state, step, lr, device)
+        numel, group = self._layout(state, device)
         present = [True] + [warm and num_tensors >= 2] * 4 + [
             warm and k < num_tensors for k in range(keys.LAYERS_TOP) for _ in keys.LAYER_TOP_FIELDS]
-        alpha = max(ALPHA, 1.0 / (self.samples + 1))
 
-        def summarize(reduced: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
-            if local is None:
-                return torch.zeros(len(SUMMARY_KEYS), dtype=torch.float64, device=reduced.device)
-            return self._summarize(reduced.reshape(num_tensors, 2), ok, hyper, numel, group, alpha)
+        def summarize(reduced: torch.Tensor, every_rank: torch.Tensor) -> torch.Tensor:
+            return self._summarize(reduced.reshape(num_tensors, 2), every_rank, hyper, numel, group, alpha)
 
-        self.samples += local is not None
-        op = "sum" if state is None or state.partitioned else "max"
-        return Block(2 * num_tensors, local, op, summarize, list(SUMMARY_KEYS),
-                     present if local is not None else [False] * len(SUMMARY_KEYS))
+        return Block(size, stats.per_tensor.reshape(-1), "sum" if state.partitioned else "max", summarize,
+                     names, present)
 
     def _layout(self, state: AdamState, device):
         layout = (tuple(state.tensor_numel), tuple(state.tensor_group), str(device))
@@ -101,7 +102,7 @@ class LayerSummary:
         d = m / (v.sqrt() + eps)
         update_norm = (lr * d).square().sum().sqrt()
         logx = torch.stack([d, m, v], 1).clamp_min(_FLOOR).log()
-        base = logx if self._log_base is None else self._log_base
+        base = torch.full_like(logx, torch.nan) if self._log_base is None else self._log_base
         log_ratio = logx - base
         # The baselines move only on finite values, and not on a step some rank had no values for.
         keep = torch.isfinite(logx) & ok
@@ -117,6 +118,10 @@ class LayerSummary:
             top = torch.cat([top, top.new_zeros(keys.LAYERS_TOP - k, top.shape[1])])
         return torch.cat([update_norm.reshape(1), torch.stack([lower[0], upper[0], lower[1], upper[1]]),
                           top.reshape(-1)])
+
+
+def _nothing(reduced: torch.Tensor, every_rank: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(len(SUMMARY_KEYS), dtype=torch.float64, device=reduced.device)
 
 
 def _group_hyper(state: AdamState, step, lr: float | None, device) -> torch.Tensor:
