@@ -1,6 +1,7 @@
 """The GPU proof in one command: what this project claims about host syncs, cost, fp16 and FSDP,
-measured on the card at hand (issue 24). About 3 minutes on one H100; nothing is downloaded (every
-model is built from its config) and nothing is installed.
+measured on the card at hand (issue 24). Sized for about 3 minutes on one H100 (an estimate: it
+has not met one yet); nothing is downloaded (every model is built from its config) and nothing is
+installed.
 
     python scripts/gpu_check.py                        # CUDA when there is one
     python scripts/gpu_check.py --device cpu           # the same code paths, tiny models (CI)
