@@ -2,35 +2,49 @@
 
 Plain and monitored optimizer steps of ONE model alternate in one run (so drift in machine load
 hits both alike). "Monitored" adds everything an integration does per step through its
-``LiveSession`` except the Adam probe: micro-batch intake (device-side loss accumulation, batch
-fingerprint), the grad norm reused for clipping (``before_optimizer_step`` +
-``clip_grads_with_norm_`` in place of ``clip_grad_norm_``), the LR, ``end_step`` (packing, host
-copy, poll, ``LiveRun.observe``: the Monitor) and the requests.
-The Adam second-moment probe is timed on its own (``probe_ms``) against ``floor_ms``: one
-``sum`` over a single contiguous buffer as large as all ``exp_avg_sq`` together.
+``LiveSession``: micro-batch intake (device-side loss accumulation, batch fingerprint), the grad
+norm reused for clipping (``before_optimizer_step`` + ``clip_grads_with_norm_`` in place of
+``clip_grad_norm_``), the LR, ``end_step`` (the Adam probe every ``--adam-every`` steps, packing,
+host copy, poll, ``LiveRun.observe``: the Monitor) and the requests.
+The Adam probe's pass is also timed on its own against ``floor_ms``, one ``sum`` over a single
+contiguous buffer as large as all ``exp_avg_sq`` together (CUDA: with events), in interleaved
+repetitions: ``probe_v_ms``, ``exp_avg_sq`` max + L1 (issue 24's goal: <= 1.2x the floor), and
+``probe_ms``, the pass the probe runs: that and ``exp_avg``'s norm, per parameter tensor (issue
+25's goal: <= 2.2x).
 
     python scripts/bench_overhead.py [--pairs 8] [--seq-len 128] [--batch-size 1] [--grad-accum 2]
+    python scripts/bench_overhead.py --probe-only --probe-reps 15     # the pass vs the floor only
 
 The last line printed is JSON: model, step_ms_plain, step_ms_monitored, overhead_pct (median
 of paired step differences / median plain step), overhead_pct_direct (median time spent inside
 the monitoring calls / median plain step: the same quantity measured without the step-to-step
-noise), probe_ms, floor_ms, probe_over_floor, param_norm_ms, host_syncs_per_step (CUDA only,
-counted under torch.cuda.set_sync_debug_mode), and the run's settings.
+noise), probe_v_ms, probe_ms, floor_ms, probe_v_over_floor and probe_over_floor (medians of the
+per-repetition ratios), param_norm_ms, host_syncs_per_step (CUDA only, counted under
+torch.cuda.set_sync_debug_mode), and the run's settings. ``scripts/gpu_check.py`` calls
+:func:`measure`.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import statistics
 import time
 import warnings
 
 import torch
 
-from stability_callbacks.integrations.torch.optim_state import find_second_moments
-from stability_callbacks.integrations.torch.reductions import param_sq_sum, second_moment_stats
+from stability_callbacks.config import Sampling
+from stability_callbacks.integrations.torch.optim_state import find_adam_state
+from stability_callbacks.integrations.torch.reductions import moment_stats, param_sq_sum
 from stability_callbacks.integrations.torch.session import LiveSession
 from stability_callbacks.live import LiveRun
+
+#: GPT-2 small: transformers' GPT2Config() defaults (12 layers, 768 wide, 50257 vocab = 124 M).
+GPT2_SMALL: dict = {}
+#: A tiny GPT-2 for CPU smoke runs (0.2 M parameters).
+GPT2_TINY = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 128}
 
 
 def _sync(device):
@@ -38,24 +52,45 @@ def _sync(device):
         torch.cuda.synchronize()  # host-sync: benchmark timing boundary
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pairs", type=int, default=8, help="plain/monitored step pairs timed")
-    ap.add_argument("--warmup-pairs", type=int, default=1)
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--batch-size", type=int, default=1)
-    ap.add_argument("--grad-accum", type=int, default=2)
-    ap.add_argument("--probe-reps", type=int, default=15)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--probe-only", action="store_true",
-                    help="one step to create the Adam state, then only probe_ms vs floor_ms")
-    args = ap.parse_args(argv)
-    device = torch.device(args.device)
+class _Timer:
+    """Milliseconds of ``fn()``: CUDA events around the device work (one sync at the end of the
+    repetitions), else the wall clock."""
 
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self._events: list = []
+
+    def time(self, fn, into: list) -> None:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            self._events.append((start, end, into))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            into.append((time.perf_counter() - t0) * 1e3)
+
+    def collect(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()  # host-sync: benchmark timing boundary
+            for start, end, into in self._events:
+                into.append(start.elapsed_time(end))
+            self._events.clear()
+
+
+def measure(device="cpu", *, model_config: dict | None = None, dtype=torch.float32, pairs: int = 8,
+            warmup_pairs: int = 1, seq_len: int = 128, batch_size: int = 1, grad_accum: int = 2,
+            probe_reps: int = 15, adam_every: int = Sampling.adam_every_n_steps,
+            probe_only: bool = False) -> dict:
+    """The figures of one run (the module docstring); ``model_config``: GPT2Config keywords
+    (default: GPT-2 small); ``dtype``: the model's and so the Adam state's dtype."""
+    device = torch.device(device)
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)
-    cfg = GPT2Config()          # default sizes: 12 layers, 768 wide, 50257 vocab = 124 M
-    model = GPT2LMHeadModel(cfg).to(device)
+    cfg = GPT2Config(**(GPT2_SMALL if model_config is None else model_config))
+    model = GPT2LMHeadModel(cfg).to(device, dtype)
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
@@ -63,21 +98,21 @@ def main(argv=None):
     gen = torch.Generator().manual_seed(0)
 
     def micro_batches():
-        for _ in range(args.grad_accum):
-            ids = torch.randint(0, cfg.vocab_size, (args.batch_size, args.seq_len), generator=gen)
+        for _ in range(grad_accum):
+            ids = torch.randint(0, cfg.vocab_size, (batch_size, seq_len), generator=gen)
             yield ids.to(device)
 
     def plain_step():
         for ids in micro_batches():
-            loss = model(input_ids=ids, labels=ids).loss / args.grad_accum
+            loss = model(input_ids=ids, labels=ids).loss / grad_accum
             loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    # No run log, no alert sinks, no Adam probe (timed on its own below): the per-step path.
+    # No run log, no alert sinks: the per-step path.
     session = LiveSession(LiveRun(config={"actions": {}}, run_dir=None))
-    session.probe.device, session.probe.adam_every_n_steps = device, 0
+    session.probe.device, session.probe.adam_every_n_steps = device, adam_every
     session.run.start(0)
     state = {"step": 0, "monitor_s": 0.0, "syncs": 0}
 
@@ -102,7 +137,7 @@ def main(argv=None):
         state["step"] += 1
         state["monitor_s"] = 0.0
         for ids in micro_batches():
-            loss = model(input_ids=ids, labels=ids).loss / args.grad_accum
+            loss = model(input_ids=ids, labels=ids).loss / grad_accum
             loss.backward()
             timed(session.add_micro_batch, loss=loss, input_ids=ids)
         # the callback's norm is the one used for clipping: computed once either way
@@ -122,15 +157,15 @@ def main(argv=None):
         _sync(device)
         return (time.perf_counter() - t0) * 1e3
 
-    if args.probe_only:
-        args.pairs = 0
+    if probe_only:
+        pairs = 0
         plain_step()
-    for _ in range(0 if args.probe_only else args.warmup_pairs):
+    for _ in range(0 if probe_only else warmup_pairs):
         time_step(plain_step)
         time_step(monitored_step)
     plain_ms, mon_ms, diffs, direct_ms = [], [], [], []
     state["syncs"] = 0
-    for i in range(args.pairs):
+    for i in range(pairs):
         # alternate the order inside a pair so neither kind always runs "second"
         if i % 2 == 0:
             p = time_step(plain_step)
@@ -145,26 +180,32 @@ def main(argv=None):
     syncs_monitored = state["syncs"]
     session.close()
 
-    # Adam probe vs the floor: interleaved repetitions on the real AdamW state
-    sm = find_second_moments(opt)
-    total = sum(t.numel() for t in sm.tensors)
-    flat = torch.empty(total, dtype=torch.float32, device=device).uniform_()
-    probe_ms, floor_ms, pnorm_ms = [], [], []
-    flat.sum(), second_moment_stats(opt), param_sq_sum(params)   # untimed: first-call costs
-    for _ in range(args.probe_reps):
-        _sync(device)
-        t0 = time.perf_counter()
-        flat.sum()
-        _sync(device)
-        floor_ms.append((time.perf_counter() - t0) * 1e3)
-        t0 = time.perf_counter()
-        second_moment_stats(opt)
-        _sync(device)
-        probe_ms.append((time.perf_counter() - t0) * 1e3)
-        t0 = time.perf_counter()
-        param_sq_sum(params)
-        _sync(device)
-        pnorm_ms.append((time.perf_counter() - t0) * 1e3)
+    # The Adam probe's pass vs the floor: interleaved repetitions on the real AdamW state, each
+    # repetition in a rotated order (none always runs first).
+    adam = find_adam_state(opt)
+    v_only = dataclasses.replace(adam, exp_avg=None)
+    total = sum(t.numel() for t in adam.exp_avg_sq)
+    flat = torch.empty(total, dtype=adam.exp_avg_sq[0].dtype, device=device).uniform_()
+    timed_fns = {"floor": flat.sum, "probe_v": lambda: moment_stats(v_only),
+                 "probe": lambda: moment_stats(adam), "param_norm": lambda: param_sq_sum(params)}
+    times: dict[str, list[float]] = {k: [] for k in timed_fns}
+    timer = _Timer(device)
+    for fn in timed_fns.values():   # untimed: first-call costs
+        fn()
+    for rep in range(probe_reps):
+        names = list(timed_fns)
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            timer.time(timed_fns[name], times[name])
+    timer.collect()
+    probe_v_ms, probe_ms, floor_ms, pnorm_ms = (times[k] for k in ("probe_v", "probe", "floor", "param_norm"))
+
+    # The pass against a float64 reference (max exact; sums to accumulation order).
+    got = moment_stats(adam)
+    ref_l1 = math.fsum(float(t.double().sum()) for t in adam.exp_avg_sq)
+    ref_m = math.fsum(float(t.double().square().sum()) for t in adam.exp_avg)
+    exact = {"max_equal": float(got.v_max) == max(float(t.max()) for t in adam.exp_avg_sq if t.numel()),
+             "l1_rel_err": abs(float(got.v_l1) - ref_l1) / ref_l1,
+             "exp_avg_rel_err": abs(float(got.m_sq) - ref_m) / ref_m}
 
     def med(xs):
         return statistics.median(xs) if xs else None
@@ -173,30 +214,54 @@ def main(argv=None):
         return None if x is None else round(x, nd)
 
     step_plain = med(plain_ms)
-    out = {
-        "model": f"gpt2-small ({n_params / 1e6:.1f}M params, GPT2Config() defaults)",
-        "device": str(device),
+    return {
+        "model": f"gpt2 ({n_params / 1e6:.1f}M params, {cfg.n_layer} layers x {cfg.n_embd}, {str(dtype)[6:]})",
+        "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
         "threads": torch.get_num_threads(),
         "step_ms_plain": rnd(step_plain, 2),
         "step_ms_monitored": rnd(med(mon_ms), 2),
         "overhead_pct": rnd(100.0 * med(diffs) / step_plain, 3) if plain_ms else None,
         "overhead_pct_direct": rnd(100.0 * med(direct_ms) / step_plain, 4) if plain_ms else None,
         "monitor_ms_direct": rnd(med(direct_ms), 3),
-        "probe_ms": round(med(probe_ms), 2),
-        "floor_ms": round(med(floor_ms), 2),
-        "probe_over_floor": round(med(probe_ms) / med(floor_ms), 3),
-        "param_norm_ms": round(med(pnorm_ms), 2),
+        "probe_v_ms": round(med(probe_v_ms), 3),
+        "probe_ms": round(med(probe_ms), 3),
+        "floor_ms": round(med(floor_ms), 3),
+        "probe_v_over_floor": round(med([a / b for a, b in zip(probe_v_ms, floor_ms)]), 3),
+        "probe_over_floor": round(med([a / b for a, b in zip(probe_ms, floor_ms)]), 3),
+        "param_norm_ms": round(med(pnorm_ms), 3),
+        "pass_exact": exact,
         "exp_avg_sq_numel": total,
-        "host_syncs_per_step": (syncs_monitored / args.pairs)
-        if device.type == "cuda" and args.pairs else None,
-        "pairs": args.pairs, "seq_len": args.seq_len, "batch_size": args.batch_size,
-        "grad_accum": args.grad_accum,
+        "host_syncs_per_step": (syncs_monitored / pairs) if device.type == "cuda" and pairs else None,
+        "pairs": pairs, "seq_len": seq_len, "batch_size": batch_size, "grad_accum": grad_accum,
+        "adam_every": adam_every,
         "step_ms_plain_all": [round(x, 1) for x in plain_ms],
         "step_ms_monitored_all": [round(x, 1) for x in mon_ms],
-        "probe_ms_all": [round(x, 1) for x in probe_ms],
-        "floor_ms_all": [round(x, 1) for x in floor_ms],
+        "probe_v_ms_all": [round(x, 2) for x in probe_v_ms],
+        "probe_ms_all": [round(x, 2) for x in probe_ms],
+        "floor_ms_all": [round(x, 2) for x in floor_ms],
     }
-    print(json.dumps(out))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=int, default=8, help="plain/monitored step pairs timed")
+    ap.add_argument("--warmup-pairs", type=int, default=1)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--batch-size", type=int, default=1)
+    ap.add_argument("--grad-accum", type=int, default=2)
+    ap.add_argument("--probe-reps", type=int, default=15)
+    ap.add_argument("--adam-every", type=int, default=Sampling.adam_every_n_steps,
+                    help="the Adam probe's cadence in the monitored steps (0: off; default: the config's)")
+    ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="the model's (and Adam state's) dtype")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--probe-only", action="store_true",
+                    help="one step to create the Adam state, then only the pass vs the floor")
+    args = ap.parse_args(argv)
+    print(json.dumps(measure(args.device, dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype],
+                             pairs=args.pairs, warmup_pairs=args.warmup_pairs, seq_len=args.seq_len,
+                             batch_size=args.batch_size, grad_accum=args.grad_accum,
+                             probe_reps=args.probe_reps, adam_every=args.adam_every,
+                             probe_only=args.probe_only)))
 
 
 if __name__ == "__main__":

@@ -14,22 +14,52 @@ ADAM_V_L1 = "adam/exp_avg_sq_l1"
 ADAM_V_NUMEL = "adam/exp_avg_sq_numel"
 ADAM_BETA2 = "adam/beta2"          # the optimizer's beta2 (the largest, if param groups differ)
 ADAM_STEP = "adam/step"            # Adam updates applied so far, this one included: t in 1 - beta2^t
+ADAM_M_NORM = "adam/exp_avg_norm"  # ||exp_avg||_2 over every parameter (raw, not bias-corrected)
+ADAM_BETA1 = "adam/beta1"          # the optimizer's beta1 (the largest, if param groups differ)
 PARAM_NORM = "param_norm"
-UPDATE_NORM = "update_norm"
+UPDATE_NORM = "update_norm"        # the norm of Adam's step lr * m_hat / (sqrt(v_hat) + eps), v_hat
+                                   # each tensor's mean (docs/design.md, Metric keys)
 CONSUMED_SAMPLES = "consumed_samples"
 BATCH_FINGERPRINT = "batch_fingerprint"   # a hash of the batch's token ids (resume auditor)
 LOSS_STREAM_PREFIX = "loss/"       # per-dataset losses: loss/cm4, loss/pmd
 LOSS_RESOLUTION = "loss_resolution"  # a printed loss's last digit: 1e-4 for `2.3456`, 1e-6 for `1.000000`
 LOSS_WINDOW = "loss_window"        # the steps a printed loss summarises (a window median: 20)
 
+# Per-parameter-tensor Adam statistics, summarised (docs/design.md, Metric keys). A tensor's
+# "ratio" is its value over its own baseline (a running geometric mean of its earlier samples):
+# update = its Adam direction ||m_hat / (sqrt(v_hat) + eps)|| (the LR factored out), exp_avg =
+# ||m_hat||, exp_avg_sq = its mean v_hat. Tensors are numbered in the optimizer's order.
+LAYERS_LOWER_UPDATE_RATIO = "layers/lower/update_ratio"     # geometric mean over the first half
+LAYERS_UPPER_UPDATE_RATIO = "layers/upper/update_ratio"     # ... over the second half
+LAYERS_LOWER_EXP_AVG_RATIO = "layers/lower/exp_avg_ratio"
+LAYERS_UPPER_EXP_AVG_RATIO = "layers/upper/exp_avg_ratio"
+LAYERS_TOP = 3                     # the tensors whose update ratio is largest, largest first
+LAYER_TOP_FIELDS = ("tensor", "update_ratio", "exp_avg_ratio", "exp_avg_sq_ratio")
+
+
+def layer_top(rank: int, field: str) -> str:
+    """``layers/top<rank>/<field>`` (rank from 1): the rank-th tensor by update ratio; ``tensor``
+    is its index in the optimizer's order (``optim_state.tensor_names`` names it).
+
+    >>> layer_top(1, "update_ratio")
+    'layers/top1/update_ratio'
+    """
+    return f"layers/top{rank}/{field}"
+
+
+LAYER_KEYS = (LAYERS_LOWER_UPDATE_RATIO, LAYERS_UPPER_UPDATE_RATIO, LAYERS_LOWER_EXP_AVG_RATIO,
+              LAYERS_UPPER_EXP_AVG_RATIO) + tuple(layer_top(k, f) for k in range(1, LAYERS_TOP + 1)
+                                                  for f in LAYER_TOP_FIELDS)
+
 ALL = (LOSS, GRAD_NORM, LR, LOSS_SCALE, SKIPPED, SKIPPED_BY_POLICY, ADAM_V_MAX, ADAM_V_L1, ADAM_V_NUMEL, ADAM_BETA2,
-       ADAM_STEP, PARAM_NORM, UPDATE_NORM, CONSUMED_SAMPLES, BATCH_FINGERPRINT, LOSS_RESOLUTION,
-       LOSS_WINDOW)
+       ADAM_STEP, ADAM_M_NORM, ADAM_BETA1, PARAM_NORM, UPDATE_NORM, CONSUMED_SAMPLES, BATCH_FINGERPRINT,
+       LOSS_RESOLUTION, LOSS_WINDOW)   # LAYER_KEYS apart: the probe's summary, no log column maps to them
 
 
 def is_known(key: str) -> bool:
-    """True for a contract key or a per-stream loss (``loss/<name>``)."""
-    return key in ALL or (key.startswith(LOSS_STREAM_PREFIX) and len(key) > len(LOSS_STREAM_PREFIX))
+    """True for a contract key (the per-tensor summary included) or a per-stream loss
+    (``loss/<name>``)."""
+    return key in ALL or key in LAYER_KEYS or (key.startswith(LOSS_STREAM_PREFIX) and len(key) > len(LOSS_STREAM_PREFIX))
 
 
 def loss_streams(metrics) -> list[str]:

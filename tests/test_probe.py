@@ -12,16 +12,16 @@ from stability_callbacks.integrations.torch import reductions  # noqa: E402
 from stability_callbacks.integrations.torch.probe import StepProbe  # noqa: E402
 from stability_callbacks.integrations.torch.readings import grad_scaler_readings  # noqa: E402
 from stability_callbacks.integrations.torch.reductions import (  # noqa: E402
-    batch_fingerprint, second_moment_stats)
+    adam_moment_stats, batch_fingerprint)
 
 
 def adam_second_moment_stats(optimizer):
     """Single-process ``(max, l1, numel)`` of ``exp_avg_sq`` as floats/int, for the assertions
     (the probe folds the same local values into its one packed collective)."""
-    st = second_moment_stats(optimizer)
+    st = adam_moment_stats(optimizer)
     if st is None:
         return None
-    return float(st.max), float(st.l1), st.numel
+    return float(st.v_max), float(st.v_l1), st.numel
 
 
 def _model(seed=0, dtype=torch.float32):
@@ -87,14 +87,14 @@ def _reference(values):
     return float(ref.max()), float(ref.sum()), ref.numel()
 
 
-def test_stats_are_accurate_on_large_tensors_and_block_boundaries():
+def test_stats_are_accurate_on_large_tensors_and_row_boundaries():
     # pitfall 9: _foreach_norm(ord=1) drifted by 1e-3 on CPU for GPT-2-sized state
     g = torch.Generator().manual_seed(1)
     big = torch.rand(2_500_001, generator=g) * 3
-    big[16383] = 7.5   # the max sits at the end of a block
+    big[16383] = 7.5   # the max sits at the end of a row
     small = torch.rand(1001, generator=g).bfloat16()
-    half = (torch.rand(40_000, generator=g) * 3).to(torch.bfloat16)   # blocks in bf16 too
-    half[20_000] = 8.0                                               # in the second block
+    half = (torch.rand(40_000, generator=g) * 3).to(torch.bfloat16)   # rows in bf16 too
+    half[20_000] = 8.0                                               # inside a row
     mx, l1, n = adam_second_moment_stats(_adam_with_state(big, small, half))
     ref_max, ref_l1, ref_n = _reference([big, small, half])
     assert float(mx) == ref_max == 8.0
@@ -104,14 +104,14 @@ def test_stats_are_accurate_on_large_tensors_and_block_boundaries():
 
 @pytest.mark.parametrize("where", ["same tensor", "other tensor", "tail", "small tensor", "flat"])
 def test_max_is_exact_wherever_it_hides(where):
-    # The CPU path reads the max only from blocks whose group sums (of 16 elements) can reach
-    # it, starting from the block with the largest group sum. Here that block holds 16 values of
-    # 1e5 (a group sum of 1.6e6) while the max is a lone 1e6 elsewhere.
+    # The CPU path reads the max only from rows (of 1 Ki elements) whose sums can reach it,
+    # starting from the row with the largest sum. Here that row holds 1024 values of 1e4 (a sum
+    # of 1e7) while the max is a lone 1e6 elsewhere, in a row whose sum is far smaller.
     g = torch.Generator().manual_seed(2)
     heavy = torch.exp(2 * torch.randn(12 * 16384 + 5, generator=g))   # log-normal, like Adam's v
     light = torch.exp(2 * torch.randn(3 * 16384 + 77, generator=g)) * 1e-3
     tiny = torch.rand(40, generator=g).to(torch.float64) * 0.1
-    heavy[5 * 16384 + 7::1024][:16] = 1e5   # one whole group: the seed block
+    heavy[5 * 1024:6 * 1024] = 1e4   # one whole row: the seed
     target = {"same tensor": (heavy, 9 * 16384 + 100), "other tensor": (light, 20000),
               "tail": (heavy, 12 * 16384 + 2), "small tensor": (tiny, 7)}.get(where)
     if target is not None:
@@ -141,11 +141,11 @@ def test_nonfinite_state_gives_nan_max_whatever_the_sign_bit():
     p.grad = torch.zeros_like(p)
     opt.step()
     opt.state[p]["exp_avg_sq"][3] = -float("nan")   # x86's default NaN has the sign bit set
-    st = second_moment_stats(opt)
-    assert math.isnan(float(st.max)) and math.isnan(float(st.l1))
+    st = adam_moment_stats(opt)
+    assert math.isnan(float(st.v_max)) and math.isnan(float(st.v_l1))
     opt.state[p]["exp_avg_sq"][3] = float("inf")
-    st = second_moment_stats(opt)
-    assert float(st.max) == math.inf
+    st = adam_moment_stats(opt)
+    assert float(st.v_max) == math.inf
 
 
 def test_loss_is_summed_over_micro_batches_under_accumulation():
@@ -274,7 +274,7 @@ def test_empty_state_before_the_first_step_is_silent(caplog):
         probe.finish_step(0, optimizer=opt)
     (rec,) = probe.poll()
     assert rec.metrics == {} and not caplog.records
-    assert second_moment_stats(opt) is None
+    assert adam_moment_stats(opt) is None
 
 
 def test_wrapped_optimizers_are_unwrapped():
@@ -376,11 +376,151 @@ def test_accelerator_branch_matches_the_cpu_branch(monkeypatch):
     torch.nn.functional.mse_loss(model(x), y).backward()
     opt.step()
     opt.state[next(iter(model.parameters()))]["exp_avg_sq"][0, 0] = 0.0   # v >= 0 kept
-    cpu = second_moment_stats(opt)
+    cpu = adam_moment_stats(opt)
     sq_cpu = reductions.param_sq_sum(model.parameters())
     monkeypatch.setattr(reductions, "FOREACH_FAST_DEVICES", ("cpu",))
-    fe = second_moment_stats(opt)
-    assert float(fe.max) == float(cpu.max)
-    assert float(fe.l1) == pytest.approx(float(cpu.l1), rel=1e-6)
+    fe = adam_moment_stats(opt)
+    assert float(fe.v_max) == float(cpu.v_max)
+    assert float(fe.v_l1) == pytest.approx(float(cpu.v_l1), rel=1e-6)
     assert float(reductions.param_sq_sum(model.parameters())) == pytest.approx(float(sq_cpu),
                                                                                rel=1e-6)
+
+
+# ---- issue 25: the first moment, the update norm and the per-tensor summary (one pass) --------
+def _reference_update(opt, lr_used):
+    """float64 from the full state: ||exp_avg|| and lr * ||m_hat / (sqrt(mean v_hat) + eps)|| per
+    tensor (integrations/torch/layers.py), each group with its own betas, eps and share of the LR."""
+    m_sq, update_sq = 0.0, 0.0
+    lr0 = opt.param_groups[0]["lr"]
+    for g in opt.param_groups:
+        b1, b2 = g["betas"]
+        for p in g["params"]:
+            st = opt.state[p]
+            m, v, t = st["exp_avg"].double(), st["exp_avg_sq"].double(), float(st["step"])
+            m_sq += float(m.square().sum())
+            d = math.sqrt(float(m.square().sum())) / (1 - b1 ** t) / (
+                math.sqrt(float(v.mean()) / (1 - b2 ** t)) + g["eps"])
+            update_sq += (lr_used * g["lr"] / lr0 * d) ** 2
+    return math.sqrt(m_sq), math.sqrt(update_sq)
+
+
+@pytest.mark.parametrize("impl", ["default", "foreach", "fused"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_first_moment_and_update_norm_match_a_full_reference(impl, dtype):
+    model = _model(dtype=dtype)
+    first, *rest = list(model.parameters())
+    kw = {"foreach": False} if impl == "default" else {impl: True}
+    opt = torch.optim.AdamW([{"params": [first], "lr": 2e-2, "betas": (0.8, 0.95), "eps": 1e-6},
+                             {"params": rest, "lr": 1e-2, "betas": (0.9, 0.98)}], **kw)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 / (1 + i))
+    probe = StepProbe(adam_every_n_steps=1)
+    for step in range(1, 4):
+        x, y = _batch(step, dtype)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        probe.add_loss(loss)
+        used = opt.param_groups[0]["lr"]
+        probe.set_lr(used)   # read before the scheduler steps, as the integrations do
+        opt.step()
+        opt.zero_grad()
+        sched.step()         # the groups now hold the next step's LR
+        probe.finish_step(step, optimizer=opt)
+    rec = probe.poll()[-1].metrics
+    m_norm, update_norm = _reference_update(opt, used)
+    assert rec[keys.ADAM_M_NORM] == pytest.approx(m_norm, rel=1e-6)
+    assert rec[keys.UPDATE_NORM] == pytest.approx(update_norm, rel=1e-6)
+    assert rec[keys.ADAM_BETA1] == 0.9 and rec[keys.ADAM_BETA2] == 0.98   # the largest of the groups
+    assert not any(k.startswith("layers/") for k in rec)                  # 3 samples: no baseline yet
+
+
+def _seven_tensor_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16),
+                               torch.nn.Tanh(), torch.nn.Linear(16, 3), torch.nn.Flatten(0))
+
+
+def test_a_tensor_whose_first_moment_builds_up_is_the_top_layer_and_moves_its_half():
+    # The precursor's signature (Marin 32B: the first moment grew ~2x, the second moment stayed,
+    # the update norm rose): at step 9 tensor 2 (the second Linear's weight, lower half of 6)
+    # enters its step with 4x its first moment.
+    model = _seven_tensor_model()
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    probe = StepProbe(adam_every_n_steps=1)
+    for step in range(1, 10):
+        x, y = _batch(step)
+        loss = torch.nn.functional.mse_loss(model(x).reshape(8, 3), y)
+        loss.backward()
+        if step == 9:
+            opt.state[params[2]]["exp_avg"].mul_(4.0)
+        probe.add_loss(loss)
+        probe.set_lr(1e-2)
+        opt.step()
+        opt.zero_grad()
+        probe.finish_step(step, optimizer=opt)
+    recs = {r.step: r.metrics for r in probe.poll()}
+    # ratios once the baselines have 5 samples: from the 6th; the update norm always
+    assert [s for s, m in recs.items() if keys.layer_top(1, "tensor") in m] == [6, 7, 8, 9]
+    assert all(keys.UPDATE_NORM in m for m in recs.values())
+    last, before = recs[9], recs[8]
+    assert last[keys.layer_top(1, "tensor")] == 2.0 and before[keys.layer_top(1, "tensor")] != 2.0
+    assert last[keys.layer_top(1, "update_ratio")] > 2 and last[keys.layer_top(1, "exp_avg_ratio")] > 2
+    assert 0.7 < last[keys.layer_top(1, "exp_avg_sq_ratio")] < 1.5    # the second moment stayed (its drift)
+    assert last[keys.layer_top(2, "update_ratio")] < 1.5 > before[keys.layer_top(1, "update_ratio")]
+    assert last[keys.LAYERS_LOWER_UPDATE_RATIO] > 1.2 * before[keys.LAYERS_LOWER_UPDATE_RATIO]
+    assert last[keys.LAYERS_UPPER_UPDATE_RATIO] < 1.2 * before[keys.LAYERS_UPPER_UPDATE_RATIO]
+    assert last[keys.UPDATE_NORM] > 1.5 * before[keys.UPDATE_NORM]
+
+
+def test_per_tensor_sums_are_the_same_on_both_branches(monkeypatch):
+    model = _seven_tensor_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = _batch(0)
+    torch.nn.functional.mse_loss(model(x).reshape(8, 3), y).backward()
+    opt.step()
+    cpu = adam_moment_stats(opt)
+    monkeypatch.setattr(reductions, "FOREACH_FAST_DEVICES", ("cpu",))
+    fe = adam_moment_stats(opt)
+    ref = torch.tensor([[float(opt.state[p]["exp_avg_sq"].double().sum()),
+                         float(opt.state[p]["exp_avg"].double().square().sum())] for p in model.parameters()],
+                       dtype=torch.float64)
+    assert torch.allclose(cpu.per_tensor, ref, rtol=1e-6) and torch.allclose(fe.per_tensor, ref, rtol=1e-6)
+    assert float(cpu.m_sq) == pytest.approx(float(ref[:, 1].sum()), rel=1e-7)
+
+
+def test_tensor_names_follow_the_optimizers_order():
+    from stability_callbacks.integrations.torch.optim_state import tensor_names
+    model = _seven_tensor_model()
+    ps = list(model.named_parameters())
+    opt = torch.optim.AdamW([{"params": [ps[4][1], ps[5][1]]}, {"params": [p for _, p in ps[:4]]}])
+    assert tensor_names(opt, model) == ["4.weight", "4.bias", "0.weight", "0.bias", "2.weight", "2.bias"]
+
+
+def test_a_failed_pass_leaves_the_summary_out_and_keeps_the_step(monkeypatch, caplog):
+    model = _seven_tensor_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    probe = StepProbe(adam_every_n_steps=1)
+
+    def step(n):
+        x, y = _batch(n)
+        loss = torch.nn.functional.mse_loss(model(x).reshape(8, 3), y)
+        loss.backward()
+        probe.add_loss(loss)
+        opt.step()
+        opt.zero_grad()
+        probe.finish_step(n, optimizer=opt)
+
+    step(1)
+
+    def broken(state):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(probe_mod, "moment_stats", broken)
+    with caplog.at_level(logging.ERROR, logger="stability_callbacks"):
+        step(2)
+        step(3)
+    r1, r2, r3 = probe.poll()
+    assert keys.UPDATE_NORM in r1.metrics
+    for r in (r2, r3):   # off after the failure, said once; the block still travels (layout), empty
+        assert keys.LOSS in r.metrics and not any(k.startswith(("adam/", "layers/", "update")) for k in r.metrics)
+    assert sum("statistics failed" in rec.getMessage() for rec in caplog.records) == 1

@@ -3,8 +3,10 @@
 Launched once with ``python -m torch.distributed.run --standalone --nproc_per_node=2``; it runs
 every case in one process group (DDP, FSDP2 with uneven/empty shards, DeepSpeed ZeRO 0/1/2/3,
 each in fp32 and bf16) and writes ``rank<r>.json`` into the directory given as argv[1]:
-per case, the probe's last StepRecord and a full-gather reference computed with collectives
-(``full_tensor()`` / ``safe_get_full_optimizer_state``) that are too costly per step.
+per case, the probe's StepRecords and a full-gather reference computed with collectives
+(``full_tensor()`` / ``safe_get_full_optimizer_state``) that are too costly per step: the global
+statistics after the last step, and after every step each parameter tensor's full ``exp_avg_sq``
+sum and ``exp_avg`` sum of squares (the per-tensor summary's input, recomputed by the test).
 """
 import json
 import os
@@ -21,7 +23,7 @@ from stability_callbacks.integrations.torch.probe import StepProbe  # noqa: E402
 from stability_callbacks.integrations.deepspeed.readings import deepspeed_readings  # noqa: E402
 from stability_callbacks.integrations.torch.reductions import batch_fingerprint  # noqa: E402
 
-STEPS = 2
+STEPS = 6      # the per-tensor ratios need 5 samples of baseline: the 6th step has them
 BETA2 = 0.98   # not torch's default: the records must carry the optimizer's own (adam/beta2)
 
 
@@ -50,11 +52,19 @@ def adam_step_of(optimizer):
     return steps.pop()
 
 
-def ref_from_full(vs, params, world):
+def ref_from_full(vs, params, world, ms=None):
     v = torch.cat([t.reshape(-1).double() for t in vs])
     p = torch.cat([t.reshape(-1).double() for t in params])
-    return {"max": float(v.max()), "l1": float(v.sum()), "numel": v.numel(),
-            "param_norm": float(torch.linalg.vector_norm(p))}
+    ref = {"max": float(v.max()), "l1": float(v.sum()), "numel": v.numel(),
+           "param_norm": float(torch.linalg.vector_norm(p))}
+    if ms is not None:
+        ref["exp_avg_norm"] = float(torch.linalg.vector_norm(torch.cat([t.reshape(-1).double() for t in ms])))
+    return ref
+
+
+def per_tensor(vs, ms):
+    """Per parameter tensor (optimizer order): [sum of exp_avg_sq, sum of exp_avg^2, numel]."""
+    return [[float(v.double().sum()), float(m.double().square().sum()), v.numel()] for v, m in zip(vs, ms)]
 
 
 def reduced_expectations(losses, fps):
@@ -64,11 +74,14 @@ def reduced_expectations(losses, fps):
     return float(t[0]) / dist.get_world_size(), float(t[1])
 
 
-def run_probe_steps(step_fn, optimizer_for_probe, rank, dtype, grad_norm_fn=None):
+def run_probe_steps(step_fn, optimizer_for_probe, rank, dtype, grad_norm_fn=None, full_moments=None,
+                    adam_step=None):
+    """``full_moments()``: the full (v, m) of every parameter tensor, a collective on every rank;
+    ``adam_step()``: Adam's update count. Both read after every step, for the per-tensor reference."""
     probe = StepProbe(adam_every_n_steps=1, param_norm_every_n_steps=1,
                       extra_reductions={keys.BATCH_FINGERPRINT: "sum", "loss/rank0_only": "mean",
                                         "loss/never_set": "max"})
-    losses, fps = [], []
+    losses, fps, history = [], [], []
     for step in range(1, STEPS + 1):
         x, y, ids = batch(rank, step, dtype)
         loss = step_fn(x, y)
@@ -85,9 +98,11 @@ def run_probe_steps(step_fn, optimizer_for_probe, rank, dtype, grad_norm_fn=None
         probe.finish_step(step, optimizer=optimizer_for_probe())
         losses.append(float(loss.detach().float()))
         fps.append(float(fp))
+        if full_moments is not None:
+            history.append({"t": adam_step(), "tensors": per_tensor(*full_moments())})
     records = probe.poll() + probe.flush()
     loss_mean, fp_sum = reduced_expectations(losses, fps)
-    return records, {"loss": loss_mean, "fingerprint": fp_sum}
+    return records, {"loss": loss_mean, "fingerprint": fp_sum, "history": history}
 
 
 def _mse_step(model, opt):
@@ -105,9 +120,14 @@ def case_ddp(rank, world, dtype):
     model = DDP(make_model(dtype))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, BETA2))
 
-    records, exp = run_probe_steps(_mse_step(model, opt), lambda: opt, rank, dtype)
-    params = [p.detach() for p in model.parameters()]
-    ref = ref_from_full([opt.state[p]["exp_avg_sq"] for p in model.parameters()], params, world)
+    def full():
+        ps = list(model.parameters())
+        return [opt.state[p]["exp_avg_sq"] for p in ps], [opt.state[p]["exp_avg"] for p in ps]
+
+    records, exp = run_probe_steps(_mse_step(model, opt), lambda: opt, rank, dtype, full_moments=full,
+                                   adam_step=lambda: adam_step_of(opt))
+    vs, ms = full()
+    ref = ref_from_full(vs, [p.detach() for p in model.parameters()], world, ms)
     return records, {**ref, **exp, "adam_step": adam_step_of(opt)}
 
 
@@ -120,10 +140,16 @@ def case_fsdp2(rank, world, dtype):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, BETA2))
     local = [p.to_local().numel() for p in model.parameters()]
 
-    records, exp = run_probe_steps(_mse_step(model, opt), lambda: opt, rank, dtype)
-    vs = [opt.state[p]["exp_avg_sq"].full_tensor() for p in model.parameters()]
+    def full():
+        ps = list(model.parameters())
+        return ([opt.state[p]["exp_avg_sq"].full_tensor() for p in ps],
+                [opt.state[p]["exp_avg"].full_tensor() for p in ps])
+
+    records, exp = run_probe_steps(_mse_step(model, opt), lambda: opt, rank, dtype, full_moments=full,
+                                   adam_step=lambda: adam_step_of(opt))
+    vs, ms = full()
     params = [p.full_tensor().detach() for p in model.parameters()]
-    ref = ref_from_full(vs, params, world)
+    ref = ref_from_full(vs, params, world, ms)
     return records, {**ref, **exp, "local_numels": local, "adam_step": adam_step_of(opt)}
 
 
@@ -151,18 +177,25 @@ def case_deepspeed(rank, world, dtype, stage, fp32_grad_accum=False):
         g = engine.get_global_grad_norm()
         return None if g is None else g
 
-    records, exp = run_probe_steps(step_fn, lambda: engine, rank, dtype, grad_norm)
-    if stage == 0:
-        # replicated state: the basic optimizer holds every full tensor on every rank
-        basic = engine.basic_optimizer
-        ps = [p for g in basic.param_groups for p in g["params"]]
-        vs = [basic.state[p]["exp_avg_sq"] for p in ps]
-        params = [p.detach() for p in ps]
-    else:
+    def full():
+        if stage == 0:
+            # replicated state: the basic optimizer holds every full tensor on every rank
+            basic = engine.basic_optimizer
+            ps = [p for g in basic.param_groups for p in g["params"]]
+            return [basic.state[p]["exp_avg_sq"] for p in ps], [basic.state[p]["exp_avg"] for p in ps]
         mps = list(engine.module.parameters())
-        vs = [safe_get_full_optimizer_state(p, "exp_avg_sq") for p in mps]
-        params = [safe_get_full_fp32_param(p) for p in mps]
-    ref = ref_from_full(vs, params, world)
+        return ([safe_get_full_optimizer_state(p, "exp_avg_sq") for p in mps],
+                [safe_get_full_optimizer_state(p, "exp_avg") for p in mps])
+
+    records, exp = run_probe_steps(step_fn, lambda: engine, rank, dtype, grad_norm, full_moments=full,
+                                   adam_step=lambda: adam_step_of(engine.basic_optimizer))
+    vs, ms = full()
+    if stage == 0:
+        basic = engine.basic_optimizer
+        params = [p.detach() for g in basic.param_groups for p in g["params"]]
+    else:
+        params = [safe_get_full_fp32_param(p) for p in engine.module.parameters()]
+    ref = ref_from_full(vs, params, world, ms)
     ref["adam_step"] = adam_step_of(engine.basic_optimizer)
     readings = deepspeed_readings(engine)
     info = {"optimizer": type(engine.optimizer).__name__,

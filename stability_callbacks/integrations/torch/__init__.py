@@ -5,8 +5,9 @@ packages build on.
   close, requests, checkpoints, crash and hang);
 - :mod:`.adapter`: :class:`~.adapter.SessionAdapter`, what every framework adapter shares;
 - :mod:`.probe` and :mod:`.packed`: the sync-free per-step sampling and its one packed collective;
-- :mod:`.optim_state` (where an optimizer keeps ``exp_avg_sq`` under DDP / FSDP2 / ZeRO) and
-  :mod:`.reductions` (the device kernels over it);
+- :mod:`.optim_state` (where an optimizer keeps Adam's moments under DDP / FSDP2 / ZeRO),
+  :mod:`.reductions` (the device kernels over them: one pass) and :mod:`.layers` (the update
+  norm and the per-tensor summary, computed on the device);
 - :mod:`.readings`: values torch already holds (GradScaler, the LR, FSDP grad norms);
 - :mod:`.skip_step` and :mod:`.rollback`: carrying out skip step and automatic rollback;
 - :mod:`.preflight`: the audit at train begin.

@@ -3,7 +3,10 @@ across ranks with one collective and copied to the host without blocking.
 
 Per-step scalars stay **device tensors**. At the end of the step they are packed into one small
 float64 vector (value and presence per slot), reduced across ranks with **one** collective, and
-copied to pinned host memory with ``non_blocking=True``; a CUDA event marks it.
+copied to pinned host memory with ``non_blocking=True``; a CUDA event marks it. On the steps
+the Adam statistics are sampled, a :class:`Block` of per-parameter-tensor values rides in the same
+collective: it is reduced and summarised on the device, and only its fixed-size summary joins
+the host copy.
 :meth:`PackedSteps.poll` hands out a step's record ``lag_steps`` steps later (default 1 on
 accelerators, when that copy has long landed, so the wait on its event is free) — the same step
 on every rank. On CPU the copy is immediate and the default lag is 0.
@@ -30,7 +33,7 @@ try:  # torch.distributed is optional in some builds
 except ImportError:  # pragma: no cover - torch built without distributed
     dist = None
 
-__all__ = ["PackedSteps", "SLOTS", "REDUCE_OPS", "world_size"]
+__all__ = ["PackedSteps", "Block", "SLOTS", "REDUCE_OPS", "world_size"]
 
 REDUCE_OPS = ("sum", "mean", "max", "min")
 
@@ -53,10 +56,33 @@ SLOTS: dict[str, Slot] = {
     keys.ADAM_V_MAX: Slot("max", every_rank=True),
     keys.ADAM_V_L1: Slot("sum", every_rank=True),                        # MAX when replicated
     keys.ADAM_V_NUMEL: Slot("sum", every_rank=True, finish=lambda v: float(round(v))),
+    keys.ADAM_M_NORM: Slot("sum", every_rank=True, finish=math.sqrt),    # sum of squares
     keys.PARAM_NORM: Slot("sum", every_rank=True, finish=math.sqrt),     # sum of squares
     keys.ADAM_STEP: Slot("max"),   # only a device `step` (capturable/fused Adam); else a host value
 }
 _SLOT_LIST = list(SLOTS.values())
+
+
+@dataclass
+class Block:
+    """A section of the packed vector that is reduced and summarised on the device (per-tensor
+    values: too many for the host, and a summary of them needs them reduced first).
+
+    ``size``: its length, the same on every rank; ``local``: this rank's values (float64 device
+    tensor of ``size``), or None when this rank has none this step (it then sends zeros and the
+    summary is left out of the record); ``op``: the cross-rank reduction, ``sum`` (partitioned
+    values) or ``max`` (replicated ones); ``summarize(reduced, every_rank)``: the reduced values
+    -> a ``[len(names)]`` tensor, on the device (``every_rank``: a device bool, whether every
+    rank sent its values); ``names``/``present``: the metric key of each summary entry and
+    whether it goes into the record (decided on the host).
+    """
+
+    size: int
+    local: torch.Tensor | None
+    op: str
+    summarize: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    names: list
+    present: list
 
 
 @dataclass
@@ -65,8 +91,11 @@ class _Pending:
     ops: list           # op per slot
     names: list         # metric key per slot
     host: dict          # host values (already global)
-    buf: torch.Tensor   # (world, 2 * slots) on the host, or still being copied
+    buf: torch.Tensor   # on the host (or still being copied): the (world, 2 * slots) rows, then
+                        # with a Block, world presence flags and its summary
     event: Any          # torch.cuda.Event or None
+    world: int = 1
+    block: Block | None = None
 
 
 class PackedSteps:
@@ -84,15 +113,17 @@ class PackedSteps:
         self._pending: deque[_Pending] = deque()
         self._consts: dict[Any, torch.Tensor] = {}
 
-    def push(self, step: int, values: list, ops: list, names: list, host: dict, world: int) -> None:
-        """Pack ``values`` (device tensors, host floats still to reduce, or None: absent), reduce
-        them across the ``world`` ranks with ``ops``, and start the copy to the host."""
+    def push(self, step: int, values: list, ops: list, names: list, host: dict, world: int,
+             block: Block | None = None) -> None:
+        """Pack ``values`` (device tensors, host floats still to reduce, or None: absent) and the
+        ``block``, reduce them across the ``world`` ranks with ``ops``, and start the copy to the
+        host."""
         try:
-            buf, event = self._pack_reduce_copy(values, world)
+            buf, event = self._pack_reduce_copy(values, world, block)
         except Exception:
             self._pending.clear()
             raise
-        self._pending.append(_Pending(step, ops, names, host, buf, event))
+        self._pending.append(_Pending(step, ops, names, host, buf, event, world, block))
 
     def const(self, value: float, device) -> torch.Tensor:
         # Cached device constants. torch.full is a fill kernel, not an H2D copy (which would be
@@ -110,7 +141,7 @@ class PackedSteps:
     def _pack_dtype(device) -> torch.dtype:
         return torch.float32 if torch.device(device).type == "mps" else torch.float64
 
-    def _pack_reduce_copy(self, values: list, world: int):
+    def _pack_reduce_copy(self, values: list, world: int, block: Block | None):
         dev = self.device or next((v.device for v in values if isinstance(v, torch.Tensor)),
                                   torch.device("cpu"))
         self.device = dev
@@ -139,6 +170,15 @@ class PackedSteps:
                                       src.to(dev, non_blocking=True))
             packed = packed.index_put(((idx + n).to(dev, non_blocking=True),),
                                       torch.ones_like(src).to(dev, non_blocking=True))
+        fixed = packed.numel()
+        if block is not None:
+            local = block.local
+            if local is None or local.numel() != block.size:
+                local = torch.zeros(block.size, dtype=dtype, device=dev)
+                flag = zero
+            else:
+                local, flag = local.to(dev, dtype, non_blocking=True), one
+            packed = torch.cat([packed, flag.reshape(1), local])
         if world > 1:
             gathered = torch.empty(world * packed.numel(), dtype=dtype, device=dev)
             # The one collective of the step (all_gather: each rank then applies SUM/MAX/MIN/
@@ -147,6 +187,12 @@ class PackedSteps:
             gathered = gathered.reshape(world, -1)
         else:
             gathered = packed.reshape(1, -1)
+        if block is not None:
+            values_b = gathered[:, fixed + 1:]
+            reduced = values_b.sum(0) if block.op == "sum" else values_b.amax(0)
+            every_rank = gathered[:, fixed].amin() > 0   # on the device: no sync
+            summary = block.summarize(reduced, every_rank).to(dtype).reshape(-1)
+            gathered = torch.cat([gathered[:, :fixed].reshape(-1), gathered[:, fixed], summary])
         if dev.type == "cpu":
             return gathered, None
         host = torch.empty(gathered.shape, dtype=dtype, device="cpu",
@@ -206,9 +252,15 @@ class PackedSteps:
 
     @staticmethod
     def _decode(p: _Pending) -> StepRecord:
-        rows = p.buf.to(torch.float64).tolist()   # already on the host: no device sync
+        flat = p.buf.to(torch.float64).reshape(-1).tolist()   # already on the host: no device sync
         n = len(p.ops)
+        rows = [flat[r * 2 * n:(r + 1) * 2 * n] for r in range(p.world)]
         metrics: dict[str, float] = {}
+        if p.block is not None:
+            flags, summary = flat[p.world * 2 * n:p.world * (2 * n + 1)], flat[p.world * (2 * n + 1):]
+            if all(f > 0 for f in flags):   # a rank without its values: no summary
+                metrics.update((name, value) for name, value, present
+                               in zip(p.block.names, summary, p.block.present) if present)
         for i, (name, op) in enumerate(zip(p.names, p.ops)):
             vals = [r[i] for r in rows if r[n + i] > 0]
             if not vals or name is None:

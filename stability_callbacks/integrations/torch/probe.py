@@ -6,13 +6,16 @@ statistics under sharding):
 * Per-step scalars (loss, grad norm, loss scale, skip flag, extras) stay **device tensors**; at
   the end of the step they travel in one packed vector (:mod:`.packed`): one collective, a
   non-blocking copy to the host, the record handed out ``lag_steps`` steps later.
-* Adam ``exp_avg_sq`` max and L1 (:mod:`.reductions`) are read from the local state
-  (:mod:`.optim_state`: rank-local ZeRO partitions, FSDP2 shards, or the replicated DDP/ZeRO-0
-  state) with one read of the state per sampled step. Alignment padding (ZeRO) is excluded
-  from every statistic.
-* ``adam/beta2`` and ``adam/step`` come with the Adam statistics, for their bias correction:
-  host values every rank has (the param groups' betas; the state's ``step``, a CPU tensor unless
-  the optimizer is capturable/fused), so no reduction; a device ``step`` rides in the packed vector.
+* Adam's moments (:mod:`.reductions`) are read from the local state (:mod:`.optim_state`:
+  rank-local ZeRO fragments, FSDP2 shards, or the replicated DDP/ZeRO-0 state) in one pass per
+  sampled step: ``exp_avg_sq`` max and L1, ``exp_avg``'s norm, and per parameter tensor the sums
+  that :mod:`.layers` turns into the update norm and the per-layer summary on the device (a
+  :class:`~.packed.Block` of the same collective). Alignment padding (ZeRO) is excluded from
+  every statistic.
+* ``adam/beta1``, ``adam/beta2`` and ``adam/step`` come with the Adam statistics, for their bias
+  correction: host values every rank has (the param groups' betas; the state's ``step``, a CPU
+  tensor unless the optimizer is capturable/fused), so no reduction; a device ``step`` rides in
+  the packed vector.
 * Nothing calls ``.item()``; every deliberate host sync carries a ``# host-sync:`` comment.
 
 Float values given to ``set_grad_norm``/``set_loss_scale``/``set_skipped``/``set_lr`` are host
@@ -30,9 +33,10 @@ from stability_callbacks import keys
 from stability_callbacks.live import Guard
 from stability_callbacks.record import StepRecord
 
-from .optim_state import NoSecondMoment, adam_beta2_and_step, optimized_params
-from .packed import REDUCE_OPS, SLOTS, PackedSteps, world_size
-from .reductions import param_sq_sum, second_moment_stats
+from .layers import LayerSummary
+from .optim_state import NoSecondMoment, adam_hyperparams, find_adam_state, optimized_params
+from .packed import REDUCE_OPS, SLOTS, Block, PackedSteps, world_size
+from .reductions import moment_stats, param_sq_sum
 
 try:
     from torch.distributed.tensor import DTensor
@@ -76,9 +80,9 @@ class StepProbe:
     ...     opt.step(); opt.zero_grad()
     ...     probe.finish_step(step, optimizer=opt)
     >>> records = probe.poll() + probe.flush()          # CPU: ready at once
-    >>> [r.step for r in records], sorted(records[-1].metrics)[:5]   # doctest: +NORMALIZE_WHITESPACE
-    ([1, 2], ['adam/beta2', 'adam/exp_avg_sq_l1', 'adam/exp_avg_sq_max', 'adam/exp_avg_sq_numel',
-              'adam/step'])
+    >>> [r.step for r in records], sorted(records[-1].metrics)[:6]   # doctest: +NORMALIZE_WHITESPACE
+    ([1, 2], ['adam/beta1', 'adam/beta2', 'adam/exp_avg_norm', 'adam/exp_avg_sq_l1',
+              'adam/exp_avg_sq_max', 'adam/exp_avg_sq_numel'])
     >>> records[-1].metrics["adam/beta2"], records[-1].metrics["adam/step"]
     (0.999, 2.0)
     """
@@ -106,6 +110,9 @@ class StepProbe:
         self.packed = PackedSteps(device=device, process_group=process_group, lag_steps=lag_steps)
         self._adam_disabled = False
         self._param_norm_disabled = False
+        #: The per-tensor baselines and summary (update norm, layers/...).
+        self.layers = LayerSummary()
+        self._num_tensors: int | None = None   # the per-tensor block's layout, once known
         self._prev_scale: torch.Tensor | None = None
         self._reset_step()
 
@@ -238,14 +245,17 @@ class StepProbe:
         (logs once and degrades); a collective that fails is a distributed failure and does."""
         step = int(step)
         world = world_size(self.process_group)
-        want_adam = (self.adam_every_n_steps > 0 and not self._adam_disabled
-                     and step % self.adam_every_n_steps == 0 and optimizer is not None)
+        adam_step = (self.adam_every_n_steps > 0 and step % self.adam_every_n_steps == 0
+                     and optimizer is not None)
         want_pnorm = (self.param_norm_every_n_steps > 0 and not self._param_norm_disabled
                       and step % self.param_norm_every_n_steps == 0
                       and (optimizer is not None or model is not None))
         replicated: dict[str, str] = {}   # slot key -> "max" for replicated state
-        if want_adam:
-            self._sample_adam(optimizer, replicated)
+        block = None
+        if adam_step and not self._adam_disabled:
+            block = self._sample_adam(optimizer, replicated)
+        elif adam_step:
+            block = self._empty_block()
         if want_pnorm:
             self._sample_param_norm(optimizer, model, replicated)
         if self._loss is not None:
@@ -280,53 +290,78 @@ class StepProbe:
             ops.append(op)
             names.append(name)
         self._reset_step()
-        self.packed.push(step, values, ops, names, host, world)
+        self.packed.push(step, values, ops, names, host, world, block)
 
-    def _sample_adam(self, optimizer, replicated: dict) -> None:
+    def _sample_adam(self, optimizer, replicated: dict) -> Block | None:
+        """Adam's moments in one pass: the global statistics into the packed slots, the
+        per-tensor sums as this step's block (None when there are none)."""
         try:
-            st = second_moment_stats(optimizer)
+            state = find_adam_state(optimizer)
+            st = None if state is None else moment_stats(state)
         except NoSecondMoment as e:
             self._adam_disabled = True
             _ONCE.warn_once("no-second-moment", "stability: %s keeps no Adam second moment "
                             "(exp_avg_sq); second-moment statistics are off for this run", e, level=logging.INFO)
-            return
+            return None
         except Exception:  # monitoring never takes training down
             self._adam_disabled = True
             log.exception("stability: Adam second-moment statistics failed; turned off")
-            return
+            return self._empty_block()
         if st is None:
-            return
-        self._sample_adam_hyperparams(optimizer)
-        self._dev[keys.ADAM_V_MAX] = st.max
-        self._dev[keys.ADAM_V_L1] = st.l1
-        self._dev[keys.ADAM_V_NUMEL] = self.packed.const(float(st.numel), st.max.device)
+            return None
+        step = self._sample_adam_hyperparams(optimizer)
+        self._dev[keys.ADAM_V_MAX] = st.v_max
+        self._dev[keys.ADAM_V_L1] = st.v_l1
+        self._dev[keys.ADAM_V_NUMEL] = self.packed.const(float(st.numel), st.v_max.device)
+        if st.m_sq is not None:
+            self._dev[keys.ADAM_M_NORM] = st.m_sq
         if not st.partitioned:
             # Replicated state (DDP, ZeRO-0): every rank holds the same values. MAX keeps them
             # (and makes ranks agree bit-for-bit even if float noise differed); SUM would
-            # multiply the L1 and the count by the world size.
-            replicated[keys.ADAM_V_L1] = replicated[keys.ADAM_V_NUMEL] = "max"
+            # multiply the L1, the count and the sum of squares by the world size.
+            for key in (keys.ADAM_V_L1, keys.ADAM_V_NUMEL, keys.ADAM_M_NORM):
+                replicated[key] = "max"
+        if st.per_tensor is not None and self._num_tensors is None:
+            self._num_tensors = state.num_tensors   # the same on every rank: the optimizer's tensors
+        if self._num_tensors is None:
+            return None
+        return self.layers.block(st, state, num_tensors=self._num_tensors, step=step,
+                                 lr=self._host.get(keys.LR), device=self.packed.device or st.v_max.device)
 
-    def _sample_adam_hyperparams(self, optimizer) -> None:
-        """``adam/beta2`` and ``adam/step`` beside the second-moment statistics (the bias
-        correction needs them). Both are identical on every rank, so no reduction: beta2 is a host
-        float from the param groups; ``step`` a host number or CPU tensor (read on the host: no
-        device involved), or — capturable/fused Adam — a device tensor the kernels update, which
-        travels in the packed vector like the other device scalars (``.item()`` would sync)."""
+    def _empty_block(self) -> Block | None:
+        """A sampled step without this rank's values (its pass failed or is off): the block
+        still travels, zeros with its flag down, so that every rank's packed vector matches."""
+        if self._num_tensors is None:
+            return None
+        return self.layers.block(None, None, num_tensors=self._num_tensors, step=None, lr=None,
+                                 device=self.packed.device)
+
+    def _sample_adam_hyperparams(self, optimizer):
+        """``adam/beta1``, ``adam/beta2`` and ``adam/step`` beside the moment statistics (the bias
+        correction needs them); returns the step. All are identical on every rank, so no
+        reduction: the betas are host floats from the param groups; ``step`` a host number or CPU
+        tensor (read on the host: no device involved), or — capturable/fused Adam — a device
+        tensor the kernels update, which travels in the packed vector like the other device
+        scalars (``.item()`` would sync)."""
         try:
-            beta2, step = adam_beta2_and_step(optimizer)
+            hyper = adam_hyperparams(optimizer)
         except Exception:  # monitoring never takes training down; the detectors assume defaults
-            _ONCE.warn_once("adam-hyperparams", "stability: could not read Adam's beta2/step; "
+            _ONCE.warn_once("adam-hyperparams", "stability: could not read Adam's betas/step; "
                             "the bias correction assumes beta2=0.999 and t=the step")
-            return
-        if beta2 is not None:
-            self._host[keys.ADAM_BETA2] = beta2
+            return None
+        if hyper.beta1 is not None:
+            self._host[keys.ADAM_BETA1] = hyper.beta1
+        if hyper.beta2 is not None:
+            self._host[keys.ADAM_BETA2] = hyper.beta2
+        step = hyper.step
         if isinstance(step, torch.Tensor):
             if step.device.type == "cpu":
-                self._host[keys.ADAM_STEP] = float(step)   # a CPU tensor: no device sync
+                step = self._host[keys.ADAM_STEP] = float(step)   # a CPU tensor: no device sync
             else:
                 self._dev[keys.ADAM_STEP] = step.detach().reshape(())
         elif step is not None:
-            self._host[keys.ADAM_STEP] = float(step)
+            step = self._host[keys.ADAM_STEP] = float(step)
+        return step
 
     def _sample_param_norm(self, optimizer, model, replicated: dict) -> None:
         try:

@@ -1,106 +1,214 @@
-"""Device kernels, each one read of its input and no host sync: Adam ``exp_avg_sq`` max and L1,
-the parameters' sum of squares, and a batch's fingerprint.
+"""Device kernels, each one read of its input and no host sync: Adam's moments (``exp_avg_sq``
+max and L1, ``exp_avg``'s sum of squares, per parameter tensor too) in one pass, the parameters'
+sum of squares, and a batch's fingerprint.
 
-``exp_avg_sq`` on accelerators goes through multi-tensor (``torch._foreach_*``) kernels; on CPU,
-where foreach kernels are per-tensor loops anyway, one pass of sums over groups of 16 elements,
-whose sums bound the max so that only the few blocks that can hold it are read again. Where the
-tensors come from (ZeRO partitions, FSDP2 shards, replicated state) is :mod:`.optim_state`'s job;
-reducing the results across ranks is :class:`~.probe.StepProbe`'s.
+On accelerators the moments go through multi-tensor (``torch._foreach_*``) kernels. On CPU, where
+foreach kernels are per-tensor loops anyway, one pass of row sums (rows of 1 Ki elements) over
+``exp_avg_sq`` and of row norms over ``exp_avg``: the row sums give the L1 and bound the max, so
+only the rows that can hold the max are read again (:func:`_moments_cpu`). Where the tensors come
+from (ZeRO fragments, FSDP2 shards, replicated state) is :mod:`.optim_state`'s job; reducing the
+results across ranks is :class:`~.probe.StepProbe`'s.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Iterable
 
 import torch
 
-from .optim_state import find_second_moments, local_tensor
+from .optim_state import AdamState, find_adam_state, local_tensor
 
-__all__ = ["SecondMomentStats", "second_moment_stats", "param_sq_sum", "batch_fingerprint",
+__all__ = ["MomentStats", "adam_moment_stats", "moment_stats", "param_sq_sum", "batch_fingerprint",
            "FOREACH_FAST_DEVICES"]
 
-# CPU layout of the second-moment reduction (see _max_and_sum_cpu): blocks of 16 Ki elements
-# (64 KiB of fp32), each summed as 16 rows of 1 Ki so that one group is 16 elements.
-_BLOCK = 1 << 14
-_GROUP = 16
+# CPU layout of the moment pass (see _moments_cpu): rows of 1 Ki elements (4 KiB of fp32).
+_ROW = 1 << 10
 # Devices with fused multi-tensor kernels (torch/utils/_foreach_utils.py).
 FOREACH_FAST_DEVICES = ("cuda", "xpu", "mtia")
 
 
 @dataclass(frozen=True)
-class SecondMomentStats:
-    """Local (per-rank) statistics; device tensors, float32/float64 0-d."""
+class MomentStats:
+    """Rank-local statistics of Adam's moments from one pass; 0-d device tensors (float64 sums).
 
-    max: torch.Tensor
-    l1: torch.Tensor
+    ``v_max``/``v_l1``: max and sum of ``exp_avg_sq``; ``m_sq``: sum of squares of ``exp_avg``
+    (None without a first moment); ``numel``: local elements, padding excluded;
+    ``per_tensor``: ``[num_tensors, 2]`` float64, the local part of each parameter tensor's
+    ``exp_avg_sq`` sum and ``exp_avg`` sum of squares (zeros for tensors with no piece here;
+    None when the layout is unknown or there is no first moment).
+    """
+
+    v_max: torch.Tensor
+    v_l1: torch.Tensor
+    m_sq: torch.Tensor | None
     numel: int
     partitioned: bool
+    per_tensor: torch.Tensor | None
 
 
-
-def _max_and_sum(tensors: list) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(max, sum in float64) over non-negative tensors, one read of the data; device tensors."""
-    tensors = [t for t in tensors if t.numel() > 0]  # _foreach_max raises on empty shards
-    if not tensors:
-        return None
-    if tensors[0].device.type in FOREACH_FAST_DEVICES:
-        # Fused multi-tensor kernels; v >= 0 so the L1 norm is the sum. Accumulate in fp32.
-        maxes = torch._foreach_max(tensors)
-        sums = torch._foreach_norm(tensors, 1, dtype=torch.float32)
-        return torch.stack(maxes).amax(), torch.stack(sums).sum(dtype=torch.float64)
-    return _max_and_sum_cpu(tensors)
+def adam_moment_stats(optimizer) -> MomentStats | None:
+    """:func:`moment_stats` of the optimizer's local state (:func:`~.optim_state.find_adam_state`);
+    None before step one. Raises ``NoSecondMoment`` (a subclass of Exception) for optimizers
+    without a second moment; :class:`StepProbe` turns that into one line."""
+    state = find_adam_state(optimizer)
+    return None if state is None else moment_stats(state)
 
 
-def _max_and_sum_cpu(tensors: list) -> tuple[torch.Tensor, torch.Tensor]:
-    """The CPU path of ``_max_and_sum``: one read from memory, then the max of a few blocks.
+def moment_stats(state: AdamState) -> MomentStats:
+    """One read of every local ``exp_avg_sq`` and ``exp_avg``; no host sync on accelerators."""
+    keep = [i for i, t in enumerate(state.exp_avg_sq) if t.numel() > 0]  # _foreach_max raises on empty
+    vs = [state.exp_avg_sq[i] for i in keep]
+    ms = None if state.exp_avg is None else [state.exp_avg[i] for i in keep]
+    if not vs:   # every local shard is empty: neutral values for MAX / SUM
+        dev = state.exp_avg_sq[0].device if state.exp_avg_sq else torch.device("cpu")
+        zero = torch.zeros((), dtype=torch.float64, device=dev)
+        per_tensor = None if ms is None or state.tensor_of is None else \
+            torch.zeros((state.num_tensors, 2), dtype=torch.float64, device=dev)
+        return MomentStats(zero, zero, None if ms is None else zero, 0, state.partitioned, per_tensor)
+    if vs[0].device.type in FOREACH_FAST_DEVICES:
+        v_max, piece_v, piece_m = _moments_foreach(vs, ms)
+    else:
+        with _one_thread():
+            v_max, piece_v, piece_m = _moments_cpu(vs, ms)
+    per_tensor = None
+    if piece_m is not None and state.tensor_of is not None:
+        idx = _index(tuple(state.tensor_of[i] for i in keep), vs[0].device)
+        per_tensor = torch.zeros((state.num_tensors, 2), dtype=torch.float64, device=vs[0].device)
+        per_tensor.index_add_(0, idx, torch.stack([piece_v, piece_m], 1))
+    return MomentStats(v_max, piece_v.sum(), None if piece_m is None else piece_m.sum(),
+                       state.numel, state.partitioned, per_tensor)
 
-    CPU foreach kernels are per-tensor loops, ``_foreach_norm(ord=1)`` loses accuracy on huge
-    tensors (it accumulates in the tensor's own dtype), and a max after the sum would read everything twice.
-    Instead one pass sums every group of 16 elements (a ``[blocks, 16, 1 Ki]`` view reduced over
-    its middle dim: ~1.3-1.5x a plain sum here, into a transient buffer 1/16 the state's size).
-    The L1 is the sum of those group sums, and they bound the max: a non-negative element is
-    never above its group's sum, also after fp32 rounding (rounding is monotone). So the max is
-    read only from the blocks whose largest group sum reaches the best max found so far. Real
-    optimizer state is heavy-tailed across and within tensors: GPT-2-small's AdamW state left
-    0-6% of its blocks to read in the first 40 steps. Flat state leaves every block a
-    candidate, which costs a second full read.
+
+def _moments_foreach(vs: list, ms: list | None):
+    """Multi-tensor kernels: per piece the max and L1 of v (v >= 0: the L1 norm is the sum) and
+    the sum of squares of m, accumulated in fp32 per piece, combined in float64."""
+    v_max = torch.stack(torch._foreach_max(vs)).amax()
+    piece_v = torch.stack(torch._foreach_norm(vs, 1, dtype=torch.float32)).to(torch.float64)
+    piece_m = None if ms is None else \
+        torch.stack(torch._foreach_norm(ms, 2, dtype=torch.float32)).to(torch.float64).square()
+    return v_max, piece_v, piece_m
+
+
+def _moments_cpu(vs: list, ms: list | None):
+    """The CPU path of :func:`moment_stats`: one read of each moment from memory, then the max of
+    a few rows of v.
+
+    CPU foreach kernels are per-tensor loops, a whole-tensor norm or L1 in fp32 drifts (1e-2 on
+    GPT-2's 38 M-element embedding state), and a max after the sum would read v twice. Instead
+    every full row of ``_ROW`` elements is reduced on its own (v: its sum; m: its L2 norm, both
+    in fp32), the rows and the short tails combined per piece in float64. The row sums of v bound
+    its max: a non-negative element is never above its row's sum, also after fp32 rounding
+    (rounding is monotone). So the max is read only from the rows whose sum reaches the best max
+    found so far, pieces in order of their largest row sum. Real optimizer state is heavy-tailed
+    across and within tensors: GPT-2-small's AdamW state after 12 steps left 10% of its rows to
+    read. Flat state leaves every row a candidate, which costs a second read of v.
     Host decisions here cost nothing: on CPU there is no device to wait for.
     """
-    sums, maxes, blocked, loose = [], [], [], {}
-    for t in tensors:
-        flat = t.reshape(-1)
-        k = flat.numel() // _BLOCK
+    n = len(vs)
+    row_v, row_m, tails_v, tails_m, row_of, tail_of, blocked = [], [], [], [], [], [], []
+    for i, v in enumerate(vs):
+        flat = v.reshape(-1)
+        k = flat.numel() // _ROW
         if k:
-            blocks = flat[:k * _BLOCK].view(k, _BLOCK)
-            group_sums = blocks.view(k, _GROUP, _BLOCK // _GROUP).sum(1, dtype=_acc(flat.dtype))
-            sums.append(group_sums.sum())
-            blocked.append((group_sums.amax(1), blocks))   # (per-block bound, blocks)
-        if flat.numel() > k * _BLOCK:
-            loose.setdefault(flat.dtype, []).append(flat[k * _BLOCK:])
-    for parts in loose.values():   # small tensors and block tails, one copy per dtype
-        rest = torch.cat(parts) if len(parts) > 1 else parts[0]
-        sums.append(rest.sum(dtype=_acc(rest.dtype)))
-        maxes.append(rest.amax())
-    total = torch.stack([s.to(torch.float64) for s in sums]).sum()
+            rows = flat[:k * _ROW].view(k, _ROW)
+            sums = rows.sum(1, dtype=_acc(flat.dtype))
+            row_v.append(sums)
+            row_of.append(k)
+            blocked.append((i, sums, rows))
+            if ms is not None:
+                mrows = ms[i].reshape(-1)[:k * _ROW].view(k, _ROW)
+                row_m.append(torch.linalg.vector_norm(mrows, dim=1, dtype=torch.float32))
+        else:
+            row_of.append(0)
+        tail = flat.numel() - k * _ROW
+        tail_of.append(tail)
+        if tail:
+            tails_v.append(flat[k * _ROW:])
+            if ms is not None:
+                tails_m.append(ms[i].reshape(-1)[k * _ROW:])
+    piece_v = torch.zeros(n, dtype=torch.float64)
+    piece_m = None if ms is None else torch.zeros(n, dtype=torch.float64)
+    best = -math.inf
+    if row_v:
+        rows_idx = _index(("rows", *row_of), torch.device("cpu"))
+        piece_v.index_add_(0, rows_idx, torch.cat(row_v).to(torch.float64))
+        if piece_m is not None:
+            piece_m.index_add_(0, rows_idx, torch.cat(row_m).to(torch.float64).square())
+    if tails_v:   # short pieces and row tails: one buffer
+        tails_idx = _index(("tails", *tail_of), torch.device("cpu"))
+        rest = torch.cat([t.to(torch.float64) for t in tails_v])
+        piece_v.index_add_(0, tails_idx, rest)
+        best = float(rest.max())
+        if piece_m is not None:
+            piece_m.index_add_(0, tails_idx, torch.cat([t.to(torch.float64) for t in tails_m]).square())
+    total = piece_v.sum()
     if math.isnan(total):   # a NaN anywhere: the max is NaN too (a negative-signed NaN included)
-        return total, total
-    best = max((float(m) for m in maxes), default=-math.inf)
+        return total, piece_v, piece_m
     if blocked:
-        tops = torch.stack([bound.amax() for bound, _ in blocked]).tolist()
+        tops = torch.stack([sums.amax() for _, sums, _ in blocked]).tolist()
         order = sorted(range(len(blocked)), key=tops.__getitem__, reverse=True)
-        bound, blocks = blocked[order[0]]   # seed: the block with the largest group sum
-        best = max(best, float(blocks[int(bound.argmax())].amax()))
-        for i in order:
-            if tops[i] < best:
-                break   # sorted: no later tensor has a group sum as large as the max found
-            bound, blocks = blocked[i]
-            cand = (bound >= best).nonzero().squeeze(1)
-            if 4 * cand.numel() > bound.numel():
-                best = max(best, float(_amax_nonneg(blocks)))
+        _, sums, rows = blocked[order[0]]   # seed: the row with the largest sum
+        best = max(best, float(rows[int(sums.argmax())].amax()))
+        for j in order:
+            if tops[j] < best:
+                break   # sorted: no later piece has a row sum as large as the max found
+            _, sums, rows = blocked[j]
+            cand = (sums >= best).nonzero().squeeze(1)
+            if 3 * cand.numel() > sums.numel():   # a copy of a third costs as much as reading all
+                best = max(best, float(_amax_nonneg(rows)))
             else:
-                best = max(best, float(blocks.index_select(0, cand).amax()))
-    return torch.tensor(best, dtype=torch.float64), total
+                best = max(best, float(_amax_nonneg(rows.index_select(0, cand))))
+    return torch.tensor(best, dtype=torch.float64), piece_v, piece_m
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """The CPU pass on one intra-op thread: it is a few hundred per-tensor reductions, and each
+    multi-threaded one is a parallel region; on a busy CPU a region waits for a descheduled thread
+    (measured on 2 shared cores: 4-30x slower than one thread). One thread reads memory about as
+    fast here."""
+    n = torch.get_num_threads()
+    if n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+_INDEX_CACHE: dict = {}
+
+
+def _index(layout: tuple, device) -> torch.Tensor:
+    """A cached long index on ``device``: for ``("rows"|"tails", counts...)`` each count repeats its
+    piece number; otherwise the layout itself (the tensor number of each piece)."""
+    key = (layout, str(device))
+    idx = _INDEX_CACHE.get(key)
+    if idx is None:
+        if len(_INDEX_CACHE) > 32:
+            _INDEX_CACHE.clear()
+        if layout and layout[0] in ("rows", "tails"):
+            counts = torch.tensor(layout[1:], dtype=torch.long)
+            host = torch.repeat_interleave(torch.arange(len(counts)), counts)
+        else:
+            host = torch.tensor(layout, dtype=torch.long)
+        idx = _INDEX_CACHE[key] = host_to_device(host, device)
+    return idx
+
+
+def host_to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """``t`` (a host tensor) on ``device`` without a host sync: a pinned, non-blocking copy on
+    CUDA (torch's pinned allocator keeps the source alive until the copy is done)."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return t
+    if device.type == "cuda":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype | None:
@@ -124,25 +232,6 @@ _SAME_WIDTH_INT = {torch.float32: torch.int32, torch.float64: torch.int64,
                    torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
 
-def second_moment_stats(optimizer) -> SecondMomentStats | None:
-    """Rank-local ``exp_avg_sq`` max, L1 (float64) and element count; None before step one.
-
-    One read of the local state; no host sync. Raises ``NoSecondMoment`` (a subclass of
-    Exception) for optimizers without a second moment; :class:`StepProbe` turns that into one
-    warning.
-    """
-    sm = find_second_moments(optimizer)
-    if sm is None:
-        return None
-    r = _max_and_sum(sm.tensors)
-    if r is None:  # every local shard is empty: neutral values for MAX / SUM
-        dev = sm.tensors[0].device if sm.tensors else torch.device("cpu")
-        zero = torch.zeros((), dtype=torch.float64, device=dev)
-        return SecondMomentStats(zero, zero, 0, sm.partitioned)
-    return SecondMomentStats(r[0], r[1], sm.numel, sm.partitioned)
-
-
-
 def param_sq_sum(tensors: Iterable[torch.Tensor]) -> torch.Tensor | None:
     """Sum of squares (float64 0-d device tensor) of the local tensors; one read of each."""
     ts = [local_tensor(t).detach() for t in tensors]
@@ -152,17 +241,17 @@ def param_sq_sum(tensors: Iterable[torch.Tensor]) -> torch.Tensor | None:
     if ts[0].device.type in FOREACH_FAST_DEVICES:
         norms = torch._foreach_norm(ts, 2, dtype=torch.float32)
         return torch.stack(norms).to(torch.float64).square().sum()
-    parts = []   # per block of _BLOCK elements and per tail: fp32 norms, combined in float64
-    for t in ts:
-        flat = t.reshape(-1)
-        k = flat.numel() // _BLOCK
-        if k:
-            parts.append(torch.linalg.vector_norm(flat[:k * _BLOCK].view(k, _BLOCK), dim=1,
-                                                  dtype=torch.float32))
-        if flat.numel() > k * _BLOCK:
-            parts.append(torch.linalg.vector_norm(flat[k * _BLOCK:], dtype=torch.float32)[None])
-    return torch.cat(parts).to(torch.float64).square().sum()
-
+    parts = []   # per row of _ROW elements and per tail: fp32 norms, combined in float64
+    with _one_thread():
+        for t in ts:
+            flat = t.reshape(-1)
+            k = flat.numel() // _ROW
+            if k:
+                parts.append(torch.linalg.vector_norm(flat[:k * _ROW].view(k, _ROW), dim=1,
+                                                      dtype=torch.float32))
+            if flat.numel() > k * _ROW:
+                parts.append(torch.linalg.vector_norm(flat[k * _ROW:], dtype=torch.float32)[None])
+        return torch.cat(parts).to(torch.float64).square().sum()
 
 
 _FP_MOD = 2_147_483_647           # 2**31 - 1 (prime): products of two residues fit in int64

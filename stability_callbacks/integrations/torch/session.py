@@ -166,6 +166,8 @@ class LiveSession:
         ``model``/``optimizer``/``scheduler`` (``facts``: precision, ...)."""
         self.run.start(step, reason, checkpoint=checkpoint)
         self.last_step = int(step)
+        if reason == "rollback":   # the per-tensor baselines saw the abandoned steps
+            self.probe.layers.reset()
         if reason == "start":
             run_preflight(self.run, model, optimizer, scheduler, **facts)
         self.started = True
