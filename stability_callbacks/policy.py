@@ -369,9 +369,13 @@ class Policy:
         d = f.details
         start, end = d["risk_window"]
         trigger, onset = d["trigger"], f.onset_step
-        head = (f"{trigger} at step {f.step} came {f.step - start} steps after the LR warmup ended "
-                f"(step {start}), inside the risk window (steps {start + 1}-{end}) where BigScience's 104B "
-                f"runs glitched.")
+        window = f"the risk window (steps {start + 1}-{end}) where BigScience's 104B runs glitched"
+        if f.step <= end:
+            head = (f"{trigger} at step {f.step} came {f.step - start} steps after the LR warmup ended "
+                    f"(step {start}), inside {window}.")
+        else:   # the upgrade of an episode that began inside the window
+            head = (f"{trigger} at step {f.step}: the episode began at step {onset}, {onset - start} steps "
+                    f"after the LR warmup ended (step {start}), inside {window}.")
         acts = []
         if control.saves_carried_out is False:
             acts.append("this integration does not save on request, so no checkpoint is taken")
@@ -396,10 +400,13 @@ class Policy:
             return (f"{head}{done} {why}: the pattern of the 104B runs that did not recover. Roll back "
                     f"to a checkpoint before step {onset} and lower the peak LR, lengthen the warmup or "
                     f"use beta2=0.95.")
-        return (f"{head}{done} No precursor came before it (grad norm, Adam's variance, loss scale), "
-                f"so it is a warning: most such spikes recover by themselves. It becomes critical if the "
-                f"loss has not come back by the spike's horizon or diverges; then roll back to a "
-                f"checkpoint before step {onset}.")
+        after = (f"a loss spike after it comes with it as a precursor, or the episode does not recover"
+                 if trigger in LEADING_KINDS - {"loss_spike"} else
+                 "the loss has not come back by the spike's horizon or diverges")
+        return (f"{head}{done} It is a warning: no precursor came before it (a grad-norm or Adam-variance "
+                f"lead, a falling loss scale) and nothing is critical yet; most instabilities here recover "
+                f"by themselves. It becomes critical if {after}; then roll back to a checkpoint before "
+                f"step {onset}.")
 
     def _set_interval(self, ctx: Context, control: Control, risk_window: tuple[int, int] | None) -> None:
         """The bumped save interval (and why) inside the risk window and after a warning."""

@@ -270,3 +270,29 @@ def test_no_rise_fires_below_its_own_threshold(make):
     bad = [(x.step, x.kind, x.value, x.threshold) for x in f if x.kind in RISES and x.threshold is not None
            and x.value is not None and x.value < x.threshold]
     assert bad == []
+
+
+def _resumed_with_a_restarted_schedule(adam_restarts):
+    """Resumed at 300 (the state through JSON, as an integration does) with the LR schedule
+    started over: a 30-step warmup again; ``adam_restarts``: Adam's step count too (weights only)."""
+    recs = healthy(600)
+    for r in recs:
+        r.metrics["adam/step"] = float(r.step if r.step <= 300 or not adam_restarts else r.step - 300)
+        if r.step > 300:
+            r.metrics["lr"] = 3e-4 * min((r.step - 301) / 30, 1.0)
+    before = Monitor()
+    for r in recs[:300]:
+        before.update(r)
+    m = Monitor()
+    m.load_state_dict(before.state_dict())
+    found_ = m.begin_segment(300, "resume") + [f for r in recs[300:] for f in m.update(r)]
+    return [(f.step, f.kind, f.severity) for f in found_ if f.kind in ("lr_anomaly", "warmup_end", "resume")]
+
+
+def test_a_restart_with_a_fresh_optimizer_and_its_warmup_is_no_anomaly():
+    # the weights alone (Adam's step back at 1) and the schedule started over with them: a re-warmup
+    assert _resumed_with_a_restarted_schedule(True) == [(300, "resume", "info"), (331, "warmup_end", "info")]
+    # Adam's state restored but the schedule started over: the scheduler state was lost, one warning
+    # for the whole ramp (not one per step of it)
+    assert _resumed_with_a_restarted_schedule(False) == [(300, "resume", "info"), (302, "lr_anomaly", "warning"),
+                                                         (331, "warmup_end", "info")]

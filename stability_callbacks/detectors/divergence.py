@@ -97,10 +97,10 @@ class Divergence(Detector):
             self._restart()
             return []
         lx = math.log(x)
-        for key, med in ((keys.GRAD_NORM, self.grad_med), (keys.UPDATE_NORM, self.update_med)):
+        for key, window in ((keys.GRAD_NORM, self.grad_med), (keys.UPDATE_NORM, self.update_med)):
             v = m.get(key)
             if v is not None and finite_positive(v):
-                med.update(math.log(v))
+                window.update(math.log(v))
         self.med.update(lx)
         prev, self.prev_log = self.prev_log, lx
         if prev is not None:   # the noise, from the steps between points around their mean (the trend)
