@@ -30,6 +30,8 @@ EVENT_KINDS = frozenset({"warmup_end", "warmup_instability", "resume", "prefligh
                          "step_skipped", "auto_rollback"})
 #: ``skip_step_on``: never; non-finite grad norms; non-finite or extreme outliers.
 SKIP_STEP_ON = ("never", "nonfinite", "grad_outlier")
+#: ``warmup_escalation``: critical with the precursor signature (tr8's meaning) or always.
+WARMUP_ESCALATION = ("signature", "any")
 #: Unmistakable even in the first steps.
 UNMISTAKABLE_KINDS = frozenset({"nonfinite", "stall", "data_repetition"})
 #: Signals that lead a loss spike; their onsets locate the start of an episode.
@@ -132,6 +134,10 @@ class Policy:
     - ``bump_save_interval_to``: the save interval inside the warmup-end risk window and for
       ``bump_duration_steps`` after a warning (BigScience went to SAVE_INTERVAL=300).
     - ``startup_steps``: findings in the first steps are ``info`` unless unmistakable.
+    - ``warmup_escalation``: ``signature`` (default): an instability in the warmup-end risk
+      window is a ``warmup_instability`` warning, critical only with the precursor signature or
+      a critical episode (:meth:`_escalate`); ``any``: always critical (halt on any instability
+      right after warmup, for runs where a person looks before a spike plays out).
     - ``lead_window_steps``: how far back a leading signal (grad norm, Adam variance, overflow)
       moves the onset of an episode (BLOOM-176B: the grad norm led the loss by 5 steps; 104B: 1).
     - ``skip_step_on``: ``never`` (default), ``nonfinite`` or ``grad_outlier``: drop the update of
@@ -148,7 +154,7 @@ class Policy:
 
     def __init__(self, *, halt_on: str = "never", save_on: str = "warning",
                  bump_save_interval_to: int = 300, bump_duration_steps: int = 1000,
-                 startup_steps: int = 20, lead_window_steps: int = 20,
+                 startup_steps: int = 20, lead_window_steps: int = 20, warmup_escalation: str = "signature",
                  escalation_gap_steps: int = 100, min_save_gap_steps: int = 10,
                  skip_step_on: str = "never", skip_grad_ratio: float = 10.0,
                  skip_escalate_count: int = 3, skip_window_steps: int = 100,
@@ -161,6 +167,7 @@ class Policy:
         self.startup_steps = check("startup_steps", startup_steps,
                                    isinstance(startup_steps, int) and startup_steps >= 0, "an integer ≥ 0")
         self.lead_window_steps = positive_int("lead_window_steps", lead_window_steps)
+        self.warmup_escalation = one_of("warmup_escalation", warmup_escalation, WARMUP_ESCALATION)
         self.escalation_gap_steps = positive_int("escalation_gap_steps", escalation_gap_steps)
         self.min_save_gap_steps = positive_int("min_save_gap_steps", min_save_gap_steps)
         self.skip_step_on = one_of("skip_step_on", skip_step_on, SKIP_STEP_ON)
@@ -348,7 +355,7 @@ class Policy:
             onset = f.onset_step if f.onset_step is not None else f.step
             signature = [] if f.kind in LEADING_KINDS - {"loss_spike"} else precursor_signature(
                 self.leads, onset, self.lead_window_steps)
-            critical = f.severity == "critical" or bool(signature)
+            critical = f.severity == "critical" or bool(signature) or self.warmup_escalation == "any"
             scored.append((critical, f, onset, signature))
         critical, first, onset, signature = max(scored, key=lambda t: t[0])
         if ctx.in_risk_window:
@@ -396,11 +403,12 @@ class Policy:
         if f.severity == "critical":
             precursors = [p.what for p in PRECURSORS if p.name in d["precursors"]]
             why = (f"It comes with the precursor signature ({', '.join(precursors)}) before its onset at "
-                   f"step {onset}" if precursors else f"The {trigger} is critical by itself")
+                   f"step {onset}" if precursors else f"The {trigger} is critical by itself"
+                   if d["trigger_severity"] == "critical" else "policy.warmup_escalation = any makes it critical")
             return (f"{head}{done} {why}: the pattern of the 104B runs that did not recover. Roll back "
                     f"to a checkpoint before step {onset} and lower the peak LR, lengthen the warmup or "
                     f"use beta2=0.95.")
-        after = (f"a loss spike after it comes with it as a precursor, or the episode does not recover"
+        after = ("a loss spike after it comes with it as a precursor, or the episode does not recover"
                  if trigger in LEADING_KINDS - {"loss_spike"} else
                  "the loss has not come back by the spike's horizon or diverges")
         return (f"{head}{done} It is a warning: no precursor came before it (a grad-norm or Adam-variance "
@@ -505,4 +513,5 @@ class Policy:
         self.data_skips = DataSkips.from_state(d["data_skips"]) if "data_skips" in d else DataSkips()
 
 
-__all__ = ["Policy", "AutoRollback", "DAMAGE_KINDS", "EVENT_KINDS", "SKIP_STEP_ON"]
+__all__ = ["Policy", "AutoRollback", "Precursor", "DAMAGE_KINDS", "EVENT_KINDS", "PRECURSORS", "SKIP_STEP_ON",
+           "WARMUP_ESCALATION"]

@@ -52,7 +52,8 @@ def main() -> int:
         ddp_backend="gloo", ddp_find_unused_parameters=False, deepspeed=ds_config, use_cpu=True,
         save_only_model=not a.full_checkpoints)
     trainer = Trainer(model=sc.make_model(), args=args, train_dataset=sc.train_dataset(world))
-    config = json.loads(a.config) if a.config else {"policy": {"halt_on": a.halt_on}}
+    # halting on any instability right after warmup: the halt's mechanics on every rank
+    config = json.loads(a.config) if a.config else {"policy": {"halt_on": a.halt_on, "warmup_escalation": "any"}}
     cb = StabilityCallback.attach(trainer, config=config, run_dir=os.path.join(a.out, "stability"))
     trainer.train()
     ckpts = sorted(d for d in os.listdir(args.output_dir) if d.startswith("checkpoint-")) \
