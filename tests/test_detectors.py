@@ -100,6 +100,22 @@ def test_stall_and_exact_zero():
     assert kinds(run(recs)) == [(101, "stall", "critical")]
 
 
+def test_a_loss_near_its_floor_dividing_by_100_is_no_collapse_once_it_was_that_low_before():
+    """DPO's -log sigma(beta * margin) once most pairs are ranked: a batch mean that its few
+    wrong pairs dominate visits lows, goes back up, then falls 100x in a step. Only a fall
+    below everything of the last points is a collapse (the guard of stall's collapse rule)."""
+    recs = healthy(120)
+    for r in recs[60:]:
+        wobble = 1 + 0.1 * math.sin(r.step)      # distinct values: no repeating-value stall
+        low = 0.005 if r.step <= 90 else 0.0009  # 0.16 -> 0.0009: x178 in a step, 0.005 seen before
+        r.metrics["loss"] = (0.16 if r.step % 4 else low) * wobble
+    assert [k for k in kinds(run(recs)) if k[1] == "stall"] == []
+    recs = healthy(120)
+    for r in recs[100:]:
+        r.metrics["loss"] = 1.8e-6         # from the loss's level (~3) in one step: a collapse
+    assert [k for k in kinds(run(recs)) if k[1] == "stall"][0] == (101, "stall", "critical")
+
+
 def test_nonfinite_once_per_episode():
     recs = healthy(400)
     for r in recs[299:305]:

@@ -80,7 +80,10 @@ class Stall(Detector):
       leave 0 (a warmup that starts there).
     - *zero* / *collapse*: a loss that was positive on every point so far and at least
       ``zero_from`` of the largest loss seen falls to exactly 0.0, or by more than a factor
-      1/``zero_from`` per optimizer step (12.18 → 1.8e-6 in one step). A cross-entropy-like
+      1/``zero_from`` per optimizer step and below ``zero_from`` of every value it printed over
+      its last ``recent_samples`` points (12.18 → 1.8e-6 in one step). A batch mean that a few
+      examples dominate near the loss's floor (DPO's −log σ(β·margin) once most pairs are
+      ranked: 0.16 → 0.0012 when the last wrong pair is fixed) has visited such lows before. A cross-entropy-like
       loss reaches zero only through its last tiny values (memorising a small set goes 0.01 →
       0.001 → 0.0001 → 0.0, each step a fraction); one divided by 100 in a step is a masked
       loss (no label tokens), targets leaking into the inputs, an fp16 overflow zeroed, or a
@@ -106,10 +109,11 @@ class Stall(Detector):
     signals = (keys.LOSS,)
     _state = ("last", "last_step", "before", "run_start", "count", "need", "latch", "positive", "peak",
               "seen", "seen_count", "period", "run", "repeats", "evidence", "repeat_latch", "last_spiked",
-              "zero_since", "zero_told")
+              "zero_since", "zero_told", "recent")
 
     def __init__(self, *, num_samples: int = 16, min_samples: int = 3, noise_floor: float = 1e-3,
-                 false_alarm_rate: float = 1e-6, zero_from: float = 0.01, max_period_samples: int = 64):
+                 false_alarm_rate: float = 1e-6, zero_from: float = 0.01, max_period_samples: int = 64,
+                 recent_samples: int = 8):
         self.num_samples = positive_int("num_samples", num_samples)
         self.min_samples = check("min_samples", min_samples, isinstance(min_samples, int) and
                                  not isinstance(min_samples, bool) and 2 <= min_samples <= num_samples,
@@ -141,6 +145,8 @@ class Stall(Detector):
         self.last_spiked = False              # the previous point was inside a loss-spike episode
         self.zero_since: int | None = None    # the first step, while every loss so far is exactly 0.0
         self.zero_told = False                # ... and that was reported
+        self.recent_samples = positive_int("recent_samples", recent_samples)
+        self.recent: list[float] = []         # the last recent_samples positive losses, oldest first
         self._prune_at = 4 * self.max_period_samples
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
@@ -180,12 +186,15 @@ class Stall(Detector):
             # x == 0.0, or divided by more than 1/zero_from per optimizer step (a point coming
             # back from a spike returns to the loss's level: that is loss_spike's recovery)
             gap = max(step - (self.last_step if self.last_step is not None else step - 1), 1)
-            if x == 0.0 or math.log(prev / x) >= gap * -math.log(zf):
+            if x == 0.0 or (math.log(prev / x) >= gap * -math.log(zf) and x <= zf * min(self.recent)):
                 out.append(self._zero(step, x, prev, self.last_step))
         if x <= 0.0:
             self.positive = False
-        elif x > self.peak:
-            self.peak = x
+        else:
+            self.peak = max(self.peak, x)
+            self.recent.append(x)
+            if len(self.recent) > self.recent_samples:
+                del self.recent[0]
         self.last, self.last_step, self.before, self.count = x, step, prev, 1
         self.latch.armed = True   # the loss moved: re-armed (hot path: no call)
         # the repeating rule; its common case inline (a value not seen in the window, no run)
