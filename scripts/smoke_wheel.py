@@ -12,6 +12,9 @@ Checks, each printed as it passes; the first failure prints what went wrong and 
   ``StabilityCallback(config=...)``;
 - every fenced ``python`` block of the README, each as its own script in its own directory (the
   README reads ``train.log``: REAL_LOG is copied there), exit code 0 within a time limit;
+- every script of the checkout's ``examples/`` (a user's own model under HF, TRL, Lightning, a
+  DeepSpeed loop, and a followed log), each in its own directory: exit code 0 (each asserts that
+  its planted fault was found);
 - ``stability-callbacks replay REAL_LOG --config pretrain-bf16``: exit code 1 (critical), the labelled
   findings of the 104B divergence at their steps, and the HTML report written.
 """
@@ -160,6 +163,17 @@ def main(argv: list[str]) -> int:
             check(proc.returncode == 0, f"README.md line {line} (python block {n}) failed, "
                                         f"exit code {proc.returncode}:\n{code}\n--- output tail:\n{output_tail(proc)}")
             ok(f"README.md python block {n} (line {line})", t0)
+
+        scripts = sorted((checkout / "examples").glob("*.py"))
+        check(len(scripts) >= 5, f"{checkout / 'examples'}: found {len(scripts)} scripts, expected at least 5")
+        for script in scripts:
+            t0 = time.perf_counter()
+            d = here / f"examples_{script.stem}"
+            d.mkdir()
+            proc = run([sys.executable, "-I", str(script)], d)
+            check(proc.returncode == 0, f"examples/{script.name} failed, exit code {proc.returncode}:\n"
+                                        f"--- output tail:\n{output_tail(proc)}")
+            ok(f"examples/{script.name}", t0)
 
         t0 = time.perf_counter()
         check_replay(log, here)

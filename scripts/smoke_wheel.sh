@@ -2,7 +2,7 @@
 # Wheel smoke test (CI: .ci/run): build the wheel, install it in a clean venv as a user would
 # (torch==2.13.0 first, then the wheel with the framework extras under constraints.txt), and from a
 # scratch directory outside the checkout, with the checkout not on sys.path, run every README
-# Python example, the presets by name, `replay` on a real log and `--version`
+# Python example, every script of examples/, the presets by name, `replay` on a real log and `--version`
 # (scripts/smoke_wheel.py). Any failure exits non-zero with the failing step's output.
 #   PYTHON=python3.11 bash scripts/smoke_wheel.sh      # KEEP=1: keep the scratch directory
 set -euo pipefail
@@ -25,7 +25,9 @@ rm -rf "$ROOT/build"
 WHEEL=$(ls "$WORK"/dist/stability_callbacks-*.whl)
 echo "smoke: built $(basename "$WHEEL") ($((SECONDS - t0))s)"
 "$VPY" -m pip install -q -c "$ROOT/constraints.txt" "$WHEEL[$EXTRAS]"
-echo "smoke: clean venv with torch 2.13.0 and the wheel [$EXTRAS] ready ($((SECONDS - t0))s)"
+# TRL as its users have it, beside the package (examples/trl_sft.py): the callback needs nothing of it.
+"$VPY" -m pip install -q -c "$ROOT/constraints.txt" trl
+echo "smoke: clean venv with torch 2.13.0, the wheel [$EXTRAS] and trl ready ($((SECONDS - t0))s)"
 
 mkdir "$WORK/run"
 cd "$WORK/run"

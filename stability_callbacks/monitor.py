@@ -69,7 +69,7 @@ class Monitor:
         if record.warmup_steps is not None and self.config["phase"].get("warmup_steps") is None:
             self.phase.declare_warmup(record.warmup_steps)   # a replayed run log's declared warmup
         # A segment's start_step is the step it resumes from (its checkpoint): the step before
-        # its first record (DESIGN 2.3; what the integrations write).
+        # its first record (docs/design.md, Run log; what the integrations write).
         if record.segment != self.segment and record.segment > self.segment:
             out += self.begin_segment(step - 1, "resume", segment=record.segment)
         elif self.last_step is not None and step <= self.last_step:
@@ -153,8 +153,8 @@ class Monitor:
 
     def _forget_future(self) -> None:
         """A replayed log went back to an older step, and no checkpoint state came with it:
-        what the detectors learned since belongs to the abandoned branch (DESIGN invariant 5:
-        after a rollback, the past, not the future). They start afresh; the phase keeps the
+        what the detectors learned since belongs to the abandoned branch (docs/design.md,
+        Invariants 5: after a rollback, the past, not the future). They start afresh; the phase keeps the
         warmup end and risk window it knows, but not the last LR."""
         self.detectors = [self._make(d.name) for d in self.detectors]
         self._loss_spike = next((d for d in self.detectors if isinstance(d, LossSpike)), None)

@@ -212,7 +212,7 @@ class LossSpike(Detector):
                     step, kind="spike_recovered", severity="info" if speed == "fast" else "warning",
                     value=x, baseline=base0, onset_step=onset,
                     message=(f"{self._what()} came back at step {step}: {fmt(x)} vs {fmt(base0)} "
-                             f"before the spike (peak {fmt(peak)}), {took} steps after its onset at "
+                             f"before the spike (peak {fmt(peak)}), {took} step{'s' * (took != 1)} after its onset at "
                              f"step {onset} ({speed} recovery). No action needed"
                              + ("." if speed == "fast" else "; keep an eye on the next spikes.")),
                     recovery_steps=took, speed=speed, peak=peak))

@@ -1,4 +1,4 @@
-"""Stitching a run log (DESIGN 2.3) across resumes and rollbacks into one trajectory.
+"""Stitching a run log (docs/design.md, Run log) across resumes and rollbacks into one trajectory.
 
 A run log is appended to by every segment of a run: ``segment`` lines open a segment at
 ``start_step`` ("start" / "resume" / "rollback"), ``step`` lines follow. ``start_step`` is the step

@@ -46,7 +46,7 @@ _READERS: dict[str, Callable[..., Iterator[StepRecord]]] = {
 LINE_READERS = ("generic", "megatron", "fairseq", "caffe", "jsonl", "csv")
 
 # Other names for the same readers: the formats the generic reader reads without semantics of
-# their own (DESIGN 2.4 names them), and the names people use.
+# their own (docs/replay.md names them), and the names people use.
 ALIASES = {
     "hf": "generic", "hf-trainer": "generic", "nanogpt": "generic", "nanogpt-speedrun": "generic",
     "modded-nanogpt": "generic", "llmc": "generic", "llm.c": "generic", "deepspeed": "generic",

@@ -1,6 +1,6 @@
 """Tables: CSV / TSV with a header row (ours, Lightning's ``metrics.csv``, any) and W&B exports.
 
-Our CSV (DESIGN 2.4): header ``step,loss,grad_norm,lr,loss_scale,skipped`` (any subset, commas or
+Our CSV (docs/replay.md, Formats): header ``step,loss,grad_norm,lr,loss_scale,skipped`` (any subset, commas or
 tabs; other metric-key columns such as ``adam/exp_avg_sq_max`` or ``loss/<name>`` kept); an empty
 cell is a missing value, ``nan`` is NaN, and a row is a step even when every cell is empty.
 Other tables name their columns as their logger does; the columns map through :mod:`.tags`

@@ -1,4 +1,4 @@
-"""JSON lines: our run log (DESIGN 2.3) and plain metric objects.
+"""JSON lines: our run log (docs/design.md, Run log) and plain metric objects.
 
 Run log: ``{"type": "step", "step": 7, "segment": 0, "metrics": {...}}`` lines become records in
 file order (stitching rollback segments is :mod:`stability_callbacks.replay.timeline`'s job);

@@ -1,7 +1,7 @@
 """TensorBoard event files (``events.out.tfevents.*``), via the ``tensorboard`` package.
 
 Every scalar is read (``size_guidance`` 0: the default keeps 10,000 per tag by reservoir
-sampling, FRAMEWORK_NOTES 6), both legacy ``simple_value`` scalars and ``new_style`` tensors.
+sampling), both legacy ``simple_value`` scalars and ``new_style`` tensors.
 Tags map to metric keys through :mod:`.tags` (HF ``train/loss``, Megatron ``lm loss``,
 torchtitan ``loss_metrics/global_avg_loss``, OLMo-core ``train/CE loss``, Lightning
 ``train_loss_step``; ``--keys`` and ``tag_map`` name others; our ``stability/<key>`` wins over
