@@ -7,7 +7,7 @@ LOSS = "loss"
 GRAD_NORM = "grad_norm"            # global, pre-clip, unscaled
 LR = "lr"                          # the LR used by this optimizer step
 LOSS_SCALE = "loss_scale"
-SKIPPED = "skipped"                # 1.0 if the optimizer step was skipped for overflow
+OVERFLOW_SKIPPED = "skipped"       # 1.0 if the optimizer step was skipped for overflow
 SKIPPED_BY_POLICY = "skipped_by_policy"   # 1.0 if policy.skip_step_on dropped the step's update
 ADAM_V_MAX = "adam/exp_avg_sq_max"
 ADAM_V_L1 = "adam/exp_avg_sq_l1"
@@ -51,7 +51,7 @@ LAYER_KEYS = (LAYERS_LOWER_UPDATE_RATIO, LAYERS_UPPER_UPDATE_RATIO, LAYERS_LOWER
               LAYERS_UPPER_EXP_AVG_RATIO) + tuple(layer_top(k, f) for k in range(1, LAYERS_TOP + 1)
                                                   for f in LAYER_TOP_FIELDS)
 
-ALL = (LOSS, GRAD_NORM, LR, LOSS_SCALE, SKIPPED, SKIPPED_BY_POLICY, ADAM_V_MAX, ADAM_V_L1, ADAM_V_NUMEL, ADAM_BETA2,
+ALL = (LOSS, GRAD_NORM, LR, LOSS_SCALE, OVERFLOW_SKIPPED, SKIPPED_BY_POLICY, ADAM_V_MAX, ADAM_V_L1, ADAM_V_NUMEL, ADAM_BETA2,
        ADAM_STEP, ADAM_M_NORM, ADAM_BETA1, PARAM_NORM, UPDATE_NORM, CONSUMED_SAMPLES, BATCH_FINGERPRINT,
        LOSS_RESOLUTION, LOSS_WINDOW)   # LAYER_KEYS apart: the probe's summary, no log column maps to them
 

@@ -78,7 +78,7 @@ class Monitor:
         self.last_step = step
         m = record.metrics
         out += self.phase.update(step, m.get(keys.LR))
-        skipped = m.get(keys.SKIPPED)
+        skipped = m.get(keys.OVERFLOW_SKIPPED)
         loss = m.get(keys.LOSS)
         if not self.success_seen and (skipped is None or skipped == 0 or (loss is not None and math.isfinite(loss))):
             self.success_seen = True

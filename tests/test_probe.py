@@ -313,10 +313,10 @@ def test_grad_scaler_found_inf_and_scale_decrease():
         probe_b.set_loss_scale(scaler._scale, detect_decrease=True)   # read after update()
         probe_b.finish_step(step)
     a = probe_a.poll()
-    assert [r.metrics[keys.SKIPPED] for r in a] == [0.0, 0.0, 1.0, 0.0]
+    assert [r.metrics[keys.OVERFLOW_SKIPPED] for r in a] == [0.0, 0.0, 1.0, 0.0]
     assert [r.metrics[keys.LOSS_SCALE] for r in a] == [256.0, 256.0, 256.0, 128.0]
     b = probe_b.poll()
-    assert [r.metrics.get(keys.SKIPPED) for r in b] == [None, 0.0, 1.0, 0.0]
+    assert [r.metrics.get(keys.OVERFLOW_SKIPPED) for r in b] == [None, 0.0, 1.0, 0.0]
     assert [r.metrics[keys.LOSS_SCALE] for r in b] == [256.0, 256.0, 128.0, 128.0]
 
 

@@ -45,7 +45,7 @@ class GradNormSpike(Detector):
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
         g = m.get(keys.GRAD_NORM)
-        if g is None or not finite_positive(g) or (m.get(keys.SKIPPED) or 0.0) >= 1.0:
+        if g is None or not finite_positive(g) or (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0:
             return []
         b = self.base
         if b.n == 0:

@@ -32,7 +32,7 @@ class _SustainedGrowth(Detector):
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
         v = m.get(self.signals[0])
-        if v is None or not finite_positive(v) or (m.get(keys.SKIPPED) or 0.0) >= 1.0:
+        if v is None or not finite_positive(v) or (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0:
             return []
         self.level.update(v)
         if self.after_warmup and ctx.phase == "warmup":

@@ -80,7 +80,7 @@ class LossScaleCollapse(Detector):
         s = m.get(keys.LOSS_SCALE)
         if s is None or not 0.0 <= s < math.inf:
             return []
-        step, skipped = record.step, m.get(keys.SKIPPED)
+        step, skipped = record.step, m.get(keys.OVERFLOW_SKIPPED)
         interval = step - self.last_step if self.last_step is not None else 1
         overflowed = skipped is not None and skipped >= max(interval, 1)
         same = self.last is not None and s == self.last

@@ -32,7 +32,7 @@ class NonFinite(Detector):
         m = record.metrics
         # One pass: v - v is 0.0 for every finite float and NaN for NaN/±Inf.
         bad = [k for k, v in m.items() if v - v != 0.0 and (k in _WATCHED or k.startswith(keys.LOSS_STREAM_PREFIX))]
-        if bad and (m.get(keys.SKIPPED) or 0.0) >= 1.0 and keys.GRAD_NORM in bad:
+        if bad and (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0 and keys.GRAD_NORM in bad:
             bad.remove(keys.GRAD_NORM)   # an overflow on a skipped fp16 step is not a NaN
         if not bad:
             self.latch.armed = True   # a finite step ends the episode (hot path: no call)

@@ -26,7 +26,7 @@ class OverflowBurst(Detector):
 
     name = "overflow_burst"
     kind = "overflow_burst"
-    signals = (keys.SKIPPED,)
+    signals = (keys.OVERFLOW_SKIPPED,)
     _state = ("recent", "latch", "search_failed")
 
     def __init__(self, *, min_skips: int = 3, window_steps: int = 10):
@@ -37,7 +37,7 @@ class OverflowBurst(Detector):
         self.search_failed = False      # the start-up search reached the scaler's floor
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
-        k = record.metrics.get(keys.SKIPPED)
+        k = record.metrics.get(keys.OVERFLOW_SKIPPED)
         if k is None or not 0.0 <= k < math.inf:
             return []
         step = record.step

@@ -52,7 +52,7 @@ SLOTS: dict[str, Slot] = {
     keys.LOSS: Slot("mean"),                 # per-rank losses differ: mean of those reported
     keys.GRAD_NORM: Slot("max"),             # the framework's norm is already global
     keys.LOSS_SCALE: Slot("min"),            # identical on every rank; min is conservative
-    keys.SKIPPED: Slot("max", finish=lambda v: 1.0 if v > 0 else 0.0),   # found_inf or a count
+    keys.OVERFLOW_SKIPPED: Slot("max", finish=lambda v: 1.0 if v > 0 else 0.0),   # found_inf or a count
     keys.ADAM_V_MAX: Slot("max", every_rank=True),
     keys.ADAM_V_L1: Slot("sum", every_rank=True),                        # MAX when replicated
     keys.ADAM_V_NUMEL: Slot("sum", every_rank=True, finish=lambda v: float(round(v))),

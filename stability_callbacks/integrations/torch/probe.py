@@ -213,9 +213,9 @@ class StepProbe:
         if value is None:
             return
         if isinstance(value, torch.Tensor):
-            self._dev[keys.SKIPPED] = value.detach().reshape(-1).sum()
+            self._dev[keys.OVERFLOW_SKIPPED] = value.detach().reshape(-1).sum()
         else:
-            self._host[keys.SKIPPED] = 1.0 if float(value) > 0 else 0.0
+            self._host[keys.OVERFLOW_SKIPPED] = 1.0 if float(value) > 0 else 0.0
 
     def set_extra(self, name: str, value, op: str | None = None) -> None:
         """A further per-step value reduced across ranks with ``op`` (sum, mean, max, min),
@@ -260,9 +260,9 @@ class StepProbe:
             self._sample_param_norm(optimizer, model, replicated)
         if self._loss is not None:
             self._dev[keys.LOSS] = self._loss   # NaN/Inf travel as values: the NonFinite detector reads them
-        if self._skip_from_scale and keys.SKIPPED not in self._dev and keys.SKIPPED not in self._host:
+        if self._skip_from_scale and keys.OVERFLOW_SKIPPED not in self._dev and keys.OVERFLOW_SKIPPED not in self._host:
             cur, prev = self._skip_from_scale
-            self._dev[keys.SKIPPED] = cur < prev
+            self._dev[keys.OVERFLOW_SKIPPED] = cur < prev
 
         values: list = [self._dev.get(k) for k in SLOTS]
         ops = [replicated.get(k, slot.op) for k, slot in SLOTS.items()]

@@ -199,7 +199,7 @@ class Assembler:
             self.pending.step = self.pending_last_step + 1
             self.last_step, self.pending_how = self.pending.step, "order"
             step, how = None, "order"
-        if plan.cumulative_skips and keys.SKIPPED in metrics:
+        if plan.cumulative_skips and keys.OVERFLOW_SKIPPED in metrics:
             self._cumulative(metrics, step)
         if plan.micro is not None and step is not None:
             return self._micro(step, metrics, plan, how)
@@ -217,21 +217,21 @@ class Assembler:
         self._note(plan, "")
 
     def _cumulative(self, metrics: dict, step: int | None) -> None:
-        total = int(metrics.pop(keys.SKIPPED))
+        total = int(metrics.pop(keys.OVERFLOW_SKIPPED))
         first = self.cumulative_first
         if self.cumulative is None:
             if total == 0:
-                metrics[keys.SKIPPED] = 0.0           # nothing skipped so far: none here either
+                metrics[keys.OVERFLOW_SKIPPED] = 0.0           # nothing skipped so far: none here either
             else:
                 self.cumulative_first = (None, total, step)   # the record is set by emit
         else:
             last = self.cumulative
-            metrics[keys.SKIPPED] = float(total - last if total >= last else total)
+            metrics[keys.OVERFLOW_SKIPPED] = float(total - last if total >= last else total)
             if first is not None:
                 rec, count, first_step = first
                 if step is not None and first_step is not None and first_step <= step - first_step \
                         and rec is not None and rec is self.pending:
-                    rec.metrics[keys.SKIPPED] = float(count)   # the run's first print interval
+                    rec.metrics[keys.OVERFLOW_SKIPPED] = float(count)   # the run's first print interval
                 else:
                     self._mid_run(count, first_step)
                 self.cumulative_first = None
@@ -338,7 +338,7 @@ class Assembler:
     def _fold_overflows(self, metrics: dict, plan: Plan | None) -> None:
         skips = sum(1 for _, _, skipped in self.overflows if skipped)
         if not (plan is not None and plan.prints_skipped) and skips:
-            metrics[keys.SKIPPED] = float(skips)
+            metrics[keys.OVERFLOW_SKIPPED] = float(skips)
         scale = next((x for _, x, _ in reversed(self.overflows) if x is not None), None)
         if keys.LOSS_SCALE not in metrics and scale is not None:
             metrics[keys.LOSS_SCALE] = scale
@@ -367,7 +367,7 @@ class Assembler:
         out = self.flush()
         for step, scale, skipped in self.overflows:    # overflow lines no record followed
             self.last_step = step if step is not None else self.last_step + 1
-            m = {keys.SKIPPED: 1.0} if skipped else {}
+            m = {keys.OVERFLOW_SKIPPED: 1.0} if skipped else {}
             if scale is not None:
                 m[keys.LOSS_SCALE] = scale
             out.append(StepRecord(self.last_step, m))

@@ -49,7 +49,7 @@ _FIELDS = {
 
 def read(path, *, account: ReadAccount, lines, **_) -> Iterator[StepRecord]:
     for key, name in ((keys.LOSS, "lm loss"), (keys.GRAD_NORM, "grad norm"), (keys.LR, "learning rate"),
-                      (keys.LOSS_SCALE, "loss scale"), (keys.SKIPPED, "number of skipped iterations")):
+                      (keys.LOSS_SCALE, "loss scale"), (keys.OVERFLOW_SKIPPED, "number of skipped iterations")):
         account.saw(key, name)
     account.numbered("counter", "iteration")
     pending: list[str] = []          # a wrapped iteration line being joined
@@ -127,7 +127,7 @@ def _finish(parts: list[str], line_no: int, account: ReadAccount, overflows: int
     if keys.LOSS not in metrics and (nan_count > 0 or skipped_count == 0):
         metrics[keys.LOSS] = float("nan")
     if printed_skip or overflows:
-        metrics[keys.SKIPPED] = max(skipped_count, float(overflows))
+        metrics[keys.OVERFLOW_SKIPPED] = max(skipped_count, float(overflows))
     if keys.LOSS_SCALE not in metrics and overflow_scale is not None:
         metrics[keys.LOSS_SCALE] = overflow_scale
     return StepRecord(int(m.group(1)), metrics)

@@ -170,7 +170,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
         plan.step_name = roles[plan.step][3] or ("a bar's count" if plan.counter else UNNAMED)
         printed.append(("step", plan.step_name))
     plan.printed = tuple(printed)
-    plan.prints_skipped = keys.SKIPPED in metrics
+    plan.prints_skipped = keys.OVERFLOW_SKIPPED in metrics
     plan.loss_at = at = metrics[keys.LOSS][1] if keys.LOSS in metrics else None
     if at is not None and at + 1 < n and texts[at + 1].strip() == "(" \
             and texts[at + 2].lstrip().startswith(")"):
