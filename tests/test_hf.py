@@ -662,3 +662,19 @@ def test_preflight_audit_runs_once_at_train_begin(tmp_path, warmup, expected):
     assert pre == expected
     logged = [x for x in _runlog(tmp_path / "stability") if x["type"] == "finding" and x["kind"] == "preflight"]
     assert [(x["step"], x["signal"]) for x in logged] == [(s, sig) for s, _, sig in expected]
+
+
+def test_a_scheduler_passed_by_hand_declares_its_own_warmup_not_the_arguments(tmp_path):
+    """``Trainer(optimizers=(opt, sched))``: the arguments' ``warmup_steps`` (20) describe a
+    scheduler the Trainer never made; the warmup declared is the one the scheduler itself has,
+    read from a copy of it: multipliers 1/6 ... 6/6, then flat, so step 6 is the first at the
+    peak and the warmup is 5 steps (as ``warmup_steps=5`` ends at 5, its peak used by step 6)."""
+    sc = build_scenario("healthy", max_steps=30)
+    model = sc.make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=sc.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 6))
+    trainer = Trainer(model=model, args=_args(tmp_path / "hf", sc, max_steps=30, warmup_steps=20),
+                      train_dataset=sc.train_dataset(), optimizers=(opt, sched))
+    cb = StabilityCallback.attach(trainer, config={"actions": {}}, run_dir=tmp_path / "stability")
+    trainer.train()
+    assert [(f.step, f.kind) for f in cb.findings if f.kind == "warmup_end"] == [(5, "warmup_end")]

@@ -22,6 +22,7 @@ from stability_callbacks.live import InstancePatches
 from ..deepspeed.readings import DeepSpeedStep
 from ..deepspeed.skip_step import gate_engine
 from ..torch.adapter import CONFIG_ERRORS, RUN_DIR_NAME, SessionAdapter
+from ..torch.preflight import scheduler_warmup
 from ..torch.readings import read_grad_scaler
 from ..torch.rollback import RollBack
 from ..torch.session import STATE_FILE
@@ -122,7 +123,7 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
             self._ga = max(1, int(args.gradient_accumulation_steps))
             # The interval the Trainer saves on (TrainerState.compute_steps; a resume's own).
             self._user_save_steps = state.save_steps if args.save_strategy == "steps" else None
-            warmup = args.get_warmup_steps(state.max_steps) if state.max_steps > 0 else 0
+            warmup = self._warmup(args, state, kwargs.get("lr_scheduler"))
             s.declare_warmup(warmup)
             if resume is not None:
                 s.restore_file(resume)
@@ -144,6 +145,15 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
                     gate_engine(self, engine, next_step=next_step)
                 else:
                     self._gate_step(optimizer, next_step=next_step)
+
+    def _warmup(self, args, state, scheduler) -> int | None:
+        """The LR warmup to declare: the Trainer's arguments describe the scheduler the Trainer
+        made (``create_scheduler``); one passed in by hand (``optimizers=(opt, sched)``, or
+        DeepSpeed's from its config) says its own, read from a copy of it — unknown (None: found
+        from the LR as it goes) where it cannot be read."""
+        if self.trainer is None or getattr(self.trainer, "_created_lr_scheduler", True) or scheduler is None:
+            return args.get_warmup_steps(state.max_steps) if state.max_steps > 0 else 0
+        return scheduler_warmup(scheduler, state.max_steps or None)[0]
 
     def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
         # HF steps the scheduler after the optimizer, and DeepSpeed both inside backward: only

@@ -272,15 +272,16 @@ def _read_optimizer(optimizer, facts: PreflightFacts) -> None:
 # -- scheduler -----------------------------------------------------------------------------------
 def _read_scheduler(scheduler, facts: PreflightFacts, total_hint: int | None) -> None:
     sched = _innermost(scheduler, _SCHEDULER_WRAPPER_ATTRS)
-    warmup, total = _warmup_of(sched, total_hint)
+    warmup, total = scheduler_warmup(sched, total_hint)
     if warmup is not None:
         facts.warmup_steps = warmup
     if total is not None:
         facts.total_steps = total
 
 
-def _warmup_of(sched, total_hint):
-    """(warmup steps, total steps) of a scheduler, each None when it cannot be told."""
+def scheduler_warmup(sched, total_hint):
+    """(warmup steps, total steps) of an LR scheduler, each None when it cannot be told (the
+    scheduler is read or evaluated on a copy, never stepped)."""
     name = type(sched).__name__
     if hasattr(sched, "warmup_num_steps"):             # DeepSpeed WarmupLR / WarmupDecayLR
         return int(sched.warmup_num_steps), _as_int(getattr(sched, "total_num_steps", None))
@@ -291,7 +292,7 @@ def _warmup_of(sched, total_hint):
         return (int(sched.total_iters) if rising else 0), None
     if name == "SequentialLR":
         first = sched._schedulers[0]
-        warmup, _ = _warmup_of(first, None)
+        warmup, _ = scheduler_warmup(first, None)
         if warmup:
             return min(warmup, int(sched._milestones[0])), total_hint
         return warmup, total_hint
