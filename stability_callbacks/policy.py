@@ -338,11 +338,11 @@ class Policy:
         return extra
 
     def _led_by_precursor(self, f: Finding) -> None:
-        """A loss or grad-norm spike's onset finding with a ``precursor`` lead in the
-        ``lead_window_steps`` before it: its onset moves to the lead, and its message says what
-        moved first. After the escalation and the rollback advice, which read the leads
-        themselves (the signature looks before the spike's own onset)."""
-        if f.kind not in LED_BY_PRECURSOR or f.details.get("escalated"):
+        """A loss or grad-norm spike finding with a ``precursor`` lead in the ``lead_window_steps``
+        before its onset: its onset moves to the lead, and its message says what moved first.
+        After the escalation and the rollback advice, which read the leads themselves (the
+        signature looks before the spike's own onset)."""
+        if f.kind not in LED_BY_PRECURSOR:
             return
         onset = f.onset_step if f.onset_step is not None else f.step
         leads = [lead for lead in self.leads if lead[1] == "precursor"
