@@ -443,8 +443,8 @@ class Policy:
         after = ("a loss spike after it comes with it as a precursor, or the episode does not recover"
                  if trigger in LEADING_KINDS - {"loss_spike"} else
                  "the loss has not come back by the spike's horizon or diverges")
-        return (f"{head}{done} It is a warning: no precursor came before it (a grad-norm or Adam-variance "
-                f"lead, a falling loss scale) and nothing is critical yet; most instabilities here recover "
+        return (f"{head}{done} It is a warning: no precursor came before it (a grad-norm, Adam-variance "
+                f"or update lead, a falling loss scale) and nothing is critical yet; most instabilities here recover "
                 f"by themselves. It becomes critical if {after}; then roll back to a checkpoint before "
                 f"step {onset}.")
 

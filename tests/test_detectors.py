@@ -441,7 +441,9 @@ def test_odd_values_never_raise(name):
     for i, v in enumerate(odd * 3, 1):
         m = {k: v for k in ("loss", "grad_norm", "lr", "loss_scale", "skipped", "adam/exp_avg_sq_max",
                             "adam/exp_avg_sq_l1", "adam/exp_avg_sq_numel", "param_norm",
-                            "batch_fingerprint") if v is not None}
+                            "batch_fingerprint", "update_norm", "adam/exp_avg_norm", "adam/beta1", "adam/step",
+                            "layers/lower/update_ratio", "layers/upper/update_ratio", "layers/top1/tensor",
+                            "layers/top1/update_ratio") if v is not None}
         det.update(StepRecord(i, m), Context(i))
 
 
