@@ -280,6 +280,8 @@ class Policy:
         horizon = min(step, ctx.loss_spike_onset if ctx.loss_spike_onset is not None else step)
         self.leads = [lead for lead in self.leads if horizon - lead[0] <= self.lead_window_steps][-_MAX_LEADS:]
 
+        for f in findings:
+            self._led_by_precursor(f)
         serious = [f for f in findings if f.kind not in EVENT_KINDS and severity_rank(f.severity) >= 1]
         if any(f.kind == "lr_anomaly" for f in findings):
             self.lr_jump_step = step
@@ -332,16 +334,14 @@ class Policy:
             control.stop_reason = (f"{trigger.kind} ({trigger.severity}) at step {step}; "
                                    + (f"no automatic rollback: {no_rollback}" if no_rollback
                                       else "policy.halt_on = critical"))
-        for f in findings:
-            self._led_by_precursor(f)
         control.alerts = every
         return extra
 
     def _led_by_precursor(self, f: Finding) -> None:
         """A loss or grad-norm spike finding with a ``precursor`` lead in the ``lead_window_steps``
-        before its onset: its onset moves to the lead, and its message says what moved first.
-        After the escalation and the rollback advice, which read the leads themselves (the
-        signature looks before the spike's own onset)."""
+        before its onset: its onset moves to the lead (its own stays in
+        ``details["spike_onset_step"]``: the warmup-end signature looks before it), and its
+        message says what moved first."""
         if f.kind not in LED_BY_PRECURSOR:
             return
         onset = f.onset_step if f.onset_step is not None else f.step
@@ -384,12 +384,14 @@ class Policy:
         last = self.escalation
         scored = []
         for f in triggers:
-            onset = f.onset_step if f.onset_step is not None else f.step
+            # The episode's own onset: a precursor lead moved a spike's onset_step to itself.
+            onset = f.details.get("spike_onset_step", f.onset_step if f.onset_step is not None else f.step)
             signature = [] if f.kind in LEADING_KINDS - {"loss_spike"} else precursor_signature(
                 self.leads, onset, self.lead_window_steps)
             critical = f.severity == "critical" or bool(signature) or self.warmup_escalation == "any"
             scored.append((critical, f, onset, signature))
         critical, first, onset, signature = max(scored, key=lambda t: t[0])
+        begun = first.onset_step if first.onset_step is not None else onset   # a precursor's step, or the same
         if ctx.in_risk_window:
             if last is not None and step - last[0] < self.escalation_gap_steps and (last[1] == "critical" or not critical):
                 return None
@@ -399,15 +401,16 @@ class Policy:
         self.escalation = [step, severity, onset]
         return Finding(
             step=step, kind="warmup_instability", severity=severity, signal=first.signal,
-            value=first.value, baseline=first.baseline, threshold=first.threshold, onset_step=onset,
+            value=first.value, baseline=first.baseline, threshold=first.threshold, onset_step=begun,
             message="",   # written once the actions of this step are decided (_escalation_message)
             details={"trigger": first.kind, "trigger_severity": first.severity, "risk_window": list(risk_window),
+                     "spike_onset_step": onset,
                      "precursors": [p.name for p in signature], "upgrade": last is not None and last[2] == onset})
 
     def _escalation_message(self, f: Finding, control: Control, *, saving: bool) -> str:
         d = f.details
         start, end = d["risk_window"]
-        trigger, onset = d["trigger"], f.onset_step
+        trigger, onset, own = d["trigger"], f.onset_step, d["spike_onset_step"]
         window = f"the risk window (steps {start + 1}-{end}) where BigScience's 104B runs glitched"
         if f.step <= end:
             head = (f"{trigger} at step {f.step} came {f.step - start} steps after the LR warmup ended "
@@ -435,7 +438,7 @@ class Policy:
         if f.severity == "critical":
             precursors = [p.what for p in PRECURSORS if p.name in d["precursors"]]
             why = (f"It comes with the precursor signature ({', '.join(precursors)}) before its onset at "
-                   f"step {onset}" if precursors else f"The {trigger} is critical by itself"
+                   f"step {own}" if precursors else f"The {trigger} is critical by itself"
                    if d["trigger_severity"] == "critical" else "policy.warmup_escalation = any makes it critical")
             return (f"{head}{done} {why}: the pattern of the 104B runs that did not recover. Roll back "
                     f"to a checkpoint before step {onset} and lower the peak LR, lengthen the warmup or "

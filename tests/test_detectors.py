@@ -616,3 +616,17 @@ def test_precursor_first_moment_lr_burst_and_layers():
     assert [(f.step, f.details["rule"], f.severity) for f in found] == [(300, "split", "info"), (450, "layer", "info")]
     assert "the update norm of the lower layers rose 2.4x" in found[0].message
     assert "parameter tensor #3" in found[1].message and "its first moment 5.5x, its second moment 1.0x" in found[1].message
+
+
+def test_precursor_is_part_of_the_warmup_end_signature():
+    # warmup ends at 50; the update doubles at 80, the loss jumps at 84 and stays up: the 104B pattern
+    recs = scale(_with_update(healthy(600, adam=True), d=lambda s: 2.5 if 80 <= s <= 83 else 1.0),
+                 "loss", lambda s: 1.8 if 84 <= s <= 86 else 1.0)
+    found = run(recs)
+    assert [(f.step, f.kind, f.severity, f.onset_step) for f in found if f.kind != "warmup_end"][:4] == [
+        (80, "precursor", "info", 80), (84, "loss_spike", "info", 80), (86, "loss_spike", "warning", 80),
+        (86, "warmup_instability", "critical", 80)]
+    esc = next(f for f in found if f.kind == "warmup_instability")
+    assert (esc.details["precursors"], esc.details["spike_onset_step"]) == (["update"], 84)
+    assert ("precursor signature (Adam's update or first moment rose first) before its onset at step 84" in esc.message
+            and "Roll back to a checkpoint before step 80" in esc.message)
