@@ -101,14 +101,14 @@ class Precursor(Detector):
             return [self._finding(record.step, top, jumps, severity="warning", onset=onset,
                                   tail=f" It persists: {n} samples since step {onset} without coming back "
                                        f"below {self.close_ratio:g}x. The optimizer is pushing harder "
-                                       f"than it did; a checkpoint is being saved.")]
+                                       f"than it did; keep a recent checkpoint at hand.")]
         abnormal = [j for j in jumps if j["abnormal"]]
         if not abnormal or after_effect:
             return []
         top = max(abnormal, key=lambda j: j["ratio"])
         large = top["ratio"] >= self.large_ratio
         self.episode = [record.step, 1, large]
-        tail = (" A jump this large usually reaches the loss within a few steps; a checkpoint is being saved."
+        tail = (" A jump this large usually reaches the loss within a step or two; keep a recent checkpoint at hand."
                 if large else " Marin's 32B runs saw the update norm double before each loss spike; "
                               "watching for the loss and the grad norm.")
         return [self._finding(record.step, top, abnormal, severity="warning" if large else "info",
