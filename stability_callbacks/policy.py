@@ -36,7 +36,9 @@ WARMUP_ESCALATION = ("signature", "any")
 UNMISTAKABLE_KINDS = frozenset({"nonfinite", "stall", "data_repetition"})
 #: Signals that lead a loss spike; their onsets locate the start of an episode.
 LEADING_KINDS = frozenset({"grad_norm_spike", "second_moment_surge", "overflow_burst", "loss_spike",
-                           "loss_scale_collapse", "grad_norm_growth"})
+                           "loss_scale_collapse", "grad_norm_growth", "precursor"})
+#: Spikes whose onset a ``precursor`` lead sets (their message names the lead).
+LED_BY_PRECURSOR = frozenset({"loss_spike", "grad_norm_spike"})
 
 #: What the warmup-end escalation looks at: instabilities of training (not an LR event such as
 #: ``lr_anomaly``, the cause of what follows it, nor findings about the data or the log).
@@ -62,18 +64,19 @@ PRECURSORS: tuple[Precursor, ...] = (
     Precursor("grad_norm", frozenset({"grad_norm_spike", "grad_norm_growth"}), "the grad norm rose first"),
     Precursor("adam_variance", frozenset({"second_moment_surge"}), "Adam's second moment rose first"),
     Precursor("loss_scale", frozenset({"loss_scale_collapse", "overflow_burst"}), "the fp16 loss scale was falling"),
+    Precursor("update", frozenset({"precursor"}), "Adam's update or first moment rose first"),
 )
 
 
 def precursor_signature(leads: list, onset: int, window_steps: int,
                         precursors: tuple[Precursor, ...] = PRECURSORS) -> list[Precursor]:
-    """The precursors with a lead (``[step, kind]``) in the ``window_steps`` steps before ``onset``.
+    """The precursors with a lead (``[step, kind, ...]``) in the ``window_steps`` steps before ``onset``.
 
     >>> [p.name for p in precursor_signature([[95, "grad_norm_spike"], [100, "second_moment_surge"]], 100, 20)]
     ['grad_norm']
     """
     return [p for p in precursors if any(onset - window_steps <= st < onset and kind in p.kinds
-                                         for st, kind in leads)]
+                                         for st, kind, *_ in leads)]
 
 
 _MAX_CHECKPOINTS = 32
@@ -180,7 +183,7 @@ class Policy:
         self.escalation: list | None = None   # [step, severity, onset] of the last warmup_instability
         self.lr_jump_step: int | None = None   # the last lr_anomaly
         self.last_save_request: int | None = None
-        self.leads: list = []          # [[step, kind], ...] recent leading-signal onsets
+        self.leads: list = []          # [[step, kind], ...] recent leading-signal onsets (a precursor's: + what moved)
         self.checkpoints: list = []    # [[step, path, good], ...] newest last
         self.skips: list = []          # steps skipped by skip_step_on, inside skip_window_steps
         self.data_skips = DataSkips()  # the automatic rollbacks' standing requests
@@ -268,11 +271,17 @@ class Policy:
                     f.details["startup_severity"] = f.severity
                     f.severity = "info"
             if f.kind in LEADING_KINDS and not ctx.in_startup:   # start-up transients lead nothing
-                self.leads.append([f.onset_step if f.onset_step is not None else f.step, f.kind])
+                lead = [f.onset_step if f.onset_step is not None else f.step, f.kind]
+                if f.kind == "precursor":   # what moved, for the spike it leads to name
+                    lead.append(f.details.get("lead"))
+                if lead not in self.leads:   # a precursor's persistence warning repeats its onset
+                    self.leads.append(lead)
         # Leads older than the window are dropped, except those leading a still-open loss spike.
         horizon = min(step, ctx.loss_spike_onset if ctx.loss_spike_onset is not None else step)
         self.leads = [lead for lead in self.leads if horizon - lead[0] <= self.lead_window_steps][-_MAX_LEADS:]
 
+        for f in findings:
+            self._led_by_precursor(f)
         serious = [f for f in findings if f.kind not in EVENT_KINDS and severity_rank(f.severity) >= 1]
         if any(f.kind == "lr_anomaly" for f in findings):
             self.lr_jump_step = step
@@ -328,6 +337,29 @@ class Policy:
         control.alerts = every
         return extra
 
+    def _led_by_precursor(self, f: Finding) -> None:
+        """A loss or grad-norm spike finding with a ``precursor`` lead in the ``lead_window_steps``
+        before its onset: its onset moves to the lead (its own stays in
+        ``details["spike_onset_step"]``: the warmup-end signature looks before it), and its
+        message says what moved first."""
+        if f.kind not in LED_BY_PRECURSOR:
+            return
+        onset = f.onset_step if f.onset_step is not None else f.step
+        leads = [lead for lead in self.leads if lead[1] == "precursor"
+                 and onset - self.lead_window_steps <= lead[0] < onset]
+        if not leads:
+            return
+        lead_step, _, what = min(leads, key=lambda lead: lead[0])
+        gap = onset - lead_step
+        what = what or "the optimizer's state jumped"
+        f.onset_step = lead_step
+        f.details["precursor_step"] = lead_step
+        f.details["spike_onset_step"] = onset
+        against = "the loss" if f.kind == "loss_spike" else "the grad norm"
+        f.message += (f" The optimizer moved first: {what} at step {lead_step}, {gap} step"
+                      f"{'s' if gap != 1 else ''} before {against}; the episode began there, so a rollback "
+                      f"goes to a checkpoint before step {lead_step}.")
+
     # -- the warmup-end escalation -----------------------------------------------------------
     def _escalate(self, serious: list[Finding], ctx: Context,
                   risk_window: tuple[int, int] | None) -> Finding | None:
@@ -352,12 +384,14 @@ class Policy:
         last = self.escalation
         scored = []
         for f in triggers:
-            onset = f.onset_step if f.onset_step is not None else f.step
+            # The episode's own onset: a precursor lead moved a spike's onset_step to itself.
+            onset = f.details.get("spike_onset_step", f.onset_step if f.onset_step is not None else f.step)
             signature = [] if f.kind in LEADING_KINDS - {"loss_spike"} else precursor_signature(
                 self.leads, onset, self.lead_window_steps)
             critical = f.severity == "critical" or bool(signature) or self.warmup_escalation == "any"
             scored.append((critical, f, onset, signature))
         critical, first, onset, signature = max(scored, key=lambda t: t[0])
+        begun = first.onset_step if first.onset_step is not None else onset   # a precursor's step, or the same
         if ctx.in_risk_window:
             if last is not None and step - last[0] < self.escalation_gap_steps and (last[1] == "critical" or not critical):
                 return None
@@ -367,15 +401,16 @@ class Policy:
         self.escalation = [step, severity, onset]
         return Finding(
             step=step, kind="warmup_instability", severity=severity, signal=first.signal,
-            value=first.value, baseline=first.baseline, threshold=first.threshold, onset_step=onset,
+            value=first.value, baseline=first.baseline, threshold=first.threshold, onset_step=begun,
             message="",   # written once the actions of this step are decided (_escalation_message)
             details={"trigger": first.kind, "trigger_severity": first.severity, "risk_window": list(risk_window),
+                     "spike_onset_step": onset,
                      "precursors": [p.name for p in signature], "upgrade": last is not None and last[2] == onset})
 
     def _escalation_message(self, f: Finding, control: Control, *, saving: bool) -> str:
         d = f.details
         start, end = d["risk_window"]
-        trigger, onset = d["trigger"], f.onset_step
+        trigger, onset, own = d["trigger"], f.onset_step, d["spike_onset_step"]
         window = f"the risk window (steps {start + 1}-{end}) where BigScience's 104B runs glitched"
         if f.step <= end:
             head = (f"{trigger} at step {f.step} came {f.step - start} steps after the LR warmup ended "
@@ -403,7 +438,7 @@ class Policy:
         if f.severity == "critical":
             precursors = [p.what for p in PRECURSORS if p.name in d["precursors"]]
             why = (f"It comes with the precursor signature ({', '.join(precursors)}) before its onset at "
-                   f"step {onset}" if precursors else f"The {trigger} is critical by itself"
+                   f"step {own}" if precursors else f"The {trigger} is critical by itself"
                    if d["trigger_severity"] == "critical" else "policy.warmup_escalation = any makes it critical")
             return (f"{head}{done} {why}: the pattern of the 104B runs that did not recover. Roll back "
                     f"to a checkpoint before step {onset} and lower the peak LR, lengthen the warmup or "
@@ -411,8 +446,8 @@ class Policy:
         after = ("a loss spike after it comes with it as a precursor, or the episode does not recover"
                  if trigger in LEADING_KINDS - {"loss_spike"} else
                  "the loss has not come back by the spike's horizon or diverges")
-        return (f"{head}{done} It is a warning: no precursor came before it (a grad-norm or Adam-variance "
-                f"lead, a falling loss scale) and nothing is critical yet; most instabilities here recover "
+        return (f"{head}{done} It is a warning: no precursor came before it (a grad-norm, Adam-variance "
+                f"or update lead, a falling loss scale) and nothing is critical yet; most instabilities here recover "
                 f"by themselves. It becomes critical if {after}; then roll back to a checkpoint before "
                 f"step {onset}.")
 
@@ -436,7 +471,7 @@ class Policy:
         if open_spike_onset is not None:
             onset = min(onset, open_spike_onset)
         led_by = None
-        for lead_step, kind in sorted(self.leads):
+        for lead_step, kind, *_ in sorted(self.leads, key=lambda lead: (lead[0], lead[1])):
             if onset - self.lead_window_steps <= lead_step < onset:
                 onset, led_by = lead_step, kind
         good = [c for c in self.checkpoints if c[0] < onset and c[2]]

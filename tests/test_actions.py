@@ -880,3 +880,14 @@ def test_apprise_is_optional():
     assert out.stdout.splitlines() == [
         "2", "actions.apprise: the apprise package is not installed (pip install "
              "'stability-callbacks[apprise]')"]
+
+
+def test_the_update_norm_and_the_layer_summary_are_charted_and_read_back():
+    # the precursor's signals reach W&B, TensorBoard and CSV exports as every other key does
+    from stability_callbacks import keys
+    m = {"update_norm": 0.1, "adam/exp_avg_norm": 0.3, "layers/lower/update_ratio": 2.1,
+         "layers/top1/tensor": 3.0, "layers/top1/update_ratio": 4.2}
+    tags = keys.charted(m)
+    assert list(tags) == ["stability/update_norm", "stability/adam/exp_avg_norm", "stability/layers/lower/update_ratio",
+                          "stability/layers/top1/tensor", "stability/layers/top1/update_ratio"]
+    assert [keys.from_tag(t) for t in tags] == list(m)

@@ -328,6 +328,7 @@ SCENARIOS = {
     "loss_scale_collapse": lambda r: _set(r, "loss_scale", lambda s, v: 2.0 ** _log2_scale(s)),
     "lr_anomaly": lambda r: scale(r, "lr", lambda s: 0.7 if s > CUT else 1.0),
     "resume_spike": lambda r: scale(_resume_at(r, 595), "loss", lambda s: 1.3 if 596 <= s < 606 else 1.0),
+    "precursor": lambda r: _with_update(r, d=lambda s: 3.0 if 587 <= s <= 600 else 1.0),
     "data_repetition": lambda r: _set(_resume_at(r, 595), "batch_fingerprint",
                                       lambda s, v: float(s - 595) if s > 595 else None),
 }
@@ -440,7 +441,9 @@ def test_odd_values_never_raise(name):
     for i, v in enumerate(odd * 3, 1):
         m = {k: v for k in ("loss", "grad_norm", "lr", "loss_scale", "skipped", "adam/exp_avg_sq_max",
                             "adam/exp_avg_sq_l1", "adam/exp_avg_sq_numel", "param_norm",
-                            "batch_fingerprint") if v is not None}
+                            "batch_fingerprint", "update_norm", "adam/exp_avg_norm", "adam/beta1", "adam/step",
+                            "layers/lower/update_ratio", "layers/upper/update_ratio", "layers/top1/tensor",
+                            "layers/top1/update_ratio") if v is not None}
         det.update(StepRecord(i, m), Context(i))
 
 
@@ -556,3 +559,74 @@ def test_default_yaml_lists_every_detector_key_at_its_default():
         defaults = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
                     if p.kind == p.KEYWORD_ONLY}
         assert shown[name] == defaults, name
+
+
+def _with_update(recs, d=lambda s: 1.0, mom=lambda s: 1.0, seed=1):
+    """Adam's update norm and first moment as the probe reports them: ``update_norm = lr x d``
+    (d: the direction's norm, ~40 with 3% noise, times ``d(step)``) and the raw ``exp_avg`` norm,
+    an EMA from 0 (beta1 = 0.9) of a mean gradient ~0.2 (times ``mom(step)``)."""
+    import random
+    rng = random.Random(seed)
+    for r in recs:
+        s = r.step
+        r.metrics.update({"update_norm": r.metrics["lr"] * 40.0 * d(s) * math.exp(rng.gauss(0, 0.03)),
+                          "adam/exp_avg_norm": 0.2 * mom(s) * math.exp(rng.gauss(0, 0.03)) * (1 - 0.9 ** s),
+                          "adam/beta1": 0.9, "adam/step": float(s)})
+    return recs
+
+
+def test_precursor_leads_the_loss_spike_and_sets_its_onset():
+    # the warmup's rising LR (steps 1-50) raises the update norm by design: quiet
+    assert kinds(run(_with_update(healthy(600, adam=True)))) == []
+    # the update's direction doubles at 300 (the LR unchanged), the loss jumps 4 steps later
+    recs = scale(_with_update(healthy(600, adam=True), d=lambda s: 2.5 if 300 <= s <= 306 else 1.0),
+                 "loss", lambda s: 1.8 if s == 304 else 1.0)
+    found = run(recs)
+    assert kinds(found) == [(300, "precursor", "info"), (304, "loss_spike", "info"),
+                            (305, "spike_recovered", "info")]
+    pre, spike = [f for f in found if f.kind in ("precursor", "loss_spike")]
+    assert pre.details["rule"] == "update" and pre.details["ratio"] == pytest.approx(2.5, rel=0.1)
+    assert spike.onset_step == 300 and spike.details["spike_onset_step"] == 304
+    assert "Adam's update norm rose 2." in spike.message and "at step 300, 4 steps before the loss" in spike.message
+    # the update stays 2.5x for 10 steps and nothing follows: a warning once it lasted 5 samples
+    recs = _with_update(healthy(600, adam=True), d=lambda s: 2.5 if 300 <= s < 310 else 1.0)
+    assert kinds(run(recs)) == [(300, "precursor", "info"), (304, "precursor", "warning")]
+
+
+def test_precursor_first_moment_lr_burst_and_layers():
+    # the first moment doubles while the direction's norm does not: Marin's "first moment 2x"
+    recs = _with_update(healthy(600, adam=True), mom=lambda s: 3.0 if 300 <= s <= 302 else 1.0)
+    found = [f for f in run(recs) if f.kind == "precursor"]
+    assert [(f.step, f.details["rule"]) for f in found] == [(300, "first_moment")]
+    # an LR burst x3 at 400 (below lr_anomaly's 10x): the update norm follows the LR
+    recs = _with_update(scale(healthy(600, adam=True), "lr", lambda s: 3.0 if 400 <= s <= 402 else 1.0))
+    found = [f for f in run(recs) if f.kind == "precursor"]
+    assert [(f.step, f.details["rule"]) for f in found] == [(400, "update")]
+    assert "the LR itself 3.0x what it was at the sample before" in found[0].message
+    # the lower half of the tensors at 2.4x their history while the upper stay: the split;
+    # one tensor at 6x and 5x the others: the layer rule
+    recs = _with_update(healthy(600, adam=True))
+    for r in recs:
+        r.metrics.update({"layers/lower/update_ratio": 2.4 if r.step == 300 else 1.0,
+                          "layers/upper/update_ratio": 1.0,
+                          "layers/top1/tensor": 3.0, "layers/top1/update_ratio": 6.0 if r.step == 450 else 1.2,
+                          "layers/top1/exp_avg_ratio": 5.5 if r.step == 450 else 1.1,
+                          "layers/top1/exp_avg_sq_ratio": 1.0})
+    found = [f for f in run(recs) if f.kind == "precursor"]
+    assert [(f.step, f.details["rule"], f.severity) for f in found] == [(300, "split", "info"), (450, "layer", "info")]
+    assert "the update norm of the lower layers rose 2.4x" in found[0].message
+    assert "parameter tensor #3" in found[1].message and "its first moment 5.5x, its second moment 1.0x" in found[1].message
+
+
+def test_precursor_is_part_of_the_warmup_end_signature():
+    # warmup ends at 50; the update doubles at 80, the loss jumps at 84 and stays up: the 104B pattern
+    recs = scale(_with_update(healthy(600, adam=True), d=lambda s: 2.5 if 80 <= s <= 83 else 1.0),
+                 "loss", lambda s: 1.8 if 84 <= s <= 86 else 1.0)
+    found = run(recs)
+    assert [(f.step, f.kind, f.severity, f.onset_step) for f in found if f.kind != "warmup_end"][:4] == [
+        (80, "precursor", "info", 80), (84, "loss_spike", "info", 80), (86, "loss_spike", "warning", 80),
+        (86, "warmup_instability", "critical", 80)]
+    esc = next(f for f in found if f.kind == "warmup_instability")
+    assert (esc.details["precursors"], esc.details["spike_onset_step"]) == (["update"], 84)
+    assert ("precursor signature (Adam's update or first moment rose first) before its onset at step 84" in esc.message
+            and "Roll back to a checkpoint before step 80" in esc.message)

@@ -19,16 +19,20 @@ pytest.importorskip("deepspeed")
 
 from live_suite.matrix import run_scenarios, select, summary  # noqa: E402
 from live_suite.scenarios import QUICK, SCENARIOS, Fault, Scenario  # noqa: E402
-from live_suite.verdict import judge  # noqa: E402
+from live_suite.verdict import judge, read_runlog  # noqa: E402
 
 HEALTHY = [n for n in QUICK if SCENARIOS[n].healthy]
 FAULTS = [n for n in QUICK if not SCENARIOS[n].healthy]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("live_matrix")
-    return {r["name"]: r for r in run_scenarios(select(quick=True), out, jobs=2)}
+def live_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("live_matrix")
+
+
+@pytest.fixture(scope="module")
+def results(live_dir) -> dict:
+    return {r["name"]: r for r in run_scenarios(select(quick=True), live_dir, jobs=2)}
 
 
 def test_the_quick_subset_covers_every_framework_and_both_verdicts():
@@ -56,6 +60,21 @@ def test_planted_fault_is_caught_in_time(results, name):
     assert severity in ("warning", "critical")
     assert fault.step <= step <= fault.step + fault.within, (kind, step)
     assert r["delay"] == step - fault.step and r["caught"] and r["ok"]
+
+
+@pytest.mark.parametrize("name", [n for n in FAULTS if SCENARIOS[n].fault.expect == "precursor"])
+def test_an_lr_burst_moves_the_update_first_and_sets_the_spike_onset(results, live_dir, name):
+    # The burst's step updates the weights with 30x the LR: the update norm jumps at that step,
+    # the loss (a forward on the updated weights) one step later.
+    assert results[name]["error"] is None
+    step = SCENARIOS[name].fault.step
+    _, findings = read_runlog(live_dir / name / "runlog.jsonl")
+    pre = [f for f in findings if f["kind"] == "precursor"]
+    spike = next(f for f in findings if f["kind"] == "loss_spike")
+    assert [(f["step"], f["details"]["rule"]) for f in pre] == [(step, "update")]
+    assert spike["step"] == step + 1 and spike["onset_step"] == step
+    assert spike["details"]["spike_onset_step"] == step + 1
+    assert f"at step {step}, 1 step before the loss" in spike["message"]
 
 
 def test_summary_line(results):

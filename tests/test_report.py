@@ -65,7 +65,8 @@ def test_png_of_a_real_spike_has_the_panels_of_its_signals(tmp_path):
     assert "1. step 31218    info     grad_norm_spike    Grad norm x60 its baseline." in listing
     assert "2. step 31219    warning  loss_spike         Loss 5.098 vs baseline 2.2 <watch>" in listing
     assert "3. step 31250" in listing
-    assert "not in this log: loss scale, Adam exp_avg_sq" in fig._suptitle.get_text()
+    assert ("not in this log: Adam update norm, layer update ratio, loss scale, Adam exp_avg_sq"
+            in fig._suptitle.get_text())
     out = write_report(tmp_path / "spike.png", recs, spike_findings(), title="BLOOM 176B")
     w, h = png_size(out.read_bytes())
     assert w == 1300 and 700 < h < 1300
@@ -135,3 +136,19 @@ def test_20k_step_read_and_report_under_10s(tmp_path):
     write_report(tmp_path / "20k.png", recs, [], title="20k")
     elapsed = time.perf_counter() - t0
     assert elapsed < 10.0, f"{elapsed:.1f}s"    # ~3 s measured here (2 shared cores)
+
+
+def test_report_draws_the_update_norm_and_the_layers_with_the_precursor_on_them():
+    recs = [StepRecord(s, {"loss": 3.0 - s / 100, "grad_norm": 1.0, "lr": 1e-3,
+                           "update_norm": 0.04 * (2.5 if s == 30 else 1.0),
+                           "layers/lower/update_ratio": 2.4 if s == 30 else 1.0, "layers/upper/update_ratio": 1.0,
+                           "layers/top1/tensor": 3.0, "layers/top1/update_ratio": 1.2}) for s in range(1, 61)]
+    pre = Finding(30, "precursor", "info", "The optimizer moved before the loss.", signal="layers/lower/update_ratio",
+                  value=2.4)
+    fig = render_figure(recs, [pre], title="precursor")
+    labels = [ax.get_ylabel() for ax in fig.axes if ax.get_ylabel()]
+    assert labels == ["loss", "grad norm (global, pre-clip)", "Adam update norm", "layer update ratio",
+                      "learning rate"]
+    layers = fig.axes[3]
+    assert [line.get_label() for line in layers.get_lines()][:3] == ["lower half", "upper half", "top tensor"]
+    assert [tuple(c.get_offsets()[0]) for c in layers.collections] == [(30.0, 2.4)]   # the finding sits on its curve

@@ -90,3 +90,15 @@ def test_timeline_png_draws_live_and_faded_superseded_series(tmp_path):
     t = stitch(rollback_log(tmp_path))
     out2 = write_timeline_png(tmp_path / "t2.png", t, title="rollback")
     assert out2.stat().st_size > 10_000
+
+
+def test_timeline_draws_the_update_norm_and_the_top_tensor_under_the_loss(tmp_path):
+    pytest.importorskip("matplotlib")
+    from stability_callbacks.replay.timeline import timeline_figure
+    items = [seg(0, 0, "start")] + [step(s, 3.0 - s / 100, grad_norm=1.0, update_norm=0.01 * (3 if s == 30 else 1),
+                                         **{"layers/top1/update_ratio": 1.1}) for s in range(1, 41)]
+    fig = timeline_figure(write_runlog(tmp_path / "run.jsonl", items))
+    assert [ax.get_ylabel() for ax in fig.axes] == ["loss", "grad norm", "update norm",
+                                                   "top tensor's update\n(x its history)"]
+    no_probe = [seg(0, 0, "start")] + [step(s, 3.0 - s / 100) for s in range(1, 41)]
+    assert [ax.get_ylabel() for ax in timeline_figure(write_runlog(tmp_path / "plain.jsonl", no_probe)).axes] == ["loss"]

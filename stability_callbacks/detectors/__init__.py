@@ -1,5 +1,6 @@
 """One phenomenon per module. ``DETECTORS`` maps the config key to the class, in the order
 the Monitor runs them (``loss_spike`` first: later loss detectors read its episode state;
+``precursor`` after ``grad_norm_spike``, whose finding at the same step explains a jump;
 ``loss_scale_collapse`` before ``overflow_burst``, which counts a failed start-up search;
 ``stream_loss_spike`` last: it names the streams spiking with a main-loss spike)."""
 from .base import Context, Detector
@@ -13,6 +14,7 @@ from .loss_spike import LossSpike
 from .lr_anomaly import LrAnomaly
 from .nonfinite import NonFinite
 from .overflow_burst import OverflowBurst
+from .precursor import Precursor
 from .resume_spike import ResumeSpike
 from .second_moment_surge import SecondMomentSurge
 from .stall import Stall
@@ -21,7 +23,7 @@ from .sudden_drop import SuddenDrop
 
 DETECTORS: dict[str, type[Detector]] = {cls.name: cls for cls in (
     NonFinite, LossSpike, Divergence, LevelShift, SuddenDrop, Stall, GradNormSpike,
-    GradNormGrowth, ParamNormGrowth, SecondMomentSurge, LossScaleCollapse, OverflowBurst,
+    GradNormGrowth, ParamNormGrowth, SecondMomentSurge, Precursor, LossScaleCollapse, OverflowBurst,
     LrAnomaly, ResumeSpike, DataRepetition, StreamLossSpike,
 )}
 

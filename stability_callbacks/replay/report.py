@@ -25,6 +25,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from .. import keys
 from ..record import Finding, StepRecord, severity_rank
 
 SEVERITY_STYLE = {  # marker, colour, size
@@ -35,10 +36,15 @@ SEVERITY_STYLE = {  # marker, colour, size
 PHASE_COLOURS = {"warmup": "#fdd9a0", "peak": "#f9b4b4", "decay": "#c6dbef",
                  "rewarm": "#d8c3e6"}
 MAX_NUMBERED_FINDINGS = 40
-_PANELS = ("loss", "grad_norm", "lr", "loss_scale", "adam")
+_PANELS = ("loss", "grad_norm", "update", "layers", "lr", "loss_scale", "adam")
 _PANEL_TITLES = {"loss": "loss", "grad_norm": "grad norm (global, pre-clip)",
+                 "update": "Adam update norm", "layers": "layer update ratio",
                  "lr": "learning rate", "loss_scale": "loss scale",
                  "adam": "Adam exp_avg_sq"}
+#: The probe's per-layer summary drawn in the layers panel (docs/design.md, Metric keys).
+_LAYER_LINES = ((keys.LAYERS_LOWER_UPDATE_RATIO, "#1b9e77", "lower half"),
+                (keys.LAYERS_UPPER_UPDATE_RATIO, "#7570b3", "upper half"),
+                (keys.layer_top(1, "update_ratio"), "#d95f02", "top tensor"))
 
 
 class _Series:
@@ -83,6 +89,10 @@ def _gather(records: Iterable[StepRecord]):
 def _panel_of(signal: str | None) -> str:
     if not signal:
         return "loss"
+    if signal in (keys.UPDATE_NORM, keys.ADAM_M_NORM):
+        return "update"
+    if signal.startswith("layers/"):
+        return "layers"
     if signal.startswith("adam/"):
         return "adam"
     if signal in ("grad_norm", "lr", "loss_scale"):
@@ -194,7 +204,9 @@ def render_figure(records: Sequence[StepRecord], findings: Sequence[Finding], *,
     panels = [p for p in _PANELS if (
         (p == "loss" and (series.get("loss") or loss_streams)) or
         (p == "adam" and (series.get("adam/exp_avg_sq_max") or series.get("adam/exp_avg_sq_mean")))
-        or (p not in ("loss", "adam") and series.get(p)))]
+        or (p == "update" and series.get(keys.UPDATE_NORM))
+        or (p == "layers" and any(series.get(k) for k, _, _ in _LAYER_LINES))
+        or (p not in ("loss", "adam", "update", "layers") and series.get(p)))]
     if not panels:
         panels = ["loss"]
     missing = [_PANEL_TITLES[p] for p in _PANELS if p not in panels]
@@ -206,7 +218,8 @@ def render_figure(records: Sequence[StepRecord], findings: Sequence[Finding], *,
     numbered = shown
     listing = _finding_lines(findings, numbered)
 
-    heights = {"loss": 3.2, "grad_norm": 2.0, "lr": 1.6, "loss_scale": 1.5, "adam": 1.7}
+    heights = {"loss": 3.2, "grad_norm": 2.0, "update": 1.7, "layers": 1.7, "lr": 1.6, "loss_scale": 1.5,
+               "adam": 1.7}
     text_h = 0.3 + 0.16 * len(listing)
     fig = Figure(figsize=(13, sum(heights[p] for p in panels) + text_h + 1.3), dpi=100)
     ratios = [heights[p] for p in panels] + [0.35, text_h]   # spacer row for the x label
@@ -273,6 +286,20 @@ def render_figure(records: Sequence[StepRecord], findings: Sequence[Finding], *,
                     transform=ax.transAxes, fontsize=8, color="#555555")
         for b in s.bad_steps:
             ax.axvline(b, color="#d62728", alpha=0.5, linewidth=1.0, linestyle=":")
+    if "update" in axes:
+        ax = axes["update"]
+        s = series[keys.UPDATE_NORM]
+        ax.plot(*_with_gaps(s.steps, s.values), color="#e7298a", **style)
+        if s.values and min(s.values) > 0 and _spread(s.values) > 10:
+            _log_axis(ax)
+    if "layers" in axes:
+        ax = axes["layers"]
+        for key, colour, label in _LAYER_LINES:
+            s = series.get(key)
+            if s:
+                ax.plot(*_with_gaps(s.steps, s.values), color=colour, label=label, **style)
+        ax.axhline(1.0, color="#999999", linewidth=0.6)
+        ax.legend(fontsize=7, loc="best")
     if "lr" in axes:
         ax = axes["lr"]
         s = series["lr"]
@@ -354,7 +381,8 @@ def _mark_findings(axes, series, findings, numbered):
             panel = "loss" if "loss" in axes else next(iter(axes))
         ax = axes[panel]
         # Sit on the curve the panel draws (a `skipped` finding sits on the loss scale).
-        own = {"loss": "loss", "grad_norm": "grad_norm", "lr": "lr", "loss_scale": "loss_scale"}
+        own = {"loss": "loss", "grad_norm": "grad_norm", "lr": "lr", "loss_scale": "loss_scale",
+               "update": keys.UPDATE_NORM, "layers": keys.layer_top(1, "update_ratio")}
         key = f.signal if (f.signal in series and _panel_of(f.signal) == panel
                            and f.signal != "skipped") else own.get(panel)
         y = _value_at(series.get(key), f.step) if key else None

@@ -22,6 +22,7 @@ import math
 from pathlib import Path
 from typing import NamedTuple
 
+from .. import keys
 from ..record import Finding, StepRecord
 from .readers.account import ReadAccount
 from .readers.source import LogFormatError, numbered_lines
@@ -111,11 +112,28 @@ def _mark_superseded_findings(findings, finding_segments, segments) -> None:
         f.details["superseded"] = _restarted_after(segments, seg, f.step)
 
 
-def write_timeline_png(out_path, timeline, *, title: str | None = None) -> Path:
-    """Plot a stitched run: live loss (and grad norm) solid, superseded points faded, segment
-    starts as dashed lines labelled with their reason, checkpoints as ticks, warning+ findings.
+#: What the timeline plots, when the log has it, with its axis label: the loss, then what moves
+#: before it (the update norm and the tensor departing most from its history lead the loss; the
+#: grad norm follows: docs/design.md, Metric keys).
+_SIGNALS = {keys.LOSS: "loss", keys.GRAD_NORM: "grad norm", keys.UPDATE_NORM: "update norm",
+            keys.layer_top(1, "update_ratio"): "top tensor's update\n(x its history)"}
+_COLOURS = {keys.LOSS: "#1f77b4", keys.GRAD_NORM: "#2ca02c", keys.UPDATE_NORM: "#e7298a",
+            keys.layer_top(1, "update_ratio"): "#d95f02"}
 
-    ``timeline``: a :class:`Timeline` or a run-log path.
+
+def write_timeline_png(out_path, timeline, *, title: str | None = None) -> Path:
+    """:func:`timeline_figure` as a PNG at ``out_path``."""
+    fig = timeline_figure(timeline, title=title)
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
+
+
+def timeline_figure(timeline, *, title: str | None = None):
+    """Plot a stitched run: live loss (and grad norm, update norm, top tensor's update ratio)
+    solid, superseded points faded, segment starts as dashed lines labelled with their reason,
+    checkpoints as ticks, warning+ findings. ``timeline``: a :class:`Timeline` or a run-log path.
     """
     if not isinstance(timeline, Timeline):
         if title is None:
@@ -125,8 +143,7 @@ def write_timeline_png(out_path, timeline, *, title: str | None = None) -> Path:
     matplotlib.use("Agg", force=False)
     from matplotlib.figure import Figure
 
-    signals = [k for k in ("loss", "grad_norm")
-               if any(k in r.metrics for r in timeline.live + timeline.superseded)]
+    signals = [k for k in _SIGNALS if any(k in r.metrics for r in timeline.live + timeline.superseded)]
     if not signals:
         signals = ["loss"]
     fig = Figure(figsize=(13, 2.6 + 2.4 * len(signals)), dpi=100)
@@ -140,13 +157,13 @@ def write_timeline_png(out_path, timeline, *, title: str | None = None) -> Path:
         pts = [(r.step, r.metrics[key]) for r in timeline.live
                if key in r.metrics and math.isfinite(r.metrics[key])]
         if pts:
-            ax.plot(*zip(*pts), color="#1f77b4" if key == "loss" else "#2ca02c", linewidth=1.0,
+            ax.plot(*zip(*pts), color=_COLOURS[key], linewidth=1.0,
                     marker="o" if len(pts) <= 60 else None, markersize=3, label="live")
         for r in timeline.live:
             v = r.metrics.get(key)
             if v is not None and not math.isfinite(v):
                 ax.axvline(r.step, color="#d62728", linestyle=":", alpha=0.6)
-        ax.set_ylabel(key.replace("_", " "), fontsize=9)
+        ax.set_ylabel(_SIGNALS[key], fontsize=9)
         ax.grid(True, alpha=0.25, linewidth=0.6)
         ax.tick_params(labelsize=8)
         ax.margins(y=0.12)
@@ -185,7 +202,4 @@ def write_timeline_png(out_path, timeline, *, title: str | None = None) -> Path:
                  f"({n_roll} rollback, {n_res} resume)", fontsize=10, x=0.01, ha="left")
     fig.subplots_adjust(left=0.07, right=0.98, top=0.86 if len(signals) == 1 else 0.9,
                         bottom=0.1 if len(signals) == 1 else 0.07, hspace=0.1)
-    out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
-    return out
+    return fig

@@ -499,6 +499,14 @@ _ROWS = [
        fault=Fault("warmup-spike", 66, within=3, length=4, expect="loss_spike", critical=False)),
     _s("ds-early-spike", "deepspeed", 400, warmup=60, lr=3e-3,
        fault=Fault("warmup-spike", 66, within=3, length=4, expect="loss_spike", critical=False)),
+    # An LR burst: the update norm jumps at its step, the loss one step later (the step's forward
+    # ran on the weights before the update): the precursor leads and sets the spike's onset.
+    _s("hf-lr-burst", "hf", 110, warmup=20, lr=3e-3, schedule="constant", beta2=0.95,
+       fault=Fault("lr-jump", 100, within=0, factor=30, expect="precursor"), quick=True),
+    _s("pl-lr-burst", "lightning", 110, warmup=20, lr=3e-3, schedule="constant", beta2=0.95,
+       fault=Fault("lr-jump", 100, within=0, factor=30, expect="precursor"), quick=True),
+    _s("ds-lr-burst", "deepspeed", 110, warmup=20, lr=3e-3, schedule="constant", beta2=0.95,
+       fault=Fault("lr-jump", 100, within=0, factor=30, expect="precursor"), quick=True),
     # A small spike, and one step into it a huge one: its own finding at its own step.
     _s("hf-spike-grows", "hf", 200, warmup=20, lr=1e-3,
        fault=Fault("spike-grows", 150, within=1, factor=10, expect="loss_spike")),
