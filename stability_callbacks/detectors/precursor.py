@@ -81,7 +81,7 @@ class Precursor(Detector):
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
-        if (m.get(keys.SKIPPED) or 0.0) >= 1.0:
+        if (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0:
             return []
         jumps = self._global(m, record.step) + self._layers(m)
         score = max((j["ratio"] for j in jumps), default=0.0)
