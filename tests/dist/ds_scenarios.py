@@ -411,6 +411,32 @@ def case_rollback(out_dir):
                           "actions": runlog_actions(run_dir)})
 
 
+def case_forensics(out_dir):
+    """fp32 ZeRO-2, the loop over hook.batches(loader) (a DistributedSampler: each rank reads its
+    own samples), forensics.dump_batches on: 3 garbage samples of step 25's 8 (2 on rank 0, 1 on
+    rank 1) make the spike; the finding names every rank's indices (one gather at the finding)
+    and the garbage ranks first in forensics/step-25.jsonl, which rank 0 writes."""
+    sc = build_scenario("data-pocket", pocket_steps=1, max_steps=27, batch_size=4, pocket_samples=(1, 4, 6))
+    run_dir = shared_dir(out_dir, "forensics-z2")
+    engine = make_engine(sc, stage=2, precision="fp32")
+    hook = attach(engine, config={"actions": {}, "forensics": {"dump_batches": True}}, run_dir=run_dir,
+                  save_dir=os.path.join(run_dir, "ckpt"))
+    ds = sc.train_dataset(dist.get_world_size())
+    loader = torch.utils.data.DataLoader(ds, batch_size=sc.batch_size, sampler=torch.utils.data.DistributedSampler(
+        ds, num_replicas=dist.get_world_size(), rank=dist.get_rank(), shuffle=False))
+    for batch in hook.batches(loader):
+        engine.backward(engine(input_ids=batch["input_ids"], labels=batch["labels"]).loss)
+        engine.step()
+        if engine.global_steps >= sc.max_steps:
+            break
+    hook.close()
+    path = os.path.join(run_dir, "forensics", "step-25.jsonl")
+    return summary(hook, {"pocket": sc.pocket_indices(dist.get_world_size()),
+                          "samples": {f.kind: f.details.get("samples") for f in hook.findings
+                                      if f.step == 25 or f.kind == "spike_recovered"},
+                          "records": ({"dump": [json.loads(x) for x in open(path)]} if dist.get_rank() == 0 else None)})
+
+
 def case_host_sync(out_dir):
     """ZeRO-2, fp32, 2 ranks, the reductions on their GPU path: every value read the hook makes
     on steps 4-11 (tests/test_host_sync.py), by call site."""
@@ -544,6 +570,7 @@ CASES = {
     "streams-z1": case_streams,
     "skip-z2": case_skip,
     "rollback-z1": case_rollback,
+    "forensics-z2": case_forensics,
 }
 
 
