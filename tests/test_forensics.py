@@ -286,6 +286,32 @@ def test_hf_names_the_pocket_and_ranks_its_garbage_first_without_touching_traini
     assert entries[1]["kind"] == "spike_recovered" and entries[2]["rows"] == rows
 
 
+def test_hf_random_order_is_the_order_of_a_run_without_the_wrapper(tmp_path):
+    """HF's random sampler behind the wrapper is seeded as accelerate would seed it unwrapped
+    (torch's initial seed, here changed after the Trainer set its own)."""
+    from transformers import Trainer, TrainingArguments
+
+    from stability_callbacks.integrations.hf import StabilityCallback
+
+    sc = build_scenario("healthy", max_steps=6, batch_size=4)
+    prints = []
+    for record in (True, False):
+        args = TrainingArguments(output_dir=str(tmp_path / f"r{record}"), max_steps=6, per_device_train_batch_size=4,
+                                 save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True, seed=3)
+        trainer = Trainer(model=sc.make_model(), args=args, train_dataset=sc.train_dataset())
+        cb = StabilityCallback.attach(trainer, config={"actions": {}, "forensics": {"record_samples": record}},
+                                      run_dir=tmp_path / f"s{record}")
+        torch.manual_seed(11)
+        trainer.train()
+        lines = [json.loads(x) for x in (tmp_path / f"s{record}" / "runlog.jsonl").read_text().splitlines()]
+        prints.append([x["metrics"]["batch_fingerprint"] for x in lines if x["type"] == "step"])
+        if record:
+            ring = cb.run.forensics.indices
+            order = torch.randperm(len(sc.train_dataset()), generator=torch.Generator().manual_seed(11)).tolist()
+            assert [ring.get(s) for s in (1, 6)] == [order[:4], order[20:24]]
+    assert prints[0] == prints[1] and len(prints[0]) == 6
+
+
 def test_the_forensics_command_lists_says_nothing_or_fails_loudly(tmp_path, capsys):
     run_dir = tmp_path / "run"
     run = _run(run_dir, neighbour_steps=1)

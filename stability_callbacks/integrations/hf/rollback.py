@@ -1,9 +1,10 @@
 """Automatic rollback under the HF Trainer (the shared steps: :mod:`..torch.rollback`).
 
 The sampler the Trainer builds is wrapped in a :class:`~..torch.rollback.DataSkipSampler`
-(:func:`~.sampler.wrap_train_sampler`, shared with the data forensics); a rollback stops the Trainer and re-enters ``train(resume_from_checkpoint=<checkpoint>)`` from the
-``train`` wrapper the callback installs (the Trainer cannot be rewound in the middle of its loop:
-its dataloader iterator and step counters are locals).
+(:func:`~.sampler.wrap_train_sampler`, shared with the data forensics); a rollback stops the
+Trainer and re-enters ``train(resume_from_checkpoint=<checkpoint>)`` from the ``train`` wrapper
+the callback installs (the Trainer cannot be rewound in the middle of its loop: its dataloader
+iterator and step counters are locals).
 """
 from __future__ import annotations
 

@@ -82,13 +82,18 @@ class StabilityCallback(Callback, SessionAdapter):
         rb = self._rollback
         if rb is None and not self._section("forensics").get("record_samples", True):
             return
-        try:
-            sampler = install_train_sampler(trainer, skips=rb.skips if rb is not None else lambda: None,
-                                            record=self._sample_ring,
-                                            start_step=(lambda: trainer.global_step) if rb is not None else None)
-            problem = None
-        except ValueError as e:
-            sampler, problem = None, str(e)
+        # An unexpected failure leaves the loader's own sampler (monitoring never takes training
+        # down) and is said where it matters: the findings' samples, the rollback's halt.
+        sampler, problem = None, "wrapping the train loader's sampler failed (the log has why)"
+        with self.guard("sampler", "wrapping the train loader's sampler"):
+            try:
+                sampler = install_train_sampler(trainer, skips=rb.skips if rb is not None else lambda: None,
+                                                record=self._sample_ring,
+                                                start_step=(lambda: trainer.global_step) if rb is not None else None)
+                problem = None
+            except ValueError as e:
+                problem = str(e)
+        if problem is not None:
             self.session.run.forensics.unknown_because(problem)
         if rb is not None:
             rb.sampler, rb.sampler_problem = sampler, problem

@@ -2,8 +2,9 @@
 
 The train loader's sampler is wrapped in a :class:`~..torch.rollback.DataSkipSampler`
 (:func:`~.sampler.install_train_sampler`, shared with the data forensics) that also starts after
-the data already trained (Lightning restores the loop, not a map-style loader's position); a rollback stops the fit loop, restores the checkpoint with the trainer's own
-checkpoint connector and runs the fit loop again.
+the data already trained (Lightning restores the loop, not a map-style loader's position); a
+rollback stops the fit loop, restores the checkpoint with the trainer's own checkpoint connector
+and runs the fit loop again.
 """
 from __future__ import annotations
 

@@ -186,7 +186,9 @@ def rows_of(batch: Any) -> int:
 
 def _call_of(batch: Any) -> tuple[tuple, dict, Any]:
     if isinstance(batch, Mapping):
-        return (), dict(batch), batch.get("labels")
+        # HF's num_items_in_batch normalises the loss by the whole accumulation window's tokens:
+        # without it the model returns the batch's own mean, the one the rows must add up to.
+        return (), {k: v for k, v in batch.items() if k != "num_items_in_batch"}, batch.get("labels")
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
         return (batch[0],), {}, batch[1]
     raise ValueError(f"a micro-batch of type {type(batch).__name__}: a mapping (model(**batch), with "

@@ -21,6 +21,8 @@ factor for a while); here the run goes back and skips, the same way on every ran
    the samples of the skipped data steps (:class:`~stability_callbacks.control.DataSkips`); with
    ``start_step`` (Lightning, DeepSpeed) it also starts after the data of the steps already
    trained (HF's resume skips those batches itself). Indices only: nothing skipped is loaded.
+   The same wrapper records each step's indices for the data forensics (docs/design.md,
+   Forensics), with or without an automatic rollback.
 4. **go on** with the segment ``rollback`` in the run log (``timeline`` keeps the abandoned
    branch apart) and the standing requests installed in the policy (saved with every later
    checkpoint, so a crash-resume keeps skipping).
