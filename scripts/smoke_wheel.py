@@ -109,7 +109,10 @@ def check_replay(log: Path, cwd: Path) -> None:
                 "--report", "report.html"], cwd)
     check(proc.returncode == 1, f"replay exit code {proc.returncode}, expected 1 (a critical finding):\n"
                                 f"{output_tail(proc)}")
-    findings = [json.loads(line) for line in (cwd / "findings.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (cwd / "findings.jsonl").read_text().splitlines()]
+    check(bool(records) and records[0].get("type") == "read",
+          f"replay --json: the first record is not what was read ({records[:1]})")
+    findings = records[1:]
     for kind, lo, hi in REPLAY_EXPECT:
         steps = [f["step"] for f in findings if f["kind"] == kind]
         check(bool(steps) and lo <= steps[0] <= hi,

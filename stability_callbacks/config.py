@@ -108,8 +108,9 @@ def load_config(source: str | Path | Mapping | None = None) -> dict[str, Any]:
         try:
             raw = yaml.safe_load(path.read_text()) or {}
         except FileNotFoundError:
+            named = not path.suffix and len(path.parts) == 1   # a bare name: meant as a preset?
             raise ConfigError(f"{path}: no such config file, and no preset of that name (presets: "
-                              f"{', '.join(presets())})") from None
+                              f"{', '.join(presets())})" if named else f"{path}: config file not found") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark is not None else ""

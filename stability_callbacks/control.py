@@ -41,6 +41,10 @@ class Control:
       value (``inf``: non-finite only). Decided on the device, identically on every rank.
     - ``rollback_request``: go back to a checkpoint now (:class:`RollbackRequest`;
       ``policy.auto_rollback``). Reset by :meth:`rollback_done` once carried out or refused.
+    - ``saves_carried_out`` / ``user_save_interval_steps``: what the integration told it: whether
+      it carries out save requests, and the save interval of its own (HF: ``save_steps``), so
+      that a message never claims a save or an interval bump that does not happen (None:
+      unknown, as in a replay).
     """
 
     save_now: bool = False
@@ -54,6 +58,8 @@ class Control:
     rollback: Finding | None = None
     skip_threshold: float | None = None
     rollback_request: "RollbackRequest | None" = None
+    saves_carried_out: bool | None = None
+    user_save_interval_steps: int | None = None
 
     def save_request(self, step: int, last_saved_step: int | None = None, *,
                      interval: int | None = None) -> str | None:

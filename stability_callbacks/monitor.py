@@ -22,7 +22,8 @@ from .record import Finding, StepRecord
 
 log = logging.getLogger("stability_callbacks")
 
-STATE_VERSION = 2   # 2: latches and EW means are statistics objects; streams are a detector
+STATE_VERSION = 3   # 2: latches and EW means are statistics objects; streams are a detector;
+                    # 3: baselines keep their bias and cold start, divergence its swing horizon
 
 class Monitor:
     """Feed it one :class:`StepRecord` per optimizer step; read findings and ``control``.
@@ -103,7 +104,7 @@ class Monitor:
             if found:
                 out += found
             if d is self._loss_spike:
-                ctx.loss_baseline, ctx.loss_noise = d.baseline_before, d.noise_before
+                ctx.loss_baseline, ctx.loss_noise, ctx.loss_slope = d.baseline_before, d.noise_before, d.slope_before
                 ctx.loss_floor_log, ctx.loss_signed = d.floor_log, d.signed
                 ctx.loss_spike_open = d.episode is not None
                 ctx.loss_spike_onset = d.episode.onset if d.episode is not None else None

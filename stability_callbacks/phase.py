@@ -6,7 +6,10 @@ peaked. The tracker names the phase of every step (``warmup`` / ``peak`` / ``dec
 window ``(warmup_end, warmup_end + risk_window_factor × warmup_length]``.
 
 The warmup length is declared (``warmup_steps``, e.g. read from the scheduler) or inferred
-from the LR stream: it ended at the last step of a rise, which is known one sample later.
+from the LR stream: it ended at the last step of a rise, which is known one sample later. A
+warmup is a ramp: the run's first rise may be one sample (a log every 100 steps), a later one
+(a re-warmup) rises over two samples at least; a single jump (LR x100 mid-run) is no warmup, it is
+``lr_anomaly``'s.
 State: 8 scalars.
 
 >>> t = PhaseTracker(warmup_steps=10)
@@ -49,9 +52,10 @@ class PhaseTracker:
         self.flat = 0
         self.last_rise_step: int | None = None
         self.decayed = False
+        self.first_lr_step: int | None = None   # the step of the first LR seen
 
     _STATE = ("phase", "warmup_end_step", "warmup_start_step", "risk_window_end", "peak_lr",
-              "prev_lr", "prev_step", "rising_samples", "flat", "last_rise_step", "decayed")
+              "prev_lr", "prev_step", "rising_samples", "flat", "last_rise_step", "decayed", "first_lr_step")
 
     def declare_warmup(self, warmup_steps: int | None) -> None:
         """Set the warmup length once an integration reads it from the scheduler."""
@@ -86,6 +90,8 @@ class PhaseTracker:
             self.peak_lr = max(self.peak_lr, lr)
             return out
         if prev is None:
+            if self.first_lr_step is None:
+                self.first_lr_step = step
             self.peak_lr = max(self.peak_lr, lr)
             if self.phase is None:
                 self.phase = "warmup" if lr == 0.0 else "peak"
@@ -99,11 +105,16 @@ class PhaseTracker:
             if self.rising_samples == 0 and self.phase not in ("warmup", "rewarm"):
                 # steps are 1-based: a ramp already under way at step 1 began at step 0
                 self.warmup_start_step = prev_step - 1 if prev_step == 1 else prev_step
+                if prev_step == self.first_lr_step:
+                    self.first_lr_step = self.warmup_start_step   # the ramp the run starts with
                 self.phase = "rewarm" if self.decayed else "warmup"
             self.rising_samples += 1
             self.last_rise_step = step
         elif self.phase in ("warmup", "rewarm") and (falling or self.flat >= self.flat_samples):
-            if self.rising_samples >= self.min_warmup_samples - 1 and (
+            # A warmup is a ramp. Once the run is under way, one rising sample is a jump (a resume
+            # that changed the LR, an LR x100): lr_anomaly's to report, never a new warmup.
+            ramp = self.min_warmup_samples - 1 if self.warmup_start_step == self.first_lr_step else 2
+            if self.rising_samples >= max(ramp, 1) and (
                     self.warmup_steps is None or self.phase == "rewarm"):
                 out.append(self._end_warmup(self.last_rise_step or prev_step or step, self.warmup_start_step or 0,
                                             self.peak_lr, rewarm=self.phase == "rewarm"))

@@ -30,11 +30,51 @@ EVENT_KINDS = frozenset({"warmup_end", "warmup_instability", "resume", "prefligh
                          "step_skipped", "auto_rollback"})
 #: ``skip_step_on``: never; non-finite grad norms; non-finite or extreme outliers.
 SKIP_STEP_ON = ("never", "nonfinite", "grad_outlier")
+#: ``warmup_escalation``: critical with the precursor signature (tr8's meaning) or always.
+WARMUP_ESCALATION = ("signature", "any")
 #: Unmistakable even in the first steps.
 UNMISTAKABLE_KINDS = frozenset({"nonfinite", "stall", "data_repetition"})
 #: Signals that lead a loss spike; their onsets locate the start of an episode.
 LEADING_KINDS = frozenset({"grad_norm_spike", "second_moment_surge", "overflow_burst", "loss_spike",
                            "loss_scale_collapse", "grad_norm_growth"})
+
+#: What the warmup-end escalation looks at: instabilities of training (not an LR event such as
+#: ``lr_anomaly``, the cause of what follows it, nor findings about the data or the log).
+ESCALATED_KINDS = frozenset({"loss_spike", "spike_unrecovered", "divergence", "level_shift", "nonfinite",
+                             "grad_norm_spike", "grad_norm_growth", "second_moment_surge", "overflow_burst",
+                             "loss_scale_collapse"})
+
+
+@dataclass(frozen=True)
+class Precursor:
+    """One part of the precursor signature: a leading signal that, seen *before* a loss spike in
+    the warmup-end risk window, makes it the 104B pattern rather than a bad batch (tr8-104B: the
+    grad norm and Adam's variance rose first; fp16 runs also lose loss scale). ``kinds``: the
+    findings that count as its lead; ``what``: how the message names it."""
+
+    name: str
+    kinds: frozenset[str]
+    what: str
+
+
+#: The precursor signature, extensible by adding a :class:`Precursor`.
+PRECURSORS: tuple[Precursor, ...] = (
+    Precursor("grad_norm", frozenset({"grad_norm_spike", "grad_norm_growth"}), "the grad norm rose first"),
+    Precursor("adam_variance", frozenset({"second_moment_surge"}), "Adam's second moment rose first"),
+    Precursor("loss_scale", frozenset({"loss_scale_collapse", "overflow_burst"}), "the fp16 loss scale was falling"),
+)
+
+
+def precursor_signature(leads: list, onset: int, window_steps: int,
+                        precursors: tuple[Precursor, ...] = PRECURSORS) -> list[Precursor]:
+    """The precursors with a lead (``[step, kind]``) in the ``window_steps`` steps before ``onset``.
+
+    >>> [p.name for p in precursor_signature([[95, "grad_norm_spike"], [100, "second_moment_surge"]], 100, 20)]
+    ['grad_norm']
+    """
+    return [p for p in precursors if any(onset - window_steps <= st < onset and kind in p.kinds
+                                         for st, kind in leads)]
+
 
 _MAX_CHECKPOINTS = 32
 _MAX_LEADS = 16
@@ -94,6 +134,10 @@ class Policy:
     - ``bump_save_interval_to``: the save interval inside the warmup-end risk window and for
       ``bump_duration_steps`` after a warning (BigScience went to SAVE_INTERVAL=300).
     - ``startup_steps``: findings in the first steps are ``info`` unless unmistakable.
+    - ``warmup_escalation``: ``signature`` (default): an instability in the warmup-end risk
+      window is a ``warmup_instability`` warning, critical only with the precursor signature or
+      a critical episode (:meth:`_escalate`); ``any``: always critical (halt on any instability
+      right after warmup, for runs where a person looks before a spike plays out).
     - ``lead_window_steps``: how far back a leading signal (grad norm, Adam variance, overflow)
       moves the onset of an episode (BLOOM-176B: the grad norm led the loss by 5 steps; 104B: 1).
     - ``skip_step_on``: ``never`` (default), ``nonfinite`` or ``grad_outlier``: drop the update of
@@ -105,12 +149,12 @@ class Policy:
     - ``auto_rollback``: null (default) or :class:`AutoRollback`'s keys.
     """
 
-    _state = ("bump_until", "last_escalation", "leads", "checkpoints", "last_save_request",
+    _state = ("bump_until", "escalation", "lr_jump_step", "leads", "checkpoints", "last_save_request",
               "skips", "data_skips")
 
     def __init__(self, *, halt_on: str = "never", save_on: str = "warning",
                  bump_save_interval_to: int = 300, bump_duration_steps: int = 1000,
-                 startup_steps: int = 20, lead_window_steps: int = 20,
+                 startup_steps: int = 20, lead_window_steps: int = 20, warmup_escalation: str = "signature",
                  escalation_gap_steps: int = 100, min_save_gap_steps: int = 10,
                  skip_step_on: str = "never", skip_grad_ratio: float = 10.0,
                  skip_escalate_count: int = 3, skip_window_steps: int = 100,
@@ -123,6 +167,7 @@ class Policy:
         self.startup_steps = check("startup_steps", startup_steps,
                                    isinstance(startup_steps, int) and startup_steps >= 0, "an integer ≥ 0")
         self.lead_window_steps = positive_int("lead_window_steps", lead_window_steps)
+        self.warmup_escalation = one_of("warmup_escalation", warmup_escalation, WARMUP_ESCALATION)
         self.escalation_gap_steps = positive_int("escalation_gap_steps", escalation_gap_steps)
         self.min_save_gap_steps = positive_int("min_save_gap_steps", min_save_gap_steps)
         self.skip_step_on = one_of("skip_step_on", skip_step_on, SKIP_STEP_ON)
@@ -132,7 +177,8 @@ class Policy:
         self.skip_window_steps = positive_int("skip_window_steps", skip_window_steps)
         self.auto_rollback = _auto_rollback(auto_rollback)
         self.bump_until: int | None = None
-        self.last_escalation: int | None = None
+        self.escalation: list | None = None   # [step, severity, onset] of the last warmup_instability
+        self.lr_jump_step: int | None = None   # the last lr_anomaly
         self.last_save_request: int | None = None
         self.leads: list = []          # [[step, kind], ...] recent leading-signal onsets
         self.checkpoints: list = []    # [[step, path, good], ...] newest last
@@ -216,7 +262,8 @@ class Policy:
             return []
         extra: list[Finding] = []
         for f in findings:
-            if ctx.in_startup and f.kind not in UNMISTAKABLE_KINDS and f.kind not in EVENT_KINDS:
+            if (ctx.in_startup and f.kind not in UNMISTAKABLE_KINDS and f.kind not in EVENT_KINDS
+                    and not f.details.get("past_startup")):   # its detector knows its start-up is over
                 if f.severity != "info":
                     f.details["startup_severity"] = f.severity
                     f.severity = "info"
@@ -227,19 +274,11 @@ class Policy:
         self.leads = [lead for lead in self.leads if horizon - lead[0] <= self.lead_window_steps][-_MAX_LEADS:]
 
         serious = [f for f in findings if f.kind not in EVENT_KINDS and severity_rank(f.severity) >= 1]
-        if serious and ctx.in_risk_window and risk_window is not None and (
-                self.last_escalation is None or step - self.last_escalation >= self.escalation_gap_steps):
-            self.last_escalation = step
-            first = serious[0]
-            extra.append(Finding(
-                step=step, kind="warmup_instability", severity="critical", signal=first.signal,
-                value=first.value, baseline=first.baseline, onset_step=first.onset_step,
-                message=(f"{first.kind} at step {step} came {step - risk_window[0]} steps after the LR "
-                         f"warmup ended (step {risk_window[0]}): the window where BigScience's 104B runs "
-                         f"glitched and never recovered. Escalating: checkpoints every "
-                         f"{self.bump_save_interval_to} steps; if the loss does not come back, roll back "
-                         f"and lower the peak LR, lengthen warmup or use beta2=0.95."),
-                details={"trigger": first.kind, "risk_window": list(risk_window)}))
+        if any(f.kind == "lr_anomaly" for f in findings):
+            self.lr_jump_step = step
+        escalation = self._escalate(serious, ctx, risk_window)
+        if escalation is not None:
+            extra.append(escalation)
         if serious:
             self.bump_until = max(self.bump_until or 0, step + self.bump_duration_steps)
 
@@ -277,6 +316,8 @@ class Policy:
             control.save_reason = f"save now: {asking.kind} ({asking.severity}) at step {step}"
             self.last_save_request = step
         self._set_interval(ctx, control, risk_window)
+        if escalation is not None:   # said once the actions are decided: only what is done
+            escalation.message = self._escalation_message(escalation, control, saving=self.last_save_request == step)
         if halting and not control.stop:
             control.stop = True
             trigger = next((f for f in every if f.severity == "critical" and f.kind != "rollback_advice"),
@@ -286,6 +327,94 @@ class Policy:
                                       else "policy.halt_on = critical"))
         control.alerts = every
         return extra
+
+    # -- the warmup-end escalation -----------------------------------------------------------
+    def _escalate(self, serious: list[Finding], ctx: Context,
+                  risk_window: tuple[int, int] | None) -> Finding | None:
+        """The ``warmup_instability`` for this step's instabilities, if any (BigScience tr8-104B):
+
+        - inside the risk window, an instability (:data:`ESCALATED_KINDS`) gets a ``warning``
+          escalation: the card's action, a save now and the bumped save interval;
+        - it is ``critical`` (halt-worthy) only when the instability is critical itself (a spike
+          not recovered by its horizon, a divergence, NaN, a collapsed loss scale) or comes with
+          the precursor signature (:data:`PRECURSORS`: a lead of the grad norm or Adam's
+          variance, or a falling loss scale, in the ``lead_window_steps`` before its onset);
+        - a warning escalation is upgraded to critical when its episode turns critical later,
+          inside the window or not; otherwise one escalation per ``escalation_gap_steps``;
+        - none within ``lead_window_steps`` after an ``lr_anomaly``: the LR jump, not the warmup
+          end, explains what follows it."""
+        step = ctx.step
+        triggers = [f for f in serious if f.kind in ESCALATED_KINDS]
+        if not triggers or risk_window is None:
+            return None
+        if self.lr_jump_step is not None and step - self.lr_jump_step <= self.lead_window_steps:
+            return None
+        last = self.escalation
+        scored = []
+        for f in triggers:
+            onset = f.onset_step if f.onset_step is not None else f.step
+            signature = [] if f.kind in LEADING_KINDS - {"loss_spike"} else precursor_signature(
+                self.leads, onset, self.lead_window_steps)
+            critical = f.severity == "critical" or bool(signature) or self.warmup_escalation == "any"
+            scored.append((critical, f, onset, signature))
+        critical, first, onset, signature = max(scored, key=lambda t: t[0])
+        if ctx.in_risk_window:
+            if last is not None and step - last[0] < self.escalation_gap_steps and (last[1] == "critical" or not critical):
+                return None
+        elif not (critical and last is not None and last[1] == "warning" and onset == last[2]):
+            return None   # outside the window only the upgrade of an escalated episode
+        severity = "critical" if critical else "warning"
+        self.escalation = [step, severity, onset]
+        return Finding(
+            step=step, kind="warmup_instability", severity=severity, signal=first.signal,
+            value=first.value, baseline=first.baseline, threshold=first.threshold, onset_step=onset,
+            message="",   # written once the actions of this step are decided (_escalation_message)
+            details={"trigger": first.kind, "trigger_severity": first.severity, "risk_window": list(risk_window),
+                     "precursors": [p.name for p in signature], "upgrade": last is not None and last[2] == onset})
+
+    def _escalation_message(self, f: Finding, control: Control, *, saving: bool) -> str:
+        d = f.details
+        start, end = d["risk_window"]
+        trigger, onset = d["trigger"], f.onset_step
+        window = f"the risk window (steps {start + 1}-{end}) where BigScience's 104B runs glitched"
+        if f.step <= end:
+            head = (f"{trigger} at step {f.step} came {f.step - start} steps after the LR warmup ended "
+                    f"(step {start}), inside {window}.")
+        else:   # the upgrade of an episode that began inside the window
+            head = (f"{trigger} at step {f.step}: the episode began at step {onset}, {onset - start} steps "
+                    f"after the LR warmup ended (step {start}), inside {window}.")
+        acts = []
+        if control.saves_carried_out is False:
+            acts.append("this integration does not save on request, so no checkpoint is taken")
+        elif not control.state_is_good:
+            acts.append("no checkpoint is taken: the weights are damaged, the last good one is kept")
+        else:
+            if saving:
+                acts.append("a checkpoint is saved now")
+            user = control.user_save_interval_steps
+            bumped = control.save_interval_steps
+            if bumped and user is not None and user <= bumped:
+                acts.append(f"your own save interval ({user} steps) is already at least as frequent as "
+                            f"the bumped one ({bumped}), so it stays")
+            elif bumped:
+                acts.append(f"checkpoints every {bumped} steps until step {max(end, self.bump_until or 0)}")
+        done = "; ".join(acts)
+        done = f" {done[:1].upper()}{done[1:]}." if done else ""
+        if f.severity == "critical":
+            precursors = [p.what for p in PRECURSORS if p.name in d["precursors"]]
+            why = (f"It comes with the precursor signature ({', '.join(precursors)}) before its onset at "
+                   f"step {onset}" if precursors else f"The {trigger} is critical by itself"
+                   if d["trigger_severity"] == "critical" else "policy.warmup_escalation = any makes it critical")
+            return (f"{head}{done} {why}: the pattern of the 104B runs that did not recover. Roll back "
+                    f"to a checkpoint before step {onset} and lower the peak LR, lengthen the warmup or "
+                    f"use beta2=0.95.")
+        after = ("a loss spike after it comes with it as a precursor, or the episode does not recover"
+                 if trigger in LEADING_KINDS - {"loss_spike"} else
+                 "the loss has not come back by the spike's horizon or diverges")
+        return (f"{head}{done} It is a warning: no precursor came before it (a grad-norm or Adam-variance "
+                f"lead, a falling loss scale) and nothing is critical yet; most instabilities here recover "
+                f"by themselves. It becomes critical if {after}; then roll back to a checkpoint before "
+                f"step {onset}.")
 
     def _set_interval(self, ctx: Context, control: Control, risk_window: tuple[int, int] | None) -> None:
         """The bumped save interval (and why) inside the risk window and after a warning."""
@@ -384,4 +513,5 @@ class Policy:
         self.data_skips = DataSkips.from_state(d["data_skips"]) if "data_skips" in d else DataSkips()
 
 
-__all__ = ["Policy", "AutoRollback", "DAMAGE_KINDS", "EVENT_KINDS", "SKIP_STEP_ON"]
+__all__ = ["Policy", "AutoRollback", "Precursor", "DAMAGE_KINDS", "EVENT_KINDS", "PRECURSORS", "SKIP_STEP_ON",
+           "WARMUP_ESCALATION"]

@@ -112,24 +112,40 @@ class RobustLevel:
 
     ``level`` is an EW mean of ``log(x)`` with a damped EW trend (Holt's method, per sample),
     so the baseline follows the natural downward drift of a loss curve instead of lagging
-    above it; ``scale`` is an EW mean absolute deviation of the residuals (×1.25 ≈ σ for
-    Gaussian noise). Points flagged by the caller are *winsorized* before they enter (clipped
-    to ``forecast ± clip_sigmas·scale``), so a spike barely moves the baseline while a genuine
-    new level is still reached, slowly.
+    above it. What that local trend leaves unexplained is judged apart from its systematic
+    part: ``bias`` is an EW mean of the residuals (with a trend; a curve that bends faster than the damped
+    trend follows, as a loss does while the LR warms up, leaves them all on one side), the
+    forecast adds it back, and ``scale`` is an EW mean absolute deviation of the residuals
+    *around* it (×1.25 ≈ σ for Gaussian noise). An early descent is then not noise (docs/design.md,
+    Findings). Points flagged by the caller are *winsorized* before they enter (clipped to
+    ``forecast ± clip_sigmas·scale``), so a spike barely moves the baseline while a genuine new
+    level is still reached, slowly.
+
+    Cold start: with ``cold_start_samples`` = k, the first k points are kept as they come
+    (flagged or not) and the baseline is what they show, robustly — their median and the σ of
+    their median absolute deviation (×1.4826) — not an EW mean seeded with the first value, which
+    one unlucky first point would skew for tens of points. At the k-th point the EW part takes
+    over from a Theil–Sen line through the later half of them (the median of the pairwise slopes;
+    O(k²) once).
 
     ``baseline`` is the forecast for the next point; ``z(x)`` the standardized residual
-    against it; ``ratio(x)`` is ``x / baseline``. State: 4 floats.
+    against it; ``ratio(x)`` is ``x / baseline``. State: 5 floats (+ the first k logs while cold).
 
     >>> b = RobustLevel(alpha=0.1)
     >>> for x in [2.0] * 10: b.update(x)
     >>> round(b.baseline, 3), b.ratio(4.0)
     (2.0, 2.0)
+    >>> c = RobustLevel(cold_start_samples=5)
+    >>> for x in [9.0, 1.0, 1.2, 0.9]: c.update(x)   # a wild first point does not set the level
+    >>> round(c.baseline, 3)                          # the median of the logs: √(1.0 × 1.2)
+    1.095
     """
 
-    __slots__ = ("alpha", "clip_sigmas", "n", "level", "mad", "min_scale", "trend_alpha", "trend", "damping")
+    __slots__ = ("alpha", "clip_sigmas", "n", "level", "mad", "min_scale", "trend_alpha", "trend", "damping",
+                 "bias", "cold_start_samples", "seen")
 
     def __init__(self, alpha: float = 0.05, *, clip_sigmas: float = 3.0, min_scale: float = 1e-3,
-                 trend_alpha: float = 0.05, damping: float = 0.98):
+                 trend_alpha: float = 0.05, damping: float = 0.98, cold_start_samples: int = 0):
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
         self.alpha = alpha
@@ -137,15 +153,18 @@ class RobustLevel:
         self.min_scale = min_scale
         self.trend_alpha = trend_alpha
         self.damping = damping
+        self.cold_start_samples = cold_start_samples
         self.n = 0
         self.level = 0.0
         self.trend = 0.0
         self.mad = 0.0
+        self.bias = 0.0
+        self.seen: list[float] = []
 
     @property
     def forecast(self) -> float:
         """The expected ``log(x)`` of the next point."""
-        return self.level + self.damping * self.trend
+        return self.level + self.damping * self.trend + self.bias
 
     @property
     def baseline(self) -> float:
@@ -155,6 +174,11 @@ class RobustLevel:
     def scale(self) -> float:
         """Noise scale of ``log(x)`` (≈σ); never below ``min_scale`` (a perfectly flat signal)."""
         return max(1.25 * self.mad, self.min_scale)
+
+    @property
+    def cold(self) -> bool:
+        """Still in the cold start: the baseline is the median of the points seen."""
+        return self.n < self.cold_start_samples
 
     def z(self, x: float) -> float:
         return (math.log(x) - self.forecast) / self.scale
@@ -168,32 +192,66 @@ class RobustLevel:
     def update_log(self, lx: float, *, flagged: bool = False) -> None:
         """:meth:`update` with ``log(x)`` already computed (the hot path computes it once)."""
         self.n += 1
+        if self.n <= self.cold_start_samples:
+            self._cold(lx)
+            return
         a = max(self.alpha, 1.0 / self.n)
         if self.n == 1:
             self.level = lx
             return
         pred = self.level + self.damping * self.trend
-        r = lx - pred
+        d = lx - pred - self.bias   # what the trend and its bias leave unexplained
         clipped = False
         if flagged or self.n > 3:
             band = self.clip_sigmas * max(1.25 * self.mad, self.min_scale)
-            clipped = abs(r) > band
-            r = min(max(r, -band), band)
-        new = pred + a * r
-        # Flagged points move the level (clipped, so slowly) but never the noise scale or the
-        # trend: an anomaly must not widen the band it is judged by. The trend learns only from
+            clipped = abs(d) > band
+            d = min(max(d, -band), band)
+        new = pred + a * (self.bias + d)
+        # Flagged points move the level (clipped, so slowly) but never the noise scale, the bias or
+        # the trend: an anomaly must not widen the band it is judged by. The trend learns only from
         # ordinary points, so a regime change does not wind it up into an overshoot.
         if self.n > 3 and not flagged and not clipped:   # a trend from 2-3 points is noise
             self.trend = self.damping * self.trend + self.trend_alpha * (new - self.level - self.damping * self.trend)
         self.level = new
         if not flagged:
-            self.mad += a * (abs(r) - self.mad)
+            if self.n > 3 and self.trend_alpha > 0.0:   # ... nor a bias (without a trend, the
+                # level itself is the EW mean the bias would repeat)
+                self.bias += a * d
+            self.mad += a * (abs(d) - self.mad)
+
+    def _cold(self, lx: float) -> None:
+        seen = self.seen
+        seen.append(lx)
+        k = len(seen)
+        if k < self.cold_start_samples:   # the median and MAD of what was seen
+            self.level = _median(seen)
+            self.mad = 1.4826 / 1.25 * _median([abs(v - self.level) for v in seen]) if k >= 3 else 0.0
+            return
+        # Hand over to the EW part: a Theil–Sen line (the median of the pairwise slopes) through the
+        # later half of the cold points, where the curve is now: its value at the last point is the
+        # level, its slope the trend, the spread of the points around it the noise.
+        recent = seen[k // 2:]
+        m = len(recent)
+        slope = _median([(recent[j] - recent[i]) / (j - i) for i in range(m) for j in range(i + 1, m)]) if m > 1 else 0.0
+        resid = [v + slope * (m - 1 - i) for i, v in enumerate(recent)]   # each moved to the last point
+        self.level = _median(resid)
+        self.trend = slope / self.damping if self.damping else 0.0        # forecast: level + slope
+        self.mad = 1.4826 / 1.25 * _median([abs(r - self.level) for r in resid])
+        self.bias = 0.0
+        self.seen = []
 
     def state_dict(self) -> list:
-        return [self.n, self.level, self.trend, self.mad]
+        return [self.n, self.level, self.trend, self.mad, self.bias, list(self.seen)]
 
     def load_state_dict(self, s) -> None:
         self.n, self.level, self.trend, self.mad = int(s[0]), float(s[1]), float(s[2]), float(s[3])
+        self.bias, self.seen = float(s[4]), [float(v) for v in s[5]]
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
 class RollingMedian:
@@ -224,11 +282,7 @@ class RollingMedian:
 
     @property
     def median(self) -> float:
-        s = sorted(self.window)
-        n = len(s)
-        if n == 0:
-            return math.nan
-        return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+        return _median(list(self.window)) if self.window else math.nan
 
     def state_dict(self) -> list:
         return list(self.window)

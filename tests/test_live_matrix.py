@@ -97,3 +97,27 @@ def test_judge_healthy_and_fault_runs(tmp_path):
     assert r["warnings"] == [[20, "loss_spike", "warning", "m"]]
     _runlog(tmp_path, [2.0] * 30, [(25, "loss_spike", "warning")])  # nothing happened to the loss
     assert judge(pocket, tmp_path)["evidence_ok"] is False
+
+
+def test_judge_overreach_and_dishonest_findings(tmp_path):
+    spike = Scenario("f", "hf", 30, warmup=5, fault=Fault("warmup-spike", 25, within=2, length=2,
+                                                          critical=False, forbid=("warmup_end",)))
+    losses = [2.0] * 24 + [4.5, 4.4, 2.1, 2.0, 2.0, 2.0]
+    _runlog(tmp_path, losses, [(25, "loss_spike", "warning")])
+    r = judge(spike, tmp_path)
+    assert (r["ok"], r["overreach"], r["dishonest"]) == (True, [], [])
+    _runlog(tmp_path, losses, [(25, "loss_spike", "warning"), (26, "warmup_instability", "critical"),
+                               (27, "warmup_end", "info")])
+    r = judge(spike, tmp_path)
+    assert [x[:3] for x in r["overreach"]] == [[26, "warmup_instability", "critical"], [27, "warmup_end", "info"]]
+    assert r["caught"] and not r["ok"]
+    # a rise printed below its own threshold; "no warmup" said of a run that warms up
+    lines = (tmp_path / "runlog.jsonl").read_text().splitlines()[:-3] + [
+        json.dumps({"type": "finding", "step": 25, "kind": "loss_spike", "severity": "warning", "message": "m",
+                    "value": 3.0, "threshold": 3.5}),
+        json.dumps({"type": "finding", "step": 0, "kind": "preflight", "severity": "info",
+                    "message": "No LR warmup in a 30-step run."})]
+    (tmp_path / "runlog.jsonl").write_text("\n".join(lines) + "\n")
+    r = judge(spike, tmp_path)
+    assert r["dishonest"] == ["loss_spike@25: value 3 below its threshold 3.5",
+                              "preflight: 'No LR warmup' on a run with a 5-step warmup"] and not r["ok"]

@@ -64,7 +64,7 @@ def test_our_tensorboard_sink_replays_to_the_live_findings(tmp_path):
     _same_records(list(read_records(events)), fed)          # float32 in the event file
     r = subprocess.run([sys.executable, "-m", "stability_callbacks", "replay", str(events), "--json", "-"],
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1, r.stderr                   # the spike is inside the warmup-end risk window
+    assert r.returncode == 0, r.stderr                   # a recovering spike after warmup: a warning
     read, *replayed = [json.loads(x) for x in r.stdout.splitlines()]
     assert read["type"] == "read" and read["format"] == "tensorboard"
     assert [(f["step"], f["kind"]) for f in replayed] == [(f.step, f.kind) for f in live]

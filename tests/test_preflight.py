@@ -270,8 +270,52 @@ def test_lion_and_scheduler_shapes():
     assert collect_facts(model, opt, lam).warmup_steps == 10
     const = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     assert collect_facts(model, opt, const).warmup_steps == 0
-    # explicit values win over the scheduler
-    assert collect_facts(model, opt, const, warmup_steps=7).warmup_steps == 7
+    # the scheduler in use wins over a framework's warmup argument; the argument counts without one
+    assert collect_facts(model, opt, const, warmup_steps=7).warmup_steps == 0
+    assert collect_facts(model, opt, warmup_steps=7).warmup_steps == 7
+
+
+class _WarmupCosine(torch.optim.lr_scheduler.LRScheduler):
+    """A hand-written scheduler: 30 warmup steps, then cosine (no lambda to call, no known name)."""
+
+    def get_lr(self):
+        t = self.last_epoch
+        f = t / 30 if t < 30 else 0.5 * (1 + math.cos(math.pi * (t - 30) / 970))
+        return [base * f for base in self.base_lrs]
+
+
+def test_any_scheduler_is_read_by_evaluating_its_lr_without_stepping_it():
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = _WarmupCosine(opt)
+    state = (sched.state_dict(), [dict(g) for g in opt.param_groups])
+    assert collect_facts(model, opt, sched, warmup_steps=0, total_steps=1000).warmup_steps == 30
+    assert (sched.state_dict(), [dict(g) for g in opt.param_groups]) == state   # untouched
+    restarts = torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=100)
+    assert collect_facts(model, opt, restarts).warmup_steps == 0
+    opt.step()
+    sched.step()   # a scheduler that has stepped (a resume) would show the rest of its course only
+    assert collect_facts(model, opt, sched).warmup_steps is None
+
+
+def test_hf_trainer_with_a_hand_made_lambdalr_warmup_is_not_told_it_has_none(tmp_path):
+    # TrainingArguments say warmup_steps=0; the LambdaLR passed in warms up over 30 steps
+    transformers = pytest.importorskip("transformers")
+    from stability_callbacks.integrations.hf import StabilityCallback
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=2048, n_layer=1, n_head=16)
+    model = transformers.GPT2LMHeadModel(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / 30))
+    ids = torch.randint(0, 64, (16, 16))
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    cb = StabilityCallback(run_dir=tmp_path)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=8,
+                                          report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=True)
+    transformers.Trainer(model=model, args=args, train_dataset=data, optimizers=(opt, sched), callbacks=[cb]).train()
+    pre = [f for f in cb.findings if f.kind == "preflight"]
+    assert pre and not [f for f in pre if f.signal == "warmup_steps"], [f.message for f in pre]
 
 
 def test_unreadable_parts_degrade_to_unknown(caplog):

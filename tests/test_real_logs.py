@@ -68,7 +68,7 @@ def test_divergence_without_spike_on_the_52b_benchmark():
     findings, _ = replay(DATA / "real_logs" / "bs_exp_52B_megds3d_dsoff_early_spike_then_slow_divergence.csv")
     assert [(f.step, f.kind, f.severity) for f in findings] == [
         (3, "loss_spike", "info"), (8, "warmup_end", "info"), (27, "spike_recovered", "info"),
-        (43, "divergence", "critical"), (43, "rollback_advice", "critical")]
+        (44, "divergence", "critical"), (44, "rollback_advice", "critical")]
 
 
 def test_sparse_healthy_log_stays_below_warning():

@@ -125,15 +125,17 @@ def test_robust_level_on_a_constant_a_trend_and_noise():
     for _ in range(50):
         b.update(3.0)
     assert b.baseline == pytest.approx(3.0, rel=1e-12) and b.scale == b.min_scale
-    # a loss falling geometrically (a straight line in log space): the damped trend follows it;
-    # its forecast lags a third as far as a plain EW mean of the log (slope·(1-a)/a = 0.19)
+    # a loss falling geometrically (a straight line in log space): the damped trend follows it
+    # (lagging a third as far as a plain EW mean of the log, slope·(1-a)/a = 0.19) and the bias
+    # of its residuals takes out the rest: the forecast is on the line
     b, plain = RobustLevel(alpha=0.05), EWMean(0.05)
     for s in range(600):
         b.update(10.0 * math.exp(-0.01 * s))
         plain.update(math.log(10.0) - 0.01 * s)
     next_log = math.log(10.0) - 0.01 * 600
     assert plain.mean - next_log == pytest.approx(0.01 * 0.95 / 0.05 + 0.01, rel=1e-3)
-    assert 0 < b.forecast - next_log < (plain.mean - next_log) / 3
+    assert 0 < b.level + b.damping * b.trend - next_log < (plain.mean - next_log) / 3
+    assert b.forecast == pytest.approx(next_log, abs=1e-6) and b.scale == b.min_scale
     # Gaussian noise in log space: scale = 1.25 x mean absolute deviation ≈ sigma
     rng = random.Random(6)
     b = RobustLevel(alpha=0.01)
@@ -146,10 +148,31 @@ def test_robust_level_on_a_constant_a_trend_and_noise():
     assert abs(b.level - before) <= 0.01 * 3.0 * scale + 1e-12
 
 
+def test_robust_level_cold_start_is_the_median_and_mad_then_a_theil_sen_line():
+    rng = random.Random(8)
+    logs = [math.log(9.0)] + [-0.01 * i + rng.gauss(0.0, 0.02) for i in range(1, 30)]   # a wild first point
+    b = RobustLevel(alpha=0.05, cold_start_samples=20)
+    for n, lx in enumerate(logs[:19], 1):
+        b.update_log(lx)
+        seen = logs[:n]
+        med = statistics.median(seen)
+        assert b.cold and b.forecast == pytest.approx(med, abs=1e-12)
+        mad = statistics.median(abs(v - med) for v in seen)
+        assert b.scale == pytest.approx(max(1.4826 * mad, b.min_scale) if n >= 3 else b.min_scale, rel=1e-9)
+    b.update_log(logs[19])   # the 20th: a Theil-Sen line through the later 10 takes over
+    recent = logs[10:20]
+    slope = statistics.median((recent[j] - recent[i]) / (j - i) for i in range(10) for j in range(i + 1, 10))
+    level = statistics.median(v + slope * (9 - i) for i, v in enumerate(recent))
+    assert not b.cold and b.seen == []
+    assert b.forecast == pytest.approx(level + slope, abs=1e-12)
+    assert b.forecast == pytest.approx(-0.2, abs=0.03)   # on the line, not pulled up by the 9.0
+
+
 @pytest.mark.parametrize("make", [lambda: EWMean(0.1, start="zero"), lambda: EWMean(0.1, start="running"),
-                                  lambda: RobustLevel(0.1), lambda: RollingMedian(5),
+                                  lambda: RobustLevel(0.1), lambda: RobustLevel(0.1, cold_start_samples=200),
+                                  lambda: RollingMedian(5),
                                   lambda: RiseAboveLow(3), lambda: Latch()],
-                         ids=["ewmean-zero", "ewmean-running", "robust", "median", "rise", "latch"])
+                         ids=["ewmean-zero", "ewmean-running", "robust", "robust-cold", "median", "rise", "latch"])
 def test_state_round_trips_through_json(make):
     xs = _stream(seed=7)
 

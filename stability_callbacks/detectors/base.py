@@ -24,6 +24,7 @@ class Context:
     loss_spike_onset: int | None = None     # onset of the open loss-spike episode, if any
     loss_baseline: float | None = None      # LossSpike's baseline before this point (warm only)
     loss_noise: float = 0.0                 # ... and the noise σ of log(loss) around it
+    loss_slope: float = 0.0                 # ... and its trend: the change of log(loss) per point
     loss_floor_log: float = -math.inf       # log of the level below which the loss is near its floor:
                                             # rises and falls are measured against it (LossSpike's
                                             # floor_fraction x the peak; a log: compared, not divided)

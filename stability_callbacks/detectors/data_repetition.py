@@ -22,14 +22,17 @@ class DataRepetition(Detector):
     - *falsely low loss* (no fingerprints): the loss stays ``min_drop`` below its pre-checkpoint
       baseline for ``persist_samples`` points — a model re-reading memorised data (the
       "6x the same 50B tokens" story).
-    The loss rule judges against ``loss_spike``'s baseline from before the checkpoint.
-    State: the fingerprint table (≤ ``max_fingerprints`` pairs) and 4 scalars.
+    The loss rule judges against the course ``loss_spike``'s baseline was on when the checkpoint
+    was written: its forecast for the first step resumed, continued along its trend (a loss curve
+    is convex: the line runs below a healthy continuation). Not the live baseline: that one
+    follows the loss down, which is what the rule is there to notice.
+    State: the fingerprint table (≤ ``max_fingerprints`` pairs) and 7 scalars.
     """
 
     name = "data_repetition"
     kind = "data_repetition"
     signals = (keys.LOSS, keys.BATCH_FINGERPRINT, keys.CONSUMED_SAMPLES)
-    _state = ("seen", "segment_start", "resume_step", "low_count", "latch", "consumed")
+    _state = ("seen", "segment_start", "resume_step", "low_count", "latch", "consumed", "course")
 
     def __init__(self, *, check_steps: int = 200, record_first_steps: int = 256,
                  sample_every_steps: int = 50, max_fingerprints: int = 4096, min_drop: float = 0.1,
@@ -46,11 +49,12 @@ class DataRepetition(Detector):
         self.low_count = 0
         self.latch = Latch()   # one finding per resume, whichever rule sees it first
         self.consumed: float | None = None   # the last consumed_samples seen
+        self.course: list | None = None   # [log baseline, log slope per point, points since] after a resume
 
     def on_segment(self, start_step: int, reason: str) -> None:
         self.segment_start = start_step
         if reason in ("resume", "rollback"):
-            self.resume_step, self.low_count = start_step, 0
+            self.resume_step, self.low_count, self.course = start_step, 0, None
             self.latch.rearm()
         if reason == "rollback":
             self.consumed = None   # going back to an older checkpoint re-reads data on purpose
@@ -92,7 +96,14 @@ class DataRepetition(Detector):
                 if len(self.seen) > self.max_fingerprints:
                     del self.seen[next(iter(self.seen))]
         x = m.get(keys.LOSS)
-        base = ctx.loss_baseline
+        base = None
+        if checking and x is not None and finite_positive(x):
+            if self.course is None and ctx.loss_baseline is not None:
+                self.course = [math.log(ctx.loss_baseline), ctx.loss_slope, 0]
+            if self.course is not None:
+                level, slope, k = self.course
+                base = math.exp(level + slope * k)
+                self.course[2] = k + 1
         if checking and fp is None and base is not None and x is not None and finite_positive(x):
             low = x < base * (1 - self.min_drop)
             self.low_count = self.low_count + 1 if low else 0

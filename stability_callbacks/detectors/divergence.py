@@ -6,70 +6,177 @@ import math
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import EWMean, RiseAboveLow, RollingMedian, finite_positive
-from .base import Context, Detector, fmt, positive, positive_int
+from .base import Context, Detector, check, fmt, positive, positive_int
+
+
+_SQRT2 = math.sqrt(2.0)
 
 
 class Divergence(Detector):
-    """Sustained upward drift of the loss (the 104B "diverging that didn't go through a spike").
+    """Sustained upward drift of the loss (the 104B "diverging that didn't go through a spike"),
+    judged on the run's own time scales (docs/design.md, Findings).
 
-    Rule: the median of the last ``window`` losses (blind to one-step blips) has stood more
-    than ``min_rise`` (and ``noise_sigmas`` × its own noise) above its lowest value for
-    ``persist_samples`` consecutive points (near the loss's floor, ``min_rise`` of the floor that
-    ``loss_spike`` measures rises against). Spike episodes are left to ``loss_spike``: the
-    window restarts after one. Critical, once per episode; re-armed when the median falls back.
-    O(window) per update with a window of 7; state: the window and 6 scalars.
+    Data order moves a loss for a while without anything being wrong: a run whose data is not
+    shuffled across shards swings between easier and harder stretches for tens of steps (a GPT-2
+    124M run: between 3.05 and 3.4 while its 100-step mean falls from 3.32 to 3.26). So the level
+    judged is the running median of the last ``window`` losses (blind to one-step blips), and
+    the rule learns how long the run's own swings last: the *swing horizon* H is the longest
+    rise of that level by half a threshold above its low that came back (below a quarter), in
+    points (rises no longer than the window are the median's own noise; at most
+    ``max_horizon_samples``). Then:
+
+    - once H is longer than the window, the level is the median smoothed over H points (a swing
+      is averaged out, a sustained rise is not);
+    - a *rise* is the level standing more than ``min_rise`` (and ``noise_sigmas`` × the noise of
+      one point: the spread of the point-to-point changes around their mean, which a trend does
+      not widen)
+      above its lowest value for ``persist_samples`` consecutive points (near the loss's floor,
+      ``min_rise`` of the floor that ``loss_spike`` measures rises against);
+    - it is a ``warning`` while it lasts no longer than the swings this run has already shown,
+      and ``critical`` once it outlasts them (``persist_samples`` + H points), or at once when it
+      comes with the grad norm or the update norm (``update_norm``) grown ``growth_ratio``-fold
+      since the low (gradients that grow with the loss are no data-order swing). A run with no
+      swings (H = 0) gets the critical finding at once.
+
+    Spike episodes are left to ``loss_spike``: the median restarts after one (the horizon is kept). One episode per rise, re-armed when the level falls back.
+    O(window) per update with a window of 7; state: three windows and 15 scalars.
+
+    >>> d = Divergence()
+    >>> xs = [3.0 - 0.001 * s for s in range(200)] + [2.8 * 1.01 ** s for s in range(1, 40)]
+    >>> [(f.step, f.severity) for s, x in enumerate(xs, 1)
+    ...  for f in d.update(StepRecord(s, {"loss": x}), Context(s))]
+    [(216, 'critical')]
     """
 
     name = "divergence"
     kind = "divergence"
     signals = (keys.LOSS,)
-    _state = ("med", "noise", "rise")
+    _state = ("med", "noise", "step_change", "prev_log", "rise", "points", "swing", "horizon", "smooth", "grad_med",
+              "update_med", "at_low", "episode")
 
     def __init__(self, *, window: int = 7, min_rise: float = 0.1, noise_sigmas: float = 4.0,
-                 persist_samples: int = 4):
+                 persist_samples: int = 4, max_horizon_samples: int = 500, growth_ratio: float = 1.5):
         self.window = positive_int("window", window)
         self.min_rise = positive("min_rise", min_rise)
         self.noise_sigmas = positive("noise_sigmas", noise_sigmas)
         self.persist_samples = positive_int("persist_samples", persist_samples)
+        self.max_horizon_samples = positive_int("max_horizon_samples", max_horizon_samples)
+        self.growth_ratio = check("growth_ratio", growth_ratio,
+                                  isinstance(growth_ratio, (int, float)) and growth_ratio > 1, "a number > 1")
         self.med = RollingMedian(window)
-        # mean |log x − median|; it starts from 0, so the min_rise floor rules until it is learnt
+        # The noise: the mean |change of log(loss) from one point to the next − its mean| (a trend
+        # moves every step alike: what it leaves is noise), debiased: the first points tell it.
         self.noise = EWMean(0.05, start="zero")
+        self.step_change = EWMean(0.05, start="running")
+        self.prev_log: float | None = None
         self.rise = RiseAboveLow(self.persist_samples)
+        self.points = 0                # points judged since the (re)start
+        self.swing: int | None = None  # the point where the level last rose half a threshold above its low
+        self.horizon = 0               # H: the longest such rise that came back (points)
+        self.smooth: float | None = None   # the level judged: the median, smoothed over H points
+        self.grad_med = RollingMedian(window)     # log grad norm, blind to blips
+        self.update_med = RollingMedian(window)   # log update norm
+        self.at_low: list = [None, None]   # [log grad norm, log update norm] when the level was lowest
+        self.episode: list | None = None   # [first step, escalated] of the rise being reported
 
     def _restart(self):
         self.med = RollingMedian(self.window)
+        self.prev_log = None
         self.rise.restart()
+        self.swing, self.smooth, self.episode = None, None, None
 
     def on_segment(self, start_step: int, reason: str) -> None:
         self._restart()
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
-        x = record.metrics.get(keys.LOSS)
+        m = record.metrics
+        x = m.get(keys.LOSS)
         if x is None or not finite_positive(x) or ctx.loss_signed:
             return []
         if ctx.loss_spike_open:
             self._restart()
             return []
         lx = math.log(x)
+        for key, window in ((keys.GRAD_NORM, self.grad_med), (keys.UPDATE_NORM, self.update_med)):
+            v = m.get(key)
+            if v is not None and finite_positive(v):
+                window.update(math.log(v))
         self.med.update(lx)
+        prev, self.prev_log = self.prev_log, lx
+        if prev is not None:   # the noise, from the steps between points around their mean (the trend)
+            d = lx - prev
+            self.noise.update(abs(d - self.step_change.mean) if self.step_change.n else 0.0)
+            self.step_change.update(d)
         if not self.med.full:
             return []
-        m = self.med.median
-        noise = self.noise.update(abs(lx - m))
+        med = self.med.median
+        noise = self.noise.debiased / _SQRT2   # the mean absolute deviation of one point
+        self.points += 1
+        h = self.horizon
+        a = 2.0 / (h + 1) if h > self.window else 1.0
+        level = self.smooth = med if self.smooth is None else self.smooth + a * (med - self.smooth)
         rise = self.min_rise
-        low = self.rise.low if self.rise.low is not None else m
+        low = self.rise.low if self.rise.low is not None else level
         if ctx.loss_floor_log > low:   # near its floor a rise is measured against the floor (LossSpike)
             rise *= math.exp(ctx.loss_floor_log - low)
         thr = max(math.log1p(rise), self.noise_sigmas * 1.25 * noise)
-        if not self.rise.update(m, record.step, thr):
+        fired = self.rise.update(level, record.step, thr)
+        # The swings the run has shown: rises of half a threshold that came back, and how long.
+        up = level - self.rise.low_value
+        if self.swing is None and up > thr / 2:
+            self.swing = self.points
+        elif self.swing is not None and up < thr / 4:
+            if self.points - self.swing > self.window:   # shorter ones are the median's own noise
+                self.horizon = min(max(self.horizon, self.points - self.swing), self.max_horizon_samples)
+            self.swing = None
+        if self.rise.low_step == record.step:   # a new low: what the grad and update norms were there
+            self.at_low = [self._now(self.grad_med), self._now(self.update_med)]
+        if fired:
+            self.episode = [record.step, False]
+        elif self.episode is not None and self.rise.count == 0:
+            self.episode = None   # it fell back: a swing after all
+        ep = self.episode
+        if ep is None or ep[1]:
             return []
-        lo, now, low_step = math.exp(self.rise.low_value), math.exp(m), self.rise.low_step
-        return [self.finding(
-            record.step, severity="critical", value=now, baseline=lo, threshold=lo * math.exp(thr),
-            onset_step=low_step,
-            message=(f"The loss is diverging without a spike: its running median rose from "
-                     f"{fmt(lo)} at step {low_step} to {fmt(now)} at step {record.step} "
-                     f"(+{now / lo - 1:.0%}) and keeps climbing. Training on will not fix it: roll "
-                     f"back to a checkpoint before step {low_step} and lower the LR or change "
-                     f"the data order."),
-            rise=now / lo - 1)]
+        lasted = self.rise.count
+        grown = self._grown()
+        outlasted = lasted >= self.persist_samples + h
+        if not (fired or outlasted or grown):
+            return []
+        ep[1] = outlasted or grown
+        return [self._finding(record.step, level, thr, lasted, h, grown, critical=ep[1])]
+
+    def _now(self, med: RollingMedian) -> float | None:
+        return med.median if med.window else None
+
+    def _grown(self) -> str | None:
+        """The signal (grad norm, update norm) that grew ``growth_ratio``-fold since the low."""
+        for name, med, low in (("grad norm", self.grad_med, self.at_low[0]),
+                               ("update norm", self.update_med, self.at_low[1])):
+            now = self._now(med)
+            if now is not None and low is not None and now - low >= math.log(self.growth_ratio):
+                return f"the {name} rose x{math.exp(now - low):.1f} since then"
+        return None
+
+    def _finding(self, step: int, level: float, thr: float, lasted: int, h: int, grown: str | None,
+                 *, critical: bool) -> Finding:
+        lo, now, low_step = math.exp(self.rise.low_value), math.exp(level), self.rise.low_step
+        what = (f"its running median{f' (averaged over {h} points, the swings this run has shown)' if h > self.window else ''} "
+                f"rose from {fmt(lo)} at step {low_step} to {fmt(now)} at step {step} (+{now / lo - 1:.0%}, "
+                f"{lasted} points above +{math.expm1(thr):.0%})")
+        if critical:
+            why = (grown if grown else
+                   f"longer than any swing this run has shown ({h} points)" if h else
+                   "and this run has shown no swings of its own")
+            message = (f"The loss is diverging without a spike: {what}; {why}. Training on will not "
+                       f"fix it: roll back to a checkpoint before step {low_step} and lower the LR or "
+                       f"change the data order.")
+        else:
+            message = (f"The loss is drifting up without a spike: {what}. This run's loss has swung "
+                       f"for up to {h} points before (data order); this becomes critical if the rise "
+                       f"outlasts that ({self.persist_samples + h} points) or the grad norm grows "
+                       f"with it. Keep the last checkpoint before step {low_step}.")
+        return self.finding(step, severity="critical" if critical else "warning", value=now, baseline=lo,
+                            threshold=lo * math.exp(thr), onset_step=low_step, message=message,
+                            rise=now / lo - 1, swing_horizon_samples=h, points_above=lasted,
+                            grown=grown)

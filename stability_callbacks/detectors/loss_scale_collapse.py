@@ -31,8 +31,12 @@ class LossScaleCollapse(Detector):
     for overflow, even one, shows a scaler at work: a log excerpt may begin in a cascade). The
     start-up search (halving from 2^32 on every step) meets the *zero*, *pinned* and *floor*
     rules — a search that halved down to the floor found no scale at which the gradients fit,
-    so it has failed (apex, which has no floor, goes on to 1e-202) — but not *halvings*, which
-    waits for the end of start-up. Negative values (``loss scale: -1.0`` in builds without a
+    so it has failed (apex, which has no floor, goes on to 1e-202) — but not *halvings*. The
+    search ends at its first successful step (``skipped`` 0; at the latest with the Monitor's
+    start-up, a log excerpt beginning mid-run is no search): halvings after
+    that count, however early (apex halving on ten iterations in a row after steps went through
+    is a collapse, not a search), and the finding says so (``details.past_startup``: the policy
+    keeps its severity in the first steps). Negative values (``loss scale: -1.0`` in builds without a
     scaler) are print artefacts and ignored. ``skipped`` may be a count per logged interval: an
     interval overflowed entirely when it counts every step since the previous record.
     One finding per episode. O(1); state: 7 scalars.
@@ -53,7 +57,7 @@ class LossScaleCollapse(Detector):
     name = "loss_scale_collapse"
     kind = "loss_scale_collapse"
     signals = (keys.LOSS_SCALE,)
-    _state = ("peak", "peak_step", "latch", "last", "last_step", "moved", "pinned")
+    _state = ("peak", "peak_step", "latch", "last", "last_step", "moved", "pinned", "searching")
 
     def __init__(self, *, min_halvings: int = 6, min_scale: float = 1.0, floor_halvings: int = 2,
                  peak_decay_steps: int = 200, pinned_skips: int = 3):
@@ -69,6 +73,7 @@ class LossScaleCollapse(Detector):
         self.last_step: int | None = None
         self.moved = False                   # the scale has changed at least once: a dynamic scaler
         self.pinned = 0                      # overflowed steps in a row at an unchanged scale
+        self.searching = True                # the start-up search: until the first successful step
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
@@ -82,6 +87,8 @@ class LossScaleCollapse(Detector):
         # a scale that moved, or a step skipped for overflow: a dynamic scaler at work
         self.moved = self.moved or (self.last is not None and not same) or (skipped is not None and skipped >= 1)
         self.pinned = self.pinned + int(skipped) if skipped is not None and overflowed and same else 0
+        if self.searching and (not ctx.in_startup or (skipped is not None and skipped == 0.0)):
+            self.searching = False   # a step went through (the search found its scale), or the run's start-up is over
         self.last, self.last_step = s, step
         if s == 0.0:
             return self._fire(step, s, "zero", ctx, on=True)
@@ -89,7 +96,7 @@ class LossScaleCollapse(Detector):
             return self._fire(step, s, "pinned", ctx, on=True)
         ls = math.log2(s)
         near_floor = self.moved and ls - math.log2(self.min_scale) <= self.floor_halvings
-        if ctx.in_startup:   # the search halves by design; one that reached the floor has failed
+        if self.searching:   # the search halves by design; one that reached the floor has failed
             return self._fire(step, s, "floor", ctx, on=near_floor, off=not near_floor)
         if self.peak is not None and self.peak_step is not None:
             decay = (step - self.peak_step) // self.peak_decay_steps
@@ -128,7 +135,7 @@ class LossScaleCollapse(Detector):
             message=(f"{what} Gradients overflow fp16 on almost every step: roll back to a checkpoint "
                      f"from before the overflows began{at_peak}, and consider bf16 or a lower LR."),
             rule=rule, halvings=(peak_log2 - math.log2(s)) if peak_log2 is not None and s > 0 else None,
-            pinned_skips=self.pinned)]
+            pinned_skips=self.pinned, past_startup=not self.searching)]
 
 
 def _halvings(n: float) -> str:

@@ -10,6 +10,14 @@ from ..stats import RobustLevel
 from .base import Context, Detector, check, fmt, positive, positive_int
 
 
+_SQRT2 = math.sqrt(2.0)   # the σ of a difference of two noisy points, in σ
+
+
+def _rise(x: float, base: float) -> str:
+    """How far above ``base`` ``x`` is, as a sentence part: ``24% above``, ``6834x``."""
+    return f"{x / base:.4g}x" if x >= 10 * base else f"{x / base - 1:.0%} above"
+
+
 @dataclass(slots=True)
 class SpikeEpisode:
     """An open loss-spike episode: where it began, the baseline it is judged against, how high
@@ -19,6 +27,7 @@ class SpikeEpisode:
     baseline: float
     peak: float
     samples: int = 1
+    above: int = 1         # of those, the points above the threshold
     warned: bool = False
     warm: bool = True      # the baseline was known (≥ cold_start_samples points) at the onset
 
@@ -29,23 +38,32 @@ class SpikeEpisode:
 class LossSpike(Detector):
     """Onset of an abnormal rise of a loss against a robust, detrended baseline.
 
-    Rule: with a warm baseline (≥ ``cold_start_samples`` points) a point is abnormal when it
-    is ``z_threshold`` noise-σ above the baseline *and* ``min_rise`` above it relatively — and
-    always once it is ``max_threshold_rise`` above (after a fast early fall the noise estimate
-    stays wide for a while; a doubling is a spike whatever it says); with a short history (a log snippet, the first steps of a run) only a relative jump of
-    ``cold_start_rise`` counts. Abnormal points do not enter the baseline (winsorized), so
-    the episode is judged against the level before it.
+    Rule: a point is abnormal when it is ``z_threshold`` noise-σ above the baseline *and*
+    ``min_rise`` above it relatively — and always once it is ``max_threshold_rise`` above (a
+    doubling is a spike whatever the noise says). The baseline is a trend-following level of
+    ``log(loss)`` whose spread is what the local trend leaves unexplained (:class:`RobustLevel`:
+    an early fast descent is not noise, so a +35% jump right after warmup stands out). During the
+    first ``cold_start_samples`` points (a log snippet, the first steps of a run) the baseline is
+    the median of what was seen (its MAD the noise the warm rule starts from), and a point is
+    abnormal ``cold_start_rise`` above it. Once warm, a point opens a spike only if it also jumped:
+    it stands ``min_jump_sigmas`` σ (of a difference of two points) above the point before it. A
+    loss that climbs a little on every point crosses the threshold without a jump: that is a
+    drift, which ``divergence`` judges (52B benchmark: +3% a step from 11.65 to 20.4). Abnormal
+    points do not enter the baseline, so the episode is judged against the level before it.
 
     An episode emits ``loss_spike`` at its onset (``info``; ``warning`` when the rise is at
-    least ``large_rise`` or once it persists ``persist_samples`` points), then exactly one of
-    ``spike_recovered`` (back within ``recover_fraction`` of the rise or 3σ of noise; ``fast`` when within
-    ``fast_recovery_steps``) or ``spike_unrecovered`` (not back after ``horizon_steps`` *and*
-    ``horizon_samples`` logged points: critical). A healthy 20k-step run has ~190 one-step
-    blips: they stay ``info``.
+    least ``large_rise``), and one more ``loss_spike``, a ``warning`` at its own step, when it
+    grows to a ``large_rise`` (0.5 → 3417 one step after a small spike began) or once it has
+    lasted ``persist_samples`` points — always at a point above the threshold, which it prints.
+    Then exactly one of ``spike_recovered`` (back within ``recover_fraction`` of the rise or 3σ
+    of noise; ``fast`` when within ``fast_recovery_steps``) or ``spike_unrecovered`` (not back
+    after ``horizon_steps`` *and* ``horizon_samples`` logged points: critical). A healthy
+    20k-step run has ~190 one-step blips: they stay ``info``.
 
     Relative to what: the rule judges ``log(loss)``, where the noise of a cross-entropy-like loss
     is proportional to its level. Near its floor that stops being true: a loss that has fallen
-    below ``floor_fraction`` (1%) of the largest value it has had is the mean of a batch in which
+    below ``floor_fraction`` (1%) of the largest value it has had (outside spikes: a spike to 3418
+    is not what training started from) is the mean of a batch in which
     almost every example is fitted, and it is the one or two examples left that move it — by
     whole multiples of a tiny number (a classifier at 2e-4 printing 1e-3: +400%, and 0.04% of
     the 2.1 it started from). There the relative rises above are measured against
@@ -64,7 +82,8 @@ class LossSpike(Detector):
     ``cold_start_samples`` points — possibly one noisy first point) is not a level. An episode
     that opened against a cold baseline is closed at the horizon without a verdict, and the
     baseline restarts at the level the loss has settled at.
-    O(1) per update; state: the baseline (4 floats), the episode (6 scalars) and 4 scalars.
+    O(1) per update; state: the baseline (5 floats; the first points while cold), the episode
+    (8 scalars) and 4 scalars.
 
     >>> d = LossSpike()
     >>> out = [f.kind for s, x in enumerate([3.0] * 30 + [6.0, 3.0], 1)
@@ -76,14 +95,15 @@ class LossSpike(Detector):
     name = "loss_spike"
     kind = "loss_spike"
     kinds = ("loss_spike", "spike_recovered", "spike_unrecovered")
-    _state = ("base", "episode", "prev_step", "prev_z", "peak", "signed")
+    _state = ("base", "episode", "prev_step", "prev_z", "prev_log", "peak", "signed")
     #: Other loss detectors (resume spike, falsely low loss) judge against this baseline.
     baseline_before: float | None = None
     noise_before: float = 0.0
+    slope_before: float = 0.0
     #: The loss has gone below zero: an additive objective (the log-space loss rules stand aside).
     signed: bool = False
 
-    def __init__(self, *, signal: str = keys.LOSS, baseline_alpha: float = 0.05,
+    def __init__(self, *, signal: str = keys.LOSS, baseline_alpha: float = 0.05, min_jump_sigmas: float = 3.0,
                  z_threshold: float = 6.0, min_rise: float = 0.15, cold_start_samples: int = 20,
                  cold_start_rise: float = 0.3, max_threshold_rise: float = 1.0,
                  large_rise: float = 1.5, persist_samples: int = 3,
@@ -92,6 +112,7 @@ class LossSpike(Detector):
         self.signals = (signal,)
         self.baseline_alpha = check("baseline_alpha", baseline_alpha, 0 < baseline_alpha <= 1, "in (0, 1]")
         self.z_threshold = positive("z_threshold", z_threshold)
+        self.min_jump_sigmas = positive("min_jump_sigmas", min_jump_sigmas)
         self.min_rise = positive("min_rise", min_rise)
         self.cold_start_samples = positive_int("cold_start_samples", cold_start_samples)
         self.cold_start_rise = positive("cold_start_rise", cold_start_rise)
@@ -104,10 +125,11 @@ class LossSpike(Detector):
         self.horizon_samples = positive_int("horizon_samples", horizon_samples)
         self.floor_fraction = check("floor_fraction", floor_fraction,
                                     isinstance(floor_fraction, (int, float)) and 0 <= floor_fraction < 1, "in [0, 1)")
-        self.base = RobustLevel(baseline_alpha)
+        self.base = RobustLevel(baseline_alpha, cold_start_samples=self.cold_start_samples)
         self.episode: SpikeEpisode | None = None
         self.prev_step: int | None = None
         self.prev_z = 0.0
+        self.prev_log: float | None = None   # log of the previous point (the one-step rise)
         self.peak = 0.0          # the largest loss so far: what "near its floor" is measured by
         self.signed = False
         self.floor = 0.0         # floor_fraction x peak (derived), and its log for the other detectors
@@ -117,18 +139,14 @@ class LossSpike(Detector):
     def open(self) -> bool:
         return self.episode is not None
 
-    def threshold(self) -> float:
-        """The value above which a point is abnormal right now."""
-        b = self.base
-        if self.signed:
-            return b.forecast + self.z_threshold * max(1.25 * b.mad, b.min_scale * self.peak)
-        return self._threshold(b.baseline, b.scale, b.n >= self.cold_start_samples)
-
-    def _threshold(self, base: float, scale: float, warm: bool) -> float:
-        # Rises are measured against the baseline, or against floor_fraction x the peak when the
-        # loss is below that (see the class docstring); the noise term is relative to the baseline.
-        unit = max(base, self.floor)
-        if not warm:
+    def _threshold(self, base: float, scale: float, cold: bool) -> float:
+        """The value above which a point is abnormal. Rises are measured against the baseline, or
+        against floor_fraction x the peak when the loss is below that (see the class docstring);
+        the noise term is relative to the baseline. A rise must clear min_rise and z_threshold σ
+        of noise, and always counts once it is max_threshold_rise (a doubling is a spike whatever
+        the noise says); while cold, it must clear cold_start_rise."""
+        unit = base if base > self.floor else self.floor
+        if cold:   # a few points tell a level (their median), not yet a noise
             return base + self.cold_start_rise * unit
         return base + min(max(self.min_rise * unit, math.expm1(self.z_threshold * scale) * base),
                           self.max_threshold_rise * unit)
@@ -145,44 +163,46 @@ class LossSpike(Detector):
         if self.signed:
             return self._update_signed(record.step, x)
         step = record.step
-        if x > self.peak:
-            self._new_peak(x)
         b = self.base
         n = b.n
+        lx = math.log(x)
         if n == 0:
-            b.update(x)
-            self.baseline_before, self.prev_step, self.prev_z = None, step, 0.0
+            b.update_log(lx)
+            self._new_peak(x)
+            self.baseline_before, self.prev_step, self.prev_z, self.prev_log = None, step, 0.0, lx
             return []
         # One forecast, one exp, one log per point: this is the hottest path of the Monitor.
-        f = b.level + b.damping * b.trend
+        f = b.level + b.damping * b.trend + b.bias
         base = math.exp(f)
         scale = max(1.25 * b.mad, b.min_scale)
-        warm = n >= self.cold_start_samples
-        self.baseline_before, self.noise_before = (base if warm else None), scale
+        cold = n < self.cold_start_samples
+        self.baseline_before, self.noise_before = (None if cold else base), scale
+        self.slope_before = b.damping * b.trend
         unit = base if base > self.floor else self.floor   # what a rise is measured against
-        if warm:
-            thr = base + min(max(self.min_rise * unit, math.expm1(self.z_threshold * scale) * base),
-                             self.max_threshold_rise * unit)
-        else:
-            thr = base + self.cold_start_rise * unit
-        lx = math.log(x)
+        thr = self._threshold(base, scale, cold)
         abnormal = x > thr
         z = (lx - f) / scale if n >= 2 else 0.0
+        prev_log, self.prev_log = self.prev_log, lx
         out: list[Finding] = []
+        enters = False   # the point joins the baseline (and may be the loss's new largest value)
         if self.episode is None:
-            if abnormal:
-                onset = self.prev_step if (self.prev_z > 3.0 and b.n >= self.cold_start_samples
-                                           and self.prev_step is not None) else step
+            # A spike is a jump: a loss that climbs a little on every point and so crosses the
+            # threshold is drifting (divergence's to judge), not spiking.
+            if abnormal and (cold or prev_log is None
+                             or lx - prev_log > self.min_jump_sigmas * _SQRT2 * scale):
+                onset = self.prev_step if (self.prev_z > 3.0 and not cold and self.prev_step is not None) else step
                 severity = "warning" if x - base >= self.large_rise * unit else "info"
-                self.episode = SpikeEpisode(onset, base, x, warned=severity == "warning", warm=warm)
+                self.episode = SpikeEpisode(onset, base, x, warned=severity == "warning", warm=not cold)
                 out.append(self._onset_finding(step, x, base, thr, onset, severity, unit))
             else:
-                b.update_log(lx)
+                enters = True
         else:
             ep = self.episode
             onset, base0 = ep.onset, ep.baseline
+            grew = x - base0 >= self.large_rise * max(base0, self.floor) and x > ep.peak
             ep.peak = peak = max(ep.peak, x)
             ep.samples += 1
+            ep.above += abnormal
             back = x <= self._recovery_level(base0, peak)
             if back:
                 took = step - onset
@@ -197,23 +217,15 @@ class LossSpike(Detector):
                              + ("." if speed == "fast" else "; keep an eye on the next spikes.")),
                     recovery_steps=took, speed=speed, peak=peak))
                 self.episode = None
-                b.update(x)
+                enters = True
             else:
-                if not ep.warned and ep.samples >= self.persist_samples:
+                if not ep.warned and abnormal and (grew or ep.samples >= self.persist_samples):
+                    # Only a point above the threshold says the spike is still there (or larger).
                     ep.warned = True
-                    out.append(self.finding(
-                        step, severity="warning", value=x, baseline=base0, threshold=thr,
-                        onset_step=onset,
-                        message=(f"{self._what()} spike that began at step {onset} persists: "
-                                 f"{fmt(x)} at step {step} vs {fmt(base0)} before it "
-                                 f"({ep.samples} points above). A checkpoint is being saved; if it "
-                                 f"does not come back, roll back to a checkpoint before step {onset}."),
-                        escalated=True, persisted_samples=ep.samples))
+                    out.append(self._escalation_finding(step, x, thr, ep, grew))
                 if step - onset >= self.horizon_steps and not ep.warm:
                     # Judged against a cold baseline: no verdict; the loss's level is where it is now.
-                    self.episode = None
-                    self.base = RobustLevel(self.baseline_alpha)
-                    self.base.update(x)
+                    self._restart_at(x)
                 elif step - onset >= self.horizon_steps and ep.samples >= self.horizon_samples:
                     out.append(self.finding(
                         step, kind="spike_unrecovered", severity="critical", value=x, baseline=base0,
@@ -225,11 +237,21 @@ class LossSpike(Detector):
                                  f"(or change the seed/data order)."),
                         peak=peak))
                     # Start a fresh baseline at the new level so later spikes are judged anew.
-                    self.episode = None
-                    self.base = RobustLevel(self.baseline_alpha)
-                    self.base.update(x)
+                    self._restart_at(x)
+        if enters or (cold and self.base is b):
+            # The cold start keeps every point: a median is robust to a spike, and leaving out
+            # the points it judged high would bias a level it does not know yet.
+            b.update_log(lx)
+        if enters and x > self.peak:
+            self._new_peak(x)
         self.prev_step, self.prev_z = step, z
         return out
+
+    def _restart_at(self, x: float) -> None:
+        """A fresh baseline starting at ``x``, the loss's level now (no episode open)."""
+        self.episode = None
+        self.base = RobustLevel(self.baseline_alpha, cold_start_samples=self.cold_start_samples)
+        self.base.update(x)
 
     def load_state_dict(self, d: dict) -> None:
         super().load_state_dict(d)
@@ -244,12 +266,27 @@ class LossSpike(Detector):
 
     def _recovery_level(self, base0: float, peak: float) -> float:
         """Back means within ``recover_fraction`` of the rise, or within the normal noise (3σ)."""
-        noise = base0 * math.exp(3.0 * self.base.scale) if self.base.n >= self.cold_start_samples else base0
+        noise = base0 if self.base.cold else base0 * math.exp(3.0 * self.base.scale)
         return max(base0 + self.recover_fraction * (peak - base0), noise)
 
     def _what(self) -> str:
         sig = self.signals[0]
         return "The loss" if sig == keys.LOSS else f"The {sig} loss"
+
+    def _escalation_finding(self, step: int, x: float, thr: float, ep: SpikeEpisode, grew: bool) -> Finding:
+        """The open spike is now a warning: it grew to a warning-sized rise, or it persists."""
+        onset, base0 = ep.onset, ep.baseline
+        if grew:
+            what = (f"{self._what()} spike that began at step {onset} grew: {fmt(x)} at step {step}, "
+                    f"{_rise(x, base0)} {fmt(base0)} before it (threshold {fmt(thr)}).")
+        else:
+            what = (f"{self._what()} spike that began at step {onset} persists: {fmt(x)} at step {step} "
+                    f"vs {fmt(base0)} before it (threshold {fmt(thr)}); {ep.above} of its {ep.samples} "
+                    f"points so far were above the threshold, none back to the level before it.")
+        return self.finding(
+            step, severity="warning", value=x, baseline=base0, threshold=thr, onset_step=onset,
+            message=(f"{what} If it does not come back, roll back to a checkpoint before step {onset}."),
+            escalated=True, persisted_samples=ep.samples, above_samples=ep.above, grew=grew)
 
     def _onset_finding(self, step, x, base, thr, onset, severity, unit) -> Finding:
         rise = x / base - 1
@@ -258,7 +295,7 @@ class LossSpike(Detector):
                       f"measured against {fmt(unit)}: +{(x - base) / unit:.0%}." if unit > base else "")
         return self.finding(
             step, severity=severity, value=x, baseline=base, threshold=thr, onset_step=onset,
-            message=(f"{self._what()} jumped to {fmt(x)} at step {step}, {rise:.0%} above its "
+            message=(f"{self._what()} jumped to {fmt(x)} at step {step}, {_rise(x, base)} its "
                      f"baseline {fmt(base)} (threshold {fmt(thr)}).{near_floor} Most spikes recover "
                      f"within ~100 steps; watching. If it persists, roll back to a checkpoint before "
                      f"step {onset}."),
@@ -272,7 +309,7 @@ class LossSpike(Detector):
         self.baseline_before = None
 
     def _update_signed(self, step: int, x: float) -> list[Finding]:
-        self.baseline_before, self.noise_before = None, 0.0
+        self.baseline_before, self.noise_before, self.slope_before = None, 0.0, 0.0
         if abs(x) > self.peak:
             self._new_peak(abs(x))
         b = self.base

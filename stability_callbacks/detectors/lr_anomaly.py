@@ -5,7 +5,7 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import EWMean
+from ..stats import EWMean, Latch
 from .base import Context, Detector, fmt, positive
 from .stall import printed_resolution
 
@@ -20,7 +20,14 @@ class LrAnomaly(Detector):
     change is spread over the steps since the previous change. A *rise* out of a flat stretch
     that is more than a rounding stair (one printed digit) is not a schedule: no schedule raises
     the LR at once after holding it (a warmup rises from the start), so it is judged as it is
-    (a constant LR that jumps x50). O(1); state: 5 scalars.
+    (a constant LR that jumps x50). One warning per discontinuity: the steps of a ramp that
+    follows it (a restarted warmup) are not warned again, until the LR moves like the schedule.
+
+    After a resume the LR must continue the schedule (a resume that lost the scheduler state
+    restarts it: that is the warning) — unless the optimizer restarted too: Adam's step count back
+    at 1 (``adam/step``) is a deliberate fresh start, weights only, whose schedule starts over
+    with it (the HF Trainer rebuilds both when the checkpoint has no optimizer state). O(1);
+    state: 7 scalars.
 
     >>> d = LrAnomaly()
     >>> lrs = [1e-4 * (1 - s / 1000) for s in range(1, 20)] + [5e-5]
@@ -31,7 +38,7 @@ class LrAnomaly(Detector):
     name = "lr_anomaly"
     kind = "lr_anomaly"
     signals = (keys.LR,)
-    _state = ("prev", "prev_step", "last_change_step", "typical")
+    _state = ("prev", "prev_step", "last_change_step", "typical", "latch", "resumed")
 
     def __init__(self, *, min_change: float = 0.02, ratio: float = 10.0, alpha: float = 0.1):
         self.min_change = positive("min_change", min_change)
@@ -41,12 +48,21 @@ class LrAnomaly(Detector):
         self.prev_step: int | None = None
         self.last_change_step: int | None = None
         self.typical = EWMean(self.alpha, start="running")   # per-step log change of the schedule
+        self.latch = Latch()      # re-armed by a change like the schedule's
+        self.resumed = False      # a resume segment began; its first record not seen yet
 
     def on_segment(self, start_step: int, reason: str) -> None:
         if reason == "rollback":
             self.prev = None   # a rollback re-runs an earlier part of the schedule
+        elif reason == "resume":
+            self.resumed = True
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
+        if self.resumed:
+            self.resumed = False
+            adam_step = record.metrics.get(keys.ADAM_STEP)
+            if adam_step is not None and adam_step <= 2:   # the optimizer started over: so does the schedule
+                self.prev, self.typical = None, EWMean(self.alpha, start="running")
         lr = record.metrics.get(keys.LR)
         if lr is None or not (0.0 < lr < math.inf):
             return []
@@ -68,8 +84,9 @@ class LrAnomaly(Detector):
         per_step = change / max(record.step - since, 1)
         anomalous = (self.typical.n >= 3 and change >= self.min_change
                      and per_step > self.ratio * max(self.typical.mean, 1e-12))
-        if not anomalous:
-            self.typical.update(per_step)
+        if not self.latch.update(on=anomalous, off=not anomalous):
+            if not anomalous:
+                self.typical.update(per_step)
             return []
         return [self.finding(
             record.step, severity="warning", value=lr, baseline=prev,

@@ -72,9 +72,18 @@ class Stall(Detector):
       is as unlikely by chance as a frozen pair (p above), and ``P`` is tried over the window,
       so the rule fires once ``max_period_samples`` × Π p ≤ ``false_alarm_rate`` over at least
       ``min_samples`` repeats in a row (4 decimals of a loss near 1: 6 repeats).
+    - *zero from the start*: every loss from the first is exactly 0.0 while the LR is not 0 and
+      the gradient is 0 (or not logged). No model predicts every label with certainty before
+      training, so a cross-entropy-like loss cannot be 0 there: it is masked away or cut from the
+      model. An objective that can be 0 by construction has a gradient all the same (GRPO: loss
+      0.0, grad norm ~0.1), which keeps the rule silent; the zeros may also wait for the LR to
+      leave 0 (a warmup that starts there).
     - *zero* / *collapse*: a loss that was positive on every point so far and at least
       ``zero_from`` of the largest loss seen falls to exactly 0.0, or by more than a factor
-      1/``zero_from`` per optimizer step (12.18 → 1.8e-6 in one step). A cross-entropy-like
+      1/``zero_from`` per optimizer step and below ``zero_from`` of every value it printed over
+      its last ``recent_samples`` points (12.18 → 1.8e-6 in one step). A batch mean that a few
+      examples dominate near the loss's floor (DPO's −log σ(β·margin) once most pairs are
+      ranked: 0.16 → 0.0012 when the last wrong pair is fixed) has visited such lows before. A cross-entropy-like
       loss reaches zero only through its last tiny values (memorising a small set goes 0.01 →
       0.001 → 0.0001 → 0.0, each step a fraction); one divided by 100 in a step is a masked
       loss (no label tokens), targets leaking into the inputs, an fp16 overflow zeroed, or a
@@ -99,10 +108,12 @@ class Stall(Detector):
     kind = "stall"
     signals = (keys.LOSS,)
     _state = ("last", "last_step", "before", "run_start", "count", "need", "latch", "positive", "peak",
-              "seen", "seen_count", "period", "run", "repeats", "evidence", "repeat_latch", "last_spiked")
+              "seen", "seen_count", "period", "run", "repeats", "evidence", "repeat_latch", "last_spiked",
+              "zero_since", "zero_told", "recent")
 
     def __init__(self, *, num_samples: int = 16, min_samples: int = 3, noise_floor: float = 1e-3,
-                 false_alarm_rate: float = 1e-6, zero_from: float = 0.01, max_period_samples: int = 64):
+                 false_alarm_rate: float = 1e-6, zero_from: float = 0.01, max_period_samples: int = 64,
+                 recent_samples: int = 8):
         self.num_samples = positive_int("num_samples", num_samples)
         self.min_samples = check("min_samples", min_samples, isinstance(min_samples, int) and
                                  not isinstance(min_samples, bool) and 2 <= min_samples <= num_samples,
@@ -132,6 +143,10 @@ class Stall(Detector):
         self.evidence = 0.0                   # ... and log Π p over it
         self.repeat_latch = Latch()           # re-armed when the repeats stop
         self.last_spiked = False              # the previous point was inside a loss-spike episode
+        self.zero_since: int | None = None    # the first step, while every loss so far is exactly 0.0
+        self.zero_told = False                # ... and that was reported
+        self.recent_samples = positive_int("recent_samples", recent_samples)
+        self.recent: list[float] = []         # the last recent_samples positive losses, oldest first
         self._prune_at = 4 * self.max_period_samples
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
@@ -140,6 +155,15 @@ class Stall(Detector):
         if x is None or not math.isfinite(x):   # missing or NaN/Inf: nonfinite's business
             return []
         prev, step = self.last, record.step
+        if x == 0.0 and (prev is None or self.zero_since is not None):
+            if prev is None:
+                self.zero_since = step
+            found = self._zero_from_start(step, m)
+            if found is not None:
+                self.last, self.last_step = x, step
+                return [found]
+        elif self.zero_since is not None:
+            self.zero_since = None   # it moved: the zeros were the start of an objective that can be 0
         if x == prev and x != 0.0:   # the same value again (zeros are the zero rule's)
             self.last_spiked = ctx.loss_spike_open
             self.count += 1
@@ -162,12 +186,15 @@ class Stall(Detector):
             # x == 0.0, or divided by more than 1/zero_from per optimizer step (a point coming
             # back from a spike returns to the loss's level: that is loss_spike's recovery)
             gap = max(step - (self.last_step if self.last_step is not None else step - 1), 1)
-            if x == 0.0 or math.log(prev / x) >= gap * -math.log(zf):
+            if x == 0.0 or (math.log(prev / x) >= gap * -math.log(zf) and x <= zf * min(self.recent)):
                 out.append(self._zero(step, x, prev, self.last_step))
         if x <= 0.0:
             self.positive = False
-        elif x > self.peak:
-            self.peak = x
+        else:
+            self.peak = max(self.peak, x)
+            self.recent.append(x)
+            if len(self.recent) > self.recent_samples:
+                del self.recent[0]
         self.last, self.last_step, self.before, self.count = x, step, prev, 1
         self.latch.armed = True   # the loss moved: re-armed (hot path: no call)
         # the repeating rule; its common case inline (a value not seen in the window, no run)
@@ -281,6 +308,27 @@ class Stall(Detector):
                      f"such as GRPO print 0.0 — ignore this.) Check the batch, the labels and the "
                      f"precision before training on."),
             rule="zero" if x == 0.0 else "collapse", previous=prev)
+
+    def _zero_from_start(self, step: int, m) -> Finding | None:
+        """The *zero from the start* rule: every loss so far, from the first, is exactly 0.0, the LR
+        is not 0 and the gradient is 0 or unknown (None: not yet, or an objective whose value can
+        be 0 while its gradient is not — GRPO prints 0.0 with a grad norm of ~0.1)."""
+        lr, g = m.get(keys.LR), m.get(keys.GRAD_NORM)
+        if self.zero_told or lr is None or not 0.0 < lr < math.inf or (g is not None and 0.0 < g < math.inf):
+            return None
+        self.zero_told = True
+        grad = ("no grad norm is logged" if g is None else
+                f"the grad norm is {g!r}" + (": nothing reaches the weights" if g == 0.0 else ""))
+        return self.finding(
+            step, severity="critical", value=0.0, onset_step=self.zero_since,
+            message=(f"The loss has been exactly 0.0 on every logged step since the first (step "
+                     f"{self.zero_since}) up to step {step}, with the LR at {fmt(lr)} and {grad}. A "
+                     f"cross-entropy-like loss is 0 only for a model that predicts every label with "
+                     f"certainty, which no model does before training: the loss is masked away (no "
+                     f"label tokens, all labels -100), multiplied by 0, or cut from the model. Stop and "
+                     f"check the labels and the loss path. (An objective that can be 0 — GRPO, a "
+                     f"reward-weighted loss — shows a non-zero grad norm, and then this is silent.)"),
+            rule="zero_from_start", lr=lr, grad_norm=g)
 
     def _repeating(self, step: int, x: float) -> Finding:
         period, k, first = self.period or 0, self.repeats, self.run[0][0]

@@ -64,7 +64,8 @@ def main() -> int:
 
         model.register_forward_pre_hook(boom)
     trainer = Trainer(model=model, args=args, train_dataset=sc.train_dataset(world))
-    config = json.loads(a.config) if a.config else {"policy": {"halt_on": a.halt_on}}
+    # halting on any instability right after warmup: the halt's mechanics on every rank
+    config = json.loads(a.config) if a.config else {"policy": {"halt_on": a.halt_on, "warmup_escalation": "any"}}
     cb = StabilityCallback.attach(trainer, config=config, run_dir=os.path.join(a.out, "stability"))
     trainer.train()
     ckpts = sorted(d for d in os.listdir(args.output_dir) if d.startswith("checkpoint-")) \

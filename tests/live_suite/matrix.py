@@ -33,6 +33,7 @@ ROOT = TESTS.parent
 #: only used to share scenarios out among workers. A worker's imports cost ~5-15 s, so a
 #: framework gets a second worker only for more than ``_WORKER_MIN_S`` of training.
 _STEP_MS = {"hf": 10.0, "lightning": 15.0, "deepspeed": 16.0}
+_IMPORTS_TRL = ("trl",)
 _WORKER_MIN_S = 60.0
 _IMPORTS = {"hf": ("transformers", "stability_callbacks.integrations.hf"),
             "lightning": ("lightning.pytorch", "stability_callbacks.integrations.lightning"),
@@ -90,6 +91,9 @@ def _worker(out: Path, names: list[str]) -> None:
     # Imports first, so that a scenario's seconds are its own.
     for fw in dict.fromkeys(SCENARIOS[n].framework for n in names):
         for module in _IMPORTS[fw]:
+            importlib.import_module(module)
+    if any(SCENARIOS[n].trainer == "trl" for n in names):
+        for module in _IMPORTS_TRL:
             importlib.import_module(module)
     if "transformers" in sys.modules:
         from transformers.utils import logging as hf_logging
@@ -209,8 +213,12 @@ def format_table(results: list[dict]) -> str:
                        f"+{d} ({c[1]}) but no {sc.fault.expect}")
             if r["warnings"]:
                 verdict += ", warns before"
+            if r.get("overreach"):
+                verdict += f", OVERREACH ({r['overreach'][0][1]}@{r['overreach'][0][0]})"
         if r.get("evidence_ok") is False:
             verdict += ", NOT A REAL RUN" if sc.healthy else ", FAULT NOT REAL"
+        if r.get("dishonest"):
+            verdict += ", DISHONEST"
         setup = sc.describe() + (f"; {sc.fault.kind}@{sc.fault.step} (<= +{sc.fault.within})" if sc.fault else "")
         rows.append((sc.name, setup, run, verdict, _f(r.get("warnings"))))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
@@ -291,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{r['name']}: {r['error'].strip().splitlines()[-1]}")
         for w in r.get("log_warnings") or []:
             print(f"{r['name']}: logged {w}")
+        for d in r.get("dishonest") or []:
+            print(f"{r['name']}: dishonest {d}")
     (Path(a.out) / "results.json").write_text(json.dumps(results, indent=1))
     print(f"\n{summary(results)}  [{len(results)} runs, {wall:.0f} s wall, --jobs {a.jobs}]")
     bad = [r["name"] for r in results if not r["ok"]]

@@ -7,7 +7,8 @@ library's public API only, its run log written to ``run_dir``.
 - Lightning: ``StabilityCallback(run_dir=...)`` in ``Trainer(callbacks=...)``, the torch
   optimizer and ``LambdaLR`` a LightningModule configures;
 - DeepSpeed: ``attach(engine, run_dir=...)`` on a hand-written loop, single process on the CPU
-  accelerator, optimizer and scheduler from the DeepSpeed config (WSD: a client scheduler).
+  accelerator, optimizer and scheduler from the DeepSpeed config (WSD, step schedules and LR faults: a
+  client LambdaLR).
 
 Every runner uses the default monitoring config, as a user who adds one line would (or the JSON
 config in the environment variable ``LIVE_MATRIX_CONFIG``: ``live_matrix.py --config``). Faults are
@@ -46,7 +47,7 @@ def plant(sc: Scenario, step: int, model, optimizer, scheduler=None) -> None:
         weight = [p for p in model.parameters() if p.dim() == 2][-1]
         with torch.no_grad():
             weight.view(-1)[0] = float("nan")
-    elif f.kind == "weights-scale" and step == f.step:
+    elif (f.kind == "weights-scale" and step == f.step) or (f.kind == "spike-grows" and step == f.step + 1):
         with torch.no_grad():
             for p in model.parameters():
                 if p.dim() >= 2:
@@ -70,6 +71,30 @@ def _loss(out):
 _HF_SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup",
                  "wsd": "warmup_stable_decay"}
 _HF_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor"}
+
+
+def _local_tokenizer():
+    """A word-level tokenizer over the 64 tokens, built here (TRL wants one; nothing downloaded)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from .scenarios import VOCAB_SIZE
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB_SIZE)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="t0", eos_token="t0", unk_token="t0")
+
+
+def _trl_trainer(sc: Scenario, kw: dict, callbacks: list):
+    """TRL's SFTTrainer on the same rows (already token ids: TRL only builds the labels), through
+    the same callbacks: what a user fine-tuning with TRL writes."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    cfg = SFTConfig(**kw, max_length=None, packing=False, dataset_num_proc=None)
+    rows = Dataset.from_dict({"input_ids": train_rows(sc).columns["input_ids"].tolist()})
+    return SFTTrainer(model=make_model(sc), args=cfg, train_dataset=rows, processing_class=_local_tokenizer(),
+                      callbacks=callbacks)
 
 
 def run_hf(sc: Scenario, run_dir: Path) -> dict:
@@ -104,11 +129,16 @@ def run_hf(sc: Scenario, run_dir: Path) -> dict:
         kw["lr_scheduler_kwargs"] = {"num_decay_steps": sc.decay_steps}
     if sc.optimizer == "sgd":
         kw["optim_args"] = "momentum=0.9"
+    if sc.objective == "label-smoothing":
+        kw["label_smoothing_factor"] = 0.1   # the Trainer's own LabelSmoother
 
     def trainer(**extra):
+        callbacks = [Plant(), StabilityCallback(run_dir=run_dir, config=_config())]
+        if sc.trainer == "trl":
+            return _trl_trainer(sc, {**kw, **extra}, callbacks)
         return Trainer(model=make_model(sc), args=TrainingArguments(**{**kw, **extra}),
                        train_dataset=train_rows(sc), eval_dataset=eval_rows(sc) if sc.eval_every else None,
-                       callbacks=[Plant(), StabilityCallback(run_dir=run_dir, config=_config())])
+                       callbacks=callbacks)
 
     if sc.resume_at is None:
         trainer().train()
@@ -117,8 +147,11 @@ def run_hf(sc: Scenario, run_dir: Path) -> dict:
     first.add_callback(StopAt())
     first.train()
     restart = sc.fault is not None and sc.fault.kind == "resume-restart"
+    folder = ckpt / f"checkpoint-{sc.resume_at}"
+    if sc.fresh_optimizer:   # a restart that keeps the weights only: the Trainer then builds a new AdamW
+        (folder / "optimizer.pt").unlink()
     # ignore_data_skip: the resumed run reads the data from its first batch again.
-    trainer(ignore_data_skip=restart).train(resume_from_checkpoint=str(ckpt / f"checkpoint-{sc.resume_at}"))
+    trainer(ignore_data_skip=restart).train(resume_from_checkpoint=str(folder))
     return {}
 
 
@@ -205,6 +238,12 @@ def _init_single_process_dist() -> None:
     deepspeed.init_distributed(dist_backend="gloo")
 
 
+def _client_schedule(sc: Scenario) -> bool:
+    """Whether a DeepSpeed run takes its schedule as a client LambdaLR: no DeepSpeed scheduler
+    makes WSD or a step schedule, and an LR fault must be able to scale its base LRs."""
+    return sc.schedule in ("wsd", "step") or (sc.fault is not None and sc.fault.kind in ("lr-jump", "lr-ramp"))
+
+
 def ds_config(sc: Scenario) -> dict:
     """What a DeepSpeed user writes: batch, ZeRO stage, AdamW (the stock torch one: no JIT-built
     op), a DeepSpeed scheduler, clipping, precision (fp16 with DeepSpeed's default scale search)."""
@@ -218,7 +257,9 @@ def ds_config(sc: Scenario) -> dict:
         "steps_per_print": 10 ** 9,
     }
     warm = {"warmup_num_steps": sc.warmup, "warmup_type": sc.ds_warmup_type}
-    if sc.schedule == "linear":
+    if _client_schedule(sc):
+        pass
+    elif sc.schedule == "linear":
         cfg["scheduler"] = {"type": "WarmupDecayLR", "params": {
             "total_num_steps": sc.steps, "warmup_min_lr": 0.0, "warmup_max_lr": sc.lr, **warm}}
     elif sc.schedule == "cosine":
@@ -250,7 +291,7 @@ def run_deepspeed(sc: Scenario, run_dir: Path) -> dict:
     def engine_and_hook():
         model = make_model(sc)
         client_sched = None
-        if sc.schedule == "wsd":
+        if _client_schedule(sc):
             client_sched = lambda opt: make_scheduler(sc, opt)  # noqa: E731
         engine, _, _, _ = deepspeed.initialize(model=model, config=ds_config(sc), lr_scheduler=client_sched,
                                                model_parameters=model.parameters())
@@ -259,13 +300,14 @@ def run_deepspeed(sc: Scenario, run_dir: Path) -> dict:
     def train(engine, hook, last_step, data_offset=0):
         while engine.global_steps < last_step:
             step = engine.global_steps + 1
-            plant(sc, step, engine.module, engine.optimizer)
+            plant(sc, step, engine.module, engine.optimizer, engine.lr_scheduler)
             d = (step - 1 - data_offset) % (len(ids) // g)
             rows = ids[d * g:(d + 1) * g]
             for m in range(sc.grad_accum):
                 mb = rows[m * sc.batch_size:(m + 1) * sc.batch_size]
                 loss = engine(input_ids=mb, labels=mb).loss
-                if sc.fault is not None and sc.fault.kind == "fp16-overflow" and step >= sc.fault.step:
+                f = sc.fault
+                if f is not None and f.kind == "fp16-overflow" and f.step <= step < f.step + (f.length or 10 ** 9):
                     loss = GradBlowUp.apply(loss)
                 engine.backward(loss)
                 engine.step()
@@ -286,7 +328,8 @@ def run_deepspeed(sc: Scenario, run_dir: Path) -> dict:
             engine.save_checkpoint(str(ckpt), tag=f"global_step{sc.resume_at}")
             hook.close()
             engine, hook = engine_and_hook()
-            engine.load_checkpoint(str(ckpt))
+            # a restart from the weights alone (fresh_optimizer): DeepSpeed's own switch
+            engine.load_checkpoint(str(ckpt), load_optimizer_states=not sc.fresh_optimizer)
             restart = sc.fault is not None and sc.fault.kind == "resume-restart"
             train(engine, hook, sc.steps, data_offset=sc.resume_at if restart else 0)
     except Exception as e:   # DeepSpeed's own end of an fp16 run: the minimum loss scale

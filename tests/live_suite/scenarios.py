@@ -36,7 +36,10 @@ VOCAB_SIZE = 64
 SEQ_LEN = 32
 SUCCESSOR_PROBS = (0.55, 0.25, 0.15, 0.05)
 FAULT_KINDS = ("lr-jump", "data-pocket", "nan-weight", "lr-ramp", "resume-restart",
-               "warmup-spike", "weights-scale", "fp16-overflow")
+               "warmup-spike", "weights-scale", "fp16-overflow", "zero-loss", "spike-grows")
+#: Shard difficulties of a non-shuffled run (``Scenario.shards``): successor probabilities whose
+#: entropy is 3% below / as / 4% above the base chain's (1.11 nats).
+SHARD_PROBS = ((0.58, 0.24, 0.13, 0.05), SUCCESSOR_PROBS, (0.52, 0.26, 0.16, 0.06))
 
 
 @dataclass(frozen=True)
@@ -45,8 +48,12 @@ class Fault:
     ``step``; it is caught when a warning-or-worse finding comes at a step in
     ``[step, step + within]`` (and, with ``expect``, a finding of that kind is among them).
     ``factor``: the LR multiplier (``lr-jump``), the per-step LR growth (``lr-ramp``) or the
-    weight scale (``weights-scale``); ``length``: how many steps of garbage data
-    (``data-pocket``, ``warmup-spike``)."""
+    weight scale (``weights-scale``, ``spike-grows``); ``length``: how many steps of garbage
+    data (``data-pocket``, ``warmup-spike``) or of overflows (``fp16-overflow``; 0: to the end).
+    ``zero-loss``: the model's loss is multiplied by 0 from the first step; ``spike-grows``: one
+    step of half-garbage data (a small spike), then the weights scaled by ``factor`` (a huge
+    one inside it). ``critical=False``: no critical finding may follow (a fault that must warn,
+    not page); ``forbid``: finding kinds that must not appear from the fault step on."""
 
     kind: str
     step: int
@@ -54,6 +61,8 @@ class Fault:
     factor: float = 1.0
     length: int = 0
     expect: str | None = None
+    critical: bool | None = None
+    forbid: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.kind not in FAULT_KINDS:
@@ -68,7 +77,7 @@ class Scenario:
     model: str = "gpt2"                 # gpt2 | llama | mlp
     warmup: int = 10
     lr: float = 1e-3
-    schedule: str = "linear"            # linear | cosine | constant | wsd
+    schedule: str = "linear"            # linear | cosine | constant | wsd | step (x0.1 at 40% and 70%)
     optimizer: str = "adamw"            # adamw | sgd | adafactor
     beta2: float = 0.999
     precision: str = "fp32"             # fp32 | bf16 (autocast / bf16-mixed / DeepSpeed bf16) | fp16
@@ -81,6 +90,10 @@ class Scenario:
     resume_at: int | None = None        # stop after this step's checkpoint, resume from it
     zero_stage: int = 0                 # DeepSpeed only
     ds_warmup_type: str = "linear"      # DeepSpeed schedulers: linear | log (DeepSpeed's default)
+    objective: str = "ce"               # ce | label-smoothing (0.1) | aux (+ z-loss) | rl-noise (x U(0.5, 1.5) a step)
+    shards: bool = False                # non-shuffled data: shards of 20-80 steps, each of its own difficulty
+    fresh_optimizer: bool = False       # with resume_at: restart from the checkpoint's weights, new optimizer state
+    trainer: str = "hf"                 # HF framework: hf (Trainer) | trl (SFTTrainer)
     fault: Fault | None = None
     quick: bool = False                 # in the quick subset (make test)
     seed: int = 0
@@ -89,7 +102,9 @@ class Scenario:
     def __post_init__(self):
         checks = (("framework", self.framework, FRAMEWORKS),
                   ("model", self.model, ("gpt2", "llama", "mlp")),
-                  ("schedule", self.schedule, ("linear", "cosine", "constant", "wsd")),
+                  ("schedule", self.schedule, ("linear", "cosine", "constant", "wsd", "step")),
+                  ("objective", self.objective, ("ce", "label-smoothing", "aux", "rl-noise")),
+                  ("trainer", self.trainer, ("hf", "trl")),
                   ("optimizer", self.optimizer, ("adamw", "sgd", "adafactor")),
                   ("precision", self.precision, ("fp32", "bf16", "fp16")))
         for key, value, allowed in checks:
@@ -99,6 +114,12 @@ class Scenario:
             raise ValueError(f"{self.name}: steps {self.steps} is not a multiple of epochs {self.epochs}")
         if self.precision == "fp16" and self.framework != "deepspeed":
             raise ValueError(f"{self.name}: fp16 runs only under DeepSpeed on a CPU")
+        if self.trainer == "trl" and self.framework != "hf":
+            raise ValueError(f"{self.name}: trainer 'trl' is the HF framework's")
+        if self.fresh_optimizer and (self.framework == "lightning" or not self.resume_at):
+            raise ValueError(f"{self.name}: fresh_optimizer needs resume_at, under HF or DeepSpeed")
+        if self.schedule == "step" and self.framework == "hf":
+            raise ValueError(f"{self.name}: the HF Trainer has no step schedule by name")
         if self.fault is not None and not 1 <= self.fault.step <= self.steps:
             raise ValueError(f"{self.name}: fault step {self.fault.step} outside 1..{self.steps}")
 
@@ -139,7 +160,15 @@ class Scenario:
         if self.finetune:
             parts.append("fine-tune")
         if self.resume_at:
-            parts.append(f"resume@{self.resume_at}")
+            parts.append(f"resume@{self.resume_at}" + (" fresh optimizer" if self.fresh_optimizer else ""))
+        if self.objective != "ce":
+            parts.append(self.objective)
+        if self.shards:
+            parts.append("unshuffled shards")
+        if self.trainer != "hf":
+            parts.append(f"{self.trainer.upper()} SFTTrainer")
+        if self.batch_size == 1:
+            parts.append("batch 1")
         return ", ".join(parts)
 
 
@@ -161,6 +190,8 @@ def lr_factor(schedule: str, i: int, warmup: int, total: int, decay_steps: int) 
             return 1.0
         progress = (i - (total - decay_steps)) / decay_steps
         return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+    if schedule == "step":   # MultiStepLR(milestones=[40%, 70%], gamma=0.1)
+        return 0.1 ** ((i >= 0.4 * total) + (i >= 0.7 * total))
     raise ValueError(f"schedule: {schedule!r}")
 
 
@@ -202,7 +233,40 @@ def make_model(sc: Scenario) -> torch.nn.Module:
         model = LlamaForCausalLM(config)
     if sc.finetune:
         model.load_state_dict(_pretrained(sc.model, model))
+    zero = sc.fault is not None and sc.fault.kind == "zero-loss"
+    if zero or sc.objective in ("aux", "rl-noise") or (sc.objective == "label-smoothing" and sc.framework != "hf"):
+        model.register_forward_hook(_Objective(sc.objective, zero=zero, seed=sc.seed), with_kwargs=True)
     return model
+
+
+class _Objective:
+    """A forward hook that turns the model's LM loss into the scenario's objective, as a user's
+    own loss code would: label smoothing 0.1 (HF Trainer: ``label_smoothing_factor`` instead), a
+    z-loss added (``aux``: 1e-3 x logsumexp², PaLM's auxiliary loss), the loss weighted by a
+    random factor in [0.5, 1.5] per forward (``rl-noise``: a reward-weighted, noisy objective),
+    or multiplied by 0 (the ``zero-loss`` fault)."""
+
+    def __init__(self, objective: str, *, zero: bool, seed: int):
+        self.objective, self.zero = objective, zero
+        self.gen = torch.Generator().manual_seed(seed + 11)
+
+    def __call__(self, module, args, kwargs, output):
+        loss, labels = output.get("loss"), kwargs.get("labels")
+        if loss is None or labels is None:
+            return output
+        logits = output["logits"]
+        if self.objective == "label-smoothing":
+            shifted = logits[:, :-1].float()
+            loss = torch.nn.functional.cross_entropy(shifted.reshape(-1, shifted.shape[-1]),
+                                                     labels[:, 1:].reshape(-1), label_smoothing=0.1)
+        elif self.objective == "aux":
+            loss = loss + 1e-3 * torch.logsumexp(logits.float(), dim=-1).pow(2).mean()
+        elif self.objective == "rl-noise":
+            loss = loss * (0.5 + torch.rand((), generator=self.gen))
+        if self.zero:
+            loss = loss * 0.0
+        output["loss"] = loss
+        return output
 
 
 _PRETRAINED: dict = {}
@@ -241,9 +305,10 @@ def make_scheduler(sc: Scenario, optimizer):
 
 
 # -------------------------------------------------------------------------------------- data
-def markov_ids(n: int, *, seed: int, task: int = 0) -> torch.Tensor:
+def markov_ids(n: int, *, seed: int, task: int = 0, probs: tuple = SUCCESSOR_PROBS) -> torch.Tensor:
     """``n`` sequences of ``SEQ_LEN`` tokens from the Markov chain of ``task`` (0: base; 1: the
-    fine-tune task, a quarter of the tokens with new successors)."""
+    fine-tune task, a quarter of the tokens with new successors), each token's successors drawn
+    with ``probs``."""
     g = torch.Generator().manual_seed(1000)
     succ = torch.stack([torch.randperm(VOCAB_SIZE, generator=g)[:4] for _ in range(VOCAB_SIZE)])
     if task == 1:
@@ -253,7 +318,7 @@ def markov_ids(n: int, *, seed: int, task: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     ids = torch.empty(n, SEQ_LEN, dtype=torch.long)
     ids[:, 0] = torch.randint(0, VOCAB_SIZE, (n,), generator=gen)
-    choice = torch.multinomial(torch.tensor(SUCCESSOR_PROBS).expand(n, 4), SEQ_LEN,
+    choice = torch.multinomial(torch.tensor(probs).expand(n, 4), SEQ_LEN,
                                replacement=True, generator=gen)
     for t in range(1, SEQ_LEN):
         ids[:, t] = succ[ids[:, t - 1], choice[:, t]]
@@ -279,12 +344,25 @@ def train_rows(sc: Scenario) -> Rows:
     if sc.model == "mlp":
         return Rows(_blobs(n, seed=sc.seed + 1))
     ids = markov_ids(n, seed=sc.seed + 1, task=1 if sc.finetune else 0)
+    g = sc.samples_per_step
+    if sc.shards:   # non-shuffled: each shard of 20-80 steps from a chain of its own difficulty
+        gen = torch.Generator().manual_seed(sc.seed + 7)
+        start = 0
+        while start < sc.steps_per_epoch:
+            length = int(torch.randint(20, 81, (), generator=gen))
+            probs = SHARD_PROBS[int(torch.randint(0, len(SHARD_PROBS), (), generator=gen))]
+            rows = slice(start * g, min(start + length, sc.steps_per_epoch) * g)
+            ids[rows] = markov_ids(rows.stop - rows.start, seed=sc.seed + 100 + start, probs=probs)
+            start += length
     f = sc.fault
-    if f is not None and f.kind in ("data-pocket", "warmup-spike"):
-        g = sc.samples_per_step
-        rows = slice((f.step - 1) * g, (f.step - 1 + f.length) * g)
+    if f is not None and f.kind in ("data-pocket", "warmup-spike", "spike-grows"):
+        rows = slice((f.step - 1) * g, (f.step - 1 + max(f.length, 1)) * g)
         gen = torch.Generator().manual_seed(sc.seed + 5)
-        ids[rows] = torch.randint(0, VOCAB_SIZE, ids[rows].shape, generator=gen)
+        garbage = torch.randint(0, VOCAB_SIZE, ids[rows].shape, generator=gen)
+        if f.kind == "spike-grows":   # half of each sequence garbage: a small spike
+            ids[rows, SEQ_LEN // 2:] = garbage[:, SEQ_LEN // 2:]
+        else:
+            ids[rows] = garbage
     return Rows({"input_ids": ids, "labels": ids})
 
 
@@ -353,11 +431,35 @@ _ROWS = [
        zero_stage=1, grad_accum=4, batch_size=2, clip=0.0),
     _s("ds-resume", "deepspeed", 600, warmup=100, lr=1e-3, beta2=0.95, zero_stage=1, resume_at=300,
        quick=True),
+    # ------------------------------------------- healthy: what users also run (issue 27)
+    _s("hf-label-smoothing", "hf", 600, warmup=30, lr=1e-3, objective="label-smoothing",
+       note="label_smoothing_factor=0.1: the loss cannot fall below ~1.4"),
+    _s("hf-trl-sft", "hf", 400, warmup=20, lr=1e-3, trainer="trl", note="TRL's SFTTrainer"),
+    _s("hf-plateau", "hf", 2500, warmup=20, lr=3e-3, schedule="constant",
+       note="at the chain's entropy from ~step 500: a 2000-step plateau"),
+    _s("hf-shards", "hf", 2000, warmup=50, lr=1e-3, schedule="cosine", shards=True,
+       note="no shuffling: the loss level moves with each shard's difficulty while the trend falls"),
+    _s("hf-restart-fresh-optimizer", "hf", 600, warmup=30, lr=1e-3, resume_at=300, fresh_optimizer=True,
+       note="resumed from the weights alone: AdamW starts from zero moments"),
+    _s("pl-batch1", "lightning", 1200, warmup=20, lr=3e-4, batch_size=1, note="32 tokens a step"),
+    _s("pl-aux-loss", "lightning", 600, warmup=20, lr=1e-3, objective="aux", note="LM loss + a z-loss"),
+    _s("pl-sgd-1e-2", "lightning", 600, warmup=0, lr=1e-2, schedule="constant", optimizer="sgd"),
+    _s("pl-step-lr", "lightning", 1200, warmup=10, lr=3e-3, schedule="step",
+       note="the LR stepped down x0.1 at 40% and again at 70%"),
+    _s("ds-long-warmup", "deepspeed", 1500, warmup=1000, lr=1e-3, schedule="constant", zero_stage=1),
+    _s("ds-rl-noise", "deepspeed", 800, warmup=20, lr=1e-3, objective="rl-noise",
+       note="the loss weighted by U(0.5, 1.5) each step: +-50% noise"),
+    _s("ds-restart-fresh-optimizer", "deepspeed", 600, warmup=30, lr=1e-3, zero_stage=1, resume_at=300,
+       fresh_optimizer=True),
     # --------------------------------------------------------------------------- faults
     _s("hf-lr-x100", "hf", 300, warmup=50, lr=3e-3, schedule="cosine", beta2=0.95,
-       fault=Fault("lr-jump", 150, within=10, factor=100)),
+       fault=Fault("lr-jump", 150, within=10, factor=100, forbid=("warmup_end", "warmup_instability"))),
     _s("pl-lr-x50", "lightning", 300, warmup=50, lr=3e-3, schedule="constant",
-       fault=Fault("lr-jump", 200, within=10, factor=50)),
+       fault=Fault("lr-jump", 200, within=10, factor=50, forbid=("warmup_end", "warmup_instability"))),
+    _s("hf-trl-lr-x100", "hf", 300, warmup=50, lr=3e-3, schedule="cosine", beta2=0.95, trainer="trl",
+       fault=Fault("lr-jump", 150, within=10, factor=100, forbid=("warmup_end", "warmup_instability"))),
+    _s("ds-lr-x100", "deepspeed", 300, warmup=50, lr=3e-3, schedule="cosine", beta2=0.95,
+       fault=Fault("lr-jump", 150, within=10, factor=100, forbid=("warmup_end", "warmup_instability"))),
     _s("hf-pocket", "hf", 200, warmup=20, lr=1e-3, beta2=0.95,
        fault=Fault("data-pocket", 150, within=3, length=5)),
     _s("pl-pocket", "lightning", 200, warmup=20, lr=1e-3, schedule="cosine", beta2=0.95,
@@ -381,14 +483,35 @@ _ROWS = [
     _s("ds-resume-restart", "deepspeed", 400, warmup=20, lr=1e-3, beta2=0.95, zero_stage=1,
        resume_at=200, fault=Fault("resume-restart", 201, within=1)),
     # A spike needs a loss well below ln(64) when warmup ends: these start from a trained model.
+    # A spike in the risk window that recovers by itself: escalated to a warning, never paged.
     _s("hf-warmup-spike", "hf", 200, warmup=100, lr=1e-3, finetune=True,
-       fault=Fault("warmup-spike", 103, within=3, length=3, expect="warmup_instability")),
+       fault=Fault("warmup-spike", 103, within=3, length=3, expect="warmup_instability", critical=False)),
     _s("pl-warmup-spike", "lightning", 200, warmup=100, lr=1e-3, beta2=0.95, finetune=True,
-       fault=Fault("warmup-spike", 103, within=3, length=3, expect="warmup_instability")),
+       fault=Fault("warmup-spike", 103, within=3, length=3, expect="warmup_instability", critical=False)),
     _s("ds-warmup-spike-z3", "deepspeed", 200, warmup=100, lr=1e-3, zero_stage=3, precision="bf16",
        finetune=True,
-       fault=Fault("warmup-spike", 104, within=3, length=3, expect="warmup_instability"),
+       fault=Fault("warmup-spike", 104, within=3, length=3, expect="warmup_instability", critical=False),
        note="DeepSpeed's scheduler lags a step: warmup ends at step 101"),
+    # The same right after a short warmup, from scratch: the loss still falls fast (issue 27).
+    _s("hf-early-spike", "hf", 400, warmup=60, lr=3e-3,
+       fault=Fault("warmup-spike", 66, within=3, length=4, expect="loss_spike", critical=False), quick=True),
+    _s("pl-early-spike", "lightning", 400, warmup=60, lr=3e-3,
+       fault=Fault("warmup-spike", 66, within=3, length=4, expect="loss_spike", critical=False)),
+    _s("ds-early-spike", "deepspeed", 400, warmup=60, lr=3e-3,
+       fault=Fault("warmup-spike", 66, within=3, length=4, expect="loss_spike", critical=False)),
+    # A small spike, and one step into it a huge one: its own finding at its own step.
+    _s("hf-spike-grows", "hf", 200, warmup=20, lr=1e-3,
+       fault=Fault("spike-grows", 150, within=1, factor=10, expect="loss_spike")),
+    _s("pl-spike-grows", "lightning", 200, warmup=20, lr=1e-3,
+       fault=Fault("spike-grows", 150, within=1, factor=10, expect="loss_spike")),
+    _s("ds-spike-grows", "deepspeed", 200, warmup=20, lr=1e-3,
+       fault=Fault("spike-grows", 150, within=1, factor=10, expect="loss_spike")),
+    # The loss multiplied by 0 from the first step: a stall as soon as the LR leaves 0.
+    _s("hf-zero-loss", "hf", 60, warmup=10, lr=1e-3, fault=Fault("zero-loss", 1, within=1, expect="stall"),
+       quick=True),
+    _s("pl-zero-loss", "lightning", 60, warmup=10, lr=1e-3, fault=Fault("zero-loss", 1, within=1, expect="stall")),
+    _s("ds-zero-loss", "deepspeed", 60, warmup=10, lr=1e-3, fault=Fault("zero-loss", 1, within=2, expect="stall"),
+       note="DeepSpeed's scheduler lags a step: its LR leaves 0 at step 3"),
     _s("hf-weights-x10", "hf", 200, warmup=20, lr=1e-3, beta2=0.95,
        fault=Fault("weights-scale", 150, within=2, factor=10), quick=True),
     _s("pl-weights-x10", "lightning", 200, warmup=20, lr=1e-3, schedule="cosine",
@@ -399,6 +522,9 @@ _ROWS = [
        precision="fp16", fault=Fault("fp16-overflow", 150, within=5), quick=True),
     _s("ds-fp16-overflow-z0", "deepspeed", 200, warmup=20, lr=1e-3, beta2=0.95, zero_stage=0,
        precision="fp16", fault=Fault("fp16-overflow", 150, within=5)),
+    _s("ds-fp16-collapse-after-search", "deepspeed", 60, warmup=20, lr=1e-3, zero_stage=1, precision="fp16",
+       fault=Fault("fp16-overflow", 8, within=12, length=10, expect="loss_scale_collapse"),
+       note="ten overflows in a row right after the start-up search, all in the first 20 steps (apex's case)"),
 ]
 
 SCENARIOS: dict[str, Scenario] = {}

@@ -15,6 +15,8 @@ from pathlib import Path
 from .scenarios import Scenario
 
 SERIOUS = ("warning", "critical")
+#: Findings that report a rise above a threshold: their value must be above the threshold they print.
+RISES = ("loss_spike", "divergence", "level_shift", "grad_norm_spike", "warmup_instability")
 
 
 def read_runlog(path: Path) -> tuple[dict[int, dict], list[dict]]:
@@ -35,11 +37,28 @@ def _short(f: dict) -> list:
     return [f["step"], f["kind"], f["severity"], f.get("message", "")]
 
 
+def dishonest(sc: Scenario, findings: list[dict]) -> list[str]:
+    """Findings that contradict their own numbers or the run: a rise printed below its own
+    threshold, "no LR warmup" on a run that warms up, a re-warmup the schedule never made."""
+    out = []
+    for f in findings:
+        v, thr = f.get("value"), f.get("threshold")
+        if f["kind"] in RISES and v is not None and thr is not None and v < thr:
+            out.append(f"{f['kind']}@{f['step']}: value {v:.4g} below its threshold {thr:.4g}")
+        if f["kind"] == "preflight" and sc.warmup > 0 and f.get("message", "").startswith("No LR warmup"):
+            out.append(f"preflight: 'No LR warmup' on a run with a {sc.warmup}-step warmup")
+        if f["kind"] == "warmup_end" and (f.get("details") or {}).get("rewarm") and not (
+                sc.fresh_optimizer and sc.framework == "hf"):   # the Trainer restarts the schedule then
+            out.append(f"warmup_end@{f['step']}: a re-warmup this schedule ({sc.schedule}) never made")
+    return out
+
+
 def judge(sc: Scenario, run_dir: Path, *, log_warnings=(), error: str | None = None,
           seconds: float = 0.0, notes: dict | None = None) -> dict:
     """The scenario's result (JSON-able). ``ok``: healthy → no warning+ finding, no warning in
     the library's log, learned; fault → caught within its bound, nothing serious before it, and
-    the fault is real."""
+    the fault is real (and, where the fault says so, nothing critical or forbidden after it);
+    both → no finding that contradicts its numbers or the run (:func:`dishonest`)."""
     res = {"name": sc.name, "framework": sc.framework, "healthy": sc.healthy,
            "fault": None if sc.fault is None else sc.fault.kind, "seconds": round(seconds, 1),
            "error": error, "log_warnings": list(log_warnings), "notes": notes or {}}
@@ -55,6 +74,7 @@ def judge(sc: Scenario, run_dir: Path, *, log_warnings=(), error: str | None = N
     res["loss_first"] = statistics.fmean(finite[:10]) if finite else None
     res["loss_last"] = statistics.fmean(finite[-max(10, len(finite) // 10):]) if finite else None
     res["findings"] = [_short(f) for f in findings if f["kind"] not in ("preflight",)]
+    res["dishonest"] = dishonest(sc, findings)
 
     if sc.healthy:
         res["warnings"] = [_short(f) for f in serious]
@@ -63,7 +83,7 @@ def judge(sc: Scenario, run_dir: Path, *, log_warnings=(), error: str | None = N
                            + ("" if len(finite) == len(loss) else f", {len(loss) - len(finite)} non-finite")
                            + ("" if len(steps) == sc.steps else f", {len(steps)}/{sc.steps} steps"))
         res["evidence_ok"] = learned
-        res["ok"] = not serious and not log_warnings and error is None and learned
+        res["ok"] = not serious and not log_warnings and error is None and learned and not res["dishonest"]
         return res
 
     f = sc.fault
@@ -74,8 +94,12 @@ def judge(sc: Scenario, run_dir: Path, *, log_warnings=(), error: str | None = N
     res["delay"] = catch["step"] - f.step if catch else None
     in_time = [x for x in after if x["step"] <= f.step + f.within]
     res["caught"] = bool(in_time) and (f.expect is None or any(x["kind"] == f.expect for x in in_time))
+    # A fault that must warn, not page; kinds that would misread it (a new warmup for an LR jump).
+    res["overreach"] = [_short(x) for x in findings if x["step"] >= f.step and (
+        (f.critical is False and x["severity"] == "critical") or x["kind"] in f.forbid)]
     res["evidence"], res["evidence_ok"] = fault_evidence(sc, steps, loss)
-    res["ok"] = res["caught"] and not res["warnings"] and res["evidence_ok"] and error is None
+    res["ok"] = (res["caught"] and not res["warnings"] and res["evidence_ok"] and error is None
+                 and not res["overreach"] and not res["dishonest"])
     return res
 
 
@@ -88,6 +112,9 @@ def fault_evidence(sc: Scenario, steps: dict[int, dict], loss: dict[int, float])
     if f.kind == "nan-weight":
         v = loss.get(s)
         return f"loss {v} at step {s}", v is not None and not math.isfinite(v)
+    if f.kind == "zero-loss":
+        zeros = sum(v == 0.0 for v in loss.values())
+        return f"loss exactly 0.0 on {zeros} of {len(loss)} steps", zeros == len(loss) > 0
     if f.kind == "resume-restart":
         fp = steps.get(s, {}).get("batch_fingerprint")
         same = fp is not None and fp == steps.get(1, {}).get("batch_fingerprint")
@@ -95,9 +122,13 @@ def fault_evidence(sc: Scenario, steps: dict[int, dict], loss: dict[int, float])
                 else f"step {s}'s batch differs from step 1's"), same
     if f.kind == "fp16-overflow":
         skipped = [i for i in range(s, max(steps) + 1) if steps.get(i, {}).get("skipped") == 1.0]
-        scale = [steps[i].get("loss_scale") for i in (s - 1, max(steps)) if i in steps]
-        return (f"{len(skipped)} skipped steps from {s} on, loss scale {scale[0]:g} -> {scale[-1]:g}",
-                bool(skipped) and skipped[0] == s)
+        last = s + f.length - 1 if f.length else max(steps)
+        scale = [steps[i].get("loss_scale") for i in (s - 1, last) if i in steps]
+        went_through = [i for i in range(1, s) if steps.get(i, {}).get("skipped") == 0.0]
+        text = f"{len(skipped)} skipped steps from {s} on, loss scale {scale[0]:g} -> {scale[-1]:g}"
+        if f.length:   # right after the start-up search: steps must have gone through before it
+            text += f"; {len(went_through)} steps went through before step {s}"
+        return text, bool(skipped) and skipped[0] == s and (not f.length or bool(went_through))
     window = range(s, min(max(loss), s + f.within + f.length + 5) + 1)
     peak_step = max(window, key=lambda i: loss.get(i, 0.0) if math.isfinite(loss.get(i, 0.0)) else math.inf)
     peak = loss.get(peak_step, float("nan"))
@@ -119,4 +150,6 @@ def fault_evidence(sc: Scenario, steps: dict[int, dict], loss: dict[int, float])
         highest = max(loss[i] for i in range(low_step, up + 1))
         return (text + f"; 5-step mean {low:.3g} at step {low_step}, +20% at step {up}, no point "
                 f"above x{highest / low:.2f} before"), highest < 1.5 * low
-    return text, not math.isfinite(peak) or peak >= 1.5 * pre
+    # garbage batches right after warmup, while the loss is still falling fast, raise it by a
+    # third (the issue's case: 3.1 -> 4.2); elsewhere a fault at least halves the way up
+    return text, not math.isfinite(peak) or peak >= (1.3 if f.kind == "warmup-spike" else 1.5) * pre

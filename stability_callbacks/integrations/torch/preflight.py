@@ -13,10 +13,12 @@ and logged once: the audit must never stop training.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import math
 import re
+import warnings
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -42,7 +44,10 @@ def collect_facts(model: torch.nn.Module, optimizer: Any = None, scheduler: Any 
                   max_sample_elements: int = 1 << 20) -> PreflightFacts:
     """Facts about ``model`` (and optionally its optimizer and LR scheduler) for the audit.
 
-    Explicit keyword values win over what is detected. ``precision`` is "fp16"/"bf16"/"fp32" or a
+    Explicit keyword values win over what is detected, except ``warmup_steps``: the warmup of the
+    scheduler in use, read by evaluating its LR over the first steps, wins over a framework's
+    warmup argument (which says nothing of a scheduler passed in by hand); the argument counts
+    where the scheduler cannot be read. ``precision`` is "fp16"/"bf16"/"fp32" or a
     framework's spelling ("16-mixed", ``torch.bfloat16``; detected only from half-precision parameters: under AMP the weights are fp32, so pass it).
     ``weights_pretrained=True`` (a fine-tune, or a resume) turns the init-std rules off; when
     ``None`` it is True for a transformers model loaded with ``from_pretrained``.
@@ -69,7 +74,7 @@ def collect_facts(model: torch.nn.Module, optimizer: Any = None, scheduler: Any 
         facts.attention_scale_after_qk = attention_scale_after_qk
     if weights_pretrained is not None:
         facts.weights_pretrained = weights_pretrained
-    if warmup_steps is not None:
+    if warmup_steps is not None and facts.warmup_steps is None:
         facts.warmup_steps = int(warmup_steps)
     if total_steps is not None:
         facts.total_steps = int(total_steps)
@@ -297,7 +302,7 @@ def _warmup_of(sched, total_hint):
         if "num_warmup_steps" in kw:                   # transformers.get_*_schedule_with_warmup
             return int(kw["num_warmup_steps"]), _as_int(kw.get("num_training_steps"))
         return _warmup_by_probing(fn, total_hint), None
-    return None, None
+    return _warmup_by_evaluating(sched, total_hint), None
 
 
 def _warmup_by_probing(fn, total_hint):
@@ -310,6 +315,49 @@ def _warmup_by_probing(fn, total_hint):
         return None
     peak = max(values)
     return next(s for s, v in enumerate(values) if v >= peak * (1 - 1e-6))
+
+
+class _StandIn:
+    """An optimizer with the real one's param groups, minus the parameters: what a scheduler copy
+    steps (``step`` marked as LRScheduler wraps it, so the copy does not warn)."""
+
+    def __init__(self, param_groups):
+        self.param_groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in param_groups]
+        self.defaults: dict = {}
+
+    def step(self):
+        pass
+
+    step._wrapped_by_lr_sched = True   # type: ignore[attr-defined]
+
+
+def _warmup_by_evaluating(sched, total_hint):
+    """Where the LR of any step-based scheduler first reaches its peak, from a copy of it stepped
+    on a stand-in optimizer (every reference to the real optimizer inside it, nested schedulers
+    included, is replaced): the real scheduler and optimizer are not touched. Only a scheduler
+    that has not stepped yet (a resumed one would show the rest of its course); None when it
+    cannot be told."""
+    optimizer = getattr(sched, "optimizer", None)
+    groups = getattr(optimizer, "param_groups", None)
+    if not groups or not callable(getattr(sched, "step", None)) or getattr(sched, "last_epoch", None) != 0:
+        return None
+    horizon = min(int(total_hint or 20_000), 20_000)
+    try:
+        stand_in = _StandIn(groups)
+        clone = copy.copy(sched)
+        clone.__dict__.update(copy.deepcopy(vars(sched), memo={id(optimizer): stand_in}))
+        lrs = [float(stand_in.param_groups[0]["lr"])]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(horizon):
+                clone.step()
+                lrs.append(float(stand_in.param_groups[0]["lr"]))
+    except Exception:      # an exotic scheduler (it needs a metric, holds unpicklable state): unknown
+        return None
+    peak = max(lrs)
+    if not peak > 0:
+        return None
+    return next(s for s, v in enumerate(lrs) if v >= peak * (1 - 1e-6))
 
 
 def _as_int(v):

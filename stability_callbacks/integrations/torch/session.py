@@ -341,6 +341,7 @@ class LiveSession:
         ``user_interval`` is its own interval (a bump never makes saves rarer).
         """
         c = self.control
+        c.saves_carried_out, c.user_save_interval_steps = interval_saves, user_interval   # for its messages
         bumped = c.save_interval_steps
         if bumped and user_interval and bumped >= user_interval:
             bumped = None   # the user's own interval is already as frequent
