@@ -123,7 +123,7 @@ def main(argv=None) -> dict:
     print(f"  plain sampler            {us(s['plain'])}")
     print(f"  wrapper, no ring         {us(s['wrapped'])}   ({us(s['wrapped'] - s['plain'])} vs plain)")
     print(f"  wrapper + ring (default) {us(s['recording'])}   ({us(s['recording'] - s['wrapped'])} vs the wrapper, "
-          f"{us(s['recording'] - s['plain'])} vs plain)")
+          f"{us(s['recording'] - s['plain'])} vs plain; {s['recording'] / s['plain']:.3f}x plain)")
     print(f"per step, the session's forensics calls ({a.micro_batches} micro-batches):")
     print(f"  record only              {us(h['record_only'])}")
     print(f"  dump_batches (by ref)    {us(h['dump_batches'])}")
@@ -132,7 +132,7 @@ def main(argv=None) -> dict:
           f"{f['training_step_ms']:.2f} ms)")
     out = {"samples_per_step": a.samples_per_step, "batch_size": a.batch_size, "steps": a.steps, "reps": a.reps,
            "step_us_plain": round(s["plain"] * 1e3, 2), "step_us_wrapped": round(s["wrapped"] * 1e3, 2),
-           "step_us_recording": round(s["recording"] * 1e3, 2),
+           "step_us_recording": round(s["recording"] * 1e3, 2), "recording_vs_plain": round(s["recording"] / s["plain"], 3),
            "hold_us_record_only": round(h["record_only"] * 1e3, 3),
            "hold_us_dump_batches": round(h["dump_batches"] * 1e3, 3),
            "ranking_forward_ms": round(f["ranking_forward_ms"], 2), "training_step_ms": round(f["training_step_ms"], 2)}

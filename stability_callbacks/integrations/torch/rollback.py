@@ -37,7 +37,7 @@ import logging
 import os
 import re
 import shutil
-from itertools import islice
+from itertools import chain, islice
 from typing import Any, Callable, Iterator
 
 import torch
@@ -111,18 +111,22 @@ class DataSkipSampler(torch.utils.data.Sampler):
         return skips, (skips.data_step(done + 1) if done else 1)
 
     def __iter__(self) -> Iterator[Any]:
+        # An iterator, not a generator: the indices pass at C speed (chain), one resume per step.
         skips, first = self._plan()
         ring = self.record() if self.record is not None else None
         kept = self._kept(skips, first)
         if ring is None:
-            yield from kept
-            return
+            return kept
         ring.problem, ring.shared_by_ranks, ring.samples_per_step = None, self.shared_by_ranks, self.samples_per_step
-        step, sps = self._steps_before(skips) + 1, self.samples_per_step
+        return chain.from_iterable(self._steps(kept, ring, self._steps_before(skips) + 1))
+
+    def _steps(self, kept: Iterator[Any], ring: StepIndices, step: int) -> Iterator[list]:
+        """Each optimizer step's indices, put into the ring as the loader reaches the step."""
+        sps = self.samples_per_step
         while chunk := list(islice(kept, sps)):
             ring.put(step, chunk)
             step += 1
-            yield from chunk
+            yield chunk
 
     def _kept(self, skips: DataSkips, first: int) -> Iterator[Any]:
         """The base's indices from data step ``first`` on, minus the skipped data steps."""
