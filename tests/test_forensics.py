@@ -377,3 +377,37 @@ def test_lightning_names_the_pocket_and_ranks_its_garbage_first(tmp_path):
     assert samples["neighbours"] == {"23": list(range(176, 184)), "24": list(range(184, 192))}
     assert {r["index"] for r in samples["ranked"]["top"]} == set(sc.pocket_indices())
     assert (tmp_path / "stability" / "forensics" / "step-25.jsonl").is_file()
+
+
+@pytest.mark.parametrize("loader, problem", [
+    (RuntimeError("the loader failed to build"), "wrapping the train loader's sampler failed (the log has why)"),
+    ([], "the train loaders are a list, not one DataLoader")])
+def test_lightning_a_loader_it_cannot_wrap_is_left_alone_and_said(tmp_path, caplog, loader, problem):
+    """The loader's own sampler stays; the spike says why it names no samples, and a rollback
+    would halt with that reason (an unexpected failure is logged once, training goes on)."""
+    pytest.importorskip("lightning.pytorch")
+    from stability_callbacks.integrations.lightning import StabilityCallback
+    from stability_callbacks.integrations.torch.rollback import RollBack
+
+    class Trainer:
+        global_step = 0
+
+        @property
+        def train_dataloader(self):
+            if isinstance(loader, Exception):
+                raise loader
+            return loader
+
+    cb = StabilityCallback(run_dir=tmp_path, config={"actions": {}})
+    cb._open(is_rank0=True, run_dir=str(tmp_path))
+    cb._rollback = rb = RollBack(lambda: cb.session)
+    with caplog.at_level(logging.ERROR, logger="stability_callbacks"):
+        cb._wrap_sampler(Trainer())
+    assert (rb.sampler, rb.sampler_problem) == (None, problem)
+    assert ("the loader failed to build" in caplog.text) == isinstance(loader, Exception)
+    fz = cb.session.run.forensics
+    fz.connect(LocalPeer())
+    f = Finding(3, "loss_spike", "warning", "The loss jumped.")
+    fz.annotate([f])
+    assert f.details["samples"] == {"step": 3, "indices": None, "unknown": problem}
+    cb.session.close()
