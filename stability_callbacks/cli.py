@@ -1,4 +1,5 @@
-"""``stability-callbacks`` (also ``python -m stability_callbacks``): replay, timeline, preflight, demo.
+"""``stability-callbacks`` (also ``python -m stability_callbacks``): replay, timeline, preflight, demo,
+forensics.
 
 Exit codes: 0 no critical finding; 1 a critical finding (or, for preflight, a warning);
 2 unreadable input, a bad config (the message names the file and line, or the key) or a missing
@@ -28,6 +29,8 @@ EXIT_CODES = {
                  "or a missing extra",
     "demo": "exit codes: 0 the run caught what its scenario planted (healthy: no warning), 1 it did "
             "not, 2 a bad option or a missing extra",
+    "forensics": "exit codes: 0 listed, 1 nothing to list (no finding named samples, no batch was "
+                 "ranked), 2 no such run directory or an unreadable forensics file",
 }
 #: Optional modules → the extra that installs them (a missing one is exit 2, named).
 EXTRAS = {"matplotlib": "report", "tensorboard": "tensorboard", "wandb": "wandb", "apprise": "apprise",
@@ -37,7 +40,8 @@ EXTRAS = {"matplotlib": "report", "tensorboard": "tensorboard", "wandb": "wandb"
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
-    run = {"replay": replay, "timeline": timeline, "preflight": preflight, "demo": demo}[args.command]
+    run = {"replay": replay, "timeline": timeline, "preflight": preflight, "demo": demo,
+           "forensics": forensics}[args.command]
     # A plot is asked for up front: find out before the work, not after it.
     if getattr(args, "report", None) or getattr(args, "png", None):
         if importlib.util.find_spec("matplotlib") is None:
@@ -146,6 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None, help="the run's length (default: the scenario's)")
     p.add_argument("--auto-rollback", action="store_true",
                    help="roll back to the last good checkpoint and skip the bad data instead of halting")
+    p = command("forensics", "list the samples behind a run's spikes",
+                "List the data behind a live run's spikes: each finding that named the dataset indices "
+                "of its step and its neighbours (in the run log), and each batch ranked by per-sample "
+                "loss (forensics/step-N.jsonl, written with forensics.dump_batches), highest loss first.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (holding runlog.jsonl and forensics/)")
+    p.add_argument("--top", type=int, default=10, help="samples shown of each ranked batch (default: %(default)s)")
+    p.add_argument("--json", dest="json_out", nargs="?", const="-", metavar="OUT",
+                   help="write each entry as a JSON line (type samples or ranked) to OUT (- or no value: "
+                        "standard output)")
     return parser
 
 
@@ -209,6 +222,56 @@ def demo(args) -> int:
     from .demo.run import main as demo_main
     return demo_main(scenario=args.scenario, framework=args.framework, out_dir=args.out, steps=args.steps,
                      auto_rollback=args.auto_rollback)
+
+
+def forensics(args) -> int:
+    """The samples a run's findings named and the batches it ranked (docs/design.md, Forensics)."""
+    from .forensics import listing
+
+    try:
+        entries, bad = listing(args.run_dir)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json_out is not None:
+        with _json_out(args.json_out) as out:
+            for entry in entries:
+                out.write(json.dumps(entry) + "\n")
+    if args.json_out != "-":
+        for entry in entries:
+            print("\n".join(_forensics_lines(entry, args.top)))
+        if bad:
+            print(f"({len(bad)} unreadable run-log line(s) skipped, the first: line {bad[0]})")
+        if not entries:
+            print(f"{args.run_dir}: no finding named samples and no batch was ranked")
+    return 0 if entries else 1
+
+
+def _forensics_lines(e: dict, top: int) -> list[str]:
+    from .forensics import compact
+
+    if e["type"] == "samples":
+        if e.get("indices") is None:
+            what = f"samples unknown: {e.get('unknown')}"
+        else:
+            what = f"dataset indices {compact(e['indices'])}" + (
+                f" (every rank's of {e['ranks']})" if e.get("ranks", 1) > 1 else "")
+        out = [f"step {e['step']}: {what}  [{e['kind']} ({e['severity']}) at step {e['finding_step']}]"]
+        out += [f"  step {s}: {compact(idx)}" for s, idx in (e.get("neighbours") or {}).items()]
+        if (e.get("ranked") or {}).get("unknown"):
+            out.append(f"  not ranked: {e['ranked']['unknown']}")
+        return out
+    rows = e["rows"]
+    out = [f"step {e['step']}: {len(rows)} samples ranked by their own loss ({e['path']})"]
+    for n, r in enumerate(rows[:max(0, top)], 1):
+        loss, tokens = r.get("loss"), r.get("tokens") or []
+        shown = f"{loss:.4g}" if isinstance(loss, float) else str(loss)
+        more = " ..." if len(tokens) > 12 else ""
+        out.append(f"  {n:>3}. index {r.get('index')!s:>8}  loss {shown:>9}  rank {r.get('rank')}  "
+                   f"tokens {' '.join(str(t) for t in tokens[:12])}{more}")
+    if len(rows) > top:
+        out.append(f"  ... {len(rows) - top} more")
+    return out
 
 
 def timeline(args) -> int:

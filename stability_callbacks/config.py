@@ -1,12 +1,12 @@
 """The configuration schema: YAML (or the same structure as a dict) → validated once →
 constructor args. Which sections exist and what builds each; the utility that builds an object
 from a mapping of its keys is :mod:`stability_callbacks.params`. This module sits above every
-section it checks (detectors, phase, policy, actions, preflight, watchdog) and none imports it.
+section it checks (detectors, phase, policy, actions, preflight, watchdog, forensics) and none imports it.
 
 Every section maps onto constructors (docs/design.md, "Configuration"):
 ``sampling`` → :class:`Sampling`, ``phase`` → ``PhaseTracker``, ``detectors.<name>`` → the
 detector, ``policy`` → ``Policy``, ``actions.<sink>`` → the sink class, ``preflight`` →
-``Preflight``, ``watchdog`` → ``HangWatchdog``.
+``Preflight``, ``watchdog`` → ``HangWatchdog``, ``forensics`` → ``Forensics``.
 The allowed keys are the keyword-only parameters of those constructors, and validation builds
 the very objects the Monitor will use, so a bad value fails here with the key path and the
 value (``detectors.loss_spike.z_threshold must be a positive number, got -1``), never later
@@ -25,6 +25,7 @@ import yaml
 
 from .actions import validate_actions
 from .detectors import DETECTORS
+from .forensics import Forensics
 from .params import ConfigError, check, checked, construct, int_at_least
 from .phase import PhaseTracker
 from .policy import Policy
@@ -34,7 +35,7 @@ from .watchdog import HangWatchdog
 __all__ = ["load_config", "validate", "ConfigError", "Sampling", "SECTIONS", "PRESETS_DIR", "preset_path",
            "presets"]
 
-SECTIONS = ("sampling", "phase", "detectors", "policy", "actions", "preflight", "watchdog")
+SECTIONS = ("sampling", "phase", "detectors", "policy", "actions", "preflight", "watchdog", "forensics")
 PRESETS_DIR = Path(__file__).resolve().parent / "configs"   # shipped in the wheel
 #: The actions when the section is absent: findings go to Python logging.
 DEFAULT_ACTIONS = {"log": {"min_severity": "info"}}
@@ -147,6 +148,7 @@ def validate(raw: Mapping) -> dict[str, Any]:
     preflight = {"enabled": False} if raw.get("preflight") is False else _section(raw, "preflight")
     out["preflight"] = checked("preflight", Preflight, preflight)
     out["watchdog"] = checked("watchdog", HangWatchdog, _section(raw, "watchdog"))
+    out["forensics"] = checked("forensics", Forensics, _section(raw, "forensics"))
     return out
 
 

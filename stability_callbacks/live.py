@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from . import keys
 from .control import Action, Control, DataSkips
+from .forensics import Forensics
 from .monitor import Monitor
 from .record import Finding, StepRecord
 from .runlog import RUNLOG_NAME, RunLog, knows_checkpoint, set_aside
@@ -188,6 +189,8 @@ class LiveRun:
         self._sink_args = dict(wandb_run=wandb_run, tb_writer=tb_writer, report_path=report_path,
                                advice_forms=advice_forms, off=dict(sinks_off or {}))
         self.dispatcher = self._build_dispatcher()   # config errors (bad URL, unset variable) surface here, early
+        #: Which data each step read, named at a finding (the ``forensics`` section).
+        self.forensics = Forensics(**self.monitor.config["forensics"])
 
     def _build_dispatcher(self, *, is_rank0: bool | None = None, only_messages: bool = False):
         from .actions import build_sinks
@@ -307,6 +310,9 @@ class LiveRun:
             self._open_runlog(record.step, "start", None)
             record.segment = self.monitor.segment
             found = self.guard.call("monitor", lambda: self.monitor.update(record), [])
+            if found:   # the samples behind them, before anyone hears of them
+                with self.guard("forensics", "naming the samples of a finding"):
+                    self.forensics.annotate(found, run_dir=self.run_dir, is_rank0=self.is_rank0)
             if self.runlog:
                 with self.guard("runlog"):
                     self.runlog.step(record)

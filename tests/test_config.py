@@ -31,7 +31,9 @@ def test_default_yaml_shows_the_real_defaults():
     from stability_callbacks.params import config_keys
     from stability_callbacks.preflight import Preflight
     from stability_callbacks.watchdog import HangWatchdog
-    for section, cls in (("sampling", Sampling), ("preflight", Preflight), ("watchdog", HangWatchdog)):  # every key, shown
+    from stability_callbacks.forensics import Forensics
+    for section, cls in (("sampling", Sampling), ("preflight", Preflight), ("watchdog", HangWatchdog),
+                         ("forensics", Forensics)):  # every key, shown
         built = cls()
         assert {k: getattr(built, k) for k in config_keys(cls)} == raw[section], section
 
@@ -77,8 +79,9 @@ def _sections():
     from stability_callbacks.preflight import Preflight
     required = {"slack": {"webhook_url": "http://x.test/h"}, "webhook": {"url": "http://x.test/h"},
                 "apprise": {"urls": "json://localhost/x"}}
+    from stability_callbacks.forensics import Forensics
     out = [("sampling", Sampling, {}), ("phase", PhaseTracker, {}), ("policy", Policy, {}),
-           ("preflight", Preflight, {})]
+           ("preflight", Preflight, {}), ("forensics", Forensics, {})]
     out += [(f"detectors.{n}", cls, {}) for n, cls in DETECTORS.items()]
     out += [(f"actions.{n}", cls, required.get(n, {})) for n, cls in SINK_CLASSES.items()
             if n != "apprise" or importlib.util.find_spec("apprise") is not None]   # optional

@@ -23,7 +23,7 @@ from stability_callbacks.monitor import STATE_VERSION  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "dist" / "ds_scenarios.py"
 CASES = ("loud-z1", "monitor-z1", "overflow-z1", "overflow-z0", "pocket-z2", "nan-z0", "spike-z3", "streams-z1", "nonorm-z2",
-         "crash-z1", "skip-z2", "rollback-z1", "hostsync-z2")
+         "crash-z1", "skip-z2", "rollback-z1", "hostsync-z2", "forensics-z2")
 LAUNCH_TIMEOUT_S = 420
 
 
@@ -196,6 +196,24 @@ def test_bf16_zero2_data_pocket_spike_saves_and_state(ds):
         [s, "save", f"bumped save interval (5 steps): {window}"] for s in (10, 15, 20)] + [
         [25, "save", "save now: loss_spike (warning) at step 25"]] + [
         [s, "save", f"bumped save interval (5 steps): {after}"] for s in (30, 35, 40, 45)]
+
+
+def test_a_spike_names_every_ranks_samples_and_ranks_the_garbage_first(ds):
+    """``forensics-z2``: hook.batches over a DistributedSampler loader (rank r reads samples r,
+    r+2, ... of each step), 3 garbage samples among step 25's 8; the finding names both ranks'
+    indices (one gather at the finding), and rank 0 writes the ranked batch."""
+    r = ds["forensics-z2"][0]
+    assert r["pocket"] == [193, 196, 198]
+    assert first(r, "loss_spike") == (25, "loss_spike", "warning")
+    samples = r["samples"]["loss_spike"]
+    assert samples["indices"] == [192, 194, 196, 198, 193, 195, 197, 199] and samples["ranks"] == 2
+    assert samples["neighbours"] == {"23": [176, 178, 180, 182, 177, 179, 181, 183],
+                                     "24": [184, 186, 188, 190, 185, 187, 189, 191]}
+    assert {t["index"] for t in samples["ranked"]["top"]} == set(r["pocket"])
+    dump = r["records"]["dump"]
+    assert [(x["index"], x["rank"]) for x in dump[:3]] == [(t["index"], t["index"] % 2) for t in samples["ranked"]["top"]]
+    assert sorted(x["index"] for x in dump) == list(range(192, 200))
+    assert r["samples"]["spike_recovered"] == {"step": 25, "indices": samples["indices"], "ranks": 2}
 
 
 def test_nan_halts_every_rank_at_the_same_step_and_rolls_back_latest(ds):

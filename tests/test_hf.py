@@ -90,6 +90,13 @@ def test_data_pocket_spike_at_the_pocket_and_recovery(pocket):
     lead = _first(cb.findings, "grad_norm_spike")
     assert (lead.step, lead.severity) == (first, "info")
     assert _first(cb.findings, "spike_recovered").step == last + 1
+    # The spike names its step's samples, the pocket's first (and the clean ones before it); the
+    # recovery names the whole pocket (the sequential sampler, wrapped, recorded them).
+    g = sc.samples_per_step()
+    assert spike.details["samples"] == {"step": first, "indices": sc.pocket_indices(steps=(first,)), "ranks": 1,
+                                        "neighbours": {str(s): list(range((s - 1) * g, s * g)) for s in (first - 2, first - 1)}}
+    episode = _first(cb.findings, "spike_recovered").details["samples"]
+    assert episode["indices"] + sum(episode["neighbours"].values(), []) == sc.pocket_indices()
     # Nothing serious before the pocket: the healthy stretch is quiet.
     assert _kinds([f for f in cb.findings if f.step < first], ("warning", "critical")) == []
     assert not any(f.kind in ("nonfinite", "spike_unrecovered", "divergence") for f in cb.findings)

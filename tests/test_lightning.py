@@ -114,6 +114,11 @@ def test_data_pocket(pocket_run):
     assert lo <= first["spike_recovered"] <= min(hi, _stop_step(sc))
     assert [f.severity for f in cb.findings if f.kind == "loss_spike" and f.step == spike] == \
         ["warning"]
+    # The spike names the pocket's first step's samples; its recovery the whole pocket.
+    named = next(f for f in cb.findings if f.kind == "loss_spike").details["samples"]
+    assert (named["step"], named["indices"]) == (spike, sc.pocket_indices(steps=(spike,)))
+    episode = next(f for f in cb.findings if f.kind == "spike_recovered").details["samples"]
+    assert episode["indices"] + sum(episode["neighbours"].values(), []) == sc.pocket_indices()
     assert trainer.global_step == _stop_step(sc) and not trainer.should_stop
     # The bumped interval (4) inside the risk window, a save now at the spike (warning), then
     # the bumped interval again after the warning; trainer.save_checkpoint each time.

@@ -8,7 +8,9 @@ sequence as a noise floor. ``make_model`` returns a model that already learned t
 
 - ``healthy``: nothing planted.
 - ``data-pocket``: ``pocket_steps`` consecutive optimizer steps whose batches are uniform random
-  tokens (a bad data shard), starting at ``fault_step`` once the loss has dropped.
+  tokens (a bad data shard), starting at ``fault_step`` once the loss has dropped; with
+  ``pocket_samples``, only the samples at those positions of each such step are (the data
+  forensics must tell them from their clean neighbours: :meth:`Scenario.pocket_indices`).
 - ``nan``: the batch of ``fault_step`` contains ``POISON_TOKEN``, whose embedding row is planted
   at +inf (a corrupted weight that no batch touched before). The forward pass turns it into NaN,
   so the loss is non-finite at exactly ``fault_step`` and, as the NaN update poisons the weights,
@@ -65,6 +67,8 @@ class Scenario:
     pretrain_steps: int = 40
     data_steps: int | None = None   # optimizer steps' worth of data (default max_steps; more when
                                     # an automatic rollback skips some)
+    pocket_samples: tuple[int, ...] | None = None   # positions within a pocket step that are
+                                                    # garbage (None: all of them)
     n_layer: int = 2
     n_embd: int = 64
     n_head: int = 2
@@ -153,8 +157,19 @@ class Scenario:
             if self.name == "nan":
                 ids[rows, self.seq_len // 2] = POISON_TOKEN
             else:
-                ids[rows] = noise[rows]
+                bad = self.pocket_indices(world_size, steps=(s,))
+                ids[bad] = noise[bad]
         return ScenarioDataset(ids)
+
+    def pocket_indices(self, world_size: int = 1, steps: tuple[int, ...] | None = None) -> list[int]:
+        """The dataset indices of the garbage samples of the pocket (of ``steps``: default all).
+
+        >>> build_scenario("data-pocket", pocket_steps=1, pocket_samples=(1, 6)).pocket_indices()
+        [193, 198]
+        """
+        g = self.samples_per_step(world_size)
+        at = range(g) if self.pocket_samples is None else self.pocket_samples
+        return [(s - 1) * g + p for s in (self.fault_steps if steps is None else steps) for p in at]
 
 
 class ScenarioDataset(torch.utils.data.Dataset):
@@ -204,7 +219,8 @@ def _linear_schedule(i: int, warmup_steps: int, max_steps: int) -> float:
 def build_scenario(name: str, *, seed: int = 0, max_steps: int | None = None,
                    batch_size: int = 8, grad_accum: int = 1, lr: float = 3e-3,
                    warmup_steps: int | None = None, fault_step: int | None = None,
-                   pocket_steps: int = 3, seq_len: int = 32, data_steps: int | None = None) -> Scenario:
+                   pocket_steps: int = 3, seq_len: int = 32, data_steps: int | None = None,
+                   pocket_samples: tuple[int, ...] | None = None) -> Scenario:
     """The scenario ``name`` (one of :data:`NAMES`) with its planted fault.
 
     Defaults keep one run to a few seconds on 2 CPU cores.
@@ -225,6 +241,8 @@ def build_scenario(name: str, *, seed: int = 0, max_steps: int | None = None,
                        ("grad_accum", grad_accum), ("seq_len", seq_len), ("pocket_steps", pocket_steps)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{key}: {value!r} must be a positive integer")
+    if pocket_samples is not None and not all(isinstance(p, int) and p >= 0 for p in pocket_samples):
+        raise ValueError(f"pocket_samples: {pocket_samples!r} must be positions (integers >= 0) within a step")
     if fault_step is not None and not 1 <= fault_step <= max_steps:
         raise ValueError(f"fault_step: {fault_step!r} must lie in [1, max_steps={max_steps}]")
 
@@ -241,7 +259,8 @@ def build_scenario(name: str, *, seed: int = 0, max_steps: int | None = None,
         expected["nonfinite"] = (fault_step, fault_step)
     return Scenario(name=name, seed=seed, max_steps=max_steps, batch_size=batch_size,
                     grad_accum=grad_accum, lr=lr, warmup_steps=warmup_steps, seq_len=seq_len,
-                    fault_steps=fault_steps, expected=expected, data_steps=data_steps)
+                    fault_steps=fault_steps, expected=expected, data_steps=data_steps,
+                    pocket_samples=None if pocket_samples is None else tuple(pocket_samples))
 
 
 def train_plain(scenario: Scenario, model=None, world_size: int = 1) -> list[float]:

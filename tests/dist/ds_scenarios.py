@@ -76,6 +76,19 @@ def train(engine, hook, sc, *, last_step: int, ids=None, data_offset: int = 0, b
     return out
 
 
+def train_over_loader(engine, hook, sc) -> None:
+    """The user's loop over ``hook.batches(loader)``: a DataLoader with a ``DistributedSampler``
+    (rank r reads samples r, r+W, ... of the data), to ``sc.max_steps`` or a halt."""
+    ds = sc.train_dataset(dist.get_world_size())
+    loader = torch.utils.data.DataLoader(ds, batch_size=sc.batch_size, sampler=torch.utils.data.DistributedSampler(
+        ds, num_replicas=dist.get_world_size(), rank=dist.get_rank(), shuffle=False))
+    for batch in hook.batches(loader):
+        engine.backward(engine(input_ids=batch["input_ids"], labels=batch["labels"]).loss)
+        engine.step()
+        if hook.should_stop or engine.global_steps >= sc.max_steps:
+            break
+
+
 def summary(hook, extra: dict) -> dict:
     res = {
         "findings": [[f.step, f.kind, f.severity] for f in hook.findings],
@@ -378,14 +391,7 @@ def case_rollback(out_dir):
                       "auto_rollback": {"skip_extra_steps": 5, "lr_factor": 0.5, "lr_factor_steps": 10}}}
     engine = make_engine(sc, stage=1, precision="fp32")
     hook = attach(engine, config=cfg, run_dir=run_dir, save_dir=os.path.join(run_dir, "ckpt"))
-    ds = sc.train_dataset(dist.get_world_size())
-    loader = torch.utils.data.DataLoader(ds, batch_size=sc.batch_size, sampler=torch.utils.data.DistributedSampler(
-        ds, num_replicas=dist.get_world_size(), rank=dist.get_rank(), shuffle=False))
-    for batch in hook.batches(loader):
-        engine.backward(engine(input_ids=batch["input_ids"], labels=batch["labels"]).loss)
-        engine.step()
-        if hook.should_stop or engine.global_steps >= sc.max_steps:
-            break
+    train_over_loader(engine, hook, sc)
     hook.close()
     got = _params(engine)
     # The reference: the data without steps 25-40, the LR halved for steps 21-30 by hand.
@@ -409,6 +415,25 @@ def case_rollback(out_dir):
                           "records": {"segments": [[r["segment"], r["start_step"], r["reason"]] for r in lines
                                                    if r["type"] == "segment"]} if dist.get_rank() == 0 else None,
                           "actions": runlog_actions(run_dir)})
+
+
+def case_forensics(out_dir):
+    """fp32 ZeRO-2, the loop over hook.batches(loader) (a DistributedSampler: each rank reads its
+    own samples), forensics.dump_batches on: 3 garbage samples of step 25's 8 (2 on rank 0, 1 on
+    rank 1) make the spike; the finding names every rank's indices (one gather at the finding)
+    and the garbage ranks first in forensics/step-25.jsonl, which rank 0 writes."""
+    sc = build_scenario("data-pocket", pocket_steps=1, max_steps=27, batch_size=4, pocket_samples=(1, 4, 6))
+    run_dir = shared_dir(out_dir, "forensics-z2")
+    engine = make_engine(sc, stage=2, precision="fp32")
+    hook = attach(engine, config={"actions": {}, "forensics": {"dump_batches": True}}, run_dir=run_dir,
+                  save_dir=os.path.join(run_dir, "ckpt"))
+    train_over_loader(engine, hook, sc)
+    hook.close()
+    path = os.path.join(run_dir, "forensics", "step-25.jsonl")
+    return summary(hook, {"pocket": sc.pocket_indices(dist.get_world_size()),
+                          "samples": {f.kind: f.details.get("samples") for f in hook.findings
+                                      if f.step == 25 or f.kind == "spike_recovered"},
+                          "records": ({"dump": [json.loads(x) for x in open(path)]} if dist.get_rank() == 0 else None)})
 
 
 def case_host_sync(out_dir):
@@ -544,6 +569,7 @@ CASES = {
     "streams-z1": case_streams,
     "skip-z2": case_skip,
     "rollback-z1": case_rollback,
+    "forensics-z2": case_forensics,
 }
 
 

@@ -89,6 +89,7 @@ class StabilityHook(SessionAdapter):
                    listeners=[writer] if writer is not None else [])
         self._ds = DeepSpeedStep(engine)
         self.session.read_engine(self._ds)
+        self.session.run.forensics.unknown_because("the loop does not iterate hook.batches(loader)")
         self._loop_save_dir: str | None = None   # where the loop itself last saved
         self._request: str | None = None         # why the hook's own save_checkpoint call saves
         self._patches = InstancePatches(engine)  # the engine's wrapped methods
@@ -114,8 +115,9 @@ class StabilityHook(SessionAdapter):
         micro-batches) from the data the engine is at: after ``engine.load_checkpoint`` the
         batches of the steps already trained are left out, after an automatic rollback the
         skipped ones too. ``for batch in hook.batches(loader):`` replaces ``for batch in loader:``
-        (needed for ``policy.auto_rollback``); one pass over the loader."""
-        return self._rollback.batches(loader)
+        (needed for ``policy.auto_rollback``, and for the data forensics to name the samples of
+        a step: docs/design.md, Forensics); one pass over the loader."""
+        return self._rollback.batches(loader, record=self._sample_ring)
 
     def apply_rollback(self, save_dir: str | os.PathLike | None = None) -> dict | None:
         """Carry out the rollback advice on disk: ``latest`` names the advised checkpoint's tag and
@@ -159,7 +161,8 @@ class StabilityHook(SessionAdapter):
             ids = kwargs.get("input_ids")
             if ids is None and args:
                 ids = args[0].get("input_ids") if isinstance(args[0], dict) else args[0]
-            s.add_micro_batch(input_ids=ids)
+            # The batch as the module was called (forensics.dump_batches): its keyword arguments.
+            s.add_micro_batch(input_ids=ids, batch=kwargs or (args[0] if len(args) == 1 else None))
             s.read_model_output(out)
 
         def backward(out, loss, *args, **kwargs):

@@ -9,6 +9,7 @@ import os
 from typing import Any, Callable, Iterator
 
 from stability_callbacks.control import RollbackRequest
+from stability_callbacks.forensics import StepIndices
 
 from ..torch.rollback import RollBack, barrier, install_sampler, is_rank0, set_aside_newer, tag_step
 
@@ -63,10 +64,13 @@ class DeepSpeedRollBack(RollBack):
                                 "rewound")
         self._rewind = False
 
-    def batches(self, loader) -> Iterator[Any]:
+    def batches(self, loader, record: Callable[[], StepIndices | None] | None = None) -> Iterator[Any]:
+        """``hook.batches``: ``record`` returns the run's index ring (data forensics; the same
+        sampler wrapper records each step's indices)."""
         e = self.engine
         self.sampler = install_sampler(loader, skips=self.skips, start_step=lambda: int(e.global_steps),
-                                       samples_per_step=loader.batch_size * e.gradient_accumulation_steps())
+                                       samples_per_step=loader.batch_size * e.gradient_accumulation_steps(),
+                                       record=record)
         self.sampler_problem = None
         try:
             while True:

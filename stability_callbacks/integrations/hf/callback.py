@@ -27,6 +27,7 @@ from ..torch.readings import read_grad_scaler
 from ..torch.rollback import RollBack
 from ..torch.session import STATE_FILE
 from .rollback import HFRollBack
+from .sampler import wrap_train_sampler
 
 __all__ = ["StabilityCallback", "STATE_FILE"]
 
@@ -53,6 +54,7 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
         self.log_to_reporters = bool(log_to_reporters)
         self.trainer = self._patches = self._hook = None
         self._ga, self._user_save_steps = 1, None
+        self._data_problem: str | None = "the callback could not find its Trainer (use StabilityCallback.attach)"
         self._save_reason: tuple[int, str | None] | None = None   # the step's save, and why
         if trainer is not None:
             self.bind(trainer)
@@ -78,11 +80,26 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
             raise ValueError(f"trainer: this StabilityCallback is already bound to {self.trainer!r}")
         self.trainer, self._patches = trainer, InstancePatches(trainer)
         if self._auto_rollback():   # re-enters train() from the checkpoint it goes back to
-            self._rollback = HFRollBack(lambda: self.session, trainer, self._patches, late=running)
+            self._rollback = HFRollBack(lambda: self.session, trainer, late=running)
+        if self._rollback is not None or self._section("forensics").get("record_samples", True):
+            # One wrapper: the rollback skips data through it, the forensics records indices.
+            self._data_problem = ("the callback met its Trainer after the train loader was built "
+                                  "(add it with Trainer(callbacks=[...]) or StabilityCallback.attach)"
+                                  if running else None)
+            rollback = self._rollback
+
+            def built(sampler, problem):
+                self._data_problem = problem
+                if rollback is not None:
+                    rollback.built(sampler, problem)
+            wrap_train_sampler(trainer, self._patches, record=self._sample_ring, built=built,
+                               skips=rollback.skips if rollback is not None else lambda: None)
         train = trainer.train if self._rollback is None else self._rollback.reentering(trainer.train)
 
         def training_step(loss, model=None, inputs=None, *_, **__):   # inputs: a dict or BatchEncoding
-            self.session.add_micro_batch(loss=loss, input_ids=inputs.get("input_ids") if hasattr(inputs, "get") else None)
+            batch = inputs if hasattr(inputs, "get") else None
+            self.session.add_micro_batch(loss=loss, input_ids=batch.get("input_ids") if batch is not None else None,
+                                         batch=batch)
 
         self._wrap(self._patches, "training_step", after=training_step)
         self._patches.set("train", self._reporting_crashes(train))
@@ -120,6 +137,8 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
                 is_rank0=state.is_world_process_zero, run_dir=os.path.join(args.output_dir, RUN_DIR_NAME),
                 run_name=self.run_name or getattr(args, "run_name", None))
             s.report = self.log_to_reporters and self.trainer is not None
+            if self._data_problem is not None:
+                s.run.forensics.unknown_because(self._data_problem)
             self._ga = max(1, int(args.gradient_accumulation_steps))
             # The interval the Trainer saves on (TrainerState.compute_steps; a resume's own).
             self._user_save_steps = state.save_steps if args.save_strategy == "steps" else None
@@ -167,7 +186,7 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
         if self.trainer is None:   # no training_step to read: the forward's loss and batch
             loss = output.get("loss") if hasattr(output, "get") else getattr(output, "loss", None)
             # A loss normalised by num_items_in_batch is already the window's share.
-            self.session.add_micro_batch(loss=loss, input_ids=kwargs.get("input_ids"), divide_by=(
+            self.session.add_micro_batch(loss=loss, input_ids=kwargs.get("input_ids"), batch=kwargs, divide_by=(
                 1.0 if kwargs.get("num_items_in_batch") is not None else self._ga))
         self.session.read_model_output(output)
 

@@ -1,60 +1,40 @@
 """Automatic rollback under the HF Trainer (the shared steps: :mod:`..torch.rollback`).
 
-The sampler the Trainer builds is wrapped in a :class:`~..torch.rollback.DataSkipSampler`; a
-rollback stops the Trainer and re-enters ``train(resume_from_checkpoint=<checkpoint>)`` from the
-``train`` wrapper the callback installs (the Trainer cannot be rewound in the middle of its loop:
-its dataloader iterator and step counters are locals).
+The sampler the Trainer builds is wrapped in a :class:`~..torch.rollback.DataSkipSampler`
+(:func:`~.sampler.wrap_train_sampler`, shared with the data forensics); a rollback stops the
+Trainer and re-enters ``train(resume_from_checkpoint=<checkpoint>)`` from the ``train`` wrapper
+the callback installs (the Trainer cannot be rewound in the middle of its loop: its dataloader
+iterator and step counters are locals).
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-import torch
-
-from stability_callbacks.live import InstancePatches
-
-from ..torch.rollback import DataSkipSampler, RollBack
+from ..torch.rollback import RollBack
 
 __all__ = ["HFRollBack"]
 
 
 class HFRollBack(RollBack):
-    """HF Trainer: the sampler the Trainer builds is wrapped; a rollback stops the Trainer and
+    """HF Trainer: the sampler the Trainer builds is wrapped (:func:`~.sampler.wrap_train_sampler`,
+    which reports each one it builds to :meth:`built`); a rollback stops the Trainer and
     re-enters ``train(resume_from_checkpoint=<checkpoint>)``, which restores model, optimizer,
     scheduler, RNG and ``global_step`` and skips the batches of the first ``S`` steps of the
     (skip-aware) data order. ``late``: met at train begin, the train loader built already."""
 
-    def __init__(self, session_of, trainer, patches: InstancePatches, *, late: bool = False):
+    def __init__(self, session_of, trainer, *, late: bool = False):
         super().__init__(session_of, "the callback met its Trainer after the train loader was built "
                          "(add it with Trainer(callbacks=[...]))" if late else "the training data was not seen yet")
         self.trainer = trainer
-        orig = trainer._get_train_sampler   # private (transformers 5.23 Trainer._get_train_sampler)
 
-        def _get_train_sampler(*args, **kwargs):
-            base = orig(*args, **kwargs)
-            if base is None or not hasattr(base, "__len__"):
-                self.sampler, self.sampler_problem = None, "the train dataset has no length (an IterableDataset)"
-                return base
-            a = trainer.args
-            if type(base) is torch.utils.data.RandomSampler and _seedable(a):
-                # accelerate swaps a plain RandomSampler for its seeded one (the same order on every
-                # rank and at every iteration, which a resume and a rollback need); behind this
-                # wrapper it would not see it, so the swap happens here.
-                from accelerate.data_loader import SeedableRandomSampler
-
-                base = SeedableRandomSampler(data_source=base.data_source, replacement=base.replacement,
-                                             num_samples=base._num_samples,
-                                             data_seed=a.data_seed if a.data_seed is not None else a.seed)
-            self.sampler = DataSkipSampler(base, skips=self.skips, samples_per_step=(
-                a.per_device_train_batch_size * a.gradient_accumulation_steps * a.world_size))
-            self.sampler_problem = (
-                "ignore_data_skip=True: the Trainer would re-read the data it already trained on"
-                if a.ignore_data_skip else
-                "save_only_model=True: the checkpoints hold no optimizer or scheduler state to go back to"
-                if getattr(a, "save_only_model", False) else None)
-            return self.sampler
-
-        patches.set("_get_train_sampler", _get_train_sampler)
+    def built(self, sampler, problem: str | None) -> None:
+        """The Trainer built its train sampler (None, and why, when it cannot be wrapped)."""
+        a = self.trainer.args
+        self.sampler, self.sampler_problem = sampler, problem if problem is not None else (
+            "ignore_data_skip=True: the Trainer would re-read the data it already trained on"
+            if a.ignore_data_skip else
+            "save_only_model=True: the checkpoints hold no optimizer or scheduler state to go back to"
+            if getattr(a, "save_only_model", False) else None)
 
     def reentering(self, train: Callable[..., Any]) -> Callable[..., Any]:
         """``train`` (the Trainer's own), re-entered after it returns while a rollback is pending:
@@ -83,7 +63,3 @@ class HFRollBack(RollBack):
             t.optimizer = t.optimizer.optimizer
         return self.pending.checkpoint_path
 
-
-def _seedable(args) -> bool:
-    cfg = getattr(args, "accelerator_config", None)
-    return bool(getattr(cfg, "use_seedable_sampler", True)) if cfg is not None else True

@@ -24,6 +24,7 @@ from ..deepspeed.skip_step import gate_engine
 from ..torch.adapter import CONFIG_ERRORS, RUN_DIR_NAME, SessionAdapter
 from ..torch.readings import read_grad_scaler, sharded_grad_norm
 from .rollback import LightningRollBack
+from .sampler import install_train_sampler
 
 __all__ = ["StabilityCallback"]
 
@@ -75,6 +76,28 @@ class StabilityCallback(Callback, SessionAdapter):
             if self._auto_rollback() and self._rollback is None:
                 self._rollback = LightningRollBack(lambda: self.session, trainer)
 
+    def _wrap_sampler(self, trainer) -> None:
+        """The one sampler wrapper into the train loader (the rollback's skips, the forensics'
+        index ring), when either is on; what cannot be wrapped is said where it matters."""
+        rb = self._rollback
+        if rb is None and not self._section("forensics").get("record_samples", True):
+            return
+        # An unexpected failure leaves the loader's own sampler (monitoring never takes training
+        # down) and is said where it matters: the findings' samples, the rollback's halt.
+        sampler, problem = None, "wrapping the train loader's sampler failed (the log has why)"
+        with self.guard("sampler", "wrapping the train loader's sampler"):
+            try:
+                sampler = install_train_sampler(trainer, skips=rb.skips if rb is not None else lambda: None,
+                                                record=self._sample_ring,
+                                                start_step=(lambda: trainer.global_step) if rb is not None else None)
+                problem = None
+            except ValueError as e:
+                problem = str(e)
+        if problem is not None:
+            self.session.run.forensics.unknown_because(problem)
+        if rb is not None:
+            rb.sampler, rb.sampler_problem = sampler, problem
+
     def _take_over_clipping(self, trainer) -> None:
         """Clip with the norm this callback already computed (``clip_grads_with_norm_``: the same
         arithmetic as ``clip_grad_norm_``, minus the second norm pass). Wraps the precision
@@ -121,8 +144,7 @@ class StabilityCallback(Callback, SessionAdapter):
                         optimizer=trainer.optimizers[0] if trainer.optimizers else None,
                         scheduler=scheds[0].scheduler if scheds else None, precision=str(trainer.precision),
                         total_steps=trainer.max_steps if trainer.max_steps > 0 else None)
-            if self._rollback is not None:   # the skip-aware sampler into the train loader
-                self._rollback.install()
+            self._wrap_sampler(trainer)
             # CPU copies land at once (poll is deterministic); on accelerators the copy may land
             # at different times on different ranks, so multi-rank runs drain in lockstep.
             s.lockstep = trainer.world_size > 1 and trainer.strategy.root_device.type != "cpu"
@@ -168,7 +190,7 @@ class StabilityCallback(Callback, SessionAdapter):
             return
         s = self.session
         s.add_micro_batch(loss=outputs.get("loss") if isinstance(outputs, dict) else outputs,
-                          input_ids=batch.get("input_ids") if isinstance(batch, dict) else None)
+                          input_ids=batch.get("input_ids") if isinstance(batch, dict) else None, batch=batch)
         if isinstance(outputs, dict):
             s.read_model_output(outputs)
         step = trainer.global_step

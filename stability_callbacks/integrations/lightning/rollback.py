@@ -1,17 +1,16 @@
 """Automatic rollback under Lightning (the shared steps: :mod:`..torch.rollback`).
 
-The train loader's sampler is wrapped in a :class:`~..torch.rollback.DataSkipSampler` that also
-starts after the data already trained (Lightning restores the loop, not a map-style loader's
-position); a rollback stops the fit loop, restores the checkpoint with the trainer's own
-checkpoint connector and runs the fit loop again.
+The train loader's sampler is wrapped in a :class:`~..torch.rollback.DataSkipSampler`
+(:func:`~.sampler.install_train_sampler`, shared with the data forensics) that also starts after
+the data already trained (Lightning restores the loop, not a map-style loader's position); a
+rollback stops the fit loop, restores the checkpoint with the trainer's own checkpoint connector
+and runs the fit loop again.
 """
 from __future__ import annotations
 
-import torch
-
 from stability_callbacks.live import InstancePatches
 
-from ..torch.rollback import RollBack, install_sampler
+from ..torch.rollback import RollBack
 
 __all__ = ["LightningRollBack"]
 
@@ -52,16 +51,3 @@ class LightningRollBack(RollBack):
     def close(self) -> None:
         """Restore ``trainer.fit_loop.run``."""
         self._patches.restore()
-
-    def install(self) -> None:
-        """At train start: the skip-aware sampler into the train loader."""
-        t = self.trainer
-        loader = t.train_dataloader
-        try:
-            if not isinstance(loader, torch.utils.data.DataLoader):
-                raise ValueError(f"the train loaders are a {type(loader).__name__}, not one DataLoader")
-            self.sampler = install_sampler(loader, skips=self.skips, start_step=lambda: t.global_step,
-                                           samples_per_step=loader.batch_size * t.accumulate_grad_batches)
-            self.sampler_problem = None
-        except ValueError as e:
-            self.sampler, self.sampler_problem = None, str(e)

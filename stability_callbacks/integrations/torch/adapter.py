@@ -12,6 +12,7 @@ from typing import Any
 from stability_callbacks.actions.rollback import advice_forms_for
 from stability_callbacks.config import load_config
 from stability_callbacks.control import Control
+from stability_callbacks.forensics import StepIndices
 from stability_callbacks.live import Guard, LiveRun
 from stability_callbacks.params import ConfigError
 from stability_callbacks.runlog import RUN_DIR_NAME
@@ -145,11 +146,19 @@ class SessionAdapter:
                 raise
         return call
 
+    def _section(self, name: str) -> dict[str, Any]:
+        """The validated config section ``name``, read before the session exists (config errors
+        surface here)."""
+        return (self.monitor.config if self.monitor is not None else load_config(self.config))[name]
+
     def _auto_rollback(self) -> bool:
-        """Whether ``policy.auto_rollback`` is on (``{}``: on, with its defaults), read before the
-        session exists (config errors surface here)."""
-        policy = (self.monitor.config if self.monitor is not None else load_config(self.config))["policy"]
-        return policy.get("auto_rollback") not in (None, False)
+        """Whether ``policy.auto_rollback`` is on (``{}``: on, with its defaults)."""
+        return self._section("policy").get("auto_rollback") not in (None, False)
+
+    def _sample_ring(self) -> StepIndices | None:
+        """The run's index ring (data forensics), for a sampler built before the run exists;
+        None while monitoring is off."""
+        return None if self._off() else self.session.run.forensics.indices
 
     @property
     def _rolling(self) -> bool:

@@ -21,6 +21,8 @@ factor for a while); here the run goes back and skips, the same way on every ran
    the samples of the skipped data steps (:class:`~stability_callbacks.control.DataSkips`); with
    ``start_step`` (Lightning, DeepSpeed) it also starts after the data of the steps already
    trained (HF's resume skips those batches itself). Indices only: nothing skipped is loaded.
+   The same wrapper records each step's indices for the data forensics (docs/design.md,
+   Forensics), with or without an automatic rollback.
 4. **go on** with the segment ``rollback`` in the run log (``timeline`` keeps the abandoned
    branch apart) and the standing requests installed in the policy (saved with every later
    checkpoint, so a crash-resume keeps skipping).
@@ -35,11 +37,13 @@ import logging
 import os
 import re
 import shutil
+from itertools import chain, islice
 from typing import Any, Callable, Iterator
 
 import torch
 
 from stability_callbacks.control import DataSkips, RollbackRequest
+from stability_callbacks.forensics import StepIndices
 
 __all__ = ["DataSkipSampler", "RollBack", "install_sampler", "set_aside_newer", "tag_step", "rank0s",
            "barrier", "is_rank0", "ROLLED_BACK_DIR"]
@@ -54,16 +58,27 @@ _TAG_STEP = re.compile(r"(\d+)$")
 # ------------------------------------------------------------------------------- the data
 class DataSkipSampler(torch.utils.data.Sampler):
     """The base sampler's indices minus the samples of skipped data steps (and, with
-    ``start_step``, minus those of the data steps already trained on).
+    ``start_step``, minus those of the data steps already trained on); with ``record``, each
+    optimizer step's indices also go into the run's ring (data forensics,
+    :class:`~stability_callbacks.forensics.StepIndices`). The one wrapper around a train
+    sampler: the automatic rollback and the forensics share it.
 
     ``samples_per_step``: samples one optimizer step takes from *this* sampler (per rank for a
     rank-local sampler such as ``DistributedSampler``: batch size x accumulation; for one
-    sampler sharded by batches across ranks, as accelerate does for HF: x world size).
+    sampler sharded by batches across ranks, as accelerate does for HF: x world size, and
+    ``shared_by_ranks`` = the world size).
     ``skips``: returns the current :class:`DataSkips` (the policy's; read at every ``iter``).
     ``start_step``: returns the optimizer steps already done (read at every ``iter``), or None.
+    ``record``: returns the ring (or None: nothing recorded), read at every ``iter``.
+    ``steps_before``: returns the optimizer steps trained before this iteration's first sample
+    (read at every ``iter``; default ``start_step``, else the steps of the earlier epochs: the
+    loop re-reads each epoch from its start and skips what a resume already trained itself, as
+    HF's does). The k-th sample an iteration yields belongs to optimizer step
+    ``steps_before + 1 + k // samples_per_step``.
     ``len`` is the epoch's length without the skipped data, as if iterated from its start (a
     loop that resumes mid-epoch counts what it already consumed, as Lightning does). O(1) per
-    index; ``len`` in O(#ranges).
+    index; recording draws one step's indices at a time (a list from an ``islice``); ``len`` in
+    O(#ranges).
 
     >>> from stability_callbacks.control import DataSkips
     >>> s = DataSkipSampler(range(12), samples_per_step=2, skips=lambda: DataSkips([[2, 3]]))
@@ -72,14 +87,22 @@ class DataSkipSampler(torch.utils.data.Sampler):
     >>> s.start_step = lambda: 2                   # steps 1-2 done: they read data steps 1 and 4
     >>> list(s), len(s)
     ([8, 9, 10, 11], 8)
+    >>> from stability_callbacks.forensics import StepIndices
+    >>> ring = StepIndices(8)
+    >>> s.record = lambda: ring
+    >>> list(s) and (ring.get(3), ring.get(4))     # what optimizer steps 3 and 4 read
+    ([8, 9], [10, 11])
     """
 
     def __init__(self, base, *, samples_per_step: int, skips: Callable[[], DataSkips | None],
-                 start_step: Callable[[], int] | None = None):
+                 start_step: Callable[[], int] | None = None,
+                 record: Callable[[], StepIndices | None] | None = None,
+                 steps_before: Callable[[], int] | None = None, shared_by_ranks: int = 1):
         if not isinstance(samples_per_step, int) or samples_per_step < 1:
             raise ValueError(f"samples_per_step must be a positive integer, got {samples_per_step!r}")
         self.base, self.samples_per_step = base, samples_per_step
         self.skips, self.start_step = skips, start_step
+        self.record, self.steps_before, self.shared_by_ranks = record, steps_before, shared_by_ranks
         self.epoch = 0
 
     def _plan(self) -> tuple[DataSkips, int]:
@@ -88,11 +111,31 @@ class DataSkipSampler(torch.utils.data.Sampler):
         return skips, (skips.data_step(done + 1) if done else 1)
 
     def __iter__(self) -> Iterator[Any]:
+        # An iterator, not a generator: the indices pass at C speed (chain), one resume per step.
         skips, first = self._plan()
-        sps, offset = self.samples_per_step, self.epoch * len(self.base)
+        ring = self.record() if self.record is not None else None
+        kept = self._kept(skips, first)
+        if ring is None:
+            return kept
+        ring.problem, ring.shared_by_ranks, ring.samples_per_step = None, self.shared_by_ranks, self.samples_per_step
+        return chain.from_iterable(self._steps(kept, ring, self._steps_before(skips) + 1))
+
+    def _steps(self, kept: Iterator[Any], ring: StepIndices, step: int) -> Iterator[list]:
+        """Each optimizer step's indices, put into the ring as the loader reaches the step."""
+        sps = self.samples_per_step
+        while chunk := list(islice(kept, sps)):
+            ring.put(step, chunk)
+            step += 1
+            yield chunk
+
+    def _kept(self, skips: DataSkips, first: int) -> Iterator[Any]:
+        """The base's indices from data step ``first`` on, minus the skipped data steps."""
         if first == 1 and not skips.ranges:
-            yield from self.base
-            return
+            return iter(self.base)
+        return self._filtered(skips, first)
+
+    def _filtered(self, skips: DataSkips, first: int) -> Iterator[Any]:
+        sps, offset = self.samples_per_step, self.epoch * len(self.base)
         last_d, keep = 0, True
         for i, idx in enumerate(self.base):
             d = (offset + i) // sps + 1
@@ -100,6 +143,14 @@ class DataSkipSampler(torch.utils.data.Sampler):
                 last_d, keep = d, d >= first and not skips.skipped(d)
             if keep:
                 yield idx
+
+    def _steps_before(self, skips: DataSkips) -> int:
+        if self.steps_before is not None:
+            return self.steps_before()
+        if self.start_step is not None:
+            return self.start_step()
+        before = self.epoch * len(self.base) // self.samples_per_step   # data steps of earlier epochs
+        return before - sum(max(0, min(b, before) - a + 1) for a, b in skips.ranges)
 
     def __len__(self) -> int:
         skips = self.skips() or DataSkips()
@@ -114,7 +165,8 @@ class DataSkipSampler(torch.utils.data.Sampler):
             self.base.set_epoch(epoch)
 
 
-def install_sampler(loader, *, samples_per_step: int, skips, start_step=None) -> DataSkipSampler:
+def install_sampler(loader, *, samples_per_step: int, skips, start_step=None, record=None,
+                    steps_before=None) -> DataSkipSampler:
     """Put a :class:`DataSkipSampler` into a torch ``DataLoader``'s batch sampler (idempotent).
     Raises ``ValueError`` naming what is missing for a loader it cannot reach."""
     batch_sampler = getattr(loader, "batch_sampler", None)
@@ -124,9 +176,10 @@ def install_sampler(loader, *, samples_per_step: int, skips, start_step=None) ->
                          f"(a DataLoader over a map-style dataset is needed to skip data)")
     if isinstance(base, DataSkipSampler):
         base.samples_per_step, base.skips, base.start_step = samples_per_step, skips, start_step
+        base.record, base.steps_before = record, steps_before
         return base
     batch_sampler.sampler = DataSkipSampler(base, samples_per_step=samples_per_step, skips=skips,
-                                        start_step=start_step)
+                                            start_step=start_step, record=record, steps_before=steps_before)
     return batch_sampler.sampler
 
 

@@ -5,7 +5,8 @@ keeps a value, how it saves and stops) and hands the rest to one :class:`LiveSes
 
 ====================  ========================================================================
 micro-batches         :meth:`~LiveSession.add_micro_batch` (the loss, summed on the device; a
-                      fingerprint of the token ids) and :meth:`~LiveSession.read_model_output`
+                      fingerprint of the token ids; the batch itself, by reference, with
+                      ``forensics.dump_batches``) and :meth:`~LiveSession.read_model_output`
                       (per-dataset losses: ``stream_losses`` -> ``loss/<name>``)
 before the step       :meth:`~LiveSession.before_optimizer_step`: the point right before the
                       optimizer applies the update, with the pre-clip grad norm
@@ -55,6 +56,7 @@ from stability_callbacks.live import LiveRun
 from stability_callbacks.record import Finding, StepRecord
 from stability_callbacks.watchdog import HangWatchdog
 
+from .forensics import TorchPeer, held, rows_of
 from .preflight import run_preflight
 from .probe import StepProbe
 from .readings import step_lr
@@ -108,6 +110,7 @@ class LiveSession:
                               **{keys.LOSS_STREAM_PREFIX + n: "mean"
                                  for n in sampling.get("loss_streams") or ()}})
         self.lockstep = lockstep
+        self.process_group = process_group
         self.started = self.closed = False
         #: The last optimizer step finished (or the step a segment started from).
         self.last_step = 0
@@ -132,6 +135,8 @@ class LiveSession:
         self.engine: EngineStep | None = None
         self._fp: torch.Tensor | None = None
         self._streams: dict[str, tuple[torch.Tensor, int]] = {}
+        self._batches: list = []           # this step's micro-batches (forensics.dump_batches)
+        self._rows = 0                     # and how many samples they held (forensics' check)
         self._interval: int | None = None   # the save interval last reported
 
     @property
@@ -166,6 +171,10 @@ class LiveSession:
         ``model``/``optimizer``/``scheduler`` (``facts``: precision, ...)."""
         self.run.start(step, reason, checkpoint=checkpoint)
         self.last_step = int(step)
+        with self.guard("forensics", "connecting the data forensics"):
+            # A segment's steps read their own data: what was held belongs to the steps before.
+            self.run.forensics.forget(int(step))
+            self.run.forensics.connect(TorchPeer(model, self.process_group))
         if reason == "rollback":   # the per-tensor baselines saw the abandoned steps
             self.probe.layers.reset()
         if reason == "start":
@@ -198,11 +207,16 @@ class LiveSession:
         self.close(flush=False)
 
     # ------------------------------------------------------------------------- micro-batches
-    def add_micro_batch(self, *, loss=None, input_ids=None, divide_by: float = 1.0) -> None:
+    def add_micro_batch(self, *, loss=None, input_ids=None, divide_by: float = 1.0, batch=None) -> None:
         """One micro-batch: its loss (a tensor as the framework returns it, normally already
-        divided by the accumulation steps; else pass ``divide_by``) and its token ids (hashed
-        into the step's ``batch_fingerprint``, the resume auditor's repeated-data check)."""
+        divided by the accumulation steps; else pass ``divide_by``), its token ids (hashed
+        into the step's ``batch_fingerprint``, the resume auditor's repeated-data check) and
+        the batch as the model was called with it (a mapping of its keyword arguments, or an
+        ``(inputs, labels)`` pair), held by reference for ``forensics.dump_batches``."""
+        if batch is not None and self.run.forensics.wants_batches:
+            self._batches.append(held(batch))
         with self.guard("micro-batch", "reading the micro-batch"):
+            self._rows += rows_of(input_ids if input_ids is not None else batch)
             if isinstance(loss, torch.Tensor):
                 self.probe.add_loss(loss, divide_by=divide_by)
             if isinstance(input_ids, torch.Tensor) and not input_ids.is_floating_point():
@@ -276,6 +290,8 @@ class LiveSession:
             else:
                 probe.finish_step(step, optimizer=optimizer)
                 records = early + ([] if self.lockstep else probe.poll())
+        self.run.forensics.step_closed(step, self._batches, rows=self._rows)
+        self._batches, self._rows = [], 0
         self.last_step = step
         self.finished_at_s.append(time.monotonic())
         return self._observe(records)
@@ -288,7 +304,7 @@ class LiveSession:
 
     def forget_micro_batches(self) -> None:
         """Drop what the current step accumulated (after a checkpoint load)."""
-        self._fp, self._streams = None, {}
+        self._fp, self._streams, self._batches, self._rows = None, {}, [], 0
         self.probe.discard_step()
 
     def _observe(self, records: list[StepRecord]) -> list[tuple[StepRecord, list[Finding]]]:
