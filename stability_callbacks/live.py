@@ -163,7 +163,9 @@ class LiveRun:
     ``log_dir`` and the ranks' crash notes; a folder that cannot be written is one loud warning,
     and detection and alerts go on. ``advice_forms``: the frameworks whose rollback form an
     alert carries (None: all of them; ``()``: none). ``sinks_off``: sink name -> why this run
-    leaves that configured sink out (said once).
+    leaves that configured sink out (said once). ``amend``: what each finding of a step record
+    says before anyone hears of it (``replay --follow`` of a log that prints no step numbers:
+    that its steps are record numbers).
     """
 
     def __init__(self, config: str | Mapping | None = None, *, monitor: Monitor | None = None,
@@ -171,7 +173,8 @@ class LiveRun:
                  run_name: str | None = None, wandb_run=None, tb_writer=None,
                  report_path: str | None = None, advice_forms: tuple[str, ...] | None = None,
                  sinks_off: Mapping[str, str] | None = None,
-                 listeners: Iterable[RunListener] = (), guard: Guard | None = None):
+                 listeners: Iterable[RunListener] = (), guard: Guard | None = None,
+                 amend: Callable[[Finding], Finding] | None = None):
         self.monitor = monitor if monitor is not None else Monitor(config)
         self.is_rank0 = is_rank0
         self.run_dir = Path(run_dir) if run_dir is not None else None
@@ -179,6 +182,7 @@ class LiveRun:
         self.findings: list[Finding] = []
         self.listeners: list = list(listeners)
         self.guard = guard if guard is not None else Guard()
+        self.amend = amend
         # The hang watchdog emits from its own thread: one writer at a time (uncontended: ~0.1 us).
         self._lock = threading.RLock()
         self.runlog: RunLog | None = None
@@ -313,6 +317,9 @@ class LiveRun:
             if found:   # the samples behind them, before anyone hears of them
                 with self.guard("forensics", "naming the samples of a finding"):
                     self.forensics.annotate(found, run_dir=self.run_dir, is_rank0=self.is_rank0)
+            if found and self.amend is not None:
+                amend = self.amend
+                found = self.guard.call("amend", lambda: [amend(f) for f in found], found)
             if self.runlog:
                 with self.guard("runlog"):
                     self.runlog.step(record)

@@ -307,3 +307,26 @@ def test_follow_with_an_unwritable_run_dir_warns_once_and_keeps_alerting(tmp_pat
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.count("cannot write the run log") == 1
     assert any("nonfinite" in p["json"]["text"] for p in inbox.posts)
+
+
+def test_follow_of_a_log_without_step_numbers_says_so_in_every_finding_once(tmp_path):
+    """HF Trainer dict lines print no step: the follower counts records, as the offline replay
+    does, and each finding says so where the engineer reads it (the console, the run log, the
+    alerts), once; rollback advice names no checkpoint step or batches."""
+    log = tmp_path / "train.log"
+    losses = [2.0 - 0.01 * i + 0.01 * (i % 3) for i in range(60)]
+    for i in range(40, 43):
+        losses[i] = 9.0                    # records 41-43
+    log.write_text("".join(f"{{'loss': {x:.4f}, 'grad_norm': 1.0, 'learning_rate': 0.0003, "
+                           f"'epoch': {i / 60:.2f}}}\n" for i, x in enumerate(losses)))
+    r = _follow(log, "--idle-exit-s", 0.5, "--json", tmp_path / "f.jsonl")
+    assert r.returncode in (0, 1), r.stderr
+    printed = [line for line in r.stdout.splitlines() if line.startswith("[warning] step 41 loss_spike")]
+    assert len(printed) == 1 and printed[0].count("is record number 41 of the log") == 1
+    logged = [json.loads(x) for x in (tmp_path / "stability" / "runlog.jsonl").read_text().splitlines()]
+    spikes = [x for x in logged if x["type"] == "finding" and x["kind"] == "loss_spike"]
+    assert [x["step"] for x in spikes] == [41] and spikes[0]["details"]["step_is_record_number"] is True
+    assert spikes[0]["message"].count("of the log, which prints no step numbers") == 1
+    found = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()][1:]
+    assert all(f["details"]["step_is_record_number"] and f["message"].count("of the log, which prints no step numbers") == 1
+               for f in found)

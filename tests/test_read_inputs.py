@@ -178,7 +178,7 @@ def test_findings_on_a_log_without_step_numbers_say_so_and_advise_no_batches(cap
     assert "steps numbered by order of appearance" in out
     findings = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()[1:]]
     nonfinite = next(f for f in findings if f["kind"] == "nonfinite")
-    assert nonfinite["step"] == 70 and "70-th record of the log" in nonfinite["message"]
+    assert nonfinite["step"] == 70 and "record number 70 of the log" in nonfinite["message"]
     advice = [f for f in findings if f["kind"] == "rollback_advice"]
     assert advice and all("skip_steps" not in f["details"] and f["details"]["step_is_record_number"]
                           for f in advice)

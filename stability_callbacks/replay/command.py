@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .readers import ReadAccount
 
 # Said of every finding of a log whose steps are record numbers.
-RECORD_NUMBERS = ("(step {step} is the {step}-th record of the log, which prints no step "
+RECORD_NUMBERS = ("(step {step} is record number {step} of the log, which prints no step "
                   "numbers: find it by counting records, not by a step the trainer knows)")
 
 
@@ -145,9 +145,13 @@ def _follow(args, monitor, user_keys, pattern) -> int:
         if why:
             off["wandb"] = why
             print(f"note: actions.wandb is off: {why}", file=err)
+        replay = _Replay(monitor, keep=bool(args.report))
+        replay.account = account = ReadAccount(args.path, replay.ignore)
+        # A log that prints no step numbers: every finding says its steps are record numbers,
+        # before the run log and the alerts hear of it (the reader knows once it has a plan).
         run = LiveRun(monitor=monitor, run_dir=follow_run_dir(args), is_rank0=True,
                       run_name=Path(args.path).name, wandb_run=wandb_run, advice_forms=forms,
-                      sinks_off=off)
+                      sinks_off=off, amend=lambda f: record_numbered(f) if account.order_numbered else f)
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=err)
         return 2
@@ -160,8 +164,6 @@ def _follow(args, monitor, user_keys, pattern) -> int:
                 stop.activity()
             yield item
 
-    replay = _Replay(monitor, keep=bool(args.report))
-    replay.account = ReadAccount(args.path, replay.ignore)
     halt: list[Finding] = []
 
     def observe(rec):
@@ -212,8 +214,11 @@ def _follow(args, monitor, user_keys, pattern) -> int:
 
 def record_numbered(f: Finding) -> Finding:
     """A finding of a log whose steps are record numbers, saying so; rollback advice keeps its
-    onset and drops the checkpoint step and the batches to skip (record numbers are neither)."""
+    onset and drops the checkpoint step and the batches to skip (record numbers are neither).
+    A finding that says so already is returned as it is."""
     from dataclasses import replace
+    if f.details.get("step_is_record_number"):
+        return f
     details = dict(f.details, step_is_record_number=True)
     message = f"{f.message} {RECORD_NUMBERS.format(step=f.step)}"
     if f.kind == "rollback_advice":
