@@ -48,7 +48,7 @@ class Sampling:
     - ``every_n_steps``: feed the Monitor every n-th optimizer step.
     - ``adam_every_n_steps``: Adam's moments (``exp_avg_sq`` max / L1, ``exp_avg``'s norm, the
       update norm, the layers' ratios) every n-th sampled step: one pass over the local optimizer
-      state. Default 1, from its cost (README, "Configuration"): a sample costs about
+      state. Default 1, from its cost (docs/configuration.md): a sample costs about
       ``236 / (tokens per rank per step x ranks the state is sharded over)`` of an H100 step, so
       large (sharded) models pay <= 0.1% every step; raise it for an unsharded state with few
       tokens per step (8 K tokens, one GPU: 6 keeps it under 0.5%).

@@ -643,7 +643,7 @@ def test_per_dataset_losses_from_the_model_output(tmp_path):
 def _readme_snippet() -> str:
     """The HF example exactly as README.md shows it (the README must not drift)."""
     text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    block = text.split("### HF Trainer\n```python\n", 1)[1]
+    block = text.split("**HF Trainer**", 1)[1].split("```python\n", 1)[1]
     return block.split("```", 1)[0]
 
 

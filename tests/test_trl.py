@@ -156,8 +156,8 @@ def test_dpo_swapped_preferences_are_a_loss_spike(tmp_path):
 
 def test_dpo_healthy_run_is_quiet(tmp_path):
     """40 steps: the loss falls from ln 2 to ~0.25. Further down (~0.1), one mis-ranked pair
-    moves the batch's loss several-fold and loss_spike warns on healthy steps (README, Known
-    limits): a detector matter, measured, not hidden here."""
+    moves the batch's loss several-fold and loss_spike warns on healthy steps (docs/limits.md):
+    a detector matter, measured, not hidden here."""
     trainer, cb = _dpo(tmp_path, swapped=False, max_steps=40)
     assert _findings(cb) == HEALTHY
     losses = _step_losses(cb)

@@ -142,7 +142,7 @@ def test_the_held_out_part_is_the_seeded_draw(halves, size, held):
 
 HELD_OUT_LABELS = [lab for lab in ALL_LABELS if lab["name"] in HELD_OUT]
 
-#: The held-out part as first (and only) scored, at the end of issue 26 (README, Measured
+#: The held-out part as first (and only) scored, at the end of issue 26 (docs/cli.md, Measured
 #: generality): 44 of 46 parse exactly, 43 meet their labels. name -> why it does not parse to
 #: its CSV. Never fixed by a rule for the file: a later change to the rules needs a new
 #: held-out batch (split.json).

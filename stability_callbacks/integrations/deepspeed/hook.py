@@ -11,7 +11,7 @@
 DeepSpeed has no callback API, so ``attach`` wraps engine methods *on that instance*
 (:meth:`StabilityHook._wrap_engine`) and feeds the shared :class:`~..torch.session.LiveSession`;
 the detector state rides in ``client_state["stability"]``. Where each signal comes from, how
-saves, halts and rollbacks go, what is not covered: README, "DeepSpeed engine".
+saves, halts and rollbacks go, what is not covered: docs/integrations.md, "DeepSpeed engine".
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@
 HF hands callbacks neither the trainer nor the loss and pre-clip grad norm it computed, so the
 callback finds its Trainer (:func:`_find_trainer`) and wraps ``training_step``,
 ``_get_grad_norm`` and ``train`` on that instance (:meth:`StabilityCallback.bind`). Where each
-signal comes from, how saves, halts and rollbacks go: README, "HF Trainer".
+signal comes from, how saves, halts and rollbacks go: docs/integrations.md, "HF Trainer".
 """
 from __future__ import annotations
 

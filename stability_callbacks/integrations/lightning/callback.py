@@ -4,7 +4,7 @@
 
 The hooks Lightning 2.6 offers feed the shared
 :class:`~..torch.session.LiveSession`; the detector state is the callback's ``state_dict``. Where each
-signal comes from, how saves, halts and rollbacks go: README, "Lightning".
+signal comes from, how saves, halts and rollbacks go: docs/integrations.md, "Lightning".
 """
 from __future__ import annotations
 
