@@ -342,3 +342,14 @@ class RiseAboveLow:
 def finite_positive(v) -> bool:
     """True for a float that can go through ``log``: finite and > 0."""
     return v is not None and v > 0.0 and math.isfinite(v)
+
+
+def bias_correction(beta: float, t: float) -> float:
+    """``1 − beta^t``: the total weight an Adam moment, zero-initialised, has gathered after
+    ``t`` updates (``expm1`` keeps it exact for beta near 1); 1 where ``beta`` or ``t`` say no
+    correction applies (beta outside (0, 1), no update yet).
+
+    >>> round(bias_correction(0.999, 20), 4), round(bias_correction(0.999, 1000), 3), bias_correction(0.9, 0)
+    (0.0198, 0.632, 1.0)
+    """
+    return -math.expm1(t * math.log(beta)) if 0.0 < beta < 1.0 and t >= 1 else 1.0

@@ -6,7 +6,7 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import RobustLevel, finite_positive
+from ..stats import RobustLevel, bias_correction, finite_positive
 from .base import Context, Detector, fmt, positive, positive_int
 
 #: torch's Adam/AdamW default beta1, assumed when the record does not say.
@@ -130,7 +130,7 @@ class Precursor(Detector):
         if mn is not None and finite_positive(mn):
             beta1 = m.get(keys.ADAM_BETA1) or DEFAULT_BETA1
             t = m.get(keys.ADAM_STEP, step)
-            c = -math.expm1(t * math.log(beta1)) if 0.0 < beta1 < 1.0 and t >= 1 else 1.0
+            c = bias_correction(beta1, t)
             out += self._judge(self.base_m, mn / c, 1.0, rule="first_moment", signal=keys.ADAM_M_NORM,
                                value=mn / c, baseline_scale=1.0)
         return out

@@ -1,25 +1,13 @@
 """Adam's second moment (exp_avg_sq) abnormal: a jump, or still rising after the LR peak."""
 from __future__ import annotations
 
-import math
-
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import Latch, RobustLevel, finite_positive
+from ..stats import Latch, RobustLevel, bias_correction, finite_positive
 from .base import Context, Detector, fmt, positive, positive_int
 
 #: torch's Adam/AdamW default, assumed when the record does not say (replayed logs never do).
 DEFAULT_BETA2 = 0.999
-
-
-def bias_correction(beta2: float, t: float) -> float:
-    """``1 − beta2^t``: the total weight Adam's zero-initialised ``exp_avg_sq`` has gathered
-    after ``t`` updates (``expm1`` keeps it exact for beta2 near 1).
-
-    >>> round(bias_correction(0.999, 20), 4), round(bias_correction(0.999, 1000), 3)
-    (0.0198, 0.632)
-    """
-    return -math.expm1(t * math.log(beta2))
 
 
 class SecondMomentSurge(Detector):
@@ -87,7 +75,7 @@ class SecondMomentSurge(Detector):
         m = record.metrics
         known_beta2 = m.get(keys.ADAM_BETA2)
         beta2, t = known_beta2 or DEFAULT_BETA2, m.get(keys.ADAM_STEP, record.step)
-        c = bias_correction(beta2, t) if 0.0 < beta2 < 1.0 and t >= 1 else 1.0
+        c = bias_correction(beta2, t)
         vmax = m.get(keys.ADAM_V_MAX)
         if vmax is not None:
             vmax /= c

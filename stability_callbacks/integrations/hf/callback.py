@@ -81,7 +81,7 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
         self.trainer, self._patches = trainer, InstancePatches(trainer)
         if self._auto_rollback():   # re-enters train() from the checkpoint it goes back to
             self._rollback = HFRollBack(lambda: self.session, trainer, late=running)
-        if self._rollback is not None or self._section("forensics").get("record_samples", True):
+        if self._rollback is not None or self._records_samples():
             # One wrapper: the rollback skips data through it, the forensics records indices.
             self._data_problem = ("the callback met its Trainer after the train loader was built "
                                   "(add it with Trainer(callbacks=[...]) or StabilityCallback.attach)"

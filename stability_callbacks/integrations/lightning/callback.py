@@ -80,7 +80,7 @@ class StabilityCallback(Callback, SessionAdapter):
         """The one sampler wrapper into the train loader (the rollback's skips, the forensics'
         index ring), when either is on; what cannot be wrapped is said where it matters."""
         rb = self._rollback
-        if rb is None and not self._section("forensics").get("record_samples", True):
+        if rb is None and not self._records_samples():
             return
         # An unexpected failure leaves the loader's own sampler (monitoring never takes training
         # down) and is said where it matters: the findings' samples, the rollback's halt.

@@ -12,7 +12,7 @@ from typing import Any
 from stability_callbacks.actions.rollback import advice_forms_for
 from stability_callbacks.config import load_config
 from stability_callbacks.control import Control
-from stability_callbacks.forensics import StepIndices
+from stability_callbacks.forensics import Forensics, StepIndices
 from stability_callbacks.live import Guard, LiveRun
 from stability_callbacks.params import ConfigError
 from stability_callbacks.runlog import RUN_DIR_NAME
@@ -154,6 +154,10 @@ class SessionAdapter:
     def _auto_rollback(self) -> bool:
         """Whether ``policy.auto_rollback`` is on (``{}``: on, with its defaults)."""
         return self._section("policy").get("auto_rollback") not in (None, False)
+
+    def _records_samples(self) -> bool:
+        """Whether ``forensics.record_samples`` is on (its default: :class:`Forensics`')."""
+        return Forensics(**self._section("forensics")).record_samples
 
     def _sample_ring(self) -> StepIndices | None:
         """The run's index ring (data forensics), for a sampler built before the run exists;
