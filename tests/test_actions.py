@@ -361,6 +361,38 @@ def test_no_secret_in_logs_reprs_or_files(slack_env, tmp_path, monkeypatch, capl
 
 
 # --------------------------------------------------------------------------------------------
+# Trackio: the alert carries the finding's step, not the run's latest
+
+_TRACKIO_LAG = """
+import json
+import trackio
+from stability_callbacks.actions import build_sinks
+from stability_callbacks.record import Finding
+run = trackio.init(project="lag", name="r", embed=False)
+for step in range(1, 31):                      # training has gone on to step 30 ...
+    run.log({"train/loss": 1.0}, step=step)
+d = build_sinks({"trackio": {"min_severity": "warning", "metrics": False}}, is_rank0=True, run_name="r")
+d.submit(Finding(25, "loss_spike", "warning", "Loss rose to 9.1 against 6.4."))  # ... a step-25 finding
+d.close(timeout_s=30.0)
+run.finish()
+print("ALERTS", json.dumps([(a["step"], a["title"], a["level"]) for a in trackio.SQLiteStorage.get_alerts("lag", run_name="r")]))
+"""
+
+
+def test_trackio_alert_is_stamped_with_the_findings_step_not_the_runs_latest(tmp_path):
+    pytest.importorskip("trackio")
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, TRACKIO_DIR=str(tmp_path / "trackio"))   # read at import: a subprocess
+    out = subprocess.run([sys.executable, "-c", _TRACKIO_LAG], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("ALERTS ")]  # Trackio prints at exit too
+    assert json.loads(line[7:]) == [[25, "stability: loss_spike (warning)", "warn"]]
+
+
+# --------------------------------------------------------------------------------------------
 # W&B offline: alerts and metrics recorded in the run's transaction log
 
 def _wandb_records(run_file: Path):

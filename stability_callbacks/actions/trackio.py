@@ -21,8 +21,10 @@ _LEVELS = {"info": "INFO", "warning": "WARN", "critical": "ERROR"}
 
 
 class NotifyTrackio(MetricSink):
-    """``run.alert(title, text, level)`` per finding and ``run.log`` of ``stability/*`` scalars
-    at the optimizer step (``step=``), with a ``stability/finding/<kind>`` point per finding.
+    """``run.alert(title, text, level, step)`` per finding and ``run.log`` of ``stability/*``
+    scalars at the optimizer step (``step=``), with a ``stability/finding/<kind>`` point per
+    finding. The alert names the finding's step: left out, Trackio stamps the latest step it has
+    seen, a later one whenever delivery lags behind training.
 
     Keys: ``project`` (start a run of this project when none is current; default: none, the
     sink writes to the current run), ``min_severity`` (warning), ``rate_limit_s`` (300),
@@ -68,7 +70,7 @@ class NotifyTrackio(MetricSink):
         f = alert.finding
         run = self._current_run()
         run.alert(title=alert_title(f), text=alert_text(alert, markdown=False),
-                  level=getattr(self._trackio.AlertLevel, _LEVELS[f.severity]))
+                  level=getattr(self._trackio.AlertLevel, _LEVELS[f.severity]), step=f.step)
         if self.metrics:
             run.log({keys.finding_tag(f.kind): keys.SEVERITY_CODE[f.severity]}, step=f.step)
 
