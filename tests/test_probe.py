@@ -104,14 +104,15 @@ def test_stats_are_accurate_on_large_tensors_and_row_boundaries():
 
 @pytest.mark.parametrize("where", ["same tensor", "other tensor", "tail", "small tensor", "flat"])
 def test_max_is_exact_wherever_it_hides(where):
-    # The CPU path reads the max only from rows (of 1 Ki elements) whose sums can reach it,
-    # starting from the row with the largest sum. Here that row holds 1024 values of 1e4 (a sum
-    # of 1e7) while the max is a lone 1e6 elsewhere, in a row whose sum is far smaller.
+    # The CPU path reads the max only from rows (of 256 elements) whose sums can reach it,
+    # starting from each piece's row with the largest sum. Here four such rows hold 1024 values
+    # of 1e4 (a sum of 2.56e6 each) while the max is a lone 1e6 elsewhere, in a row whose sum is
+    # far smaller.
     g = torch.Generator().manual_seed(2)
     heavy = torch.exp(2 * torch.randn(12 * 16384 + 5, generator=g))   # log-normal, like Adam's v
     light = torch.exp(2 * torch.randn(3 * 16384 + 77, generator=g)) * 1e-3
     tiny = torch.rand(40, generator=g).to(torch.float64) * 0.1
-    heavy[5 * 1024:6 * 1024] = 1e4   # one whole row: the seed
+    heavy[5 * 1024:6 * 1024] = 1e4   # whole rows: the seed
     target = {"same tensor": (heavy, 9 * 16384 + 100), "other tensor": (light, 20000),
               "tail": (heavy, 12 * 16384 + 2), "small tensor": (tiny, 7)}.get(where)
     if target is not None:
@@ -126,6 +127,36 @@ def test_max_is_exact_wherever_it_hides(where):
     assert float(mx) == ref_max == (1e6 if target is not None else 0.5)
     assert float(l1) == pytest.approx(ref_l1, rel=1e-7)
     assert int(n) == ref_n
+
+
+def test_cpu_pass_on_several_threads_gives_the_one_thread_result_bit_for_bit():
+    """The pieces are spread over threads that take the next one when free: which thread sums
+    which piece changes from run to run, the result may not."""
+    from stability_callbacks.integrations.torch import reductions
+    g = torch.Generator().manual_seed(3)
+    vs = [torch.exp(2 * torch.randn(n, generator=g)) for n in (300_001, 70_000, 16_384, 5000, 17)]
+    vs[2][9000] = 1e5
+    ms = [torch.randn(v.numel(), generator=g) for v in vs]
+    one = reductions._moments_cpu(vs, ms, 1)
+    for threads in (2, 3, 2, 3):
+        many = reductions._moments_cpu(vs, ms, threads)
+        assert all(torch.equal(a, b) for a, b in zip(one, many))
+    assert float(one[0]) == 1e5 and float(one[1].sum()) == pytest.approx(
+        math.fsum(float(v.double().sum()) for v in vs), rel=1e-7)
+
+
+def test_cpu_pass_error_on_a_pool_thread_is_raised_to_the_caller():
+    from stability_callbacks.integrations.torch import reductions
+    seen = []
+
+    def fails_on_three(i):
+        seen.append(i)
+        if i == 3:
+            raise ValueError("piece 3")
+
+    with pytest.raises(ValueError, match="piece 3"):
+        reductions._spread(fails_on_three, list(range(8)), 2)
+    assert 3 in seen
 
 
 def test_zero_and_negative_zero_state():

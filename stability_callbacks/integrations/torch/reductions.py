@@ -3,9 +3,10 @@ max and L1, ``exp_avg``'s sum of squares, per parameter tensor too) in one pass,
 sum of squares, and a batch's fingerprint.
 
 On accelerators the moments go through multi-tensor (``torch._foreach_*``) kernels. On CPU, where
-foreach kernels are per-tensor loops anyway, one pass of row sums (rows of 1 Ki elements) over
+foreach kernels are per-tensor loops anyway, one pass of row sums (rows of 256 elements) over
 ``exp_avg_sq`` and of row norms over ``exp_avg``: the row sums give the L1 and bound the max, so
-only the rows that can hold the max are read again (:func:`_moments_cpu`). Where the tensors come
+only the rows that can hold the max are read again (:func:`_moments_cpu`); the tensors are spread
+over the intra-op thread count's worth of threads, each at one intra-op thread (:func:`_spread`). Where the tensors come
 from (ZeRO fragments, FSDP2 shards, replicated state) is :mod:`.optim_state`'s job; reducing the
 results across ranks is :class:`~.probe.StepProbe`'s.
 """
@@ -13,6 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -23,8 +27,10 @@ from .optim_state import AdamState, find_adam_state, local_tensor
 __all__ = ["MomentStats", "adam_moment_stats", "moment_stats", "param_sq_sum", "batch_fingerprint",
            "FOREACH_FAST_DEVICES"]
 
-# CPU layout of the moment pass (see _moments_cpu): rows of 1 Ki elements (4 KiB of fp32).
-_ROW = 1 << 10
+# CPU layout of the moment pass (see _moments_cpu): rows of 256 elements (1 KiB of fp32); pieces
+# under 16 Ki elements are reduced together in one buffer (a kernel per piece costs more than its data).
+_ROW = 1 << 8
+_SMALL = 1 << 14
 # Devices with fused multi-tensor kernels (torch/utils/_foreach_utils.py).
 FOREACH_FAST_DEVICES = ("cuda", "xpu", "mtia")
 
@@ -70,8 +76,8 @@ def moment_stats(state: AdamState) -> MomentStats:
     if vs[0].device.type in FOREACH_FAST_DEVICES:
         v_max, piece_v, piece_m = _moments_foreach(vs, ms)
     else:
-        with _one_thread():
-            v_max, piece_v, piece_m = _moments_cpu(vs, ms)
+        with _one_thread() as threads:
+            v_max, piece_v, piece_m = _moments_cpu(vs, ms, threads)
     per_tensor = None
     if piece_m is not None and state.tensor_of is not None:
         idx = _index(tuple(state.tensor_of[i] for i in keep), vs[0].device)
@@ -91,91 +97,154 @@ def _moments_foreach(vs: list, ms: list | None):
     return v_max, piece_v, piece_m
 
 
-def _moments_cpu(vs: list, ms: list | None):
-    """The CPU path of :func:`moment_stats`: one read of each moment from memory, then the max of
-    a few rows of v.
+def _moments_cpu(vs: list, ms: list | None, threads: int = 1):
+    """The CPU path of :func:`moment_stats`: one read of each moment from memory, plus the few
+    rows of v that can hold its max, spread over ``threads`` threads (:func:`_spread`).
 
     CPU foreach kernels are per-tensor loops, a whole-tensor norm or L1 in fp32 drifts (1e-2 on
-    GPT-2's 38 M-element embedding state), and a max after the sum would read v twice. Instead
+    GPT-2's 38 M-element embedding state), and a max beside the sum would read v twice. Instead
     every full row of ``_ROW`` elements is reduced on its own (v: its sum; m: its L2 norm, both
-    in fp32), the rows and the short tails combined per piece in float64. The row sums of v bound
-    its max: a non-negative element is never above its row's sum, also after fp32 rounding
-    (rounding is monotone). So the max is read only from the rows whose sum reaches the best max
-    found so far, pieces in order of their largest row sum. Real optimizer state is heavy-tailed
-    across and within tensors: GPT-2-small's AdamW state after 12 steps left 10% of its rows to
-    read. Flat state leaves every row a candidate, which costs a second read of v.
-    Host decisions here cost nothing: on CPU there is no device to wait for.
+    in fp32) and combined per piece in float64; pieces under ``_SMALL`` elements, and the large
+    ones' tails, are summed in one float64 buffer. The row sums of v bound its max: a
+    non-negative element is never above its row's sum, also after fp32 rounding (rounding is
+    monotone). So once a piece's rows are summed, its max is read from its row with the largest
+    sum, then from the rows whose sum reaches the largest element found so far in any piece
+    (skipping the others is safe: that element is a lower bound of the max). Real optimizer state
+    is heavy-tailed across and within tensors and the pieces go largest first: after one AdamW
+    step of GPT-2 small, 0.06 % of v is read again. Flat state leaves every row a candidate,
+    which costs a second read of v. Host decisions here cost nothing: on CPU there is no device
+    to wait for. Every piece's sums are formed in one order whichever thread reduces it, and the
+    max is the max: the result does not depend on timing.
     """
     n = len(vs)
-    row_v, row_m, tails_v, tails_m, row_of, tail_of, blocked = [], [], [], [], [], [], []
-    for i, v in enumerate(vs):
-        flat = v.reshape(-1)
-        k = flat.numel() // _ROW
-        if k:
-            rows = flat[:k * _ROW].view(k, _ROW)
-            sums = rows.sum(1, dtype=_acc(flat.dtype))
-            row_v.append(sums)
-            row_of.append(k)
-            blocked.append((i, sums, rows))
+    big = sorted((i for i in range(n) if vs[i].numel() >= _SMALL), key=lambda i: -vs[i].numel())
+    per_piece: dict[int, tuple] = {}   # float64 sums of v and of m's squares
+    rest: list = [None, None]          # the same for the rest, per piece
+    found = [-math.inf]                # the largest element of v found so far
+    lock = threading.Lock()
+
+    def raise_found(value: float) -> float:
+        with lock:
+            found[0] = max(found[0], value)
+            return found[0]
+
+    def reduce_piece(i: int) -> None:   # a few kernels per piece: few Python steps (they hold the GIL)
+        rows = _rows(vs[i])
+        sums = rows.sum(1, dtype=_acc(vs[i].dtype))
+        sq = None if ms is None else \
+            torch.linalg.vector_norm(_rows(ms[i]), dim=1, dtype=torch.float32).to(torch.float64).square().sum()
+        per_piece[i] = (sums.to(torch.float64).sum(), sq)
+        best = raise_found(float(_amax_nonneg(rows[int(sums.argmax())])))
+        cand = (sums >= best).nonzero().squeeze(1)
+        if cand.numel():
+            # a copy of a third costs as much as reading all
+            got = _amax_nonneg(rows if 3 * cand.numel() > sums.numel() else rows.index_select(0, cand))
+            raise_found(float(got))
+
+    def reduce_rest() -> None:   # one float64 buffer: every small piece whole, every large one's tail
+        large = set(big)
+        pieces, rest_v, rest_m = [], [], []
+        for i, v in enumerate(vs):
+            start = v.numel() // _ROW * _ROW if i in large else 0
+            if v.numel() > start:
+                pieces.append((i, v.numel() - start))
+                rest_v.append(v.reshape(-1)[start:])
+                if ms is not None:
+                    rest_m.append(ms[i].reshape(-1)[start:])
+        if pieces:
+            idx = _index(("rows", *pieces), torch.device("cpu"))
+            flat = torch.cat(rest_v).to(torch.float64)
+            rest[0] = torch.zeros(n, dtype=torch.float64).index_add_(0, idx, flat)
+            raise_found(float(flat.max()))
             if ms is not None:
-                mrows = ms[i].reshape(-1)[:k * _ROW].view(k, _ROW)
-                row_m.append(torch.linalg.vector_norm(mrows, dim=1, dtype=torch.float32))
-        else:
-            row_of.append(0)
-        tail = flat.numel() - k * _ROW
-        tail_of.append(tail)
-        if tail:
-            tails_v.append(flat[k * _ROW:])
-            if ms is not None:
-                tails_m.append(ms[i].reshape(-1)[k * _ROW:])
-    piece_v = torch.zeros(n, dtype=torch.float64)
-    piece_m = None if ms is None else torch.zeros(n, dtype=torch.float64)
-    best = -math.inf
-    if row_v:
-        rows_idx = _index(("rows", *row_of), torch.device("cpu"))
-        piece_v.index_add_(0, rows_idx, torch.cat(row_v).to(torch.float64))
+                rest[1] = torch.zeros(n, dtype=torch.float64).index_add_(
+                    0, idx, torch.cat(rest_m).to(torch.float64).square())
+
+    # the rest first: it overlaps the largest piece
+    _spread(lambda i: reduce_rest() if i < 0 else reduce_piece(i), [-1, *big], threads)
+    piece_v = torch.zeros(n, dtype=torch.float64) if rest[0] is None else rest[0]
+    piece_m = None if ms is None else torch.zeros(n, dtype=torch.float64) if rest[1] is None else rest[1]
+    if big:
+        idx = _index(tuple(big), torch.device("cpu"))
+        piece_v.index_add_(0, idx, torch.stack([per_piece[i][0] for i in big]))
         if piece_m is not None:
-            piece_m.index_add_(0, rows_idx, torch.cat(row_m).to(torch.float64).square())
-    if tails_v:   # short pieces and row tails: one buffer
-        tails_idx = _index(("tails", *tail_of), torch.device("cpu"))
-        rest = torch.cat([t.to(torch.float64) for t in tails_v])
-        piece_v.index_add_(0, tails_idx, rest)
-        best = float(rest.max())
-        if piece_m is not None:
-            piece_m.index_add_(0, tails_idx, torch.cat([t.to(torch.float64) for t in tails_m]).square())
+            piece_m.index_add_(0, idx, torch.stack([per_piece[i][1] for i in big]))
     total = piece_v.sum()
     if math.isnan(total):   # a NaN anywhere: the max is NaN too (a negative-signed NaN included)
         return total, piece_v, piece_m
-    if blocked:
-        tops = torch.stack([sums.amax() for _, sums, _ in blocked]).tolist()
-        order = sorted(range(len(blocked)), key=tops.__getitem__, reverse=True)
-        _, sums, rows = blocked[order[0]]   # seed: the row with the largest sum
-        best = max(best, float(rows[int(sums.argmax())].amax()))
-        for j in order:
-            if tops[j] < best:
-                break   # sorted: no later piece has a row sum as large as the max found
-            _, sums, rows = blocked[j]
-            cand = (sums >= best).nonzero().squeeze(1)
-            if 3 * cand.numel() > sums.numel():   # a copy of a third costs as much as reading all
-                best = max(best, float(_amax_nonneg(rows)))
-            else:
-                best = max(best, float(_amax_nonneg(rows.index_select(0, cand))))
-    return torch.tensor(best, dtype=torch.float64), piece_v, piece_m
+    return torch.tensor(found[0], dtype=torch.float64), piece_v, piece_m
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """The full rows of ``_ROW`` elements of ``t``, as a ``[k, _ROW]`` view."""
+    k = t.numel() // _ROW
+    return t.reshape(-1)[:k * _ROW].view(k, _ROW)
+
+
+def _spread(fn, items: list, threads: int) -> None:
+    """``fn(item)`` for every item, on this thread and ``threads - 1`` pool threads, each at one
+    intra-op thread and taking the next item when done with its last.
+
+    Why not torch's own threads: a multi-threaded kernel is a parallel region that ends when its
+    slowest thread does, and on a shared CPU one thread is often descheduled (measured on 2 shared
+    cores: 4-30x slower than one thread, a region per tensor). Python threads (torch releases the
+    GIL inside a kernel) wait for each other once, at the end, and a descheduled one holds back
+    only the item it is on: with the largest items first, a small one.
+    """
+    if threads <= 1 or len(items) < 2:
+        for item in items:
+            fn(item)
+        return
+    it, lock, stop = iter(items), threading.Lock(), threading.Event()
+
+    def work() -> None:
+        torch.set_num_threads(1)   # this thread's intra-op threads (the caller has set its own)
+        while not stop.is_set():
+            with lock:
+                item = next(it, _DONE)
+            if item is _DONE:
+                return
+            try:
+                fn(item)
+            except BaseException:
+                stop.set()
+                raise
+
+    futures = [_pool(threads - 1).submit(work) for _ in range(threads - 1)]
+    try:
+        work()
+    finally:
+        for f in futures:
+            f.result()
+
+
+_DONE = object()
+_POOL: list = [None, 0, 0]   # executor, its workers, the pid it was made in
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """The pool :func:`_spread` runs on: made on first use, again after a fork (a child has none
+    of its parent's threads) or when more workers are asked for."""
+    pool, size, pid = _POOL
+    if pool is None or pid != os.getpid() or size < workers:
+        if pool is not None and pid == os.getpid():
+            pool.shutdown(wait=False)
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="stability-reduce")
+        _POOL[:] = [pool, workers, os.getpid()]
+    return pool
 
 
 @contextlib.contextmanager
 def _one_thread():
-    """The CPU pass on one intra-op thread: it is a few hundred per-tensor reductions, and each
-    multi-threaded one is a parallel region; on a busy CPU a region waits for a descheduled thread
-    (measured on 2 shared cores: 4-30x slower than one thread). One thread reads memory about as
-    fast here."""
+    """This thread at one intra-op thread, the count it had given to the ``with``: the CPU pass
+    spreads its pieces over that many threads of its own (:func:`_spread`)."""
     n = torch.get_num_threads()
     if n == 1:
-        yield
+        yield n
         return
     torch.set_num_threads(1)
     try:
-        yield
+        yield n
     finally:
         torch.set_num_threads(n)
 
@@ -184,16 +253,16 @@ _INDEX_CACHE: dict = {}
 
 
 def _index(layout: tuple, device) -> torch.Tensor:
-    """A cached long index on ``device``: for ``("rows"|"tails", counts...)`` each count repeats its
-    piece number; otherwise the layout itself (the tensor number of each piece)."""
+    """A cached long index on ``device``: for ``("rows", (piece, count)...)`` each piece number
+    repeated count times; otherwise the layout itself (the tensor number of each piece)."""
     key = (layout, str(device))
     idx = _INDEX_CACHE.get(key)
     if idx is None:
         if len(_INDEX_CACHE) > 32:
             _INDEX_CACHE.clear()
-        if layout and layout[0] in ("rows", "tails"):
-            counts = torch.tensor(layout[1:], dtype=torch.long)
-            host = torch.repeat_interleave(torch.arange(len(counts)), counts)
+        if layout and layout[0] == "rows":
+            pieces, counts = zip(*layout[1:])
+            host = torch.repeat_interleave(torch.tensor(pieces), torch.tensor(counts))
         else:
             host = torch.tensor(layout, dtype=torch.long)
         idx = _INDEX_CACHE[key] = host_to_device(host, device)
@@ -241,17 +310,20 @@ def param_sq_sum(tensors: Iterable[torch.Tensor]) -> torch.Tensor | None:
     if ts[0].device.type in FOREACH_FAST_DEVICES:
         norms = torch._foreach_norm(ts, 2, dtype=torch.float32)
         return torch.stack(norms).to(torch.float64).square().sum()
-    parts = []   # per row of _ROW elements and per tail: fp32 norms, combined in float64
-    with _one_thread():
-        for t in ts:
-            flat = t.reshape(-1)
-            k = flat.numel() // _ROW
-            if k:
-                parts.append(torch.linalg.vector_norm(flat[:k * _ROW].view(k, _ROW), dim=1,
-                                                      dtype=torch.float32))
-            if flat.numel() > k * _ROW:
-                parts.append(torch.linalg.vector_norm(flat[k * _ROW:], dtype=torch.float32)[None])
-        return torch.cat(parts).to(torch.float64).square().sum()
+    parts = [0.0] * len(ts)   # per tensor: fp32 norms of its rows and tail, combined in float64
+
+    def reduce_tensor(i: int) -> None:
+        flat = ts[i].reshape(-1)
+        k = flat.numel() // _ROW
+        if k:
+            rows = torch.linalg.vector_norm(flat[:k * _ROW].view(k, _ROW), dim=1, dtype=torch.float32)
+            parts[i] = float(rows.to(torch.float64).square().sum())
+        if flat.numel() > k * _ROW:
+            parts[i] += float(flat[k * _ROW:].to(torch.float64).square().sum())
+
+    with _one_thread() as threads:
+        _spread(reduce_tensor, sorted(range(len(ts)), key=lambda i: -ts[i].numel()), threads)
+    return torch.tensor(parts, dtype=torch.float64).sum()
 
 
 _FP_MOD = 2_147_483_647           # 2**31 - 1 (prime): products of two residues fit in int64
