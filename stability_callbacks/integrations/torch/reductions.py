@@ -133,8 +133,10 @@ def _moments_cpu(vs: list, ms: list | None, threads: int = 1):
         sums = rows.sum(1, dtype=_acc(vs[i].dtype))
         sq = None if ms is None else \
             torch.linalg.vector_norm(_rows(ms[i]), dim=1, dtype=torch.float32).to(torch.float64).square().sum()
-        per_piece[i] = (sums.to(torch.float64).sum(), sq)
-        best = raise_found(float(_amax_nonneg(rows[int(sums.argmax())])))
+        per_piece[i] = (sums.sum(dtype=torch.float64), sq)
+        if float(sums.amax()) < found[0]:
+            return   # no row sums to the largest element found: none holds a larger one
+        best = raise_found(float(rows[int(sums.argmax())].amax()))
         cand = (sums >= best).nonzero().squeeze(1)
         if cand.numel():
             # a copy of a third costs as much as reading all
