@@ -6,9 +6,9 @@ On accelerators the moments go through multi-tensor (``torch._foreach_*``) kerne
 foreach kernels are per-tensor loops anyway, one pass of row sums (rows of 256 elements) over
 ``exp_avg_sq`` and of row norms over ``exp_avg``: the row sums give the L1 and bound the max, so
 only the rows that can hold the max are read again (:func:`_moments_cpu`); the tensors are spread
-over the intra-op thread count's worth of threads, each at one intra-op thread (:func:`_spread`). Where the tensors come
-from (ZeRO fragments, FSDP2 shards, replicated state) is :mod:`.optim_state`'s job; reducing the
-results across ranks is :class:`~.probe.StepProbe`'s.
+over as many threads as torch has intra-op threads, each at one (:func:`_spread`). Where the
+tensors come from (ZeRO fragments, FSDP2 shards, replicated state) is :mod:`.optim_state`'s job;
+reducing the results across ranks is :class:`~.probe.StepProbe`'s.
 """
 from __future__ import annotations
 
