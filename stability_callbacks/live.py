@@ -267,6 +267,12 @@ class LiveRun:
         if warmup_steps and self.monitor.config["phase"].get("warmup_steps") is None:
             self.monitor.set_warmup_steps(warmup_steps)
 
+    def name_tensors(self, names: list[str | None]) -> None:
+        """The parameter tensors' names in the optimizer's order (None where unknown): findings
+        about one tensor name it, not only its index."""
+        with self._lock:
+            self.monitor.tensor_names = list(names)
+
     def start(self, step: int, reason: str = "start", *, checkpoint: str | None = None) -> list[Finding]:
         """A segment begins: a fresh start, a resume, or a rollback to an older checkpoint
         (``checkpoint``: the one it loaded, when known: whether the run log in ``run_dir`` is

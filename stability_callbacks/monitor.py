@@ -56,6 +56,8 @@ class Monitor:
         self.resume_step: int | None = None
         self.success_seen = False
         self.phase_at_last_step: str | None = None
+        #: The parameter tensors' names in the optimizer's order, when a live run knows them.
+        self.tensor_names: list[str | None] | None = None
         self._broken: set[str] = set()
         self._plans: dict[frozenset, list[Detector]] = {}
 
@@ -86,7 +88,7 @@ class Monitor:
                       warmup_end_step=self.phase.warmup_end_step,
                       in_startup=step <= self.policy.startup_steps or not self.success_seen,
                       steps_since_resume=(step - self.resume_step if self.resume_step is not None else None),
-                      found=out)
+                      tensor_names=self.tensor_names, found=out)
         shape = frozenset(m)
         plan = self._plans.get(shape)
         if plan is None:   # which detectors this set of keys feeds (logs keep one shape)

@@ -187,6 +187,8 @@ def test_bf16_zero2_data_pocket_spike_saves_and_state(ds):
     assert set(rec) >= {"loss", "grad_norm", "lr", "adam/exp_avg_sq_max", "adam/exp_avg_sq_l1",
                         "adam/exp_avg_sq_numel", "consumed_samples", "batch_fingerprint"}
     assert rec["adam/exp_avg_sq_numel"] == r["param_count"]
+    # the probe's tensors carry the module's names (ZeRO-2 numbers them by its bit16 groups)
+    assert sorted(r["tensor_names"]) == sorted(r["param_names"]) and len(r["param_names"]) > 10
     assert rec["lr"] == 0.0 and rec["consumed_samples"] == 8.0   # 2 ranks x micro-batch 4
     assert "loss_scale" not in rec and "skipped" not in rec      # bf16: no scaler
     # What the hook did and why, in the run log (rank 0 writes it).
@@ -280,6 +282,8 @@ def test_zero3_warmup_spike_escalates(ds):
     assert esc[2] == "warning" and exp["warmup_instability"][0] <= esc[0] <= exp["warmup_instability"][1]
     assert not first(r, "nonfinite")
     assert r["saved_steps"] == [spike[0]]   # save now at the warning (default interval: 300)
+    # ZeRO-3 numbers the probe's tensors by its fp16 groups: each carries the module's name
+    assert sorted(r["tensor_names"]) == sorted(r["param_names"]) and len(r["param_names"]) > 10
 
 
 def test_rollback_helper_on_real_checkpoints(ds):

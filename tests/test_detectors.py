@@ -11,8 +11,9 @@ from stability_callbacks.record import KINDS
 from stability_callbacks.detectors import DETECTORS, Context
 
 
-def run(records, config=None, *, warmup_steps=None):
+def run(records, config=None, *, warmup_steps=None, tensor_names=None):
     m = Monitor(config)
+    m.tensor_names = tensor_names
     if warmup_steps:
         m.set_warmup_steps(warmup_steps)
     out = []
@@ -615,7 +616,15 @@ def test_precursor_first_moment_lr_burst_and_layers():
     found = [f for f in run(recs) if f.kind == "precursor"]
     assert [(f.step, f.details["rule"], f.severity) for f in found] == [(300, "split", "info"), (450, "layer", "info")]
     assert "the update norm of the lower layers rose 2.4x" in found[0].message
-    assert "parameter tensor #3" in found[1].message and "its first moment 5.5x, its second moment 1.0x" in found[1].message
+    assert "parameter tensor #3 (in the optimizer's order)" in found[1].message
+    assert "its first moment 5.5x, its second moment 1.0x" in found[1].message
+    assert "tensor_name" not in found[1].details   # a log replayed: no names
+    # a live run names its tensors: the finding says which layer moved
+    named = [f for f in run(recs, tensor_names=["wte", "wpe", "h.0.attn.weight", "h.0.mlp.c_fc.weight"])
+             if f.kind == "precursor"]
+    assert ("the update of h.0.mlp.c_fc.weight (parameter tensor #3 in the optimizer's order) rose 6.0x"
+            in named[1].message)
+    assert named[1].details["tensor_name"] == "h.0.mlp.c_fc.weight"
 
 
 def test_precursor_is_part_of_the_warmup_end_signature():

@@ -26,6 +26,7 @@ from stability_callbacks.demo.scenarios import build_scenario  # noqa: E402
 from streams import two_stream_losses  # noqa: E402
 from stability_callbacks.integrations.hf import callback as hf_callback  # noqa: E402
 from stability_callbacks.integrations.hf import STATE_FILE, StabilityCallback  # noqa: E402
+from stability_callbacks.integrations.torch.optim_state import tensor_names  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -124,6 +125,10 @@ def test_signals_are_the_trainers_own_values(pocket):
         assert records[s]["lr"] == pytest.approx(h["learning_rate"], rel=1e-9)
     m = records[30]
     assert m["adam/exp_avg_sq_numel"] == sum(p.numel() for p in pocket["trainer"].model.parameters())
+    # the probe's tensors carry the model's names, in the optimizer's order (HF's decay groups)
+    names = pocket["cb"].session.run.monitor.tensor_names
+    assert names == tensor_names(pocket["trainer"].optimizer, pocket["trainer"].model)
+    assert sorted(names) == sorted(n for n, _ in pocket["trainer"].model.named_parameters())
     assert m["adam/exp_avg_sq_max"] > 0 and math.isfinite(m["adam/exp_avg_sq_l1"])
     assert records[1]["batch_fingerprint"] != records[2]["batch_fingerprint"]
 

@@ -118,3 +118,26 @@ def test_the_hang_watchdog_runs_on_rank0_only():
     off.start(0, "start")
     assert off._watchdog._thread is None
     off.close()
+
+
+def test_the_probes_tensors_are_named_after_the_models_parameters_once_it_has_seen_them():
+    """Findings about one tensor name it (``parameter tensor #3`` becomes ``block1.weight``):
+    the session names the probe's tensors, in the optimizer's order, at the first sampled step."""
+    model = torch.nn.Sequential()
+    model.add_module("embed", torch.nn.Embedding(16, 8))
+    model.add_module("block", torch.nn.Linear(8, 8))
+    model.add_module("head", torch.nn.Linear(8, 16, bias=False))
+    opt = torch.optim.AdamW([{"params": [model.head.weight, model.block.bias]},
+                             {"params": [model.embed.weight, model.block.weight], "weight_decay": 0.0}])
+    s = _session()
+    s.start(0, "start", model=model, optimizer=opt)
+    for step in (1, 2):
+        ids = torch.arange(6) + step
+        loss = torch.nn.functional.cross_entropy(model(ids), ids)
+        loss.backward()
+        s.add_micro_batch(loss=loss.detach(), input_ids=ids)
+        opt.step()
+        opt.zero_grad()
+        s.end_step(step, optimizer=opt)
+        assert s.run.monitor.tensor_names == ["head.weight", "block.bias", "embed.weight", "block.weight"]
+    s.close()

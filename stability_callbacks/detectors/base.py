@@ -29,6 +29,7 @@ class Context:
                                             # rises and falls are measured against it (LossSpike's
                                             # floor_fraction x the peak; a log: compared, not divided)
     loss_signed: bool = False               # the loss has gone below zero: log(loss) rules stand aside
+    tensor_names: list | None = None        # the parameter tensors' names in the optimizer's order (live)
     found: list[Finding] = field(default_factory=list)   # this step's findings so far (earlier detectors')
 
 

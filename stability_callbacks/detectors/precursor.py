@@ -83,7 +83,7 @@ class Precursor(Detector):
         m = record.metrics
         if (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0:
             return []
-        jumps = self._global(m, record.step) + self._layers(m)
+        jumps = self._global(m, record.step) + self._layers(m, ctx.tensor_names)
         score = max((j["ratio"] for j in jumps), default=0.0)
         after_effect = ctx.loss_spike_open or any(f.kind in _EXPLAINED_BY for f in ctx.found)
         if self.episode is not None:
@@ -150,7 +150,7 @@ class Precursor(Detector):
         return [{"rule": rule, "signal": signal, "ratio": ratio, "abnormal": abnormal, "value": value,
                  "baseline": expected, "lr_rise": factor}]
 
-    def _layers(self, m) -> list[dict]:
+    def _layers(self, m, names: list | None) -> list[dict]:
         out = []
         lo, up = m.get(keys.LAYERS_LOWER_UPDATE_RATIO), m.get(keys.LAYERS_UPPER_UPDATE_RATIO)
         halves = lo is not None and up is not None and finite_positive(lo) and finite_positive(up)
@@ -160,6 +160,7 @@ class Precursor(Detector):
             out.append({"rule": "layer", "signal": keys.layer_top(1, "update_ratio"), "ratio": r1,
                         "abnormal": r1 >= self.layer_ratio and r1 >= self.split_ratio * overall,
                         "value": r1, "baseline": 1.0, "tensor": m.get(keys.layer_top(1, "tensor")),
+                        "name": _name(names, m.get(keys.layer_top(1, "tensor"))),
                         "exp_avg_ratio": m.get(keys.layer_top(1, "exp_avg_ratio")),
                         "exp_avg_sq_ratio": m.get(keys.layer_top(1, "exp_avg_sq_ratio")), "overall": overall})
         if halves:
@@ -182,7 +183,15 @@ class Precursor(Detector):
             onset_step=onset,
             message=f"The optimizer moved before the loss: {what} at step {step}.{also}{tail}",
             rule=top["rule"], ratio=top["ratio"], lead=what,
+            **({"tensor_name": top["name"]} if top.get("name") else {}),
             rules={j["rule"]: round(j["ratio"], 4) for j in jumps})
+
+
+def _name(names: list | None, tensor: float | None) -> str | None:
+    """The name of tensor number ``tensor`` (a float from the record), when the run knows it."""
+    if names is None or tensor is None or not math.isfinite(tensor) or not 0 <= int(tensor) < len(names):
+        return None
+    return names[int(tensor)]
 
 
 def describe(j: dict) -> str:
@@ -200,9 +209,15 @@ def describe(j: dict) -> str:
         return (f"the update norm of the {j['half']} layers rose {r:.1f}x against their own history "
                 f"(the {'upper' if j['half'] == 'lower' else 'lower'} layers: {j['other']:.2f}x)")
     tensor = j.get("tensor")
-    name = f"parameter tensor #{int(tensor)}" if tensor is not None and math.isfinite(tensor) else "one parameter tensor"
+    index = int(tensor) if tensor is not None and math.isfinite(tensor) else None
+    if j.get("name"):
+        name = j["name"] + (f" (parameter tensor #{index} in the optimizer's order)" if index is not None else "")
+    elif index is not None:
+        name = f"parameter tensor #{index} (in the optimizer's order)"
+    else:
+        name = "one parameter tensor"
     moments = ""
     if j.get("exp_avg_ratio") is not None and j.get("exp_avg_sq_ratio") is not None:
         moments = f"; its first moment {j['exp_avg_ratio']:.1f}x, its second moment {j['exp_avg_sq_ratio']:.1f}x"
-    return (f"the update of {name} (in the optimizer's order) rose {r:.1f}x against its own history, "
+    return (f"the update of {name} rose {r:.1f}x against its own history, "
             f"{r / j['overall']:.1f}x the tensors' typical ratio{moments}")

@@ -166,7 +166,7 @@ def case_pocket(out_dir):
                           "runlog_steps": [r["step"] for r in lines if r["type"] == "step"],
                           "runlog_checkpoints": [r["step"] for r in lines if r["type"] == "checkpoint"],
                           "first_record": next((r["metrics"] for r in lines if r["type"] == "step"), None),
-                          "actions": runlog_actions(run_dir)})
+                          "actions": runlog_actions(run_dir), **_names(hook, engine)})
 
 
 def case_nan(out_dir):
@@ -242,7 +242,13 @@ def case_warmup_spike(out_dir):
                   save_dir=os.path.join(run_dir, "ckpt"))
     res = train(engine, hook, sc, last_step=sc.max_steps)
     hook.close()
-    return summary(hook, {"train": res, "expected": sc.expected})
+    return summary(hook, {"train": res, "expected": sc.expected, **_names(hook, engine)})
+
+
+def _names(hook, engine) -> dict:
+    """The names the run gave the probe's tensors, and the module's own."""
+    return {"tensor_names": hook.session.run.monitor.tensor_names,
+            "param_names": [n for n, _ in engine.module.named_parameters()]}
 
 
 class TwoStreams(torch.nn.Module):

@@ -285,7 +285,9 @@ def tensor_names(optimizer, model) -> list[str | None]:
     """The name in ``model`` of each parameter tensor, in the order :func:`find_adam_state` numbers
     them (``layers/top1/tensor`` is an index into this list); None where ``model`` does not hold
     the parameter. No compute, no sync."""
-    names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+    names: dict[int, str] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), n)   # a tied parameter: the name of the module that holds it first
     stage, wrapper, basic = _layers(optimizer)
     lp_groups = None
     if wrapper is not None and stage != 0:

@@ -116,6 +116,12 @@ class StepProbe:
         self._prev_scale: torch.Tensor | None = None
         self._reset_step()
 
+    @property
+    def num_tensors(self) -> int | None:
+        """How many parameter tensors the per-tensor statistics number (the optimizer's, in its
+        order: :func:`~.optim_state.tensor_names` names them), once a sample has seen them."""
+        return self._num_tensors
+
     # ---- per-step inputs (all cheap, none syncs) ---------------------------------------------
     def _reset_step(self) -> None:
         self._loss: torch.Tensor | None = None

@@ -57,6 +57,7 @@ from stability_callbacks.record import Finding, StepRecord
 from stability_callbacks.watchdog import HangWatchdog
 
 from .forensics import TorchPeer, held, rows_of
+from .optim_state import tensor_names
 from .preflight import run_preflight
 from .probe import StepProbe
 from .readings import step_lr
@@ -119,6 +120,8 @@ class LiveSession:
         #: Monotonic time (s) of the last other sign of progress (an evaluation batch).
         self.alive_at_s: float | None = None
         self._watchdog: HangWatchdog | None = None
+        #: The model, until the probe's per-tensor statistics are named after its parameters.
+        self._to_name = None
         #: Keep the framework-logger scalars of every record observed (:meth:`take_report`).
         self.report = False
         #: A finding came since the scalars were last taken (report them now, not at the next
@@ -179,6 +182,8 @@ class LiveSession:
             self.probe.layers.reset()
         if reason == "start":
             run_preflight(self.run, model, optimizer, scheduler, **facts)
+        if model is not None and hasattr(model, "named_parameters"):
+            self._to_name = model
         self.started = True
         if self._watchdog is None and self.run.is_rank0:
             with self.guard("watchdog", "starting the hang watchdog"):
@@ -290,6 +295,12 @@ class LiveSession:
             else:
                 probe.finish_step(step, optimizer=optimizer)
                 records = early + ([] if self.lockstep else probe.poll())
+        if self._to_name is not None and self.probe.num_tensors is not None and optimizer is not None:
+            with self.guard("names", "naming the parameter tensors"):
+                model, self._to_name = self._to_name, None
+                names = tensor_names(optimizer, model)
+                if len(names) == self.probe.num_tensors:   # else the numbering is not the probe's
+                    self.run.name_tensors(names)
         self.run.forensics.step_closed(step, self._batches, rows=self._rows)
         self._batches, self._rows = [], 0
         self.last_step = step
