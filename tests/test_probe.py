@@ -154,9 +154,11 @@ def test_cpu_pass_error_on_a_pool_thread_is_raised_to_the_caller():
         if i == 3:
             raise ValueError("piece 3")
 
+    threads = torch.get_num_threads()
     with pytest.raises(ValueError, match="piece 3"):
         reductions._spread(fails_on_three, list(range(8)), 2)
     assert 3 in seen
+    assert torch.get_num_threads() == threads   # the caller's intra-op threads: left as they were
 
 
 def test_zero_and_negative_zero_state():

@@ -199,8 +199,9 @@ def _spread(fn, items: list, threads: int) -> None:
         return
     it, lock, stop = iter(items), threading.Lock(), threading.Event()
 
-    def work() -> None:
-        torch.set_num_threads(1)   # this thread's intra-op threads (the caller has set its own)
+    def work(pooled: bool) -> None:
+        if pooled:   # a pool thread at one intra-op thread (the caller has set its own: _one_thread)
+            torch.set_num_threads(1)
         while not stop.is_set():
             with lock:
                 item = next(it, _DONE)
@@ -212,9 +213,9 @@ def _spread(fn, items: list, threads: int) -> None:
                 stop.set()
                 raise
 
-    futures = [_pool(threads - 1).submit(work) for _ in range(threads - 1)]
+    futures = [_pool(threads - 1).submit(work, True) for _ in range(threads - 1)]
     try:
-        work()
+        work(False)
     finally:
         for f in futures:
             f.result()
