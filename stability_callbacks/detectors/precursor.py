@@ -155,12 +155,11 @@ class Precursor(Detector):
         lo, up = m.get(keys.LAYERS_LOWER_UPDATE_RATIO), m.get(keys.LAYERS_UPPER_UPDATE_RATIO)
         halves = lo is not None and up is not None and finite_positive(lo) and finite_positive(up)
         overall = math.sqrt(lo * up) if halves else 1.0
-        r1 = m.get(keys.layer_top(1, "update_ratio"))
+        r1, tensor = m.get(keys.layer_top(1, "update_ratio")), m.get(keys.layer_top(1, "tensor"))
         if r1 is not None and finite_positive(r1):
             out.append({"rule": "layer", "signal": keys.layer_top(1, "update_ratio"), "ratio": r1,
                         "abnormal": r1 >= self.layer_ratio and r1 >= self.split_ratio * overall,
-                        "value": r1, "baseline": 1.0, "tensor": m.get(keys.layer_top(1, "tensor")),
-                        "name": _name(names, m.get(keys.layer_top(1, "tensor"))),
+                        "value": r1, "baseline": 1.0, "tensor": tensor, "name": _name(names, tensor),
                         "exp_avg_ratio": m.get(keys.layer_top(1, "exp_avg_ratio")),
                         "exp_avg_sq_ratio": m.get(keys.layer_top(1, "exp_avg_sq_ratio")), "overall": overall})
         if halves:

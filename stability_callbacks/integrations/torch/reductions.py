@@ -131,8 +131,7 @@ def _moments_cpu(vs: list, ms: list | None, threads: int = 1):
     def reduce_piece(i: int) -> None:   # a few kernels per piece: few Python steps (they hold the GIL)
         rows = _rows(vs[i])
         sums = rows.sum(1, dtype=_acc(vs[i].dtype))
-        sq = None if ms is None else \
-            torch.linalg.vector_norm(_rows(ms[i]), dim=1, dtype=torch.float32).to(torch.float64).square().sum()
+        sq = None if ms is None else _rows_sq_sum(ms[i])
         per_piece[i] = (sums.sum(dtype=torch.float64), sq)
         if float(sums.amax()) < found[0]:
             return   # no row sums to the largest element found: none holds a larger one
@@ -181,6 +180,11 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     """The full rows of ``_ROW`` elements of ``t``, as a ``[k, _ROW]`` view."""
     k = t.numel() // _ROW
     return t.reshape(-1)[:k * _ROW].view(k, _ROW)
+
+
+def _rows_sq_sum(t: torch.Tensor) -> torch.Tensor:
+    """The sum of squares of ``t``'s full rows: fp32 row norms, combined in float64 (0-d)."""
+    return torch.linalg.vector_norm(_rows(t), dim=1, dtype=torch.float32).to(torch.float64).square().sum()
 
 
 def _spread(fn, items: list, threads: int) -> None:
@@ -313,16 +317,12 @@ def param_sq_sum(tensors: Iterable[torch.Tensor]) -> torch.Tensor | None:
     if ts[0].device.type in FOREACH_FAST_DEVICES:
         norms = torch._foreach_norm(ts, 2, dtype=torch.float32)
         return torch.stack(norms).to(torch.float64).square().sum()
-    parts = [0.0] * len(ts)   # per tensor: fp32 norms of its rows and tail, combined in float64
+    parts = [0.0] * len(ts)   # per tensor: its rows (fp32 norms) and its tail, in float64
 
     def reduce_tensor(i: int) -> None:
         flat = ts[i].reshape(-1)
-        k = flat.numel() // _ROW
-        if k:
-            rows = torch.linalg.vector_norm(flat[:k * _ROW].view(k, _ROW), dim=1, dtype=torch.float32)
-            parts[i] = float(rows.to(torch.float64).square().sum())
-        if flat.numel() > k * _ROW:
-            parts[i] += float(flat[k * _ROW:].to(torch.float64).square().sum())
+        tail = flat[flat.numel() // _ROW * _ROW:]
+        parts[i] = float(_rows_sq_sum(flat) + tail.to(torch.float64).square().sum())
 
     with _one_thread() as threads:
         _spread(reduce_tensor, sorted(range(len(ts)), key=lambda i: -ts[i].numel()), threads)
