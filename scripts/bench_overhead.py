@@ -19,7 +19,8 @@ The last line printed is JSON: model, step_ms_plain, step_ms_monitored, overhead
 of paired step differences / median plain step), overhead_pct_direct (median time spent inside
 the monitoring calls / median plain step: the same quantity measured without the step-to-step
 noise), probe_v_ms, probe_ms, floor_ms, probe_v_over_floor and probe_over_floor (medians of the
-per-repetition ratios), param_norm_ms, host_syncs_per_step (CUDA only, counted under
+per-repetition ratios), param_norm_ms, cpu_pass (which CPU moment pass ran, and why:
+``native.status()``), host_syncs_per_step (CUDA only, counted under
 torch.cuda.set_sync_debug_mode), and the run's settings. ``scripts/gpu_check.py`` calls
 :func:`measure`.
 """
@@ -36,6 +37,7 @@ import warnings
 import torch
 
 from stability_callbacks.config import Sampling
+from stability_callbacks.integrations.torch import native
 from stability_callbacks.integrations.torch.optim_state import find_adam_state
 from stability_callbacks.integrations.torch.reductions import moment_stats, param_sq_sum
 from stability_callbacks.integrations.torch.session import LiveSession
@@ -229,6 +231,7 @@ def measure(device="cpu", *, model_config: dict | None = None, dtype=torch.float
         "probe_v_over_floor": round(med([a / b for a, b in zip(probe_v_ms, floor_ms)]), 3),
         "probe_over_floor": round(med([a / b for a, b in zip(probe_ms, floor_ms)]), 3),
         "param_norm_ms": round(med(pnorm_ms), 3),
+        "cpu_pass": native.status() if device.type == "cpu" else None,
         "pass_exact": exact,
         "exp_avg_sq_numel": total,
         "host_syncs_per_step": (syncs_monitored / pairs) if device.type == "cuda" and pairs else None,

@@ -1,6 +1,12 @@
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# The CPU moment kernel is built once for the whole run (and its subprocesses), not into ~/.cache.
+if "STABILITY_CALLBACKS_CACHE" not in os.environ:
+    os.environ["STABILITY_CALLBACKS_CACHE"] = tempfile.mkdtemp(prefix="stability-callbacks-cache-")
 
 DATA = Path(__file__).parent / "data"
 
@@ -19,3 +25,26 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(prev)
+
+
+@pytest.fixture(params=["compiled", "torch"])
+def cpu_pass(request, monkeypatch):
+    """Both CPU moment passes: the compiled kernel (:mod:`...torch.native`; a machine that
+    cannot build it fails here, saying why) and the torch kernels. Fails a test in which the
+    pass it asks for did not run."""
+    from stability_callbacks.integrations.torch import native, reductions
+    if request.param == "torch":
+        monkeypatch.setitem(native._STATE, "kernels", None)
+    else:
+        assert native.moment_kernels() is not None, native.status()
+    ran = []
+    compiled = reductions._moments_native
+
+    def spy(vs, ms):
+        got = compiled(vs, ms)
+        ran.append("compiled" if got is not None else "torch")
+        return got
+
+    monkeypatch.setattr(reductions, "_moments_native", spy)
+    yield request.param
+    assert ran and set(ran) == {request.param}, ran

@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from host_reads import ValueReads  # noqa: E402
+from stability_callbacks.integrations.torch import native as _native  # noqa: E402
 from stability_callbacks.integrations.torch import reductions as _reductions  # noqa: E402
 from stability_callbacks.integrations.torch.session import LiveSession  # noqa: E402
 from stability_callbacks.live import LiveRun  # noqa: E402
@@ -24,13 +25,19 @@ def _model():
     return torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Flatten(), torch.nn.Linear(64, 50))
 
 
-@pytest.mark.parametrize("kernels", ["accelerator", "cpu"])
+@pytest.mark.parametrize("kernels", ["accelerator", "cpu compiled", "cpu torch"])
 def test_ordinary_steps_read_only_the_packed_record_and_adams_step(monkeypatch, tmp_path, kernels):
     """``accelerator``: the reductions take the path they take on a GPU (fused multi-tensor
-    kernels; they run on CPU too): nothing but the two host reads. ``cpu``: the CPU path reads
-    row-sum bounds on the host to skip rows (no device to wait for there), and only that."""
+    kernels; they run on CPU too): nothing but the two host reads. ``cpu compiled``: the CPU
+    kernel's result is checked for NaN on the host, once a step (no device to wait for there).
+    ``cpu torch``: the CPU pass in torch kernels reads row-sum bounds on the host to skip rows,
+    and only that."""
     if kernels == "accelerator":
         monkeypatch.setattr(_reductions, "FOREACH_FAST_DEVICES", (*_reductions.FOREACH_FAST_DEVICES, "cpu"))
+    elif kernels == "cpu torch":
+        monkeypatch.setitem(_native._STATE, "kernels", None)
+    else:
+        assert _native.moment_kernels() is not None, _native.status()
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     s = LiveSession(LiveRun(config={"actions": {}, "phase": {"warmup_steps": 5}}, run_dir=tmp_path))
@@ -60,7 +67,9 @@ def test_ordinary_steps_read_only_the_packed_record_and_adams_step(monkeypatch, 
         ("packed.py", "_decode", "tolist"): 20,                       # the packed record
         ("probe.py", "_sample_adam_hyperparams", "scalar"): 20,      # Adam's step: a CPU tensor
     }
-    if kernels == "cpu":
+    if kernels == "cpu compiled":
+        host_reads[("reductions.py", "_moments_native", "scalar")] = 20   # its NaN check
+    elif kernels == "cpu torch":
         # the CPU pass's host decisions (which rows can hold the max), on this thread and the
         # pass's own (those a dispatch mode, per thread, does not see): at least one per step
         cpu_only = {k: v for k, v in reads.counts.items()

@@ -56,7 +56,7 @@ def _reference_v(opt):
 
 @pytest.mark.parametrize("impl", ["default", "foreach", "fused"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_adam_stats_match_a_full_reference(impl, dtype):
+def test_adam_stats_match_a_full_reference(impl, dtype, cpu_pass):
     model = _model(dtype=dtype)
     kw = {"foreach": False} if impl == "default" else {impl: True}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, **kw)
@@ -87,13 +87,14 @@ def _reference(values):
     return float(ref.max()), float(ref.sum()), ref.numel()
 
 
-def test_stats_are_accurate_on_large_tensors_and_row_boundaries():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_stats_are_accurate_on_large_tensors_and_row_boundaries(dtype, cpu_pass):
     # pitfall 9: _foreach_norm(ord=1) drifted by 1e-3 on CPU for GPT-2-sized state
     g = torch.Generator().manual_seed(1)
-    big = torch.rand(2_500_001, generator=g) * 3
+    big = (torch.rand(2_500_001, generator=g) * 3).to(dtype)
     big[16383] = 7.5   # the max sits at the end of a row
-    small = torch.rand(1001, generator=g).bfloat16()
-    half = (torch.rand(40_000, generator=g) * 3).to(torch.bfloat16)   # rows in bf16 too
+    small = torch.rand(1001, generator=g).to(dtype)
+    half = (torch.rand(40_000, generator=g) * 3).to(dtype)
     half[20_000] = 8.0                                               # inside a row
     mx, l1, n = adam_second_moment_stats(_adam_with_state(big, small, half))
     ref_max, ref_l1, ref_n = _reference([big, small, half])
@@ -102,8 +103,24 @@ def test_stats_are_accurate_on_large_tensors_and_row_boundaries():
     assert int(n) == ref_n == 2_541_002
 
 
+def test_mixed_dtype_state_takes_the_torch_kernels_and_is_exact(monkeypatch):
+    # the compiled kernel takes one dtype (float32 or bfloat16) for the whole state
+    from stability_callbacks.integrations.torch import native
+    assert native.moment_kernels() is not None, native.status()
+    g = torch.Generator().manual_seed(4)
+    values = [torch.rand(70_000, generator=g), torch.rand(3000, generator=g).bfloat16(),
+              torch.rand(40, generator=g).double()]
+    values[1][7] = 2.0
+    ran = []
+    monkeypatch.setattr(reductions, "_moments_cpu", lambda *a, real=reductions._moments_cpu: ran.append(1) or real(*a))
+    mx, l1, n = adam_second_moment_stats(_adam_with_state(*values))
+    ref_max, ref_l1, ref_n = _reference(values)
+    assert ran == [1] and float(mx) == ref_max == 2.0 and int(n) == ref_n
+    assert float(l1) == pytest.approx(ref_l1, rel=1e-7)
+
+
 @pytest.mark.parametrize("where", ["same tensor", "other tensor", "tail", "small tensor", "flat"])
-def test_max_is_exact_wherever_it_hides(where):
+def test_max_is_exact_wherever_it_hides(where, cpu_pass):
     # The CPU path reads the max only from rows (of 256 elements) whose sums can reach it,
     # starting from each piece's row with the largest sum. Here four such rows hold 1024 values
     # of 1e4 (a sum of 2.56e6 each) while the max is a lone 1e6 elsewhere, in a row whose sum is
@@ -111,7 +128,7 @@ def test_max_is_exact_wherever_it_hides(where):
     g = torch.Generator().manual_seed(2)
     heavy = torch.exp(2 * torch.randn(12 * 16384 + 5, generator=g))   # log-normal, like Adam's v
     light = torch.exp(2 * torch.randn(3 * 16384 + 77, generator=g)) * 1e-3
-    tiny = torch.rand(40, generator=g).to(torch.float64) * 0.1
+    tiny = torch.rand(40, generator=g) * 0.1
     heavy[5 * 1024:6 * 1024] = 1e4   # whole rows: the seed
     target = {"same tensor": (heavy, 9 * 16384 + 100), "other tensor": (light, 20000),
               "tail": (heavy, 12 * 16384 + 2), "small tensor": (tiny, 7)}.get(where)
@@ -145,6 +162,28 @@ def test_cpu_pass_on_several_threads_gives_the_one_thread_result_bit_for_bit():
         math.fsum(float(v.double().sum()) for v in vs), rel=1e-7)
 
 
+def test_compiled_pass_on_any_thread_count_gives_the_one_thread_result_bit_for_bit():
+    """The compiled pass's threads take its work units as they come: the result may not change."""
+    g = torch.Generator().manual_seed(3)
+    vs = [torch.exp(2 * torch.randn(n, generator=g)) for n in (3_000_001, 70_000, 16_384, 5000, 17)]
+    vs[2][9000] = 1e5
+    ms = [torch.randn(v.numel(), generator=g) for v in vs]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = reductions._moments_native(vs, ms)
+        assert one is not None
+        for n in (2, 3, 4, 2):
+            torch.set_num_threads(n)
+            many = reductions._moments_native(vs, ms)
+            assert all(torch.equal(a, b) for a, b in zip(one, many))
+    finally:
+        torch.set_num_threads(threads)
+    assert float(one[0]) == 1e5
+    assert float(one[1].sum()) == pytest.approx(math.fsum(float(v.double().sum()) for v in vs), rel=1e-9)
+    assert float(one[2].sum()) == pytest.approx(math.fsum(float(m.double().square().sum()) for m in ms), rel=1e-9)
+
+
 def test_cpu_pass_error_on_a_pool_thread_is_raised_to_the_caller():
     from stability_callbacks.integrations.torch import reductions
     seen = []
@@ -161,14 +200,14 @@ def test_cpu_pass_error_on_a_pool_thread_is_raised_to_the_caller():
     assert torch.get_num_threads() == threads   # the caller's intra-op threads: left as they were
 
 
-def test_zero_and_negative_zero_state():
+def test_zero_and_negative_zero_state(cpu_pass):
     v = torch.zeros(20000)
     v[5] = -0.0
     mx, l1, _ = adam_second_moment_stats(_adam_with_state(v))
     assert float(mx) == 0.0 and float(l1) == 0.0
 
 
-def test_nonfinite_state_gives_nan_max_whatever_the_sign_bit():
+def test_nonfinite_state_gives_nan_max_whatever_the_sign_bit(cpu_pass):
     p = torch.nn.Parameter(torch.zeros(10))
     opt = torch.optim.Adam([p])
     p.grad = torch.zeros_like(p)
@@ -401,7 +440,7 @@ def test_records_come_out_a_fixed_number_of_steps_late():
     assert [r.step for r in probe.flush()] == [3]
 
 
-def test_accelerator_branch_matches_the_cpu_branch(monkeypatch):
+def test_accelerator_branch_matches_the_cpu_branch(monkeypatch, cpu_pass):
     # the foreach branch (CUDA/XPU) runs here through torch's per-tensor CPU fallback
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -439,7 +478,7 @@ def _reference_update(opt, lr_used):
 
 @pytest.mark.parametrize("impl", ["default", "foreach", "fused"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_first_moment_and_update_norm_match_a_full_reference(impl, dtype):
+def test_first_moment_and_update_norm_match_a_full_reference(impl, dtype, cpu_pass):
     model = _model(dtype=dtype)
     first, *rest = list(model.parameters())
     kw = {"foreach": False} if impl == "default" else {impl: True}
@@ -505,7 +544,7 @@ def test_a_tensor_whose_first_moment_builds_up_is_the_top_layer_and_moves_its_ha
     assert last[keys.UPDATE_NORM] > 1.5 * before[keys.UPDATE_NORM]
 
 
-def test_per_tensor_sums_are_the_same_on_both_branches(monkeypatch):
+def test_per_tensor_sums_are_the_same_on_both_branches(monkeypatch, cpu_pass):
     model = _seven_tensor_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     x, y = _batch(0)

@@ -2,13 +2,15 @@
 max and L1, ``exp_avg``'s sum of squares, per parameter tensor too) in one pass, the parameters'
 sum of squares, and a batch's fingerprint.
 
-On accelerators the moments go through multi-tensor (``torch._foreach_*``) kernels. On CPU, where
-foreach kernels are per-tensor loops anyway, one pass of row sums (rows of 256 elements) over
-``exp_avg_sq`` and of row norms over ``exp_avg``: the row sums give the L1 and bound the max, so
-only the rows that can hold the max are read again (:func:`_moments_cpu`); the tensors are spread
-over as many threads as torch has intra-op threads, each at one (:func:`_spread`). Where the
-tensors come from (ZeRO fragments, FSDP2 shards, replicated state) is :mod:`.optim_state`'s job;
-reducing the results across ranks is :class:`~.probe.StepProbe`'s.
+On accelerators the moments go through multi-tensor (``torch._foreach_*``) kernels. On CPU, a
+compiled kernel (:mod:`.native`, ``moments.c``) reads each moment once, in one parallel region of
+torch's threads (:func:`_moments_native`). Where it cannot be built, torch kernels do the same
+in one pass of row sums (rows of 256 elements) over ``exp_avg_sq`` and of row norms over
+``exp_avg``: the row sums give the L1 and bound the max, so only the rows that can hold the max
+are read again (:func:`_moments_cpu`); the tensors are spread over as many threads as torch has
+intra-op threads, each at one (:func:`_spread`). Where the tensors come from (ZeRO fragments,
+FSDP2 shards, replicated state) is :mod:`.optim_state`'s job; reducing the results across ranks
+is :class:`~.probe.StepProbe`'s.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from typing import Iterable
 
 import torch
 
+from . import native
 from .optim_state import AdamState, find_adam_state, local_tensor
 
 __all__ = ["MomentStats", "adam_moment_stats", "moment_stats", "param_sq_sum", "batch_fingerprint",
@@ -76,8 +79,11 @@ def moment_stats(state: AdamState) -> MomentStats:
     if vs[0].device.type in FOREACH_FAST_DEVICES:
         v_max, piece_v, piece_m = _moments_foreach(vs, ms)
     else:
-        with _one_thread() as threads:
-            v_max, piece_v, piece_m = _moments_cpu(vs, ms, threads)
+        got = _moments_native(vs, ms)
+        if got is None:
+            with _one_thread() as threads:
+                got = _moments_cpu(vs, ms, threads)
+        v_max, piece_v, piece_m = got
     per_tensor = None
     if piece_m is not None and state.tensor_of is not None:
         idx = _index(tuple(state.tensor_of[i] for i in keep), vs[0].device)
@@ -95,6 +101,93 @@ def _moments_foreach(vs: list, ms: list | None):
     piece_m = None if ms is None else \
         torch.stack(torch._foreach_norm(ms, 2, dtype=torch.float32)).to(torch.float64).square()
     return v_max, piece_v, piece_m
+
+
+def _moments_native(vs: list, ms: list | None):
+    """The CPU path of :func:`moment_stats` in the compiled kernel (:mod:`.native`): one read of
+    each moment, in one parallel region of torch's intra-op threads. Tensors over ``_CHUNK``
+    elements are cut into chunks, small ones taken together, and the threads take the units
+    largest first as they come. None when the kernel is not built here, or the state is not
+    one contiguous float32 or bfloat16 tensor per piece (same dtype for both moments): then
+    :func:`_moments_cpu` runs.
+    """
+    kernels = native.moment_kernels()
+    dtype = vs[0].dtype
+    fn = None if kernels is None else kernels.get(dtype)
+    if fn is None or any(t.dtype != dtype or not t.is_contiguous() for t in (*vs, *(ms or ()))) or \
+            (ms is not None and any(m.numel() != v.numel() for v, m in zip(vs, ms))):
+        return None
+    plan = _native_plan(vs, ms)
+    n = plan.num_items
+    sum_v = torch.empty(n, dtype=torch.float64)
+    sq_m = torch.empty(n, dtype=torch.float64)
+    max_v = torch.empty(n, dtype=torch.float32)
+    fn(plan.num_units, plan.units.data_ptr(), plan.order.data_ptr(), torch.get_num_threads(),
+       plan.v_ptrs.data_ptr(), None if ms is None else plan.m_ptrs.data_ptr(), plan.lens.data_ptr(),
+       sum_v.data_ptr(), sq_m.data_ptr(), max_v.data_ptr())
+    piece_v = torch.zeros(len(vs), dtype=torch.float64).index_add_(0, plan.piece_of, sum_v)
+    piece_m = None if ms is None else \
+        torch.zeros(len(vs), dtype=torch.float64).index_add_(0, plan.piece_of, sq_m)
+    total = piece_v.sum()
+    if math.isnan(total):   # a NaN anywhere: the max is NaN too (the kernel's max skips NaN)
+        return total, piece_v, piece_m
+    return max_v.amax().to(torch.float64), piece_v, piece_m
+
+
+# Work units of the compiled pass: a tensor over _CHUNK elements is cut into chunks of _CHUNK
+# (4 MiB of fp32, a multiple of the kernel's 256-element block: about 0.5 ms of one core), and
+# pieces are taken together until a unit holds _CHUNK / 4 elements.
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class _NativePlan:
+    num_items: int
+    v_ptrs: torch.Tensor     # int64 addresses of each item's first element
+    m_ptrs: torch.Tensor | None
+    lens: torch.Tensor       # int64 elements per item
+    piece_of: torch.Tensor   # long: the piece each item belongs to
+    num_units: int
+    units: torch.Tensor      # int64: unit u holds items units[u] .. units[u + 1]
+    order: torch.Tensor      # int64: the units, largest first
+
+
+def _native_plan(vs: list, ms: list | None) -> _NativePlan:
+    """The items and work units of the compiled pass over these tensors: a pure function of
+    their addresses, sizes and dtype, cached on them (only integers are kept: no tensor stays
+    alive through the cache)."""
+    key = (vs[0].dtype, tuple((t.data_ptr(), t.numel()) for t in vs),
+           None if ms is None else tuple(t.data_ptr() for t in ms))
+    plan = _PLAN_CACHE.get(key)
+    if plan is not None:
+        return plan
+    size = vs[0].element_size()
+    items = [(i, start, min(_CHUNK, v.numel() - start))
+             for i, v in enumerate(vs) for start in range(0, v.numel(), _CHUNK)]
+    bounds, held, unit_size = [0], 0, []
+    for k, (_, _, count) in enumerate(items):
+        held += count
+        if held >= _CHUNK // 4 or k == len(items) - 1:
+            bounds.append(k + 1)
+            unit_size.append(held)
+            held = 0
+    plan = _NativePlan(
+        num_items=len(items),
+        v_ptrs=torch.tensor([vs[i].data_ptr() + size * s for i, s, _ in items], dtype=torch.int64),
+        m_ptrs=None if ms is None else
+        torch.tensor([ms[i].data_ptr() + size * s for i, s, _ in items], dtype=torch.int64),
+        lens=torch.tensor([c for _, _, c in items], dtype=torch.int64),
+        piece_of=torch.tensor([i for i, _, _ in items], dtype=torch.long),
+        num_units=len(unit_size),
+        units=torch.tensor(bounds, dtype=torch.int64),
+        order=torch.tensor(sorted(range(len(unit_size)), key=lambda u: -unit_size[u]), dtype=torch.int64))
+    if len(_PLAN_CACHE) > 8:
+        _PLAN_CACHE.clear()
+    _PLAN_CACHE[key] = plan
+    return plan
+
+
+_PLAN_CACHE: dict = {}
 
 
 def _moments_cpu(vs: list, ms: list | None, threads: int = 1):
