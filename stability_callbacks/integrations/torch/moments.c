@@ -10,7 +10,7 @@
  * the sum NaN, and the caller then reports NaN for the max too.
  *
  * GCC/Clang vector extensions: SIMD on any target (AVX2 when built with -mavx2, SSE2 or NEON
- * otherwise); three AVX intrinsics where the generic form compiles badly. No allocation.
+ * otherwise); a few AVX intrinsics where the generic form compiles badly. No allocation.
  */
 #include <stdint.h>
 #include <string.h>
@@ -76,7 +76,7 @@ __attribute__((noinline)) static float NAME##_block_max(const T *v, f8 top) {   
     for (int j = 0; j < BLOCK; j += 16) { mx0 = vmax(LOAD(v + j), mx0); mx1 = vmax(LOAD(v + j + 8), mx1); } \
     return hmax(vmax(mx0, mx1));                                                                 \
 }                                                                                                \
-static void NAME(int64_t n, const int64_t *vp, const int64_t *mp, const int64_t *len,                   \
+static void NAME(int64_t n, const int64_t *vp, const int64_t *mp, const int64_t *len,            \
           double *sum_v, double *sq_m, float *max_v) {                                           \
     for (int64_t it = 0; it < n; it++) {                                                         \
         const T *v = (const T *)(intptr_t)vp[it];                                                \
@@ -93,12 +93,8 @@ static void NAME(int64_t n, const int64_t *vp, const int64_t *mp, const int64_t 
             }                                                                                    \
             f8 a = (a0 + a1) + (a2 + a3);                                                        \
             v0 = widen_add(v0, a, 0); v1 = widen_add(v1, a, 1);                                  \
-            if (any_at_least(a0, a1, a2, a3, topv)) {                                                         \
-                f8 mx0 = topv, mx1 = topv;                                                       \
-                for (int j = 0; j < BLOCK; j += 16) {                                            \
-                    mx0 = vmax(LOAD(v + i + j), mx0); mx1 = vmax(LOAD(v + i + j + 8), mx1);      \
-                }                                                                                \
-                top = hmax(vmax(mx0, mx1));                                                      \
+            if (any_at_least(a0, a1, a2, a3, topv)) {                                            \
+                top = NAME##_block_max(v + i, topv);                                             \
                 topv = top - (f8){0};                                                            \
             }                                                                                    \
             if (m) {                                                                             \
