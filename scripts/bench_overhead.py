@@ -14,6 +14,16 @@ repetitions: ``probe_v_ms``, ``exp_avg_sq`` max + L1 (issue 24's goal: <= 1.2x t
 
     python scripts/bench_overhead.py [--pairs 8] [--seq-len 128] [--batch-size 1] [--grad-accum 2]
     python scripts/bench_overhead.py --probe-only --probe-reps 15     # the pass vs the floor only
+    python scripts/bench_overhead.py --probe-host [--tensor-scale 10] [--device meta]
+
+``--probe-host`` (issue 36) prints ``probe-host: tensors=N ops=K host_ms=X``: the Adam probe's
+call per sampled step on the device path (:class:`~...reductions.MomentPass`: the state's layout
+checked, the pass launched, its rows combined) over GPT-2 124M's 148 parameter tensors
+(``--tensor-scale 10``: 1480), ``ops`` the ops it dispatches (``tests/host_reads.py``'s
+``DispatchedOps``), ``host_ms`` the median host time of one call (``--calls`` of them). On the
+``meta`` device (the default where there is no GPU) no kernel runs: the host work alone. A JSON
+line follows with the same for the multi-tensor kernels and the layout found afresh each call (the
+pass before issue 36), the load average, and which kernel ran.
 
 The last line printed is JSON: model, step_ms_plain, step_ms_monitored, overhead_pct (median
 of paired step differences / median plain step), overhead_pct_direct (median time spent inside
@@ -30,16 +40,22 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import statistics
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
 
 from stability_callbacks.config import Sampling
-from stability_callbacks.integrations.torch import native
+from stability_callbacks.integrations.torch import native, reductions, triton_kernel
 from stability_callbacks.integrations.torch.optim_state import find_adam_state
-from stability_callbacks.integrations.torch.reductions import moment_stats, param_sq_sum
+from stability_callbacks.integrations.torch.reductions import MomentPass, moment_stats, param_sq_sum
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from host_reads import DispatchedOps  # noqa: E402
 from stability_callbacks.integrations.torch.session import LiveSession
 from stability_callbacks.live import LiveRun
 
@@ -245,6 +261,75 @@ def measure(device="cpu", *, model_config: dict | None = None, dtype=torch.float
     }
 
 
+def probe_host(device="meta", *, tensor_scale: int = 1, calls: int = 200, before: bool = True) -> dict:
+    """``--probe-host``: the dispatched ops and the median host time of one Adam probe call on the
+    device path, over GPT-2 124M's parameter tensors repeated ``tensor_scale`` times (state as
+    after a step, uninitialised: only its layout matters); ``before``: the same for the pass
+    before issue 36 (the layout found afresh each call, torch's multi-tensor kernels)."""
+    device = torch.device(device)
+    from transformers import GPT2Config, GPT2LMHeadModel
+    with torch.device("meta"):
+        shapes = [p.shape for p in GPT2LMHeadModel(GPT2Config()).parameters()] * tensor_scale
+    params = [torch.nn.Parameter(torch.empty(s, device=device)) for s in shapes]
+    opt = torch.optim.AdamW(params, lr=3e-4)
+    for p in params:
+        opt.state[p] = {"step": torch.tensor(1.0), "exp_avg": torch.empty_like(p), "exp_avg_sq": torch.empty_like(p)}
+    saved = reductions.FOREACH_FAST_DEVICES
+    if device.type == "cpu":   # CPU tensors on the device path (the kernel's contract in torch ops)
+        reductions.FOREACH_FAST_DEVICES = (*saved, "cpu")
+    moments = MomentPass()
+    try:
+        out = {"device": str(device), "tensors": len(shapes),
+               **_host_figures(lambda: moments(opt), device, calls)}
+        out["kernel"] = _kernel_name(moments)
+        if before:
+            out["before"] = _host_figures(lambda: pass_before(opt), device, max(10, calls // 10))
+    finally:
+        reductions.FOREACH_FAST_DEVICES = saved
+    out["load_avg"] = [round(x, 2) for x in os.getloadavg()]
+    return out
+
+
+def pass_before(optimizer) -> reductions.MomentStats:
+    """The device pass as it was before issue 36, kept here only to compare (``before`` figures):
+    the layout found afresh each call, then torch's multi-tensor kernels, their one-tensor-per-input
+    results stacked, the per-tensor sums through a cached index."""
+    state = find_adam_state(optimizer)
+    keep = [i for i, t in enumerate(state.exp_avg_sq) if t.numel() > 0]
+    vs = [state.exp_avg_sq[i] for i in keep]
+    ms = [state.exp_avg[i] for i in keep]
+    v_max, piece_v, piece_m = reductions._moments_foreach(vs, ms)
+    idx = reductions._index(tuple(state.tensor_of[i] for i in keep), vs[0].device)
+    per_tensor = torch.zeros((state.num_tensors, 2), dtype=torch.float64, device=vs[0].device)
+    per_tensor.index_add_(0, idx, torch.stack([piece_v, piece_m], 1))
+    return reductions.MomentStats(v_max, piece_v.sum(), piece_m.sum(), state.numel, state.partitioned, per_tensor)
+
+
+def _host_figures(fn, device, calls: int) -> dict:
+    fn()   # the first call builds the layout and the table (and compiles the kernel)
+    with DispatchedOps() as mode:
+        fn()
+    times = []
+    for i in range(calls):
+        if i % 20 == 0:
+            _sync(device)   # never let the device's queue fill up and hold the host back
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    _sync(device)
+    return {"ops": sum(mode.ops.values()), "host_ms": round(statistics.median(times), 4),
+            "host_ms_p10_p90": [round(statistics.quantiles(times, n=10)[k], 4) for k in (0, 8)],
+            "calls": calls, "ops_by_name": dict(mode.ops)}
+
+
+def _kernel_name(moments: MomentPass) -> str:
+    plan = moments._plan
+    if plan is None or plan.kernel is None:
+        return "multi-tensor kernels"
+    return {"cuda": triton_kernel.status(), "meta": "none (meta: shapes only)"}.get(
+        plan.device.type, "the kernel's contract in torch ops (CPU)")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=8, help="plain/monitored step pairs timed")
@@ -259,7 +344,17 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--probe-only", action="store_true",
                     help="one step to create the Adam state, then only the pass vs the floor")
+    ap.add_argument("--probe-host", action="store_true",
+                    help="the Adam probe's dispatched ops and host time per call on the device path (issue 36)")
+    ap.add_argument("--tensor-scale", type=int, default=1, help="--probe-host: GPT-2's 148 tensors times this")
+    ap.add_argument("--calls", type=int, default=200, help="--probe-host: calls timed")
     args = ap.parse_args(argv)
+    if args.probe_host:
+        dev = args.device if args.device != "cpu" or "--device" in " ".join(argv or sys.argv) else "meta"
+        r = probe_host(dev, tensor_scale=args.tensor_scale, calls=args.calls)
+        print(f"probe-host: tensors={r['tensors']} ops={r['ops']} host_ms={r['host_ms']}")
+        print(json.dumps(r))
+        return
     print(json.dumps(measure(args.device, dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype],
                              pairs=args.pairs, warmup_pairs=args.warmup_pairs, seq_len=args.seq_len,
                              batch_size=args.batch_size, grad_accum=args.grad_accum,
