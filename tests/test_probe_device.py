@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import copy
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -48,28 +49,45 @@ def ops_of(fn) -> collections.Counter:
     return mode.ops
 
 
+def _ops_per_call(shapes: list) -> tuple:
+    """The ops of one call of the Adam pass, and of one sampled step of the probe, on ``meta``."""
+    opt = meta_adamw(shapes)
+    moments = MomentPass()
+    moments(opt)    # the first call builds the layout and the table
+    probe = StepProbe(adam_every_n_steps=1, device="meta")
+
+    def probe_step():
+        probe.set_lr(1e-3)
+        probe.finish_step(1, optimizer=opt)
+
+    probe_step()
+    return ops_of(lambda: moments(opt)), ops_of(probe_step)
+
+
 def test_the_dispatched_ops_of_a_probe_do_not_grow_with_the_tensor_count():
     shapes = gpt2_small_shapes()
     assert len(shapes) == 148 and sum(s.numel() for s in shapes) == 124_439_808
-    counts = {}
-    for n in (1, 10):   # 148 tensors, then 1480
-        opt = meta_adamw(shapes * n)
-        moments = MomentPass()
-        moments(opt)    # the first call builds the layout and the table
-        probe = StepProbe(adam_every_n_steps=1, device="meta")
-
-        def probe_step():
-            probe.set_lr(1e-3)
-            probe.finish_step(1, optimizer=opt)
-
-        probe_step()
-        counts[148 * n] = (ops_of(lambda: moments(opt)), ops_of(probe_step))
-    (pass_148, step_148), (pass_1480, step_1480) = counts[148], counts[1480]
+    pass_148, step_148 = _ops_per_call(shapes)
+    pass_1480, step_1480 = _ops_per_call(shapes * 10)
     assert pass_148 == pass_1480 and step_148 == step_1480
     # the pass: one launch of the kernel (on meta: its output only), one index_add_ into the
     # per-tensor sums, a max and a sum; no op per tensor
     assert sum(pass_148.values()) <= 12, pass_148
     assert pass_148["aten.index_add_.default"] == 1 and "aten.stack.default" not in pass_148
+
+
+def test_bench_prints_the_probe_host_line_on_meta():
+    """``scripts/bench_overhead.py --probe-host`` (no GPU here: the meta device): the line issue 36
+    asks for, the ops it counts equal to the guard's, and the pass before it beside."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_overhead.py"), "--probe-host", "--calls", "20"],
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line, data = proc.stdout.strip().splitlines()[-2:]
+    got = json.loads(data)
+    assert line == f"probe-host: tensors=148 ops={got['ops']} host_ms={got['host_ms']}"
+    assert got["device"] == "meta" and got["kernel"].startswith("none")
+    assert got["ops"] == sum(got["ops_by_name"].values()) <= 12 and got["host_ms"] > 0
+    assert got["before"]["ops_by_name"]["aten._foreach_norm.Scalar"] == 2
 
 
 def _train(model, steps, groups, dtype, ids):

@@ -281,13 +281,14 @@ def find_adam_state(optimizer) -> AdamState | None:
 
 def state_key(optimizer) -> tuple:
     """What :func:`find_adam_state`'s answer depends on, cheap to compute every sampled step: the
-    optimizer objects, their param groups, and the address of every state tensor it would read
-    (the flat partitions and their state under DeepSpeed; each parameter's ``exp_avg_sq`` and
-    ``exp_avg`` otherwise, the local shard of a DTensor). An equal key means the :class:`AdamState`
-    found before still describes the state, views and addresses included; a state created,
-    replaced, reallocated or moved (``load_state_dict``, a new param group, DeepSpeed's
-    ``offload_states``, which swaps ``.data``) changes it. No compute, no sync: a few dictionary
-    reads and one address per state tensor, in C-level loops (~0.2 us per parameter)."""
+    optimizer objects, their param groups, and the address and element count of every state
+    tensor it would read (the flat partitions and their state under DeepSpeed; each parameter's
+    ``exp_avg_sq`` and ``exp_avg`` otherwise, the local shard of a DTensor). An equal key means
+    the :class:`AdamState` found before still describes the state, views and addresses included;
+    a state created, replaced, reallocated or moved (``load_state_dict``, a new param group,
+    DeepSpeed's ``offload_states``, which swaps ``.data``) changes it. No compute, no sync: a few
+    dictionary reads, an address and a count per state tensor, in C-level loops (~0.2 us per
+    parameter)."""
     stage, wrapper, basic = _layers(optimizer)
     state = basic.state
     flat = None
@@ -313,9 +314,10 @@ _V, _M = operator.itemgetter("exp_avg_sq"), operator.itemgetter("exp_avg")
 
 
 def _addresses(tensors: list) -> tuple:
-    """The data address of each tensor (a DTensor's: its shard's); None for a missing one."""
+    """The data address and element count of each tensor (a DTensor's: its shard's); None for a
+    missing one."""
     try:
-        return tuple(map(torch.Tensor.data_ptr, tensors))
+        return tuple(map(torch.Tensor.data_ptr, tensors)), tuple(map(torch.Tensor.numel, tensors))
     except (TypeError, RuntimeError):   # a None (no exp_avg), a DTensor (no storage of its own)
         return tuple(_address(t) for t in tensors)
 
@@ -329,7 +331,7 @@ def _address(t):
         t = getattr(t, "_local_tensor", None)
         if t is None:
             return None
-    return t.data_ptr()
+    return t.data_ptr(), t.numel()
 
 
 def _all_or_none(tensors: list) -> list | None:
