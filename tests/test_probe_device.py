@@ -214,6 +214,30 @@ def test_the_triton_kernel_under_its_interpreter_equals_the_cpu_pass():
     assert proc.stdout.split()[-1] == "float32,bfloat16", proc.stdout
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_the_triton_kernel_compiles_for_sm90_with_128_bit_loads_where_aligned(dtype):
+    """Compiled ahead of time for an H100 / H200 (sm_90; Triton's own ptxas, no GPU needed):
+    where every address is 16-byte aligned its whole blocks are read with 128-bit loads."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed")
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    kernel = triton_kernel._define(triton, tl)
+    signature = {"table": "*i64", "out": "*fp64", "num_items": "i32", "HAS_M": "constexpr", "DTYPE": "constexpr",
+                 "BLOCK": "constexpr", "ALIGNED": "constexpr"}
+    vector_loads = {}
+    for aligned in (True, False):
+        src = ASTSource(fn=kernel, signature=signature, constexprs={
+            "HAS_M": True, "DTYPE": getattr(tl, {"fp32": "float32", "bf16": "bfloat16"}[dtype]),
+            "BLOCK": triton_kernel._BLOCK, "ALIGNED": aligned})
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+        assert compiled.asm["cubin"]
+        vector_loads[aligned] = compiled.asm["ptx"].count("ld.global.v4")
+    assert vector_loads[True] >= 2 and vector_loads[False] == 0, vector_loads
+
+
 def _under_the_interpreter() -> None:
     """The Triton kernel as the CPU table kernel, against the CPU pass (run by the test above)."""
     launch = triton_kernel.moments_kernel()
@@ -221,7 +245,7 @@ def _under_the_interpreter() -> None:
 
     def interpreted(dtype):
         def run(plan, out):
-            launch(plan.table, out, len(plan.items), plan.ms is not None, plan.dtype)
+            launch(plan.table, out, len(plan.items), plan.ms is not None, plan.dtype, plan.aligned)
         return run
 
     reductions._TABLE_KERNELS["cpu"] = interpreted

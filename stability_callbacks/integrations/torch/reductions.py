@@ -171,6 +171,7 @@ class _DevicePlan:
             v_at = [self.vs[i].data_ptr() + size * start for i, start, _ in self.items]
             m_at = [0] * len(v_at) if self.ms is None else \
                 [self.ms[i].data_ptr() + size * start for i, start, _ in self.items]
+            self.aligned = all(a % 16 == 0 for a in (*v_at, *m_at))
             table = torch.tensor([v_at, m_at, [n for _, _, n in self.items]], dtype=torch.int64)
             self.table = host_to_device(table, self.device)
             of = None if of is None else [of[i] for i, _, _ in self.items]
@@ -218,7 +219,7 @@ def _triton(dtype):
         return None
 
     def run(plan: _DevicePlan, out: torch.Tensor) -> None:
-        launch(plan.table, out, len(plan.items), plan.ms is not None, plan.dtype)
+        launch(plan.table, out, len(plan.items), plan.ms is not None, plan.dtype, plan.aligned)
 
     return run
 

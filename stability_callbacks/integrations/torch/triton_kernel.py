@@ -9,7 +9,9 @@ read of the bytes; docs/measured.md). Here the tensors are rows of a table, buil
 and kept on the device: row ``i`` holds the address of an item (a run of at most ``CHUNK``
 elements of one state tensor) in ``exp_avg_sq`` and in ``exp_avg`` and its length. Program ``i``
 reads its item once and writes ``out[i] = (sum v, sum m^2, max v)``: lanes of ``BLOCK`` fp32
-sums (at most ``CHUNK / BLOCK`` additions each), added across the lanes in float64. A NaN anywhere
+sums (at most ``CHUNK / BLOCK`` additions each), added across the lanes in float64. Whole blocks
+are read without a mask and, where every address is 16-byte aligned (separate state tensors; not
+ZeRO's fragments of a flat partition), with 128-bit loads (checked in the PTX for sm_90). A NaN anywhere
 in the item makes its sum NaN, and its max is then NaN too (a hardware max skips NaN; torch's
 ``amax`` does not, and neither may the pass).
 
@@ -39,7 +41,8 @@ _STATE: dict = {}   # "kernel": the launcher or None once tried; "why": what hap
 
 
 def moments_kernel():
-    """``launch(table, out, num_items, has_m, dtype)`` on the table's device (CUDA), or None where
+    """``launch(table, out, num_items, has_m, dtype, aligned)`` on the table's device (CUDA)
+    (``aligned``: every address in the table is a multiple of 16 bytes), or None where
     Triton cannot be imported here (said once, at INFO). Tried on the first call of the process."""
     if "kernel" not in _STATE:
         with _LOCK:
@@ -65,12 +68,13 @@ def _load():
     kernel = _define(triton, tl)
     dtypes = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
-    def launch(table: torch.Tensor, out: torch.Tensor, num_items: int, has_m: bool, dtype) -> None:
+    def launch(table: torch.Tensor, out: torch.Tensor, num_items: int, has_m: bool, dtype, aligned: bool) -> None:
+        args = (table, out, num_items, has_m, dtypes[dtype], _BLOCK, aligned)
         if out.device.type == "cuda":
             with torch.cuda.device(out.device):   # Triton launches on the current device
-                kernel[(num_items,)](table, out, num_items, has_m, dtypes[dtype], _BLOCK, num_warps=4)
+                kernel[(num_items,)](*args, num_warps=4)
         else:   # TRITON_INTERPRET=1: the same kernel on CPU tensors (the tests)
-            kernel[(num_items,)](table, out, num_items, has_m, dtypes[dtype], _BLOCK)
+            kernel[(num_items,)](*args)
 
     launch.dtypes = tuple(dtypes)   # type: ignore[attr-defined]
     _STATE["why"] = f"Triton {triton.__version__}: one kernel over a pointer table"
@@ -97,24 +101,35 @@ def _without(why: str) -> None:
 
 
 def _define(triton, tl):
-    @triton.jit
-    def moments(table, out, num_items, HAS_M: tl.constexpr, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    @triton.jit(do_not_specialize=["num_items"])   # one compile per dtype, whatever the layout
+    def moments(table, out, num_items, HAS_M: tl.constexpr, DTYPE: tl.constexpr, BLOCK: tl.constexpr,
+                ALIGNED: tl.constexpr):
         item = tl.program_id(0)
         v_ptr = tl.load(table + item).to(tl.pointer_type(DTYPE))
         m_ptr = tl.load(table + num_items + item).to(tl.pointer_type(DTYPE))
         n = tl.load(table + 2 * num_items + item)
+        if ALIGNED:   # every address of the table 16-byte aligned: 128-bit loads
+            v_ptr = tl.multiple_of(v_ptr, 16)
+            m_ptr = tl.multiple_of(m_ptr, 16)
         sum_v = tl.zeros([BLOCK], dtype=tl.float32)
         sum_m = tl.zeros([BLOCK], dtype=tl.float32)
         max_v = tl.zeros([BLOCK], dtype=tl.float32)   # v >= 0: 0 is the max's neutral element
-        for start in range(0, n, BLOCK):
+        full = n - n % BLOCK
+        for start in range(0, full, BLOCK):   # whole blocks without a mask (a mask stops vector loads)
             offs = start + tl.arange(0, BLOCK)
-            mask = offs < n
-            v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            v = tl.load(v_ptr + offs).to(tl.float32)
             sum_v += v
             max_v = tl.maximum(max_v, v)
             if HAS_M:
-                m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                m = tl.load(m_ptr + offs).to(tl.float32)
                 sum_m += m * m
+        offs = full + tl.arange(0, BLOCK)   # the tail, masked
+        v = tl.load(v_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+        sum_v += v
+        max_v = tl.maximum(max_v, v)
+        if HAS_M:
+            m = tl.load(m_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+            sum_m += m * m
         total = tl.sum(sum_v.to(tl.float64), axis=0)
         top = tl.max(max_v, axis=0).to(tl.float64)
         tl.store(out + 3 * item, total)
