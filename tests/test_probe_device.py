@@ -8,6 +8,7 @@ import collections
 import copy
 import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -199,6 +200,45 @@ def test_nonfinite_state_on_the_device_pass(device_path):
     opt.state[q]["exp_avg_sq"][3] = -float("nan")
     _, st = moments(opt)
     assert torch.isnan(st.v_max) and torch.isnan(st.v_l1)
+
+
+def test_a_triton_kernel_that_fails_is_one_warning_and_the_multi_tensor_kernels_take_over(
+        device_path, monkeypatch, caplog):
+    model, vocab = _model("gpt2")
+    ids = torch.randint(0, vocab, (2, 2, 16), generator=torch.Generator().manual_seed(4))
+    opt = _train(model, 2, lambda m: m.parameters(), torch.float32, ids)
+
+    def launch(*args):
+        raise RuntimeError("planted: no kernel image for this GPU")
+
+    launch.dtypes = (torch.float32,)
+    monkeypatch.setattr(triton_kernel, "_STATE", {"kernel": launch, "why": "planted"})
+    monkeypatch.setitem(reductions._TABLE_KERNELS, "cpu", reductions._triton)
+    moments = MomentPass()
+    with caplog.at_level(logging.WARNING, logger="stability_callbacks"):
+        _, got = moments(opt)
+        _, again = moments(opt)
+    _assert_same(got, moment_stats(find_adam_state(opt)), rel=1e-4)
+    assert moments._plan.kernel is None and float(again.v_l1) == float(got.v_l1)
+    assert [r.getMessage()[:44] for r in caplog.records if r.name == "stability_callbacks"] == [
+        "stability: the Triton moment kernel failed ("]
+    assert "multi-tensor kernels: the Triton kernel failed (RuntimeError" in triton_kernel.status()
+
+
+@pytest.mark.parametrize("why", ["switched off", "not installed"])
+def test_without_triton_one_info_line_says_why(why, monkeypatch, caplog):
+    if why == "switched off":
+        monkeypatch.setenv("STABILITY_CALLBACKS_TRITON", "0")
+    elif importlib.util.find_spec("triton") is not None:
+        monkeypatch.setitem(sys.modules, "triton", None)   # import triton raises ImportError
+    monkeypatch.setattr(triton_kernel, "_STATE", {})
+    with caplog.at_level(logging.INFO, logger="stability_callbacks"):
+        assert triton_kernel.moments_kernel() is None and triton_kernel.moments_kernel() is None
+        assert reductions._triton(torch.float32) is None   # the device pass: multi-tensor kernels
+    notes = [r.getMessage() for r in caplog.records if r.name == "stability_callbacks"]
+    assert len(notes) == 1 and "multi-tensor kernels" in notes[0]
+    expected = "STABILITY_CALLBACKS_TRITON=0" if why == "switched off" else "Triton cannot be imported"
+    assert expected in notes[0] and triton_kernel.status().startswith("multi-tensor kernels: " + expected)
 
 
 def test_the_triton_kernel_under_its_interpreter_equals_the_cpu_pass():

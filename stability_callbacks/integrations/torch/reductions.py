@@ -157,6 +157,9 @@ class _DevicePlan:
     """
 
     def __init__(self, state: AdamState):
+        self._build(state)
+
+    def _build(self, state: AdamState) -> None:
         keep = [i for i, t in enumerate(state.exp_avg_sq) if t.numel() > 0]
         self.vs = [state.exp_avg_sq[i] for i in keep]
         self.ms = None if state.exp_avg is None else [state.exp_avg[i] for i in keep]
@@ -165,18 +168,22 @@ class _DevicePlan:
         self.kernel = _table_kernel(self.vs, self.ms)
         of = None if state.tensor_of is None else [state.tensor_of[i] for i in keep]
         if self.kernel is not None:
-            size = self.vs[0].element_size()
-            self.items = [(i, start, min(CHUNK, v.numel() - start))
-                          for i, v in enumerate(self.vs) for start in range(0, v.numel(), CHUNK)]
-            v_at = [self.vs[i].data_ptr() + size * start for i, start, _ in self.items]
-            m_at = [0] * len(v_at) if self.ms is None else \
-                [self.ms[i].data_ptr() + size * start for i, start, _ in self.items]
-            self.aligned = all(a % 16 == 0 for a in (*v_at, *m_at))
-            table = torch.tensor([v_at, m_at, [n for _, _, n in self.items]], dtype=torch.int64)
-            self.table = host_to_device(table, self.device)
-            of = None if of is None else [of[i] for i, _, _ in self.items]
+            of = self._build_table(of)
         self.index = None if of is None or self.ms is None else \
             host_to_device(torch.tensor(of, dtype=torch.long), self.device)
+
+    def _build_table(self, of: list | None) -> list | None:
+        """The items, their table on the device; returns the tensor of each item."""
+        size = self.vs[0].element_size()
+        self.items = [(i, start, min(CHUNK, v.numel() - start))
+                      for i, v in enumerate(self.vs) for start in range(0, v.numel(), CHUNK)]
+        v_at = [self.vs[i].data_ptr() + size * start for i, start, _ in self.items]
+        m_at = [0] * len(v_at) if self.ms is None else \
+            [self.ms[i].data_ptr() + size * start for i, start, _ in self.items]
+        self.aligned = all(a % 16 == 0 for a in (*v_at, *m_at))
+        table = torch.tensor([v_at, m_at, [n for _, _, n in self.items]], dtype=torch.int64)
+        self.table = host_to_device(table, self.device)
+        return None if of is None else [of[i] for i, _, _ in self.items]
 
     def run(self, state: AdamState) -> MomentStats:
         if self.kernel is not None:
@@ -184,10 +191,12 @@ class _DevicePlan:
             try:
                 self.kernel(self, out)
             except Exception as e:
-                if self.device.type != "cuda":
+                if not getattr(self.kernel, "triton", False):
                     raise
                 triton_kernel.failed(e)   # e.g. Triton cannot compile for this GPU: said once
-                self.__init__(state)      # type: ignore[misc]  # rebuilt on the multi-tensor kernels
+                self._build(state)        # on the multi-tensor kernels from now on
+                if self.kernel is not None:
+                    raise
                 return self.run(state)
             v_max, parts = out[:, 2].amax(), out[:, :2]
         else:
@@ -221,6 +230,7 @@ def _triton(dtype):
     def run(plan: _DevicePlan, out: torch.Tensor) -> None:
         launch(plan.table, out, len(plan.items), plan.ms is not None, plan.dtype, plan.aligned)
 
+    run.triton = True   # type: ignore[attr-defined]  # a failure: the multi-tensor kernels take over
     return run
 
 
