@@ -9,7 +9,10 @@ count is attributed to the first frame outside torch: the package's own reads by
   ``.numpy()`` / ``.cpu()`` (which read memory without dispatching a scalar op). On a GPU each
   would wait for the device; on CPU this is how the property is proved.
 - :class:`SyncWarnings` (CUDA): what ``torch.cuda.set_sync_debug_mode`` reports, attributed the
-  same way. "warn", not "error": a framework's own syncs (the HF Trainer's NaN filter, DeepSpeed's
+  same way.
+- :class:`DispatchedOps` (any device, ``meta`` included): every op that reaches the dispatcher,
+  the op-count guard of the device moment pass (``tests/test_probe_device.py``,
+  ``scripts/bench_overhead.py --probe-host``). "warn", not "error": a framework's own syncs (the HF Trainer's NaN filter, DeepSpeed's
   overflow check) must not stop the run that measures ours; they are counted apart.
 """
 from __future__ import annotations
@@ -118,3 +121,16 @@ class SyncWarnings(_Counts):
         torch.cuda.set_sync_debug_mode(0)
         self._catch.__exit__(*exc)
         return False
+
+
+class DispatchedOps(TorchDispatchMode):
+    """Every op that reaches the dispatcher inside the ``with``, by name (a multi-tensor op counts
+    once; the ops inside an op's own kernel are not seen)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))

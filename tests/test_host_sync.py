@@ -27,8 +27,9 @@ def _model():
 
 @pytest.mark.parametrize("kernels", ["accelerator", "cpu compiled", "cpu torch"])
 def test_ordinary_steps_read_only_the_packed_record_and_adams_step(monkeypatch, tmp_path, kernels):
-    """``accelerator``: the reductions take the path they take on a GPU (fused multi-tensor
-    kernels; they run on CPU too): nothing but the two host reads. ``cpu compiled``: the CPU
+    """``accelerator``: the reductions take the path they take on a GPU (the device moment pass:
+    its table, the kernel's contract in torch ops; the parameter norm's multi-tensor kernels):
+    nothing but the two host reads. ``cpu compiled``: the CPU
     kernel's result is checked for NaN on the host, once a step (no device to wait for there).
     ``cpu torch``: the CPU pass in torch kernels reads row-sum bounds on the host to skip rows,
     and only that."""

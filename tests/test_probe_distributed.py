@@ -80,6 +80,11 @@ def test_reduced_adam_stats_equal_the_full_gather_reference(results, name):
     for rec, step_ref in zip(c0["records"], want):
         assert rec["metrics"]["update_norm"] == pytest.approx(step_ref["update_norm"], rel=1e-6)
         assert ("layers/top1/update_ratio" in rec["metrics"]) == ("layers/top1/update_ratio" in step_ref)
+    # the device pass (its pointer table, CPU tensors taking it) on each rank's local state
+    for c in (c0, c1):
+        d = c["ref"]["device_path"]
+        assert d["max_equal"] and d["numel"][0] == d["numel"][1], d
+        assert max(d["l1_rel"], d["m_rel"], d["per_tensor_rel"]) < 1e-6, d
     got = {k: v for k, v in m.items() if k.startswith("layers/")}
     assert set(got) == set(want[-1]) - {"update_norm"}
     for k, v in want[-1].items():

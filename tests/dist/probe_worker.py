@@ -102,7 +102,27 @@ def run_probe_steps(step_fn, optimizer_for_probe, rank, dtype, grad_norm_fn=None
             history.append({"t": adam_step(), "tensors": per_tensor(*full_moments())})
     records = probe.poll() + probe.flush()
     loss_mean, fp_sum = reduced_expectations(losses, fps)
-    return records, {"loss": loss_mean, "fingerprint": fp_sum, "history": history}
+    return records, {"loss": loss_mean, "fingerprint": fp_sum, "history": history,
+                     "device_path": device_path_vs_cpu(optimizer_for_probe())}
+
+
+def device_path_vs_cpu(optimizer):
+    """This rank's local state through the device pass (its pointer table; CPU tensors taking it,
+    issue 36) against the CPU pass: the max bit for bit, the sums' largest relative difference."""
+    from stability_callbacks.integrations.torch import reductions
+    from stability_callbacks.integrations.torch.optim_state import find_adam_state
+    cpu = reductions.moment_stats(find_adam_state(optimizer))
+    reductions.FOREACH_FAST_DEVICES += ("cpu",)
+    try:
+        _, dev = reductions.MomentPass()(optimizer)
+    finally:
+        reductions.FOREACH_FAST_DEVICES = reductions.FOREACH_FAST_DEVICES[:-1]
+
+    def rel(a, b):
+        return float(((a.double() - b.double()).abs() / b.double().abs().clamp_min(1e-300)).max())
+    return {"max_equal": float(dev.v_max) == float(cpu.v_max), "l1_rel": rel(dev.v_l1, cpu.v_l1),
+            "m_rel": rel(dev.m_sq, cpu.m_sq), "per_tensor_rel": rel(dev.per_tensor, cpu.per_tensor),
+            "numel": [dev.numel, cpu.numel]}
 
 
 def _mse_step(model, opt):

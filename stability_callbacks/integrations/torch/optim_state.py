@@ -6,6 +6,7 @@ found here live in :mod:`.reductions`.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +17,8 @@ except ImportError:  # pragma: no cover - older torch / no distributed
     DTensor = None
 
 __all__ = ["AdamState", "AdamHyper", "NoSecondMoment", "find_adam_state", "adam_hyperparams",
-           "optimized_params", "unwrap_optimizer", "local_tensor", "is_sharded", "tensor_names"]
+           "optimized_params", "unwrap_optimizer", "local_tensor", "is_sharded", "tensor_names",
+           "state_key"]
 
 
 @dataclass(frozen=True)
@@ -275,6 +277,61 @@ def find_adam_state(optimizer) -> AdamState | None:
     return AdamState(vs, _all_or_none(ms), tensor_of, [p.numel() for p, _ in all_params],
                      [g for _, g in all_params], list(basic.param_groups),
                      sum(t.numel() for t in vs), sharded, [local_tensor(p) for p, _ in all_params], src)
+
+
+def state_key(optimizer) -> tuple:
+    """What :func:`find_adam_state`'s answer depends on, cheap to compute every sampled step: the
+    optimizer objects, their param groups, and the address and element count of every state
+    tensor it would read (the flat partitions and their state under DeepSpeed; each parameter's
+    ``exp_avg_sq`` and ``exp_avg`` otherwise, the local shard of a DTensor). An equal key means
+    the :class:`AdamState` found before still describes the state, views and addresses included;
+    a state created, replaced, reallocated or moved (``load_state_dict``, a new param group,
+    DeepSpeed's ``offload_states``, which swaps ``.data``) changes it. No compute, no sync: a few
+    dictionary reads, an address and a count per state tensor, in C-level loops (~0.2 us per
+    parameter)."""
+    stage, wrapper, basic = _layers(optimizer)
+    state = basic.state
+    flat = None
+    if wrapper is not None and stage != 0:
+        flat = next((getattr(wrapper, a) for a in _FLAT_PARTITIONS if hasattr(wrapper, a)), None)
+    groups = basic.param_groups
+    if flat is not None:
+        holders, sizes = list(flat), ()
+        entries = [e for e in map(state.get, holders) if e]
+    else:
+        sizes = tuple(len(g["params"]) for g in groups)
+        entries = [e for g in groups for e in map(state.get, g["params"]) if e]
+    try:
+        vs, ms = list(map(_V, entries)), list(map(_M, entries))
+    except KeyError:   # no exp_avg_sq (find_adam_state says so) or no exp_avg
+        vs, ms = [e.get("exp_avg_sq") for e in entries], [e.get("exp_avg") for e in entries]
+    tensors = (holders if flat is not None else []) + vs + ms
+    return (id(wrapper), id(basic), id(state), tuple(map(id, groups)), sizes, len(entries),
+            _addresses(tensors))
+
+
+_V, _M = operator.itemgetter("exp_avg_sq"), operator.itemgetter("exp_avg")
+
+
+def _addresses(tensors: list) -> tuple:
+    """The data address and element count of each tensor (a DTensor's: its shard's); None for a
+    missing one."""
+    try:
+        return tuple(map(torch.Tensor.data_ptr, tensors)), tuple(map(torch.Tensor.numel, tensors))
+    except (TypeError, RuntimeError):   # a None (no exp_avg), a DTensor (no storage of its own)
+        return tuple(_address(t) for t in tensors)
+
+
+def _address(t):
+    if t is None:
+        return None
+    if DTensor is not None and isinstance(t, DTensor):
+        # the shard itself (DTensor._local_tensor, what to_local() views, without its autograd
+        # function); the wrapper has no storage
+        t = getattr(t, "_local_tensor", None)
+        if t is None:
+            return None
+    return t.data_ptr(), t.numel()
 
 
 def _all_or_none(tensors: list) -> list | None:

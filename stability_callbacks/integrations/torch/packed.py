@@ -193,7 +193,7 @@ class PackedSteps:
             every_rank = gathered[:, fixed].amin() > 0   # on the device: no sync
             summary = block.summarize(reduced, every_rank).to(dtype).reshape(-1)
             gathered = torch.cat([gathered[:, :fixed].reshape(-1), gathered[:, fixed], summary])
-        if dev.type == "cpu":
+        if dev.type in ("cpu", "meta"):   # meta: shapes only (the op-count guard), nothing to copy
             return gathered, None
         host = torch.empty(gathered.shape, dtype=dtype, device="cpu",
                            pin_memory=dev.type == "cuda")

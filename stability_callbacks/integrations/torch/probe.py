@@ -7,8 +7,9 @@ statistics under sharding):
   the end of the step they travel in one packed vector (:mod:`.packed`): one collective, a
   non-blocking copy to the host, the record handed out ``lag_steps`` steps later.
 * Adam's moments (:mod:`.reductions`) are read from the local state (:mod:`.optim_state`:
-  rank-local ZeRO fragments, FSDP2 shards, or the replicated DDP/ZeRO-0 state) in one pass per
-  sampled step: ``exp_avg_sq`` max and L1, ``exp_avg``'s norm, and per parameter tensor the sums
+  rank-local ZeRO fragments, FSDP2 shards, or the replicated DDP/ZeRO-0 state, its layout found
+  once and checked each sampled step: :class:`~.reductions.MomentPass`) in one pass per sampled
+  step: ``exp_avg_sq`` max and L1, ``exp_avg``'s norm, and per parameter tensor the sums
   that :mod:`.layers` turns into the update norm and the per-layer summary on the device (a
   :class:`~.packed.Block` of the same collective). Alignment padding (ZeRO) is excluded from
   every statistic.
@@ -34,9 +35,9 @@ from stability_callbacks.live import Guard
 from stability_callbacks.record import StepRecord
 
 from .layers import LayerSummary
-from .optim_state import NoSecondMoment, adam_hyperparams, find_adam_state, optimized_params
+from .optim_state import NoSecondMoment, adam_hyperparams, optimized_params
 from .packed import REDUCE_OPS, SLOTS, Block, PackedSteps, world_size
-from .reductions import moment_stats, param_sq_sum
+from .reductions import MomentPass, param_sq_sum
 
 try:
     from torch.distributed.tensor import DTensor
@@ -112,6 +113,8 @@ class StepProbe:
         self._param_norm_disabled = False
         #: The per-tensor baselines and summary (update norm, layers/...).
         self.layers = LayerSummary()
+        #: Adam's moments: the state's layout and the device pass's table, kept from step to step.
+        self.moments = MomentPass()
         self._num_tensors: int | None = None   # the per-tensor block's layout, once known
         self._prev_scale: torch.Tensor | None = None
         self._reset_step()
@@ -302,8 +305,7 @@ class StepProbe:
         """Adam's moments in one pass: the global statistics into the packed slots, the
         per-tensor sums as this step's block (None when there are none)."""
         try:
-            state = find_adam_state(optimizer)
-            st = None if state is None else moment_stats(state)
+            got = self.moments(optimizer)
         except NoSecondMoment as e:
             self._adam_disabled = True
             _ONCE.warn_once("no-second-moment", "stability: %s keeps no Adam second moment "
@@ -313,8 +315,9 @@ class StepProbe:
             self._adam_disabled = True
             log.exception("stability: Adam second-moment statistics failed; turned off")
             return self._empty_block()
-        if st is None:
+        if got is None:
             return None
+        state, st = got
         step = self._sample_adam_hyperparams(optimizer)
         self._dev[keys.ADAM_V_MAX] = st.v_max
         self._dev[keys.ADAM_V_L1] = st.v_l1

@@ -2,10 +2,14 @@
 max and L1, ``exp_avg``'s sum of squares, per parameter tensor too) in one pass, the parameters'
 sum of squares, and a batch's fingerprint.
 
-On accelerators the moments go through multi-tensor (``torch._foreach_*``) kernels. On CPU, a
-compiled kernel (:mod:`.native`, ``moments.c``) reads each moment once, in one parallel region of
-torch's threads (:func:`_moments_native`). Where it cannot be built, torch kernels do the same
-in one pass of row sums (rows of 256 elements) over ``exp_avg_sq`` and of row norms over
+On a GPU the moments go through one Triton kernel over a table of the state's addresses
+(:mod:`.triton_kernel`), built once per layout and kept by :class:`MomentPass`: one launch and a
+few kernels to combine its rows, whatever the tensor count, and one read of each moment
+(:class:`_DevicePlan`). Where Triton is missing (another accelerator, a build without it) or the
+state is of mixed dtypes, torch's multi-tensor (``torch._foreach_*``) kernels do it instead. On
+CPU, a compiled kernel (:mod:`.native`, ``moments.c``) reads each moment once, in one parallel
+region of torch's threads (:func:`_moments_native`). Where it cannot be built, torch kernels do
+the same in one pass of row sums (rows of 256 elements) over ``exp_avg_sq`` and of row norms over
 ``exp_avg``: the row sums give the L1 and bound the max, so only the rows that can hold the max
 are read again (:func:`_moments_cpu`); the tensors are spread over as many threads as torch has
 intra-op threads, each at one (:func:`_spread`). Where the tensors come from (ZeRO fragments,
@@ -24,17 +28,20 @@ from typing import Iterable
 
 import torch
 
-from . import native
-from .optim_state import AdamState, find_adam_state, local_tensor
+from . import native, triton_kernel
+from .optim_state import AdamState, find_adam_state, local_tensor, state_key
+from .triton_kernel import CHUNK
 
-__all__ = ["MomentStats", "adam_moment_stats", "moment_stats", "param_sq_sum", "batch_fingerprint",
-           "FOREACH_FAST_DEVICES"]
+__all__ = ["MomentStats", "MomentPass", "adam_moment_stats", "moment_stats", "param_sq_sum",
+           "batch_fingerprint", "FOREACH_FAST_DEVICES"]
 
 # CPU layout of the moment pass (see _moments_cpu): rows of 256 elements (1 KiB of fp32); pieces
 # under 16 Ki elements are reduced together in one buffer (a kernel per piece costs more than its data).
 _ROW = 1 << 8
 _SMALL = 1 << 14
-# Devices with fused multi-tensor kernels (torch/utils/_foreach_utils.py).
+# Devices with fused multi-tensor kernels (torch/utils/_foreach_utils.py): the parameter norm takes
+# them there. Every device but the CPU takes the device moment pass; with "cpu" added here (the
+# tests, gpu_check.py --device cpu) CPU tensors take both device paths too.
 FOREACH_FAST_DEVICES = ("cuda", "xpu", "mtia")
 
 
@@ -66,24 +73,67 @@ def adam_moment_stats(optimizer) -> MomentStats | None:
 
 
 def moment_stats(state: AdamState) -> MomentStats:
-    """One read of every local ``exp_avg_sq`` and ``exp_avg``; no host sync on accelerators."""
-    keep = [i for i, t in enumerate(state.exp_avg_sq) if t.numel() > 0]  # _foreach_max raises on empty
-    vs = [state.exp_avg_sq[i] for i in keep]
-    ms = None if state.exp_avg is None else [state.exp_avg[i] for i in keep]
-    if not vs:   # every local shard is empty: neutral values for MAX / SUM
+    """One read of every local ``exp_avg_sq`` and ``exp_avg``; no host sync on accelerators. Builds
+    the device pass's table for this call only: :class:`MomentPass` keeps it from step to step."""
+    return _moment_stats(state, None)
+
+
+class MomentPass:
+    """The probe's pass over one optimizer's Adam state, step after step (issue 36).
+
+    The state's layout (:func:`~.optim_state.find_adam_state`) and, on a device, the pass's pointer
+    table (:class:`_DevicePlan`) are built once and rebuilt only when
+    :func:`~.optim_state.state_key` changes (state created or replaced, tensors reallocated, groups
+    changed). A sampled step then costs the key's few dictionary reads per tensor on the host and,
+    on a device, a fixed number of kernels whatever the tensor count: the pass's one launch and
+    a few to combine its rows. Holds the state's views until the next rebuild (one sample's worth
+    of memory after ``load_state_dict``).
+
+    ``__call__(optimizer)`` -> ``(AdamState, MomentStats)``, or None before the first step; raises
+    ``NoSecondMoment`` as :func:`~.optim_state.find_adam_state` does.
+    """
+
+    def __init__(self):
+        self._key: tuple | None = None
+        self._state: AdamState | None = None
+        self._plan: _DevicePlan | None = None
+
+    def __call__(self, optimizer) -> tuple[AdamState, MomentStats] | None:
+        key = state_key(optimizer)
+        if key != self._key:
+            self._state, self._plan = find_adam_state(optimizer), None
+            self._key = key
+        if self._state is None:
+            return None
+        if self._plan is None and _takes_device_pass(self._state):
+            self._plan = _DevicePlan(self._state)
+        return self._state, _moment_stats(self._state, self._plan)
+
+
+def _takes_device_pass(state: AdamState) -> bool:
+    dev = next((t.device for t in state.exp_avg_sq if t.numel() > 0), None)
+    return dev is not None and (dev.type != "cpu" or "cpu" in FOREACH_FAST_DEVICES)
+
+
+def _moment_stats(state: AdamState, plan: _DevicePlan | None) -> MomentStats:
+    if plan is not None:
+        return plan.run(state)
+    keep = [i for i, t in enumerate(state.exp_avg_sq) if t.numel() > 0]
+    if not keep:   # every local shard is empty: neutral values for MAX / SUM
         dev = state.exp_avg_sq[0].device if state.exp_avg_sq else torch.device("cpu")
         zero = torch.zeros((), dtype=torch.float64, device=dev)
-        per_tensor = None if ms is None or state.tensor_of is None else \
+        per_tensor = None if state.exp_avg is None or state.tensor_of is None else \
             torch.zeros((state.num_tensors, 2), dtype=torch.float64, device=dev)
-        return MomentStats(zero, zero, None if ms is None else zero, 0, state.partitioned, per_tensor)
-    if vs[0].device.type in FOREACH_FAST_DEVICES:
-        v_max, piece_v, piece_m = _moments_foreach(vs, ms)
-    else:
-        got = _moments_native(vs, ms)
-        if got is None:
-            with _one_thread() as threads:
-                got = _moments_cpu(vs, ms, threads)
-        v_max, piece_v, piece_m = got
+        return MomentStats(zero, zero, None if state.exp_avg is None else zero, 0, state.partitioned, per_tensor)
+    if _takes_device_pass(state):
+        return _DevicePlan(state).run(state)
+    vs = [state.exp_avg_sq[i] for i in keep]
+    ms = None if state.exp_avg is None else [state.exp_avg[i] for i in keep]
+    got = _moments_native(vs, ms)
+    if got is None:
+        with _one_thread() as threads:
+            got = _moments_cpu(vs, ms, threads)
+    v_max, piece_v, piece_m = got
     per_tensor = None
     if piece_m is not None and state.tensor_of is not None:
         idx = _index(tuple(state.tensor_of[i] for i in keep), vs[0].device)
@@ -91,6 +141,120 @@ def moment_stats(state: AdamState) -> MomentStats:
         per_tensor.index_add_(0, idx, torch.stack([piece_v, piece_m], 1))
     return MomentStats(v_max, piece_v.sum(), None if piece_m is None else piece_m.sum(),
                        state.numel, state.partitioned, per_tensor)
+
+
+class _DevicePlan:
+    """The device pass over one :class:`AdamState`'s non-empty pieces, built once per layout.
+
+    Where a table kernel runs (:data:`_TABLE_KERNELS`: Triton on CUDA; every piece one dtype,
+    contiguous, ``exp_avg`` beside ``exp_avg_sq``): the pieces cut into items of at most
+    ``triton_kernel.CHUNK`` elements, their addresses and lengths in one int64 table on the device
+    (``[3, items]``: v addresses, m addresses, lengths), and the tensor each item belongs to. A
+    step is then one launch that writes ``[items, 3]`` (sum v, sum m^2, max v; float64), one
+    ``index_add_`` into the per-tensor sums, and a few reductions: the same kernels for 148
+    tensors as for 1480. Elsewhere (no Triton, another accelerator, mixed dtypes): torch's
+    multi-tensor kernels, one per statistic, with host work per tensor inside them.
+    """
+
+    def __init__(self, state: AdamState):
+        self._build(state)
+
+    def _build(self, state: AdamState) -> None:
+        keep = [i for i, t in enumerate(state.exp_avg_sq) if t.numel() > 0]
+        self.vs = [state.exp_avg_sq[i] for i in keep]
+        self.ms = None if state.exp_avg is None else [state.exp_avg[i] for i in keep]
+        self.device = self.vs[0].device
+        self.dtype = self.vs[0].dtype
+        self.kernel = _table_kernel(self.vs, self.ms)
+        of = None if state.tensor_of is None else [state.tensor_of[i] for i in keep]
+        if self.kernel is not None:
+            of = self._build_table(of)
+        self.index = None if of is None or self.ms is None else \
+            host_to_device(torch.tensor(of, dtype=torch.long), self.device)
+
+    def _build_table(self, of: list | None) -> list | None:
+        """The items, their table on the device; returns the tensor of each item."""
+        size = self.vs[0].element_size()
+        self.items = [(i, start, min(CHUNK, v.numel() - start))
+                      for i, v in enumerate(self.vs) for start in range(0, v.numel(), CHUNK)]
+        v_at = [self.vs[i].data_ptr() + size * start for i, start, _ in self.items]
+        m_at = [0] * len(v_at) if self.ms is None else \
+            [self.ms[i].data_ptr() + size * start for i, start, _ in self.items]
+        self.aligned = all(a % 16 == 0 for a in (*v_at, *m_at))
+        table = torch.tensor([v_at, m_at, [n for _, _, n in self.items]], dtype=torch.int64)
+        self.table = host_to_device(table, self.device)
+        return None if of is None else [of[i] for i, _, _ in self.items]
+
+    def run(self, state: AdamState) -> MomentStats:
+        if self.kernel is not None:
+            out = torch.empty((len(self.items), 3), dtype=torch.float64, device=self.device)
+            try:
+                self.kernel(self, out)
+            except Exception as e:
+                if not getattr(self.kernel, "triton", False):
+                    raise
+                triton_kernel.failed(e)   # e.g. Triton cannot compile for this GPU: said once
+                self._build(state)        # on the multi-tensor kernels from now on
+                if self.kernel is not None:
+                    raise
+                return self.run(state)
+            v_max, parts = out[:, 2].amax(), out[:, :2]
+        else:
+            v_max, piece_v, piece_m = _moments_foreach(self.vs, self.ms)
+            parts = piece_v[:, None] if piece_m is None else torch.stack([piece_v, piece_m], 1)
+        per_tensor = None
+        if self.index is not None:
+            per_tensor = torch.zeros((state.num_tensors, 2), dtype=torch.float64, device=self.device)
+            sums = per_tensor.index_add_(0, self.index, parts).sum(0)
+        else:
+            sums = parts.sum(0)
+        return MomentStats(v_max, sums[0], None if self.ms is None else sums[1], state.numel,
+                           state.partitioned, per_tensor)
+
+
+def _table_kernel(vs: list, ms: list | None):
+    """The table kernel for these pieces (:data:`_TABLE_KERNELS`), or None: multi-tensor kernels."""
+    dtype = vs[0].dtype
+    if any(t.dtype != dtype or not t.is_contiguous() for t in (*vs, *(ms or ()))) or \
+            (ms is not None and any(m.numel() != v.numel() for v, m in zip(vs, ms))):
+        return None
+    kernel = _TABLE_KERNELS.get(vs[0].device.type)
+    return None if kernel is None else kernel(dtype)
+
+
+def _triton(dtype):
+    launch = triton_kernel.moments_kernel()
+    if launch is None or dtype not in launch.dtypes:   # float64 state: multi-tensor kernels
+        return None
+
+    def run(plan: _DevicePlan, out: torch.Tensor) -> None:
+        launch(plan.table, out, len(plan.items), plan.ms is not None, plan.dtype, plan.aligned)
+
+    run.triton = True   # type: ignore[attr-defined]  # a failure: the multi-tensor kernels take over
+    return run
+
+
+def _shapes_only(plan: _DevicePlan, out: torch.Tensor) -> None:
+    """``meta``: tensors without data, so no kernel: the pass's host work and dispatched ops alone
+    (the op-count guard, ``scripts/bench_overhead.py --probe-host``)."""
+
+
+def _items_in_torch(plan: _DevicePlan, out: torch.Tensor) -> None:
+    """The table kernel's contract in torch kernels, item by item: what the device pass runs on CPU
+    tensors (``"cpu"`` in :data:`FOREACH_FAST_DEVICES`: the tests, ``gpu_check.py --device cpu``),
+    so that all of the device pass but the Triton kernel itself runs without a GPU."""
+    rows = []
+    for i, start, n in plan.items:
+        v = plan.vs[i].reshape(-1)[start:start + n]
+        m_sq = v.new_zeros((), dtype=torch.float64) if plan.ms is None else \
+            plan.ms[i].reshape(-1)[start:start + n].to(torch.float64).square().sum()
+        rows.append(torch.stack([v.sum(dtype=torch.float64), m_sq, v.amax().to(torch.float64)]))
+    out.copy_(torch.stack(rows))
+
+
+#: device type -> ``f(dtype)``: the table kernel ``kernel(plan, out)`` for that state dtype, or None
+#: (multi-tensor kernels). The tests swap the CPU entry for the Triton kernel under its interpreter.
+_TABLE_KERNELS = {"cuda": _triton, "meta": lambda dtype: _shapes_only, "cpu": lambda dtype: _items_in_torch}
 
 
 def _moments_foreach(vs: list, ms: list | None):
