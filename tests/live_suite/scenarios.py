@@ -338,7 +338,8 @@ def markov_ids(n: int, *, seed: int, task: int = 0, probs: tuple = SUCCESSOR_PRO
 
 
 class Rows(torch.utils.data.Dataset):
-    """Map-style rows: ``{"input_ids", "labels"}`` (LM) or ``{"x", "labels"}`` (classifier)."""
+    """Map-style rows: ``{"input_ids", "labels"}`` (LM), ``{"x", "labels"}`` (classifier) or a
+    field's columns (:func:`.fields.field_columns`)."""
 
     def __init__(self, columns: dict[str, torch.Tensor]):
         self.columns = columns
@@ -568,7 +569,7 @@ _ROWS = [
        precision="fp16", batch_size=32),
     _s("hf-nll", "hf", 500, model="nll", warmup=10, lr=3e-3, schedule="constant", batch_size=32,
        note="Gaussian NLL: 0.4 -> -1.2, below zero from step ~20"),
-    _s("pl-nll", "lightning", 500, model="nll", warmup=10, lr=3e-3, schedule="cosine", batch_size=32),
+    _s("pl-nll", "lightning", 500, model="nll", warmup=20, lr=3e-3, schedule="constant", batch_size=32),
     _s("hf-vae", "hf", 500, model="vae", warmup=10, lr=1e-3, batch_size=32, note="negative ELBO 400 -> 20"),
     _s("pl-vae", "lightning", 500, model="vae", warmup=10, lr=1e-3, schedule="constant", batch_size=32),
     _s("hf-bandit", "hf", 500, model="bandit", warmup=10, lr=1e-2, schedule="constant", batch_size=32,
@@ -609,9 +610,9 @@ _ROWS = [
     # example-PyTorch#2: "log_var values continue decreasing in negative, and the total loss
     # continues decreasing"; QingyuZhao/VAE-for-Regression#3; xmed-lab/UCVME#1): a sensor outage
     # written as 0.0 from step 300, the ReLU mean fits it exactly and the loss runs towards -inf.
-    _s("hf-nll-variance-collapse", "hf", 500, model="nll", warmup=10, lr=3e-3, schedule="constant",
+    _s("hf-nll-variance-collapse", "hf", 700, model="nll", warmup=10, lr=3e-3, schedule="constant",
        batch_size=32, fault=Fault("targets-zero", 300, within=100, expect="divergence")),
-    _s("pl-nll-variance-collapse", "lightning", 500, model="nll", warmup=10, lr=3e-3, schedule="cosine",
+    _s("pl-nll-variance-collapse", "lightning", 700, model="nll", warmup=20, lr=3e-3, schedule="constant",
        batch_size=32, fault=Fault("targets-zero", 300, within=100, expect="divergence")),
     # A VAE's KL explodes (AntixK/PyTorch-VAE#16: "kld_loss growing very fast from ~2000 to 2e35";
     # AppliedDataSciencePartners/WorldModels#9: the KL loss at 2.9e8 in the first epoch;
