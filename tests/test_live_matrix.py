@@ -99,9 +99,9 @@ def test_summary_line(results):
 
 
 # --------------------------------------------------------------------- the judge on its own
-def _runlog(tmp_path, losses, findings=(), lr=lambda step: 1e-3):
+def _runlog(tmp_path, losses, findings=(), lr=lambda step: 1e-3, **more):
     lines = [{"type": "segment", "segment": 0, "start_step": 0, "reason": "start"}]
-    lines += [{"type": "step", "step": s, "segment": 0, "metrics": {"loss": v, "lr": lr(s)}}
+    lines += [{"type": "step", "step": s, "segment": 0, "metrics": {"loss": v, "lr": lr(s), **more}}
               for s, v in enumerate(losses, 1)]
     lines += [{"type": "finding", "step": s, "kind": k, "severity": sev, "message": "m"}
               for s, k, sev in findings]
@@ -188,6 +188,14 @@ def test_judge_crash_never_learning_and_policy_gradient_runs(tmp_path):
     assert r["evidence_ok"] and r["evidence"] == "loss 400 -> 400 from step 11; LR [0.0] from step 11"
     _runlog(tmp_path, [400.0] * 60)
     assert judge(lr_zero, tmp_path)["evidence_ok"] is False
+    # frozen: no gradient (HF: a grad norm of 0; Lightning logs none); a stale optimizer: gradients
+    frozen, stale = (Scenario(k, "hf", 60, model="ddpm", fault=Fault(k, 1, within=59, expect="not_learning"))
+                     for k in ("frozen", "optimizer-stale"))
+    for grad_norm, ok in ((0.0, (True, False)), (1.5, (False, True))):
+        _runlog(tmp_path, [1.0] * 60, grad_norm=grad_norm)
+        assert (judge(frozen, tmp_path)["evidence_ok"], judge(stale, tmp_path)["evidence_ok"]) == ok
+    _runlog(tmp_path, [1.0] * 60)
+    assert judge(frozen, tmp_path)["evidence_ok"] and judge(stale, tmp_path)["evidence_ok"]
 
     # a policy gradient's loss hovers about zero: a healthy run learned when its reward rose
     bandit = Scenario("b", "hf", 40, model="bandit")

@@ -70,6 +70,13 @@ def _loss(out):
     return out["loss"]
 
 
+def _stale(sc: Scenario) -> bool:
+    """The ``optimizer-stale`` fault: the optimizer holds the parameters of a model built before
+    the one that trains (openvinotoolkit/nncf#327: parameters replaced after the optimizer took
+    the list "break the gradient updates")."""
+    return sc.fault is not None and sc.fault.kind == "optimizer-stale"
+
+
 # ------------------------------------------------------------------------------ HF Trainer
 _HF_SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup",
                  "wsd": "warmup_stable_decay"}
@@ -139,9 +146,10 @@ def run_hf(sc: Scenario, run_dir: Path) -> dict:
         callbacks = [Plant(), StabilityCallback(run_dir=run_dir, config=_config())]
         if sc.trainer == "trl":
             return _trl_trainer(sc, {**kw, **extra}, callbacks)
+        stale = (make_optimizer(sc, make_model(sc).parameters()), None) if _stale(sc) else (None, None)
         return Trainer(model=make_model(sc), args=TrainingArguments(**{**kw, **extra}),
                        train_dataset=train_rows(sc), eval_dataset=eval_rows(sc) if sc.eval_every else None,
-                       callbacks=callbacks)
+                       callbacks=callbacks, optimizers=stale)
 
     if sc.resume_at is None:
         t = trainer()
@@ -177,7 +185,7 @@ def run_lightning(sc: Scenario, run_dir: Path) -> dict:
             self.log("val_loss", _loss(self.model(**batch)))
 
         def configure_optimizers(self):
-            opt = make_optimizer(sc, self.model.parameters())
+            opt = make_optimizer(sc, (make_model(sc) if _stale(sc) else self.model).parameters())
             return {"optimizer": opt, "lr_scheduler": {"scheduler": make_scheduler(sc, opt), "interval": "step"}}
 
     class Plant(pl.Callback):

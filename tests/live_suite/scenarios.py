@@ -44,9 +44,9 @@ FAULT_KINDS = ("lr-jump", "data-pocket", "nan-weight", "lr-ramp", "resume-restar
                # other fields (issue 33): data faults (fields.field_columns), a crash, and runs
                # that never learn
                "data-scale", "targets-zero", "reward-scale", "bn-batch1",
-               "random-labels", "lr-zero", "frozen")
+               "random-labels", "lr-zero", "frozen", "optimizer-stale")
 #: Faults after which the run never learns: caught by a ``not_learning`` warning.
-NEVER_LEARNS = ("random-labels", "lr-zero", "frozen")
+NEVER_LEARNS = ("random-labels", "lr-zero", "frozen", "optimizer-stale")
 #: Shard difficulties of a non-shuffled run (``Scenario.shards``): successor probabilities whose
 #: entropy is 3% below / as / 4% above the base chain's (1.11 nats).
 SHARD_PROBS = ((0.58, 0.24, 0.13, 0.05), SUCCESSOR_PROBS, (0.52, 0.26, 0.16, 0.06))
@@ -62,7 +62,16 @@ class Fault:
     data (``data-pocket``, ``warmup-spike``) or of overflows (``fp16-overflow``; 0: to the end).
     ``zero-loss``: the model's loss is multiplied by 0 from the first step; ``spike-grows``: one
     step of half-garbage data (a small spike), then the weights scaled by ``factor`` (a huge
-    one inside it). ``critical=False``: no critical finding may follow (a fault that must warn,
+    one inside it). Other fields (:mod:`.fields`): ``data-scale`` multiplies the inputs by
+    ``factor`` (images not divided by 255), ``targets-zero`` sets the regression targets to 0.0
+    (a sensor outage written as zeros), ``reward-scale`` multiplies the rewards by ``factor``,
+    each for ``length`` steps (0: to the end); ``bn-batch1``: the dataset ends one row into the
+    step (the last batch of an epoch, of one example: BatchNorm raises; a ``crash`` finding
+    carries the step before). Never learning (:data:`NEVER_LEARNS`): ``random-labels`` (labels
+    drawn apart from the images), ``lr-zero`` (the LR set to 0 from the step on, for good),
+    ``frozen`` (every parameter frozen, the loss made to require grad), ``optimizer-stale`` (the
+    optimizer holds another model's parameters; HF and Lightning). ``critical=False``: no
+    critical finding may follow (a fault that must warn,
     not page); ``forbid``: finding kinds that must not appear from the fault step on."""
 
     kind: str
@@ -130,6 +139,8 @@ class Scenario:
             raise ValueError(f"{self.name}: fresh_optimizer needs resume_at, under HF or DeepSpeed")
         if self.schedule == "step" and self.framework == "hf":
             raise ValueError(f"{self.name}: the HF Trainer has no step schedule by name")
+        if self.fault is not None and self.fault.kind == "optimizer-stale" and self.framework == "deepspeed":
+            raise ValueError(f"{self.name}: optimizer-stale runs under HF or Lightning")
         if self.fault is not None and not 1 <= self.fault.step <= self.steps:
             raise ValueError(f"{self.name}: fault step {self.fault.step} outside 1..{self.steps}")
 
@@ -651,6 +662,13 @@ _ROWS = [
        fault=Fault("frozen", 1, within=399, expect="not_learning", critical=False)),
     _s("pl-ddpm-frozen", "lightning", 400, model="ddpm", warmup=20, lr=1e-3, batch_size=32,
        fault=Fault("frozen", 1, within=399, expect="not_learning", critical=False), quick=True),
+    # The optimizer built over a model that was then re-created (openvinotoolkit/nncf#327;
+    # pytorch/pytorch#3358 "optimizer.step() does not update my weights"): gradients flow, the
+    # grad norm looks normal, nothing moves.
+    _s("hf-nll-optimizer-stale", "hf", 400, model="nll", warmup=10, lr=3e-3, schedule="constant", batch_size=32,
+       fault=Fault("optimizer-stale", 1, within=399, expect="not_learning", critical=False)),
+    _s("pl-nll-optimizer-stale", "lightning", 400, model="nll", warmup=20, lr=3e-3, schedule="constant",
+       batch_size=32, fault=Fault("optimizer-stale", 1, within=399, expect="not_learning", critical=False)),
 ]
 
 SCENARIOS: dict[str, Scenario] = {}

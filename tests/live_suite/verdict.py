@@ -195,7 +195,8 @@ def fault_evidence(sc: Scenario, steps: dict[int, dict], loss: dict[int, float],
 def _never_learned(sc: Scenario, steps: dict[int, dict], loss: dict[int, float]) -> tuple[str, bool]:
     """The run never learned from the fault step on: its last fifth is not 10% below its first
     20 points, and what the fault claims holds (the loss at chance level ln C for random labels,
-    an LR of 0 for ``lr-zero``, a grad norm of 0 for ``frozen``)."""
+    an LR of 0 for ``lr-zero``, a grad norm of 0 for ``frozen``, gradients for
+    ``optimizer-stale``)."""
     f = sc.fault
     after = [loss[i] for i in sorted(loss) if i >= f.step and math.isfinite(loss[i])]
     if len(after) < 40:
@@ -209,7 +210,11 @@ def _never_learned(sc: Scenario, steps: dict[int, dict], loss: dict[int, float])
     if f.kind == "lr-zero":
         lrs = {steps[i].get("lr") for i in steps if i >= f.step}
         return text + f"; LR {sorted(lrs, key=str)[:3]} from step {f.step}", flat and lrs == {0.0}
-    # frozen: no gradient reaches a parameter (Lightning then logs no grad norm at all)
     norms = {steps[i]["grad_norm"] for i in steps if "grad_norm" in steps[i]}
+    if f.kind == "optimizer-stale":   # the model's gradients flow (HF clips them: a grad norm),
+        if not norms:                 # the optimizer's tensors get none (Lightning: no grad norm)
+            return text + "; no grad norm logged", flat
+        return text + f"; grad norm {min(norms):.3g}-{max(norms):.3g}", flat and min(norms) > 0
+    # frozen: no gradient reaches a parameter (Lightning then logs no grad norm at all)
     return (text + (f"; grad norm {sorted(norms)[:3]}" if norms else "; no grad norm logged"),
             flat and norms <= {0.0})
