@@ -25,7 +25,7 @@ from __future__ import annotations
 from ... import keys
 from ...record import StepRecord
 from .account import ReadAccount
-from .plan import Plan
+from .plan import LOSS_KINDS, Plan
 
 
 class Assembler:
@@ -43,6 +43,8 @@ class Assembler:
         self.pending_loss_name = ""
         self.pending_last_step = 0
         self.loss_name: str | None = None     # how the log's plain records name their loss
+        self.loss_rank = len(LOSS_KINDS)      # the best way a record printed its loss so far
+        self.loss_printed = ""                # ... and its name
         self.overflows: list[tuple] = []      # (step or None, scale left, skipped) since the last record
         self.cumulative: int | None = None    # DeepSpeed's last cumulative skip count
         self.cumulative_first: tuple[StepRecord | None, int, int | None] | None = None
@@ -177,6 +179,8 @@ class Assembler:
                        for i, key, negative in plan.metrics}
         if plan.components:
             metrics[keys.LOSS] = sum(float(nums[i]) for i in plan.components)
+        if plan.loss_rank != self.loss_rank and not self._loss_of(plan, metrics):
+            return []
         if plan.loss_at is not None:
             text = nums[plan.loss_at]
             if text[-1:] == "0" and "." in text and "e" not in text and "E" not in text:
@@ -204,6 +208,28 @@ class Assembler:
         if plan.micro is not None and step is not None:
             return self._micro(step, metrics, plan, how)
         return self.emit(step, metrics, plan, how, self._printed_step(plan))
+
+    def loss_printed_as(self, plan: Plan) -> None:
+        """The log prints its loss as ``plan`` does (a reader that saw it ahead says so)."""
+        if plan.loss_rank < self.loss_rank:
+            self.loss_rank = plan.loss_rank
+            self.loss_printed = plan.loss_name
+
+    def _loss_of(self, plan: Plan, metrics: dict) -> bool:
+        """A log that prints the loss itself anywhere takes no statistic of it (``avg loss``)
+        or sum of its terms from another line (LOSS_KINDS): such a line keeps its other
+        metrics. False when nothing is left of the record."""
+        if plan.loss_rank < self.loss_rank:
+            self.loss_rank = plan.loss_rank
+            self.loss_printed = plan.loss_name or " + ".join(n for k, n in plan.printed if k == keys.LOSS)
+            return True
+        if plan.loss_rank < len(LOSS_KINDS):
+            metrics.pop(keys.LOSS, None)
+            metrics.pop(keys.LOSS_RESOLUTION, None)
+            metrics.pop(keys.LOSS_WINDOW, None)
+            self.account.note(f"lines that print only {LOSS_KINDS[plan.loss_rank]} of the loss are "
+                              f"not read as the loss: the log prints {self.loss_printed!r}")
+        return bool(metrics)
 
     def _into_block(self, metrics: dict, plan: Plan) -> None:
         block = self.block

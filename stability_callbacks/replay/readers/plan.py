@@ -41,8 +41,17 @@ _OVERFLOW = re.compile(r"overflow", re.I)
 # MindSpore's `overflow, still update, loss scale adjust to 1024.0`: the step was applied.
 _APPLIED = re.compile(r"\bstill updat|\bnot skip", re.I)
 _KEYLESS = 5                  # the rank of a bare leading counter
+_LEARNED = 6                  # the rank of a counter found by what its numbers do (hints)
 _BAR = 9                      # the rank of a keyless `n/N` counter
 UNNAMED = "(unnamed)"
+# How a line's loss was found, best first: a log that prints the loss itself anywhere takes no
+# statistic or sum of terms for it elsewhere (see Assembler.record).
+LOSS_KINDS = ("exact", "statistic", "terms")
+# Words that make an unknown name a counter's (`n_updates`, `batch_idx`, `Update 12`): where
+# several numbers of a line increase from line to line, they break the tie (then an unnamed one).
+_COUNTER_WORDS = frozenset({"step", "steps", "iter", "iters", "iteration", "iterations", "it",
+                            "update", "updates", "batch", "batches", "idx", "index", "count",
+                            "episode", "episodes", "round", "rounds", "n", "num", "global"})
 
 
 @dataclass(slots=True)
@@ -69,6 +78,8 @@ class Plan:
     overflow_attempted: int | None = None
     overflow_applied: bool = False   # the line says the update went ahead: a scale, no skip
     loss_name: str = ""              # the loss as the line names it (normalised)
+    loss_kind: str = ""              # one of LOSS_KINDS, "" without a loss
+    loss_rank: int = len(LOSS_KINDS)  # its index in LOSS_KINDS
     mixed: bool = False              # `train loss` beside `val loss`: see Assembler.emit
     parts: tuple = ()                # kind multi: ((first number, end, plan), ...)
     score: int = 0                   # how close to a record (for the error message)
@@ -80,16 +91,23 @@ class Plan:
     loss_window: int = 0             # `loss: 6.9733 (6.9704)`: a window statistic
     step_name: str = ""              # the step as the line prints it
     simple: bool = False             # a named step and nothing else to work out (the fast path)
+    counters: tuple[tuple[int, str], ...] = ()   # (index, name) of integers that may be a counter: their behaviour
+    # across the template's lines decides (:class:`~.generic.Template`); () once decided
+    merged: str = ""                 # the template with whitespace runs and signs folded
 
 
 def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None = None,
-              split: bool = True) -> Plan:
-    """Interpret one template: ``texts`` are the pieces around the numbers ``nums`` of a line."""
+              split: bool = True, hints: Mapping[int, str] | None = None) -> Plan:
+    """Interpret one template: ``texts`` are the pieces around the numbers ``nums`` of a line.
+    ``hints``: {number index: ``"step"``} from what the template's numbers did across its lines
+    (:class:`~.generic.Template`); without them, integers that may be a counter are listed in
+    ``Plan.counters`` for the caller to watch."""
     n = len(nums)
     joined = "#".join(texts)
     plan = Plan()
-    roles, eval_context = _roles(texts, nums, user, "{" in joined)
+    roles, eval_context = _roles(texts, nums, user, "{" in joined, hints)
     metrics: dict[str, tuple[int, int, str, bool]] = {}   # key -> (rank, index, name, negative)
+    statistics: list[tuple[int, int, str]] = []   # (words beyond the loss, index, name)
     steps: list[tuple[int, int, str]] = []
     comps: list[int] = []
     eval_loss = summary = False
@@ -111,6 +129,8 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
                 metrics[key] = (rank, i, name, negative)
         elif role == "component":
             comps.append(i)
+        elif role == "statistic" and key == keys.LOSS:
+            statistics.append((len(normalise_key(name).split()), i, name))
         elif role == "step":
             steps.append((rank, i, normalise_key(name)))
         elif role == "epoch" and plan.epoch is None:
@@ -158,14 +178,26 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
                     parts.append((a, b, made[key]))
                 plan.parts = tuple(parts)
                 return plan
+    if keys.LOSS in metrics:
+        plan.loss_kind = LOSS_KINDS[0]
+    elif statistics:
+        # `Update 12: avg loss 1.234`: a statistic of the loss where the line prints no other
+        # (the plainest name: `avg loss` over `avg box_loss`).
+        i = min(statistics)[1]
+        metrics[keys.LOSS] = (1, i, roles[i][3], texts[i].endswith("-") and not texts[i].endswith("--"))
+        ordered = sorted(((i, k, neg) for k, (_, i, _, neg) in metrics.items()))
+        plan.loss_kind = LOSS_KINDS[1]
     plan.metrics = tuple(ordered)
     plan.ranks = tuple(metrics[k][0] for _, k, _ in ordered)
-    printed = [(k, metrics[k][2] or UNNAMED) for _, k, _ in ordered]
+    printed = [(k, _said(k, metrics[k][2], plan.loss_kind)) for _, k, _ in ordered]
     if keys.LOSS in metrics:
         plan.loss_name = normalise_key(metrics[keys.LOSS][2])
-    elif len(comps) >= 2:
+    elif comps:
+        # Terms of the objective and no total: their sum (one term alone is the loss it names).
         plan.components = tuple(comps)
-        printed.append((keys.LOSS, " + ".join(roles[i][3] for i in comps)))
+        plan.loss_kind = LOSS_KINDS[2]
+        printed.append((keys.LOSS, " + ".join(repr(roles[i][3]) for i in comps)
+                        + (" (the sum of the terms printed)" if len(comps) > 1 else "")))
     if plan.step is not None:
         plan.step_name = roles[plan.step][3] or ("a bar's count" if plan.counter else UNNAMED)
         printed.append(("step", plan.step_name))
@@ -185,15 +217,38 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
     plan.score = len(named) + 2 * (len(ordered) + len(plan.components)) + (2 if steps else 0)
     plan.marker = any(m in joined for m in STEP_MARKERS)
     plan = _kind(plan, texts, nums, roles, joined, summary, eval_context, eval_loss)
+    plan.loss_rank = LOSS_KINDS.index(plan.loss_kind) if plan.loss_kind else len(LOSS_KINDS)
     plan.simple = (plan.kind == "record" and plan.step is not None and plan.epoch is None
                    and plan.per_epoch is None and plan.micro is None and not plan.cumulative_skips
                    and not plan.mixed and not plan.components and not plan.counter)
+    if plan.kind == "record" and plan.step is None and hints is None:
+        plan.counters = tuple((i, name) for i, (role, _, _, name) in enumerate(roles)
+                              if role == "other" and nums[i].isdigit()
+                              and not name.lower().startswith(_ARG_ECHO))
     return plan
 
 
-def _roles(texts, nums, user, nested) -> tuple[list[tuple[str, str | None, int, str]], bool]:
+def choose_counter(plan_roles: list[tuple[int, str]]) -> int:
+    """The step among integers that all increase from line to line (``(index, printed name)``):
+    a name of a counter's words first (``n_updates``, ``batch_idx``), then an unnamed one, then
+    any other; the leftmost of equals."""
+    def rank(item):
+        i, name = item
+        words = set(normalise_key(name).split())
+        return (0 if words & _COUNTER_WORDS else 1 if not name else 2), i
+    return min(plan_roles, key=rank)[0]
+
+
+def _said(key: str, name: str, loss_kind: str) -> str:
+    """How the account names a printed key: a statistic taken for the loss says so."""
+    if key == keys.LOSS and loss_kind == LOSS_KINDS[1]:
+        return f"{name} (a statistic of the loss: the log prints no other)"
+    return name or UNNAMED
+
+
+def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str | None, int, str]], bool]:
     """``(role, our key, rank, printed name)`` of every number, and whether a split is named
-    around the keys."""
+    around the keys. The user's names and positions (``--keys``) come before every rule."""
     n = len(nums)
     is_noise = tokens.noise(texts, nums)
     glued = tokens.glued_names(texts, nums)
@@ -206,6 +261,15 @@ def _roles(texts, nums, user, nested) -> tuple[list[tuple[str, str | None, int, 
     eval_context = False
     for i in range(n):
         before, g = befores[i], glued[i]
+        if user:
+            said = _user_role(user, i, before, prefixes[i] if prefixes else "")
+            if said is not None:
+                roles.append(said)
+                continue
+        if hints and i in hints:
+            name = tokens.key_before(before, glued=i > 0) if not g else g
+            roles.append(("step", None, _LEARNED, name))
+            continue
         if g:
             roles.append((*classify(g, user), g))
             continue
@@ -240,6 +304,23 @@ def _roles(texts, nums, user, nested) -> tuple[list[tuple[str, str | None, int, 
         roles.append((role, key, rank, name))   # counts epochs (`Epoch: [e][b/N]` names it)
     _bare_counters(texts, nums, roles)
     return roles, eval_context
+
+
+def _user_role(user: Mapping[str, str], i: int, before: str, prefix: str):
+    """The role ``--keys`` gives number ``i``: by its position (``step=1``: the first number of
+    the line) or by the name printed before it, or None."""
+    target = user.get(str(i + 1))
+    name = ""
+    if target is None:
+        name = tokens.key_before(before, glued=i > 0)
+        target = user.get(normalise_key(name))
+        if target is None and prefix and name:
+            target = user.get(normalise_key(f"{prefix}/{name}"))
+        if target is None:
+            return None
+    if target == "step":
+        return "step", None, -1, name or f"#{i + 1}"
+    return "metric", target, -1, name or f"#{i + 1}"
 
 
 def _bare_counters(texts, nums, roles) -> None:
