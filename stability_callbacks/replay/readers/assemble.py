@@ -37,6 +37,7 @@ class Assembler:
         self.indent = 0                       # the indentation of the line being fed
         self.last_step = 0
         self.pending: StepRecord | None = None
+        self.made = 0                         # records made so far
         self.pending_how = ""
         self.repeat = [0, 0.0, 0.0, True]     # a repeated step's losses (see _add)
         self.pending_undecided = False        # see emit
@@ -323,6 +324,9 @@ class Assembler:
         self.last_step = step
         rec = self.pending = StepRecord(step, metrics)
         self.pending_how = how
+        self.made += 1
+        if how != self.account.segment_how:
+            self.account.record_numbered(how, step_name, self.made)
         if self.repeat[0]:
             self.repeat = [0, 0.0, 0.0, True]
         if self.cumulative_first is not None and self.cumulative_first[0] is None:
@@ -354,6 +358,9 @@ class Assembler:
         """One overflow skip, told once however many ranks and lines print it: the same
         iteration again, or rank 0's unnumbered line giving the scale of a numbered one. An
         overflow whose update went ahead (``skipped`` false) only sets the scale."""
+        if not self.overflows and not self.account.keys.get(keys.LOSS_SCALE):
+            self.account.saw(keys.LOSS_SCALE, "overflow lines (the scale they leave)")
+            self.account.saw(keys.OVERFLOW_SKIPPED, "overflow lines (a skip each)")
         last = self.overflows[-1] if self.overflows else None
         if last is not None and ((step is not None and last[0] == step)
                                  or (step is None and last[0] is not None and last[1] is None)):
@@ -391,13 +398,19 @@ class Assembler:
 
     def finish(self) -> list[StepRecord]:
         out = self.flush()
+        counted = self.account.counted
         for step, scale, skipped in self.overflows:    # overflow lines no record followed
             self.last_step = step if step is not None else self.last_step + 1
             m = {keys.OVERFLOW_SKIPPED: 1.0} if skipped else {}
             if scale is not None:
                 m[keys.LOSS_SCALE] = scale
             out.append(StepRecord(self.last_step, m))
-            self.account.numbered("counter" if step is not None else "order", "")
+            # An overflow line without a step after steps the log counted: the next step.
+            how = "counter" if step is not None else "after" if counted else "order"
+            self.account.numbered(how, "")
+            self.made += 1
+            if how != self.account.segment_how:
+                self.account.record_numbered(how, "", self.made)
         self.overflows = []
         if self.cumulative_first is not None:
             self._mid_run(*self.cumulative_first[1:])

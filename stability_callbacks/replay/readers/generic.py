@@ -50,7 +50,7 @@ HOLD_MAX_LINES = 4096
 _WHITESPACE = re.compile(r"[ \t]+")
 _SIGN = re.compile(r"(?<=[ :=(\[])-\x00")
 # A section row above one-key lines (stable-baselines3's `| train/ |`, `rollout/`).
-_SECTION = re.compile(r"^\|?\s*([A-Za-z][\w ]*?)\s*/\s*\|?$")
+_SECTION = re.compile(r"^\|?\s*([A-Za-z][\w ]*?)\s*/\s*(?:\|\s*)*$")
 _AFTER_VALUE = " \t|,;"
 _REASONS = {"eval": "evaluation", "summary": "run summary", "ignore": "no training metric",
             "overflow": "overflow (folded into the next record)", "epoch": "epoch header",
@@ -114,7 +114,7 @@ class LineReader:
                 _PLANS.clear()
             plan = _PLANS[tkey] = make_plan(texts, nums, self.user)
             if plan.counters:
-                plan.merged = _SIGN.sub("\x00", _WHITESPACE.sub(" ", tkey[0]))
+                plan.merged = _fold(texts)
         if plan.counters and self.learn:
             watched = self.templates.get(plan.merged)
             if watched is None:
@@ -271,9 +271,11 @@ class Blocks:
         _, seg, _, texts, nums = unit
         if texts is None:
             section = _SECTION.match(tokens.pipes(seg).strip())
-            out = self.end() + [unit]
-            self.section = section.group(1) if section else ""
-            return out
+            if section is not None:           # a section row inside a block, or above one
+                self.section = section.group(1)
+                return [unit] if not self.items else []
+            self.section = ""
+            return self.end() + [unit]
         kv = _key_value(texts, nums)
         if kv is None:
             self.section = ""
@@ -346,6 +348,12 @@ class Reading:
         for unit in units:
             out += self._take(unit)
         self.busy = bool(self.held) or bool(self.blocks and self.blocks.items)
+        return out
+
+    def take(self, line_no: int, text: str, texts: list[str], nums: list[str]) -> list[StepRecord]:
+        """A line already cut into its template ``texts`` and ``nums`` (a table's row)."""
+        out = self._take((line_no, text, 0, texts, nums))
+        self.busy = bool(self.held)
         return out
 
     def _take(self, unit: tuple) -> list[StepRecord]:
@@ -501,11 +509,17 @@ class _Near:
 
 
 class ClosestLines:
-    """The lines that came closest to a record (most keyed numbers), for the error message."""
+    """The lines that came closest to a record (most keyed numbers), for the error message, and
+    the numbers of up to ``SAMPLES`` lines of each of their templates (what to suggest:
+    :mod:`.suggest`). Memory: ``size`` lines, ``MAX_TEMPLATES`` x ``SAMPLES`` samples."""
+
+    SAMPLES = 8
+    MAX_TEMPLATES = 64
 
     def __init__(self, size: int = 3):
         self.size = size
         self.heap: list[_Near] = []
+        self.samples: dict[str, tuple[list[str], list[list[str]]]] = {}
 
     def offer(self, line_no: int, text: str, plan: Plan) -> None:
         near = _Near(plan.score, -line_no, text.strip()[:200], plan.named)
@@ -513,6 +527,26 @@ class ClosestLines:
             heapq.heappush(self.heap, near)
         elif near > self.heap[0]:
             heapq.heapreplace(self.heap, near)
+        texts, nums = tokens.split(near.text)
+        key = _fold(texts)
+        got = self.samples.get(key)
+        if got is None and len(self.samples) < self.MAX_TEMPLATES:
+            self.samples[key] = (texts, [nums])
+        elif got is not None and len(got[1]) < self.SAMPLES:
+            got[1].append(nums)
 
     def lines(self) -> list[tuple[int, str, tuple]]:
         return [(-n.line_no, n.text, n.named) for n in sorted(self.heap, reverse=True)]
+
+    def best(self) -> tuple[list[str], list[list[str]]] | None:
+        """The template of the closest line and its sample numbers."""
+        if not self.heap:
+            return None
+        top = max(self.heap)
+        return self.samples.get(_fold(tokens.split(top.text)[0]))
+
+
+def _fold(texts: list[str]) -> str:
+    """A template with whitespace runs and the numbers' signs folded (lines that differ only in
+    padding or sign share it)."""
+    return _SIGN.sub("\x00", _WHITESPACE.sub(" ", "\x00".join(texts)))

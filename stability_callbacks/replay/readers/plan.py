@@ -196,7 +196,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
         # Terms of the objective and no total: their sum (one term alone is the loss it names).
         plan.components = tuple(comps)
         plan.loss_kind = LOSS_KINDS[2]
-        printed.append((keys.LOSS, " + ".join(repr(roles[i][3]) for i in comps)
+        printed.append((keys.LOSS, " + ".join(roles[i][3] for i in comps)
                         + (" (the sum of the terms printed)" if len(comps) > 1 else "")))
     if plan.step is not None:
         plan.step_name = roles[plan.step][3] or ("a bar's count" if plan.counter else UNNAMED)
@@ -244,6 +244,12 @@ def _said(key: str, name: str, loss_kind: str) -> str:
     if key == keys.LOSS and loss_kind == LOSS_KINDS[1]:
         return f"{name} (a statistic of the loss: the log prints no other)"
     return name or UNNAMED
+
+
+def slot_roles(texts: list[str], nums: list[str]) -> list[tuple[str, str | None, int, str]]:
+    """``(role, our key, rank, printed name)`` of every number of a line, as a plan sees them
+    (``noise``, ``total``, ``step``, ``metric``, ``other``, ...)."""
+    return _roles(texts, nums, None, "{" in "".join(texts))[0]
 
 
 def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str | None, int, str]], bool]:
@@ -325,15 +331,18 @@ def _user_role(user: Mapping[str, str], i: int, before: str, prefix: str):
 
 def _bare_counters(texts, nums, roles) -> None:
     """A run of bare integers that opens a line ends with its step (``420 | loss 4.06``,
-    ``1|12|Loss: 1.04``), the number before it an epoch; a ``N: x`` line is a step and one
-    unnamed value (the loss)."""
+    ``1|12|Loss: 1.04``), the number before it an epoch; a ``N: x`` line (``N,x``, ``N x``) is
+    a step and one unnamed value (the loss)."""
     n = len(nums)
 
     def bare(i):
         return roles[i][0] == "other" and not roles[i][3]
 
+    sep = texts[1].strip() if n == 2 else "#"
     if n == 2 and bare(0) and bare(1) and nums[0].isdigit() and not texts[0].strip() \
-            and texts[1].strip() in (":", "|") and not texts[2].strip():
+            and not texts[2].strip() and (sep in (":", "|", ",", ";") or (
+                not sep and not nums[1].isdigit())):
+        # `100: 2.5`, and a table of two columns without a header (`100,2.5`, `100\t2.5`)
         roles[0], roles[1] = ("step", None, _KEYLESS, ""), ("metric", keys.LOSS, 1, "")
         return
     run = 0
