@@ -70,6 +70,18 @@ class ReadAccount:
             self.segments[-1][3] = index - 1
         self.segments.append([how, [name] if name else [], index, index])
 
+    def renumbered(self, index: int, how: str) -> None:
+        """Record ``index``, the last one so far, is numbered ``how`` after all."""
+        self.numbered(how)
+        if self.segments and self.segments[-1][2] == index:
+            self.segments[-1][0] = how
+        elif self.segments:
+            self.segments[-1][3] = index - 1
+            self.segments.append([how, [], index, index])
+        self.segment_how = self.segments[-1][0] if self.segments else how
+        if "counter" in self.numbering and not any(s[0] == "counter" for s in self.segments):
+            del self.numbering["counter"]
+
     def count_records(self, n: int) -> None:
         """The number of records read (closes the last part)."""
         if self.segments:

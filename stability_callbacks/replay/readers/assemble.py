@@ -38,6 +38,10 @@ class Assembler:
         self.last_step = 0
         self.pending: StepRecord | None = None
         self.made = 0                         # records made so far
+        self.counted = False                  # a record was numbered by a counter it printed
+        self.uncounted = 0                    # lines with no counter in a counted log (dropped)
+        self.bar_before_epoch = False         # a complete bar came before any epoch
+        self.pending_terms: tuple = ()        # the printed terms summed into the held record
         self.pending_how = ""
         self.repeat = [0, 0.0, 0.0, True]     # a repeated step's losses (see _add)
         self.pending_undecided = False        # see emit
@@ -86,8 +90,8 @@ class Assembler:
             if rec is not None and keys.LOSS not in rec.metrics and (
                     plan.step is None or int(float(nums[plan.step])) == rec.step):
                 rec.metrics[keys.LOSS] = float("nan")
-        elif kind == "epoch":
-            self._epoch_context(nums, plan)
+        elif kind == "epoch" or (kind == "ignore" and plan.epoch is not None):
+            self._epoch_context(nums, plan)   # (`Start Training ... Epoch 82/300, lr=0.05`)
         elif kind == "header":
             out = self.close_block()
             step, how = self._step_of(nums, plan)
@@ -120,9 +124,15 @@ class Assembler:
             text = nums[plan.epoch]
             if not text.isdigit():
                 return                        # HF's epoch fraction is no counter
+            first = self.epoch is None
             self.epoch = int(text)
             if self.epoch_base is None:       # Lightning counts epochs from 0, Keras from 1
                 self.epoch_base = min(self.epoch, 1)
+            if first and self.bar_before_epoch and self.pending is not None and self.made == 1:
+                # An excerpt that opens with a complete bar, its `Epoch E` header above the
+                # excerpt: the bar is the epoch before the first header.
+                self.pending.step = self.last_step = self.epoch - 1
+                self._renumbered("epoch")
 
     def _step_of(self, nums, plan: Plan) -> tuple[int | None, str]:
         """The step a line stands for and how it was numbered (``counter``, ``epoch``, or
@@ -132,7 +142,10 @@ class Assembler:
             if plan.step is None:
                 return None, "order"
             text = nums[plan.step]
-            return (int(text) if text.isdigit() else int(float(text))), "counter"
+            value = int(text) if text.isdigit() else int(float(text))
+            if plan.counter and self.made == 0 and total_of(nums, plan) == value:
+                self.bar_before_epoch = True  # a complete bar opens the log (see _epoch_context)
+            return value, "counter"
         self._epoch_context(nums, plan)
         if plan.step is None:
             own = nums[plan.epoch] if plan.epoch is not None else ""
@@ -169,7 +182,12 @@ class Assembler:
         if self.pending is not None and self.pending_how == "epoch":
             done, total = self.bar
             self.pending.step = self.last_step = done * total + total
-            self.pending_how = "counter"
+            self._renumbered("counter")
+
+    def _renumbered(self, how: str) -> None:
+        """The held-back record is numbered ``how`` after all (the account hears of it)."""
+        self.pending_how = how
+        self.account.renumbered(self.made, how)
 
     def record(self, nums, plan: Plan) -> list[StepRecord]:
         """The records a record line completes (the readers' fast path calls it directly)."""
@@ -179,7 +197,7 @@ class Assembler:
             metrics = {key: (-float(nums[i]) if negative else float(nums[i]))
                        for i, key, negative in plan.metrics}
         if plan.components:
-            metrics[keys.LOSS] = sum(float(nums[i]) for i in plan.components)
+            metrics[keys.LOSS] = _sum_of_terms(nums, plan.components)
         if plan.loss_rank != self.loss_rank and not self._loss_of(plan, metrics):
             return []
         if plan.loss_at is not None:
@@ -201,9 +219,14 @@ class Assembler:
                 and self.pending_how == "epoch" and self.pending.step == step:
             # Two records of one epoch and nothing finer: records are numbered in order.
             self.epoch_steps = False
-            self.pending.step = self.pending_last_step + 1
-            self.last_step, self.pending_how = self.pending.step, "order"
+            self.pending.step = self.last_step = self.pending_last_step + 1
+            self._renumbered("order")
             step, how = None, "order"
+        if plan.step is None and how == "epoch" and self.counted:
+            # A line of metrics numbered by its epoch alone in a log whose records print a finer
+            # counter: an epoch's summary or evaluation (`[train] epoch: 1/15` over `- total loss:`).
+            self.uncounted += 1
+            return []
         if plan.cumulative_skips and keys.OVERFLOW_SKIPPED in metrics:
             self._cumulative(metrics, step)
         if plan.micro is not None and step is not None:
@@ -317,6 +340,15 @@ class Assembler:
                 self.cumulative_first = (prev, *self.cumulative_first[1:])
             if plan is not None and plan.counter:
                 prev.metrics.update(metrics)  # a progress bar redrawn: its last postfix counts
+            elif plan is not None and plan.components and self.pending_terms \
+                    and plan.components is not self.pending_terms and keys.LOSS in prev.metrics:
+                # Another term of the step's objective on a line of its own (`discriminator
+                # loss at step 100: x`, then `adversarial loss at step 100: y`): their sum.
+                prev.metrics[keys.LOSS] = _sum_of_terms(
+                    [repr(prev.metrics[keys.LOSS]), repr(metrics.pop(keys.LOSS))], ((0, False), (1, False)))
+                self.pending_terms = plan.components
+                for k, v in metrics.items():
+                    prev.metrics.setdefault(k, v)
             else:
                 self._repeat(prev, metrics)   # another rank, or a micro-batch of the step
             return []
@@ -327,6 +359,9 @@ class Assembler:
         self.made += 1
         if how != self.account.segment_how:
             self.account.record_numbered(how, step_name, self.made)
+        if how == "counter" and plan is not None and plan.step is not None:
+            self.counted = True
+        self.pending_terms = plan.components if plan is not None else ()
         if self.repeat[0]:
             self.repeat = [0, 0.0, 0.0, True]
         if self.cumulative_first is not None and self.cumulative_first[0] is None:
@@ -416,6 +451,26 @@ class Assembler:
             self._mid_run(*self.cumulative_first[1:])
             self.cumulative_first = None
         return out
+
+
+def total_of(nums, plan: Plan) -> int | None:
+    """The printed total of a line's counter (``176/800``: 800), or None."""
+    return int(float(nums[plan.step_total])) if plan.step_total is not None else None
+
+
+def _sum_of_terms(nums, terms) -> float:
+    """The sum of the printed terms of the loss, to the decimals they print (``1.2 + 2.0001``
+    is ``3.2001``, not the float sum's ``3.2000999999999995``)."""
+    total = 0.0
+    places = 0
+    for i, negative in terms:
+        text = nums[i]
+        total += -float(text) if negative else float(text)
+        if places >= 0:
+            dot = text.find(".")
+            places = -1 if ("e" in text or "E" in text or not text[:1].isdigit()) else \
+                max(places, len(text) - dot - 1 if dot >= 0 else 0)
+    return round(total, places) if places >= 0 and total == total and abs(total) != float("inf") else total
 
 
 def _add(acc: list, value: float) -> None:

@@ -31,6 +31,7 @@ from .source import segments, strip_prefix
 from .vocabulary import classify, normalise_key
 
 MAX_TEMPLATES = 4096
+_NO_PLAN = Plan()
 # Plans are pure functions of a template and the user's keys: shared by every reader of the
 # process (detection and reading of one log interpret each template once).
 _PLANS: dict[tuple, Plan] = {}
@@ -75,6 +76,7 @@ class LineReader:
         self.last: Plan | None = None
         self.table: tuple[list[str], list[int], bool] | None = None   # header, key columns, pipes
         self.templates: dict[str, Template] = {}      # this log's templates that were watched
+        self.counter_names: set[str] = set()          # the names of the counters they showed
 
     def parse(self, seg: str) -> tuple[tuple | list, Plan] | None:
         """``(numbers, plan)`` of one line, or None (no numbers)."""
@@ -130,11 +132,28 @@ class LineReader:
         return plan, None
 
     def decide(self, watched: Template) -> None:
-        """The template's final plan, from what its numbers did (:meth:`Template.hints`)."""
-        hints = watched.hints()
+        """The template's final plan, from what its numbers did (:meth:`Template.hints`), or
+        from the counter another template of the log showed (the same printed name: a line
+        that differs in the digits of another number, `Sen. 965,843` beside `Sen. 1,052,108`)."""
+        hints = watched.hints() or self._named_counter(watched)
         watched.plan = (make_plan(watched.texts, watched.nums, self.user, hints=hints)
                         if hints else watched.names_plan)
         watched.settled = True
+        if hints:
+            i = next(iter(hints))
+            name = next((nm for j, nm in watched.names_plan.counters if j == i), "")
+            if name and name not in self.counter_names:
+                self.counter_names.add(name)
+                for other in list(self.templates.values()):
+                    if not other.settled and self._named_counter(other):
+                        self.decide(other)
+
+    def _named_counter(self, watched: Template) -> dict[int, str]:
+        """{index: "step"} for a counter named as one this log's lines showed, or {}."""
+        for i, name in watched.names_plan.counters:
+            if name and name in self.counter_names:
+                return {i: "step"}
+        return {}
 
     def _table_header(self, line: str) -> None:
         """A row of names with a step or epoch column and a loss column starts a table; rule
@@ -201,7 +220,8 @@ class Template:
     (0, 'Update', 'statistic')
     """
 
-    __slots__ = ("texts", "nums", "names_plan", "plan", "settled", "lines", "last", "ups", "dead")
+    __slots__ = ("texts", "nums", "names_plan", "plan", "settled", "lines", "last", "ups", "dead",
+                 "epoch_last", "epoch_ups")
 
     def __init__(self, texts: list[str], nums: list[str], names_plan: Plan):
         self.texts, self.nums, self.names_plan = texts, nums, names_plan
@@ -212,10 +232,18 @@ class Template:
         self.last: list[int] = [0] * n
         self.ups = [0] * n
         self.dead = [False] * n
+        self.epoch_last = -1
+        self.epoch_ups = 0                    # lines whose epoch was up on the line before
 
     def observe(self, nums) -> bool:
-        """One more line of the template; True once its numbers have said enough."""
+        """One more line of the template; True once its numbers have said enough (a number
+        rose over ``LEARN_LINES`` lines, or ``LEARN_MAX_LINES`` lines passed)."""
         first = self.lines == 0
+        at = self.names_plan.epoch
+        if at is not None and nums[at].isdigit():
+            epoch = int(nums[at])
+            self.epoch_ups += not first and epoch > self.epoch_last
+            self.epoch_last = epoch
         for j, (i, _) in enumerate(self.names_plan.counters):
             text = nums[i]
             if self.dead[j] or not text.isdigit():
@@ -229,11 +257,14 @@ class Template:
                     self.dead[j] = True
             self.last[j] = value
         self.lines += 1
-        settled = all(d or u for d, u in zip(self.dead, self.ups))
-        return (self.lines >= LEARN_LINES and settled) or self.lines >= LEARN_MAX_LINES
+        rose = any(u and not d for d, u in zip(self.dead, self.ups))
+        return (self.lines >= LEARN_LINES and rose) or self.lines >= LEARN_MAX_LINES
 
     def hints(self) -> dict[int, str]:
-        """{number index: "step"} for the counter the lines showed, or {} (none increased)."""
+        """{number index: "step"} for the counter the lines showed, or {} (none increased, or
+        the line's epoch went up on every line: nothing finer is needed)."""
+        if self.lines > 1 and self.epoch_ups == self.lines - 1:
+            return {}
         rising = [c for c, dead, ups in zip(self.names_plan.counters, self.dead, self.ups)
                   if ups and not dead]
         return {choose_counter(rising): "step"} if rising else {}
@@ -255,15 +286,20 @@ class Blocks:
     """Records printed one key per line: consecutive lines of one key and one value each, with
     distinct keys (stable-baselines3's tables between rule lines, with their ``train/`` section
     rows; ``key: value`` blocks between blank lines, the step anywhere in them), make one line
-    ``key: value | key: value | ...``. A key seen again, or any other line, ends the block; a
-    block of one line is that line. Memory: one block (``MAX_LINES``)."""
+    ``key: value | key: value | ...``. The line right above a block that is no record itself
+    (``Epoch 3 of 500 took 494s``, ``[test] epoch: 1/10``) heads it: its text opens the joined
+    line (its epoch, its split). A key seen again, or any other line, ends the block; a block of
+    one line is that line. Memory: one block (``MAX_LINES``)."""
 
     MAX_LINES = 256
 
-    def __init__(self):
+    def __init__(self, heads=None):
         self.items: list[tuple] = []          # (unit, key, value text)
         self.keys: set[str] = set()
         self.section = ""
+        self.heads = heads                    # (texts, nums) -> whether a line may head a block
+        self.above: tuple | None = None       # the unit above, which may head a block
+        self.head: str = ""
 
     def offer(self, unit: tuple) -> list[tuple]:
         """A unit ``(line_no, seg, indent, texts, nums)`` (``texts`` None: no numbers) -> the
@@ -275,13 +311,21 @@ class Blocks:
                 self.section = section.group(1)
                 return [unit] if not self.items else []
             self.section = ""
-            return self.end() + [unit]
+            out = self.end() + [unit]
+            self.above = unit if any(c.isalpha() for c in seg) else None
+            return out
         kv = _key_value(texts, nums)
         if kv is None:
             self.section = ""
-            return self.end() + [unit]
+            out = self.end() + [unit]
+            self.above = unit
+            return out
         key = f"{self.section}/{kv[0]}" if self.section else kv[0]
         out = self.end() if key in self.keys or len(self.items) >= self.MAX_LINES else []
+        if not self.items:
+            above, self.above = self.above, None
+            self.head = "" if above is None or (above[3] is not None and not (
+                self.heads is not None and self.heads(above[3], above[4]))) else above[1].strip()
         self.items.append((unit, key, kv[1]))
         self.keys.add(key)
         return out
@@ -293,7 +337,7 @@ class Blocks:
         if len(items) < 2:
             return [unit for unit, _, _ in items]
         line_no, _, indent, _, _ = items[0][0]
-        joined = " | ".join(f"{key}: {value}" for _, key, value in items)
+        joined = " | ".join([self.head] * bool(self.head) + [f"{key}: {value}" for _, key, value in items])
         texts, nums = tokens.split(joined)
         return [(line_no, joined, indent, texts, nums)]
 
@@ -321,7 +365,7 @@ class Reading:
         self.account = account
         self.reader = LineReader(user_keys, pattern, learn=pattern is None)
         self.asm = Assembler(account)
-        self.blocks = Blocks() if blocks and pattern is None else None
+        self.blocks = Blocks(self._heads) if blocks and pattern is None else None
         self.held: deque = deque()
         self.busy = False
         self.loss_wait: _LossWait | None = None
@@ -349,6 +393,10 @@ class Reading:
             out += self._take(unit)
         self.busy = bool(self.held) or bool(self.blocks and self.blocks.items)
         return out
+
+    def _heads(self, texts: list[str], nums: list[str]) -> bool:
+        """Whether a line may head a block of one-key lines: it prints no training record."""
+        return _PLANS.get(("\x00".join(texts), self.reader._user_key), _NO_PLAN).kind != "record"
 
     def take(self, line_no: int, text: str, texts: list[str], nums: list[str]) -> list[StepRecord]:
         """A line already cut into its template ``texts`` and ``nums`` (a table's row)."""
@@ -440,8 +488,9 @@ class Reading:
         out: list[StepRecord] = []
         for unit in units:
             out += self._take(unit)
-        for item in self.held:
-            self._settle(item[5])
+        waiting = [item[5] for item in self.held if item[5] is not None]
+        for waits in sorted(waiting, key=lambda w: -w.lines if isinstance(w, Template) else 0):
+            self._settle(waits)              # the best observed first: others may take its counter
         out += self._release()
         self.busy = False
         return out + self.asm.flush()

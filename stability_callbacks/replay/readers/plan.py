@@ -50,7 +50,7 @@ LOSS_KINDS = ("exact", "statistic", "terms")
 # Words that make an unknown name a counter's (`n_updates`, `batch_idx`, `Update 12`): where
 # several numbers of a line increase from line to line, they break the tie (then an unnamed one).
 _COUNTER_WORDS = frozenset({"step", "steps", "iter", "iters", "iteration", "iterations", "it",
-                            "update", "updates", "batch", "batches", "idx", "index", "count",
+                            "update", "updates", "batch", "batches", "idx", "index",
                             "episode", "episodes", "round", "rounds", "n", "num", "global"})
 
 
@@ -60,7 +60,8 @@ class Plan:
 
     metrics: tuple[tuple[int, str, bool], ...] = ()   # (number index, metric key, negative)
     ranks: tuple[int, ...] = ()      # the vocabulary rank of each metric's printed name
-    components: tuple[int, ...] = ()   # terms summed into the loss where none is printed
+    components: tuple[tuple[int, bool], ...] = ()   # (index, negative) of the terms summed
+    # into the loss where none is printed
     printed: tuple[tuple[str, str], ...] = ()   # (our key or "step", the name the line prints)
     step: int | None = None
     step_rank: int = 1
@@ -128,7 +129,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
             if key not in metrics or rank < metrics[key][0]:
                 metrics[key] = (rank, i, name, negative)
         elif role == "component":
-            comps.append(i)
+            comps.append((i, texts[i].endswith("-") and not texts[i].endswith("--")))
         elif role == "statistic" and key == keys.LOSS:
             statistics.append((len(normalise_key(name).split()), i, name))
         elif role == "step":
@@ -196,7 +197,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
         # Terms of the objective and no total: their sum (one term alone is the loss it names).
         plan.components = tuple(comps)
         plan.loss_kind = LOSS_KINDS[2]
-        printed.append((keys.LOSS, " + ".join(roles[i][3] for i in comps)
+        printed.append((keys.LOSS, " + ".join(roles[i][3] for i, _ in comps)
                         + (" (the sum of the terms printed)" if len(comps) > 1 else "")))
     if plan.step is not None:
         plan.step_name = roles[plan.step][3] or ("a bar's count" if plan.counter else UNNAMED)
@@ -230,12 +231,12 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
 
 def choose_counter(plan_roles: list[tuple[int, str]]) -> int:
     """The step among integers that all increase from line to line (``(index, printed name)``):
-    a name of a counter's words first (``n_updates``, ``batch_idx``), then an unnamed one, then
-    any other; the leftmost of equals."""
+    a name of a counter's words first (``n_updates``, ``batch_idx``), then any other name
+    (Marian's ``Up. 14000``), then an unnamed one; the leftmost of equals."""
     def rank(item):
         i, name = item
         words = set(normalise_key(name).split())
-        return (0 if words & _COUNTER_WORDS else 1 if not name else 2), i
+        return (0 if words & _COUNTER_WORDS else 1 if name else 2), i
     return min(plan_roles, key=rank)[0]
 
 
@@ -307,9 +308,36 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
         elif role == "other" and has_total and i + 3 < n and texts[i + 3].strip() == "/" \
                 and texts[i + 2].replace(" ", "") == "][" and nums[i].isdigit():
             role = "epoch"        # `Train: [3/300][370/1251]`: nested counters, the outer one
+        elif role == "eval" and key is None and nums[i].isdigit() and _counts_a_split(name):
+            eval_context = True   # `test epoch: 1, loss: ..`, `Test: [ 0/30] .. Loss: ..`
         roles.append((role, key, rank, name))   # counts epochs (`Epoch: [e][b/N]` names it)
     _bare_counters(texts, nums, roles)
+    _counter_in_prose(texts, nums, roles, user)
     return roles, eval_context
+
+
+def _counts_a_split(name: str) -> bool:
+    """Whether a name is a split word alone or with a counter's word (``Test``, ``test epoch``,
+    ``val_step``): the number it names counts an evaluation's lines."""
+    from .vocabulary import WORD_ROLES
+    return all(WORD_ROLES.get(w) == "split" or w in _COUNTER_WORDS or w in ("epoch", "ep")
+               for w in normalise_key(name).split())
+
+
+def _counter_in_prose(texts, nums, roles, user) -> None:
+    """``discriminator loss at step 100: 0.69``: the key before the counter names the value after
+    it (``NAME at COUNTER N: v``), whose own key is empty."""
+    for i in range(len(nums) - 1):
+        name = roles[i][3]
+        low = f" {name.lower()} "
+        if " at " not in low or roles[i + 1][3] or not nums[i].isdigit() \
+                or texts[i + 1].strip() not in (":", "=", "is", "was"):
+            continue
+        cut = name.lower().rfind(" at ")
+        value_name, counter_name = name[:cut].strip(), name[cut + 4:].strip()
+        if classify(counter_name, user)[0] in ("step", "epoch", "batch"):
+            roles[i] = (*classify(counter_name, user), counter_name)
+            roles[i + 1] = (*classify(value_name, user), value_name)
 
 
 def _user_role(user: Mapping[str, str], i: int, before: str, prefix: str):

@@ -28,7 +28,7 @@ _NONFINITE_HINT = re.compile(r"nan|NaN|NAN|[Ii]nfinity|inf|Inf|INF").search
 _GLUED_BEFORE = {"ep": "epoch", "epoch": "epoch", "it": "it", "iter": "iter",
                  "iteration": "iteration", "step": "step"}
 _GLUED_AFTER = {"epoch": "epoch", "batch": "batch", "batches": "batch"}
-_TRAILING_WORD = re.compile(r"(?<![A-Za-z])([A-Za-z]+)$")
+_TRAILING_WORD = re.compile(r"(?<![A-Za-z_/.-])([A-Za-z]+)$")
 _LEADING_WORD = re.compile(r"([A-Za-z]+)(?![A-Za-z])")
 _QUOTES = " \t'\"\u2018\u2019\u201c\u201d"
 _CUTS = ",|;[]{}()<>'\"=:\t\u2018\u2019\u201c\u201d\u2502\u2503\u2551"
@@ -142,7 +142,7 @@ def glued_names(texts: list[str], nums: list[str]) -> list[str | None]:
     out: list[str | None] = [None] * len(nums)
     for i, num in enumerate(nums):
         m = _TRAILING_WORD.search(texts[i])
-        if m and m.group(1).lower() in _GLUED_BEFORE:
+        if m and m.group(1).lower() in _GLUED_BEFORE and not texts[i + 1][:1].isalpha():
             out[i] = _GLUED_BEFORE[m.group(1).lower()]
         elif num.isdigit():
             m = _LEADING_WORD.match(texts[i + 1])
