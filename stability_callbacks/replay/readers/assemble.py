@@ -41,6 +41,10 @@ class Assembler:
         self.counted = False                  # a record was numbered by a counter it printed
         self.uncounted = 0                    # lines with no counter in a counted log (dropped)
         self.bar_before_epoch = False         # a complete bar came before any epoch
+        self.fraction: tuple = (None, None)   # the epoch fraction and plan of the last uncounted record
+        self.reprinted = False                # the record at hand prints the one before again
+        self.outer: dict[str, list] = {}      # template -> [last count, last numbers before it,
+        # the one that counts epochs, their first values, iterations per epoch]
         self.pending_terms: tuple = ()        # the printed terms summed into the held record
         self.pending_how = ""
         self.repeat = [0, 0.0, 0.0, True]     # a repeated step's losses (see _add)
@@ -145,7 +149,7 @@ class Assembler:
             value = int(text) if text.isdigit() else int(float(text))
             if plan.counter and self.made == 0 and total_of(nums, plan) == value:
                 self.bar_before_epoch = True  # a complete bar opens the log (see _epoch_context)
-            return value, "counter"
+            return (self._outer_step(nums, plan, value) if plan.outer else value), "counter"
         self._epoch_context(nums, plan)
         if plan.step is None:
             own = nums[plan.epoch] if plan.epoch is not None else ""
@@ -176,6 +180,48 @@ class Assembler:
         elif self.per_epoch is not None:
             return done * self.per_epoch + value, "counter"
         return (value, "counter") if value >= done and not plan.counter else (None, "order")
+
+    def _same_fraction(self, text: str, plan: Plan, metrics: dict) -> int | None:
+        """A record with no counter, printed in another form (other keys) at the epoch fraction
+        and with the loss of the one before it (HF's `'epoch': 0.01` dict printed by two callbacks): the same
+        record, printed again; its later values win."""
+        self.reprinted = False
+        if text.isdigit():
+            return None
+        fraction, (last, last_plan) = float(text), self.fraction
+        self.fraction = (fraction, plan)
+        prev = self.pending
+        if fraction == last and last_plan is not None and plan.printed != last_plan.printed \
+                and prev is not None \
+                and prev.metrics.get(keys.LOSS) == metrics.get(keys.LOSS):
+            self.reprinted = True
+            return prev.step
+        return None
+
+    def _outer_step(self, nums, plan: Plan, value: int) -> int:
+        """The step of a line whose counter restarts when an integer before it goes up (timm's
+        `Train: 1 [  0/73 (  1%)]`): epoch x iteration, ``(epoch - first epoch) x N + n``, N the
+        counter's printed total (without one, an epoch's length is unknown: the counter is
+        taken as printed). Until the restart the counter is taken as printed."""
+        outs = [nums[i] for i in plan.outer]
+        state = self.outer.get(plan.merged)
+        if state is None:
+            self.outer[plan.merged] = [value, outs, None, outs, 0]
+            return value
+        last, last_outs, at, first, per = state
+        if at is None and value < last and total_of(nums, plan):
+            at = next((j for j, (a, b) in enumerate(zip(last_outs, outs))
+                       if a.isdigit() and b.isdigit() and int(b) > int(a)), None)
+            if at is not None:
+                per = total_of(nums, plan) or last
+                state[2], state[4] = at, per
+                name = plan.step_name
+                self.account.note(f"steps are epoch x iteration: the number before {name!r} counts "
+                                  f"epochs (it goes up when {name!r} restarts), {per:,} iterations each")
+        state[0], state[1] = value, outs
+        if at is None or not outs[at].isdigit() or not first[at].isdigit():
+            return value
+        return (int(outs[at]) - int(first[at])) * (total_of(nums, plan) or per) + value
 
     def _renumber_bar(self) -> None:
         """The first bar below its total: the complete bar held back counts batches too."""
@@ -227,6 +273,8 @@ class Assembler:
             # counter: an epoch's summary or evaluation (`[train] epoch: 1/15` over `- total loss:`).
             self.uncounted += 1
             return []
+        if step is None and plan.epoch is not None:
+            step = self._same_fraction(nums[plan.epoch], plan, metrics)
         if plan.cumulative_skips and keys.OVERFLOW_SKIPPED in metrics:
             self._cumulative(metrics, step)
         if plan.micro is not None and step is not None:
@@ -338,7 +386,7 @@ class Assembler:
         if prev is not None and prev.step == step:
             if self.cumulative_first is not None and self.cumulative_first[0] is None:
                 self.cumulative_first = (prev, *self.cumulative_first[1:])
-            if plan is not None and plan.counter:
+            if plan is not None and (plan.counter or self.reprinted):
                 prev.metrics.update(metrics)  # a progress bar redrawn: its last postfix counts
             elif plan is not None and plan.components and self.pending_terms \
                     and plan.components is not self.pending_terms and keys.LOSS in prev.metrics:

@@ -115,7 +115,7 @@ class LineReader:
             if len(_PLANS) >= MAX_TEMPLATES:
                 _PLANS.clear()
             plan = _PLANS[tkey] = make_plan(texts, nums, self.user)
-            if plan.counters:
+            if plan.counters or plan.outer:
                 plan.merged = _fold(texts)
         if plan.counters and self.learn:
             watched = self.templates.get(plan.merged)

@@ -95,6 +95,8 @@ class Plan:
     counters: tuple[tuple[int, str], ...] = ()   # (index, name) of integers that may be a counter: their behaviour
     # across the template's lines decides (:class:`~.generic.Template`); () once decided
     merged: str = ""                 # the template with whitespace runs and signs folded
+    outer: tuple[int, ...] = ()      # integers before the step that may count its epochs: one
+    # that goes up when the step restarts does (Assembler._outer_step)
 
 
 def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None = None,
@@ -219,7 +221,11 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
     plan.marker = any(m in joined for m in STEP_MARKERS)
     plan = _kind(plan, texts, nums, roles, joined, summary, eval_context, eval_loss)
     plan.loss_rank = LOSS_KINDS.index(plan.loss_kind) if plan.loss_kind else len(LOSS_KINDS)
+    if plan.kind == "record" and plan.step is not None and plan.epoch is None:
+        plan.outer = tuple(i for i in range(plan.step) if roles[i][0] == "other"
+                           and nums[i].isdigit() and not roles[i][3].lower().startswith(_ARG_ECHO))
     plan.simple = (plan.kind == "record" and plan.step is not None and plan.epoch is None
+                   and not plan.outer
                    and plan.per_epoch is None and plan.micro is None and not plan.cumulative_skips
                    and not plan.mixed and not plan.components and not plan.counter)
     if plan.kind == "record" and plan.step is None and hints is None:
