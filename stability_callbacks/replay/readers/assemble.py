@@ -28,6 +28,11 @@ from .account import ReadAccount
 from .plan import LOSS_KINDS, Plan
 
 
+#: Why a record line makes no record (the account counts them as ignored lines).
+DROPPED = ("epoch summary or another loop (the log's records print a finer counter)",
+           "a statistic or terms of the loss (the log prints the loss itself)")
+
+
 class Assembler:
     """Turns interpreted lines into records (see the module docstring). ``feed`` returns the
     records that are final; ``flush`` releases the held-back one; ``finish`` the rest."""
@@ -39,7 +44,7 @@ class Assembler:
         self.pending: StepRecord | None = None
         self.made = 0                         # records made so far
         self.counted = False                  # a record was numbered by a counter it printed
-        self.uncounted = 0                    # lines with no counter in a counted log (dropped)
+        self.dropped = ""                     # why the last record line made no record
         self.bar_before_epoch = False         # a complete bar came before any epoch
         self.fraction: tuple = (None, None)   # the epoch fraction and plan of the last uncounted record
         self.reprinted = False                # the record at hand prints the one before again
@@ -64,7 +69,8 @@ class Assembler:
         self.fine_counter = False             # a bar below its total was printed
         self.bar: tuple = (0, 0)              # (epochs done, total) of the last complete bar
         self.counter_global = False           # a batch counter went on across an epoch change
-        self.counter_last: tuple = (None, 0)  # (epoch, value) of the last batch counter
+        self.counter_last: dict = {}          # total -> (epoch, value) of the last batch counter
+        self.bar_loop: tuple | None = None    # (printed keys, total) of the first bar record
         self.epoch_steps = True               # False once an epoch held two records
         self.block: dict | None = None        # metrics of the indented block under a step header
         self.block_ranks: dict[str, int] = {}
@@ -162,10 +168,10 @@ class Assembler:
         done = self.epoch - (self.epoch_base or 0)
         total = int(float(nums[plan.step_total])) if plan.step_total is not None else None
         if plan.within_epoch:
-            last_epoch, last_value = self.counter_last
+            last_epoch, last_value = self.counter_last.get(total, (None, 0))
             if last_epoch is not None and self.epoch > last_epoch and value > last_value:
                 self.counter_global = True    # it did not restart: a global count
-            self.counter_last = (self.epoch, value)
+            self.counter_last[total] = (self.epoch, value)
             if self.counter_global:
                 return value, "counter"
             if total is not None and value < total and not self.fine_counter:
@@ -180,6 +186,16 @@ class Assembler:
         elif self.per_epoch is not None:
             return done * self.per_epoch + value, "counter"
         return (value, "counter") if value >= done and not plan.counter else (None, "order")
+
+    def _another_loop(self, plan: Plan, nums) -> bool:
+        """A progress bar with other keys and another total than the first bar that carried a
+        metric: another loop's (stable-dreamfusion's evaluation bar, `loss=0.0000: 100% 8/8`,
+        between training bars `loss=1.0000, lr=0.05: 100% 100/100`)."""
+        here = (plan.printed, total_of(nums, plan))
+        if self.bar_loop is None:
+            self.bar_loop = here
+            return False
+        return here[0] != self.bar_loop[0] and here[1] != self.bar_loop[1]
 
     def _same_fraction(self, text: str, plan: Plan, metrics: dict) -> int | None:
         """A record with no counter, printed in another form (other keys) at the epoch fraction
@@ -245,6 +261,7 @@ class Assembler:
         if plan.components:
             metrics[keys.LOSS] = _sum_of_terms(nums, plan.components)
         if plan.loss_rank != self.loss_rank and not self._loss_of(plan, metrics):
+            self.dropped = DROPPED[1]
             return []
         if plan.loss_at is not None:
             text = nums[plan.loss_at]
@@ -260,6 +277,9 @@ class Assembler:
             text = nums[plan.step]
             return self.emit(int(text) if text.isdigit() else int(float(text)), metrics, plan,
                              "counter", plan.step_name)
+        if plan.counter and self._another_loop(plan, nums):
+            self.dropped = DROPPED[0]
+            return []
         step, how = self._step_of(nums, plan)
         if how == "epoch" and not plan.counter and self.pending is not None \
                 and self.pending_how == "epoch" and self.pending.step == step:
@@ -271,7 +291,7 @@ class Assembler:
         if plan.step is None and how == "epoch" and self.counted:
             # A line of metrics numbered by its epoch alone in a log whose records print a finer
             # counter: an epoch's summary or evaluation (`[train] epoch: 1/15` over `- total loss:`).
-            self.uncounted += 1
+            self.dropped = DROPPED[0]
             return []
         if step is None and plan.epoch is not None:
             step = self._same_fraction(nums[plan.epoch], plan, metrics)

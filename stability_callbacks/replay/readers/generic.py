@@ -315,6 +315,8 @@ class Blocks:
             self.above = unit if any(c.isalpha() for c in seg) else None
             return out
         kv = _key_value(texts, nums)
+        if kv is None and self.items and _list_value(texts):
+            return []                         # `- IoU per class: [0.34, 0.57]`: a list, in the block
         if kv is None:
             self.section = ""
             out = self.end() + [unit]
@@ -340,6 +342,12 @@ class Blocks:
         joined = " | ".join([self.head] * bool(self.head) + [f"{key}: {value}" for _, key, value in items])
         texts, nums = tokens.split(joined)
         return [(line_no, joined, indent, texts, nums)]
+
+
+def _list_value(texts: list[str]) -> bool:
+    """Whether a line prints one key and a bracketed list of numbers."""
+    return (len(texts) > 2 and texts[0].rstrip().endswith(("[", "(")) and texts[-1].strip() in ("]", ")")
+            and all(t.strip() == "," for t in texts[1:-1]) and bool(tokens.key_before(texts[0], False)))
 
 
 def _key_value(texts: list[str], nums: list[str]) -> tuple[str, str] | None:
@@ -479,6 +487,9 @@ class Reading:
             return out
         if plan.kind != "record" and not (asm.block is not None and plan.metrics):
             account.ignore(line_no, seg, _REASONS.get(plan.kind, "no training metric"))
+        elif asm.dropped:
+            account.ignore(line_no, seg, asm.dropped)
+            asm.dropped = ""
         return out
 
     def flush(self) -> list[StepRecord]:

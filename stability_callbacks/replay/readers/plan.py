@@ -44,6 +44,7 @@ _KEYLESS = 5                  # the rank of a bare leading counter
 _LEARNED = 6                  # the rank of a counter found by what its numbers do (hints)
 _BAR = 9                      # the rank of a keyless `n/N` counter
 UNNAMED = "(unnamed)"
+_KEY_WORDS = 5                # a longer name is prose ending in a key (_last_words)
 # How a line's loss was found, best first: a log that prints the loss itself anywhere takes no
 # statistic or sum of terms for it elsewhere (see Assembler.record).
 LOSS_KINDS = ("exact", "statistic", "terms")
@@ -301,6 +302,7 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
             continue
         if len(name) == 1 and not before.rstrip(" \t").endswith(":"):
             name = ""             # one letter is a key only as `s:12`, `L: 0.0058` (llm.c, SparK)
+        name = _last_words(name, user)
         full = f"{prefixes[i]}/{name}" if prefixes and prefixes[i] and name else name
         role, key, rank = classify(full, user)
         has_total = i + 1 < n and texts[i + 1].strip() == "/" and not is_noise[i + 1]
@@ -320,6 +322,19 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
     _bare_counters(texts, nums, roles)
     _counter_in_prose(texts, nums, roles, user)
     return roles, eval_context
+
+
+def _last_words(name: str, user) -> str:
+    """A name longer than a key (prose before it: `Start Training /path/run_iter30k Epoch`):
+    its shortest tail that names something (`Epoch`), else the whole."""
+    if len(normalise_key(name).split()) <= _KEY_WORDS:
+        return name
+    words = name.split()
+    for k in range(1, min(_KEY_WORDS, len(words))):
+        tail = " ".join(words[-k:])
+        if classify(tail, user)[0] != "other":
+            return tail
+    return name
 
 
 def _counts_a_split(name: str) -> bool:
