@@ -50,7 +50,6 @@ class Assembler:
         self.reprinted = False                # the record at hand prints the one before again
         self.outer: dict[str, list] = {}      # template -> [last count, last numbers before it,
         # the one that counts epochs, their first values, iterations per epoch]
-        self.pending_terms: tuple = ()        # the printed terms summed into the held record
         self.pending_how = ""
         self.repeat = [0, 0.0, 0.0, True]     # a repeated step's losses (see _add)
         self.pending_undecided = False        # see emit
@@ -260,9 +259,6 @@ class Assembler:
                        for i, key, negative in plan.metrics}
         if plan.components:
             metrics[keys.LOSS] = _sum_of_terms(nums, plan.components)
-        if plan.loss_rank != self.loss_rank and not self._loss_of(plan, metrics):
-            self.dropped = DROPPED[1]
-            return []
         if plan.loss_at is not None:
             text = nums[plan.loss_at]
             if text[-1:] == "0" and "." in text and "e" not in text and "E" not in text:
@@ -274,9 +270,12 @@ class Assembler:
             self._into_block(metrics, plan)
             return []
         if plan.simple and self.epoch is None:      # the common case: a named step as printed
-            text = nums[plan.step]
+            text = nums[plan.step]             # (its loss printed as such: Plan.simple)
             return self.emit(int(text) if text.isdigit() else int(float(text)), metrics, plan,
                              "counter", plan.step_name)
+        if plan.loss_rank != self.loss_rank and not self._loss_of(plan, metrics):
+            self.dropped = DROPPED[1]
+            return []
         if plan.counter and self._another_loop(plan, nums):
             self.dropped = DROPPED[0]
             return []
@@ -408,13 +407,13 @@ class Assembler:
                 self.cumulative_first = (prev, *self.cumulative_first[1:])
             if plan is not None and (plan.counter or self.reprinted):
                 prev.metrics.update(metrics)  # a progress bar redrawn: its last postfix counts
-            elif plan is not None and plan.components and self.pending_terms \
-                    and plan.components is not self.pending_terms and keys.LOSS in prev.metrics:
+            elif plan is not None and plan.components and self._noted_plan is not None \
+                    and self._noted_plan.components and plan is not self._noted_plan \
+                    and keys.LOSS in prev.metrics and keys.LOSS in metrics:
                 # Another term of the step's objective on a line of its own (`discriminator
                 # loss at step 100: x`, then `adversarial loss at step 100: y`): their sum.
                 prev.metrics[keys.LOSS] = _sum_of_terms(
                     [repr(prev.metrics[keys.LOSS]), repr(metrics.pop(keys.LOSS))], ((0, False), (1, False)))
-                self.pending_terms = plan.components
                 for k, v in metrics.items():
                     prev.metrics.setdefault(k, v)
             else:
@@ -425,28 +424,34 @@ class Assembler:
         rec = self.pending = StepRecord(step, metrics)
         self.pending_how = how
         self.made += 1
-        if how != self.account.segment_how:
-            self.account.record_numbered(how, step_name, self.made)
-        if how == "counter" and plan is not None and plan.step is not None:
-            self.counted = True
-        self.pending_terms = plan.components if plan is not None else ()
         if self.repeat[0]:
             self.repeat = [0, 0.0, 0.0, True]
         if self.cumulative_first is not None and self.cumulative_first[0] is None:
             self.cumulative_first = (rec, *self.cumulative_first[1:])
         if plan is None:
             self.account.numbered(how, step_name)
+            self._part(how, step_name)
         else:
             if plan is not self._noted_plan or how != self._noted_how:
+                # (a part of the log numbered otherwise starts only where the plan or its
+                # numbering changes: the common record costs nothing more)
+                self._part(how, step_name)
+                self.counted = self.counted or (how == "counter" and plan.step is not None)
                 self._note(plan, how, step_name)
             if plan.mixed:
                 self.pending_undecided = self.loss_name is None
                 self.pending_loss_name = plan.loss_name
         return [prev] if prev is not None else []
 
+    def _part(self, how: str, step_name: str) -> None:
+        if how != self.account.segment_how:
+            self.account.record_numbered(how, step_name, self.made)
+
     def _note(self, plan: Plan, how: str, step_name: str = "") -> None:
-        """The account learns each plan's printed names and numbering once."""
+        """The account learns each plan's printed names and numbering once (and the assembler
+        how the log prints its loss: LOSS_KINDS)."""
         self._noted_plan, self._noted_how = plan, how
+        self.loss_printed_as(plan)
         tag = (id(plan), how)
         if tag in self._noted:
             return

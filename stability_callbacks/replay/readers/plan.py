@@ -226,7 +226,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
         plan.outer = tuple(i for i in range(plan.step) if roles[i][0] == "other"
                            and nums[i].isdigit() and not roles[i][3].lower().startswith(_ARG_ECHO))
     plan.simple = (plan.kind == "record" and plan.step is not None and plan.epoch is None
-                   and not plan.outer
+                   and not plan.outer and plan.loss_rank in (0, len(LOSS_KINDS))
                    and plan.per_epoch is None and plan.micro is None and not plan.cumulative_skips
                    and not plan.mixed and not plan.components and not plan.counter)
     if plan.kind == "record" and plan.step is None and hints is None:
