@@ -1,18 +1,21 @@
-"""The generic metric-line reader: any text log whose lines print a step and training metrics.
+"""The generic metric-line reader: any text log whose lines print training metrics.
 
-A small grammar (docs/replay.md, The reader grammar): each line is cut into numbers and its
-template (:mod:`.tokens`); a template is interpreted once — which number is the step, which the
-loss, what kind of line — from the vocabulary (:mod:`.vocabulary`, data) and the line's
-structure (:mod:`.plan`), and the plan is cached, so an ordinary line costs one
+A small grammar that learns each log's structure from the log (docs/replay.md, The reader
+grammar): each line is cut into numbers and its template (:mod:`.tokens`); a template is
+interpreted once — which number is the step, which the loss, what kind of line — from the
+line's structure and the vocabulary as a tie-breaker (:mod:`.plan`, :mod:`.vocabulary`), and
+where that leaves a counter open, from what the template's integers do across its lines
+(:class:`Template`: the one that counts up is the step). Records printed one key per line are
+joined into one line first (:class:`Blocks`). The plan is cached, so an ordinary line costs one
 regular-expression match and a few ``float()`` calls. The assembler (:mod:`.assemble`) turns
-the lines into records. Tables (a header row of names, rows of values: HF notebook tables,
-ultralytics' epoch table) are read as their rows' ``name: value`` pairs.
+the lines into records; :class:`Reading` holds lines, in order, while a template is watched.
+Tables (a header row of names, rows of values) are read as their rows' ``name: value`` pairs.
 
-``--keys`` adds the user's names to the vocabulary; ``--pattern`` replaces the grammar by one
-regular expression.
+``--keys`` names (or positions) come before every rule; ``--pattern`` replaces the grammar by
+one regular expression.
 
-Memory is O(1) per line (plus at most ``MAX_TEMPLATES`` cached plans); cost is linear in the
-line's length, however many numbers it holds.
+Memory is O(1) per line (plus at most ``MAX_TEMPLATES`` cached plans and ``HOLD_MAX_LINES`` held
+lines); cost is linear in the line's length, however many numbers it holds.
 """
 from __future__ import annotations
 
@@ -383,10 +386,10 @@ class Reading:
         text = strip_prefix(text)
         stripped = text.lstrip(" \t")
         indent = len(text) - len(stripped)
+        units: list[tuple] = []
         if not stripped:
-            units = [(line_no, "", indent, None, None)]
+            units.append((line_no, "", indent, None, None))
         else:
-            units = []
             for seg in (segments(text) if ("\r" in text or "\x1b" in text or "\b" in text) else (text,)):
                 seg = strip_prefix(seg)   # a coloured prefix shows once the colour codes are gone
                 if self.reader.pattern is not None:
@@ -414,13 +417,13 @@ class Reading:
 
     def _take(self, unit: tuple) -> list[StepRecord]:
         line_no, seg, indent, texts, nums = unit
+        plan: Plan | None = None
+        watched: Template | _LossWait | None = None
         if self.reader.pattern is not None and texts is not None:
             got = self.reader.parse(seg)
-            plan, watched, nums = (got[1], None, got[0]) if got is not None else (None, None, None)
-        elif texts is None:
-            plan = None
-            watched: Template | _LossWait | None = None
-        else:
+            if got is not None:
+                nums, plan = got
+        elif texts is not None:
             plan, watched = self.reader.interpret(texts, nums)
             if watched is not None and watched.observe(nums):
                 self.reader.decide(watched)

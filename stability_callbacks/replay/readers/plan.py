@@ -1,18 +1,21 @@
 """Interpreting one line template: which number is the step, which the loss, what kind of line.
 
-A :class:`Plan` is made once per template (:mod:`.tokens`) from the vocabulary
-(:mod:`.vocabulary`) and the line's structure, and cached: every later line of the same shape
-is read by it. The structural rules (docs/replay.md, The reader grammar):
+A :class:`Plan` is made once per template (:mod:`.tokens`) from the line's structure, with the
+vocabulary (:mod:`.vocabulary`) breaking ties, and cached: every later line of the same shape is
+read by it. Where the names leave the step open, the plan lists the integers that may count
+(``Plan.counters``) and the reader watches them (:class:`~.generic.Template`), then makes the
+plan again with the one that counted up (``hints``). The rules (docs/replay.md, The reader
+grammar):
 
-- The step counter: a named step beats a named iteration (which becomes the micro-batch count
-  beside a step); a run of bare integers at the start of a line (``420 | loss ...``,
-  ``1|12|Loss: ...``) ends with the step; a bar's ``n/N`` counts batches within an epoch; a bar
-  printed after the values on a line that names its epoch is that epoch's progress, not a step.
-- The loss: the best-ranked name of the line that the vocabulary calls the loss; where none is
-  printed, the sum of the named terms of the objective (``box_loss``, ``loss_cls``) when there
-  are two or more; the one unnamed value of a ``N: x`` line.
-- Evaluation (a split named by a key or around the keys) and run summaries (``train_runtime``)
-  are no records; statistics (``mean_token_accuracy``) and unknown names are other numbers.
+- The step counter: the user's (``--keys``, by name or position) first; a named step beats a
+  named iteration (which becomes the micro-batch count beside a step); a run of bare integers
+  at the start of a line (``420 | loss ...``, ``1|12|Loss: ...``) ends with the step; a bar's
+  ``n/N`` counts batches within an epoch; a counter shown by its lines (``hints``).
+- The loss (``LOSS_KINDS``): a name with a loss word and no split word; the loss itself, else a
+  lone statistic of it (``avg loss``), else the sum of the terms printed (``box_loss``,
+  ``Loss_D``), signed; the one unnamed value of a ``N: x`` line.
+- Evaluation (a split named by a key, around the keys, or naming a counter) and run summaries
+  are no records; statistics and unknown names are other numbers.
 - DeepSpeed / apex / fairseq overflow lines, NaN warnings, epoch headers and step headers above
   an indented block have kinds of their own (:mod:`.assemble` gives them their meaning).
 """
@@ -113,7 +116,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
     metrics: dict[str, tuple[int, int, str, bool]] = {}   # key -> (rank, index, name, negative)
     statistics: list[tuple[int, int, str]] = []   # (words beyond the loss, index, name)
     steps: list[tuple[int, int, str]] = []
-    comps: list[int] = []
+    comps: list[tuple[int, bool]] = []
     eval_loss = summary = False
     named = []
     bar_label = None
