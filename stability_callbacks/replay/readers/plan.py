@@ -330,8 +330,9 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
 def _last_words(name: str, user) -> str:
     """A name longer than a key (prose before it: `Start Training /path/run_iter30k Epoch`):
     its shortest tail that names something (`Epoch`), else the whole."""
-    if len(normalise_key(name).split()) <= _KEY_WORDS:
-        return name
+    if len(name) < 2 * _KEY_WORDS or sum(map(name.count, " /_-.")) < _KEY_WORDS \
+            or len(normalise_key(name).split()) <= _KEY_WORDS:
+        return name                     # (the counts first: most names are short)
     words = name.split()
     for k in range(1, min(_KEY_WORDS, len(words))):
         tail = " ".join(words[-k:])

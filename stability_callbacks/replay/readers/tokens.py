@@ -37,7 +37,8 @@ _PATH_TOKENS = re.compile(r"""['"]?([\w./ -]+?)['"]?\s*[:=]\s*\{|\{|\}""")
 _WORD_INSIDE_KEY = re.compile(r"\s+[A-Za-z][\w ]*[:=]\s*$")
 # A word of punctuation only between spaces separates fields, whatever its characters:
 # `step 120 -- Loss: 2.31`, `it 5 ~ loss 2.1`, `iter 3 • lr 1e-4`, `step 4 :: loss 2.0`.
-_SEPARATOR_WORD = re.compile(r"(?:^|\s)[^\w\s]+\s")
+_LAST_SEPARATOR_WORD = re.compile(r".*(?:^|\s)[^\w\s]+\s")
+_PUNCTUATION = re.compile(r"[^\w\s]").search
 _BOX_VERTICALS = str.maketrans("\u2502\u2503\u2551", "|||")
 _STATISTIC_QUALIFIERS = frozenset({"avg", "average", "mean", "ema", "smoothed", "running"})
 
@@ -86,7 +87,8 @@ def key_before(piece: str, glued: bool) -> str:
         j = s.rfind(sep)
         if j >= 0 and j + len(sep) - 1 > cut:
             cut = j + len(sep) - 1
-    for m in _SEPARATOR_WORD.finditer(s, cut + 1):
+    m = _LAST_SEPARATOR_WORD.match(s, cut + 1) if _PUNCTUATION(s, cut + 1) else None
+    if m is not None:
         cut = m.end() - 2
     key = s[cut + 1:].strip()
     if key.endswith(" is") and ". " in piece:  # prose (BigDL): `.../second. Loss is 1.26.`
