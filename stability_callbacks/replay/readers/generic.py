@@ -495,22 +495,25 @@ class Reading:
             asm.dropped = ""
         return out
 
-    def flush(self) -> list[StepRecord]:
-        """Everything held (a followed file went idle, or the log ended): templates still
-        watched take the plan their lines so far show."""
+    def flush(self, final: bool = False) -> list[StepRecord]:
+        """What can be released now (a followed file went idle: the block so far, the records
+        held back for a warning that did not come). Lines behind a template still watched keep
+        waiting for its lines, unless ``final`` (the log ended): then every template takes the
+        plan its lines so far show, the best observed first."""
         units = self.blocks.end() if self.blocks is not None else []
         out: list[StepRecord] = []
         for unit in units:
             out += self._take(unit)
-        waiting = [item[5] for item in self.held if item[5] is not None]
-        for waits in sorted(waiting, key=lambda w: -w.lines if isinstance(w, Template) else 0):
-            self._settle(waits)              # the best observed first: others may take its counter
+        if final:
+            waiting = [item[5] for item in self.held if item[5] is not None]
+            for waits in sorted(waiting, key=lambda w: -w.lines if isinstance(w, Template) else 0):
+                self._settle(waits)          # the best observed first: others may take its counter
         out += self._release()
-        self.busy = False
-        return out + self.asm.flush()
+        self.busy = bool(self.held)
+        return out + (self.asm.flush() if not self.held else [])
 
     def finish(self) -> list[StepRecord]:
-        return self.flush() + self.asm.finish()
+        return self.flush(final=True) + self.asm.finish()
 
 
 def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str, str] | None = None,
