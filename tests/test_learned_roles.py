@@ -92,6 +92,10 @@ SHAPES = [
     ("verl terms", "".join(f"step:{s} - actor/pg_loss:-0.0{s} - critic/vf_loss:0.5{s} - critic/score/mean:0.5\n"
                            for s in (1, 2, 3)),
      [(s, {"loss": 0.5 + s / 100 - s / 100}) for s in (1, 2, 3)]),
+    # Terms whose names have no loss word, the vocabulary's (CycleGAN's): their sum.
+    ("CycleGAN terms", "".join(f"Epoch [1/10] Step [{s}/600] D_A: 0.25 G_A: 0.5 cycle_A: 1.2{s // 100}\n"
+                               for s in (100, 200, 300)),
+     [(s, {"loss": round(1.95 + s / 10000, 4)}) for s in (100, 200, 300)]),
     # Two lines per step, each a term of the objective: one record, their sum.
     ("terms on lines of their own",
      "".join(f"discriminator loss at step {s}: 0.68{s}\nadversarial loss at step {s}: 0.7{s}\n" for s in (0, 100, 200)),
@@ -143,8 +147,8 @@ def test_tables_and_json_go_through_the_same_rules(tmp_path, name, text, want):
 
 def test_the_account_says_no_step_numbers_only_when_no_number_counts_up(tmp_path):
     _, account = records_of(tmp_path, "".join(f"loss: {_loss(s)} tokens: 4096\n" for s in range(4)))
-    assert account.lines()[2] == ("  steps numbered by order of appearance (no number of the records "
-                                  "counts up: step N is the N-th record)")
+    assert account.lines()[2] == ("  steps numbered by order of appearance (the records print no "
+                                  "counter taken for the step: step N is the N-th record)")
     _, account = records_of(tmp_path, "".join(f"[{s}] loss: {_loss(s)}\n" for s in (5, 6, 7, 8)))
     assert account.lines()[2] == "  steps numbered by the log's counter: '(unnamed)'"
     assert not account.order_numbered
@@ -194,8 +198,8 @@ def test_positions_name_the_columns_of_a_csv_with_a_header(tmp_path):
 REFUSED = [
     # No name says loss: the suggestions name the step and the value to read as the loss.
     ("odd.log", "".join(f"ep {e} mse_err {_loss(e)} acc 0.{e}\n" for e in range(6))),
-    ("cyclegan.log", "".join(f"Epoch [1/10] Step [{s}/600] D_A: 0.2{s % 9} G_A: 0.3{s % 7} cycle_A: 1.2\n"
-                             for s in range(100, 600, 100))),
+    ("gan.log", "".join(f"Epoch [1/10] Step [{s}/600] err_D: 0.2{s % 9} err_G: 0.3{s % 7} D(x): 0.5\n"
+                        for s in range(100, 600, 100))),
     # A table of four columns without a header: by position.
     ("noheader.csv", "".join(f"{s},{_loss(s)},0.300,0.0003\n" for s in range(1, 8))),
     # Names with spaces and punctuation, quoted for the shell.

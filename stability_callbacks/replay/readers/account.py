@@ -24,8 +24,8 @@ IgnoreCallback = Callable[[int, str, str], None]
 #: step after the last one printed (an overflow line that prints none).
 NUMBERINGS = {"counter": "the log", "order": "order of appearance", "epoch": "the epoch",
               "after": "the step after the last printed"}
-_LABELS = {"counter": "the log's counter", "order": "order of appearance (no number of the records "
-           "counts up: step N is the N-th record)", "epoch": "the epoch (nothing finer is printed)",
+_LABELS = {"counter": "the log's counter", "order": "order of appearance (the records print no counter "
+           "taken for the step: step N is the N-th record)", "epoch": "the epoch (nothing finer is printed)",
            "after": "the step after the last one printed (overflow lines that print no step)"}
 #: Parts of a log numbered differently that the account lists one by one.
 MAX_SEGMENTS = 8

@@ -74,6 +74,7 @@ class Assembler:
         self.fine_counter = False             # a bar below its total was printed
         self.bar: tuple = (0, 0)              # (epochs done, total) of the last complete bar
         self.counter_global = False           # a batch counter went on across an epoch change
+        self.counter_restarts = False         # ... or restarted, no epoch length printed
         self.counter_last: dict = {}          # total -> (epoch, value) of the last batch counter
         self.bar_loop: tuple | None = None    # (printed keys, total) of the first bar record
         self.epoch_steps = True               # False once an epoch held two records
@@ -176,6 +177,12 @@ class Assembler:
             last_epoch, last_value = self.counter_last.get(total, (None, 0))
             if last_epoch is not None and self.epoch > last_epoch and value > last_value:
                 self.counter_global = True    # it did not restart: a global count
+            elif last_epoch is not None and self.epoch > last_epoch and total is None \
+                    and self.per_epoch is None:
+                self.counter_restarts = True  # it restarts, and an epoch's length is not printed
+                self.account.note(f"{plan.step_name!r} restarts at every epoch and the log prints no "
+                                  "epoch length: the records from its first restart on are numbered "
+                                  "in order")
             self.counter_last[total] = (self.epoch, value)
             if self.counter_global:
                 return value, "counter"
@@ -190,6 +197,8 @@ class Assembler:
                 return done * per_epoch + value, "counter"
         elif self.per_epoch is not None:
             return done * self.per_epoch + value, "counter"
+        if self.counter_restarts and not self.counter_global:
+            return None, "order"              # (never a step that goes back at each epoch)
         return (value, "counter") if value >= done and not plan.counter else (None, "order")
 
     def _another_loop(self, plan: Plan, nums) -> bool:

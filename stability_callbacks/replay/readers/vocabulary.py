@@ -30,7 +30,9 @@ ENTRIES: dict[str, tuple[str, str | None, int]] = {}
 for _e in _DATA["entries"]:
     _role = _e["is"]
     _key = _role if keys.is_known(_role) else None
-    ENTRIES[_e["name"]] = ("metric" if _key else _role, _key, int(_e.get("rank", 1)))
+    if _role == "term":                  # a term of the objective by name (pix2pix's `G_GAN`)
+        _role, _key = "component", keys.LOSS
+    ENTRIES[_e["name"]] = ("metric" if _key and _role != "component" else _role, _key, int(_e.get("rank", 1)))
 #: Words that give their role to any name they are part of (`eval_loss`, `train_runtime`).
 WORD_ROLES = {n: r for n, (r, _, _) in ENTRIES.items()
               if r in ("split", "summary", "statistic", "ignore", "amount") and " " not in n}
