@@ -14,6 +14,12 @@
         (compare code on a loaded machine by the ratio, not the absolute figure). Prints
         steps/s per format and code, and JSON as the last line.
 
+    python scripts/bench_replay.py --read [--steps 1000000] [--formats ...] [--code DIR ...]
+                                   [--rounds 5] [--out DIR]
+        Reading alone (`read_records`, no Monitor) on the same generated logs, in CPU seconds
+        of a subprocess per code and round, interleaved (CPU time: less skewed than wall time on
+        a shared machine); prints the median per format and code and the ratio to the first.
+
     python scripts/bench_replay.py --linear [--code DIR ...] [--out DIR]
         Reading cost where it used to grow faster than the input (issue 26): lines that repeat
         one step number (10k, 20k, 40k lines) and one giant line of glued records (256 KB,
@@ -135,6 +141,34 @@ _READ_ONLY = ("import sys, time; from stability_callbacks.replay.readers import 
               "print(time.perf_counter() - t, n)")
 
 
+_READ_CPU = ("import sys, time; from stability_callbacks.replay.readers import read_records; "
+             "t = time.process_time(); n = sum(1 for _ in read_records(sys.argv[1])); "
+             "print(time.process_time() - t, n)")
+
+
+def read_only(args) -> dict:
+    logs = write_logs(Path(args.out), args.steps, args.formats.split(","))
+    codes = [REPO] + [Path(c).resolve() for c in args.code]
+    secs: dict[tuple[str, str], list[float]] = {}
+    for _ in range(args.rounds):
+        for fmt, log in logs.items():
+            for code in codes:
+                r = subprocess.run([sys.executable, "-c", _READ_CPU, str(log.resolve())], cwd=code,
+                                   env=dict(os.environ, PYTHONPATH=str(code)), capture_output=True, text=True)
+                secs.setdefault((fmt, str(code)), []).append(float(r.stdout.split()[0]) if r.returncode == 0
+                                                             else math.inf)
+    rows = []
+    for fmt in logs:
+        first = statistics.median(secs[(fmt, str(codes[0]))])
+        for code in codes:
+            med = statistics.median(secs[(fmt, str(code))])
+            rows.append({"format": fmt, "code": str(code), "median_cpu_s": round(med, 3),
+                         "ratio_to_first": round(med / first, 3) if first else math.inf})
+            print(f"{fmt:9s} {code}: median {med:.2f} CPU s of {len(secs[(fmt, str(code))])} "
+                  f"({args.steps / med:,.0f} lines/s), x{med / first:.2f}")
+    return {"steps": args.steps, "read": rows, "load_1min": os.getloadavg()[0]}
+
+
 def linear_inputs(out: Path) -> dict[str, list[Path]]:
     """The inputs of ``--linear``: repeated steps and one giant line, each at three sizes."""
     out.mkdir(parents=True, exist_ok=True)
@@ -187,6 +221,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--cli", action="store_true", help="time the full CLI path on a generated log")
     ap.add_argument("--linear", action="store_true", help="reading cost on repeated steps and one giant line")
+    ap.add_argument("--read", action="store_true", help="reading alone, CPU seconds, side by side with --code")
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--formats", default="megatron,generic,csv")
     ap.add_argument("--code", action="append", default=[],
@@ -194,8 +229,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default="out/bench_replay")
     args = ap.parse_args()
-    result = (full_cli(args) if args.cli else linear(args) if args.linear
-              else monitor_only(args.log, args.repeat))
+    result = (full_cli(args) if args.cli else linear(args) if args.linear else read_only(args)
+              if args.read else monitor_only(args.log, args.repeat))
     print(json.dumps(result))
 
 

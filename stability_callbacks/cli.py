@@ -22,7 +22,8 @@ from .preflight import PRECISIONS
 #: What a subcommand's --help says of its exit codes.
 EXIT_CODES = {
     "replay": "exit codes: 0 no critical finding, 1 a critical finding, 2 the input cannot be read (not "
-              "text, no known format, no training loss read), a bad config or a missing extra, 3 "
+              "text, no known format, nothing to judge: no training loss, loss scale, overflow or grad norm read), "
+              "a bad config or a missing extra, 3 "
               "--follow halted the run",
     "timeline": "exit codes: 0 stitched, 2 unreadable run log or a missing extra",
     "preflight": "exit codes: 0 nothing worse than info, 1 a warning, 2 unreadable input, a bad config "
@@ -99,7 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", help="write a report: OUT.html (self-contained) or OUT.png")
     p.add_argument("--warmup-steps", type=int, help="declare the LR warmup length (else inferred from the LR)")
     p.add_argument("--keys", help="say which names the log prints: OURS=THEIRS,... with OURS = step, loss, "
-                                  "grad_norm, lr, loss_scale, skipped (e.g. --keys step=iter,loss=train_loss)")
+                                  "grad_norm, lr, loss_scale, skipped and THEIRS a printed name or the "
+                                  "number's position on the line or CSV row, from 1 (e.g. --keys "
+                                  "step=iter,loss=train_loss; --keys step=1,loss=2); overrides every rule")
     p.add_argument("--pattern", help="a regular expression whose named groups (step, loss, grad_norm, lr, "
                                      "loss_scale, skipped) read each line, e.g. 'ep (?P<step>\\d+) err (?P<loss>\\S+)'")
     p.add_argument("--follow", action="store_true",

@@ -154,17 +154,37 @@ def test_replay_says_what_it_read_first(capsys, tmp_path):
     read = json.loads((tmp_path / "f.jsonl").read_text().splitlines()[0])
     assert read == {"type": "read", "path": str(log), "format": "generic", "steps": 30,
                     "steps_with_loss": 30, "keys": {"loss": ["loss"]},
-                    "steps_numbered_by": {"the log": ["step"]},
+                    "steps_numbered_by": {"the log": ["step"]}, "numbering_parts": [],
                     "ignored_lines": {"no numbers": {"lines": 1, "first_line": 1},
                                       "evaluation": {"lines": 1, "first_line": 32}}, "notes": []}
 
 
-def test_no_training_loss_read_exits_2(capsys, tmp_path):
+def test_no_training_loss_read_exits_2_with_nothing_to_judge(capsys, tmp_path):
     log = tmp_path / "lr_only.log"
-    log.write_text("".join(f"step {s} | lr {1e-4 * s:.2e} | grad_norm 0.5\n" for s in range(1, 40)))
+    log.write_text("".join(f"step {s} | lr {1e-4 * s:.2e}\n" for s in range(1, 40)))
     code, out, err = _replay(capsys, log)
     assert code == 2 and out.startswith("read 39 steps (generic)")
-    assert "no training loss was read (39 steps, keys: lr, grad_norm)" in err
+    assert "no training loss was read and nothing else to judge (39 steps, keys: lr)" in err
+
+
+def test_a_log_without_a_loss_is_judged_on_its_other_signals(capsys, tmp_path):
+    # A grad norm (or a loss scale, overflow skips) and no loss: judged on them, said first;
+    # the exit code follows the findings as for any log.
+    log = tmp_path / "gn_only.log"
+    log.write_text("".join(f"step {s} | lr {1e-4 * s:.2e} | grad_norm {0.5 + s / 1000:.3f}\n"
+                           for s in range(1, 40)))
+    code, out, err = _replay(capsys, log)
+    assert code == 0 and out.splitlines()[:2] == ["no training loss read; judged on: grad_norm",
+                                                  "read 39 steps (generic)"]
+    log = tmp_path / "ds_fp16.log"
+    scales = [2 ** (16 - i) for i in range(17)]
+    log.write_text("".join(f"[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {a}, "
+                           f"reducing to {b}\n" for a, b in zip(scales, scales[1:])))
+    code, out, err = _replay(capsys, log, "--json", tmp_path / "f.jsonl")
+    assert out.splitlines()[0] == "no training loss read; judged on: loss_scale, skipped"
+    findings = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()[1:]]
+    assert "loss_scale_collapse" in {f["kind"] for f in findings}
+    assert code == (1 if any(f["severity"] == "critical" for f in findings) else 0)
 
 
 def test_findings_on_a_log_without_step_numbers_say_so_and_advise_no_batches(capsys, tmp_path):

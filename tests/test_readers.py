@@ -407,9 +407,10 @@ def test_a_log_without_metrics_says_what_was_looked_for_and_what_came_closest(tm
     msg = str(e.value)
     assert msg.startswith(f"{path}: unknown log format: no per-step training metrics in 7 line(s).")
     assert "looked for: a step (step, iter, iteration" in msg
-    # The closest lines (the most keyed numbers, first ones first) and how to say it.
+    # The closest lines (the most keyed numbers, first ones first) and what to paste: whole
+    # commands, quoted for the shell (test_suggestions.py pastes them).
     assert "closest lines:\n    line 2: ep 0 mse_err 1.000 acc 0.0\n    line 3: ep 1 mse_err 0.500" in msg
-    assert "say it explicitly: --keys step=ep,loss=mse_err" in msg
+    assert f"\n    stability-callbacks replay {path} --keys step=ep,loss=mse_err\n" in msg
     # Saying it explicitly, either way suggested, reads the log.
     want = [(e, {"loss": float(f"{1 / (e + 1):.3f}")}) for e in range(5)]
     for e in (0, 1, 3, 4):   # 1.000, 0.500, 0.250, 0.200: the printed digits the float loses
@@ -425,7 +426,7 @@ def test_the_hint_never_names_a_counter_that_repeats_as_the_step(tmp_path):
     path.write_text("".join(f"ep 0 mse_err {1 / (b + 1):.3f} acc 0.{b}\n" for b in range(5)))
     with pytest.raises(LogFormatError) as e:
         read_records(path)
-    assert "say it explicitly: --keys loss=mse_err   (no step printed" in str(e.value)
+    assert f"stability-callbacks replay {path} --keys loss=mse_err\n" in str(e.value)
 
 
 def test_a_megatron_excerpt_after_a_sentence_with_commas_is_megatron(tmp_path):

@@ -9,8 +9,11 @@ alert sinks, halts: :mod:`.follow`). Both feed the records the same way (:class:
 Where the log prints no step, steps are record numbers: findings say so, and rollback advice
 names no checkpoint step or batches to skip (docs/replay.md, What was read).
 
+A log without a training loss but with a loss scale, overflow skips or a grad norm is judged on
+them, and says so first (``no training loss read; judged on: ...``).
+
 Exit codes: 0 no critical finding; 1 a critical finding; 2 unreadable input (not text, no known
-format, no training loss read) or a bad config (one message: the file and line, or the key);
+format, nothing to judge: no training loss and none of those) or a bad config (one message: the file and line, or the key);
 3 (``--follow``) halted.
 """
 from __future__ import annotations
@@ -61,8 +64,8 @@ def run(args) -> int:
         print(f"error: {e}", file=err)
         return 2
     replay.finish(args)
-    if not account.with_loss:
-        print(f"error: {args.path}: no training loss was read "
+    if not account.with_loss and not account.signals:
+        print(f"error: {args.path}: no training loss was read and nothing else to judge "
               f"({account.records} steps, keys: {', '.join(account.keys) or 'none'}); "
               "name the loss the log prints with --keys loss=NAME", file=err)
         return 2
@@ -104,6 +107,8 @@ class _Replay:
         summary_to = sys.stderr if args.json_out == "-" else sys.stdout
         if account is not None:
             account.records = self.count
+            if not account.with_loss and account.signals:
+                print(f"no training loss read; judged on: {', '.join(account.signals)}", file=summary_to)
             if account.order_numbered:
                 self.findings = [record_numbered(f) for f in self.findings]
             for line in account.lines():

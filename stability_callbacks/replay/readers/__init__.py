@@ -31,7 +31,7 @@ from .account import ReadAccount
 from .sniff import DETECT_MAX_LINES, SETTLE_S, NoRecords, detect_lines
 from .source import LogFormatError, Source
 
-__all__ = ["FORMATS", "LogFormatError", "NoRecords", "ReadAccount", "detect_format",
+__all__ = ["FORMATS", "JUDGED_WITHOUT_LOSS", "LogFormatError", "NoRecords", "ReadAccount", "detect_format",
            "read_records", "DETECT_MAX_LINES", "SETTLE_S"]
 
 FORMATS = ("generic", "megatron", "fairseq", "caffe", "hf-state", "jsonl", "csv", "tensorboard",
@@ -42,6 +42,9 @@ _READERS: dict[str, Callable[..., Iterator[StepRecord]]] = {
     "hf-state": hf.read_state, "jsonl": jsonl.read, "csv": csv_table.read_csv,
     "tensorboard": tensorboard_events.read, "wandb-csv": csv_table.read_wandb,
 }
+#: What a log without a training loss is judged on (replay says so first): the fp16 loss scale,
+#: overflow skips, the grad norm.
+JUDGED_WITHOUT_LOSS = (keys.GRAD_NORM, keys.LOSS_SCALE, keys.OVERFLOW_SKIPPED)
 # Readers of ``(line_no, text)`` lines (a followed file: a ``None`` line is an idle tick).
 LINE_READERS = ("generic", "megatron", "fairseq", "caffe", "jsonl", "csv")
 
@@ -98,10 +101,11 @@ def detect_format(path) -> str:
 
 def parse_keys(spec: str) -> dict[str, str]:
     """``"step=iter,loss=train_loss"`` -> ``{"iter": "step", "train_loss": "loss"}`` (the
-    name printed in the log -> our key); ``ValueError`` names a bad item.
+    name printed in the log, or a number's position on the line or a CSV row's column, from 1
+    -> our key); ``ValueError`` names a bad item.
 
-    >>> parse_keys("step=it, loss=Train Loss")
-    {'it': 'step', 'Train Loss': 'loss'}
+    >>> parse_keys("step=it, loss=Train Loss"), parse_keys("step=1,loss=3")
+    ({'it': 'step', 'Train Loss': 'loss'}, {'1': 'step', '3': 'loss'})
     """
     out: dict[str, str] = {}
     for item in spec.split(","):
@@ -113,6 +117,8 @@ def parse_keys(spec: str) -> dict[str, str]:
         if ours != "step" and not keys.is_known(ours):
             raise ValueError(f"--keys: {ours!r} is not step or a metric key "
                              f"({', '.join(keys.ALL)} or loss/<name>)")
+        if theirs.isdigit() and int(theirs) < 1:
+            raise ValueError(f"--keys: {item.strip()!r}: positions count from 1")
         out[theirs] = ours
     return out
 
@@ -163,8 +169,10 @@ def read_records(path, format: str = "auto", tag_map: Mapping[str, str | None] |
         fmt = "tensorboard"
     elif not followed:
         lines = Source(p).lines(progress=progress)
-    if fmt == "auto" and not (user_keys or pattern):
-        fmt, consumed = detect_lines(p, lines)       # type: ignore[arg-type]
+    if fmt == "auto" and not pattern:
+        # The user's names (--keys) skip the formats with semantics of their own; JSON and
+        # tables are still told apart (a CSV column is named by its header or its position).
+        fmt, consumed = detect_lines(p, lines, user_keys=user_keys)   # type: ignore[arg-type]
         lines = chain(consumed, lines)               # type: ignore[arg-type]
     elif fmt == "auto":
         fmt = "generic"
@@ -177,13 +185,18 @@ def read_records(path, format: str = "auto", tag_map: Mapping[str, str | None] |
 def _records(path, fmt, tag_map, account, user_keys, pattern, lines) -> Iterator[StepRecord]:
     n = with_loss = 0
     loss = keys.LOSS
+    others: set[str] = set()          # what records without a loss carry
     for rec in _READERS[fmt](path, account=account, tag_map=tag_map, lines=lines,
                              user_keys=user_keys, pattern=pattern):
         n += 1
         if loss in rec.metrics:
             with_loss += 1
+        else:
+            others.update(rec.metrics)
         yield rec
     account.records, account.with_loss = n, with_loss
+    account.signals = sorted(others.intersection(JUDGED_WITHOUT_LOSS))
+    account.count_records(n)
     account.finish()
     if n == 0:
         if fmt == "generic" and not (user_keys or pattern) and path != "-":

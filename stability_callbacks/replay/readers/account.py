@@ -20,8 +20,15 @@ logger = logging.getLogger(__name__)
 
 IgnoreCallback = Callable[[int, str, str], None]
 
-#: How steps may be numbered: the log's own counter, the order of the records, the epoch.
-NUMBERINGS = {"counter": "the log", "order": "order of appearance", "epoch": "the epoch"}
+#: How steps may be numbered: the log's own counter, the order of the records, the epoch, the
+#: step after the last one printed (an overflow line that prints none).
+NUMBERINGS = {"counter": "the log", "order": "order of appearance", "epoch": "the epoch",
+              "after": "the step after the last printed"}
+_LABELS = {"counter": "the log's counter", "order": "order of appearance (the records print no counter "
+           "taken for the step: step N is the N-th record)", "epoch": "the epoch (nothing finer is printed)",
+           "after": "the step after the last one printed (overflow lines that print no step)"}
+#: Parts of a log numbered differently that the account lists one by one.
+MAX_SEGMENTS = 8
 #: Reasons a line is ignored that the caller hears of line by line (a partly unreadable file).
 UNREADABLE = "unreadable"
 
@@ -38,8 +45,11 @@ class ReadAccount:
         self.with_loss = 0
         self.keys: dict[str, list[str]] = {}
         self.numbering: dict[str, list[str]] = {}
+        self.segments: list[list] = []               # [how, [names], first record, last record]
+        self.segment_how = ""
         self.ignored: dict[str, list[int]] = {}      # reason -> [count, first line]
         self.notes: list[str] = []
+        self.signals: list[str] = []                 # what a log without a loss is judged on
         self.first_unreadable: tuple[int, str] | None = None
 
     def saw(self, key: str, printed: str) -> None:
@@ -51,6 +61,36 @@ class ReadAccount:
         names = self.numbering.setdefault(how, [])
         if name and name not in names and len(names) < 8:
             names.append(name)
+
+    def record_numbered(self, how: str, name: str, index: int) -> None:
+        """Record ``index`` (from 1) is numbered ``how`` and the one before it otherwise (a
+        reader that knows calls it on every change: the account keeps the parts of the log)."""
+        self.segment_how = how
+        if self.segments:
+            self.segments[-1][3] = index - 1
+        self.segments.append([how, [name] if name else [], index, index])
+
+    def renumbered(self, index: int, how: str) -> None:
+        """Record ``index``, the last one so far, is numbered ``how`` after all."""
+        self.numbered(how)
+        if self.segments and self.segments[-1][2] == index:
+            self.segments[-1][0] = how
+        elif self.segments:
+            self.segments[-1][3] = index - 1
+            self.segments.append([how, [], index, index])
+        self.segment_how = self.segments[-1][0] if self.segments else how
+        if "counter" in self.numbering and not any(s[0] == "counter" for s in self.segments):
+            del self.numbering["counter"]
+
+    def count_records(self, n: int) -> None:
+        """The number of records read (closes the last part)."""
+        if self.segments:
+            self.segments[-1][3] = n
+
+    @property
+    def counted(self) -> bool:
+        """Some step so far was the log's own count."""
+        return "counter" in self.numbering or "epoch" in self.numbering
 
     def note(self, text: str) -> None:
         if text not in self.notes and len(self.notes) < 20:
@@ -92,6 +132,9 @@ class ReadAccount:
         return {"type": "read", "path": self.path, "format": self.format, "steps": self.records,
                 "steps_with_loss": self.with_loss, "keys": dict(self.keys),
                 "steps_numbered_by": {NUMBERINGS[k]: v for k, v in self.numbering.items()},
+                "numbering_parts": [{"by": NUMBERINGS[how], "names": names, "first_record": a,
+                                     "last_record": b} for how, names, a, b in self.segments]
+                if len({how for how, *_ in self.segments}) > 1 else [],
                 "ignored_lines": {r: {"lines": c, "first_line": f} for r, (c, f) in self.ignored.items()},
                 "notes": list(self.notes)}
 
@@ -101,17 +144,26 @@ class ReadAccount:
         if self.keys:
             out.append("  keys: " + ", ".join(f"{k} <- {' | '.join(repr(n) for n in v)}"
                                              for k, v in self.keys.items()))
-        for how, names in self.numbering.items():
-            label = {"counter": "the log's counter", "order": "order of appearance (the log prints "
-                     "no step: step N is the N-th record)", "epoch": "the epoch (nothing finer is "
-                     "printed)"}[how]
-            out.append(f"  steps numbered by {label}" + (f": {', '.join(repr(n) for n in names)}"
-                                                          if names else ""))
+        out += self._numbering_lines()
         if self.ignored:
             parts = [f"{c:,} {r}" + (f" (first: line {f})" if f else "")
                      for r, (c, f) in sorted(self.ignored.items(), key=lambda kv: -kv[1][0])]
             out.append("  lines ignored: " + "; ".join(parts))
         out += [f"  note: {n}" for n in self.notes]
+        return out
+
+    def _numbering_lines(self) -> list[str]:
+        """How steps were numbered: once for the log, or part by part where parts differ."""
+        if len({how for how, *_ in self.segments}) <= 1:
+            return [f"  steps numbered by {_LABELS[how]}" + (f": {', '.join(repr(n) for n in names)}"
+                                                           if names else "")
+                    for how, names in self.numbering.items()]
+        out = [f"  steps numbered differently in {len(self.segments)} parts of the log:"]
+        for how, names, a, b in self.segments[:MAX_SEGMENTS]:
+            said = f": {', '.join(repr(n) for n in names)}" if names else ""
+            out.append(f"    records {a:,}-{b:,} by {_LABELS[how]}{said}")
+        if len(self.segments) > MAX_SEGMENTS:
+            out.append(f"    ... and {len(self.segments) - MAX_SEGMENTS} more parts")
         return out
 
     @property

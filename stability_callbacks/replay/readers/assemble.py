@@ -4,11 +4,17 @@ What it decides across lines (docs/replay.md, The reader grammar):
 
 - Step numbering: the log's counter as printed; a counter beside an epoch counts batches of the
   epoch, ``(epoch - first epoch) x batches per epoch + batch``, until it fails to restart at an
-  epoch change (then it is global and taken as printed); bars only ever printed complete, or an
-  epoch with no finer counter, number steps by the epoch; no counter at all, by order of
-  appearance. Two records of one epoch with nothing finer fall back to order of appearance.
+  epoch change (then it is global and taken as printed); an integer before the step that goes
+  up when the step restarts counts epochs; bars only ever printed complete, or an epoch with no
+  finer counter, number steps by the epoch; no counter at all, by order of appearance. Two
+  records of one epoch with nothing finer fall back to order of appearance. The account hears
+  of every change of numbering (the parts of the log).
+- The loss: a log that prints the loss itself takes no statistic or sum of terms of it from
+  other lines (``LOSS_KINDS``); in a counted log, a line numbered by its epoch alone (a
+  summary) and a bar of another loop are no records (``DROPPED``).
 - The same step printed again is one record: the mean loss (ranks, micro-batches of one step),
-  or a bar redrawn for the same count, its last values. ``iter N step M``: micro-batches, one
+  a bar redrawn for the same count, its last values, or terms of the step on lines of their
+  own, their sum; a record printed again in another form at the same epoch fraction, one. ``iter N step M``: micro-batches, one
   record per optimizer step with their mean loss.
 - DeepSpeed / apex / fairseq overflow lines fold into the next record (``skipped`` and the
   scale they reduced to); at the end of the log each is a record. DeepSpeed's cumulative
@@ -25,7 +31,12 @@ from __future__ import annotations
 from ... import keys
 from ...record import StepRecord
 from .account import ReadAccount
-from .plan import Plan
+from .plan import LOSS_KINDS, Plan
+
+
+#: Why a record line makes no record (the account counts them as ignored lines).
+DROPPED = ("epoch summary or another loop (the log's records print a finer counter)",
+           "a statistic or terms of the loss (the log prints the loss itself)")
 
 
 class Assembler:
@@ -37,12 +48,22 @@ class Assembler:
         self.indent = 0                       # the indentation of the line being fed
         self.last_step = 0
         self.pending: StepRecord | None = None
+        self.made = 0                         # records made so far
+        self.counted = False                  # a record was numbered by a counter it printed
+        self.dropped = ""                     # why the last record line made no record
+        self.bar_before_epoch = False         # a complete bar came before any epoch
+        self.fraction: tuple = (None, None)   # the epoch fraction and plan of the last uncounted record
+        self.reprinted = False                # the record at hand prints the one before again
+        self.outer: dict[str, list] = {}      # template -> [last count, last numbers before it,
+        # the one that counts epochs, their first values, iterations per epoch]
         self.pending_how = ""
         self.repeat = [0, 0.0, 0.0, True]     # a repeated step's losses (see _add)
         self.pending_undecided = False        # see emit
         self.pending_loss_name = ""
         self.pending_last_step = 0
         self.loss_name: str | None = None     # how the log's plain records name their loss
+        self.loss_rank = len(LOSS_KINDS)      # the best way a record printed its loss so far
+        self.loss_printed = ""                # ... and its name
         self.overflows: list[tuple] = []      # (step or None, scale left, skipped) since the last record
         self.cumulative: int | None = None    # DeepSpeed's last cumulative skip count
         self.cumulative_first: tuple[StepRecord | None, int, int | None] | None = None
@@ -53,7 +74,9 @@ class Assembler:
         self.fine_counter = False             # a bar below its total was printed
         self.bar: tuple = (0, 0)              # (epochs done, total) of the last complete bar
         self.counter_global = False           # a batch counter went on across an epoch change
-        self.counter_last: tuple = (None, 0)  # (epoch, value) of the last batch counter
+        self.counter_restarts = False         # ... or restarted, no epoch length printed
+        self.counter_last: dict = {}          # total -> (epoch, value) of the last batch counter
+        self.bar_loop: tuple | None = None    # (printed keys, total) of the first bar record
         self.epoch_steps = True               # False once an epoch held two records
         self.block: dict | None = None        # metrics of the indented block under a step header
         self.block_ranks: dict[str, int] = {}
@@ -83,8 +106,8 @@ class Assembler:
             if rec is not None and keys.LOSS not in rec.metrics and (
                     plan.step is None or int(float(nums[plan.step])) == rec.step):
                 rec.metrics[keys.LOSS] = float("nan")
-        elif kind == "epoch":
-            self._epoch_context(nums, plan)
+        elif kind == "epoch" or (kind == "ignore" and plan.epoch is not None):
+            self._epoch_context(nums, plan)   # (`Start Training ... Epoch 82/300, lr=0.05`)
         elif kind == "header":
             out = self.close_block()
             step, how = self._step_of(nums, plan)
@@ -117,9 +140,15 @@ class Assembler:
             text = nums[plan.epoch]
             if not text.isdigit():
                 return                        # HF's epoch fraction is no counter
+            first = self.epoch is None
             self.epoch = int(text)
             if self.epoch_base is None:       # Lightning counts epochs from 0, Keras from 1
                 self.epoch_base = min(self.epoch, 1)
+            if first and self.bar_before_epoch and self.pending is not None and self.made == 1:
+                # An excerpt that opens with a complete bar, its `Epoch E` header above the
+                # excerpt: the bar is the epoch before the first header.
+                self.pending.step = self.last_step = self.epoch - 1
+                self._renumbered("epoch")
 
     def _step_of(self, nums, plan: Plan) -> tuple[int | None, str]:
         """The step a line stands for and how it was numbered (``counter``, ``epoch``, or
@@ -129,7 +158,10 @@ class Assembler:
             if plan.step is None:
                 return None, "order"
             text = nums[plan.step]
-            return (int(text) if text.isdigit() else int(float(text))), "counter"
+            value = int(text) if text.isdigit() else int(float(text))
+            if plan.counter and self.made == 0 and total_of(nums, plan) == value:
+                self.bar_before_epoch = True  # a complete bar opens the log (see _epoch_context)
+            return (self._outer_step(nums, plan, value) if plan.outer else value), "counter"
         self._epoch_context(nums, plan)
         if plan.step is None:
             own = nums[plan.epoch] if plan.epoch is not None else ""
@@ -142,10 +174,16 @@ class Assembler:
         done = self.epoch - (self.epoch_base or 0)
         total = int(float(nums[plan.step_total])) if plan.step_total is not None else None
         if plan.within_epoch:
-            last_epoch, last_value = self.counter_last
+            last_epoch, last_value = self.counter_last.get(total, (None, 0))
             if last_epoch is not None and self.epoch > last_epoch and value > last_value:
                 self.counter_global = True    # it did not restart: a global count
-            self.counter_last = (self.epoch, value)
+            elif last_epoch is not None and self.epoch > last_epoch and total is None \
+                    and self.per_epoch is None:
+                self.counter_restarts = True  # it restarts, and an epoch's length is not printed
+                self.account.note(f"{plan.step_name!r} restarts at every epoch and the log prints no "
+                                  "epoch length: the records from its first restart on are numbered "
+                                  "in order")
+            self.counter_last[total] = (self.epoch, value)
             if self.counter_global:
                 return value, "counter"
             if total is not None and value < total and not self.fine_counter:
@@ -159,14 +197,73 @@ class Assembler:
                 return done * per_epoch + value, "counter"
         elif self.per_epoch is not None:
             return done * self.per_epoch + value, "counter"
+        if self.counter_restarts and not self.counter_global:
+            return None, "order"              # (never a step that goes back at each epoch)
         return (value, "counter") if value >= done and not plan.counter else (None, "order")
+
+    def _another_loop(self, plan: Plan, nums) -> bool:
+        """A progress bar with other keys and another total than the first bar that carried a
+        metric: another loop's (stable-dreamfusion's evaluation bar, `loss=0.0000: 100% 8/8`,
+        between training bars `loss=1.0000, lr=0.05: 100% 100/100`)."""
+        here = (plan.printed, total_of(nums, plan))
+        if self.bar_loop is None:
+            self.bar_loop = here
+            return False
+        return here[0] != self.bar_loop[0] and here[1] != self.bar_loop[1]
+
+    def _same_fraction(self, text: str, plan: Plan, metrics: dict) -> int | None:
+        """A record with no counter, printed in another form (other keys) at the epoch fraction
+        and with the loss of the one before it (HF's `'epoch': 0.01` dict printed by two callbacks): the same
+        record, printed again; its later values win."""
+        self.reprinted = False
+        if text.isdigit():
+            return None
+        fraction, (last, last_plan) = float(text), self.fraction
+        self.fraction = (fraction, plan)
+        prev = self.pending
+        if fraction == last and last_plan is not None and plan.printed != last_plan.printed \
+                and prev is not None \
+                and prev.metrics.get(keys.LOSS) == metrics.get(keys.LOSS):
+            self.reprinted = True
+            return prev.step
+        return None
+
+    def _outer_step(self, nums, plan: Plan, value: int) -> int:
+        """The step of a line whose counter restarts when an integer before it goes up (timm's
+        `Train: 1 [  0/73 (  1%)]`): epoch x iteration, ``(epoch - first epoch) x N + n``, N the
+        counter's printed total (without one, an epoch's length is unknown: the counter is
+        taken as printed). Until the restart the counter is taken as printed."""
+        outs = [nums[i] for i in plan.outer]
+        state = self.outer.get(plan.merged)
+        if state is None:
+            self.outer[plan.merged] = [value, outs, None, outs, 0]
+            return value
+        last, last_outs, at, first, per = state
+        if at is None and value < last and total_of(nums, plan):
+            at = next((j for j, (a, b) in enumerate(zip(last_outs, outs))
+                       if a.isdigit() and b.isdigit() and int(b) > int(a)), None)
+            if at is not None:
+                per = total_of(nums, plan) or last
+                state[2], state[4] = at, per
+                name = plan.step_name
+                self.account.note(f"steps are epoch x iteration: the number before {name!r} counts "
+                                  f"epochs (it goes up when {name!r} restarts), {per:,} iterations each")
+        state[0], state[1] = value, outs
+        if at is None or not outs[at].isdigit() or not first[at].isdigit():
+            return value
+        return (int(outs[at]) - int(first[at])) * (total_of(nums, plan) or per) + value
 
     def _renumber_bar(self) -> None:
         """The first bar below its total: the complete bar held back counts batches too."""
         if self.pending is not None and self.pending_how == "epoch":
             done, total = self.bar
             self.pending.step = self.last_step = done * total + total
-            self.pending_how = "counter"
+            self._renumbered("counter")
+
+    def _renumbered(self, how: str) -> None:
+        """The held-back record is numbered ``how`` after all (the account hears of it)."""
+        self.pending_how = how
+        self.account.renumbered(self.made, how)
 
     def record(self, nums, plan: Plan) -> list[StepRecord]:
         """The records a record line completes (the readers' fast path calls it directly)."""
@@ -176,7 +273,7 @@ class Assembler:
             metrics = {key: (-float(nums[i]) if negative else float(nums[i]))
                        for i, key, negative in plan.metrics}
         if plan.components:
-            metrics[keys.LOSS] = sum(float(nums[i]) for i in plan.components)
+            metrics[keys.LOSS] = _sum_of_terms(nums, plan.components)
         if plan.loss_at is not None:
             text = nums[plan.loss_at]
             if text[-1:] == "0" and "." in text and "e" not in text and "E" not in text:
@@ -188,22 +285,57 @@ class Assembler:
             self._into_block(metrics, plan)
             return []
         if plan.simple and self.epoch is None:      # the common case: a named step as printed
-            text = nums[plan.step]
+            text = nums[plan.step]             # (its loss printed as such: Plan.simple)
             return self.emit(int(text) if text.isdigit() else int(float(text)), metrics, plan,
                              "counter", plan.step_name)
+        if plan.loss_rank != self.loss_rank and not self._loss_of(plan, metrics):
+            self.dropped = DROPPED[1]
+            return []
+        if plan.counter and self._another_loop(plan, nums):
+            self.dropped = DROPPED[0]
+            return []
         step, how = self._step_of(nums, plan)
         if how == "epoch" and not plan.counter and self.pending is not None \
                 and self.pending_how == "epoch" and self.pending.step == step:
             # Two records of one epoch and nothing finer: records are numbered in order.
             self.epoch_steps = False
-            self.pending.step = self.pending_last_step + 1
-            self.last_step, self.pending_how = self.pending.step, "order"
+            self.pending.step = self.last_step = self.pending_last_step + 1
+            self._renumbered("order")
             step, how = None, "order"
+        if plan.step is None and how == "epoch" and self.counted:
+            # A line of metrics numbered by its epoch alone in a log whose records print a finer
+            # counter: an epoch's summary or evaluation (`[train] epoch: 1/15` over `- total loss:`).
+            self.dropped = DROPPED[0]
+            return []
+        if step is None and plan.epoch is not None:
+            step = self._same_fraction(nums[plan.epoch], plan, metrics)
         if plan.cumulative_skips and keys.OVERFLOW_SKIPPED in metrics:
             self._cumulative(metrics, step)
         if plan.micro is not None and step is not None:
             return self._micro(step, metrics, plan, how)
         return self.emit(step, metrics, plan, how, self._printed_step(plan))
+
+    def loss_printed_as(self, plan: Plan) -> None:
+        """The log prints its loss as ``plan`` does (a reader that saw it ahead says so)."""
+        if plan.loss_rank < self.loss_rank:
+            self.loss_rank = plan.loss_rank
+            self.loss_printed = plan.loss_name
+
+    def _loss_of(self, plan: Plan, metrics: dict) -> bool:
+        """A log that prints the loss itself anywhere takes no statistic of it (``avg loss``)
+        or sum of its terms from another line (LOSS_KINDS): such a line keeps its other
+        metrics. False when nothing is left of the record."""
+        if plan.loss_rank < self.loss_rank:
+            self.loss_rank = plan.loss_rank
+            self.loss_printed = plan.loss_name or " + ".join(n for k, n in plan.printed if k == keys.LOSS)
+            return True
+        if plan.loss_rank < len(LOSS_KINDS):
+            metrics.pop(keys.LOSS, None)
+            metrics.pop(keys.LOSS_RESOLUTION, None)
+            metrics.pop(keys.LOSS_WINDOW, None)
+            self.account.note(f"lines that print only {LOSS_KINDS[plan.loss_rank]} of the loss are "
+                              f"not read as the loss: the log prints {self.loss_printed!r}")
+        return bool(metrics)
 
     def _into_block(self, metrics: dict, plan: Plan) -> None:
         block = self.block
@@ -288,8 +420,17 @@ class Assembler:
         if prev is not None and prev.step == step:
             if self.cumulative_first is not None and self.cumulative_first[0] is None:
                 self.cumulative_first = (prev, *self.cumulative_first[1:])
-            if plan is not None and plan.counter:
+            if plan is not None and (plan.counter or self.reprinted):
                 prev.metrics.update(metrics)  # a progress bar redrawn: its last postfix counts
+            elif plan is not None and plan.components and self._noted_plan is not None \
+                    and self._noted_plan.components and plan is not self._noted_plan \
+                    and keys.LOSS in prev.metrics and keys.LOSS in metrics:
+                # Another term of the step's objective on a line of its own (`discriminator
+                # loss at step 100: x`, then `adversarial loss at step 100: y`): their sum.
+                prev.metrics[keys.LOSS] = _sum_of_terms(
+                    [repr(prev.metrics[keys.LOSS]), repr(metrics.pop(keys.LOSS))], ((0, False), (1, False)))
+                for k, v in metrics.items():
+                    prev.metrics.setdefault(k, v)
             else:
                 self._repeat(prev, metrics)   # another rank, or a micro-batch of the step
             return []
@@ -297,23 +438,35 @@ class Assembler:
         self.last_step = step
         rec = self.pending = StepRecord(step, metrics)
         self.pending_how = how
+        self.made += 1
         if self.repeat[0]:
             self.repeat = [0, 0.0, 0.0, True]
         if self.cumulative_first is not None and self.cumulative_first[0] is None:
             self.cumulative_first = (rec, *self.cumulative_first[1:])
         if plan is None:
             self.account.numbered(how, step_name)
+            self._part(how, step_name)
         else:
             if plan is not self._noted_plan or how != self._noted_how:
+                # (a part of the log numbered otherwise starts only where the plan or its
+                # numbering changes: the common record costs nothing more)
+                self._part(how, step_name)
+                self.counted = self.counted or (how == "counter" and plan.step is not None)
                 self._note(plan, how, step_name)
             if plan.mixed:
                 self.pending_undecided = self.loss_name is None
                 self.pending_loss_name = plan.loss_name
         return [prev] if prev is not None else []
 
+    def _part(self, how: str, step_name: str) -> None:
+        if how != self.account.segment_how:
+            self.account.record_numbered(how, step_name, self.made)
+
     def _note(self, plan: Plan, how: str, step_name: str = "") -> None:
-        """The account learns each plan's printed names and numbering once."""
+        """The account learns each plan's printed names and numbering once (and the assembler
+        how the log prints its loss: LOSS_KINDS)."""
         self._noted_plan, self._noted_how = plan, how
+        self.loss_printed_as(plan)
         tag = (id(plan), how)
         if tag in self._noted:
             return
@@ -328,6 +481,9 @@ class Assembler:
         """One overflow skip, told once however many ranks and lines print it: the same
         iteration again, or rank 0's unnumbered line giving the scale of a numbered one. An
         overflow whose update went ahead (``skipped`` false) only sets the scale."""
+        if not self.overflows and not self.account.keys.get(keys.LOSS_SCALE):
+            self.account.saw(keys.LOSS_SCALE, "overflow lines (the scale they leave)")
+            self.account.saw(keys.OVERFLOW_SKIPPED, "overflow lines (a skip each)")
         last = self.overflows[-1] if self.overflows else None
         if last is not None and ((step is not None and last[0] == step)
                                  or (step is None and last[0] is not None and last[1] is None)):
@@ -365,18 +521,44 @@ class Assembler:
 
     def finish(self) -> list[StepRecord]:
         out = self.flush()
+        counted = self.account.counted
         for step, scale, skipped in self.overflows:    # overflow lines no record followed
             self.last_step = step if step is not None else self.last_step + 1
             m = {keys.OVERFLOW_SKIPPED: 1.0} if skipped else {}
             if scale is not None:
                 m[keys.LOSS_SCALE] = scale
             out.append(StepRecord(self.last_step, m))
-            self.account.numbered("counter" if step is not None else "order", "")
+            # An overflow line without a step after steps the log counted: the next step.
+            how = "counter" if step is not None else "after" if counted else "order"
+            self.account.numbered(how, "")
+            self.made += 1
+            if how != self.account.segment_how:
+                self.account.record_numbered(how, "", self.made)
         self.overflows = []
         if self.cumulative_first is not None:
             self._mid_run(*self.cumulative_first[1:])
             self.cumulative_first = None
         return out
+
+
+def total_of(nums, plan: Plan) -> int | None:
+    """The printed total of a line's counter (``176/800``: 800), or None."""
+    return int(float(nums[plan.step_total])) if plan.step_total is not None else None
+
+
+def _sum_of_terms(nums, terms) -> float:
+    """The sum of the printed terms of the loss, to the decimals they print (``1.2 + 2.0001``
+    is ``3.2001``, not the float sum's ``3.2000999999999995``)."""
+    total = 0.0
+    places = 0
+    for i, negative in terms:
+        text = nums[i]
+        total += -float(text) if negative else float(text)
+        if places >= 0:
+            dot = text.find(".")
+            places = -1 if ("e" in text or "E" in text or not text[:1].isdigit()) else \
+                max(places, len(text) - dot - 1 if dot >= 0 else 0)
+    return round(total, places) if places >= 0 and total == total and abs(total) != float("inf") else total
 
 
 def _add(acc: list, value: float) -> None:

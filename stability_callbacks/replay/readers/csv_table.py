@@ -18,15 +18,20 @@ from __future__ import annotations
 
 import csv
 import itertools
-from typing import Iterator
+import re
+from typing import Generator, Iterator
 
 from ... import keys
 from ...record import StepRecord
 from .account import ReadAccount
+from .generic import Reading
 from .source import LogFormatError, to_float
 from .tags import metric_key, rank
 from .vocabulary import classify
 
+# A cell that is a number: its sign (kept in the template, as the tokenizer does) and digits.
+_CELL_NUMBER = re.compile(r"([-+]?)((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|NaN|NAN|inf|Inf|INF|"
+                          r"[Ii]nfinity)")
 # Our W&B sink's rows carry `stability/step` first: HF's WandbCallback syncs `train/global_step`
 # into every row of the run (define_metric step_sync), ours included, with the reporter's step.
 _WANDB_STEP_COLUMNS = (keys.STEP_AXIS, "train/global_step", "trainer/global_step", "global_step",
@@ -110,6 +115,12 @@ def _read(path, account: ReadAccount, lines, tag_map, user, wandb):
     if header is None:
         raise LogFormatError(path, None, "empty file (no CSV header)")
     steps, metrics, own = _columns(header, tag_map, wandb, user)
+    if not own and not wandb:
+        header_line = numbers[-1]
+        if not (yield from _by_the_rules(header, rows, numbers, account, tag_map, user)):
+            raise LogFormatError(path, header_line, f"no metric column in header {header!r} "
+                                 "(no training loss, grad norm, LR or loss scale in any row)")
+        return
     if not steps:
         raise LogFormatError(path, numbers[-1], f"no step column in header {header!r}")
     if not metrics:
@@ -146,3 +157,58 @@ def _read(path, account: ReadAccount, lines, tag_map, user, wandb):
             yield StepRecord(step, values)
         else:
             account.ignore(line_no, ",".join(row), "row without a training metric")
+
+
+def _by_the_rules(header: list[str], rows, numbers: list[int], account: ReadAccount, tag_map,
+                  user) -> Generator[StepRecord, None, int]:
+    """A table that is not ours: each row as the line ``name: value | ...`` of its filled cells
+    (an empty cell or a word is no value), read by the generic reader's rules, as a text log's
+    line is (the step: a counter column by name, or the integer column that increases; the
+    loss: the loss column, a lone statistic of it, or the sum of its terms; evaluation columns
+    are no training metric). ``--keys`` positions name columns (``step=1``: the first).
+    Returns the number of records."""
+    names = [h.strip() for h in header]
+    said = {}
+    for theirs, ours in (user or {}).items():
+        col = int(theirs) - 1 if theirs.strip().isdigit() else -1
+        said[names[col] if 0 <= col < len(names) else theirs] = ours
+    for name, key in (tag_map or {}).items():
+        if key is not None:
+            said[name] = key
+    dropped = {name for name, key in (tag_map or {}).items() if key is None}
+    reading = Reading(account, said or None)
+    read = 0
+    templates: dict[tuple, list[str]] = {}
+    while True:
+        try:
+            row = next(rows, None)
+        except csv.Error as e:
+            account(numbers[-1], "", f"unreadable CSV row: {e}")
+            continue
+        if row is None:
+            break
+        cols, nums = [], []
+        for i, cell in enumerate(row[:len(names)]):
+            cell = cell.strip()
+            if not cell or names[i] in dropped:
+                continue
+            m = _CELL_NUMBER.fullmatch(cell)
+            if m is None:
+                continue
+            cols.append((i, m.group(1)))
+            nums.append(m.group(2))
+        if not nums:
+            continue
+        key = tuple(cols)
+        texts = templates.get(key)
+        if texts is None:
+            texts = templates[key] = [f"{' | ' if j else ''}{names[i]}: {sign}"
+                                      for j, (i, sign) in enumerate(cols)] + [""]
+            if len(templates) > 4096:
+                templates.clear()
+        got = reading.take(numbers[-1], ",".join(row), texts, nums)
+        read += len(got)
+        yield from got
+    got = reading.finish()
+    yield from got
+    return read + len(got)

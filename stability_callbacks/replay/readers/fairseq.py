@@ -17,8 +17,7 @@ from typing import Iterator
 
 from ...record import StepRecord
 from .account import ReadAccount
-from .assemble import Assembler
-from .generic import LineReader, feed_line
+from .generic import Reading
 
 INNER = re.compile(r"\bepoch \d+:\s+\d+\s*/\s*\d+\s+(.*\bnum_updates=\d+.*)$")
 SUMMARY = re.compile(r"\|\s*epoch \d+\s*\|\s*(loss .*\|\s*num_updates \d+.*)$")
@@ -26,12 +25,12 @@ SIGNATURES = (INNER, SUMMARY)
 
 
 def read(path, *, account: ReadAccount, lines, **_) -> Iterator[StepRecord]:
-    reader, asm = LineReader(), Assembler(account)
+    reading = Reading(account)
     seen_inner = False
     held = None                      # an epoch summary, while no train_inner line has shown
     for line_no, text in lines:
         if text is None:
-            yield from asm.flush()
+            yield from reading.flush()
             continue
         if "num_updates" in text and "valid" not in text:
             if INNER.search(text):
@@ -41,13 +40,13 @@ def read(path, *, account: ReadAccount, lines, **_) -> Iterator[StepRecord]:
                     account.ignore(line_no, text, "epoch summary (the log prints updates)")
                     continue
                 if held is not None:           # two summaries, no update line between
-                    yield from feed_line(reader, asm, *held, account)
+                    yield from reading.line(*held)
                 held = (line_no, text)
                 continue
         elif held is not None and "overflow" in text:    # it comes after the summary
-            yield from feed_line(reader, asm, *held, account)
+            yield from reading.line(*held)
             held = None
-        yield from feed_line(reader, asm, line_no, text, account)
+        yield from reading.line(line_no, text)
     if held is not None:
-        yield from feed_line(reader, asm, *held, account)
-    yield from asm.finish()
+        yield from reading.line(*held)
+    yield from reading.finish()

@@ -1,23 +1,27 @@
-"""The generic metric-line reader: any text log whose lines print a step and training metrics.
+"""The generic metric-line reader: any text log whose lines print training metrics.
 
-A small grammar (docs/replay.md, The reader grammar): each line is cut into numbers and its
-template (:mod:`.tokens`); a template is interpreted once — which number is the step, which the
-loss, what kind of line — from the vocabulary (:mod:`.vocabulary`, data) and the line's
-structure (:mod:`.plan`), and the plan is cached, so an ordinary line costs one
+A small grammar that learns each log's structure from the log (docs/replay.md, The reader
+grammar): each line is cut into numbers and its template (:mod:`.tokens`); a template is
+interpreted once — which number is the step, which the loss, what kind of line — from the
+line's structure and the vocabulary as a tie-breaker (:mod:`.plan`, :mod:`.vocabulary`), and
+where that leaves a counter open, from what the template's integers do across its lines
+(:class:`Template`: the one that counts up is the step). Records printed one key per line are
+joined into one line first (:class:`Blocks`). The plan is cached, so an ordinary line costs one
 regular-expression match and a few ``float()`` calls. The assembler (:mod:`.assemble`) turns
-the lines into records. Tables (a header row of names, rows of values: HF notebook tables,
-ultralytics' epoch table) are read as their rows' ``name: value`` pairs.
+the lines into records; :class:`Reading` holds lines, in order, while a template is watched.
+Tables (a header row of names, rows of values) are read as their rows' ``name: value`` pairs.
 
-``--keys`` adds the user's names to the vocabulary; ``--pattern`` replaces the grammar by one
-regular expression.
+``--keys`` names (or positions) come before every rule; ``--pattern`` replaces the grammar by
+one regular expression.
 
-Memory is O(1) per line (plus at most ``MAX_TEMPLATES`` cached plans); cost is linear in the
-line's length, however many numbers it holds.
+Memory is O(1) per line (plus at most ``MAX_TEMPLATES`` cached plans and ``HOLD_MAX_LINES`` held
+lines); cost is linear in the line's length, however many numbers it holds.
 """
 from __future__ import annotations
 
 import heapq
 import re
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping
 
@@ -25,11 +29,12 @@ from ...record import StepRecord
 from . import tokens
 from .account import ReadAccount
 from .assemble import Assembler
-from .plan import Plan, make_plan
+from .plan import LOSS_KINDS, Plan, choose_counter, make_plan
 from .source import segments, strip_prefix
 from .vocabulary import classify, normalise_key
 
 MAX_TEMPLATES = 4096
+_NO_PLAN = Plan()
 # Plans are pure functions of a template and the user's keys: shared by every reader of the
 # process (detection and reading of one log interpret each template once).
 _PLANS: dict[tuple, Plan] = {}
@@ -41,6 +46,16 @@ _TEMPLATE_NUMBER = f"({tokens.NUM})"
 _SPACES = re.compile(r"(?:\\[ \t])+")
 _RULE_CELL = re.compile(r"^:?-{2,}:?$")
 _NAME_CELL = re.compile(r"^[A-Za-z][\w ()./%-]*$")
+# A template is watched for LEARN_LINES lines at least (two steps up), LEARN_MAX_LINES at most;
+# lines wait behind an undecided template for HOLD_MAX_LINES at most.
+LEARN_LINES = 3
+LEARN_MAX_LINES = 16
+HOLD_MAX_LINES = 4096
+_WHITESPACE = re.compile(r"[ \t]+")
+_SIGN = re.compile(r"(?<=[ :=(\[])-\x00")
+# A section row above one-key lines (stable-baselines3's `| train/ |`, `rollout/`).
+_SECTION = re.compile(r"^\|?\s*([A-Za-z][\w ]*?)\s*/\s*(?:\|\s*)*$")
+_AFTER_VALUE = " \t|,;"
 _REASONS = {"eval": "evaluation", "summary": "run summary", "ignore": "no training metric",
             "overflow": "overflow (folded into the next record)", "epoch": "epoch header",
             "header": "step header", "nan": "NaN warning (marks the step before it)"}
@@ -48,17 +63,26 @@ _REASONS = {"eval": "evaluation", "summary": "run summary", "ignore": "no traini
 
 class LineReader:
     """Interpretation of single lines: ``(numbers, plan)`` or ``None`` for a line without
-    numbers. Plans are cached per template; the last record template is tried first."""
+    numbers. Plans of templates are cached; the last record template is tried first.
+
+    With ``learn``, a template whose plan leaves an integer open as a possible counter (no step
+    by name or structure) is watched across its lines (:class:`Template`) before its plan is
+    final: :meth:`interpret` returns it with the line until then (the caller holds the line)."""
 
     def __init__(self, user_keys: Mapping[str, str] | None = None,
-                 pattern: re.Pattern | None = None):
-        self.user = {normalise_key(k): v for k, v in (user_keys or {}).items()}
+                 pattern: re.Pattern | None = None, learn: bool = False):
+        self.user = {normalise_key(k) if not k.strip().isdigit() else k.strip(): v
+                     for k, v in (user_keys or {}).items()}
         self._user_key = tuple(sorted(self.user.items()))
         self.pattern = pattern
+        self.learn = learn
         self.last: Plan | None = None
         self.table: tuple[list[str], list[int], bool] | None = None   # header, key columns, pipes
+        self.templates: dict[str, Template] = {}      # this log's templates that were watched
+        self.counter_names: set[str] = set()          # the names of the counters they showed
 
     def parse(self, seg: str) -> tuple[tuple | list, Plan] | None:
+        """``(numbers, plan)`` of one line, or None (no numbers)."""
         last = self.last
         if last is not None and last.match is not None:   # a record plan: compiled
             m = last.match(seg)
@@ -66,6 +90,15 @@ class LineReader:
                 return m.groups(), last
         if self.pattern is not None:
             return self._parse_pattern(seg)
+        got = self.tokenize(seg)
+        if got is None:
+            return None
+        plan, _ = self.interpret(*got)
+        return got[1], plan
+
+    def tokenize(self, seg: str) -> tuple[list[str], list[str]] | None:
+        """``(texts, numbers)`` of a line (a table row as its ``name: value`` pairs), or None for
+        a line without numbers (which may start a table)."""
         texts, nums = tokens.split(seg)
         if not nums:
             self._table_header(seg)
@@ -74,18 +107,56 @@ class LineReader:
             row = self._table_row(seg)
             if row is not None:
                 texts, nums = tokens.split(row)
+        return texts, nums
+
+    def interpret(self, texts: list[str], nums: list[str]) -> tuple[Plan, Template | None]:
+        """The plan of a tokenized line, and the :class:`Template` still watching its numbers
+        (None once the plan is final)."""
         tkey = ("\x00".join(texts), self._user_key)
         plan = _PLANS.get(tkey)
         if plan is None:
             if len(_PLANS) >= MAX_TEMPLATES:
                 _PLANS.clear()
             plan = _PLANS[tkey] = make_plan(texts, nums, self.user)
+            if plan.counters or plan.outer:
+                plan.merged = _fold(texts)
+        if plan.counters and self.learn:
+            watched = self.templates.get(plan.merged)
+            if watched is None:
+                watched = self.templates[plan.merged] = Template(texts, nums, plan)
+            if not watched.settled:
+                return plan, watched
+            plan = watched.plan
         if plan.kind == "record":
             if plan.match is None and len(nums) <= _COMPILE_MAX_NUMBERS:
                 plan.match = re.compile(_TEMPLATE_NUMBER.join(
                     _SPACES.sub(r"[ \\t]+", re.escape(t)) for t in texts)).fullmatch
             self.last = plan
-        return nums, plan
+        return plan, None
+
+    def decide(self, watched: Template) -> None:
+        """The template's final plan, from what its numbers did (:meth:`Template.hints`), or
+        from the counter another template of the log showed (the same printed name: a line
+        that differs in the digits of another number, `Sen. 965,843` beside `Sen. 1,052,108`)."""
+        hints = watched.hints() or self._named_counter(watched)
+        watched.plan = (make_plan(watched.texts, watched.nums, self.user, hints=hints)
+                        if hints else watched.names_plan)
+        watched.settled = True
+        if hints:
+            i = next(iter(hints))
+            name = next((nm for j, nm in watched.names_plan.counters if j == i), "")
+            if name and name not in self.counter_names:
+                self.counter_names.add(name)
+                for other in list(self.templates.values()):
+                    if not other.settled and self._named_counter(other):
+                        self.decide(other)
+
+    def _named_counter(self, watched: Template) -> dict[int, str]:
+        """{index: "step"} for a counter named as one this log's lines showed, or {}."""
+        for i, name in watched.names_plan.counters:
+            if name and name in self.counter_names:
+                return {i: "step"}
+        return {}
 
     def _table_header(self, line: str) -> None:
         """A row of names with a step or epoch column and a loss column starts a table; rule
@@ -99,7 +170,7 @@ class LineReader:
         counters = [i for i, (r, _) in enumerate(roles) if r in ("step", "epoch")]
         losses = [i for i, (r, k) in enumerate(roles) if k == "loss" and r in ("metric", "component")]
         if counters and losses:
-            self.table = (cells, counters + losses, "|" in line)
+            self.table = (cells, counters + losses, "|" in tokens.pipes(line))
 
     def _table_row(self, line: str) -> str | None:
         """A table row as ``name: value | ...``, or None when the line is no row of it."""
@@ -132,27 +203,337 @@ class LineReader:
         loss_at = next((i for i, k, _ in metrics if k == "loss"), None)
         printed = tuple((k, f"(?P<{k}>)") for _, k, _ in metrics) + (
             (("step", "(?P<step>)"),) if step is not None else ())
-        return nums, Plan(metrics=tuple(metrics), step=step, loss_at=loss_at, printed=printed)
+        return nums, Plan(metrics=tuple(metrics), step=step, loss_at=loss_at, printed=printed,
+                          loss_kind="exact" if loss_at is not None else "")
+
+
+class Template:
+    """What the integers of one template (its lines with whitespace and signs folded) do across
+    its lines: the one that increases from line to line, strictly or with repeats, is the step;
+    one that goes down or is no integer is not. ``observe`` is O(candidates) per line; a
+    template is watched for at most ``LEARN_MAX_LINES`` lines.
+
+    >>> reader = LineReader(learn=True)
+    >>> for line in ("Update 12: avg loss 1.2", "Update 13: avg loss 1.1", "Update 14: avg loss 1.0"):
+    ...     plan, watched = reader.interpret(*reader.tokenize(line))
+    ...     if watched is not None and watched.observe(reader.tokenize(line)[1]):
+    ...         reader.decide(watched)
+    >>> plan = reader.interpret(*reader.tokenize("Update 15: avg loss 0.9"))[0]
+    >>> plan.step, plan.step_name, plan.loss_kind
+    (0, 'Update', 'statistic')
+    """
+
+    __slots__ = ("texts", "nums", "names_plan", "plan", "settled", "lines", "last", "ups", "dead",
+                 "epoch_last", "epoch_ups")
+
+    def __init__(self, texts: list[str], nums: list[str], names_plan: Plan):
+        self.texts, self.nums, self.names_plan = texts, nums, names_plan
+        self.plan = names_plan
+        self.settled = False
+        self.lines = 0
+        n = len(names_plan.counters)
+        self.last: list[int] = [0] * n
+        self.ups = [0] * n
+        self.dead = [False] * n
+        self.epoch_last = -1
+        self.epoch_ups = 0                    # lines whose epoch was up on the line before
+
+    def observe(self, nums) -> bool:
+        """One more line of the template; True once its numbers have said enough (a number
+        rose over ``LEARN_LINES`` lines, or ``LEARN_MAX_LINES`` lines passed)."""
+        first = self.lines == 0
+        at = self.names_plan.epoch
+        if at is not None and nums[at].isdigit():
+            epoch = int(nums[at])
+            self.epoch_ups += not first and epoch > self.epoch_last
+            self.epoch_last = epoch
+        for j, (i, _) in enumerate(self.names_plan.counters):
+            text = nums[i]
+            if self.dead[j] or not text.isdigit():
+                self.dead[j] = True
+                continue
+            value = int(text)
+            if not first:
+                if value > self.last[j]:
+                    self.ups[j] += 1
+                elif value < self.last[j]:
+                    self.dead[j] = True
+            self.last[j] = value
+        self.lines += 1
+        rose = any(u and not d for d, u in zip(self.dead, self.ups))
+        return (self.lines >= LEARN_LINES and rose) or self.lines >= LEARN_MAX_LINES
+
+    def hints(self) -> dict[int, str]:
+        """{number index: "step"} for the counter the lines showed, or {} (none increased, or
+        the line's epoch went up on every line: nothing finer is needed)."""
+        if self.lines > 1 and self.epoch_ups == self.lines - 1:
+            return {}
+        rising = [c for c, dead, ups in zip(self.names_plan.counters, self.dead, self.ups)
+                  if ups and not dead]
+        return {choose_counter(rising): "step"} if rising else {}
+
+
+class _LossWait:
+    """Lines whose loss is a statistic (``avg loss``) or a sum of terms, held while the log has
+    not shown whether it prints the loss itself (an epoch's summary may come before the lines of
+    the next epoch): settled by a line with the loss itself, or after ``LEARN_LINES`` of them."""
+
+    __slots__ = ("settled", "lines")
+
+    def __init__(self):
+        self.settled = False
+        self.lines = 0
+
+
+class Blocks:
+    """Records printed one key per line: consecutive lines of one key and one value each, with
+    distinct keys (stable-baselines3's tables between rule lines, with their ``train/`` section
+    rows; ``key: value`` blocks between blank lines, the step anywhere in them), make one line
+    ``key: value | key: value | ...``. The line right above a block that is no record itself
+    (``Epoch 3 of 500 took 494s``, ``[test] epoch: 1/10``) heads it: its text opens the joined
+    line (its epoch, its split). A key seen again, or any other line, ends the block; a block of
+    one line is that line. Memory: one block (``MAX_LINES``)."""
+
+    MAX_LINES = 256
+
+    def __init__(self, heads=None):
+        self.items: list[tuple] = []          # (unit, key, value text)
+        self.keys: set[str] = set()
+        self.section = ""
+        self.heads = heads                    # (texts, nums) -> whether a line may head a block
+        self.above: tuple | None = None       # the unit above, which may head a block
+        self.head: str = ""
+
+    def offer(self, unit: tuple) -> list[tuple]:
+        """A unit ``(line_no, seg, indent, texts, nums)`` (``texts`` None: no numbers) -> the
+        units that are final now."""
+        _, seg, _, texts, nums = unit
+        if texts is None:
+            section = _SECTION.match(tokens.pipes(seg).strip())
+            if section is not None:           # a section row inside a block, or above one
+                self.section = section.group(1)
+                return [unit] if not self.items else []
+            self.section = ""
+            out = self.end() + [unit]
+            self.above = unit if any(c.isalpha() for c in seg) else None
+            return out
+        kv = _key_value(texts, nums)
+        if kv is None and self.items and _list_value(texts):
+            return []                         # `- IoU per class: [0.34, 0.57]`: a list, in the block
+        if kv is None:
+            self.section = ""
+            out = self.end() + [unit]
+            self.above = unit
+            return out
+        key = f"{self.section}/{kv[0]}" if self.section else kv[0]
+        out = self.end() if key in self.keys or len(self.items) >= self.MAX_LINES else []
+        if not self.items:
+            above, self.above = self.above, None
+            self.head = "" if above is None or (above[3] is not None and not (
+                self.heads is not None and self.heads(above[3], above[4]))) else above[1].strip()
+        self.items.append((unit, key, kv[1]))
+        self.keys.add(key)
+        return out
+
+    def end(self) -> list[tuple]:
+        """The block so far, as units (one joined line, or the one line it holds)."""
+        items, self.items = self.items, []
+        self.keys = set()
+        if len(items) < 2:
+            return [unit for unit, _, _ in items]
+        line_no, _, indent, _, _ = items[0][0]
+        joined = " | ".join([self.head] * bool(self.head) + [f"{key}: {value}" for _, key, value in items])
+        texts, nums = tokens.split(joined)
+        return [(line_no, joined, indent, texts, nums)]
+
+
+def _list_value(texts: list[str]) -> bool:
+    """Whether a line prints one key and a bracketed list of numbers."""
+    return (len(texts) > 2 and texts[0].rstrip().endswith(("[", "(")) and texts[-1].strip() in ("]", ")")
+            and all(t.strip() == "," for t in texts[1:-1]) and bool(tokens.key_before(texts[0], False)))
+
+
+def _key_value(texts: list[str], nums: list[str]) -> tuple[str, str] | None:
+    """``(key, value)`` of a line that prints one named value and nothing after it."""
+    if len(nums) != 1 or texts[1].strip(_AFTER_VALUE) or tokens.noise(texts, nums)[0]:
+        return None
+    key = tokens.key_before(texts[0], glued=False)
+    if not key or not key[0].isalpha() or "/" == texts[0].rstrip()[-1:]:
+        return None
+    before = texts[0]
+    sign = "-" if before.endswith("-") and before[-2:-1] in " \t:=|" else ""
+    return key, sign + nums[0]
+
+
+class Reading:
+    """Text lines -> records: tokenizing, records printed one key per line (:class:`Blocks`,
+    with ``blocks``), templates watched until their counter shows (:class:`Template`; lines are
+    held meanwhile, in order, at most ``HOLD_MAX_LINES``), the assembler. ``busy``: lines are
+    held (the caller's fast path must not overtake them)."""
+
+    def __init__(self, account: ReadAccount, user_keys: Mapping[str, str] | None = None,
+                 pattern: re.Pattern | None = None, *, blocks: bool = False):
+        self.account = account
+        self.reader = LineReader(user_keys, pattern, learn=pattern is None)
+        self.asm = Assembler(account)
+        self.blocks = Blocks(self._heads) if blocks and pattern is None else None
+        self.held: deque = deque()
+        self.busy = False
+        self.loss_wait: _LossWait | None = None
+
+    def line(self, line_no: int, text: str) -> list[StepRecord]:
+        """One physical line: the records it completes."""
+        text = strip_prefix(text)
+        stripped = text.lstrip(" \t")
+        indent = len(text) - len(stripped)
+        units: list[tuple] = []
+        if not stripped:
+            units.append((line_no, "", indent, None, None))
+        else:
+            for seg in (segments(text) if ("\r" in text or "\x1b" in text or "\b" in text) else (text,)):
+                seg = strip_prefix(seg)   # a coloured prefix shows once the colour codes are gone
+                if self.reader.pattern is not None:
+                    units.append((line_no, seg, indent, seg, None))
+                    continue
+                got = self.reader.tokenize(seg)
+                units.append((line_no, seg, indent, *(got if got is not None else (None, None))))
+        if self.blocks is not None:
+            units = [u for unit in units for u in self.blocks.offer(unit)]
+        out: list[StepRecord] = []
+        for unit in units:
+            out += self._take(unit)
+        self.busy = bool(self.held) or bool(self.blocks and self.blocks.items)
+        return out
+
+    def _heads(self, texts: list[str], nums: list[str]) -> bool:
+        """Whether a line may head a block of one-key lines: it prints no training record."""
+        return _PLANS.get(("\x00".join(texts), self.reader._user_key), _NO_PLAN).kind != "record"
+
+    def take(self, line_no: int, text: str, texts: list[str], nums: list[str]) -> list[StepRecord]:
+        """A line already cut into its template ``texts`` and ``nums`` (a table's row)."""
+        out = self._take((line_no, text, 0, texts, nums))
+        self.busy = bool(self.held)
+        return out
+
+    def _take(self, unit: tuple) -> list[StepRecord]:
+        line_no, seg, indent, texts, nums = unit
+        plan: Plan | None = None
+        watched: Template | _LossWait | None = None
+        if self.reader.pattern is not None and texts is not None:
+            got = self.reader.parse(seg)
+            if got is not None:
+                nums, plan = got
+        elif texts is not None:
+            plan, watched = self.reader.interpret(texts, nums)
+            if watched is not None and watched.observe(nums):
+                self.reader.decide(watched)
+            if plan.kind == "record" and plan.loss_rank < len(LOSS_KINDS):
+                watched = self._loss_wait(plan, watched)
+        item = (line_no, seg, indent, nums, plan, watched)
+        if not self.held and (watched is None or watched.settled):
+            return self._feed(item)
+        self.held.append(item)
+        if len(self.held) > HOLD_MAX_LINES:
+            self._settle(self.held[0][5])
+        return self._release()
+
+    def _loss_wait(self, plan: Plan, watched):
+        """What a record line waits for (see :class:`_LossWait`): its template, or the log's
+        word on the loss."""
+        wait = self.loss_wait
+        if plan.loss_rank == 0:
+            if wait is None or not wait.settled:
+                self.asm.loss_printed_as(plan)       # before the lines held meanwhile
+                self.loss_wait = wait = wait or _LossWait()
+                wait.settled = True
+            return watched
+        if watched is not None or (wait is not None and wait.settled):
+            return watched
+        if wait is None:
+            self.loss_wait = wait = _LossWait()
+        wait.lines += 1
+        wait.settled = wait.lines >= LEARN_LINES
+        return wait
+
+    def _settle(self, waiting) -> None:
+        if isinstance(waiting, Template) and not waiting.settled:
+            self.reader.decide(waiting)
+        elif waiting is not None:
+            waiting.settled = True
+
+    def _release(self) -> list[StepRecord]:
+        out: list[StepRecord] = []
+        held = self.held
+        while held and (held[0][5] is None or held[0][5].settled):
+            out += self._feed(held.popleft())
+        return out
+
+    def _feed(self, item: tuple) -> list[StepRecord]:
+        line_no, seg, indent, nums, plan, watched = item
+        asm, account = self.asm, self.account
+        out: list[StepRecord] = []
+        if asm.block is not None and (indent <= asm.block_indent or not seg.strip()):
+            out += asm.close_block()      # the indented block under a step header ended
+        asm.indent = indent
+        if plan is None:
+            if seg.strip():
+                account.ignore(line_no, seg, "no numbers")
+            return out
+        if isinstance(watched, Template):
+            plan = watched.plan
+            if plan.kind == "record":
+                self.reader.last = plan
+        try:
+            out += asm.feed(nums, plan)
+        except (ValueError, OverflowError) as e:
+            account(line_no, seg, f"unreadable number: {e}")
+            return out
+        if plan.kind != "record" and not (asm.block is not None and plan.metrics):
+            account.ignore(line_no, seg, _REASONS.get(plan.kind, "no training metric"))
+        elif asm.dropped:
+            account.ignore(line_no, seg, asm.dropped)
+            asm.dropped = ""
+        return out
+
+    def flush(self, final: bool = False) -> list[StepRecord]:
+        """What can be released now (a followed file went idle: the block so far, the records
+        held back for a warning that did not come). Lines behind a template still watched keep
+        waiting for its lines, unless ``final`` (the log ended): then every template takes the
+        plan its lines so far show, the best observed first."""
+        units = self.blocks.end() if self.blocks is not None else []
+        out: list[StepRecord] = []
+        for unit in units:
+            out += self._take(unit)
+        if final:
+            waiting = [item[5] for item in self.held if item[5] is not None]
+            for waits in sorted(waiting, key=lambda w: -w.lines if isinstance(w, Template) else 0):
+                self._settle(waits)          # the best observed first: others may take its counter
+        out += self._release()
+        self.busy = bool(self.held)
+        return out + (self.asm.flush() if not self.held else [])
+
+    def finish(self) -> list[StepRecord]:
+        return self.flush(final=True) + self.asm.finish()
 
 
 def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str, str] | None = None,
          pattern: re.Pattern | None = None, **_) -> Iterator[StepRecord]:
     """Records of a text log from its ``(line_no, text)`` ``lines`` (a ``None`` text is an idle
-    tick that releases the held-back record); ``user_keys``: {name printed in the log: metric
-    key or ``"step"``}; ``pattern``: a regular expression whose named groups (``step`` and
-    metric keys) replace the grammar."""
-    reader = LineReader(user_keys, pattern)
-    asm = Assembler(account)
+    tick that releases the held-back record); ``user_keys``: {name printed in the log, or a
+    number's position on the line (``"1"``): metric key or ``"step"``}; ``pattern``: a regular
+    expression whose named groups (``step`` and metric keys) replace the grammar."""
+    reading = Reading(account, user_keys, pattern, blocks=True)
+    reader, asm = reading.reader, reading.asm
     record = asm.record
     for line_no, text in lines:
         if text is None:
-            yield from asm.flush()
+            yield from reading.flush()
             continue
         text = strip_prefix(text)
-        # The common case inline (a line of the last record template); feed_line otherwise.
+        # The common case inline (a line of the last record template); Reading.line otherwise.
         last = reader.last
         m = last.match(text) if last is not None and last.match is not None \
-            and asm.block is None else None
+            and asm.block is None and not reading.busy else None
         if m is not None and last is not None:
             try:
                 out = record(m.groups(), last)
@@ -160,38 +541,10 @@ def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str,
                 account(line_no, text, f"unreadable number: {e}")
                 continue
         else:
-            out = feed_line(reader, asm, line_no, text, account)
+            out = reading.line(line_no, text)
         if out:
             yield from out
-    yield from asm.finish()
-
-
-def feed_line(reader: LineReader, asm: Assembler, line_no: int, text: str,
-              account: ReadAccount) -> list[StepRecord]:
-    """One physical line through ``reader`` into ``asm``: the records it completes."""
-    out: list[StepRecord] = []
-    text = strip_prefix(text)
-    stripped = text.lstrip(" \t")
-    indent = len(text) - len(stripped)
-    if asm.block is not None and (indent <= asm.block_indent or not stripped):
-        out += asm.close_block()      # the indented block under a step header ended
-    asm.indent = indent
-    for seg in (segments(text) if ("\r" in text or "\x1b" in text or "\b" in text) else (text,)):
-        seg = strip_prefix(seg)       # a coloured prefix shows once the colour codes are gone
-        got = reader.parse(seg)
-        if got is None:
-            if seg.strip():
-                account.ignore(line_no, seg, "no numbers")
-            continue
-        nums, plan = got
-        try:
-            out += asm.feed(nums, plan)
-        except (ValueError, OverflowError) as e:
-            account(line_no, seg, f"unreadable number: {e}")
-            continue
-        if plan.kind != "record" and not (asm.block is not None and plan.metrics):
-            account.ignore(line_no, seg, _REASONS.get(plan.kind, "no training metric"))
-    return out
+    yield from reading.finish()
 
 
 _OVERFLOW_LINES = LineReader()
@@ -222,11 +575,17 @@ class _Near:
 
 
 class ClosestLines:
-    """The lines that came closest to a record (most keyed numbers), for the error message."""
+    """The lines that came closest to a record (most keyed numbers), for the error message, and
+    the numbers of up to ``SAMPLES`` lines of each of their templates (what to suggest:
+    :mod:`.suggest`). Memory: ``size`` lines, ``MAX_TEMPLATES`` x ``SAMPLES`` samples."""
+
+    SAMPLES = 8
+    MAX_TEMPLATES = 64
 
     def __init__(self, size: int = 3):
         self.size = size
         self.heap: list[_Near] = []
+        self.samples: dict[str, tuple[list[str], list[list[str]]]] = {}
 
     def offer(self, line_no: int, text: str, plan: Plan) -> None:
         near = _Near(plan.score, -line_no, text.strip()[:200], plan.named)
@@ -234,6 +593,26 @@ class ClosestLines:
             heapq.heappush(self.heap, near)
         elif near > self.heap[0]:
             heapq.heapreplace(self.heap, near)
+        texts, nums = tokens.split(near.text)
+        key = _fold(texts)
+        got = self.samples.get(key)
+        if got is None and len(self.samples) < self.MAX_TEMPLATES:
+            self.samples[key] = (texts, [nums])
+        elif got is not None and len(got[1]) < self.SAMPLES:
+            got[1].append(nums)
 
     def lines(self) -> list[tuple[int, str, tuple]]:
         return [(-n.line_no, n.text, n.named) for n in sorted(self.heap, reverse=True)]
+
+    def best(self) -> tuple[list[str], list[list[str]]] | None:
+        """The template of the closest line and its sample numbers."""
+        if not self.heap:
+            return None
+        top = max(self.heap)
+        return self.samples.get(_fold(tokens.split(top.text)[0]))
+
+
+def _fold(texts: list[str]) -> str:
+    """A template with whitespace runs and the numbers' signs folded (lines that differ only in
+    padding or sign share it)."""
+    return _SIGN.sub("\x00", _WHITESPACE.sub(" ", "\x00".join(texts)))

@@ -16,18 +16,16 @@ from typing import Iterator
 
 from ...record import StepRecord
 from .account import ReadAccount
-from .assemble import Assembler
-from .generic import LineReader, feed_line
+from .generic import Reading
 
 
 def read(path, *, account: ReadAccount, lines, user_keys=None, **_) -> Iterator[StepRecord]:
-    reader = LineReader(user_keys)
-    asm = Assembler(account)
+    reading = Reading(account, user_keys)
     run_log = False
     declared = None   # a phase line's declared warmup, handed to the next step record
     for line_no, text in lines:
         if text is None:
-            yield from asm.flush()
+            yield from reading.flush()
             continue
         s = text.strip()
         if not s:
@@ -54,7 +52,7 @@ def read(path, *, account: ReadAccount, lines, user_keys=None, **_) -> Iterator[
                     account.numbered("counter", "step (our run log)")
                     for key in rec.metrics:
                         account.saw(key, key)
-                yield from asm.flush()
+                yield from reading.flush()
                 yield rec
                 continue
             if kind == "phase":
@@ -63,5 +61,5 @@ def read(path, *, account: ReadAccount, lines, user_keys=None, **_) -> Iterator[
             if kind in ("finding", "segment", "checkpoint", "action"):
                 account.ignore(line_no, text, f"run-log {kind} line")
                 continue
-        yield from feed_line(reader, asm, line_no, s, account)
-    yield from asm.finish()
+        yield from reading.line(line_no, s)
+    yield from reading.finish()

@@ -1,18 +1,21 @@
 """Interpreting one line template: which number is the step, which the loss, what kind of line.
 
-A :class:`Plan` is made once per template (:mod:`.tokens`) from the vocabulary
-(:mod:`.vocabulary`) and the line's structure, and cached: every later line of the same shape
-is read by it. The structural rules (docs/replay.md, The reader grammar):
+A :class:`Plan` is made once per template (:mod:`.tokens`) from the line's structure, with the
+vocabulary (:mod:`.vocabulary`) breaking ties, and cached: every later line of the same shape is
+read by it. Where the names leave the step open, the plan lists the integers that may count
+(``Plan.counters``) and the reader watches them (:class:`~.generic.Template`), then makes the
+plan again with the one that counted up (``hints``). The rules (docs/replay.md, The reader
+grammar):
 
-- The step counter: a named step beats a named iteration (which becomes the micro-batch count
-  beside a step); a run of bare integers at the start of a line (``420 | loss ...``,
-  ``1|12|Loss: ...``) ends with the step; a bar's ``n/N`` counts batches within an epoch; a bar
-  printed after the values on a line that names its epoch is that epoch's progress, not a step.
-- The loss: the best-ranked name of the line that the vocabulary calls the loss; where none is
-  printed, the sum of the named terms of the objective (``box_loss``, ``loss_cls``) when there
-  are two or more; the one unnamed value of a ``N: x`` line.
-- Evaluation (a split named by a key or around the keys) and run summaries (``train_runtime``)
-  are no records; statistics (``mean_token_accuracy``) and unknown names are other numbers.
+- The step counter: the user's (``--keys``, by name or position) first; a named step beats a
+  named iteration (which becomes the micro-batch count beside a step); a run of bare integers
+  at the start of a line (``420 | loss ...``, ``1|12|Loss: ...``) ends with the step; a bar's
+  ``n/N`` counts batches within an epoch; a counter shown by its lines (``hints``).
+- The loss (``LOSS_KINDS``): a name with a loss word and no split word; the loss itself, else a
+  lone statistic of it (``avg loss``), else the sum of the terms printed (``box_loss``,
+  ``Loss_D``), signed; the one unnamed value of a ``N: x`` line.
+- Evaluation (a split named by a key, around the keys, or naming a counter) and run summaries
+  are no records; statistics and unknown names are other numbers.
 - DeepSpeed / apex / fairseq overflow lines, NaN warnings, epoch headers and step headers above
   an indented block have kinds of their own (:mod:`.assemble` gives them their meaning).
 """
@@ -41,8 +44,18 @@ _OVERFLOW = re.compile(r"overflow", re.I)
 # MindSpore's `overflow, still update, loss scale adjust to 1024.0`: the step was applied.
 _APPLIED = re.compile(r"\bstill updat|\bnot skip", re.I)
 _KEYLESS = 5                  # the rank of a bare leading counter
+_LEARNED = 6                  # the rank of a counter found by what its numbers do (hints)
 _BAR = 9                      # the rank of a keyless `n/N` counter
 UNNAMED = "(unnamed)"
+_KEY_WORDS = 5                # a longer name is prose ending in a key (_last_words)
+# How a line's loss was found, best first: a log that prints the loss itself anywhere takes no
+# statistic or sum of terms for it elsewhere (see Assembler.record).
+LOSS_KINDS = ("exact", "statistic", "terms")
+# Words that make an unknown name a counter's (`n_updates`, `batch_idx`, `Update 12`): where
+# several numbers of a line increase from line to line, they break the tie (then an unnamed one).
+_COUNTER_WORDS = frozenset({"step", "steps", "iter", "iters", "iteration", "iterations", "it",
+                            "update", "updates", "batch", "batches", "idx", "index",
+                            "episode", "episodes", "round", "rounds", "n", "num", "global"})
 
 
 @dataclass(slots=True)
@@ -51,7 +64,8 @@ class Plan:
 
     metrics: tuple[tuple[int, str, bool], ...] = ()   # (number index, metric key, negative)
     ranks: tuple[int, ...] = ()      # the vocabulary rank of each metric's printed name
-    components: tuple[int, ...] = ()   # terms summed into the loss where none is printed
+    components: tuple[tuple[int, bool], ...] = ()   # (index, negative) of the terms summed
+    # into the loss where none is printed
     printed: tuple[tuple[str, str], ...] = ()   # (our key or "step", the name the line prints)
     step: int | None = None
     step_rank: int = 1
@@ -69,6 +83,8 @@ class Plan:
     overflow_attempted: int | None = None
     overflow_applied: bool = False   # the line says the update went ahead: a scale, no skip
     loss_name: str = ""              # the loss as the line names it (normalised)
+    loss_kind: str = ""              # one of LOSS_KINDS, "" without a loss
+    loss_rank: int = len(LOSS_KINDS)  # its index in LOSS_KINDS
     mixed: bool = False              # `train loss` beside `val loss`: see Assembler.emit
     parts: tuple = ()                # kind multi: ((first number, end, plan), ...)
     score: int = 0                   # how close to a record (for the error message)
@@ -80,18 +96,27 @@ class Plan:
     loss_window: int = 0             # `loss: 6.9733 (6.9704)`: a window statistic
     step_name: str = ""              # the step as the line prints it
     simple: bool = False             # a named step and nothing else to work out (the fast path)
+    counters: tuple[tuple[int, str], ...] = ()   # (index, name) of integers that may be a counter: their behaviour
+    # across the template's lines decides (:class:`~.generic.Template`); () once decided
+    merged: str = ""                 # the template with whitespace runs and signs folded
+    outer: tuple[int, ...] = ()      # integers before the step that may count its epochs: one
+    # that goes up when the step restarts does (Assembler._outer_step)
 
 
 def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None = None,
-              split: bool = True) -> Plan:
-    """Interpret one template: ``texts`` are the pieces around the numbers ``nums`` of a line."""
+              split: bool = True, hints: Mapping[int, str] | None = None) -> Plan:
+    """Interpret one template: ``texts`` are the pieces around the numbers ``nums`` of a line.
+    ``hints``: {number index: ``"step"``} from what the template's numbers did across its lines
+    (:class:`~.generic.Template`); without them, integers that may be a counter are listed in
+    ``Plan.counters`` for the caller to watch."""
     n = len(nums)
     joined = "#".join(texts)
     plan = Plan()
-    roles, eval_context = _roles(texts, nums, user, "{" in joined)
+    roles, eval_context = _roles(texts, nums, user, "{" in joined, hints)
     metrics: dict[str, tuple[int, int, str, bool]] = {}   # key -> (rank, index, name, negative)
+    statistics: list[tuple[int, int, str]] = []   # (words beyond the loss, index, name)
     steps: list[tuple[int, int, str]] = []
-    comps: list[int] = []
+    comps: list[tuple[int, bool]] = []
     eval_loss = summary = False
     named = []
     bar_label = None
@@ -110,7 +135,9 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
             if key not in metrics or rank < metrics[key][0]:
                 metrics[key] = (rank, i, name, negative)
         elif role == "component":
-            comps.append(i)
+            comps.append((i, texts[i].endswith("-") and not texts[i].endswith("--")))
+        elif role == "statistic" and key == keys.LOSS:
+            statistics.append((len(normalise_key(name).split()), i, name))
         elif role == "step":
             steps.append((rank, i, normalise_key(name)))
         elif role == "epoch" and plan.epoch is None:
@@ -158,14 +185,26 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
                     parts.append((a, b, made[key]))
                 plan.parts = tuple(parts)
                 return plan
+    if keys.LOSS in metrics:
+        plan.loss_kind = LOSS_KINDS[0]
+    elif statistics:
+        # `Update 12: avg loss 1.234`: a statistic of the loss where the line prints no other
+        # (the plainest name: `avg loss` over `avg box_loss`).
+        i = min(statistics)[1]
+        metrics[keys.LOSS] = (1, i, roles[i][3], texts[i].endswith("-") and not texts[i].endswith("--"))
+        ordered = sorted(((i, k, neg) for k, (_, i, _, neg) in metrics.items()))
+        plan.loss_kind = LOSS_KINDS[1]
     plan.metrics = tuple(ordered)
     plan.ranks = tuple(metrics[k][0] for _, k, _ in ordered)
-    printed = [(k, metrics[k][2] or UNNAMED) for _, k, _ in ordered]
+    printed = [(k, _said(k, metrics[k][2], plan.loss_kind)) for _, k, _ in ordered]
     if keys.LOSS in metrics:
         plan.loss_name = normalise_key(metrics[keys.LOSS][2])
-    elif len(comps) >= 2:
+    elif comps:
+        # Terms of the objective and no total: their sum (one term alone is the loss it names).
         plan.components = tuple(comps)
-        printed.append((keys.LOSS, " + ".join(roles[i][3] for i in comps)))
+        plan.loss_kind = LOSS_KINDS[2]
+        printed.append((keys.LOSS, " + ".join(roles[i][3] for i, _ in comps)
+                        + (" (the sum of the terms printed)" if len(comps) > 1 else "")))
     if plan.step is not None:
         plan.step_name = roles[plan.step][3] or ("a bar's count" if plan.counter else UNNAMED)
         printed.append(("step", plan.step_name))
@@ -185,15 +224,48 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
     plan.score = len(named) + 2 * (len(ordered) + len(plan.components)) + (2 if steps else 0)
     plan.marker = any(m in joined for m in STEP_MARKERS)
     plan = _kind(plan, texts, nums, roles, joined, summary, eval_context, eval_loss)
+    plan.loss_rank = LOSS_KINDS.index(plan.loss_kind) if plan.loss_kind else len(LOSS_KINDS)
+    if plan.kind == "record" and plan.step is not None and plan.epoch is None:
+        plan.outer = tuple(i for i in range(plan.step) if roles[i][0] == "other"
+                           and nums[i].isdigit() and not roles[i][3].lower().startswith(_ARG_ECHO))
     plan.simple = (plan.kind == "record" and plan.step is not None and plan.epoch is None
+                   and not plan.outer and plan.loss_rank in (0, len(LOSS_KINDS))
                    and plan.per_epoch is None and plan.micro is None and not plan.cumulative_skips
                    and not plan.mixed and not plan.components and not plan.counter)
+    if plan.kind == "record" and plan.step is None and hints is None:
+        plan.counters = tuple((i, name) for i, (role, _, _, name) in enumerate(roles)
+                              if role == "other" and nums[i].isdigit()
+                              and not name.lower().startswith(_ARG_ECHO))
     return plan
 
 
-def _roles(texts, nums, user, nested) -> tuple[list[tuple[str, str | None, int, str]], bool]:
+def choose_counter(plan_roles: list[tuple[int, str]]) -> int:
+    """The step among integers that all increase from line to line (``(index, printed name)``):
+    a name of a counter's words first (``n_updates``, ``batch_idx``), then any other name
+    (Marian's ``Up. 14000``), then an unnamed one; the leftmost of equals."""
+    def rank(item):
+        i, name = item
+        words = set(normalise_key(name).split())
+        return (0 if words & _COUNTER_WORDS else 1 if name else 2), i
+    return min(plan_roles, key=rank)[0]
+
+
+def _said(key: str, name: str, loss_kind: str) -> str:
+    """How the account names a printed key: a statistic taken for the loss says so."""
+    if key == keys.LOSS and loss_kind == LOSS_KINDS[1]:
+        return f"{name} (a statistic of the loss: the log prints no other)"
+    return name or UNNAMED
+
+
+def slot_roles(texts: list[str], nums: list[str]) -> list[tuple[str, str | None, int, str]]:
+    """``(role, our key, rank, printed name)`` of every number of a line, as a plan sees them
+    (``noise``, ``total``, ``step``, ``metric``, ``other``, ...)."""
+    return _roles(texts, nums, None, "{" in "".join(texts))[0]
+
+
+def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str | None, int, str]], bool]:
     """``(role, our key, rank, printed name)`` of every number, and whether a split is named
-    around the keys."""
+    around the keys. The user's names and positions (``--keys``) come before every rule."""
     n = len(nums)
     is_noise = tokens.noise(texts, nums)
     glued = tokens.glued_names(texts, nums)
@@ -206,6 +278,15 @@ def _roles(texts, nums, user, nested) -> tuple[list[tuple[str, str | None, int, 
     eval_context = False
     for i in range(n):
         before, g = befores[i], glued[i]
+        if user:
+            said = _user_role(user, i, before, prefixes[i] if prefixes else "")
+            if said is not None:
+                roles.append(said)
+                continue
+        if hints and i in hints:
+            name = tokens.key_before(before, glued=i > 0) if not g else g
+            roles.append(("step", None, _LEARNED, name))
+            continue
         if g:
             roles.append((*classify(g, user), g))
             continue
@@ -224,6 +305,7 @@ def _roles(texts, nums, user, nested) -> tuple[list[tuple[str, str | None, int, 
             continue
         if len(name) == 1 and not before.rstrip(" \t").endswith(":"):
             name = ""             # one letter is a key only as `s:12`, `L: 0.0058` (llm.c, SparK)
+        name = _last_words(name, user)
         full = f"{prefixes[i]}/{name}" if prefixes and prefixes[i] and name else name
         role, key, rank = classify(full, user)
         has_total = i + 1 < n and texts[i + 1].strip() == "/" and not is_noise[i + 1]
@@ -237,22 +319,83 @@ def _roles(texts, nums, user, nested) -> tuple[list[tuple[str, str | None, int, 
         elif role == "other" and has_total and i + 3 < n and texts[i + 3].strip() == "/" \
                 and texts[i + 2].replace(" ", "") == "][" and nums[i].isdigit():
             role = "epoch"        # `Train: [3/300][370/1251]`: nested counters, the outer one
+        elif role == "eval" and key is None and nums[i].isdigit() and _counts_a_split(name):
+            eval_context = True   # `test epoch: 1, loss: ..`, `Test: [ 0/30] .. Loss: ..`
         roles.append((role, key, rank, name))   # counts epochs (`Epoch: [e][b/N]` names it)
     _bare_counters(texts, nums, roles)
+    _counter_in_prose(texts, nums, roles, user)
     return roles, eval_context
+
+
+def _last_words(name: str, user) -> str:
+    """A name longer than a key (prose before it: `Start Training /path/run_iter30k Epoch`):
+    its shortest tail that names something (`Epoch`), else the whole."""
+    if len(name) < 2 * _KEY_WORDS or sum(map(name.count, " /_-.")) < _KEY_WORDS \
+            or len(normalise_key(name).split()) <= _KEY_WORDS:
+        return name                     # (the counts first: most names are short)
+    words = name.split()
+    for k in range(1, min(_KEY_WORDS, len(words))):
+        tail = " ".join(words[-k:])
+        if classify(tail, user)[0] != "other":
+            return tail
+    return name
+
+
+def _counts_a_split(name: str) -> bool:
+    """Whether a name is a split word alone or with a counter's word (``Test``, ``test epoch``,
+    ``val_step``): the number it names counts an evaluation's lines."""
+    from .vocabulary import WORD_ROLES
+    return all(WORD_ROLES.get(w) == "split" or w in _COUNTER_WORDS or w in ("epoch", "ep")
+               for w in normalise_key(name).split())
+
+
+def _counter_in_prose(texts, nums, roles, user) -> None:
+    """``discriminator loss at step 100: 0.69``: the key before the counter names the value after
+    it (``NAME at COUNTER N: v``), whose own key is empty."""
+    for i in range(len(nums) - 1):
+        name = roles[i][3]
+        low = f" {name.lower()} "
+        if " at " not in low or roles[i + 1][3] or not nums[i].isdigit() \
+                or texts[i + 1].strip() not in (":", "=", "is", "was"):
+            continue
+        cut = name.lower().rfind(" at ")
+        value_name, counter_name = name[:cut].strip(), name[cut + 4:].strip()
+        if classify(counter_name, user)[0] in ("step", "epoch", "batch"):
+            roles[i] = (*classify(counter_name, user), counter_name)
+            roles[i + 1] = (*classify(value_name, user), value_name)
+
+
+def _user_role(user: Mapping[str, str], i: int, before: str, prefix: str):
+    """The role ``--keys`` gives number ``i``: by its position (``step=1``: the first number of
+    the line) or by the name printed before it, or None."""
+    target = user.get(str(i + 1))
+    name = ""
+    if target is None:
+        name = tokens.key_before(before, glued=i > 0)
+        target = user.get(normalise_key(name))
+        if target is None and prefix and name:
+            target = user.get(normalise_key(f"{prefix}/{name}"))
+        if target is None:
+            return None
+    if target == "step":
+        return "step", None, -1, name or f"#{i + 1}"
+    return "metric", target, -1, name or f"#{i + 1}"
 
 
 def _bare_counters(texts, nums, roles) -> None:
     """A run of bare integers that opens a line ends with its step (``420 | loss 4.06``,
-    ``1|12|Loss: 1.04``), the number before it an epoch; a ``N: x`` line is a step and one
-    unnamed value (the loss)."""
+    ``1|12|Loss: 1.04``), the number before it an epoch; a ``N: x`` line (``N,x``, ``N x``) is
+    a step and one unnamed value (the loss)."""
     n = len(nums)
 
     def bare(i):
         return roles[i][0] == "other" and not roles[i][3]
 
+    sep = texts[1].strip() if n == 2 else "#"
     if n == 2 and bare(0) and bare(1) and nums[0].isdigit() and not texts[0].strip() \
-            and texts[1].strip() in (":", "|") and not texts[2].strip():
+            and not texts[2].strip() and (sep in (":", "|", ",", ";") or (
+                not sep and not nums[1].isdigit())):
+        # `100: 2.5`, and a table of two columns without a header (`100,2.5`, `100\t2.5`)
         roles[0], roles[1] = ("step", None, _KEYLESS, ""), ("metric", keys.LOSS, 1, "")
         return
     run = 0

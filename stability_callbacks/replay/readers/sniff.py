@@ -16,9 +16,9 @@ import time
 from typing import Iterable
 
 from ... import keys
-from . import caffe, fairseq, generic, megatron
+from . import caffe, fairseq, generic, megatron, suggest
+from .generic import ClosestLines
 from .source import LogFormatError, segments, strip_prefix
-from .vocabulary import classify
 
 # A Megatron log may print 10k lines of arguments and start-up before its first iteration.
 DETECT_MAX_LINES = 200_000
@@ -39,6 +39,7 @@ _SIGNATURES = (("megatron", "iteration", (megatron.SIGNATURE,)),
                ("fairseq", "num_updates", fairseq.SIGNATURES),
                ("caffe", "] ", caffe.SIGNATURES))
 _CELL = re.compile(r"^[\w./ ()\[\]%-]{1,80}$")
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf|infinity)", re.I)
 
 LOOKED_FOR = (
     "a step (step, iter, iteration, global_step, num_updates, Step N/M, epoch + batch) with a\n"
@@ -48,47 +49,26 @@ LOOKED_FOR = (
 
 
 class NoRecords(LogFormatError):
-    """No per-step training metric anywhere: what was looked for, the closest lines, the way out."""
+    """No per-step training metric anywhere: what was looked for, the closest lines, the way out
+    (:mod:`.suggest`: commands to paste, each checked to read those lines)."""
 
-    def __init__(self, path, num_lines: int, closest: list[tuple[int, str, tuple]]):
-        self.closest = closest
+    def __init__(self, path, num_lines: int, closest: ClosestLines):
+        self.closest = closest.lines()
         lines = [f"unknown log format: no per-step training metrics in {num_lines} line(s).",
                  f"  looked for: {LOOKED_FOR}."]
-        if closest:
+        if self.closest:
             lines.append("  closest lines:")
-            lines += [f"    line {n}: {text}" for n, text, _ in closest]
-        lines += suggestion(closest)
+            lines += [f"    line {n}: {text}" for n, text, _ in self.closest]
+        best = closest.best()
+        pasted = suggest.commands(path, *best) if best is not None else []
+        if pasted:
+            lines.append("  say it explicitly (paste one; --keys OURS=THEIRS names what the log prints "
+                         "as step, loss, ..., by name or by position on the line from 1):")
+            lines += [f"    {c}" for c in pasted]
+        else:
+            lines.append("  no number on these lines can be told to be a loss: name it with --keys "
+                         "(OURS=THEIRS: loss=its name, or its position on the line from 1)")
         super().__init__(path, None, "\n".join(lines))
-
-
-def suggestion(closest) -> list[str]:
-    """How to say it explicitly, built from the closest line's names where it has two. An epoch
-    is never suggested as the step: every line of an epoch would fold into one record."""
-    names = list(closest[0][2]) if closest else []
-    step = next((n for n in names if re.search(r"^(?:ep|it|s)$|step|iter|epoch|batch", n, re.I)
-                 and _varies(n, closest)), None)
-    value = next((n for n in names if n != step and classify(n)[0] not in ("epoch", "batch")), None)
-    if value and step:
-        keys_flag = f"--keys step={step},loss={value}"
-        pattern = (f"{re.escape(step)}\\W*(?P<step>\\d+).*?{re.escape(value)}\\W*"
-                   "(?P<loss>[^\\s,;|]+)")
-    elif value:
-        keys_flag = f"--keys loss={value}   (no step printed: records numbered in order)"
-        pattern = f"{re.escape(value)}\\W*(?P<loss>[^\\s,;|]+)"
-    else:
-        keys_flag = "--keys step=NAME,loss=NAME"
-        pattern = "step (?P<step>\\d+) .*? loss (?P<loss>\\S+)"
-    return [f"  say it explicitly: {keys_flag}   (our key=the name the log prints)",
-            f"    or --pattern '{pattern}'   (named groups: step, loss, grad_norm, lr, "
-            "loss_scale, skipped)"]
-
-
-def _varies(name: str, closest) -> bool:
-    """Whether a counter takes different values on the closest lines (a name that repeats its
-    value, an epoch over its batches, would fold every line into one record)."""
-    pat = re.compile(re.escape(name) + r"\W*(\d+)")
-    values = {m.group(1) for _, text, _ in closest for m in [pat.search(text)] if m}
-    return len(values) > 1
 
 
 def detect_lines(path, lines: Iterable, *, user_keys=None, pattern=None) -> tuple[str, list]:
@@ -141,7 +121,7 @@ def detect_lines(path, lines: Iterable, *, user_keys=None, pattern=None) -> tupl
                 tentative = "generic"
     if tentative is not None:
         return tentative, consumed
-    raise NoRecords(path, len(consumed), closest.lines())
+    raise NoRecords(path, len(consumed), closest)
 
 
 def _line_kind(text, reader, closest, line_no, explicit) -> str | None:
@@ -162,7 +142,7 @@ def _line_kind(text, reader, closest, line_no, explicit) -> str | None:
             return "generic"
         if plan.kind in ("record", "overflow"):
             tentative = True          # an LR, a skip count, an overflow: maybe Megatron's
-        elif plan.score:
+        elif plan.kind not in ("overflow", "summary", "eval"):
             closest.offer(line_no, seg, plan)
     if reader.table is not None:
         return None
@@ -209,7 +189,7 @@ class _Structured:
             if not s:
                 return None
             row = next(csv.reader([s], delimiter=self.delimiter))
-            if len(row) == len(self.header):
+            if len(row) == len(self.header) and any(_NUMBER.fullmatch(c.strip()) for c in row):
                 return self._table_kind()
             self.open = False
             return None
@@ -232,16 +212,12 @@ class _Structured:
         self.delimiter = "\t" if "\t" in s and "," not in s else ","
         if self.delimiter in s:
             cells = [c.strip() for c in next(csv.reader([s], delimiter=self.delimiter))]
-            if len(cells) >= 2 and all(_CELL.match(c) for c in cells if c) and self._counter(cells):
+            if len(cells) >= 2 and all(_CELL.match(c) and not _NUMBER.fullmatch(c) for c in cells if c) \
+                    and any(c[:1].isalpha() or c[:1] == "_" for c in cells):
                 self.mode, self.header = "table", cells
                 return None
         self.open = False
         return None
-
-    @staticmethod
-    def _counter(cells: list[str]) -> bool:
-        return any(c in ("_step", "Step", "step") or classify(c)[0] in ("step", "epoch")
-                   or " - " in c for c in cells)
 
     def _table_kind(self) -> str:
         cells = self.header

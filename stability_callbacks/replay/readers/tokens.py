@@ -28,13 +28,18 @@ _NONFINITE_HINT = re.compile(r"nan|NaN|NAN|[Ii]nfinity|inf|Inf|INF").search
 _GLUED_BEFORE = {"ep": "epoch", "epoch": "epoch", "it": "it", "iter": "iter",
                  "iteration": "iteration", "step": "step"}
 _GLUED_AFTER = {"epoch": "epoch", "batch": "batch", "batches": "batch"}
-_TRAILING_WORD = re.compile(r"(?<![A-Za-z])([A-Za-z]+)$")
+_TRAILING_WORD = re.compile(r"(?<![A-Za-z_/.-])([A-Za-z]+)$")
 _LEADING_WORD = re.compile(r"([A-Za-z]+)(?![A-Za-z])")
 _QUOTES = " \t'\"\u2018\u2019\u201c\u201d"
-_CUTS = ",|;[]{}()<>'\"=:\t\u2018\u2019\u201c\u201d"
+_CUTS = ",|;[]{}()<>'\"=:\t\u2018\u2019\u201c\u201d\u2502\u2503\u2551"
 _AFTER_LAST_CUT = re.compile(f"[{re.escape(_CUTS)}]([^{re.escape(_CUTS)}]*)\\Z")
 _PATH_TOKENS = re.compile(r"""['"]?([\w./ -]+?)['"]?\s*[:=]\s*\{|\{|\}""")
 _WORD_INSIDE_KEY = re.compile(r"\s+[A-Za-z][\w ]*[:=]\s*$")
+# A word of punctuation only between spaces separates fields, whatever its characters:
+# `step 120 -- Loss: 2.31`, `it 5 ~ loss 2.1`, `iter 3 • lr 1e-4`, `step 4 :: loss 2.0`.
+_LAST_SEPARATOR_WORD = re.compile(r".*(?:^|\s)[^\w\s]+\s")
+_PUNCTUATION = re.compile(r"[^\w\s]").search
+_BOX_VERTICALS = str.maketrans("\u2502\u2503\u2551", "|||")
 _STATISTIC_QUALIFIERS = frozenset({"avg", "average", "mean", "ema", "smoothed", "running"})
 
 
@@ -71,12 +76,20 @@ def key_before(piece: str, glued: bool) -> str:
         inner = s[s.rfind("[") + 1:-1].strip()
         if inner[:1].isalpha():
             return inner
+    if s[-1:] in "|\u2502\u2503\u2551":        # a key in a cell of its own: `| loss | 0.0453 |`
+        inner = s[:-1].rstrip()
+        m = _AFTER_LAST_CUT.search(inner)
+        if (m.group(1) if m else inner).strip()[:1].isalpha():
+            s = inner
     m = _AFTER_LAST_CUT.search(s)
     cut = m.start() if m else -1
     for sep in (" - ", "  "):                  # Keras ` - loss: `, torchtitan's double spaces
         j = s.rfind(sep)
         if j >= 0 and j + len(sep) - 1 > cut:
             cut = j + len(sep) - 1
+    m = _LAST_SEPARATOR_WORD.match(s, cut + 1) if _PUNCTUATION(s, cut + 1) else None
+    if m is not None:
+        cut = m.end() - 2
     key = s[cut + 1:].strip()
     if key.endswith(" is") and ". " in piece:  # prose (BigDL): `.../second. Loss is 1.26.`
         key = key[:-3].rstrip()                # (not a warning's `loss is nan at step 12`)
@@ -131,7 +144,7 @@ def glued_names(texts: list[str], nums: list[str]) -> list[str | None]:
     out: list[str | None] = [None] * len(nums)
     for i, num in enumerate(nums):
         m = _TRAILING_WORD.search(texts[i])
-        if m and m.group(1).lower() in _GLUED_BEFORE:
+        if m and m.group(1).lower() in _GLUED_BEFORE and not texts[i + 1][:1].isalpha():
             out[i] = _GLUED_BEFORE[m.group(1).lower()]
         elif num.isdigit():
             m = _LEADING_WORD.match(texts[i + 1])
@@ -172,6 +185,11 @@ def in_loss_group(texts: list[str], i: int) -> bool:
     return False
 
 
+def pipes(line: str) -> str:
+    """The line with box-drawing verticals (rich's tables: ``│ 1 │ 0.52 │``) as ``|``."""
+    return line.translate(_BOX_VERTICALS)
+
+
 def cells(line: str, pipes: bool | None = None) -> list[str]:
     """The cells of a table line: ``|``-separated where it has a ``|`` (or ``pipes``), else
     whitespace runs.
@@ -179,6 +197,7 @@ def cells(line: str, pipes: bool | None = None) -> list[str]:
     >>> cells("Step | Training Loss | reward"), cells("   Epoch    GPU_mem   box_loss")
     (['Step', 'Training Loss', 'reward'], ['Epoch', 'GPU_mem', 'box_loss'])
     """
+    line = line.translate(_BOX_VERTICALS)       # rich's box tables: `│ 1 │ 0.52 │`
     if pipes or (pipes is None and "|" in line):
         return [c.strip() for c in line.strip().strip("|").split("|")]
     return line.split()

@@ -8,6 +8,8 @@ around it (docs/replay.md, The reader grammar): an unknown name, or a running st
 (('metric', 'loss', 1), ('eval', 'loss', 0), ('step', None, 0), ('ignore', None, 1))
 >>> classify("mean_token_accuracy")[0], classify("Train loss/train/total")[:2], classify("box_loss")[0]
 ('statistic', ('metric', 'loss'), 'component')
+>>> classify("avg loss"), classify("Loss_G")[:2], classify("-- Loss")[:2]
+(('statistic', 'loss', 0), ('component', 'loss'), ('metric', 'loss'))
 
 Cost: one dict lookup per name, cached per template by the callers. State: none.
 """
@@ -28,14 +30,27 @@ ENTRIES: dict[str, tuple[str, str | None, int]] = {}
 for _e in _DATA["entries"]:
     _role = _e["is"]
     _key = _role if keys.is_known(_role) else None
-    ENTRIES[_e["name"]] = ("metric" if _key else _role, _key, int(_e.get("rank", 1)))
+    if _role == "term":                  # a term of the objective by name (pix2pix's `G_GAN`)
+        _role, _key = "component", keys.LOSS
+    ENTRIES[_e["name"]] = ("metric" if _key and _role != "component" else _role, _key, int(_e.get("rank", 1)))
 #: Words that give their role to any name they are part of (`eval_loss`, `train_runtime`).
 WORD_ROLES = {n: r for n, (r, _, _) in ENTRIES.items()
-              if r in ("split", "summary", "statistic", "ignore") and " " not in n}
+              if r in ("split", "summary", "statistic", "ignore", "amount") and " " not in n}
 PREFIXES = frozenset(_DATA["prefixes"])
 STEP_MARKERS: tuple[str, ...] = tuple(_DATA["step_markers"])
 _CJK_WORDS: dict[str, str] = {k: f" {v} " for k, v in _DATA["cjk"].items()}
 _CJK = re.compile("|".join(sorted(_CJK_WORDS, key=len, reverse=True)))
+# A longer name is prose around a number (`the loss values start being reported as nan`).
+_KEY_MAX_WORDS = 4
+# Words that make a name with `loss` in it a setting, not a value of the objective
+# (`initial_loss_scale`, `loss_scale_window`, `loss_weight`), or prose.
+_SETTING_WORDS = frozenset({"scale", "scaler", "window", "weight", "weights", "coef", "coeff",
+                            "factor", "type", "fn", "func", "function", "threshold", "clip",
+                            "hysteresis", "init", "initial", "min", "max", "log", "patience",
+                            "delta", "tolerance", "tol",
+                            # prose around a number: `loss is nan at step 12`
+                            "is", "are", "was", "were", "be", "became", "becomes", "got", "at",
+                            "of", "to", "the", "in", "for", "from", "and"})
 _NOT_A_KEY = re.compile(r"[^A-Za-z0-9]+")
 # Step counters below this rank are the optimizer's count; `iteration` / `it` beside a
 # `step` count micro-batches (litgpt `iter 3704 step 463`).
@@ -73,22 +88,37 @@ def _classify(norm: str, raw: str, user: tuple) -> tuple[str, str | None, int]:
     words = norm.split()
     if any(WORD_ROLES.get(w) == "split" for w in words):
         return "eval", "loss" if ("loss" in words or "ppl" in words) else None, 0
+    lossy = (len(words) <= _KEY_MAX_WORDS and any(_is_loss_word(w) for w in words)
+             and not _SETTING_WORDS.intersection(words))
     got = _lookup(norm, words)
     if got is not None:
-        return got
+        return ("statistic", keys.LOSS, 0) if got[0] == "statistic" and lossy else got
     key = ours(raw)                       # our own tags and metric keys
     if key is not None:
         return "metric", key, 1
     for w in words:
         role = WORD_ROLES.get(w)
         if role is not None:
-            return role, None, 0
+            # `avg loss`, `loss (avg)`: a statistic of the loss (the loss where the log prints
+            # no other: see plan.make_plan).
+            return role, keys.LOSS if role == "statistic" and lossy else None, 0
     bare = [w for w in words if w not in PREFIXES] or words
     if bare[0] == "lr" and len(bare) > 1 and "lr-" in raw.lower():
         return "metric", keys.LR, 1       # Lightning / composer LR monitors: `lr-AdamW/pg1`
-    if len(words) > 1 and (words[-1] == "loss" or words[0] == "loss"):
-        return "component", keys.LOSS, 0  # `box_loss`, `loss_cls`: a term of the objective
+    if lossy:
+        # A name with a loss word that the vocabulary does not know: `Loss` under any prefix is
+        # the loss; with other words (`box_loss`, `loss_cls`, `Loss_D`, `lossG`) a term of the
+        # objective.
+        if len(bare) == 1 and bare[0] == "loss":
+            return "metric", keys.LOSS, 1
+        return "component", keys.LOSS, 0
     return "other", None, 0
+
+
+def _is_loss_word(word: str) -> bool:
+    """``loss`` and words built on it (``lossg``, ``gloss``), not the plural (a group's name:
+    ``[Losses: ...]``)."""
+    return "loss" in word and word != "losses"
 
 
 def ours(name: str) -> str | None:
