@@ -30,9 +30,10 @@ from . import caffe, csv_table, fairseq, generic, hf, jsonl, megatron, tensorboa
 from .account import ReadAccount
 from .sniff import DETECT_MAX_LINES, SETTLE_S, NoRecords, detect_lines
 from .source import LogFormatError, Source
+from .user_keys import compile_pattern, parse_keys
 
 __all__ = ["FORMATS", "JUDGED_WITHOUT_LOSS", "LogFormatError", "NoRecords", "ReadAccount", "detect_format",
-           "read_records", "DETECT_MAX_LINES", "SETTLE_S"]
+           "read_records", "parse_keys", "compile_pattern", "DETECT_MAX_LINES", "SETTLE_S"]
 
 FORMATS = ("generic", "megatron", "fairseq", "caffe", "hf-state", "jsonl", "csv", "tensorboard",
            "wandb-csv")
@@ -97,44 +98,6 @@ def detect_format(path) -> str:
             raise LogFormatError(p, None, "a directory without TensorBoard event files")
         return "tensorboard"
     return detect_lines(p, Source(p).lines())[0]
-
-
-def parse_keys(spec: str) -> dict[str, str]:
-    """``"step=iter,loss=train_loss"`` -> ``{"iter": "step", "train_loss": "loss"}`` (the
-    name printed in the log, or a number's position on the line or a CSV row's column, from 1
-    -> our key); ``ValueError`` names a bad item.
-
-    >>> parse_keys("step=it, loss=Train Loss"), parse_keys("step=1,loss=3")
-    ({'it': 'step', 'Train Loss': 'loss'}, {'1': 'step', '3': 'loss'})
-    """
-    out: dict[str, str] = {}
-    for item in spec.split(","):
-        ours, sep, theirs = item.partition("=")
-        ours, theirs = ours.strip(), theirs.strip()
-        if not sep or not ours or not theirs:
-            raise ValueError(f"--keys: {item.strip()!r} is not OURS=THEIRS "
-                             f"(e.g. step=iter,loss=train_loss)")
-        if ours != "step" and not keys.is_known(ours):
-            raise ValueError(f"--keys: {ours!r} is not step or a metric key "
-                             f"({', '.join(keys.ALL)} or loss/<name>)")
-        if theirs.isdigit() and int(theirs) < 1:
-            raise ValueError(f"--keys: {item.strip()!r}: positions count from 1")
-        out[theirs] = ours
-    return out
-
-
-def compile_pattern(text: str) -> re.Pattern:
-    """The ``--pattern`` regular expression; ``ValueError`` for a bad one or unknown groups."""
-    try:
-        pat = re.compile(text)
-    except re.error as e:
-        raise ValueError(f"--pattern: not a regular expression: {e}") from e
-    names = set(pat.groupindex)
-    bad = sorted(n for n in names if n != "step" and not keys.is_known(n))
-    if bad or not names - {"step"}:
-        raise ValueError(f"--pattern: named groups must be step and metric keys "
-                         f"({', '.join(keys.ALL)}); got {sorted(names) or 'none'}")
-    return pat
 
 
 def read_records(path, format: str = "auto", tag_map: Mapping[str, str | None] | None = None,

@@ -25,6 +25,7 @@ from typing import Sequence
 
 from ... import keys
 from .plan import slot_roles
+from .user_keys import parse_keys
 from .vocabulary import normalise_key
 
 PROGRAM = "stability-callbacks replay"
@@ -100,7 +101,6 @@ def _name(roles, i: int) -> str:
 
 def _reads_keys(spec: str, line: str, loss: int) -> bool:
     """Whether ``--keys spec`` reads the line's number ``loss`` as the loss."""
-    from . import parse_keys
     from .generic import LineReader
     try:
         got = LineReader(parse_keys(spec)).parse(line)
