@@ -498,7 +498,8 @@ class Policy:
         details = {"checkpoint_step": ckpt[0] if ckpt else None, "checkpoint_path": ckpt[1] if ckpt else None,
                    "onset_step": onset, "skip_steps": [first_skip, step], "trigger": trigger.kind,
                    "led_by": led_by, "checkpoints_seen": self.checkpoints_seen,
-                   "save_steps": None if ckpt else save_interval_before(onset, self.bump_save_interval_to)}
+                   "save_steps": (save_interval_before(onset, self.bump_save_interval_to)
+                                  if ckpt is None and self.checkpoints_seen else None)}
         n = step - first_skip + 1
         skip = f"skip the batches of steps {first_skip}-{step} ({n} step{'s' if n != 1 else ''})"
         if ckpt:

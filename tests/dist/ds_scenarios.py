@@ -97,6 +97,10 @@ def summary(hook, extra: dict) -> dict:
         "control": {"stop": hook.control.stop, "state_is_good": hook.control.state_is_good},
         "rollback": (hook.control.rollback.details if hook.control.rollback is not None else None),
     }
+    o = hook.outcome   # what every rank knows alike of how the run ended
+    if o is not None:
+        res["outcome"] = {"halted": o.halted, "halted_at": o.halted_at, "reason": o.reason,
+                          "exit_code": o.exit_code, "advice": o.advice}
     res.update(extra)
     return res
 
@@ -521,7 +525,8 @@ def case_monitor(out_dir):
 
 def case_loud(out_dir):
     """A bad config raises at ``attach`` (before step one) with the key named; an unwritable
-    run_dir is one warning, and the run is monitored all the same."""
+    run_dir is one warning, the hook's own save into it another (no traceback), and the run is
+    monitored all the same."""
     from stability_callbacks import ConfigError
 
     sc = build_scenario("healthy", max_steps=4, warmup_steps=2, batch_size=2)
@@ -550,14 +555,17 @@ def case_loud(out_dir):
 
     seen = Seen()
     logging.getLogger("stability_callbacks").addHandler(seen)
-    try:
-        with attach(engine, config={"actions": {}}, run_dir=os.path.join(blocker, "stability")) as hook:
+    try:   # the hook's own save (every step in the risk window) goes to <run_dir>/checkpoints: no folder
+        with attach(engine, config={"actions": {}, "policy": {"bump_save_interval_to": 1}},
+                    run_dir=os.path.join(blocker, "stability")) as hook:
             train(engine, hook, sc, last_step=4)
     finally:
         logging.getLogger("stability_callbacks").removeHandler(seen)
     return summary(hook, {"errors": errors,
                           "last_step": hook.session.last_step,
-                          "records": {"warnings": [m for m in seen.messages if "run log" in m]}})
+                          "records": {"warnings": [m for m in seen.messages if "run log" in m],
+                                      "save_warnings": [m.replace(blocker, "BLOCKER") for m in seen.messages
+                                                        if "save" in m or "Traceback" in m]}})
 
 
 CASES = {

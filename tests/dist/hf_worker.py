@@ -77,6 +77,9 @@ def main() -> int:
                    "is_deepspeed": bool(trainer.is_deepspeed_enabled),
                    "zero_stage": (trainer.model_wrapped.zero_optimization_stage()
                                   if trainer.is_deepspeed_enabled else None),
+                   "outcome": None if cb.outcome is None else {
+                       "halted": cb.outcome.halted, "halted_at": cb.outcome.halted_at, "reason": cb.outcome.reason,
+                       "exit_code": cb.outcome.exit_code, "report": cb.outcome.report_path is not None},
                    "num_params": sum(p.numel() for p in trainer.model.parameters()),
                    "weights_sum": float(sum(p.detach().double().sum() for p in trainer.model.parameters()))}, fh)
     if torch.distributed.is_initialized():

@@ -381,6 +381,29 @@ class LiveSession:
         self.save_blocked(step, what)
         return False
 
+    def can_save_into(self, folder: str, step: int) -> bool:
+        """Whether the monitor's own save of ``step`` can go into ``folder`` (made when missing).
+        A folder that cannot be written is one warning, said once, without a traceback, and no
+        save: training and detection go on. Every rank checks the same folder before the
+        (collective) save, so a shared one that cannot be written stops every rank's save alike,
+        and no rank waits in the save for a rank that failed."""
+        try:
+            os.makedirs(folder, exist_ok=True)
+            if os.access(folder, os.W_OK | os.X_OK):
+                return True
+            why = "permission denied"
+        except OSError as e:
+            why = e.strerror or str(e)
+        self.guard.warn_once("save-folder", "stability: cannot save the checkpoint of step %d into %s "
+                             "(%s); the monitor's saves are off, training and detection go on", step, folder, why)
+        return False
+
+    def save_failed(self, step: int, exc: OSError) -> None:
+        """The monitor's own save of ``step`` failed while writing (a full disk): one warning,
+        said once, without a traceback; training and detection go on."""
+        self.guard.warn_once("save-failed", "stability: the checkpoint of step %d could not be saved "
+                             "(%s: %s); training and detection go on", step, type(exc).__name__, exc)
+
     def record_save(self, step: int, path: str | None, reason: str | None = None) -> None:
         """A checkpoint of ``step`` was written to ``path``: on the monitor's request (``reason``:
         a ``save`` action) or by the framework or the loop itself (only the checkpoint line)."""
