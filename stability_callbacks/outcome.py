@@ -41,8 +41,8 @@ class RunReport:
 
     - ``enabled``: the HTML report (``replay --report``'s, :mod:`~stability_callbacks.replay.report`)
       written as ``report.html`` next to the run log by rank 0 (needs matplotlib: the ``report``
-      extra; without it the summary says so). It reads the run log back: about 1 s for a short
-      run, O(steps) for a long one.
+      extra; without it the summary says so). It reads the run log back: 0.6 s for 1 000 steps,
+      3.8 s and 0.4 GB for 100 000 (docs/integrations.md, The end of a run).
     """
 
     def __init__(self, *, enabled: bool = True):
@@ -79,6 +79,7 @@ class Outcome:
     report_path: Path | None = None
     #: Why no report was written (report off, no run log, matplotlib missing, ...).
     report_problem: str | None = None
+
     @property
     def exit_code(self) -> int:
         if self.halted:

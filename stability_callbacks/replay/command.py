@@ -187,7 +187,8 @@ def _writing(flag: str, path: str):
 
 def _follow(args, monitor, user_keys, pattern) -> int:
     from ..live import LiveRun
-    from .follow import EXIT_HALTED, StopConditions, TailLines, carry_out_halt, follow_run_dir, follow_wandb_run
+    from ..outcome import EXIT_HALTED   # a live run's outcome gives a halted run the same code
+    from .follow import StopConditions, TailLines, carry_out_halt, follow_run_dir, follow_wandb_run
     from .readers import LogFormatError, ReadAccount, read_records
 
     err = sys.stderr
