@@ -30,6 +30,7 @@ allow_fp16()
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # tests/
 from alert_inbox import AlertInbox  # noqa: E402
 from streams import two_stream_losses  # noqa: E402
+from teardown import leave  # noqa: E402
 from stability_callbacks.demo.scenarios import build_scenario  # noqa: E402
 from stability_callbacks.integrations.deepspeed import (CLIENT_STATE_KEY, attach,  # noqa: E402
                                                         roll_back_latest)
@@ -593,26 +594,23 @@ def main(argv):
     out_dir, names = argv[0], argv[1:] or list(CASES)
     deepspeed.init_distributed(dist_backend="gloo")
     rank = dist.get_rank()
-    try:
-        for name in names:
-            t0 = time.perf_counter()
-            try:
-                res = CASES[name](out_dir)
-            except Exception:
-                with open(os.path.join(out_dir, f"{name}.rank{rank}.json"), "w") as fh:
-                    json.dump({"crash": traceback.format_exc()}, fh)
-                # The other rank may sit in a collective this rank will never join: end the
-                # launch now (its peer then fails fast on the closed connection) instead of
-                # running the next case out of step.
-                os._exit(1)
-            res["seconds"] = round(time.perf_counter() - t0, 2)
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            res = CASES[name](out_dir)
+        except Exception:
             with open(os.path.join(out_dir, f"{name}.rank{rank}.json"), "w") as fh:
-                json.dump(res, fh, indent=1, default=str)
-            dist.barrier()
-    finally:
-        # Without it gloo aborts at interpreter teardown (its process group must be destroyed first).
-        dist.destroy_process_group()
+                json.dump({"crash": traceback.format_exc()}, fh)
+            # The other rank may sit in a collective this rank will never join: end the
+            # launch now (its peer then fails fast on the closed connection) instead of
+            # running the next case out of step.
+            os._exit(1)
+        res["seconds"] = round(time.perf_counter() - t0, 2)
+        with open(os.path.join(out_dir, f"{name}.rank{rank}.json"), "w") as fh:
+            json.dump(res, fh, indent=1, default=str)
+        dist.barrier()
 
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    leave(0)   # gloo's teardown race (tests/dist/teardown.py)

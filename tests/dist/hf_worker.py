@@ -12,6 +12,7 @@ import sys
 import torch
 
 import cpu_deepspeed  # noqa: F401  (before DeepSpeed initialises)
+from teardown import leave
 
 torch.set_num_threads(1)
 
@@ -82,11 +83,8 @@ def main() -> int:
                        "exit_code": cb.outcome.exit_code, "report": cb.outcome.report_path is not None},
                    "num_params": sum(p.numel() for p in trainer.model.parameters()),
                    "weights_sum": float(sum(p.detach().double().sum() for p in trainer.model.parameters()))}, fh)
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())
