@@ -22,8 +22,8 @@ from .preflight import PRECISIONS
 #: What a subcommand's --help says of its exit codes.
 EXIT_CODES = {
     "replay": "exit codes: 0 no critical finding, 1 a critical finding, 2 the input cannot be read (not "
-              "text, no known format, no training loss read), a bad config or a missing extra, 3 "
-              "--follow halted the run",
+              "text, no known format, no training loss read), a bad config, a missing extra or an "
+              "output (--json, --report) that cannot be written, 3 --follow halted the run",
     "timeline": "exit codes: 0 stitched, 2 unreadable run log or a missing extra",
     "preflight": "exit codes: 0 nothing worse than info, 1 a warning, 2 unreadable input, a bad config "
                  "or a missing extra",

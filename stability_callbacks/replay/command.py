@@ -10,7 +10,8 @@ Where the log prints no step, steps are record numbers: findings say so, and rol
 names no checkpoint step or batches to skip (docs/replay.md, What was read).
 
 Exit codes: 0 no critical finding; 1 a critical finding; 2 unreadable input (not text, no known
-format, no training loss read) or a bad config (one message: the file and line, or the key);
+format, no training loss read), a bad config or an output (``--json``, ``--report``) that cannot
+be written, checked before reading (one message: the file and line, the key, or the output);
 3 (``--follow``) halted.
 """
 from __future__ import annotations
