@@ -23,8 +23,8 @@ from .preflight import PRECISIONS
 EXIT_CODES = {
     "replay": "exit codes: 0 no critical finding, 1 a critical finding, 2 the input cannot be read (not "
               "text, no known format, nothing to judge: no training loss, loss scale, overflow or grad norm read), "
-              "a bad config or a missing extra, 3 "
-              "--follow halted the run",
+              "a bad config, a missing extra or an output (--json, --report) that cannot be written, "
+              "3 --follow halted the run",
     "timeline": "exit codes: 0 stitched, 2 unreadable run log or a missing extra",
     "preflight": "exit codes: 0 nothing worse than info, 1 a warning, 2 unreadable input, a bad config "
                  "or a missing extra",

@@ -1,12 +1,14 @@
 """The configuration schema: YAML (or the same structure as a dict) → validated once →
 constructor args. Which sections exist and what builds each; the utility that builds an object
 from a mapping of its keys is :mod:`stability_callbacks.params`. This module sits above every
-section it checks (detectors, phase, policy, actions, preflight, watchdog, forensics) and none imports it.
+section it checks (detectors, phase, policy, actions, preflight, watchdog, forensics, report) and none
+imports it.
 
 Every section maps onto constructors (docs/design.md, "Configuration"):
 ``sampling`` → :class:`Sampling`, ``phase`` → ``PhaseTracker``, ``detectors.<name>`` → the
 detector, ``policy`` → ``Policy``, ``actions.<sink>`` → the sink class, ``preflight`` →
-``Preflight``, ``watchdog`` → ``HangWatchdog``, ``forensics`` → ``Forensics``.
+``Preflight``, ``watchdog`` → ``HangWatchdog``, ``forensics`` → ``Forensics``, ``report`` →
+``RunReport``.
 The allowed keys are the keyword-only parameters of those constructors, and validation builds
 the very objects the Monitor will use, so a bad value fails here with the key path and the
 value (``detectors.loss_spike.z_threshold must be a positive number, got -1``), never later
@@ -26,6 +28,7 @@ import yaml
 from .actions import validate_actions
 from .detectors import DETECTORS
 from .forensics import Forensics
+from .outcome import RunReport
 from .params import ConfigError, check, checked, construct, int_at_least
 from .phase import PhaseTracker
 from .policy import Policy
@@ -35,7 +38,8 @@ from .watchdog import HangWatchdog
 __all__ = ["load_config", "validate", "ConfigError", "Sampling", "SECTIONS", "PRESETS_DIR", "preset_path",
            "presets"]
 
-SECTIONS = ("sampling", "phase", "detectors", "policy", "actions", "preflight", "watchdog", "forensics")
+SECTIONS = ("sampling", "phase", "detectors", "policy", "actions", "preflight", "watchdog", "forensics",
+            "report")
 PRESETS_DIR = Path(__file__).resolve().parent / "configs"   # shipped in the wheel
 #: The actions when the section is absent: findings go to Python logging.
 DEFAULT_ACTIONS = {"log": {"min_severity": "info"}}
@@ -149,6 +153,7 @@ def validate(raw: Mapping) -> dict[str, Any]:
     out["preflight"] = checked("preflight", Preflight, preflight)
     out["watchdog"] = checked("watchdog", HangWatchdog, _section(raw, "watchdog"))
     out["forensics"] = checked("forensics", Forensics, _section(raw, "forensics"))
+    out["report"] = checked("report", RunReport, _section(raw, "report"))
     return out
 
 

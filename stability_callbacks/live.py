@@ -25,6 +25,7 @@ from . import keys
 from .control import Action, Control, DataSkips
 from .forensics import Forensics
 from .monitor import Monitor
+from .outcome import Outcome
 from .record import Finding, StepRecord
 from .runlog import RUNLOG_NAME, RunLog, knows_checkpoint, set_aside
 
@@ -165,7 +166,9 @@ class LiveRun:
     alert carries (None: all of them; ``()``: none). ``sinks_off``: sink name -> why this run
     leaves that configured sink out (said once). ``amend``: what each finding of a step record
     says before anyone hears of it (``replay --follow`` of a log that prints no step numbers:
-    that its steps are record numbers).
+    that its steps are record numbers). ``sees_checkpoints``: the integration reports every
+    checkpoint the run writes (:meth:`checkpoint_saved`, and the one a segment starts from), so
+    rollback advice without a checkpoint before its onset says that none was saved.
     """
 
     def __init__(self, config: str | Mapping | None = None, *, monitor: Monitor | None = None,
@@ -174,12 +177,17 @@ class LiveRun:
                  report_path: str | None = None, advice_forms: tuple[str, ...] | None = None,
                  sinks_off: Mapping[str, str] | None = None,
                  listeners: Iterable[RunListener] = (), guard: Guard | None = None,
-                 amend: Callable[[Finding], Finding] | None = None):
+                 amend: Callable[[Finding], Finding] | None = None, sees_checkpoints: bool = False):
         self.monitor = monitor if monitor is not None else Monitor(config)
+        self.monitor.policy.checkpoints_seen = sees_checkpoints
         self.is_rank0 = is_rank0
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.run_name = run_name or (self.run_dir.name if self.run_dir else "run")
         self.findings: list[Finding] = []
+        #: The step records observed, and the first and last of their steps.
+        self.steps_watched = 0
+        self.first_step: int | None = None
+        self.last_step: int | None = None
         self.listeners: list = list(listeners)
         self.guard = guard if guard is not None else Guard()
         self.amend = amend
@@ -193,6 +201,9 @@ class LiveRun:
         self._sink_args = dict(wandb_run=wandb_run, tb_writer=tb_writer, report_path=report_path,
                                advice_forms=advice_forms, off=dict(sinks_off or {}))
         self.dispatcher = self._build_dispatcher()   # config errors (bad URL, unset variable) surface here, early
+        if is_rank0:
+            from .actions.log import show_on_console
+            show_on_console()
         #: Which data each step read, named at a finding (the ``forensics`` section).
         self.forensics = Forensics(**self.monitor.config["forensics"])
 
@@ -215,6 +226,11 @@ class LiveRun:
     def sinks_on(self) -> set[str]:
         """The sinks this run delivers to (configured, resolved, on this rank)."""
         return {sink.name for sink in self.dispatcher.sinks}
+
+    @property
+    def advice_forms(self) -> tuple[str, ...] | None:
+        """The frameworks whose rollback form this run's alerts carry (None: all)."""
+        return self._sink_args["advice_forms"]
 
     @property
     def runlog_path(self) -> Path | None:
@@ -280,6 +296,8 @@ class LiveRun:
         with self._lock:
             self._open_runlog(step, reason, checkpoint)
             found = self.guard.call("start", lambda: self.monitor.begin_segment(step, reason), [])
+            if checkpoint is not None and reason != "start":   # known even without its stability state
+                self.monitor.note_checkpoint(step, checkpoint)
             if self.runlog:
                 with self.guard("runlog"):
                     self.runlog.segment(self.monitor.segment, step, reason)
@@ -319,6 +337,9 @@ class LiveRun:
         with self._lock:
             self._open_runlog(record.step, "start", None)
             record.segment = self.monitor.segment
+            self.steps_watched += 1
+            self.first_step = record.step if self.first_step is None else self.first_step
+            self.last_step = record.step
             found = self.guard.call("monitor", lambda: self.monitor.update(record), [])
             if found:   # the samples behind them, before anyone hears of them
                 with self.guard("forensics", "naming the samples of a finding"):
@@ -461,6 +482,33 @@ class LiveRun:
         if self.runlog:
             with self._lock, self.guard("runlog"):
                 self.runlog.close()
+
+    def outcome(self, *, halted_at: int | None = None) -> Outcome:
+        """How the run ended, from what it saw (:class:`~stability_callbacks.outcome.Outcome`);
+        ``halted_at``: the step at which the integration carried out a halt."""
+        from .actions.sink import first_sentence
+        c = self.control
+        crash = next((f for f in reversed(self.findings) if f.kind == "crash"), None)
+        reason = first_sentence(crash.message) if crash else c.stop_reason if c.stop else None
+        return Outcome(halted=bool(c.stop), reason=reason, findings=list(self.findings), run_dir=self.run_dir,
+                       steps_watched=self.steps_watched, first_step=self.first_step, last_step=self.last_step,
+                       halted_at=halted_at, crashed=crash is not None, advice=self._advice(),
+                       runlog_path=self.runlog_path)
+
+    def _advice(self) -> str | None:
+        """The rollback advice in this run's framework's form; its sentence where the run has no
+        form of its own (or several)."""
+        advice = self.control.rollback
+        if advice is None:
+            return None
+        from .actions.rollback import native_forms
+        forms = self.advice_forms
+        try:
+            native = native_forms(advice.details, forms) if forms and not advice.details.get(
+                "step_is_record_number") else {}
+        except (KeyError, TypeError, ValueError):
+            native = {}
+        return next(iter(native.values())) if len(native) == 1 else advice.message
 
 
 #: The folder under ``run_dir`` where failing ranks leave their crash notes.

@@ -80,6 +80,19 @@ def precursor_signature(leads: list, onset: int, window_steps: int,
 
 
 _MAX_CHECKPOINTS = 32
+
+
+def save_interval_before(onset: int, cap: int) -> int | None:
+    """A save interval that puts a checkpoint before step ``onset``: the largest of 1, 2, 5 x 10^k
+    below ``onset``, at most ``cap``; None when nothing can come before it (step 1).
+
+    >>> save_interval_before(22, 300), save_interval_before(40760, 300), save_interval_before(1, 300)
+    (20, 300, None)
+    """
+    if onset <= 1:
+        return None
+    nice = [m * 10 ** k for k in range(len(str(onset))) for m in (1, 2, 5)]
+    return min(cap, max(x for x in nice if x < onset))
 _MAX_LEADS = 16
 _SINCE_ROLLBACKS = ("skips", "data_skips")   # state keys a checkpoint from before them lacks
 
@@ -187,6 +200,9 @@ class Policy:
         self.checkpoints: list = []    # [[step, path, good], ...] newest last
         self.skips: list = []          # steps skipped by skip_step_on, inside skip_window_steps
         self.data_skips = DataSkips()  # the automatic rollbacks' standing requests
+        #: Whether every checkpoint the run writes is noted (a live run; not a replayed log): advice
+        #: without a checkpoint before its onset then says that none was saved. Not state.
+        self.checkpoints_seen = False
 
     # -- bookkeeping --------------------------------------------------------------------------
     def note_checkpoint(self, step: int, path: str | None, good: bool) -> None:
@@ -276,6 +292,8 @@ class Policy:
                     lead.append(f.details.get("lead"))
                 if lead not in self.leads:   # a precursor's persistence warning repeats its onset
                     self.leads.append(lead)
+            if f.kind == "spike_recovered":   # that episode is over: its leads start no later one
+                self.leads = [lead for lead in self.leads if lead[0] >= f.step]
         # Leads older than the window are dropped, except those leading a still-open loss spike.
         horizon = min(step, ctx.loss_spike_onset if ctx.loss_spike_onset is not None else step)
         self.leads = [lead for lead in self.leads if horizon - lead[0] <= self.lead_window_steps][-_MAX_LEADS:]
@@ -479,18 +497,26 @@ class Policy:
         first_skip = onset
         details = {"checkpoint_step": ckpt[0] if ckpt else None, "checkpoint_path": ckpt[1] if ckpt else None,
                    "onset_step": onset, "skip_steps": [first_skip, step], "trigger": trigger.kind,
-                   "led_by": led_by}
-        where = (f"the checkpoint of step {ckpt[0]}" + (f" ({ckpt[1]})" if ckpt[1] else "")
-                 if ckpt else f"the last checkpoint saved before step {onset}")
+                   "led_by": led_by, "checkpoints_seen": self.checkpoints_seen,
+                   "save_steps": (save_interval_before(onset, self.bump_save_interval_to)
+                                  if ckpt is None and self.checkpoints_seen else None)}
+        n = step - first_skip + 1
+        skip = f"skip the batches of steps {first_skip}-{step} ({n} step{'s' if n != 1 else ''})"
+        if ckpt:
+            todo = f"Resume from the checkpoint of step {ckpt[0]}" + (f" ({ckpt[1]})" if ckpt[1] else "") + f" and {skip}"
+        elif self.checkpoints_seen:
+            every = (f" with a save interval of {details['save_steps']} steps (so that one comes before step {onset})"
+                     if details["save_steps"] else "")
+            todo = f"No checkpoint was saved before step {onset} (none that the monitor saw): train again from the start{every} and {skip}"
+        else:
+            todo = (f"Resume from the newest checkpoint saved before step {onset} (the log names none) and {skip}")
         lead_txt = f" ({led_by} led the loss)" if led_by else ""
         return Finding(
             step=step, kind="rollback_advice", severity="critical", signal=trigger.signal,
             onset_step=onset, details=details,
             message=(f"Roll back: {trigger.kind} at step {step}; the episode began at step {onset}{lead_txt}. "
-                     f"Resume from {where} and skip the batches of steps {first_skip}-{step} "
-                     f"({step - first_skip + 1} steps; Megatron: --skip-train-iteration-range "
-                     f"{first_skip}-{step}). If it happens again at the same place, change the seed or "
-                     f"the data order (PaLM, BigScience)."))
+                     f"{todo}. If it happens again at the same place, change the seed or the data order "
+                     f"(PaLM, BigScience)."))
 
     def _rollback_request(self, step: int, advice: Finding) -> tuple[RollbackRequest | None, str | None]:
         """The automatic rollback the advice calls for, or why there is none."""

@@ -11,6 +11,17 @@ if "STABILITY_CALLBACKS_CACHE" not in os.environ:
 DATA = Path(__file__).parent / "data"
 
 
+@pytest.fixture(autouse=True)
+def no_end_report(request, monkeypatch):
+    """The HTML report a live run writes at its end (``report.enabled``) costs ~0.5 s of
+    matplotlib per run: off by default for the suite's many tiny in-process runs. A test marked
+    ``end_report`` keeps the real default; runs in subprocesses (the launchers, the 2-rank
+    workers) keep it too."""
+    if request.node.get_closest_marker("end_report") is None:
+        from stability_callbacks.outcome import RunReport
+        monkeypatch.setitem(RunReport.__init__.__kwdefaults__, "enabled", False)
+
+
 @pytest.fixture
 def real_logs() -> Path:
     return DATA / "real_logs"

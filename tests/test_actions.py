@@ -546,18 +546,61 @@ def test_tensorboard_without_writer_or_log_dir_is_off(caplog):
 # Python logging, failures, config errors
 
 def test_log_sink_levels_and_text(caplog):
+    """One line per finding, its first sentence, at most 200 characters; the whole finding rides
+    on the record (the full text is in the run log and the report)."""
     d = build_sinks({"log": {"min_severity": "info"}}, is_rank0=True, run_name="tiny")
+    long = "Loss rose to 9.1 at step 5 against " + "a long baseline story, " * 12 + "and more."
     with caplog.at_level(logging.INFO, logger="stability_callbacks.findings"):
         d.submit(Finding(3, "warmup_end", "info", "LR warmup ended at step 3."))
-        d.submit(Finding(5, "loss_spike", "warning", "Loss spiked.", value=float("nan"),
-                         signal="loss"))
+        d.submit(Finding(5, "loss_spike", "warning", "Loss spiked\nat step 5. Roll back to step 2.",
+                         value=float("nan"), signal="loss"))
         d.submit(Finding(6, "nonfinite", "critical", "Loss is NaN."))
+        d.submit(Finding(7, "divergence", "critical", long))
     d.close()
-    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
-        ("INFO", "INFO: warmup_end at step 3 (run tiny) | LR warmup ended at step 3."),
-        ("WARNING", "WARNING: loss_spike at step 5 (run tiny) | Loss spiked. | loss = nan"),
-        ("ERROR", "CRITICAL: nonfinite at step 6 (run tiny) | Loss is NaN.")]
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert lines[:3] == [
+        ("INFO", "INFO: warmup_end at step 3: LR warmup ended at step 3."),
+        ("WARNING", "WARNING: loss_spike at step 5: Loss spiked at step 5."),
+        ("ERROR", "CRITICAL: nonfinite at step 6: Loss is NaN.")]
+    assert len(lines[3][1]) == 200 and lines[3][1].endswith("...") and "\n" not in lines[3][1]
     assert caplog.records[2].stability_finding["kind"] == "nonfinite"
+    assert caplog.records[1].stability_finding["message"] == "Loss spiked\nat step 5. Roll back to step 2."
+
+
+def test_the_console_prints_a_line_without_breaking_a_progress_bar(monkeypatch):
+    """With no logging configured, the package's lines go to standard error, and while a tqdm bar
+    is drawn there, through tqdm: the bar is cleared, the line printed, the bar drawn again, so
+    the line stands on its own (Python's last-resort handler glued it onto the bar). Once the
+    application configures logging, its handler prints instead: the console steps aside."""
+    import io
+
+    from tqdm.auto import tqdm
+
+    from stability_callbacks.actions.log import ConsoleHandler, show_on_console
+
+    lib = logging.getLogger("stability_callbacks")
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])          # an application that configured no logging
+    monkeypatch.setattr(lib, "handlers", [])
+    monkeypatch.setattr(lib, "level", logging.NOTSET)
+    term = io.StringIO()
+    monkeypatch.setattr("sys.stderr", term)
+    show_on_console()
+    show_on_console()                                  # idempotent
+    (console,) = lib.handlers
+    assert isinstance(console, ConsoleHandler) and lib.level == logging.INFO
+    with tqdm(total=10, file=term, ascii=True, mininterval=0, bar_format="{n}/{total}") as bar:
+        bar.update(3)
+        logging.getLogger("stability_callbacks.findings").warning("WARNING: loss_spike at step 3: Loss rose.")
+        bar.update(1)
+    out = term.getvalue()
+    # the bar at 3/10, erased, the line on a line of its own, the bar again at 3/10, then 4/10
+    assert "\rWARNING: loss_spike at step 3: Loss rose.\n\r3/10" in out, repr(out)
+    logging.getLogger("stability_callbacks").info("INFO lines show too")
+    assert term.getvalue().endswith("INFO lines show too\n")
+    monkeypatch.setattr(root, "handlers", [logging.NullHandler()])   # the application configures logging
+    logging.getLogger("stability_callbacks").warning("now through the application's handlers")
+    assert "now through" not in term.getvalue() and lib.handlers == [] and lib.level == logging.NOTSET
 
 
 class _BrokenSink(AlertSink):

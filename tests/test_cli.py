@@ -22,13 +22,35 @@ def test_replay_exit_1_on_critical_with_json_lines():
     assert [(f["step"], f["kind"]) for f in lines] == [
         (8740, "grad_norm_spike"), (8741, "loss_spike"), (8743, "loss_spike"), (9027, "nonfinite"),
         (9027, "rollback_advice")]
-    assert "rollback_advice" in r.stderr and "--skip-train-iteration-range 8740-9027" in r.stderr
+    # A CSV is no framework's: the advice is generic, naming no framework's flag (--advice says how).
+    said = " ".join(r.stderr.split())   # the table's console wraps lines
+    assert "rollback_advice" in said and "skip the batches of steps 8740-9027" in said
+    assert "--skip-train-iteration-range" not in said and "(--advice all, or --advice" in said
+    r = cli("replay", LOGS / "bs_tr8_104B_exp12_spike8740_diverge9027.csv", "--advice", "megatron")
+    assert "megatron: --load with latest_checkpointed_iteration.txt = the newest iteration saved before 8740 " \
+           "(the log names no checkpoint; Megatron-LM: --ckpt-step that iteration) " \
+           "--skip-train-iteration-range 8740-9027" in " ".join(r.stdout.split())
 
 
 def test_replay_exit_0_on_healthy_and_summary_table():
     r = cli("replay", LOGS / "bs_tr11_176B_throughput_drop_wrapped.csv")
     assert r.returncode == 0, r.stderr
     assert "5 steps" in r.stdout and "critical: 0" in r.stdout
+
+
+def test_an_output_that_cannot_be_written_is_exit_2_in_one_line_before_reading(tmp_path):
+    """--json or --report where a file stands in for a folder, or on a folder: exit 2, one line,
+    no traceback, said before the log is read (here a log that does not exist, which would be
+    the error otherwise)."""
+    (tmp_path / "a-file").write_text("not a folder")
+    for flag, out, why in (("--json", "a-file/x.jsonl", f"{tmp_path / 'a-file'} is not a folder"),
+                           ("--report", "a-file/r.html", f"{tmp_path / 'a-file'} is not a folder"),
+                           ("--json", ".", "it is a folder")):
+        r = cli("replay", tmp_path / "nope.log", flag, str(tmp_path / out) if out != "." else str(tmp_path))
+        assert r.returncode == 2 and r.stderr.splitlines() == [
+            f"error: {flag} {tmp_path / out if out != '.' else tmp_path}: cannot write it: {why}"], r.stderr
+    r = cli("replay", LOGS / "bs_tr11_176B_throughput_drop_wrapped.csv", "--json", tmp_path / "new" / "x.jsonl")
+    assert r.returncode == 0 and (tmp_path / "new" / "x.jsonl").is_file()   # missing folders are made
 
 
 def test_replay_exit_2_on_unreadable_input_and_bad_config(tmp_path):

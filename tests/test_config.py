@@ -18,6 +18,7 @@ def test_presets_load_by_name_and_path(name):
     Monitor(name)
 
 
+@pytest.mark.end_report   # the report's real default (the suite turns it off: conftest)
 def test_default_yaml_shows_the_real_defaults():
     raw = yaml.safe_load((PRESETS_DIR / "default.yaml").read_text())
     for name, shown in raw["detectors"].items():
@@ -32,8 +33,9 @@ def test_default_yaml_shows_the_real_defaults():
     from stability_callbacks.preflight import Preflight
     from stability_callbacks.watchdog import HangWatchdog
     from stability_callbacks.forensics import Forensics
+    from stability_callbacks.outcome import RunReport
     for section, cls in (("sampling", Sampling), ("preflight", Preflight), ("watchdog", HangWatchdog),
-                         ("forensics", Forensics)):  # every key, shown
+                         ("forensics", Forensics), ("report", RunReport)):  # every key, shown
         built = cls()
         assert {k: getattr(built, k) for k in config_keys(cls)} == raw[section], section
 

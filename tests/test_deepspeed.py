@@ -94,6 +94,13 @@ def test_a_bad_config_raises_at_attach_and_an_unwritable_run_dir_is_one_warning(
     assert r0["last_step"] == 4 and r0["findings"] == [[3, "warmup_end", "info"]]   # DeepSpeed: warmup 2 + 1
     (warning,) = r0["records"]["warnings"]   # rank 0 writes the run log, and says it cannot, once
     assert warning.startswith("stability: cannot write the run log") and "detection and alerts go on" in warning
+    # The hook's own save into <run_dir>/checkpoints: one line, once, on every rank (each skips
+    # the collective save alike), no traceback.
+    for rank in ds["loud-z1"]:
+        assert rank["records"]["save_warnings"] == [
+            "stability: cannot save the checkpoint of step 4 into BLOCKER/stability/checkpoints (Not a directory); "
+            "the monitor's saves are off, training and detection go on"]
+        assert rank["saved_steps"] == []
 
 
 def test_the_ds_config_monitor_gets_the_scalars_and_the_run_lives_with_its_checkpoints(ds):

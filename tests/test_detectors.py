@@ -69,6 +69,21 @@ def test_unrecovered_spike_is_critical_with_rollback_advice():
     assert found[-1].onset_step == 300 and found[-1].details["skip_steps"] == [300, 600]
 
 
+def test_a_recovered_spike_does_not_start_the_episode_of_a_later_failure():
+    """A spike at 300 back at once, then a NaN 10 steps later (within the lead window): the
+    NaN's episode begins at the NaN. Without the recovery it would begin at the spike."""
+    recs = scale(healthy(400), "loss", lambda s: 1.8 if s == 300 else math.nan if s == 310 else 1.0)
+    found = run(recs)
+    assert kinds(found)[:2] == [(300, "loss_spike", "info"), (301, "spike_recovered", "info")]
+    (advice,) = [f for f in found if f.kind == "rollback_advice"]
+    assert (advice.step, advice.onset_step, advice.details["skip_steps"], advice.details["led_by"]) == (
+        310, 310, [310, 310], None)
+    # A spike still open when the NaN comes is the same episode.
+    recs = scale(healthy(400), "loss", lambda s: math.nan if s == 310 else 1.6 if s >= 300 else 1.0)
+    (advice,) = [f for f in run(recs) if f.kind == "rollback_advice"]
+    assert (advice.onset_step, advice.details["skip_steps"]) == (300, [300, 310])
+
+
 def test_divergence_without_spike():
     recs = scale(healthy(800), "loss", lambda s: math.exp(0.004 * (s - 400)) if s >= 400 else 1.0)
     assert kinds(run(recs)) == [(438, "divergence", "critical"), (438, "rollback_advice", "critical")]

@@ -94,15 +94,22 @@ def test_a_spike_names_its_step_its_neighbours_its_episode_and_the_advice_its_on
                                   "Step 30 read dataset indices 116-119.")
     assert by[31, "spike_recovered"].details["samples"] == {"step": 30, "indices": [116, 117, 118, 119], "ranks": 1}
     assert by[40, "nonfinite"].details["samples"]["indices"] == [156, 157, 158, 159]
-    advice = by[40, "rollback_advice"]   # the spike at 30 led the NaN: the episode began there
-    assert advice.details["onset_step"] == 30 and advice.details["skip_steps"] == [30, 40]
-    assert advice.details["samples"] == {"step": 30, "indices": [116, 117, 118, 119], "ranks": 1,
-                                         "neighbours": {"31": [120, 121, 122, 123]}}
-    assert advice.message.endswith("The batch of step 30 held dataset indices 116-119 (details.samples; "
+    advice = by[40, "rollback_advice"]   # the spike at 30 recovered: the NaN's episode began at the NaN
+    assert advice.details["onset_step"] == 40 and advice.details["skip_steps"] == [40, 40]
+    assert advice.details["samples"] == {"step": 40, "indices": [156, 157, 158, 159], "ranks": 1}
+    assert advice.message.endswith("The batch of step 40 held dataset indices 156-159 (details.samples; "
                                    "stability-callbacks forensics lists them).")
     logged = [json.loads(x) for x in (tmp_path / "runlog.jsonl").read_text().splitlines()]
     assert [x["details"]["samples"]["step"] for x in logged if x["type"] == "finding"
-            and "samples" in x["details"]] == [30, 30, 40, 30]
+            and "samples" in x["details"]] == [30, 30, 40, 40]
+    # A spike still open when the NaN comes is the NaN's episode: the advice names the spike's step.
+    run = _run(tmp_path / "open", neighbour_steps=1)
+    found = _feed(run, range(1, 41), lambda s: float("nan") if s == 40 else 9.0 if s >= 30 else 2 + s % 3 / 100)
+    run.close()
+    (advice,) = [f for f in found if f.kind == "rollback_advice"]
+    assert advice.details["onset_step"] == 30 and advice.details["skip_steps"] == [30, 40]
+    assert advice.details["samples"] == {"step": 30, "indices": [116, 117, 118, 119], "ranks": 1,
+                                         "neighbours": {"31": [120, 121, 122, 123]}}
     # Without a connected integration (replay, follow) nothing is known of the data: nothing named.
     replayed = LiveRun(config={"actions": {}}, run_dir=None)
     replayed.start(0)

@@ -22,6 +22,7 @@ pytest.importorskip("transformers")
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
 from alert_inbox import AlertInbox  # noqa: E402
+from stability_callbacks.actions.rollback import native_forms  # noqa: E402
 from stability_callbacks.demo.scenarios import build_scenario  # noqa: E402
 from streams import two_stream_losses  # noqa: E402
 from stability_callbacks.integrations.hf import callback as hf_callback  # noqa: E402
@@ -201,7 +202,7 @@ def test_resume_without_data_skip_reports_data_repetition(pocket, tmp_path):
 
 
 # ----------------------------------------------------------------------------------- NaN
-@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("bf16", [pytest.param(False, marks=pytest.mark.end_report), True], ids=["fp32", "bf16"])
 def test_nan_halts_cleanly_without_saving_damaged_weights(tmp_path, bf16, caplog):
     sc = build_scenario("nan")
     # bf16 autocast on CPU, and the Trainer's own NaN filter on: it masks the NaN in *its* logged
@@ -210,13 +211,14 @@ def test_nan_halts_cleanly_without_saving_damaged_weights(tmp_path, bf16, caplog
     trainer = Trainer(model=sc.make_model(), args=args, train_dataset=sc.train_dataset())
     cb = StabilityCallback.attach(trainer, config={"policy": {"halt_on": "critical"}},
                                   run_dir=tmp_path / "stability")
-    with caplog.at_level("ERROR", logger="stability_callbacks.findings"):
+    with caplog.at_level("INFO", logger="stability_callbacks"):
         trainer.train()
-    # The advice in the log sink's alert speaks HF only (the framework in use).
-    (advice,) = [r.getMessage() for r in caplog.records if "rollback_advice" in r.getMessage()]
-    assert "Rollback advice: | HF Trainer / accelerate: trainer.train(" in advice
-    assert "Lightning:" not in advice and "DeepSpeed:" not in advice
     (bad,) = sc.fault_steps
+    # The log sink: one line per finding (the full text is in the run log and the report).
+    assert [r.getMessage().split(":")[:2] for r in caplog.records if r.name == "stability_callbacks.findings"] == [
+        ["INFO", " warmup_end at step 5"], ["CRITICAL", f" nonfinite at step {bad}"],
+        ["CRITICAL", f" rollback_advice at step {bad}"]]
+    _assert_the_end_of_a_halted_run(cb, caplog, tmp_path, bad, report=not bf16)
     nonfinite = _first(cb.findings, "nonfinite")
     assert (nonfinite.step, nonfinite.severity) == (bad, "critical")
     assert trainer.state.global_step == bad                      # stopped at the NaN step
@@ -232,6 +234,32 @@ def test_nan_halts_cleanly_without_saving_damaged_weights(tmp_path, bf16, caplog
         (bad, "stop", halt),
         (bad, "save_blocked", f"before the halt: {halt}; refused: the weights are damaged "
                               f"(nonfinite at step {bad})")]
+
+
+def _assert_the_end_of_a_halted_run(cb, caplog, tmp_path, bad: int, *, report: bool) -> None:
+    """The outcome and the summary block of the NaN run halted at ``bad``: why, the steps, the
+    findings by kind (info too), the advice in HF's form only, the run log, the report."""
+    halt = f"nonfinite (critical) at step {bad}; policy.halt_on = critical"
+    o = cb.outcome
+    assert (o.halted, o.halted_at, o.reason, o.crashed, o.exit_code) == (True, bad, halt, False, 3)
+    assert o.run_dir == tmp_path / "stability" and o.findings == cb.findings
+    assert o.advice == native_forms(cb.run.control.rollback.details, ("hf",))["hf"]
+    assert o.advice.startswith(f'trainer.train(resume_from_checkpoint="{tmp_path / "ckpt" / "checkpoint-20"}")')
+    html = tmp_path / "stability" / "report.html"
+    (summary,) = [r for r in caplog.records if r.getMessage().startswith("stability: the run ")]
+    assert summary.levelname == "WARNING" and summary.getMessage().splitlines() == [
+        f"stability: the run halted at step {bad}: {halt}",
+        f"  steps watched: {bad} (1-{bad})",
+        f"  findings: critical: nonfinite x1 (step {bad}), rollback_advice x1 (step {bad}); "
+        "info: warmup_end x1 (step 5)",
+        f"  roll back: {o.advice}",
+        f"  run log: {tmp_path / 'stability' / 'runlog.jsonl'}",
+        f"  report: {html if report else 'none (report.enabled is false)'}"]
+    assert (o.report_path == html) is report and html.is_file() is report
+    if report:   # the replay report, the advice in HF's form under its row
+        text = html.read_text()
+        assert "rollback_advice" in text and "HF Trainer / accelerate:</b> <code>trainer.train(" in text
+        assert "Lightning:" not in text
 
 
 def test_callback_added_after_the_trainer_was_built_finds_it(tmp_path, caplog):

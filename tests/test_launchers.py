@@ -36,6 +36,7 @@ DIST = ROOT / "tests" / "dist"
 BIN = Path(sys.executable).parent          # the environment's console scripts
 TIMEOUT_S = 300
 NAN_STEP = 22                              # build_scenario("nan")'s planted NaN
+HALT = f"nonfinite (critical) at step {NAN_STEP}; policy.halt_on = critical"
 
 
 def _free_port() -> int:
@@ -78,7 +79,7 @@ def _written_once(run_dir: Path, findings: list[tuple]) -> None:
     assert [x["step"] for x in lines if x["type"] == "step"] == list(range(1, NAN_STEP + 1))
     assert [(x["step"], x["kind"], x["severity"]) for x in lines if x["type"] == "finding"] == findings
     assert [(x["step"], x["reason"]) for x in lines if x["type"] == "action" and x["action"] == "stop"] == [
-        (NAN_STEP, f"nonfinite (critical) at step {NAN_STEP}; policy.halt_on = critical")]
+        (NAN_STEP, HALT)]
 
 
 # HF: the NaN comes after the warmup-end risk window (steps 6-20).
@@ -89,8 +90,10 @@ HF_FINDINGS = [(5, "warmup_end", "info"), (NAN_STEP, "nonfinite", "critical"),
 def _hf_launch(tmp_path, launcher: list[str], **env) -> list[dict]:
     output = _launch([*launcher, str(DIST / "hf_worker.py"), "--backend", "ddp", "--scenario", "nan",
                       "--halt-on", "critical", "--out", str(tmp_path)], tmp_path, **env)
-    # The alert sinks are rank 0's: the log sink prints the critical once for the whole job.
+    # The alert sinks are rank 0's: the log sink prints the critical once for the whole job, and
+    # rank 0 the summary at the end.
     assert output.count(f"CRITICAL: nonfinite at step {NAN_STEP}") == 1, output[-4000:]
+    assert output.count(f"stability: the run halted at step {NAN_STEP}: {HALT}") == 1, output[-4000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
@@ -100,8 +103,12 @@ def _assert_hf_halted_together(ranks: list[dict], tmp_path: Path) -> None:
         assert [(f["step"], f["kind"], f["severity"]) for f in rank["findings"]] == HF_FINDINGS
         assert rank["global_step"] == NAN_STEP            # halted at the NaN step itself
         assert rank["checkpoints"] == []                  # NaN weights: no save before the halt
+        # Halted, and why, on every rank; the report next to the run log is rank 0's.
+        assert rank["outcome"] == {"halted": True, "halted_at": NAN_STEP, "reason": HALT, "exit_code": 3,
+                                   "report": r == 0}
     assert ranks[0]["findings"] == ranks[1]["findings"]   # the same decisions, word for word
     _written_once(tmp_path / "stability", HF_FINDINGS)
+    assert "rollback_advice" in (tmp_path / "stability" / "report.html").read_text()
 
 
 def test_torchrun(tmp_path):
@@ -121,8 +128,8 @@ def test_accelerate_launch(tmp_path):
 
 def test_deepspeed_launcher(tmp_path):
     pytest.importorskip("deepspeed")
-    _launch([_script("deepspeed"), "--num_accelerators", "2", "--master_port", str(_free_port()),
-             str(DIST / "ds_scenarios.py"), str(tmp_path), "halt-z2"], tmp_path)
+    output = _launch([_script("deepspeed"), "--num_accelerators", "2", "--master_port", str(_free_port()),
+                      str(DIST / "ds_scenarios.py"), str(tmp_path), "halt-z2"], tmp_path)
     ranks = [json.loads((tmp_path / f"halt-z2.rank{r}.json").read_text()) for r in (0, 1)]
     # DeepSpeed's scheduler lags one step: the warmup ends at step 6, its risk window runs to
     # step 24, so the NaN at 22 is also a warmup instability.
@@ -133,5 +140,10 @@ def test_deepspeed_launcher(tmp_path):
         assert [tuple(f) for f in rank["findings"]] == findings
         assert rank["stopped_at"] == rank["train"]["left_at"] == NAN_STEP
         assert rank["saved_steps"] == []
+        assert {k: rank["outcome"][k] for k in ("halted", "halted_at", "reason", "exit_code")} == {
+            "halted": True, "halted_at": NAN_STEP, "reason": HALT, "exit_code": 3}
+        assert rank["outcome"]["advice"].startswith("no checkpoint was saved before step ")   # DeepSpeed's form
     assert ranks[0]["findings"] == ranks[1]["findings"]
     _written_once(tmp_path / "halt-z2", findings)
+    assert output.count(f"stability: the run halted at step {NAN_STEP}: {HALT}") == 1, output[-4000:]
+    assert (tmp_path / "halt-z2" / "report.html").is_file()

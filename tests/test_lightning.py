@@ -12,6 +12,7 @@ import torch
 
 pl = pytest.importorskip("lightning.pytorch")
 
+from stability_callbacks.actions.rollback import native_forms  # noqa: E402
 from stability_callbacks.demo.scenarios import build_scenario  # noqa: E402
 from streams import two_stream_losses  # noqa: E402
 from stability_callbacks.integrations.lightning import StabilityCallback  # noqa: E402
@@ -36,9 +37,9 @@ class ScenarioModule(pl.LightningModule):
 
 
 def fit(sc, tmp_path, *, config=None, dataset=None, max_steps=None, ckpt_path=None,
-        run_dir="stability", callbacks=(), module=None, **trainer_kwargs):
+        run_dir="stability", checkpoint_dir="ckpt", callbacks=(), module=None, **trainer_kwargs):
     cb = StabilityCallback(config=config, run_dir=tmp_path / run_dir,
-                           checkpoint_dir=tmp_path / "ckpt")
+                           checkpoint_dir=tmp_path / checkpoint_dir)
     loader = torch.utils.data.DataLoader(sc.train_dataset() if dataset is None else dataset,
                                          batch_size=sc.batch_size, shuffle=False)
     kwargs = dict(accelerator="cpu", devices=1, max_steps=max_steps or sc.max_steps,
@@ -170,13 +171,25 @@ def test_resume_with_data_from_scratch_finds_repetition(pocket_run, tmp_path):
         [(r + 1, "critical", 1)]
 
 
-def test_nan_halts_without_saving_damaged_weights(tmp_path):
+def test_nan_halts_without_saving_damaged_weights(tmp_path, caplog):
     sc = build_scenario("nan")
     (fault,) = sc.fault_steps
     # A ModelCheckpoint that would save every step: damaged weights must not reach it either.
     mc = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "mc", every_n_train_steps=1,
                                       save_top_k=-1, save_last=True)
-    cb, trainer = fit(sc, tmp_path, config=_config(sc), callbacks=[mc], enable_checkpointing=True)
+    with caplog.at_level("INFO", logger="stability_callbacks"):
+        cb, trainer = fit(sc, tmp_path, config=_config(sc), callbacks=[mc], enable_checkpointing=True)
+    # The end: halted, why, and the advice in Lightning's form only.
+    o = cb.outcome
+    halt = f"nonfinite (critical) at step {fault}; policy.halt_on = critical"
+    assert (o.halted, o.halted_at, o.reason, o.exit_code) == (True, fault, halt, 3)
+    assert o.advice == native_forms(cb.run.control.rollback.details, ("lightning",))["lightning"]
+    assert o.advice.startswith('trainer.fit(model, datamodule=dm, ckpt_path="')
+    (summary,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stability: the run")]
+    assert summary.splitlines()[0] == f"stability: the run halted at step {fault}: {halt}"
+    assert summary.splitlines()[-3:] == [f"  roll back: {o.advice}",
+                                         f"  run log: {tmp_path / 'stability' / 'runlog.jsonl'}",
+                                         "  report: none (report.enabled is false)"]
     first = first_steps(cb.findings)
     assert first["nonfinite"] == fault
     assert cb.findings[[f.kind for f in cb.findings].index("nonfinite")].severity == "critical"
@@ -401,11 +414,17 @@ def test_the_run_lives_under_default_root_dir_and_an_unwritable_one_is_one_warni
     steps = [x["step"] for x in runlog(tmp_path / "root" / "stability" / "runlog.jsonl") if x["type"] == "step"]
     assert steps == [1, 2, 3, 4]
     (tmp_path / "a-file").write_text("not a folder")
+    # The monitor's own saves (every 2 steps in the risk window after step 3) cannot go there either.
     with caplog.at_level("WARNING", logger="stability_callbacks"):
         cb, trainer = fit(build_scenario("healthy", max_steps=8, warmup_steps=3), tmp_path,
-                          run_dir="a-file/stability")
+                          run_dir="a-file/stability", checkpoint_dir="a-file/ckpt",
+                          config={"actions": {}, "policy": {"bump_save_interval_to": 2}})
     assert caplog.text.count("cannot write the run log") == 1 and "monitoring is off" not in caplog.text
-    assert [f.kind for f in cb.findings] == ["warmup_end"]   # still detecting
+    assert [r.getMessage() for r in caplog.records if "save" in r.getMessage()] == [
+        f"stability: cannot save the checkpoint of step 6 into {tmp_path / 'a-file' / 'ckpt'} (Not a "
+        "directory); the monitor's saves are off, training and detection go on"]
+    assert "Traceback" not in caplog.text and cb.saved == []
+    assert [f.kind for f in cb.findings] == ["warmup_end"] and trainer.global_step == 8   # still detecting
 
 
 def test_crash_alert_goes_out_through_apprise_before_lightning_reraises(tmp_path):

@@ -61,7 +61,8 @@ def test_exact_findings_on_the_104b_divergence():
     advice = findings[-1]
     assert advice.details["onset_step"] == 8740 and advice.details["led_by"] == "grad_norm_spike"
     assert advice.details["skip_steps"] == [8740, 9027]
-    assert "Resume from the last checkpoint saved before step 8740 and skip" in advice.message
+    assert "Resume from the newest checkpoint saved before step 8740 (the log names none) and skip the " \
+           "batches of steps 8740-9027 (288 steps)." in advice.message
 
 
 def test_divergence_without_spike_on_the_52b_benchmark():

@@ -107,6 +107,14 @@ def test_a_crash_is_one_critical_finding_then_the_session_is_closed(tmp_path, ex
     assert crashes == ([(3, "critical", "ValueError", 4)] if isinstance(exc, Exception) else [])
     assert s.closed and not s._watchdog._thread.is_alive()
     assert s.run.dispatcher._closed and s.run.runlog._f.closed
+    # The outcome: crashed and why (the crash's first sentence); Ctrl-C is someone stopping it.
+    o = s.outcome
+    assert (o.crashed, o.halted, o.steps_watched, o.last_step) == (isinstance(exc, Exception), False, 3, 3)
+    assert (o.reason, o.exit_code) == (("Training crashed in step 4 with ValueError: bad batch.", 1)
+                                       if isinstance(exc, Exception) else (None, 0))
+    assert o.summary_lines()[0] == ("stability: the run crashed: Training crashed in step 4 with ValueError: "
+                                    "bad batch." if isinstance(exc, Exception) else "stability: the run ended at "
+                                    "step 3, not halted")
 
 
 def test_the_hang_watchdog_runs_on_rank0_only():

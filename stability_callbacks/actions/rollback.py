@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 _TAG_DIR = re.compile(r"^(global_step|iter_|step|checkpoint-|epoch=)")
 # A checkpoint that is one file (Lightning's ``*.ckpt``, a torch.save): no Megatron or DeepSpeed
@@ -56,8 +56,12 @@ def native_forms(advice_details: Mapping[str, Any],
 
     ``advice_details``: ``checkpoint_step`` (int or None = none recorded), ``checkpoint_path``
     (str or None), ``onset_step``, ``skip_steps`` ``[first, last]``, ``global_batch_size``
-    (int or None), ``consumed_samples`` ``[a, b]`` or None. Raises ``ValueError`` naming the
-    key when the advice is inconsistent (e.g. a checkpoint inside the skipped range).
+    (int or None), ``consumed_samples`` ``[a, b]`` or None; without a checkpoint,
+    ``checkpoints_seen`` (True: a live run, which saw every save, so none was saved: train again
+    with ``save_steps``, the interval that puts one before the onset; else the log names none:
+    the newest one saved before the onset). Every form is a complete instruction, without a
+    blank to fill in. Raises ``ValueError`` naming the key when the advice is inconsistent (e.g.
+    a checkpoint inside the skipped range).
     """
     d = dict(advice_details)
     onset = _int(d, "onset_step")
@@ -92,49 +96,110 @@ def native_forms(advice_details: Mapping[str, Any],
     else:
         sample_note = ""
     noun = "optimizer step" if n_steps == 1 else "optimizer steps"
-    what = f"the data of steps {first}-{last} ({n_steps} {noun}{sample_note})"
-
-    if ckpt_step is None:
-        where = f"<the newest checkpoint saved before step {min(onset, first)}>"
-        ckpt_step_text = "<its step>"
-        prefix_steps = f"{last}"
-        tag = "<its tag>"
-        ckpt_dir = where
-        iteration = "<its iteration>"
+    s = _Skip(first, last, n_steps, f"the data of steps {first}-{last} ({n_steps} {noun}{sample_note})")
+    if ckpt_step is not None:
+        forms = _from_checkpoint(ckpt_step, path, s)
+    elif d.get("checkpoints_seen"):
+        forms = _none_saved(min(onset, first), d.get("save_steps"), s)
     else:
-        where = path if path else f"<the checkpoint of step {ckpt_step}>"
-        ckpt_step_text = str(ckpt_step)
-        prefix_steps = f"{last}"
-        ckpt_dir, tag = _split_tag(path, ckpt_step)
-        iteration = str(ckpt_step)
-    dropped_good = (f"; this also drops the good steps {ckpt_step + 1}-{first - 1}"
-                    if ckpt_step is not None and ckpt_step + 1 <= first - 1 else "")
-
-    hf = (f'trainer.train(resume_from_checkpoint="{where}") (step {ckpt_step_text}) with '
-          f"TrainingArguments(ignore_data_skip=True), and skip {what}: start the train "
-          f"dataloader after step {last} with accelerate's skip_first_batches(dataloader, "
-          f"num_batches={prefix_steps} * gradient_accumulation_steps) (counted within the "
-          f"epoch{dropped_good})")
-    lightning = (f'trainer.fit(model, datamodule=dm, ckpt_path="{where}") (step '
-                 f"{ckpt_step_text}); Lightning restores the loop, not a map-style loader's "
-                 f"position: skip {what} in train_dataloader(), i.e. start its sampler after "
-                 f"{prefix_steps} * accumulate_grad_batches batches{dropped_good}")
-    megatron = (f"--load {ckpt_dir} with {ckpt_dir}/latest_checkpointed_iteration.txt = "
-                f"{iteration} (Megatron-LM: --ckpt-step {iteration}) "
-                f"--skip-train-iteration-range {first}-{last}")
-    deepspeed = (f'engine.load_checkpoint("{ckpt_dir}", tag="{tag}") (or write {tag} into '
-                 f"{ckpt_dir}/latest, the tag load_checkpoint picks by default); then skip "
-                 f"{what}: when the loop reaches step {first}, draw and discard {n_steps} * "
-                 f"gradient_accumulation_steps micro-batches")
-    forms = {"hf": hf, "lightning": lightning, "megatron": megatron, "deepspeed": deepspeed}
+        forms = _none_named(min(onset, first), s)
     return forms if frameworks is None else {k: v for k, v in forms.items() if k in frameworks}
 
 
-def _split_tag(path: str | None, step: int) -> tuple[str, str]:
+class _Skip(NamedTuple):
+    """The steps whose data a restart skips, and how the forms name that data."""
+
+    first: int
+    last: int
+    n: int
+    what: str
+
+
+def _from_checkpoint(step: int, path: str | None, s: _Skip) -> dict[str, str]:
+    """Back to the checkpoint of ``step`` (``path``: where it is, when the run recorded it)."""
+    dropped = f"; this also drops the good steps {step + 1}-{s.first - 1}" if step + 1 <= s.first - 1 else ""
+    hf_where = f'"{path}"' if path else f'os.path.join(args.output_dir, "checkpoint-{step}")'
+    ckpt_dir, tag = _split_tag(path, step)
+    if path:
+        pl_where = f'ckpt_path="{path}")'
+    else:
+        pl_where = f"ckpt_path=CKPT) with CKPT the checkpoint file of step {step} (its path was not recorded)"
+    if ckpt_dir is not None:
+        megatron_load = f"--load {ckpt_dir} with {ckpt_dir}/latest_checkpointed_iteration.txt = {step}"
+        ds_load = (f'engine.load_checkpoint("{ckpt_dir}", tag="{tag}") (or write {tag} into {ckpt_dir}/latest, '
+                   f"the tag load_checkpoint picks by default)")
+    else:
+        megatron_load = (f"--load CKPT_DIR with CKPT_DIR the folder that holds the checkpoint of iteration "
+                         f"{step} and its latest_checkpointed_iteration.txt = {step}")
+        ds_load = (f'engine.load_checkpoint(save_dir, tag="{tag}") with save_dir the folder your loop saves '
+                   f"into (or write {tag} into save_dir/latest, the tag load_checkpoint picks by default)")
+    return {
+        "hf": (f"trainer.train(resume_from_checkpoint={hf_where}) (step {step}) with "
+               f"TrainingArguments(ignore_data_skip=True), and skip {s.what}: start the train dataloader "
+               f"after step {s.last} with accelerate's skip_first_batches(dataloader, num_batches={s.last} * "
+               f"gradient_accumulation_steps) (counted within the epoch{dropped})"),
+        "lightning": (f"trainer.fit(model, datamodule=dm, {pl_where} (step {step}); Lightning restores the "
+                      f"loop, not a map-style loader's position: skip {s.what} in train_dataloader(), i.e. "
+                      f"start its sampler after {s.last} * accumulate_grad_batches batches{dropped}"),
+        "megatron": (f"{megatron_load} (Megatron-LM: --ckpt-step {step}) "
+                     f"--skip-train-iteration-range {s.first}-{s.last}"),
+        "deepspeed": (f"{ds_load}; then skip {s.what}: when the loop reaches step {s.first}, draw and discard "
+                      f"{s.n} * gradient_accumulation_steps micro-batches"),
+    }
+
+
+def _none_saved(onset: int, save_steps: int | None, s: _Skip) -> dict[str, str]:
+    """No checkpoint was saved before ``onset`` (a live run, which sees every save): train again
+    from the start, with a save interval that puts one before ``onset``, and skip the data."""
+    head = f"no checkpoint was saved before step {onset} (none that the monitor saw): "
+
+    def every(setting: str) -> str:
+        return f", with {setting} so that a checkpoint comes before step {onset}," if save_steps else ""
+    return {
+        "hf": (f"{head}train again from the start (trainer.train() without resume_from_checkpoint)"
+               f"{every(f'TrainingArguments(save_steps={save_steps})')} and leave {s.what} out of the "
+               f"train dataset"),
+        "lightning": (f"{head}fit again from the start (trainer.fit(model, datamodule=dm) without ckpt_path)"
+                      f"{every(f'ModelCheckpoint(every_n_train_steps={save_steps})')} and leave {s.what} out "
+                      f"of train_dataloader()"),
+        "megatron": (f"{head}train again without --load{every(f'--save-interval {save_steps}')} and "
+                     f"--skip-train-iteration-range {s.first}-{s.last}"),
+        "deepspeed": (f"{head}run the loop again from the start{every(f'engine.save_checkpoint every {save_steps} steps')}"
+                      f" and skip {s.what}: when the loop reaches step {s.first}, draw and discard {s.n} * "
+                      f"gradient_accumulation_steps micro-batches"),
+    }
+
+
+def _none_named(onset: int, s: _Skip) -> dict[str, str]:
+    """The log names no checkpoint (a replayed log): the newest one saved before ``onset``."""
+    why = "the log names no checkpoint"
+    return {
+        "hf": (f'trainer.train(resume_from_checkpoint=os.path.join(args.output_dir, f"checkpoint-{{N}}")) with N '
+               f"the step of the newest checkpoint-N folder below {onset} ({why}) and "
+               f"TrainingArguments(ignore_data_skip=True), and skip {s.what}: start the train dataloader after "
+               f"step {s.last} with accelerate's skip_first_batches(dataloader, num_batches={s.last} * "
+               f"gradient_accumulation_steps) (counted within the epoch; this also drops the good steps "
+               f"after N)"),
+        "lightning": (f"trainer.fit(model, datamodule=dm, ckpt_path=CKPT) with CKPT the newest checkpoint saved "
+                      f"before step {onset} ({why}); Lightning restores the loop, not a map-style loader's "
+                      f"position: skip {s.what} in train_dataloader(), i.e. start its sampler after {s.last} * "
+                      f"accumulate_grad_batches batches (this also drops the good steps after CKPT's)"),
+        "megatron": (f"--load with latest_checkpointed_iteration.txt = the newest iteration saved before {onset} "
+                     f"({why}; Megatron-LM: --ckpt-step that iteration) "
+                     f"--skip-train-iteration-range {s.first}-{s.last}"),
+        "deepspeed": (f"engine.load_checkpoint(save_dir, tag=TAG) with TAG the newest tag saved before step "
+                      f"{onset} in save_dir, the folder your loop saves into ({why}); then skip {s.what}: when "
+                      f"the loop reaches step {s.first}, draw and discard {s.n} * gradient_accumulation_steps "
+                      f"micro-batches"),
+    }
+
+
+def _split_tag(path: str | None, step: int) -> tuple[str | None, str]:
     """(save dir, tag): DeepSpeed saves ``<dir>/<tag>/`` with the default tag ``global_step<N>``;
-    Megatron saves ``<dir>/iter_<N>/``. A path naming the tag folder itself is split."""
+    Megatron saves ``<dir>/iter_<N>/``. A path naming the tag folder itself is split. No folder
+    (None) for an unknown path or a checkpoint that is one file."""
     if path is None or _ONE_FILE.search(path.rstrip("/\\")):
-        return f"<checkpoint dir of step {step}>", f"global_step{step}"
+        return None, f"global_step{step}"
     clean = path.rstrip("/\\")
     base = os.path.basename(clean)
     if _TAG_DIR.match(base) and os.path.dirname(clean):

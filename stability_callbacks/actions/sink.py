@@ -204,6 +204,31 @@ def alert_text(alert: Alert, *, markdown: bool) -> str:
     return "\n".join(alert_lines(alert, markdown=markdown))
 
 
+#: The longest console line of a finding (:func:`finding_line`), in characters.
+LINE_CHARS = 200
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(])")
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of ``text``, on one line.
+
+    >>> first_sentence("Loss rose to 9.1 at step 25. Roll back.")
+    'Loss rose to 9.1 at step 25.'
+    """
+    return _SENTENCE_END.split(" ".join(text.split()), maxsplit=1)[0]
+
+
+def finding_line(finding: Finding, limit: int = LINE_CHARS) -> str:
+    """A finding as one console line: ``SEVERITY: kind at step N: <its first sentence>``, cut
+    to ``limit`` characters (the full text is in the run log and the report).
+
+    >>> finding_line(Finding(22, "nonfinite", "critical", "Loss is NaN at step 22. Roll back."))
+    'CRITICAL: nonfinite at step 22: Loss is NaN at step 22.'
+    """
+    line = f"{finding.severity.upper()}: {finding.kind} at step {finding.step}: {first_sentence(finding.message)}"
+    return line if len(line) <= limit else line[:limit - 3].rstrip() + "..."
+
+
 def _rollback_lines(f: Finding, frameworks: tuple[str, ...] | None, *, markdown: bool) -> list[str]:
     from .rollback import FORM_LABELS, native_forms  # local: rollback is only needed for this one kind
     try:

@@ -13,7 +13,9 @@ A log without a training loss but with a loss scale, overflow skips or a grad no
 them, and says so first (``no training loss read; judged on: ...``).
 
 Exit codes: 0 no critical finding; 1 a critical finding; 2 unreadable input (not text, no known
-format, nothing to judge: no training loss and none of those) or a bad config (one message: the file and line, or the key);
+format, nothing to judge: no training loss and none of those), a bad config or an output
+(``--json``, ``--report``) that cannot be written, checked before reading (one message: the file
+and line, the key, or the output);
 3 (``--follow``) halted.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,6 +52,7 @@ def run(args) -> int:
         monitor = Monitor(args.config)
         if args.warmup_steps:
             monitor.set_warmup_steps(args.warmup_steps)
+        check_outputs(args)
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=err)
         return 2
@@ -63,7 +67,11 @@ def run(args) -> int:
     except (LogFormatError, OSError, ValueError) as e:
         print(f"error: {e}", file=err)
         return 2
-    replay.finish(args)
+    try:
+        replay.finish(args)
+    except OutputError as e:
+        print(f"error: {e}", file=err)
+        return 2
     if not account.with_loss and not account.signals:
         print(f"error: {args.path}: no training loss was read and nothing else to judge "
               f"({account.records} steps, keys: {', '.join(account.keys) or 'none'}); "
@@ -117,28 +125,77 @@ class _Replay:
                 line_no, reason = account.first_unreadable
                 print(f"note: ignored {account.unreadable} unreadable line(s) of {args.path} "
                       f"(first: line {line_no}: {reason})", file=sys.stderr)
+        forms = _advice_forms(args, account)
         if args.json_out:
-            out = sys.stdout if args.json_out == "-" else open(args.json_out, "w", encoding="utf-8")
-            if account is not None:
-                out.write(json.dumps(account.to_json()) + "\n")
-            for f in self.findings:
-                out.write(json.dumps(f.to_json()) + "\n")
-            if out is not sys.stdout:
-                out.close()
+            with _writing("--json", args.json_out):
+                out = sys.stdout if args.json_out == "-" else open(args.json_out, "w", encoding="utf-8")
+                if account is not None:
+                    out.write(json.dumps(account.to_json()) + "\n")
+                for f in self.findings:
+                    out.write(json.dumps(f.to_json()) + "\n")
+                if out is not sys.stdout:
+                    out.close()
         name = Path(args.path).name
         print_summary(self.findings, self.count, name, file=summary_to, list_findings=not printed,
-                      advice_forms=_advice_forms(args, account))
+                      advice_forms=forms)
         if args.report:
             from .report import write_report
-            path = write_report(args.report, self.records or [], self.findings, title=name,
-                                phases=self.phases)
+            with _writing("--report", args.report):
+                path = write_report(args.report, self.records or [], self.findings, title=name,
+                                    phases=self.phases, advice_forms=forms)
             print(f"report: {path}", file=summary_to)
         return summary_to
 
 
+class OutputError(Exception):
+    """An output (``--json``, ``--report``) that cannot be written: exit 2, one line."""
+
+
+def check_outputs(args) -> None:
+    """``--json`` and ``--report`` can be written, checked before the log is read: ``ValueError``,
+    one line, otherwise (a folder in the way, a file where a folder must be, no permission).
+    Also the report's suffix."""
+    if args.report:
+        from .report import check_report_path
+        check_report_path(args.report)
+    for flag, path in (("--json", args.json_out), ("--report", args.report)):
+        if path and path != "-":
+            problem = _unwritable(Path(path))
+            if problem:
+                raise ValueError(f"{flag} {path}: cannot write it: {problem}")
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why ``path`` cannot be written (its missing folders are made when it is), or None."""
+    import os
+    if path.is_dir():
+        return "it is a folder"
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        return "permission denied"
+    return None
+
+
+@contextmanager
+def _writing(flag: str, path: str):
+    """Writing an output: its folders made first; an OSError (checked before reading, but a disk
+    fills, a folder goes) becomes :class:`OutputError`, one line."""
+    try:
+        if path != "-":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        yield
+    except OSError as e:
+        raise OutputError(f"{flag} {path}: cannot write it: {e.strerror or e}") from None
+
+
 def _follow(args, monitor, user_keys, pattern) -> int:
     from ..live import LiveRun
-    from .follow import EXIT_HALTED, StopConditions, TailLines, carry_out_halt, follow_run_dir, follow_wandb_run
+    from ..outcome import EXIT_HALTED   # a live run's outcome gives a halted run the same code
+    from .follow import StopConditions, TailLines, carry_out_halt, follow_run_dir, follow_wandb_run
     from .readers import LogFormatError, ReadAccount, read_records
 
     err = sys.stderr
@@ -207,7 +264,11 @@ def _follow(args, monitor, user_keys, pattern) -> int:
     run.close()
     if wandb_run is not None:
         wandb_run.finish()
-    summary_to = replay.finish(args, printed=True)
+    try:
+        summary_to = replay.finish(args, printed=True)
+    except OutputError as e:
+        print(f"error: {e}", file=err)
+        return 2
     if halt:
         f = halt[0]
         print(f"halted at step {f.step} ({f.kind}): " + "; ".join(done or ["no --stop-file or "

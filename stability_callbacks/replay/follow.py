@@ -36,9 +36,6 @@ from ..runlog import RUN_DIR_NAME
 
 log = logging.getLogger("stability_callbacks")
 
-# Exit codes (docs/design.md, CLI): 0 no critical finding, 1 a critical finding, 2 unreadable
-# input or a bad config, 3 halted (a halt-level finding; stop file written / command run).
-EXIT_HALTED = 3
 _READ_BYTES = 1 << 20
 
 

@@ -439,17 +439,25 @@ def _png_bytes(fig) -> bytes:
     return buf.getvalue()
 
 
+def check_report_path(out_path) -> Path:
+    """``out_path`` as a report path: ``ValueError`` unless it ends in ``.png`` or ``.html``."""
+    out = Path(out_path)
+    if out.suffix.lower() not in (".png", ".html", ".htm"):
+        raise ValueError(f"report: {str(out)!r} must end in .png or .html")
+    return out
+
+
 def write_report(out_path, records: Sequence[StepRecord], findings: Sequence[Finding], *,
-                 title: str, phases=None) -> Path:
+                 title: str, phases=None, advice_forms: tuple[str, ...] | None = ()) -> Path:
     """Write ``out_path`` (``.png`` or ``.html``, by suffix) and return it.
 
     ``phases``: ``(step, phase_name)`` pairs aligned with ``records`` (or ``None``).
+    ``advice_forms``: the frameworks whose command the HTML table adds under rollback advice
+    (:func:`~stability_callbacks.actions.rollback.native_forms`; None: all; ``()``: none).
     ``ValueError`` for another suffix.
     """
-    out = Path(out_path)
+    out = check_report_path(out_path)
     suffix = out.suffix.lower()
-    if suffix not in (".png", ".html", ".htm"):
-        raise ValueError(f"report: {str(out)!r} must end in .png or .html")
     records = list(records)
     findings = list(findings)
     fig = render_figure(records, findings, title=title, phases=phases)
@@ -458,11 +466,33 @@ def write_report(out_path, records: Sequence[StepRecord], findings: Sequence[Fin
     if suffix == ".png":
         out.write_bytes(png)
     else:
-        out.write_text(_html(title, records, findings, png), encoding="utf-8")
+        out.write_text(_html(title, records, findings, png, advice_forms), encoding="utf-8")
     return out
 
 
-def _html(title: str, records, findings, png: bytes) -> str:
+def write_run_report(runlog_path, out_path, *, title: str, advice_forms: tuple[str, ...] | None = ()) -> Path:
+    """The report of a live run, from its run log (stitched across resumes and rollbacks: the
+    trajectory the model went through, :func:`~.timeline.stitch`). Raises ``LogFormatError``
+    for a run log without a step, ``ImportError`` without matplotlib, ``OSError``."""
+    from .timeline import stitch
+    t = stitch(runlog_path)
+    return write_report(out_path, t.live, t.findings, title=title, advice_forms=advice_forms)
+
+
+def _advice_html(f: Finding, advice_forms: tuple[str, ...] | None) -> str:
+    """The native commands of a rollback advice, as lines under its message."""
+    if f.kind != "rollback_advice" or advice_forms == () or f.details.get("step_is_record_number"):
+        return ""
+    from ..actions.rollback import FORM_LABELS, native_forms
+    try:
+        forms = native_forms(f.details, advice_forms)
+    except (KeyError, TypeError, ValueError):
+        return ""
+    return "".join(f"<br><b>{html.escape(FORM_LABELS[k])}:</b> <code>{html.escape(v)}</code>"
+                   for k, v in forms.items())
+
+
+def _html(title: str, records, findings, png: bytes, advice_forms: tuple[str, ...] | None = ()) -> str:
     esc = html.escape
     counts = Counter(f.severity for f in findings)
     steps = [r.step for r in records]
@@ -471,7 +501,8 @@ def _html(title: str, records, findings, png: bytes) -> str:
         rows.append(
             f'<tr class="{esc(f.severity)}"><td>{f.step}</td><td>{esc(f.severity)}</td>'
             f"<td>{esc(f.kind)}</td><td>{esc(f.signal or '')}</td><td>{esc(f.phase or '')}</td>"
-            f"<td>{'yes' if f.in_warmup_risk_window else ''}</td><td>{esc(f.message)}</td></tr>")
+            f"<td>{'yes' if f.in_warmup_risk_window else ''}</td><td>{esc(f.message)}"
+            f"{_advice_html(f, advice_forms)}</td></tr>")
     span = f"{len(steps)} steps, {min(steps)}–{max(steps)}" if steps else "no steps"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>

@@ -30,6 +30,7 @@ allow_fp16()
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # tests/
 from alert_inbox import AlertInbox  # noqa: E402
 from streams import two_stream_losses  # noqa: E402
+from teardown import leave  # noqa: E402
 from stability_callbacks.demo.scenarios import build_scenario  # noqa: E402
 from stability_callbacks.integrations.deepspeed import (CLIENT_STATE_KEY, attach,  # noqa: E402
                                                         roll_back_latest)
@@ -97,6 +98,10 @@ def summary(hook, extra: dict) -> dict:
         "control": {"stop": hook.control.stop, "state_is_good": hook.control.state_is_good},
         "rollback": (hook.control.rollback.details if hook.control.rollback is not None else None),
     }
+    o = hook.outcome   # what every rank knows alike of how the run ended
+    if o is not None:
+        res["outcome"] = {"halted": o.halted, "halted_at": o.halted_at, "reason": o.reason,
+                          "exit_code": o.exit_code, "advice": o.advice}
     res.update(extra)
     return res
 
@@ -521,7 +526,8 @@ def case_monitor(out_dir):
 
 def case_loud(out_dir):
     """A bad config raises at ``attach`` (before step one) with the key named; an unwritable
-    run_dir is one warning, and the run is monitored all the same."""
+    run_dir is one warning, the hook's own save into it another (no traceback), and the run is
+    monitored all the same."""
     from stability_callbacks import ConfigError
 
     sc = build_scenario("healthy", max_steps=4, warmup_steps=2, batch_size=2)
@@ -550,14 +556,17 @@ def case_loud(out_dir):
 
     seen = Seen()
     logging.getLogger("stability_callbacks").addHandler(seen)
-    try:
-        with attach(engine, config={"actions": {}}, run_dir=os.path.join(blocker, "stability")) as hook:
+    try:   # the hook's own save (every step in the risk window) goes to <run_dir>/checkpoints: no folder
+        with attach(engine, config={"actions": {}, "policy": {"bump_save_interval_to": 1}},
+                    run_dir=os.path.join(blocker, "stability")) as hook:
             train(engine, hook, sc, last_step=4)
     finally:
         logging.getLogger("stability_callbacks").removeHandler(seen)
     return summary(hook, {"errors": errors,
                           "last_step": hook.session.last_step,
-                          "records": {"warnings": [m for m in seen.messages if "run log" in m]}})
+                          "records": {"warnings": [m for m in seen.messages if "run log" in m],
+                                      "save_warnings": [m.replace(blocker, "BLOCKER") for m in seen.messages
+                                                        if "save" in m or "Traceback" in m]}})
 
 
 CASES = {
@@ -585,26 +594,23 @@ def main(argv):
     out_dir, names = argv[0], argv[1:] or list(CASES)
     deepspeed.init_distributed(dist_backend="gloo")
     rank = dist.get_rank()
-    try:
-        for name in names:
-            t0 = time.perf_counter()
-            try:
-                res = CASES[name](out_dir)
-            except Exception:
-                with open(os.path.join(out_dir, f"{name}.rank{rank}.json"), "w") as fh:
-                    json.dump({"crash": traceback.format_exc()}, fh)
-                # The other rank may sit in a collective this rank will never join: end the
-                # launch now (its peer then fails fast on the closed connection) instead of
-                # running the next case out of step.
-                os._exit(1)
-            res["seconds"] = round(time.perf_counter() - t0, 2)
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            res = CASES[name](out_dir)
+        except Exception:
             with open(os.path.join(out_dir, f"{name}.rank{rank}.json"), "w") as fh:
-                json.dump(res, fh, indent=1, default=str)
-            dist.barrier()
-    finally:
-        # Without it gloo aborts at interpreter teardown (its process group must be destroyed first).
-        dist.destroy_process_group()
+                json.dump({"crash": traceback.format_exc()}, fh)
+            # The other rank may sit in a collective this rank will never join: end the
+            # launch now (its peer then fails fast on the closed connection) instead of
+            # running the next case out of step.
+            os._exit(1)
+        res["seconds"] = round(time.perf_counter() - t0, 2)
+        with open(os.path.join(out_dir, f"{name}.rank{rank}.json"), "w") as fh:
+            json.dump(res, fh, indent=1, default=str)
+        dist.barrier()
 
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    leave(0)   # gloo's teardown race (tests/dist/teardown.py)

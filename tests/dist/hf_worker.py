@@ -12,6 +12,7 @@ import sys
 import torch
 
 import cpu_deepspeed  # noqa: F401  (before DeepSpeed initialises)
+from teardown import leave
 
 torch.set_num_threads(1)
 
@@ -77,13 +78,13 @@ def main() -> int:
                    "is_deepspeed": bool(trainer.is_deepspeed_enabled),
                    "zero_stage": (trainer.model_wrapped.zero_optimization_stage()
                                   if trainer.is_deepspeed_enabled else None),
+                   "outcome": None if cb.outcome is None else {
+                       "halted": cb.outcome.halted, "halted_at": cb.outcome.halted_at, "reason": cb.outcome.reason,
+                       "exit_code": cb.outcome.exit_code, "report": cb.outcome.report_path is not None},
                    "num_params": sum(p.numel() for p in trainer.model.parameters()),
                    "weights_sum": float(sum(p.detach().double().sum() for p in trainer.model.parameters()))}, fh)
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

@@ -15,6 +15,7 @@ import sys
 import torch
 
 import cpu_deepspeed  # noqa: F401  (before DeepSpeed initialises)
+from teardown import leave
 
 torch.set_num_threads(1)
 
@@ -105,12 +106,8 @@ def main() -> int:
     rank = int(os.environ["RANK"])
     for name in a.strategies.split(","):
         run(name, a, world, rank)
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        # Without it gloo aborts at interpreter exit (its process group must be destroyed first).
-        torch.distributed.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

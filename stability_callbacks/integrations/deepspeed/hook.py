@@ -217,10 +217,12 @@ class StabilityHook(SessionAdapter):
         s, step, rollback = self.session, int(self.engine.global_steps), None
         with self.guard("act", "carrying out the monitor's requests"):
             rollback, why, stop = self._requests(step, interval_saves=self.save_on_request)
-            if why and self.save_on_request:   # a halt saves a good state first
+            if why and self.save_on_request and s.can_save_into(self._save_dir(), step):   # a halt saves first
                 self._request = why
                 try:
                     self.engine.save_checkpoint(self._save_dir(), tag=f"global_step{step}")
+                except OSError as e:
+                    s.save_failed(step, e)
                 finally:
                     self._request = None
             if stop and s.stopped_at == step and self.rollback_on_halt and s.control.rollback is not None:

@@ -250,8 +250,12 @@ class StabilityCallback(Callback, SessionAdapter):
                 folder = self.checkpoint_dir or (mc.dirpath if isinstance(mc, ModelCheckpoint) and mc.dirpath
                                                  else os.path.join(trainer.default_root_dir, "checkpoints"))
                 path = os.path.join(folder, f"stability-step={step}.ckpt")
-                trainer.save_checkpoint(path)
-                s.record_save(step, path, why)
+                if s.can_save_into(folder, step):
+                    try:
+                        trainer.save_checkpoint(path)
+                        s.record_save(step, path, why)
+                    except OSError as e:
+                        s.save_failed(step, e)
             s.control.step_done()
 
     def _note_framework_saves(self, trainer) -> None:

@@ -1,6 +1,6 @@
 """What the three framework adapters share around their :class:`~.session.LiveSession`: the
 constructor's common keyword arguments, the guard, opening the session, the views users read
-(``findings``, ``saved``, ``should_stop``), wrapping a framework's methods on one instance, the
+(``findings``, ``saved``, ``should_stop``, ``outcome``), wrapping a framework's methods on one instance, the
 crash alert around its training entry point, and the plumbing of skip step and automatic
 rollback. Framework-neutral: each framework's package builds on it.
 """
@@ -14,6 +14,7 @@ from stability_callbacks.config import load_config
 from stability_callbacks.control import Control
 from stability_callbacks.forensics import Forensics, StepIndices
 from stability_callbacks.live import Guard, LiveRun
+from stability_callbacks.outcome import Outcome
 from stability_callbacks.params import ConfigError
 from stability_callbacks.runlog import RUN_DIR_NAME
 from stability_callbacks.record import Finding
@@ -68,7 +69,8 @@ class SessionAdapter:
             config=self.config, monitor=monitor if monitor is not None else self.monitor,
             run_dir=self.run_dir or run_dir, is_rank0=is_rank0, run_name=run_name or self.run_name,
             wandb_run=wandb_run, advice_forms=advice_forms_for(self.framework), sinks_off=sinks_off,
-            listeners=[*self.listeners, *listeners], guard=self.guard), process_group=process_group)
+            listeners=[*self.listeners, *listeners], guard=self.guard, sees_checkpoints=True),
+            process_group=process_group)
         return self.session
 
     @property
@@ -85,6 +87,13 @@ class SessionAdapter:
     def findings(self) -> list[Finding]:
         """Every finding of this run so far."""
         return [] if self.session is None else self.session.findings
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """How the run ended (:class:`~stability_callbacks.outcome.Outcome`: ``halted``,
+        ``reason``, ``findings``, ``run_dir``, ``exit_code``, ...), once training has ended;
+        None before. The same on every rank."""
+        return None if self.session is None else self.session.outcome
 
     @property
     def saved(self) -> list[tuple[int, str | None]]:

@@ -43,6 +43,7 @@ optimizer itself (DeepSpeed) is read through :meth:`LiveSession.read_engine`.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections import deque
@@ -53,6 +54,7 @@ import torch
 from stability_callbacks import keys
 from stability_callbacks.control import Action, Control
 from stability_callbacks.live import LiveRun
+from stability_callbacks.outcome import REPORT_NAME, Outcome, RunReport
 from stability_callbacks.record import Finding, StepRecord
 from stability_callbacks.watchdog import HangWatchdog
 
@@ -65,6 +67,8 @@ from .reductions import batch_fingerprint
 from .skip_step import SkipStep
 
 __all__ = ["LiveSession", "EngineStep", "STATE_FILE"]
+
+log = logging.getLogger("stability_callbacks")
 
 #: The detector state's file inside a checkpoint folder (HF: every ``checkpoint-N``).
 STATE_FILE = "stability_state.json"
@@ -141,6 +145,8 @@ class LiveSession:
         self._batches: list = []           # this step's micro-batches (forensics.dump_batches)
         self._rows = 0                     # and how many samples they held (forensics' check)
         self._interval: int | None = None   # the save interval last reported
+        #: How the run ended (set by :meth:`close`; None while it runs).
+        self.outcome: Outcome | None = None
 
     @property
     def control(self) -> Control:
@@ -375,6 +381,29 @@ class LiveSession:
         self.save_blocked(step, what)
         return False
 
+    def can_save_into(self, folder: str, step: int) -> bool:
+        """Whether the monitor's own save of ``step`` can go into ``folder`` (made when missing).
+        A folder that cannot be written is one warning, said once, without a traceback, and no
+        save: training and detection go on. Every rank checks the same folder before the
+        (collective) save, so a shared one that cannot be written stops every rank's save alike,
+        and no rank waits in the save for a rank that failed."""
+        try:
+            os.makedirs(folder, exist_ok=True)
+            if os.access(folder, os.W_OK | os.X_OK):
+                return True
+            why = "permission denied"
+        except OSError as e:
+            why = e.strerror or str(e)
+        self.guard.warn_once("save-folder", "stability: cannot save the checkpoint of step %d into %s "
+                             "(%s); the monitor's saves are off, training and detection go on", step, folder, why)
+        return False
+
+    def save_failed(self, step: int, exc: OSError) -> None:
+        """The monitor's own save of ``step`` failed while writing (a full disk): one warning,
+        said once, without a traceback; training and detection go on."""
+        self.guard.warn_once("save-failed", "stability: the checkpoint of step %d could not be saved "
+                             "(%s: %s); training and detection go on", step, type(exc).__name__, exc)
+
     def record_save(self, step: int, path: str | None, reason: str | None = None) -> None:
         """A checkpoint of ``step`` was written to ``path``: on the monitor's request (``reason``:
         a ``save`` action) or by the framework or the loop itself (only the checkpoint line)."""
@@ -447,7 +476,9 @@ class LiveSession:
 
     def close(self, *, flush: bool = True) -> None:
         """End of training: the watchdog stops, the last records (a sync point; ``flush=False``
-        after a crash), then the run log and the sinks. Idempotent; never raises."""
+        after a crash), then the run log and the sinks; then the :attr:`outcome`, and on rank 0
+        the report next to the run log and the summary block (:meth:`_end`). Idempotent; never
+        raises."""
         if self.closed:
             return
         self.closed = True
@@ -456,6 +487,35 @@ class LiveSession:
         if flush and not self.off:
             self.flush()
         self.run.close()
+        with self.guard("end", "ending the run (the outcome, the report, the summary)"):
+            self.outcome = self.run.outcome(halted_at=self.stopped_at)
+            if self.run.is_rank0:
+                self._end(self.outcome)
+
+    def _end(self, outcome: Outcome) -> None:
+        """Rank 0 at the end: the HTML report next to the run log (``report.enabled``), then the
+        summary block through the ``stability_callbacks`` logger (a warning for a halted,
+        crashed or critical run)."""
+        from stability_callbacks.replay.readers.source import LogFormatError
+        from stability_callbacks.replay.report import write_run_report
+
+        report = RunReport(**(self.run.config.get("report") or {}))
+        if not report.enabled:
+            outcome.report_problem = "report.enabled is false"
+        elif outcome.runlog_path is None:
+            outcome.report_problem = "no run log"
+        else:
+            title = f"{self.run.run_name}: {outcome.summary_lines()[0].removeprefix('stability: ')}"
+            try:
+                outcome.report_path = write_run_report(
+                    outcome.runlog_path, outcome.runlog_path.with_name(REPORT_NAME), title=title,
+                    advice_forms=self.run.advice_forms)
+            except ImportError as e:
+                outcome.report_problem = (f"{e.name or 'matplotlib'} is not installed: pip install "
+                                          "'stability-callbacks[report]'")
+            except (LogFormatError, OSError) as e:
+                outcome.report_problem = str(e)
+        log.log(logging.WARNING if outcome.severe else logging.INFO, "%s", "\n".join(outcome.summary_lines()))
 
 
 class EngineStep(Protocol):
