@@ -163,9 +163,14 @@ class LiveSession:
         rather than from the optimizer the framework hands over."""
         self.engine = engine
 
-    def declare_warmup(self, warmup_steps: int | None) -> None:
-        """The framework's LR warmup, unless ``phase.warmup_steps`` is configured."""
-        self.run.declare_warmup(warmup_steps)
+    def declare_warmup(self, scheduler_steps: int | None) -> None:
+        """The framework's LR warmup, unless ``phase.warmup_steps`` is configured: its scheduler
+        peaks after ``scheduler_steps`` ``step()`` calls (None or 0: unknown or none). Declared
+        as the step it ends at, the first at the peak LR (docs/design.md, Words that mean one
+        thing: warmup end): every framework here steps its scheduler after the optimizer, so
+        optimizer step s runs at the LR of s - 1 calls, and the peak's first step is
+        ``scheduler_steps + 1`` (HF's ``warmup_steps=10``: step 11; step 10 still runs at 9/10)."""
+        self.run.declare_warmup(scheduler_steps + 1 if scheduler_steps else None)
 
     def start(self, step: int, reason: str, *, checkpoint: str | None = None, model=None,
               optimizer=None, scheduler=None, **facts) -> None:
