@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import RobustLevel
+from ..stats import COLD_TREND_SAMPLES, RobustLevel
 from .base import Context, Detector, check, fmt, positive, positive_int
 
 
@@ -30,6 +30,7 @@ class SpikeEpisode:
     above: int = 1         # of those, the points above the threshold
     warned: bool = False
     warm: bool = True      # the baseline was known (≥ cold_start_samples points) at the onset
+    scale: float = 0.0     # a cold falling start's noise σ at the onset (judged by it while open)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -44,8 +45,13 @@ class LossSpike(Detector):
     ``log(loss)`` whose spread is what the local trend leaves unexplained (:class:`RobustLevel`:
     an early fast descent is not noise, so a +35% jump right after warmup stands out). During the
     first ``cold_start_samples`` points (a log snippet, the first steps of a run) the baseline is
-    the median of what was seen (its MAD the noise the warm rule starts from), and a point is
-    abnormal ``cold_start_rise`` above it. Once warm, a point opens a spike only if it also jumped:
+    the median of what was seen (its spread the noise the warm rule starts from), and a point is
+    abnormal ``cold_start_rise`` above it; from the 10th point, once the points have fallen far
+    beyond their noise (the medians of their halves 4σ apart), their trend instead — a
+    Theil–Sen line, at its last point, and a point must also clear 6σ of their point-to-point
+    noise: a loss falling fast right after a short warmup is well below the median of its first
+    points (a +35% spike there must show), and a classifier's first steps fall fast and jump by
+    half. Once warm, a point opens a spike only if it also jumped:
     it stands ``min_jump_sigmas`` σ (of a difference of two points) above the point before it. A
     loss that climbs a little on every point crosses the threshold without a jump: that is a
     drift, which ``divergence`` judges (52B benchmark: +3% a step from 11.65 to 20.4). Abnormal
@@ -139,15 +145,19 @@ class LossSpike(Detector):
     def open(self) -> bool:
         return self.episode is not None
 
-    def _threshold(self, base: float, scale: float, cold: bool) -> float:
+    def _threshold(self, base: float, scale: float, cold: bool, falling: bool = False) -> float:
         """The value above which a point is abnormal. Rises are measured against the baseline, or
         against floor_fraction x the peak when the loss is below that (see the class docstring);
         the noise term is relative to the baseline. A rise must clear min_rise and z_threshold σ
         of noise, and always counts once it is max_threshold_rise (a doubling is a spike whatever
-        the noise says); while cold, it must clear cold_start_rise."""
+        the noise says); while cold, it must clear cold_start_rise, and against the trend of a
+        falling start (``falling``) the noise its points show too, without that cap (a classifier's
+        first steps fall fast and jump by half)."""
         unit = base if base > self.floor else self.floor
-        if cold:   # a few points tell a level (their median), not yet a noise
+        if cold and not falling:   # a few points tell a level (their median), not yet a noise
             return base + self.cold_start_rise * unit
+        if cold:   # an extrapolated level: no rise counts that its points' own noise explains
+            return base + max(self.cold_start_rise * unit, math.expm1(self.z_threshold * scale) * base)
         return base + min(max(self.min_rise * unit, math.expm1(self.z_threshold * scale) * base),
                           self.max_threshold_rise * unit)
 
@@ -173,13 +183,25 @@ class LossSpike(Detector):
             return []
         # One forecast, one exp, one log per point: this is the hottest path of the Monitor.
         f = b.level + b.damping * b.trend + b.bias
+        cold = n < self.cold_start_samples
+        falling = None   # while cold: the noise of a falling start, judged against its trend
+        if cold:   # the lower of the cold points' median and trend line (its value at the last point:
+            # a young curve bends, and one step of a steep early slope is no forecast): a loss falling
+            # fast from its start is well below the median; a spike they hold lifts the line, not the
+            # median. Against the line, a rise must clear the noise of the points too.
+            f = b.cold_median()
+            if b.level < f and len(b.seen) >= COLD_TREND_SAMPLES:
+                ep = self.episode   # the changes inside an open spike are no noise
+                noise = ep.scale if ep is not None else b.cold_noise()
+                # a fall: the two halves' medians apart by 4σ of their difference (1.25σ√(2/h) each)
+                if b.cold_fall() > 5.0 * noise * math.sqrt(2.0 / (len(b.seen) // 2)):
+                    f, falling = b.level, noise
         base = math.exp(f)
         scale = max(1.25 * b.mad, b.min_scale)
-        cold = n < self.cold_start_samples
         self.baseline_before, self.noise_before = (None if cold else base), scale
         self.slope_before = b.damping * b.trend
         unit = base if base > self.floor else self.floor   # what a rise is measured against
-        thr = self._threshold(base, scale, cold)
+        thr = self._threshold(base, falling if falling is not None else scale, cold, falling is not None)
         abnormal = x > thr
         z = (lx - f) / scale if n >= 2 else 0.0
         prev_log, self.prev_log = self.prev_log, lx
@@ -192,7 +214,8 @@ class LossSpike(Detector):
                              or lx - prev_log > self.min_jump_sigmas * _SQRT2 * scale):
                 onset = self.prev_step if (self.prev_z > 3.0 and not cold and self.prev_step is not None) else step
                 severity = "warning" if x - base >= self.large_rise * unit else "info"
-                self.episode = SpikeEpisode(onset, base, x, warned=severity == "warning", warm=not cold)
+                self.episode = SpikeEpisode(onset, base, x, warned=severity == "warning", warm=not cold,
+                                            scale=falling or 0.0)
                 out.append(self._onset_finding(step, x, base, thr, onset, severity, unit))
             else:
                 enters = True
