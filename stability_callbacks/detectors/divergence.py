@@ -38,7 +38,10 @@ class Divergence(Detector):
       since the low (gradients that grow with the loss are no data-order swing). A run with no
       swings (H = 0) gets the critical finding at once.
 
-    Spike episodes are left to ``loss_spike``: the median restarts after one (the horizon is kept). One episode per rise, re-armed when the level falls back.
+    Spike episodes are left to ``loss_spike``: the median restarts after one (the horizon is kept),
+    and nothing is reported (nor escalated) at a point where the loss itself is back within the
+    threshold of the low: a bump that came back holds the median up for half a window, and a
+    recovery wins. One episode per rise, re-armed when the level falls back.
     O(window) per update with a window of 7; state: three windows and 15 scalars.
 
     >>> d = Divergence()
@@ -131,12 +134,18 @@ class Divergence(Detector):
             self.swing = None
         if self.rise.low_step == record.step:   # a new low: what the grad and update norms were there
             self.at_low = [self._now(self.grad_med), self._now(self.update_med)]
+        # Recovery wins: the median lags a loss that came back by half a window (a 4-point bump
+        # holds it up for 4 points); nothing is reported while the loss itself is back below.
+        back = lx - self.rise.low_value <= thr
+        if fired and back:
+            self.rise.latch.rearm()   # judged again at the next point
+            fired = False
         if fired:
             self.episode = [record.step, False]
         elif self.episode is not None and self.rise.count == 0:
             self.episode = None   # it fell back: a swing after all
         ep = self.episode
-        if ep is None or ep[1]:
+        if ep is None or ep[1] or back:
             return []
         lasted = self.rise.count
         grown = self._grown()
