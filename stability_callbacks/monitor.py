@@ -108,6 +108,7 @@ class Monitor:
             if d is self._loss_spike:
                 ctx.loss_baseline, ctx.loss_noise, ctx.loss_slope = d.baseline_before, d.noise_before, d.slope_before
                 ctx.loss_floor_log, ctx.loss_signed = d.floor_log, d.signed
+                ctx.loss_step_noise, ctx.loss_step_mean = d.step_noise_before, d.step_mean_before
                 ctx.loss_spike_open = d.episode is not None
                 ctx.loss_spike_onset = d.episode.onset if d.episode is not None else None
         out += self.policy.review_skip(record, out, ctx, self.control, self._grad_norm_spike)

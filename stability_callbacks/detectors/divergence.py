@@ -5,7 +5,7 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import EWMean, RiseAboveLow, RollingMedian, finite_positive
+from ..stats import EWMean, Latch, RiseAboveLow, RollingMedian, finite_positive
 from .base import Context, Detector, check, fmt, positive, positive_int
 
 
@@ -55,10 +55,11 @@ class Divergence(Detector):
     kind = "divergence"
     signals = (keys.LOSS,)
     _state = ("med", "noise", "step_change", "prev_log", "rise", "points", "swing", "horizon", "smooth", "grad_med",
-              "update_med", "at_low", "episode")
+              "update_med", "at_low", "episode", "level", "spread", "prev", "fall", "faster", "faster_from", "below", "runaway")
 
     def __init__(self, *, window: int = 7, min_rise: float = 0.1, noise_sigmas: float = 4.0,
-                 persist_samples: int = 4, max_horizon_samples: int = 500, growth_ratio: float = 1.5):
+                 persist_samples: int = 4, max_horizon_samples: int = 500, growth_ratio: float = 1.5,
+                 runaway_spreads: float = 10.0):
         self.window = positive_int("window", window)
         self.min_rise = positive("min_rise", min_rise)
         self.noise_sigmas = positive("noise_sigmas", noise_sigmas)
@@ -81,6 +82,17 @@ class Divergence(Detector):
         self.update_med = RollingMedian(window)   # log update norm
         self.at_low: list = [None, None]   # [log grad norm, log update norm] when the level was lowest
         self.episode: list | None = None   # [first step, escalated] of the rise being reported
+        # The runaway below zero, on the loss itself (any sign): its level and spread (EW, additive),
+        # the previous value, the fall into it, how many falls in a row grew and from where, a latch.
+        self.runaway_spreads = positive("runaway_spreads", runaway_spreads)
+        self.level = EWMean(0.05, start="running")
+        self.spread = EWMean(0.05, start="running")
+        self.prev: float | None = None
+        self.fall = 0.0
+        self.faster = 0   # falls in a row, each larger than the one before
+        self.faster_from: int | None = None   # ... after this point's step
+        self.below = 0    # points in a row a third of runaway_spreads below the level
+        self.runaway = Latch()
 
     def _restart(self):
         self.med = RollingMedian(self.window)
@@ -94,8 +106,11 @@ class Divergence(Detector):
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
         x = m.get(keys.LOSS)
-        if x is None or not finite_positive(x) or ctx.loss_signed:
+        if x is None or not math.isfinite(x):
             return []
+        runaway = self._runaway(record.step, x)
+        if runaway or x <= 0.0 or ctx.loss_signed:
+            return runaway
         if ctx.loss_spike_open:
             self._restart()
             return []
@@ -136,7 +151,10 @@ class Divergence(Detector):
             self.at_low = [self._now(self.grad_med), self._now(self.update_med)]
         # Recovery wins: the median lags a loss that came back by half a window (a 4-point bump
         # holds it up for 4 points); nothing is reported while the loss itself is back below.
-        back = lx - self.rise.low_value <= thr
+        # ... and a rise is more than the loss's additive noise allows a median (~0.67σ for the
+        # difference of two medians of 7): near zero, log(loss) magnifies a likelihood's noise.
+        back = lx - self.rise.low_value <= thr or (
+            math.exp(level) - math.exp(self.rise.low_value) <= self.noise_sigmas * 0.67 * ctx.loss_step_noise)
         if fired and back:
             self.rise.latch.rearm()   # judged again at the next point
             fired = False
@@ -154,6 +172,52 @@ class Divergence(Detector):
             return []
         ep[1] = outlasted or grown
         return [self._finding(record.step, level, thr, lasted, h, grown, critical=ep[1])]
+
+    def _runaway(self, step: int, x: float) -> list[Finding]:
+        """The *runaway* rule: a loss falling without bound (a likelihood whose variance collapses,
+        an objective with no floor) runs below zero and on until it is NaN. Judged on the loss
+        itself, additively (any sign): a point below zero, ``runaway_spreads`` times the loss's
+        own spread (the EW mean absolute deviation around its EW level, ~20 points; points of a
+        speeding fall a third of that far below do not enter either) below that level, and
+        accelerating: each of its last two falls larger than the one before, the point before a
+        third as far below already (a healthy loss that crosses zero slows down; a steady fall
+        keeps its distance to the lagging level at about its spread; noise, even an RL loss's
+        heavy-tailed noise, rarely gives two such points in a row), or one jump 10 times that
+        far. Critical, once per run-away (re-armed back within a third of
+        it). O(1); state: 2 EW means, 6 scalars."""
+        prev, fall_before = self.prev, self.fall
+        self.prev = x
+        self.fall = prev - x if prev is not None else 0.0
+        if 0.0 < fall_before < self.fall:   # falls growing in a row
+            self.faster += 1
+        else:
+            self.faster, self.faster_from = 0, step   # they grow after this point, if at all
+        level, spread = self.level.mean, self.spread.mean
+        warm = self.level.n >= self.window and spread > 0.0
+        far = (level - x) / spread if warm else 0.0
+        if far < self.runaway_spreads / 3 or not self.faster:   # a point of a speeding fall, far below,
+            # is not the loss's own level and spread (a steady fall keeps moving them)
+            self.level.update(x)
+            self.spread.update(abs(x - level) if self.level.n > 1 else 0.0)
+        self.below = self.below + 1 if far >= self.runaway_spreads / 3 else 0
+        if not warm:
+            return []
+        # accelerating, the point before already far below too (noise, even heavy-tailed as an RL
+        # loss's, rarely gives two such points in a row), or one jump 10 times as far
+        on = x < 0.0 and far >= self.runaway_spreads and (
+            (self.faster >= 2 and self.below >= 2) or far >= 10 * self.runaway_spreads)
+        if not self.runaway.update(on=on, off=far < self.runaway_spreads / 3):
+            return []
+        onset = self.faster_from if self.faster_from is not None else step
+        return [self.finding(
+            step, severity="critical", value=x, baseline=level, threshold=level - self.runaway_spreads * spread,
+            onset_step=onset,
+            message=(f"The loss is falling without bound: {fmt(x)} at step {step}, {far:.0f}x its own spread "
+                     f"({fmt(spread)}) below its level {fmt(level)}, and faster ({fmt(self.fall)} in one step, "
+                     f"{fmt(fall_before)} the point before; speeding up since step {onset}). An objective that runs away below zero (a likelihood whose variance collapses, "
+                     f"an unbounded term) reaches NaN within steps: roll back to a checkpoint before step "
+                     f"{onset} and bound the objective (clamp the variance or log-variance) or lower the LR."),
+            rule="runaway", spreads=far, spread=spread, past_startup=True)]   # unmistakable, however early
 
     def _now(self, med: RollingMedian) -> float | None:
         return med.median if med.window else None

@@ -6,11 +6,12 @@ from dataclasses import asdict, dataclass
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import COLD_TREND_SAMPLES, RobustLevel
+from ..stats import COLD_TREND_SAMPLES, EWMean, RobustLevel
 from .base import Context, Detector, check, fmt, positive, positive_int
 
 
 _SQRT2 = math.sqrt(2.0)   # the σ of a difference of two noisy points, in σ
+_HALF_SQRT_PI = 0.5 * math.sqrt(math.pi)
 
 
 def _rise(x: float, base: float) -> str:
@@ -101,13 +102,17 @@ class LossSpike(Detector):
     name = "loss_spike"
     kind = "loss_spike"
     kinds = ("loss_spike", "spike_recovered", "spike_unrecovered")
-    _state = ("base", "episode", "prev_step", "prev_z", "prev_log", "peak", "signed")
+    _state = ("base", "episode", "prev_step", "prev_z", "prev_log", "peak", "signed", "prev_x", "prev_in",
+              "steps", "step_dev")
     #: Other loss detectors (resume spike, falsely low loss) judge against this baseline.
     baseline_before: float | None = None
     noise_before: float = 0.0
     slope_before: float = 0.0
     #: The loss has gone below zero: an additive objective (the log-space loss rules stand aside).
     signed: bool = False
+    #: The additive noise and mean change per point before this point (``stall`` judges a fall by them).
+    step_noise_before: float = 0.0
+    step_mean_before: float = 0.0
 
     def __init__(self, *, signal: str = keys.LOSS, baseline_alpha: float = 0.05, min_jump_sigmas: float = 3.0,
                  z_threshold: float = 6.0, min_rise: float = 0.15, cold_start_samples: int = 20,
@@ -140,12 +145,37 @@ class LossSpike(Detector):
         self.signed = False
         self.floor = 0.0         # floor_fraction x peak (derived), and its log for the other detectors
         self.floor_log = -math.inf
+        self.peak_floor_log = -math.inf
+        # The loss's additive noise: the change between successive ordinary points, its EW mean and
+        # its EW mean absolute deviation around that mean (a trend moves every point alike).
+        self.prev_x: float | None = None
+        self.prev_in = False     # the previous point joined the baseline (no spike around it)
+        self.steps = EWMean(0.1, start="running")
+        self.step_dev = EWMean(0.1, start="running")
 
     @property
     def open(self) -> bool:
         return self.episode is not None
 
-    def _threshold(self, base: float, scale: float, cold: bool, falling: bool = False) -> float:
+    @property
+    def step_noise(self) -> float:
+        """The σ of one point, additively: sqrt(pi)/2 x the mean absolute deviation of the changes
+        between successive ordinary points (a change of two points has √2 σ, and E|N(0, 2σ²)| = 2σ/√π)."""
+        return _HALF_SQRT_PI * self.step_dev.mean
+
+    def _floor_now(self) -> float:
+        """What rises are measured against at least: ``floor_fraction`` x the peak, or, where the
+        loss's noise does not shrink with it (a likelihood or any loss near zero), ``z_threshold``
+        x its additive noise, once ``cold_start_samples`` changes tell it (a few changes of a
+        young, bending curve do not); ``floor_log`` follows (the other loss detectors read it)."""
+        add = self.z_threshold * self.step_noise if self.steps.n >= self.cold_start_samples else 0.0
+        if add > self.floor:
+            self.floor_log = math.log(add)
+            return add
+        self.floor_log = self.peak_floor_log
+        return self.floor
+
+    def _threshold(self, base: float, scale: float, cold: bool, falling: bool = False, floor: float = 0.0) -> float:
         """The value above which a point is abnormal. Rises are measured against the baseline, or
         against floor_fraction x the peak when the loss is below that (see the class docstring);
         the noise term is relative to the baseline. A rise must clear min_rise and z_threshold σ
@@ -153,7 +183,7 @@ class LossSpike(Detector):
         the noise says); while cold, it must clear cold_start_rise, and against the trend of a
         falling start (``falling``) the noise its points show too, without that cap (a classifier's
         first steps fall fast and jump by half)."""
-        unit = base if base > self.floor else self.floor
+        unit = base if base > floor else floor
         if cold and not falling:   # a few points tell a level (their median), not yet a noise
             return base + self.cold_start_rise * unit
         if cold:   # an extrapolated level: no rise counts that its points' own noise explains
@@ -165,6 +195,7 @@ class LossSpike(Detector):
         x = record.metrics.get(self.signals[0])
         if x is None or not -math.inf < x < math.inf:
             return []
+        self.step_noise_before, self.step_mean_before = self.step_noise, self.steps.mean
         if x <= 0.0:
             if x == 0.0 or self.signed:
                 return self._update_signed(record.step, x) if self.signed else []
@@ -180,6 +211,7 @@ class LossSpike(Detector):
             b.update_log(lx)
             self._new_peak(x)
             self.baseline_before, self.prev_step, self.prev_z, self.prev_log = None, step, 0.0, lx
+            self.prev_x, self.prev_in = x, True
             return []
         # One forecast, one exp, one log per point: this is the hottest path of the Monitor.
         f = b.level + b.damping * b.trend + b.bias
@@ -200,8 +232,9 @@ class LossSpike(Detector):
         scale = max(1.25 * b.mad, b.min_scale)
         self.baseline_before, self.noise_before = (None if cold else base), scale
         self.slope_before = b.damping * b.trend
-        unit = base if base > self.floor else self.floor   # what a rise is measured against
-        thr = self._threshold(base, falling if falling is not None else scale, cold, falling is not None)
+        floor = self._floor_now()
+        unit = base if base > floor else floor   # what a rise is measured against
+        thr = self._threshold(base, falling if falling is not None else scale, cold, falling is not None, floor)
         abnormal = x > thr
         z = (lx - f) / scale if n >= 2 else 0.0
         prev_log, self.prev_log = self.prev_log, lx
@@ -222,7 +255,7 @@ class LossSpike(Detector):
         else:
             ep = self.episode
             onset, base0 = ep.onset, ep.baseline
-            grew = x - base0 >= self.large_rise * max(base0, self.floor) and x > ep.peak
+            grew = x - base0 >= self.large_rise * max(base0, floor) and x > ep.peak
             ep.peak = peak = max(ep.peak, x)
             ep.samples += 1
             ep.above += abnormal
@@ -267,6 +300,11 @@ class LossSpike(Detector):
             b.update_log(lx)
         if enters and x > self.peak:
             self._new_peak(x)
+        if enters and self.prev_in:   # the additive noise, from ordinary points only
+            d = x - self.prev_x
+            self.step_dev.update(abs(d - self.steps.mean) if self.steps.n else 0.0)
+            self.steps.update(d)
+        self.prev_x, self.prev_in = x, enters
         self.prev_step, self.prev_z = step, z
         return out
 
@@ -285,7 +323,8 @@ class LossSpike(Detector):
     def _new_peak(self, x: float) -> None:
         self.peak = x
         self.floor = self.floor_fraction * x
-        self.floor_log = math.log(self.floor) if self.floor > 0.0 and not self.signed else -math.inf
+        self.floor_log = self.peak_floor_log = (math.log(self.floor) if self.floor > 0.0 and not self.signed
+                                                else -math.inf)
 
     def _recovery_level(self, base0: float, peak: float) -> float:
         """Back means within ``recover_fraction`` of the rise, or within the normal noise (3σ)."""
@@ -313,9 +352,16 @@ class LossSpike(Detector):
 
     def _onset_finding(self, step, x, base, thr, onset, severity, unit) -> Finding:
         rise = x / base - 1
-        near_floor = (f" The loss is near its floor (below {self.floor_fraction:.0%} of its largest value "
-                      f"{fmt(self.peak)}), where a few examples move it by multiples, so the rise is "
-                      f"measured against {fmt(unit)}: +{(x - base) / unit:.0%}." if unit > base else "")
+        if unit <= base:
+            near_floor = ""
+        elif unit > self.floor:   # the additive noise: a likelihood near (or through) zero
+            near_floor = (f" The loss is near zero, where its noise (±{fmt(self.step_noise)} a point) does not "
+                          f"shrink with it, so the rise is measured against {self.z_threshold:g} times that, "
+                          f"{fmt(unit)}: +{(x - base) / unit:.0%}.")
+        else:
+            near_floor = (f" The loss is near its floor (below {self.floor_fraction:.0%} of its largest value "
+                          f"{fmt(self.peak)}), where a few examples move it by multiples, so the rise is "
+                          f"measured against {fmt(unit)}: +{(x - base) / unit:.0%}.")
         return self.finding(
             step, severity=severity, value=x, baseline=base, threshold=thr, onset_step=onset,
             message=(f"{self._what()} jumped to {fmt(x)} at step {step}, {_rise(x, base)} its "
