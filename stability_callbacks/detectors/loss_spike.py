@@ -12,6 +12,9 @@ from .base import Context, Detector, check, fmt, positive, positive_int
 
 _SQRT2 = math.sqrt(2.0)   # the σ of a difference of two noisy points, in σ
 _HALF_SQRT_PI = 0.5 * math.sqrt(math.pi)
+#: Below zero, a jump of this many times z_threshold σ (600σ) is orders of magnitude past the
+#: loss's own noise: a warning, whatever the sign.
+_ORDERS = 100.0
 
 
 def _rise(x: float, base: float) -> str:
@@ -80,7 +83,8 @@ class LossSpike(Detector):
     An objective that goes below zero (RL losses such as GRPO or PPO, a loss minus a baseline)
     has no level to be relative to: once a negative value is seen the baseline restarts on an
     additive scale and a point is abnormal only when it is ``z_threshold`` σ above it. Such an
-    episode is ``info`` (no rise means anything on its own) and ends at the horizon without a
+    episode is ``info`` (no rise means anything on its own; a warning only at 100 times that, orders
+    of magnitude past its noise: rewards scaled x1000) and ends at the horizon without a
     verdict, and the other loss detectors, which judge ``log(loss)``, leave the signal alone.
 
     "Unrecovered" claims the loss did not come back to *its* level, so it needs that level
@@ -395,12 +399,15 @@ class LossSpike(Detector):
         if ep is None:
             if b.n >= self.cold_start_samples and z > self.z_threshold:
                 self.episode = SpikeEpisode(step, f, x, warned=True, warm=False)
+                large = z >= _ORDERS * self.z_threshold   # orders of magnitude past its noise
+                what = ("That is orders of magnitude past its own noise: something changed its scale (the "
+                        "rewards, the data, a term's weight) or the weights are blowing up; check the step's "
+                        "batch." if large else "It has gone below zero (an RL-style objective), so it is judged "
+                        "on an additive scale and only reported: watching.")
                 out.append(self.finding(
-                    step, severity="info", value=x, baseline=f, threshold=f + self.z_threshold * scale,
-                    onset_step=step,
-                    message=(f"{self._what()} jumped to {fmt(x)} at step {step}, {z:.0f}σ above its "
-                             f"baseline {fmt(f)}. It has gone below zero (an RL-style objective), so it "
-                             f"is judged on an additive scale and only reported: watching."),
+                    step, severity="warning" if large else "info", value=x, baseline=f,
+                    threshold=f + self.z_threshold * scale, onset_step=step,
+                    message=f"{self._what()} jumped to {fmt(x)} at step {step}, {z:.0f}σ above its baseline {fmt(f)}. {what}",
                     rise_sigmas=z, additive=True))
             else:
                 b.update_log(x)
