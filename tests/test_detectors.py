@@ -164,8 +164,9 @@ def test_overflow_burst_and_loss_scale_collapse():
         if skip:
             scale_ /= 2
         r.metrics.update(skipped=1.0 if skip else 0.0, loss_scale=scale_)
-    assert kinds(run(recs)) == [(402, "overflow_burst", "warning"), (405, "loss_scale_collapse", "critical"),
-                                (405, "rollback_advice", "critical")]
+    # three halvings in a row: a warning (with the burst of skips); six: critical
+    assert kinds(run(recs)) == [(402, "loss_scale_collapse", "warning"), (402, "overflow_burst", "warning"),
+                                (405, "loss_scale_collapse", "critical"), (405, "rollback_advice", "critical")]
 
 
 def test_startup_scale_search_and_periodic_overflow_are_healthy():

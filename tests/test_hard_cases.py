@@ -146,9 +146,10 @@ def test_halvings_after_the_start_up_search_ended_are_a_collapse():
         scale /= 2 if skip else 1
         recs.append(StepRecord(s, {"loss": 3.0, "loss_scale": scale, "skipped": float(skip)}))
     f, _ = run(recs)
-    assert found(f) == [(13, "loss_scale_collapse", "critical"), (13, "overflow_burst", "info"),
-                        (13, "rollback_advice", "critical")]
-    assert f[0].details["rule"] == "halvings" and f[0].details["past_startup"]
+    assert found(f) == [(10, "loss_scale_collapse", "warning"), (10, "overflow_burst", "info"),
+                        (13, "loss_scale_collapse", "critical"), (13, "rollback_advice", "critical")]
+    assert [x.details["rule"] for x in f if x.kind == "loss_scale_collapse"] == ["falling", "halvings"]
+    assert all(x.details["past_startup"] for x in f if x.kind == "loss_scale_collapse")
     # the search alone (skips from the first step, then steps going through) stays silent
     recs = [StepRecord(s, {"loss": 3.0, "loss_scale": 2.0 ** (16 - min(s, 10)), "skipped": float(s <= 10)})
             for s in range(1, 60)]

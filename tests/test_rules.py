@@ -178,9 +178,10 @@ def test_deepspeed_reducing_to_zero_is_a_collapse():
     recs = _deepspeed_records(CASES / "deepspeed_reducing_to_0.log", first_step=94)
     assert [(r.step, r.metrics["loss_scale"]) for r in recs] == [(94, 0.0), (95, 0.0)]
     f = run(recs)
-    # the snippet holds no successful step, so the policy still calls it start-up: info, but found
-    assert found(f) == [(94, "loss_scale_collapse", "info")]
-    assert f[0].details["rule"] == "zero" and f[0].details["startup_severity"] == "critical"
+    # the snippet holds no successful step (start-up for the policy), but a scale of 0 is
+    # unmistakable however early: critical
+    assert found(f) == [(94, "loss_scale_collapse", "critical"), (94, "rollback_advice", "critical")]
+    assert f[0].details["rule"] == "zero" and f[0].details["past_startup"]
 
 
 def test_deepspeed_cascade_to_its_floor_is_a_collapse():
@@ -202,7 +203,8 @@ def test_fairseq_cascade_against_fairseq_floor():
     assert [(r.step, r.metrics["loss_scale"]) for r in recs[1:]] == [(10198 + i, s) for i, s in enumerate(scales, 1)]
     f = [f for f in run(recs, {"detectors": {"loss_scale_collapse": {"min_scale": 1e-4}}})
          if f.kind == "loss_scale_collapse"]
-    assert [(x.step, x.severity, x.details["rule"], x.value) for x in f] == [(10204, "critical", "halvings", 2 ** -7)]
+    assert [(x.step, x.severity, x.details["rule"], x.value) for x in f] == [
+        (10201, "warning", "falling", 2 ** -4), (10204, "critical", "halvings", 2 ** -7)]
 
 
 def test_dynamic_scaler_physics():
@@ -210,8 +212,8 @@ def test_dynamic_scaler_physics():
     assert found(run(periodic)) == []
     collapse = dynamic_scaler_run(5000, overflow=lambda s: s <= 6 or s >= 3000)
     assert collapse[-1].step == 3013 and collapse[-1].metrics["loss_scale"] == 1.0   # DeepSpeed then exits
-    assert found(run(collapse)) == [(3002, "overflow_burst", "warning"), (3006, "loss_scale_collapse", "critical"),
-                                    (3006, "rollback_advice", "critical")]
+    assert found(run(collapse)) == [(3002, "overflow_burst", "warning"), (3003, "loss_scale_collapse", "warning"),
+                                    (3006, "loss_scale_collapse", "critical"), (3006, "rollback_advice", "critical")]
     # a Megatron log (every 10 iterations) that begins with the scaler already pinned at its floor
     pinned = dynamic_scaler_run(3400, overflow=lambda s: s <= 6 or s >= 3000, raise_at_min=False, every=10)
     snippet = [r for r in pinned if r.step >= 3200]
