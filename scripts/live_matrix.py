@@ -1,8 +1,10 @@
 """The live scenario suite, full matrix: real tiny training runs on the HF Trainer, Lightning
 and a DeepSpeed engine; healthy ones must stay quiet, planted faults must be caught.
 
-    python scripts/live_matrix.py [--only NAME] [--framework hf|lightning|deepspeed] [--quick]
-                                  [--out DIR] [--jobs N] [--list]
+    python scripts/live_matrix.py [--only NAME] [--framework hf|lightning|deepspeed] [--model M]
+                                  [--quick] [--out DIR] [--jobs N] [--list]
+
+(``--model cnn --model ddpm --model nll --model vae --model bandit``: the runs of other fields.)
 
 Prints one row per run and ``healthy runs with warn+ A/B, faults caught C/D, median delay E
 steps``; run logs under ``--out`` (default ``out/live_matrix/<scenario>/runlog.jsonl``, replay

@@ -12,17 +12,30 @@ import json
 import re
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("lightning")
 pytest.importorskip("deepspeed")
 
+from live_suite.fields import field_columns  # noqa: E402
 from live_suite.matrix import run_scenarios, select, summary  # noqa: E402
 from live_suite.scenarios import QUICK, SCENARIOS, Fault, Scenario  # noqa: E402
 from live_suite.verdict import judge, read_runlog  # noqa: E402
 
-HEALTHY = [n for n in QUICK if SCENARIOS[n].healthy]
+from stability_callbacks.record import KINDS  # noqa: E402
+
+#: Quick runs whose expected finding kind this tree does not have yet (``not_learning``, issue 33
+#: item 1, comes with the detectors' branch): not run, their tests skipped until it lands.
+PENDING = [n for n in QUICK if not SCENARIOS[n].healthy and SCENARIOS[n].fault.expect not in (None, *KINDS)]
+RUN = [n for n in QUICK if n not in PENDING]
+HEALTHY = [n for n in RUN if SCENARIOS[n].healthy]
 FAULTS = [n for n in QUICK if not SCENARIOS[n].healthy]
+
+
+def _unless_pending(names):
+    return [pytest.param(n, marks=pytest.mark.skip(reason=f"no {SCENARIOS[n].fault.expect!r} finding in this tree"))
+            if n in PENDING else n for n in names]
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +45,7 @@ def live_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def results(live_dir) -> dict:
-    return {r["name"]: r for r in run_scenarios(select(quick=True), live_dir, jobs=2)}
+    return {r["name"]: r for r in run_scenarios(select(only=RUN), live_dir, jobs=2)}
 
 
 def test_the_quick_subset_covers_every_framework_and_both_verdicts():
@@ -50,7 +63,7 @@ def test_healthy_run_is_quiet(results, name):
     assert r["log_warnings"] == []                    # nor a warning in the library's log
 
 
-@pytest.mark.parametrize("name", FAULTS)
+@pytest.mark.parametrize("name", _unless_pending(FAULTS))
 def test_planted_fault_is_caught_in_time(results, name):
     r, fault = results[name], SCENARIOS[name].fault
     assert r["error"] is None
@@ -58,8 +71,9 @@ def test_planted_fault_is_caught_in_time(results, name):
     assert r["warnings"] == []                        # nothing serious before the fault
     step, kind, severity, _ = r["catch"]
     assert severity in ("warning", "critical")
-    assert fault.step <= step <= fault.step + fault.within, (kind, step)
-    assert r["delay"] == step - fault.step and r["caught"] and r["ok"]
+    at = step + 1 if kind == "crash" else step        # a crash carries the last finished step
+    assert fault.step <= at <= fault.step + fault.within, (kind, step)
+    assert r["delay"] == at - fault.step and r["caught"] and r["ok"]
 
 
 @pytest.mark.parametrize("name", [n for n in FAULTS if SCENARIOS[n].fault.expect == "precursor"])
@@ -78,15 +92,16 @@ def test_an_lr_burst_moves_the_update_first_and_sets_the_spike_onset(results, li
 
 
 def test_summary_line(results):
-    line = summary([results[n] for n in QUICK])
+    line = summary([results[n] for n in RUN])
+    faults = len(RUN) - len(HEALTHY)
     assert re.fullmatch(rf"healthy runs with warn\+ 0/{len(HEALTHY)}, faults caught "
-                        rf"{len(FAULTS)}/{len(FAULTS)}, median delay \d+(\.5)? steps", line), line
+                        rf"{faults}/{faults}, median delay \d+(\.5)? steps", line), line
 
 
 # --------------------------------------------------------------------- the judge on its own
-def _runlog(tmp_path, losses, findings=()):
+def _runlog(tmp_path, losses, findings=(), lr=lambda step: 1e-3, **more):
     lines = [{"type": "segment", "segment": 0, "start_step": 0, "reason": "start"}]
-    lines += [{"type": "step", "step": s, "segment": 0, "metrics": {"loss": v, "lr": 1e-3}}
+    lines += [{"type": "step", "step": s, "segment": 0, "metrics": {"loss": v, "lr": lr(s), **more}}
               for s, v in enumerate(losses, 1)]
     lines += [{"type": "finding", "step": s, "kind": k, "severity": sev, "message": "m"}
               for s, k, sev in findings]
@@ -140,3 +155,67 @@ def test_judge_overreach_and_dishonest_findings(tmp_path):
     r = judge(spike, tmp_path)
     assert r["dishonest"] == ["loss_spike@25: value 3 below its threshold 3.5",
                               "preflight: 'No LR warmup' on a run with a 5-step warmup"] and not r["ok"]
+
+
+def test_judge_crash_never_learning_and_policy_gradient_runs(tmp_path):
+    # a crash finding carries the last finished step: the crash itself is the next step's
+    crash = Scenario("c", "hf", 30, model="cnn", fault=Fault("bn-batch1", 20, within=0, expect="crash"))
+    message = "ValueError: Expected more than 1 value per channel when training, got input size [1, 32]"
+    _runlog(tmp_path, [2.0 - s / 20 for s in range(19)], [(19, "crash", "critical")])
+    r = judge(crash, tmp_path, notes={"crash": message})
+    assert (r["caught"], r["delay"], r["warnings"], r["evidence_ok"], r["ok"]) == (True, 0, [], True, True)
+    _runlog(tmp_path, [2.0 - s / 20 for s in range(19)], [(19, "loss_spike", "warning"), (19, "crash", "critical")])
+    r = judge(crash, tmp_path, notes={"crash": message})
+    assert r["warnings"] == [[19, "loss_spike", "warning", "m"]] and not r["ok"]
+    assert judge(crash, tmp_path, notes={})["evidence_ok"] is False            # no crash: not the fault
+
+    # never learning: flat at chance level (ln 10 for random labels), LR 0 for lr-zero
+    labels = Scenario("r", "hf", 60, model="cnn",
+                      fault=Fault("random-labels", 1, within=59, expect="not_learning", critical=False))
+    flat = [2.30 + 0.02 * (-1) ** s for s in range(60)]
+    _runlog(tmp_path, flat, [(40, "not_learning", "warning")])
+    r = judge(labels, tmp_path)
+    assert (r["caught"], r["delay"], r["evidence_ok"], r["ok"]) == (True, 39, True, True)
+    _runlog(tmp_path, flat, [(40, "not_learning", "critical")])
+    assert judge(labels, tmp_path)["overreach"] == [[40, "not_learning", "critical", "m"]]
+    _runlog(tmp_path, flat, [(40, "loss_spike", "warning")])                   # not the expected kind
+    assert judge(labels, tmp_path)["caught"] is False
+    _runlog(tmp_path, [2.3 - s / 40 for s in range(60)])                       # it learned after all
+    assert judge(labels, tmp_path)["evidence_ok"] is False
+    lr_zero = Scenario("z", "hf", 60, model="vae", fault=Fault("lr-zero", 11, within=49, expect="not_learning"))
+    _runlog(tmp_path, [400.0] * 60, lr=lambda s: 1e-3 * s / 10 if s <= 10 else 0.0)
+    r = judge(lr_zero, tmp_path)
+    assert r["evidence_ok"] and r["evidence"] == "loss 400 -> 400 from step 11; LR [0.0] from step 11"
+    _runlog(tmp_path, [400.0] * 60)
+    assert judge(lr_zero, tmp_path)["evidence_ok"] is False
+    # frozen: no gradient (HF: a grad norm of 0; Lightning logs none); a stale optimizer: gradients
+    frozen, stale = (Scenario(k, "hf", 60, model="ddpm", fault=Fault(k, 1, within=59, expect="not_learning"))
+                     for k in ("frozen", "optimizer-stale"))
+    for grad_norm, ok in ((0.0, (True, False)), (1.5, (False, True))):
+        _runlog(tmp_path, [1.0] * 60, grad_norm=grad_norm)
+        assert (judge(frozen, tmp_path)["evidence_ok"], judge(stale, tmp_path)["evidence_ok"]) == ok
+    _runlog(tmp_path, [1.0] * 60)
+    assert judge(frozen, tmp_path)["evidence_ok"] and judge(stale, tmp_path)["evidence_ok"]
+
+    # a policy gradient's loss hovers about zero: a healthy run learned when its reward rose
+    bandit = Scenario("b", "hf", 40, model="bandit")
+    _runlog(tmp_path, [0.05 * (-1) ** s for s in range(40)])
+    notes = {"reward_start": 0.0, "reward_end": 0.7, "reward_best": 0.8}
+    r = judge(bandit, tmp_path, notes=notes)
+    assert r["evidence_ok"] and r["ok"] and r["evidence"].endswith("expected reward 0 -> 0.7 (best arm 0.8)")
+    assert judge(bandit, tmp_path, notes={**notes, "reward_end": 0.3})["evidence_ok"] is False
+
+
+def test_a_fault_run_reads_its_healthy_twins_data_up_to_the_fault():
+    twin, unscaled = SCENARIOS["hf-ddpm"], SCENARIOS["hf-ddpm-unnormalized"]
+    g, f = unscaled.samples_per_step, unscaled.fault
+    healthy = field_columns(twin, twin.steps * g, seed=1, train=True)
+    faulty = field_columns(unscaled, unscaled.steps * g, seed=1, train=True)
+    start, stop = (f.step - 1) * g, (f.step - 1 + f.length) * g   # steps 400-404
+    assert torch.equal(faulty["x0"][:start], healthy["x0"][:start])
+    assert torch.equal(faulty["x0"][start:stop], healthy["x0"][start:stop] * 255)
+    assert torch.equal(faulty["x0"][stop:], healthy["x0"][stop:]) and torch.equal(faulty["t"], healthy["t"])
+    short = field_columns(twin, 100 * g, seed=1, train=True)           # a shorter run: the same first rows
+    assert all(torch.equal(short[k], healthy[k][:100 * g]) for k in short)
+    bn = SCENARIOS["hf-cnn-bn-batch1"]
+    assert len(field_columns(bn, bn.steps * g, seed=1, train=True)["labels"]) == 119 * g + 1

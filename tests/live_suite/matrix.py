@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .runners import CONFIG_ENV
-from .scenarios import FRAMEWORKS, QUICK, SCENARIOS, Scenario
+from .scenarios import FRAMEWORKS, MODELS, QUICK, SCENARIOS, Scenario
 from .verdict import judge
 
 TESTS = Path(__file__).resolve().parent.parent
@@ -71,8 +71,11 @@ def run_one(sc: Scenario, out: Path) -> dict:
     error, notes = None, {}
     try:
         notes = RUNNERS[sc.framework](sc, run_dir) or {}
-    except Exception:
-        error = traceback.format_exc()[-3000:]
+    except Exception as e:
+        if sc.fault is not None and sc.fault.kind == "bn-batch1":   # the crash is the fault
+            notes = {"crash": f"{type(e).__name__}: {e}"[:300]}
+        else:
+            error = traceback.format_exc()[-3000:]
     finally:
         lib_log.removeHandler(captured)
     res = judge(sc, run_dir, log_warnings=captured.lines, error=error,
@@ -239,12 +242,14 @@ def summary(results: list[dict]) -> str:
             f"median delay {med} steps")
 
 
-def select(*, only=(), frameworks=(), quick=False) -> list[Scenario]:
+def select(*, only=(), frameworks=(), models=(), quick=False) -> list[Scenario]:
     picked = list(SCENARIOS.values())
     if quick:
         picked = [s for s in picked if s.name in QUICK]
     if frameworks:
         picked = [s for s in picked if s.framework in frameworks]
+    if models:
+        picked = [s for s in picked if s.model in models]
     if only:
         unknown = [n for n in only if n not in SCENARIOS]
         if unknown:
@@ -259,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="run this scenario (repeatable, or comma-separated)")
     p.add_argument("--framework", action="append", default=[], choices=FRAMEWORKS,
                    help="only this framework's scenarios (repeatable)")
+    p.add_argument("--model", action="append", default=[], choices=MODELS,
+                   help="only this model's scenarios (repeatable; the other fields: --model cnn "
+                        "--model ddpm --model nll --model vae --model bandit)")
     p.add_argument("--quick", action="store_true", help="the quick subset that make test runs")
     p.add_argument("--out", default=str(ROOT / "out" / "live_matrix"), help="run logs and results")
     p.add_argument("--jobs", type=int, default=2, help="worker processes at once (default 2)")
@@ -279,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{a.compact[1]}: {size} bytes")
         return 0
     only = [n for item in a.only for n in item.split(",") if n]
-    scenarios = select(only=only, frameworks=a.framework, quick=a.quick)
+    scenarios = select(only=only, frameworks=a.framework, models=a.model, quick=a.quick)
     if a.healthy:
         scenarios = [sc for sc in scenarios if sc.healthy]
     if a.config:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from .fields import outcome
 from .scenarios import Scenario, eval_rows, make_model, make_optimizer, make_scheduler, train_rows
 
 #: The environment variable holding a JSON monitoring config for every runner (None: defaults).
@@ -43,6 +44,8 @@ def plant(sc: Scenario, step: int, model, optimizer, scheduler=None) -> None:
         return
     if (f.kind == "lr-jump" and step == f.step) or f.kind == "lr-ramp":
         _scale_lr(optimizer, scheduler, f.factor)
+    elif f.kind == "lr-zero" and step == f.step:
+        _scale_lr(optimizer, scheduler, 0.0)
     elif f.kind == "nan-weight" and step == f.step:
         weight = [p for p in model.parameters() if p.dim() == 2][-1]
         with torch.no_grad():
@@ -65,6 +68,13 @@ def _scale_lr(optimizer, scheduler, factor: float) -> None:
 
 def _loss(out):
     return out["loss"]
+
+
+def _stale(sc: Scenario) -> bool:
+    """The ``optimizer-stale`` fault: the optimizer holds the parameters of a model built before
+    the one that trains (openvinotoolkit/nncf#327: parameters replaced after the optimizer took
+    the list "break the gradient updates")."""
+    return sc.fault is not None and sc.fault.kind == "optimizer-stale"
 
 
 # ------------------------------------------------------------------------------ HF Trainer
@@ -136,13 +146,15 @@ def run_hf(sc: Scenario, run_dir: Path) -> dict:
         callbacks = [Plant(), StabilityCallback(run_dir=run_dir, config=_config())]
         if sc.trainer == "trl":
             return _trl_trainer(sc, {**kw, **extra}, callbacks)
+        stale = (make_optimizer(sc, make_model(sc).parameters()), None) if _stale(sc) else (None, None)
         return Trainer(model=make_model(sc), args=TrainingArguments(**{**kw, **extra}),
                        train_dataset=train_rows(sc), eval_dataset=eval_rows(sc) if sc.eval_every else None,
-                       callbacks=callbacks)
+                       callbacks=callbacks, optimizers=stale)
 
     if sc.resume_at is None:
-        trainer().train()
-        return {}
+        t = trainer()
+        t.train()
+        return outcome(sc, t.model)
     first = trainer()
     first.add_callback(StopAt())
     first.train()
@@ -173,7 +185,7 @@ def run_lightning(sc: Scenario, run_dir: Path) -> dict:
             self.log("val_loss", _loss(self.model(**batch)))
 
         def configure_optimizers(self):
-            opt = make_optimizer(sc, self.model.parameters())
+            opt = make_optimizer(sc, (make_model(sc) if _stale(sc) else self.model).parameters())
             return {"optimizer": opt, "lr_scheduler": {"scheduler": make_scheduler(sc, opt), "interval": "step"}}
 
     class Plant(pl.Callback):
@@ -209,8 +221,7 @@ def run_lightning(sc: Scenario, run_dir: Path) -> dict:
         return trainer
 
     if sc.resume_at is None:
-        fit(sc.steps, rows)
-        return {}
+        return outcome(sc, fit(sc.steps, rows).lightning_module.model)
     r = sc.resume_at
     mc = pl.callbacks.ModelCheckpoint(dirpath=run_dir / "ckpt", every_n_train_steps=r, save_top_k=-1)
     fit(r, rows, callbacks=[mc])
@@ -284,9 +295,13 @@ def run_deepspeed(sc: Scenario, run_dir: Path) -> dict:
     if sc.precision == "fp16":
         allow_fp16()
     _init_single_process_dist()
-    ids = train_rows(sc).columns["input_ids"]
-    val = eval_rows(sc).columns["input_ids"] if sc.eval_every else None
+    cols = train_rows(sc).columns     # token ids and labels, or a field's columns (fields.py)
+    val = eval_rows(sc).columns if sc.eval_every else None
     g, ckpt = sc.samples_per_step, run_dir / "ckpt"
+    num_rows = len(next(iter(cols.values())))
+
+    def rows(columns: dict, start: int) -> dict:
+        return {k: v[start:start + sc.batch_size] for k, v in columns.items()}
 
     def engine_and_hook():
         model = make_model(sc)
@@ -301,11 +316,9 @@ def run_deepspeed(sc: Scenario, run_dir: Path) -> dict:
         while engine.global_steps < last_step:
             step = engine.global_steps + 1
             plant(sc, step, engine.module, engine.optimizer, engine.lr_scheduler)
-            d = (step - 1 - data_offset) % (len(ids) // g)
-            rows = ids[d * g:(d + 1) * g]
+            d = (step - 1 - data_offset) % (num_rows // g)
             for m in range(sc.grad_accum):
-                mb = rows[m * sc.batch_size:(m + 1) * sc.batch_size]
-                loss = engine(input_ids=mb, labels=mb).loss
+                loss = engine(**rows(cols, d * g + m * sc.batch_size))["loss"]
                 f = sc.fault
                 if f is not None and f.kind == "fp16-overflow" and f.step <= step < f.step + (f.length or 10 ** 9):
                     loss = GradBlowUp.apply(loss)
@@ -314,8 +327,8 @@ def run_deepspeed(sc: Scenario, run_dir: Path) -> dict:
             if sc.eval_every and step % sc.eval_every == 0:
                 engine.eval()
                 with torch.no_grad():
-                    for k in range(0, len(val), sc.batch_size):
-                        engine(input_ids=val[k:k + sc.batch_size], labels=val[k:k + sc.batch_size])
+                    for k in range(0, len(next(iter(val.values()))), sc.batch_size):
+                        engine(**rows(val, k))
                 engine.train()
 
     notes: dict = {}
@@ -323,6 +336,7 @@ def run_deepspeed(sc: Scenario, run_dir: Path) -> dict:
     try:
         if sc.resume_at is None:
             train(engine, hook, sc.steps)
+            notes.update(outcome(sc, engine.module))
         else:
             train(engine, hook, sc.resume_at)
             engine.save_checkpoint(str(ckpt), tag=f"global_step{sc.resume_at}")

@@ -13,7 +13,8 @@ Workloads (nothing downloaded; a step costs a few ms on one CPU thread):
   1.11 nats, over hundreds of steps, like a language model's). The fine-tune task redraws the
   successors of a quarter of the tokens.
 - ``mlp``: a classifier on four well separated Gaussian blobs, whose loss legitimately goes
-  to ~1e-4.
+  to ~1e-4;
+- ``cnn``, ``ddpm``, ``nll``, ``vae``, ``bandit``: other fields (issue 33), in :mod:`.fields`.
 
 Steps are 1-based optimizer steps; with a sequential sampler step ``s`` reads the samples
 ``[(s-1)*G, s*G)``, ``G = batch_size * grad_accum``, so a data fault lands on a known step.
@@ -31,12 +32,21 @@ from dataclasses import dataclass
 
 import torch
 
+from .fields import FIELD_MODELS, field_columns, make_field_model
+
 FRAMEWORKS = ("hf", "lightning", "deepspeed")
+MODELS = ("gpt2", "llama", "mlp", *FIELD_MODELS)
 VOCAB_SIZE = 64
 SEQ_LEN = 32
 SUCCESSOR_PROBS = (0.55, 0.25, 0.15, 0.05)
 FAULT_KINDS = ("lr-jump", "data-pocket", "nan-weight", "lr-ramp", "resume-restart",
-               "warmup-spike", "weights-scale", "fp16-overflow", "zero-loss", "spike-grows")
+               "warmup-spike", "weights-scale", "fp16-overflow", "zero-loss", "spike-grows",
+               # other fields (issue 33): data faults (fields.field_columns), a crash, and runs
+               # that never learn
+               "data-scale", "targets-zero", "reward-scale", "bn-batch1",
+               "random-labels", "lr-zero", "frozen", "optimizer-stale")
+#: Faults after which the run never learns: caught by a ``not_learning`` warning.
+NEVER_LEARNS = ("random-labels", "lr-zero", "frozen", "optimizer-stale")
 #: Shard difficulties of a non-shuffled run (``Scenario.shards``): successor probabilities whose
 #: entropy is 3% below / as / 4% above the base chain's (1.11 nats).
 SHARD_PROBS = ((0.58, 0.24, 0.13, 0.05), SUCCESSOR_PROBS, (0.52, 0.26, 0.16, 0.06))
@@ -52,7 +62,16 @@ class Fault:
     data (``data-pocket``, ``warmup-spike``) or of overflows (``fp16-overflow``; 0: to the end).
     ``zero-loss``: the model's loss is multiplied by 0 from the first step; ``spike-grows``: one
     step of half-garbage data (a small spike), then the weights scaled by ``factor`` (a huge
-    one inside it). ``critical=False``: no critical finding may follow (a fault that must warn,
+    one inside it). Other fields (:mod:`.fields`): ``data-scale`` multiplies the inputs by
+    ``factor`` (images not divided by 255), ``targets-zero`` sets the regression targets to 0.0
+    (a sensor outage written as zeros), ``reward-scale`` multiplies the rewards by ``factor``,
+    each for ``length`` steps (0: to the end); ``bn-batch1``: the dataset ends one row into the
+    step (the last batch of an epoch, of one example: BatchNorm raises; a ``crash`` finding
+    carries the step before). Never learning (:data:`NEVER_LEARNS`): ``random-labels`` (labels
+    drawn apart from the images), ``lr-zero`` (the LR set to 0 from the step on, for good),
+    ``frozen`` (every parameter frozen, the loss made to require grad), ``optimizer-stale`` (the
+    optimizer holds another model's parameters; HF and Lightning). ``critical=False``: no
+    critical finding may follow (a fault that must warn,
     not page); ``forbid``: finding kinds that must not appear from the fault step on."""
 
     kind: str
@@ -74,7 +93,7 @@ class Scenario:
     name: str
     framework: str
     steps: int                          # optimizer steps of the whole run (all epochs)
-    model: str = "gpt2"                 # gpt2 | llama | mlp
+    model: str = "gpt2"                 # gpt2 | llama | mlp | cnn | ddpm | nll | vae | bandit (fields.py)
     warmup: int = 10
     lr: float = 1e-3
     schedule: str = "linear"            # linear | cosine | constant | wsd | step (x0.1 at 40% and 70%)
@@ -101,7 +120,7 @@ class Scenario:
 
     def __post_init__(self):
         checks = (("framework", self.framework, FRAMEWORKS),
-                  ("model", self.model, ("gpt2", "llama", "mlp")),
+                  ("model", self.model, MODELS),
                   ("schedule", self.schedule, ("linear", "cosine", "constant", "wsd", "step")),
                   ("objective", self.objective, ("ce", "label-smoothing", "aux", "rl-noise")),
                   ("trainer", self.trainer, ("hf", "trl")),
@@ -120,6 +139,8 @@ class Scenario:
             raise ValueError(f"{self.name}: fresh_optimizer needs resume_at, under HF or DeepSpeed")
         if self.schedule == "step" and self.framework == "hf":
             raise ValueError(f"{self.name}: the HF Trainer has no step schedule by name")
+        if self.fault is not None and self.fault.kind == "optimizer-stale" and self.framework == "deepspeed":
+            raise ValueError(f"{self.name}: optimizer-stale runs under HF or Lightning")
         if self.fault is not None and not 1 <= self.fault.step <= self.steps:
             raise ValueError(f"{self.name}: fault step {self.fault.step} outside 1..{self.steps}")
 
@@ -213,6 +234,8 @@ class BlobClassifier(torch.nn.Module):
 
 def make_model(sc: Scenario) -> torch.nn.Module:
     """A fresh model, identical for a given seed; a fine-tune starts from the trained one."""
+    if sc.model in FIELD_MODELS:
+        return make_field_model(sc)
     torch.manual_seed(sc.seed)
     if sc.model == "mlp":
         return BlobClassifier()
@@ -326,7 +349,8 @@ def markov_ids(n: int, *, seed: int, task: int = 0, probs: tuple = SUCCESSOR_PRO
 
 
 class Rows(torch.utils.data.Dataset):
-    """Map-style rows: ``{"input_ids", "labels"}`` (LM) or ``{"x", "labels"}`` (classifier)."""
+    """Map-style rows: ``{"input_ids", "labels"}`` (LM), ``{"x", "labels"}`` (classifier) or a
+    field's columns (:func:`.fields.field_columns`)."""
 
     def __init__(self, columns: dict[str, torch.Tensor]):
         self.columns = columns
@@ -343,6 +367,8 @@ def train_rows(sc: Scenario) -> Rows:
     n = sc.steps_per_epoch * sc.samples_per_step
     if sc.model == "mlp":
         return Rows(_blobs(n, seed=sc.seed + 1))
+    if sc.model in FIELD_MODELS:
+        return Rows(field_columns(sc, n, seed=sc.seed + 1, train=True))
     ids = markov_ids(n, seed=sc.seed + 1, task=1 if sc.finetune else 0)
     g = sc.samples_per_step
     if sc.shards:   # non-shuffled: each shard of 20-80 steps from a chain of its own difficulty
@@ -370,6 +396,8 @@ def eval_rows(sc: Scenario) -> Rows:
     n = 4 * sc.batch_size
     if sc.model == "mlp":
         return Rows(_blobs(n, seed=sc.seed + 3))
+    if sc.model in FIELD_MODELS:
+        return Rows(field_columns(sc, n, seed=sc.seed + 3, train=False))
     ids = markov_ids(n, seed=sc.seed + 3, task=1 if sc.finetune else 0)
     return Rows({"input_ids": ids, "labels": ids})
 
@@ -533,6 +561,114 @@ _ROWS = [
     _s("ds-fp16-collapse-after-search", "deepspeed", 60, warmup=20, lr=1e-3, zero_stage=1, precision="fp16",
        fault=Fault("fp16-overflow", 8, within=12, length=10, expect="loss_scale_collapse"),
        note="ten overflows in a row right after the start-up search, all in the first 20 steps (apex's case)"),
+    # ========================================================= other fields (issue 33 item 7)
+    # Tiny models of five other fields (fields.py), batches of 32. Healthy, the awkward ones
+    # included: a CNN trained to ~3e-3, SGD at LR 0.1, a diffusion loss that jumps x3 from step
+    # to step, an NLL that crosses zero, a policy-gradient loss of either sign.
+    _s("hf-cnn", "hf", 600, model="cnn", warmup=10, lr=3e-3, schedule="cosine", batch_size=32,
+       note="the loss goes to ~3e-3"),
+    _s("pl-cnn", "lightning", 600, model="cnn", warmup=10, lr=3e-3, batch_size=32),
+    _s("ds-cnn", "deepspeed", 600, model="cnn", warmup=10, lr=3e-3, schedule="cosine", batch_size=32),
+    _s("hf-cnn-sgd-lr0.1", "hf", 600, model="cnn", warmup=0, lr=0.1, schedule="constant", optimizer="sgd",
+       batch_size=32, note="SGD momentum 0.9 at LR 0.1 from the first step"),
+    _s("pl-cnn-sgd-lr0.1", "lightning", 600, model="cnn", warmup=0, lr=0.1, schedule="constant",
+       optimizer="sgd", clip=0.0, batch_size=32),
+    _s("hf-ddpm", "hf", 600, model="ddpm", warmup=20, lr=1e-3, schedule="cosine", batch_size=32,
+       note="epsilon MSE at random timesteps: x3 from one step to the next"),
+    _s("pl-ddpm", "lightning", 600, model="ddpm", warmup=20, lr=1e-3, batch_size=32),
+    _s("ds-ddpm-fp16", "deepspeed", 600, model="ddpm", warmup=20, lr=1e-3, schedule="constant",
+       precision="fp16", batch_size=32),
+    _s("hf-nll", "hf", 500, model="nll", warmup=10, lr=3e-3, schedule="constant", batch_size=32,
+       note="Gaussian NLL: 0.4 -> -1.2, below zero from step ~20"),
+    _s("pl-nll", "lightning", 500, model="nll", warmup=20, lr=3e-3, schedule="constant", batch_size=32),
+    _s("hf-vae", "hf", 500, model="vae", warmup=10, lr=1e-3, batch_size=32, note="negative ELBO 400 -> 20"),
+    _s("pl-vae", "lightning", 500, model="vae", warmup=10, lr=1e-3, schedule="constant", batch_size=32),
+    _s("hf-bandit", "hf", 500, model="bandit", warmup=10, lr=1e-2, schedule="constant", batch_size=32,
+       note="REINFORCE: the loss about zero, of either sign; the expected reward -0.03 -> ~0.8"),
+    _s("pl-bandit", "lightning", 500, model="bandit", warmup=10, lr=1e-2, batch_size=32),
+    _s("ds-bandit", "deepspeed", 500, model="bandit", warmup=10, lr=1e-2, schedule="constant", batch_size=32,
+       quick=True),
+    # Faults of these fields, each as their issue threads report it; a fault run is its healthy
+    # twin above (same data, schedule and length where the schedule depends on it) plus the fault.
+    # A CNN at a too-high LR diverges (keras-team/keras#21: 0.74 -> 13.4 -> 26.6 in two epochs;
+    # facebookresearch/maskrcnn-benchmark#295: "the learning rate is too large and training
+    # diverges"): SGD's LR x20 mid-run, AdamW's x30.
+    _s("hf-cnn-sgd-lr-x20", "hf", 300, model="cnn", warmup=0, lr=0.1, schedule="constant", optimizer="sgd",
+       batch_size=32, fault=Fault("lr-jump", 150, within=10, factor=20, forbid=("warmup_end", "warmup_instability"))),
+    _s("pl-cnn-sgd-lr-x20", "lightning", 300, model="cnn", warmup=0, lr=0.1, schedule="constant",
+       optimizer="sgd", clip=0.0, batch_size=32,
+       fault=Fault("lr-jump", 150, within=10, factor=20, forbid=("warmup_end", "warmup_instability"))),
+    _s("ds-cnn-lr-x30", "deepspeed", 300, model="cnn", warmup=10, lr=3e-3, schedule="constant", batch_size=32,
+       fault=Fault("lr-jump", 150, within=10, factor=30, forbid=("warmup_end", "warmup_instability"))),
+    # BatchNorm on a last batch of one example (pytorch/pytorch#4534, fastai/fastai#1352 "after 1
+    # epoch end"): "Expected more than 1 value per channel when training"; a crash at step 120.
+    _s("hf-cnn-bn-batch1", "hf", 300, model="cnn", warmup=10, lr=3e-3, batch_size=32,
+       fault=Fault("bn-batch1", 120, within=0, expect="crash"), quick=True),
+    _s("pl-cnn-bn-batch1", "lightning", 300, model="cnn", warmup=10, lr=3e-3, batch_size=32,
+       fault=Fault("bn-batch1", 120, within=0, expect="crash")),
+    # Images not scaled to [-1, 1] (DeweiHu/OCT_DDPM#3 and #15: a loss in the tens of thousands;
+    # lucidrains/denoising-diffusion-pytorch#20): five batches x255 in a noisy diffusion loss.
+    _s("hf-ddpm-unnormalized", "hf", 600, model="ddpm", warmup=20, lr=1e-3, schedule="cosine", batch_size=32,
+       fault=Fault("data-scale", 400, within=3, factor=255, length=5)),
+    _s("pl-ddpm-unnormalized", "lightning", 600, model="ddpm", warmup=20, lr=1e-3, batch_size=32,
+       fault=Fault("data-scale", 400, within=3, factor=255, length=5)),
+    # fp16 NaN in a diffusion model (openai/guided-diffusion#50: "Found NaN, decreased
+    # lg_loss_scale" on every step from step 153k; lucidrains/imagen-pytorch#129): every step
+    # from 400 overflows, the scaler halves until DeepSpeed stops at its minimum.
+    _s("ds-ddpm-fp16-nan", "deepspeed", 600, model="ddpm", warmup=20, lr=1e-3, schedule="constant",
+       precision="fp16", batch_size=32, fault=Fault("fp16-overflow", 400, within=5)),
+    # The NLL's variance collapses on targets it can fit exactly (Hui-Li/multi-task-learning-
+    # example-PyTorch#2: "log_var values continue decreasing in negative, and the total loss
+    # continues decreasing"; QingyuZhao/VAE-for-Regression#3; xmed-lab/UCVME#1): a sensor outage
+    # written as 0.0 from step 300, the ReLU mean fits it exactly and the loss runs towards -inf.
+    _s("hf-nll-variance-collapse", "hf", 700, model="nll", warmup=10, lr=3e-3, schedule="constant",
+       batch_size=32, fault=Fault("targets-zero", 300, within=100, expect="divergence")),
+    _s("pl-nll-variance-collapse", "lightning", 700, model="nll", warmup=20, lr=3e-3, schedule="constant",
+       batch_size=32, fault=Fault("targets-zero", 300, within=100, expect="divergence")),
+    # A VAE's KL explodes (AntixK/PyTorch-VAE#16: "kld_loss growing very fast from ~2000 to 2e35";
+    # AppliedDataSciencePartners/WorldModels#9: the KL loss at 2.9e8 in the first epoch;
+    # vanderschaarlab/synthcity#331): unscaled inputs from step 300 on, the KL x3e4 for good.
+    _s("hf-vae-kl-explodes", "hf", 500, model="vae", warmup=10, lr=1e-3, batch_size=32,
+       fault=Fault("data-scale", 300, within=5, factor=255)),
+    _s("pl-vae-kl-explodes", "lightning", 500, model="vae", warmup=10, lr=1e-3, schedule="constant", batch_size=32,
+       fault=Fault("data-scale", 300, within=5, factor=255)),
+    # Rewards x1000 in a policy gradient (yandexdataschool/Practical_RL#216 and #512: "without
+    # the reward scaling, the gradient at some step will start to magnify"; MorvanZhou/
+    # Reinforcement-learning-with-tensorflow#99): the loss and the grad norm x1000, either sign.
+    _s("hf-bandit-reward-x1000", "hf", 500, model="bandit", warmup=10, lr=1e-2, schedule="constant",
+       batch_size=32, fault=Fault("reward-scale", 300, within=5, factor=1000)),
+    _s("pl-bandit-reward-x1000", "lightning", 500, model="bandit", warmup=10, lr=1e-2, batch_size=32,
+       fault=Fault("reward-scale", 300, within=5, factor=1000)),
+    _s("ds-bandit-reward-x1000", "deepspeed", 500, model="bandit", warmup=10, lr=1e-2, schedule="constant",
+       batch_size=32, fault=Fault("reward-scale", 300, within=5, factor=1000)),
+    # Runs that never learn: a not_learning warning anywhere in the run, never a page.
+    # Labels disconnected from the images (amoodie/StratGAN#3 "images are not matching labels
+    # ... will never learn"; dennybritz/cnn-text-classification-tf#136): the loss stays at ln 10.
+    _s("hf-cnn-random-labels", "hf", 400, model="cnn", warmup=10, lr=3e-3, batch_size=32,
+       fault=Fault("random-labels", 1, within=399, expect="not_learning", critical=False)),
+    _s("pl-cnn-random-labels", "lightning", 400, model="cnn", warmup=10, lr=3e-3, schedule="constant",
+       batch_size=32, fault=Fault("random-labels", 1, within=399, expect="not_learning", critical=False)),
+    # LR 0 after warmup: a schedule told the wrong length (huggingface/transformers#26827, "the
+    # learning rate is 0 after half of max_train_steps"; deepset-ai/FARM#46, "Learning rate
+    # multiplier set to 0"): here it ends with the warmup, LR 0 from step 11 on.
+    _s("hf-vae-lr-zero", "hf", 400, model="vae", warmup=10, lr=1e-3, schedule="constant", batch_size=32,
+       fault=Fault("lr-zero", 11, within=389, expect="not_learning", critical=False)),
+    _s("pl-vae-lr-zero", "lightning", 400, model="vae", warmup=10, lr=1e-3, schedule="constant", batch_size=32,
+       fault=Fault("lr-zero", 11, within=389, expect="not_learning", critical=False)),
+    # Every parameter frozen, and the resulting "element 0 of tensors does not require grad"
+    # silenced with loss.requires_grad = True (ronghuaiyang/arcface-pytorch#56: "the loss is not
+    # decline, and the acc is always zero"; MCC-WH/Token#12): a noisy diffusion loss that stays.
+    _s("hf-ddpm-frozen", "hf", 400, model="ddpm", warmup=20, lr=1e-3, schedule="cosine", batch_size=32,
+       fault=Fault("frozen", 1, within=399, expect="not_learning", critical=False)),
+    _s("pl-ddpm-frozen", "lightning", 400, model="ddpm", warmup=20, lr=1e-3, batch_size=32,
+       fault=Fault("frozen", 1, within=399, expect="not_learning", critical=False), quick=True),
+    # The optimizer built over a model that was then re-created (openvinotoolkit/nncf#327;
+    # pytorch/pytorch#3358 "optimizer.step() does not update my weights"): gradients flow, the
+    # grad norm looks normal, nothing moves.
+    _s("hf-nll-optimizer-stale", "hf", 400, model="nll", warmup=10, lr=3e-3, schedule="constant", batch_size=32,
+       fault=Fault("optimizer-stale", 1, within=399, expect="not_learning", critical=False)),
+    _s("pl-nll-optimizer-stale", "lightning", 400, model="nll", warmup=20, lr=3e-3, schedule="constant",
+       batch_size=32, fault=Fault("optimizer-stale", 1, within=399, expect="not_learning", critical=False)),
 ]
 
 SCENARIOS: dict[str, Scenario] = {}

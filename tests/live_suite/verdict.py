@@ -12,7 +12,8 @@ import math
 import statistics
 from pathlib import Path
 
-from .scenarios import Scenario
+from .fields import NUM_CLASSES
+from .scenarios import NEVER_LEARNS, Scenario
 
 SERIOUS = ("warning", "critical")
 #: Findings that report a rise above a threshold: their value must be above the threshold they print.
@@ -35,6 +36,12 @@ def read_runlog(path: Path) -> tuple[dict[int, dict], list[dict]]:
 
 def _short(f: dict) -> list:
     return [f["step"], f["kind"], f["severity"], f.get("message", "")]
+
+
+def _at(f: dict) -> int:
+    """The step a finding speaks of: a ``crash`` carries the last finished step, the crash
+    itself happened in the next one."""
+    return f["step"] + 1 if f["kind"] == "crash" else f["step"]
 
 
 def dishonest(sc: Scenario, findings: list[dict]) -> list[str]:
@@ -78,37 +85,67 @@ def judge(sc: Scenario, run_dir: Path, *, log_warnings=(), error: str | None = N
 
     if sc.healthy:
         res["warnings"] = [_short(f) for f in serious]
-        learned = (len(finite) == len(loss) == sc.steps and res["loss_last"] < 0.9 * res["loss_first"])
-        res["evidence"] = (f"loss {res['loss_first']:.3g} -> {res['loss_last']:.3g}"
-                           + ("" if len(finite) == len(loss) else f", {len(loss) - len(finite)} non-finite")
-                           + ("" if len(steps) == sc.steps else f", {len(steps)}/{sc.steps} steps"))
+        res["evidence"], learned = _learned(sc, steps, loss, res, res["notes"])
         res["evidence_ok"] = learned
         res["ok"] = not serious and not log_warnings and error is None and learned and not res["dishonest"]
         return res
 
     f = sc.fault
-    res["warnings"] = [_short(x) for x in serious if x["step"] < f.step]
-    after = [x for x in serious if x["step"] >= f.step]
+    res["warnings"] = [_short(x) for x in serious if _at(x) < f.step]
+    after = [x for x in serious if _at(x) >= f.step]
     catch = after[0] if after else None
     res["catch"] = _short(catch) if catch else None
-    res["delay"] = catch["step"] - f.step if catch else None
-    in_time = [x for x in after if x["step"] <= f.step + f.within]
+    res["delay"] = _at(catch) - f.step if catch else None
+    in_time = [x for x in after if _at(x) <= f.step + f.within]
     res["caught"] = bool(in_time) and (f.expect is None or any(x["kind"] == f.expect for x in in_time))
     # A fault that must warn, not page; kinds that would misread it (a new warmup for an LR jump).
-    res["overreach"] = [_short(x) for x in findings if x["step"] >= f.step and (
+    res["overreach"] = [_short(x) for x in findings if _at(x) >= f.step and (
         (f.critical is False and x["severity"] == "critical") or x["kind"] in f.forbid)]
-    res["evidence"], res["evidence_ok"] = fault_evidence(sc, steps, loss)
+    res["evidence"], res["evidence_ok"] = fault_evidence(sc, steps, loss, res["notes"])
     res["ok"] = (res["caught"] and not res["warnings"] and res["evidence_ok"] and error is None
                  and not res["overreach"] and not res["dishonest"])
     return res
 
 
-def fault_evidence(sc: Scenario, steps: dict[int, dict], loss: dict[int, float]) -> tuple[str, bool]:
+def _learned(sc: Scenario, steps: dict[int, dict], loss: dict[int, float], res: dict,
+             notes: dict) -> tuple[str, bool]:
+    """A healthy run learned: every step ran, finite, and the loss fell by 10% (or, for a policy
+    gradient, whose loss hovers about zero, the policy won half the way to the best arm)."""
+    finite = sum(math.isfinite(v) for v in loss.values())
+    text = (f"loss {res['loss_first']:.3g} -> {res['loss_last']:.3g}"
+            + ("" if finite == len(loss) else f", {len(loss) - finite} non-finite")
+            + ("" if len(steps) == sc.steps else f", {len(steps)}/{sc.steps} steps"))
+    complete = finite == len(loss) == sc.steps
+    if "reward_end" in notes:
+        start, end, best = notes["reward_start"], notes["reward_end"], notes["reward_best"]
+        text += f"; expected reward {start:.3g} -> {end:.3g} (best arm {best:.3g})"
+        return text, complete and end - start >= 0.5 * (best - start)
+    return text, complete and res["loss_last"] < 0.9 * res["loss_first"]
+
+
+def fault_evidence(sc: Scenario, steps: dict[int, dict], loss: dict[int, float],
+                   notes: dict | None = None) -> tuple[str, bool]:
     """A sentence on what the fault did to the run, and whether that makes it a real fault."""
     f = sc.fault
     s = f.step
     before = [loss[i] for i in range(max(1, s - 20), s) if i in loss and math.isfinite(loss[i])]
     pre = statistics.median(before) if before else float("nan")
+    if f.kind in NEVER_LEARNS:
+        return _never_learned(sc, steps, loss)
+    if f.kind == "bn-batch1":
+        crash = (notes or {}).get("crash", "")
+        return (f"{len(steps)} steps, then in step {s}: {crash[:80] or 'no crash'}",
+                "more than 1 value per channel" in crash and max(steps, default=0) == s - 1)
+    if f.kind == "targets-zero":   # the variance collapses: the loss runs far below zero
+        after = {i: v for i, v in loss.items() if i >= s}
+        low_step = min(after, key=lambda i: after[i] if math.isfinite(after[i]) else -math.inf)
+        low = after[low_step]
+        return (f"loss {pre:.3g} before step {s}, {low:.3g} at step {low_step}",
+                not math.isfinite(low) or low < pre - 5.0)
+    if f.kind == "reward-scale":
+        window = [abs(loss[i]) for i in range(s, s + f.within + 1) if i in loss and math.isfinite(loss[i])]
+        ratio = statistics.median(window) / statistics.median(abs(v) for v in before)
+        return f"median |loss| x{ratio:.3g} over steps {s}-{s + f.within}", ratio >= 100
     if f.kind == "nan-weight":
         v = loss.get(s)
         return f"loss {v} at step {s}", v is not None and not math.isfinite(v)
@@ -153,3 +190,31 @@ def fault_evidence(sc: Scenario, steps: dict[int, dict], loss: dict[int, float])
     # garbage batches right after warmup, while the loss is still falling fast, raise it by a
     # third (the issue's case: 3.1 -> 4.2); elsewhere a fault at least halves the way up
     return text, not math.isfinite(peak) or peak >= (1.3 if f.kind == "warmup-spike" else 1.5) * pre
+
+
+def _never_learned(sc: Scenario, steps: dict[int, dict], loss: dict[int, float]) -> tuple[str, bool]:
+    """The run never learned from the fault step on: its last fifth is not 10% below its first
+    20 points, and what the fault claims holds (the loss at chance level ln C for random labels,
+    an LR of 0 for ``lr-zero``, a grad norm of 0 for ``frozen``, gradients for
+    ``optimizer-stale``)."""
+    f = sc.fault
+    after = [loss[i] for i in sorted(loss) if i >= f.step and math.isfinite(loss[i])]
+    if len(after) < 40:
+        return f"{len(after)} finite points from step {f.step}", False
+    first, last = statistics.fmean(after[:20]), statistics.fmean(after[-len(after) // 5:])
+    text = f"loss {first:.3g} -> {last:.3g} from step {f.step}"
+    flat = last >= 0.9 * first
+    if f.kind == "random-labels":
+        chance = math.log(NUM_CLASSES)
+        return text + f" (chance level ln {NUM_CLASSES} = {chance:.3g})", flat and abs(last - chance) < 0.05 * chance
+    if f.kind == "lr-zero":
+        lrs = {steps[i].get("lr") for i in steps if i >= f.step}
+        return text + f"; LR {sorted(lrs, key=str)[:3]} from step {f.step}", flat and lrs == {0.0}
+    norms = {steps[i]["grad_norm"] for i in steps if "grad_norm" in steps[i]}
+    if f.kind == "optimizer-stale":   # the model's gradients flow (HF clips them: a grad norm),
+        if not norms:                 # the optimizer's tensors get none (Lightning: no grad norm)
+            return text + "; no grad norm logged", flat
+        return text + f"; grad norm {min(norms):.3g}-{max(norms):.3g}", flat and min(norms) > 0
+    # frozen: no gradient reaches a parameter (Lightning then logs no grad norm at all)
+    return (text + (f"; grad norm {sorted(norms)[:3]}" if norms else "; no grad norm logged"),
+            flat and norms <= {0.0})
