@@ -110,8 +110,9 @@ def test_near_its_floor_the_largest_value_is_not_the_spike():
     recs = [StepRecord(s, {"loss": 2.0 * math.exp(-s / 10) + 1e-4 * (1 + 0.3 * math.sin(s))}) for s in range(1, 301)]
     recs[200].metrics["loss"], recs[250].metrics["loss"] = 3418.0, 0.05
     f, _ = run(recs)
+    # 3418 is a warning at once; 1e-4 -> 0.05 near the floor undoes 3% of the start: info
     assert found(f) == [(201, "loss_spike", "warning"), (202, "spike_recovered", "info"),
-                        (251, "loss_spike", "warning"), (252, "spike_recovered", "info")]
+                        (251, "loss_spike", "info"), (252, "spike_recovered", "info")]
     assert "below 1% of its largest value 1.81)" in f[2].message and "3418" not in f[2].message
 
 

@@ -313,13 +313,14 @@ def test_a_classifier_loss_near_its_floor_is_not_spiking(seed):
     assert found(run(recs)) == []
 
 
-def test_without_the_floor_rule_a_classifier_near_its_floor_pages():
-    # judged on log(loss) all the way down (floor_fraction 0), one batch of these pages: its
-    # hardest example moves the mean by a multiple (the trend-aware spread absorbs most others)
+def test_without_the_floor_rule_the_additive_noise_keeps_a_classifier_near_its_floor_quiet():
+    # judged on log(loss) all the way down (floor_fraction 0), one batch of seed 2 paged at 674
+    # (its hardest example moves the mean by a multiple): the loss's additive noise (6 sigma of
+    # the changes between its points) is a floor of its own
     old = [(seed, f.step) for seed in range(4)
            for f in run(classifier_run(1000, seed=seed), {"detectors": {"loss_spike": {"floor_fraction": 0.0}}})
            if f.kind == "loss_spike" and f.severity == "warning"]
-    assert old == [(2, 674)]
+    assert old == []
 
 
 def test_a_real_spike_near_the_floor_is_still_caught():

@@ -9,8 +9,11 @@ from .base import Context, Detector, fmt, positive, positive_int
 
 class GradNormSpike(Detector):
     """An episode opens when the grad norm is ``z_threshold`` σ and ``min_ratio`` × above its
-    robust baseline (with a short history: ``cold_start_ratio`` ×; always at ``max_ratio`` ×,
-    however wide the noise estimate) and closes when it falls
+    robust baseline (with a short history: ``cold_start_ratio`` ×; at ``max_ratio`` × with
+    three quarters of ``z_threshold`` σ: a noise estimate widened by a turbulent stretch does not
+    hide a 5x spike, while a grad norm that swings by orders of magnitude from batch to batch, as
+    a classifier's near zero loss does — its batches' few hard examples —, has 5-10x blips at
+    3-4σ) and closes when it falls
     below ``close_ratio`` ×. Info when isolated; warning when it is the ``repeat_count``-th
     onset within ``repeat_window_steps`` (healthy runs have pairs of blips; a train of them is
     an optimizer going bad), or when it is ``large_ratio`` × its baseline: a jump by orders of
@@ -59,7 +62,9 @@ class GradNormSpike(Detector):
         if b.n < self.cold_start_samples:
             abnormal = ratio >= self.cold_start_ratio
         else:
-            abnormal = ratio >= self.max_ratio or (ratio >= self.min_ratio and b.z(g) >= self.z_threshold)
+            z = b.z(g)
+            abnormal = ratio >= self.min_ratio and (
+                z >= self.z_threshold or (ratio >= self.max_ratio and z >= 0.75 * self.z_threshold))
         if self.open:
             if ratio < self.close_ratio:
                 self.open = False

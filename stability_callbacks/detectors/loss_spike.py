@@ -12,6 +12,8 @@ from .base import Context, Detector, check, fmt, positive, positive_int
 
 _SQRT2 = math.sqrt(2.0)   # the σ of a difference of two noisy points, in σ
 _HALF_SQRT_PI = 0.5 * math.sqrt(math.pi)
+#: Near its floor, the part of its largest value a rise must undo to be a warning at once.
+_NEAR_FLOOR_WARN = 0.1
 #: Below zero, a jump of this many times z_threshold σ (600σ) is orders of magnitude past the
 #: loss's own noise: a warning, whatever the sign.
 _ORDERS = 100.0
@@ -62,7 +64,7 @@ class LossSpike(Detector):
     points do not enter the baseline, so the episode is judged against the level before it.
 
     An episode emits ``loss_spike`` at its onset (``info``; ``warning`` when the rise is at
-    least ``large_rise``), and one more ``loss_spike``, a ``warning`` at its own step, when it
+    least ``large_rise``, and near the floor a tenth of the largest value too), and one more ``loss_spike``, a ``warning`` at its own step, when it
     grows to a ``large_rise`` (0.5 → 3417 one step after a small spike began) or once it has
     lasted ``persist_samples`` points — always at a point above the threshold, which it prints.
     Then exactly one of ``spike_recovered`` (back within ``recover_fraction`` of the rise or 3σ
@@ -250,7 +252,10 @@ class LossSpike(Detector):
             if abnormal and (cold or prev_log is None
                              or lx - prev_log > self.min_jump_sigmas * _SQRT2 * scale):
                 onset = self.prev_step if (self.prev_z > 3.0 and not cold and self.prev_step is not None) else step
-                severity = "warning" if x - base >= self.large_rise * unit else "info"
+                # near the floor a warning at once must also undo a tenth of what training achieved
+                # (a classifier near zero: one hard batch is x5 its level and 4% of its start)
+                severity = "warning" if x - base >= self.large_rise * unit and (
+                    unit == base or x - base >= _NEAR_FLOOR_WARN * self.peak) else "info"
                 self.episode = SpikeEpisode(onset, base, x, warned=severity == "warning", warm=not cold,
                                             scale=falling or 0.0)
                 out.append(self._onset_finding(step, x, base, thr, onset, severity, unit))
