@@ -55,11 +55,11 @@ class Divergence(Detector):
     kind = "divergence"
     signals = (keys.LOSS,)
     _state = ("med", "noise", "step_change", "prev_log", "rise", "points", "swing", "horizon", "smooth", "grad_med",
-              "update_med", "at_low", "episode", "level", "spread", "prev", "fall", "faster", "faster_from", "below", "runaway")
+              "update_med", "at_low", "episode", "level", "spread", "prev", "fall", "faster", "faster_from", "below", "start", "runaway")
 
     def __init__(self, *, window: int = 7, min_rise: float = 0.1, noise_sigmas: float = 4.0,
                  persist_samples: int = 4, max_horizon_samples: int = 500, growth_ratio: float = 1.5,
-                 runaway_spreads: float = 10.0):
+                 runaway_factor: float = 10.0):
         self.window = positive_int("window", window)
         self.min_rise = positive("min_rise", min_rise)
         self.noise_sigmas = positive("noise_sigmas", noise_sigmas)
@@ -83,15 +83,17 @@ class Divergence(Detector):
         self.at_low: list = [None, None]   # [log grad norm, log update norm] when the level was lowest
         self.episode: list | None = None   # [first step, escalated] of the rise being reported
         # The runaway below zero, on the loss itself (any sign): its level and spread (EW, additive),
-        # the previous value, the fall into it, how many falls in a row grew and from where, a latch.
-        self.runaway_spreads = positive("runaway_spreads", runaway_spreads)
+        # the previous value, the fall into it, how many falls in a row grew and from where, the
+        # points far below in a row, its starting scale, a latch.
+        self.runaway_factor = positive("runaway_factor", runaway_factor)
         self.level = EWMean(0.05, start="running")
         self.spread = EWMean(0.05, start="running")
         self.prev: float | None = None
         self.fall = 0.0
         self.faster = 0   # falls in a row, each larger than the one before
         self.faster_from: int | None = None   # ... after this point's step
-        self.below = 0    # points in a row a third of runaway_spreads below the level
+        self.below = 0    # points in a row a third of runaway_factor below the level
+        self.start = [0, 0.0]   # the loss's own scale: [points, largest |loss|] of its first 20 non-zero points
         self.runaway = Latch()
 
     def _restart(self):
@@ -176,15 +178,25 @@ class Divergence(Detector):
     def _runaway(self, step: int, x: float) -> list[Finding]:
         """The *runaway* rule: a loss falling without bound (a likelihood whose variance collapses,
         an objective with no floor) runs below zero and on until it is NaN. Judged on the loss
-        itself, additively (any sign): a point below zero, ``runaway_spreads`` times the loss's
-        own spread (the EW mean absolute deviation around its EW level, ~20 points; points of a
-        speeding fall a third of that far below do not enter either) below that level, and
-        accelerating: each of its last two falls larger than the one before, the point before a
-        third as far below already (a healthy loss that crosses zero slows down; a steady fall
-        keeps its distance to the lagging level at about its spread; noise, even an RL loss's
-        heavy-tailed noise, rarely gives two such points in a row), or one jump 10 times that
-        far. Critical, once per run-away (re-armed back within a third of
-        it). O(1); state: 2 EW means, 6 scalars."""
+        itself, additively (any sign), on its own scales, by ``runaway_factor`` (10: an order of
+        magnitude):
+
+        - *magnitude*: its EW level (~20 points) is below zero, ``runaway_factor`` times the
+          largest magnitude of its first 20 non-zero points (where it stood before training
+          moved it), and the loss still below that level: a Gaussian NLL whose variance collapses
+          falls -1 -> -44 over 250 steps at a slowing pace, then NaN; a healthy one that crosses
+          zero settles a few times its start below it;
+        - *accelerating*: a point below zero, ``runaway_factor`` times its spread (the EW mean
+          absolute deviation around its EW level; points of a speeding fall a third of that far
+          below do not enter either) below that level, each of its last two falls larger than the
+          one before and the point before a third as far below already (a steady fall keeps its
+          distance to the lagging level at about its spread; noise, even an RL loss's heavy-tailed
+          noise, rarely gives two such points in a row), or one jump 10 times that far:
+          37 -> -15.8 -> -92 -> -801 -> NaN is caught at -15.8.
+
+        Critical, once per run-away (re-armed once its level is back within a third of its own
+        scale and no point is far below). O(1); state: 2 EW means,
+        8 scalars."""
         prev, fall_before = self.prev, self.fall
         self.prev = x
         self.fall = prev - x if prev is not None else 0.0
@@ -192,32 +204,45 @@ class Divergence(Detector):
             self.faster += 1
         else:
             self.faster, self.faster_from = 0, step   # they grow after this point, if at all
+        start = self.start
+        if start[0] < 20 and x != 0.0:
+            start[0] += 1
+            start[1] = max(start[1], abs(x))
         level, spread = self.level.mean, self.spread.mean
         warm = self.level.n >= self.window and spread > 0.0
         far = (level - x) / spread if warm else 0.0
-        if far < self.runaway_spreads / 3 or not self.faster:   # a point of a speeding fall, far below,
+        if far < self.runaway_factor / 3 or not self.faster:   # a point of a speeding fall, far below,
             # is not the loss's own level and spread (a steady fall keeps moving them)
             self.level.update(x)
             self.spread.update(abs(x - level) if self.level.n > 1 else 0.0)
-        self.below = self.below + 1 if far >= self.runaway_spreads / 3 else 0
-        if not warm:
+        self.below = self.below + 1 if far >= self.runaway_factor / 3 else 0
+        # back: its level within a third of that of its own scale, no point far below
+        back = far < self.runaway_factor / 3 and (start[0] < 20 or level > -self.runaway_factor / 3 * start[1])
+        if not warm or x >= 0.0:
+            self.runaway.update(on=False, off=back)
             return []
-        # accelerating, the point before already far below too (noise, even heavy-tailed as an RL
-        # loss's, rarely gives two such points in a row), or one jump 10 times as far
-        on = x < 0.0 and far >= self.runaway_spreads and (
-            (self.faster >= 2 and self.below >= 2) or far >= 10 * self.runaway_spreads)
-        if not self.runaway.update(on=on, off=far < self.runaway_spreads / 3):
+        deep = start[0] >= 20 and level < -self.runaway_factor * start[1] and x < level
+        speeding = far >= self.runaway_factor and (
+            (self.faster >= 2 and self.below >= 2) or far >= 10 * self.runaway_factor)
+        if not self.runaway.update(on=deep or speeding, off=back):
             return []
-        onset = self.faster_from if self.faster_from is not None else step
+        if speeding:
+            onset = self.faster_from if self.faster_from is not None else step
+            how = (f"{far:.0f}x its own spread ({fmt(spread)}) below its level {fmt(level)}, and faster "
+                   f"({fmt(self.fall)} in one step, {fmt(fall_before)} the point before; speeding up since step "
+                   f"{onset})")
+        else:
+            onset = self.faster_from if self.faster_from is not None else step
+            how = (f"its level {fmt(level)} is {-level / start[1]:.0f}x the largest magnitude of its first points "
+                   f"({fmt(start[1])}) below zero, and still falling")
         return [self.finding(
-            step, severity="critical", value=x, baseline=level, threshold=level - self.runaway_spreads * spread,
-            onset_step=onset,
-            message=(f"The loss is falling without bound: {fmt(x)} at step {step}, {far:.0f}x its own spread "
-                     f"({fmt(spread)}) below its level {fmt(level)}, and faster ({fmt(self.fall)} in one step, "
-                     f"{fmt(fall_before)} the point before; speeding up since step {onset}). An objective that runs away below zero (a likelihood whose variance collapses, "
-                     f"an unbounded term) reaches NaN within steps: roll back to a checkpoint before step "
-                     f"{onset} and bound the objective (clamp the variance or log-variance) or lower the LR."),
-            rule="runaway", spreads=far, spread=spread, past_startup=True)]   # unmistakable, however early
+            step, severity="critical", value=x, baseline=level, onset_step=onset,
+            message=(f"The loss is falling without bound: {fmt(x)} at step {step}, {how}. An objective that runs "
+                     f"away below zero (a likelihood whose variance collapses, an unbounded term) ends in NaN: "
+                     f"roll back to a checkpoint from before the fall and bound the objective (clamp the "
+                     f"variance or log-variance) or lower the LR."),
+            rule="runaway", how="accelerating" if speeding else "magnitude", spreads=far, spread=spread,
+            start_scale=start[1], past_startup=True)]   # unmistakable, however early
 
     def _now(self, med: RollingMedian) -> float | None:
         return med.median if med.window else None
