@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from . import keys
 from .config import load_config
 from .control import Control
-from .detectors import DETECTORS, Context, Detector, GradNormSpike, LossSpike
+from .detectors import DETECTORS, Context, Detector, GradNormSpike, LossSpike, NotLearning
 from .phase import PhaseTracker
 from .policy import Policy
 from .record import Finding, StepRecord
@@ -64,6 +64,12 @@ class Monitor:
     # -- feeding ------------------------------------------------------------------------------
     def set_warmup_steps(self, warmup_steps: int | None) -> None:
         self.phase.declare_warmup(warmup_steps)
+
+    def set_num_outputs(self, n: int | None) -> None:
+        """The model's output size, declared by a live run (not_learning's chance level)."""
+        for d in self.detectors:
+            if isinstance(d, NotLearning):
+                d.declare_outputs(n)
 
     def update(self, record: StepRecord) -> list[Finding]:
         out: list[Finding] = []

@@ -332,6 +332,9 @@ SCENARIOS = {
     "resume_spike": lambda r: scale(_resume_at(r, 595), "loss", lambda s: 1.3 if 596 <= s < 606 else 1.0),
     "precursor": lambda r: scale(_with_update(r, d=lambda s: 3.0 if 587 <= s <= 600 else 1.0), "loss",
                                  lambda s: 1.8 if s == 595 else 1.0),   # the loss confirms the lead
+    # the LR dropped to 0 at 587 (a scheduler bug) and the loss stays where it was: still 587-591
+    "not_learning": lambda r: _set(_set(r, "lr", lambda s, v: 0.0 if s >= 587 else None), "loss",
+                                   lambda s, v: 2.2 * (1 + 0.01 * (s % 3)) if s >= 587 else None),
     "data_repetition": lambda r: _set(_resume_at(r, 595), "batch_fingerprint",
                                       lambda s, v: float(s - 595) if s > 595 else None),
 }

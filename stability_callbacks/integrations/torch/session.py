@@ -189,6 +189,8 @@ class LiveSession:
             run_preflight(self.run, model, optimizer, scheduler, **facts)
         if model is not None and hasattr(model, "named_parameters"):
             self._to_name = model
+            with self.guard("outputs", "reading the model's output size"):
+                self.run.declare_outputs(output_size(model))
         self.started = True
         if self._watchdog is None and self.run.is_rank0:
             with self.guard("watchdog", "starting the hang watchdog"):
@@ -471,3 +473,23 @@ class EngineStep(Protocol):
     engine: Any
 
     def read_into(self, probe: StepProbe) -> None: ...
+
+
+def output_size(model) -> int | None:
+    """C, the size of the model's output layer, whose cross-entropy starts at ln C (not_learning's
+    chance level): an HF model's output embeddings (a language model's head), else the last
+    ``torch.nn.Linear`` the model registers (a classifier's head in the usual models). Which
+    layer it is is a hint only: the detector uses ln C when the loss starts near it. None
+    without such a layer (a convolutional output, a model without a Linear)."""
+    head = None
+    get = getattr(model, "get_output_embeddings", None)
+    if callable(get):
+        try:
+            head = get()
+        except Exception:   # a model whose method needs more than itself: fall back to the modules
+            head = None
+    if head is None:
+        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        head = linears[-1] if linears else None
+    n = getattr(head, "out_features", None)
+    return n if isinstance(n, int) and n >= 2 else None
