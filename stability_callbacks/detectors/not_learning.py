@@ -60,7 +60,7 @@ class NotLearning(Detector):
     >>> d = NotLearning()
     >>> [(f.step, f.details["rule"]) for s in range(1, 60)
     ...  for f in d.update(StepRecord(s, {"loss": 2.303 + 0.002 * (s % 3)}), Context(s))]
-    [(33, 'flat')]
+    [(54, 'flat')]
     """
 
     name = "not_learning"
@@ -90,6 +90,7 @@ class NotLearning(Detector):
         self.noise_mean = EWMean(0.1, start="running")   # the change of log(loss) between points
         self.noise_dev = EWMean(0.1, start="running")    # ... its absolute deviation around that
         self.prev_log: float | None = None
+        self.prev_before = 0.0   # the log(loss) of the point before this one (derived, not state)
         self.fast = EWMean(0.1, start="running")         # the level of the loss (for chance, still)
         self.horizon: list | None = None  # after the warmup: [first step, points, sum of log(loss)]
         self.still: list | None = None    # [first step, points, sum of log(loss), log level before]
@@ -145,6 +146,7 @@ class NotLearning(Detector):
             start[1] = step
             start[2] = start[2] or start[0] <= 2 * max(step - start[0], 1)
         prev, self.prev_log = self.prev_log, lx
+        self.prev_before = prev if prev is not None else lx
         if prev is not None:
             d = lx - prev
             self.noise_dev.update(abs(d - self.noise_mean.mean) if self.noise_mean.n else 0.0)
@@ -220,14 +222,14 @@ class NotLearning(Detector):
             self.still = None
             return []
         s = self.still
-        if s is None:
-            s = self.still = [step, 0, 0.0, self.fast.mean, zero]
+        if s is None:   # the loss's level before: the point before (an EW level lags a falling loss)
+            s = self.still = [step, 0, 0.0, self.prev_before, zero]
         s[1] += 1
         s[2] += lx
         if s[1] < self.still_samples:
             return []
         fell = s[3] - s[2] / s[1]
-        se = self.sigma * math.sqrt(1.0 / s[1] + 0.1 / 1.9)   # the EW level's variance: alpha / (2 - alpha)
+        se = self.sigma * math.sqrt(1.0 / s[1] + 1.0)
         if fell >= max(-math.log1p(-self.min_fall), self.z_threshold * se):
             return []   # it falls: whatever is 0 here, something trains
         what = {keys.LR: "the LR", keys.UPDATE_NORM: "Adam's update norm", keys.GRAD_NORM: "the grad norm"}[s[4]]
@@ -268,7 +270,9 @@ class NotLearning(Detector):
             step, severity="warning", value=level, baseline=before,
             threshold=before * (1 - self.min_fall), onset_step=h[0],
             message=(f"The run is not learning: {what} Usual causes: {CAUSES}. Check the LR, which "
-                     f"parameters the optimizer updates, and a batch's inputs against its labels."),
+                     f"parameters the optimizer updates, and a batch's inputs against its labels"
+                     + (" (a GAN's adversarial losses stay level by design: there this says nothing)."
+                        if rule == "flat" else ".")),
             rule=rule, fall=-math.expm1(-fell), fall_bound=-math.expm1(-(fell + self.z_threshold * se)),
             first_samples=f[0], horizon_samples=h[1], chance_level=math.log(c) if c else None,
             num_outputs=c, past_startup=True)
