@@ -287,3 +287,58 @@ def test_not_learning_state_round_trips():
     a = [f.to_json() for r in recs[30:] for f in d.update(r, Context(r.step))]
     b = [f.to_json() for r in recs[30:] for f in e.update(r, Context(r.step))]
     assert a == b and a
+
+
+def test_hf_and_lightning_end_the_same_lr_lambdas_warmup_at_the_same_step(tmp_path):
+    # the same LambdaLR (0, 1/10, ..., 1, then flat) under the HF Trainer (its own schedule from
+    # warmup_steps=10, and the lambda passed in) and under Lightning (stepped every step): each
+    # declares the warmup's end as the first step at the peak LR, step 11 (HF's step 10 still
+    # runs at 9/10 of it), and the risk window starts after it in both
+    import lightning.pytorch as pl
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    from stability_callbacks.demo.scenarios import build_scenario
+    from stability_callbacks.integrations.hf import StabilityCallback as HFCallback
+    from stability_callbacks.integrations.lightning import StabilityCallback as PLCallback
+
+    sc = build_scenario("healthy", max_steps=16, warmup_steps=10)
+
+    def lam(s):
+        return min(1.0, s / 10)
+
+    def hf(passed_in):
+        model = sc.make_model()
+        opt = torch.optim.AdamW(model.parameters(), lr=sc.lr)
+        args = TrainingArguments(output_dir=str(tmp_path / f"hf{passed_in}"), max_steps=sc.max_steps,
+                                 per_device_train_batch_size=sc.batch_size, learning_rate=sc.lr,
+                                 warmup_steps=0 if passed_in else 10, lr_scheduler_type="constant_with_warmup",
+                                 save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True,
+                                 train_sampling_strategy="sequential")
+        trainer = Trainer(model=model, args=args, train_dataset=sc.train_dataset(),
+                          optimizers=(opt, torch.optim.lr_scheduler.LambdaLR(opt, lam)) if passed_in else (None, None))
+        cb = HFCallback.attach(trainer, config={"actions": {}}, run_dir=tmp_path / f"hf{passed_in}" / "stability")
+        trainer.train()
+        return cb
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = sc.make_model()
+
+        def training_step(self, batch, batch_idx):
+            return self.model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+
+        def configure_optimizers(self):
+            opt = torch.optim.AdamW(self.model.parameters(), lr=sc.lr)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.LambdaLR(opt, lam),
+                                                       "interval": "step"}}
+
+    pl_cb = PLCallback(config={"actions": {}}, run_dir=tmp_path / "pl" / "stability")
+    pl.Trainer(callbacks=[pl_cb], accelerator="cpu", devices=1, max_steps=sc.max_steps, logger=False,
+               enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+               default_root_dir=tmp_path / "pl").fit(
+        Module(), torch.utils.data.DataLoader(sc.train_dataset(), batch_size=sc.batch_size, shuffle=False))
+    ends = [[(f.step, f.details["risk_window_end_step"]) for f in cb.findings if f.kind == "warmup_end"]
+            for cb in (hf(False), hf(True), pl_cb)]
+    assert ends == [[(11, 44)]] * 3

@@ -41,8 +41,10 @@ class NotLearning(Detector):
       RL objective), whose level says nothing of learning.
     - *chance*: the loss sits at chance level, ln C for a cross-entropy over C outputs, when C
       is known (``num_outputs``: configured, or declared by a live run from the model's output
-      layer): its EW level (~10 points) within ``chance_tolerance`` of ln C for the horizon,
-      provided the first level was within ``chance_tolerance`` x 3 of it too (a cross-entropy
+      layer): its EW level (~10 points) within ``chance_tolerance`` (2%) of ln C for the
+      horizon (a learning model passes through the band, a GPT-2 at batch size 1 slowly; labels
+      disconnected from the inputs hold a classifier 1% above it), provided the first level was
+      within ``chance_tolerance`` x 3 of it too (a cross-entropy
       over those C outputs starts there from a random init; a loss that does not, an MSE, an
       ELBO, a fine-tune that starts below, is not judged against it).
     - *still*: nothing moves the weights, the loss flat meanwhile: the LR, the update norm or
@@ -71,7 +73,7 @@ class NotLearning(Detector):
 
     def __init__(self, *, first_samples: int = 3, horizon_samples: int = 3, horizon_steps: int = 50,
                  min_fall: float = 0.05, z_threshold: float = 3.0, still_samples: int = 5,
-                 chance_tolerance: float = 0.05, num_outputs: int | None = None, trend_sigmas: float = 2.0):
+                 chance_tolerance: float = 0.02, num_outputs: int | None = None, trend_sigmas: float = 2.0):
         self.first_samples = positive_int("first_samples", first_samples)
         self.horizon_samples = positive_int("horizon_samples", horizon_samples)
         self.horizon_steps = positive_int("horizon_steps", horizon_steps)
