@@ -83,6 +83,8 @@ class NotLearning(Detector):
         self.still_samples = positive_int("still_samples", still_samples)
         self.chance_tolerance = check("chance_tolerance", chance_tolerance, isinstance(chance_tolerance, (int, float))
                                       and 0 < chance_tolerance < 1, "in (0, 1)")
+        self._need = -math.log1p(-self.min_fall)        # min_fall as a fall of log(loss)
+        self._tol = math.log1p(self.chance_tolerance)
         self.num_outputs = check("num_outputs", num_outputs, num_outputs is None or (
             isinstance(num_outputs, int) and not isinstance(num_outputs, bool) and num_outputs >= 2),
             "an integer >= 2 or null")
@@ -102,6 +104,16 @@ class NotLearning(Detector):
         self.learned = False   # the loss fell from its first level: the flat rule is done
         self.told = False      # reported (once per run)
         self.lr = [0.0, 0.0]   # the largest LR so far, and the last one above 0
+
+    def _chance_log(self) -> float | None:
+        """log(ln C) when C is known and the first level started within 3 tolerances of it, else
+        None (derived, not state)."""
+        c = self.num_outputs or self.outputs
+        f = self.first
+        if not c or not f[0]:
+            return None
+        chance = math.log(math.log(c))
+        return chance if abs(f[1] / f[0] - chance) <= 3 * self._tol else None
 
     def declare_outputs(self, n: int | None) -> None:
         """The model's output size, from a live run (unless ``num_outputs`` is configured)."""
@@ -124,8 +136,15 @@ class NotLearning(Detector):
         if self.signed:
             return []
         lx = math.log(x)
-        self._learn(step, lx)
         warm = ctx.phase != "warmup"
+        if self.learned and self._chance_log() is None:
+            # the flat rule is done and no chance level applies: only "nothing moves the weights"
+            # is left to judge (the noise as it was when the loss fell)
+            self.prev_before, self.prev_log = self.prev_log if self.prev_log is not None else lx, lx
+            out = self._still(step, m, lx, warm)
+            self.told = bool(out)
+            return out
+        self._learn(step, lx)
         out = self._still(step, m, lx, warm)
         f = self.first
         if not out and self.horizon is None and (f[0] < self.first_samples or not warm):
@@ -166,8 +185,8 @@ class NotLearning(Detector):
         h[3] += i * lx
         first, since = f[1] / f[0], h[2] / h[1]
         c = self.num_outputs or self.outputs
-        tol = math.log1p(self.chance_tolerance)
-        chance = math.log(math.log(c)) if c and abs(f[1] / f[0] - math.log(math.log(c))) <= 3 * tol else None
+        chance = self._chance_log()
+        tol = self._tol
         if chance is not None:   # the EW level in the band: since when
             if abs(self.fast.mean - chance) > tol:
                 self.chance = None
@@ -178,7 +197,7 @@ class NotLearning(Detector):
         fell = first - since
         sigma = self.sigma
         se = sigma * math.sqrt(1.0 / f[0] + 1.0 / h[1])
-        need = -math.log1p(-self.min_fall)
+        need = self._need
         k = self.first_samples   # the very start: a loss that fell during a warmup learned there
         fell_start = f[3] / k - since
         if max(fell - self.z_threshold * se,
@@ -213,13 +232,15 @@ class NotLearning(Detector):
             return []
         # a grad norm of 0 counts from the run's start only: some builds print 0.000 on every line;
         # an LR of 0 only when it dropped there (a decay to 0 at a schedule's end is no bug)
-        lr = m.get(keys.LR)
+        lr, zero = m.get(keys.LR), None
         if lr is not None and lr > 0.0:
             self.lr[0], self.lr[1] = max(self.lr[0], lr), lr
-        from_start = self.start is not None and self.start[2]
-        dropped = self.lr[1] >= 0.1 * self.lr[0]
-        zero = next((k for k in (keys.LR, keys.UPDATE_NORM, keys.GRAD_NORM) if m.get(k) == 0.0 and (
-            k == keys.UPDATE_NORM or (k == keys.LR and dropped) or (k == keys.GRAD_NORM and from_start))), None)
+        elif lr == 0.0 and self.lr[1] >= 0.1 * self.lr[0]:
+            zero = keys.LR
+        if zero is None and m.get(keys.UPDATE_NORM) == 0.0:
+            zero = keys.UPDATE_NORM
+        if zero is None and m.get(keys.GRAD_NORM) == 0.0 and self.start is not None and self.start[2]:
+            zero = keys.GRAD_NORM
         if zero is None:
             self.still = None
             return []
