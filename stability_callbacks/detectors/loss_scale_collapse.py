@@ -135,16 +135,17 @@ class LossScaleCollapse(Detector):
                     f"while the fp16 loss scale stayed at {s:g}: the scaler is at its minimum and "
                     f"cannot go lower, so every step is skipped (DeepSpeed stops the run here).")
         elif rule == "falling":
+            assert peak_log2 is not None and peak is not None   # the rule is judged against the peak
             what = (f"The fp16 loss scale has halved to {s:g} at step {step}, "
-                    f"{_halvings(self.peak - math.log2(s))} below {peak:g} at step {self.peak_step}: "
+                    f"{_halvings(peak_log2 - math.log2(s))} below {peak:g} at step {self.peak_step}: "
                     f"the scaler keeps finding overflows. At {self.min_scale:g} DeepSpeed/Megatron stop the "
                     f"run or skip every step.")
             return [self.finding(
-                step, severity="warning", value=s, baseline=peak, threshold=(
-                    peak / 2 ** self.warn_halvings if peak is not None else None), onset_step=self.peak_step,
+                step, severity="warning", value=s, baseline=peak, threshold=peak / 2 ** self.warn_halvings,
+                onset_step=self.peak_step,
                 message=(f"{what} A checkpoint is being saved while the weights are good; if it goes on "
                          f"halving, consider bf16 or a lower LR."),
-                rule=rule, halvings=self.peak - math.log2(s) if peak_log2 is not None else None,
+                rule=rule, halvings=peak_log2 - math.log2(s),
                 pinned_skips=self.pinned, past_startup=not self.searching)]
         else:
             what = (f"The fp16 loss scale collapsed to {s:g} at step {step}"

@@ -309,7 +309,7 @@ class LossSpike(Detector):
             b.update_log(lx)
         if enters and x > self.peak:
             self._new_peak(x)
-        if enters and self.prev_in:   # the additive noise, from ordinary points only
+        if enters and self.prev_in and self.prev_x is not None:   # the additive noise, from ordinary points
             d = x - self.prev_x
             self.step_dev.update(abs(d - self.steps.mean) if self.steps.n else 0.0)
             self.steps.update(d)
