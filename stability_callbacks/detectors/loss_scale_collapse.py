@@ -21,7 +21,9 @@ class LossScaleCollapse(Detector):
     - *pinned*: ``pinned_skips`` consecutive optimizer steps all overflowed while the scale did
       not move (more than the default hysteresis): the scaler is at its floor and cannot go
       lower (DeepSpeed then stops the run; Megatron and metaseq keep skipping every step);
-    - *floor*: after moving, the scale sits within ``floor_halvings`` halvings of ``min_scale``;
+    - *floor*: after moving, the scale sits at ``min_scale``, or within ``floor_halvings``
+      halvings of it having fallen as many below its recent peak (one halving of a scale that sat
+      at 8 for an epoch, to 4, is a scaler at work);
     - *halvings*: it stands ``min_halvings`` halvings below its recent peak (the peak decays by
       one halving every ``peak_decay_steps`` steps, so the periodic halve-then-regrow of a long
       healthy run never adds up);
@@ -114,6 +116,9 @@ class LossScaleCollapse(Detector):
         if self.peak is None or ls >= self.peak:
             self.peak, self.peak_step = ls, step
         drop = self.peak - ls
+        # near the floor by repeated halvings (or at it): one halving of a scale that has sat at 8
+        # for an epoch, to 4, is a scaler at work (a fairseq reference log)
+        near_floor = near_floor and (ls <= math.log2(self.min_scale) or drop >= self.floor_halvings)
         rule = "halvings" if drop >= self.min_halvings else "floor"
         out = self._fire(step, s, rule, ctx, on=drop >= self.min_halvings or near_floor,
                          off=drop < self.min_halvings / 2 and not near_floor)
