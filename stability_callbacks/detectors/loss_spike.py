@@ -64,7 +64,8 @@ class LossSpike(Detector):
     points do not enter the baseline, so the episode is judged against the level before it.
 
     An episode emits ``loss_spike`` at its onset (``info``; ``warning`` when the rise is at
-    least ``large_rise``, and near the floor a tenth of the largest value too), and one more ``loss_spike``, a ``warning`` at its own step, when it
+    least ``large_rise``, and near the floor a tenth of the largest value too, after 3 points at
+    least: one or two are no level), and one more ``loss_spike``, a ``warning`` at its own step, when it
     grows to a ``large_rise`` (0.5 → 3417 one step after a small spike began) or once it has
     lasted ``persist_samples`` points — always at a point above the threshold, which it prints.
     Then exactly one of ``spike_recovered`` (back within ``recover_fraction`` of the rise or 3σ
@@ -254,7 +255,8 @@ class LossSpike(Detector):
                 onset = self.prev_step if (self.prev_z > 3.0 and not cold and self.prev_step is not None) else step
                 # near the floor a warning at once must also undo a tenth of what training achieved
                 # (a classifier near zero: one hard batch is x5 its level and 4% of its start)
-                severity = "warning" if x - base >= self.large_rise * unit and (
+                # and one or two points before it are no level to warn against at once
+                severity = "warning" if x - base >= self.large_rise * unit and n >= 3 and (
                     unit == base or x - base >= _NEAR_FLOOR_WARN * self.peak) else "info"
                 self.episode = SpikeEpisode(onset, base, x, warned=severity == "warning", warm=not cold,
                                             scale=falling or 0.0)
