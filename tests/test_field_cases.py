@@ -267,8 +267,9 @@ def test_an_lr_dropped_to_zero_after_the_warmup_is_not_learning_but_a_decay_to_z
     rng = random.Random(3)
     recs = [StepRecord(s, {"loss": (1.0 + 2.0 * math.exp(-min(s, 60) / 20)) * math.exp(0.01 * rng.gauss(0, 1)),
                            "lr": lr}) for s, lr in enumerate(lrs, 1)]
-    f, _ = run(recs)
+    f, m = run(recs)
     assert found(f) == [(65, "not_learning", "warning")]
+    assert m.policy.last_save_request is None and m.policy.bump_until is None   # no checkpoints for it
     nl = f[-1]
     assert nl.details["rule"] == "still" and "the LR has been exactly 0 since step 61" in nl.message
     # a cosine decayed to 0 at the schedule's end, printed as 0.000000
