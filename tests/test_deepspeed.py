@@ -138,10 +138,11 @@ def test_fp16_overflow_cascade_is_called_before_deepspeeds_minimum_scale_exit(ds
     assert rec[3]["lr"] == pytest.approx(3e-3 / 5) and rec[7]["lr"] == pytest.approx(3e-3)
     assert {rec[s]["lr"] for s in range(25, 34)} == {rec[25]["lr"]} and rec[25]["lr"] < rec[24]["lr"]
     assert r["ds_error"]["step"] == 34 and "minimum" in r["ds_error"]["message"]
-    # Third skip in the window: overflow_burst; scale 4 (6 halvings down, 2 above the floor):
-    # loss_scale_collapse, critical -> halt (policy.halt_on: critical) three steps before the exit.
+    # Third skip in the window: overflow_burst; 3 halvings down: loss_scale_collapse, a warning;
+    # scale 4 (6 halvings down, 2 above the floor): critical -> halt (policy.halt_on: critical)
+    # three steps before the exit.
     assert first(r, "overflow_burst") == (27, "overflow_burst", "warning")
-    assert first(r, "loss_scale_collapse") == (31, "loss_scale_collapse", "critical")
+    assert [(f[0], f[2]) for f in r["findings"] if f[1] == "loss_scale_collapse"] == [(28, "warning"), (31, "critical")]
     assert r["stopped_at"] == r["halted_at"] == 31 and r["first_error"] is None
     # The warning saved a checkpoint while the state was good; nothing after the collapse.
     assert r["saved_steps"] == [27]
@@ -156,7 +157,7 @@ def test_zero0_fp16_overflow_cascade(ds):
     assert [rec[s]["skipped"] for s in range(23, 31)] == [0.0] * 2 + [1.0] * 6
     assert [rec[s]["loss_scale"] for s in range(24, 31)] == [256.0, 128.0, 64.0, 32.0, 16.0, 8.0, 4.0]
     assert first(r, "overflow_burst") == (27, "overflow_burst", "warning")
-    assert first(r, "loss_scale_collapse") == (30, "loss_scale_collapse", "critical")
+    assert [(f[0], f[2]) for f in r["findings"] if f[1] == "loss_scale_collapse"] == [(27, "warning"), (30, "critical")]
     assert first(r, "nonfinite") is None            # an fp16 overflow is not a NaN
     assert r["stopped_at"] == r["halted_at"] == 30
     assert r["ds_error"] is None and r["first_error"] is None
@@ -194,9 +195,9 @@ def test_bf16_zero2_data_pocket_spike_saves_and_state(ds):
     assert rec["lr"] == 0.0 and rec["consumed_samples"] == 8.0   # 2 ranks x micro-batch 4
     assert "loss_scale" not in rec and "skipped" not in rec      # bf16: no scaler
     # What the hook did and why, in the run log (rank 0 writes it).
-    window = "inside the warmup-end risk window (steps 7-24)"
+    window = "inside the warmup-end risk window (steps 8-28)"
     after = "for 1000 steps after a warning (until step 1025)"
-    assert r["actions"] == [[7, "save_interval", window]] + [
+    assert r["actions"] == [[8, "save_interval", window]] + [
         [s, "save", f"bumped save interval (5 steps): {window}"] for s in (10, 15, 20)] + [
         [25, "save", "save now: loss_spike (warning) at step 25"]] + [
         [s, "save", f"bumped save interval (5 steps): {after}"] for s in (30, 35, 40, 45)]
@@ -229,7 +230,7 @@ def test_nan_halts_every_rank_at_the_same_step_and_rolls_back_latest(ds):
     assert r["saved_steps"] == [] and r["train"]["save_after_halt"] is False
     halt = f"nonfinite (critical) at step {nan_step}; policy.halt_on = critical"
     damaged = f"refused: the weights are damaged (nonfinite at step {nan_step})"
-    assert r["actions"] == [[7, "save_interval", "inside the warmup-end risk window (steps 7-24)"],
+    assert r["actions"] == [[8, "save_interval", "inside the warmup-end risk window (steps 8-28)"],
                             [nan_step, "stop", halt],
                             [nan_step, "save_blocked", f"before the halt: {halt}; {damaged}"],
                             [nan_step, "save_blocked", f"the loop's save_checkpoint; {damaged}"]]
@@ -371,9 +372,11 @@ def test_automatic_rollback_in_process_with_hook_batches(ds):
     r = ds["rollback-z1"][0]
     assert r["same_as_without"] and ds["rollback-z1"][1]["same_as_without"]
     assert r["global_steps"] == 45 and r["stopped_at"] is None
+    # the spike at 25 is inside the warmup-end risk window (8-28): escalated, upgraded when it
+    # does not recover
     assert [tuple(f) for f in r["findings"] if f[2] != "info"] == [
-        (25, "loss_spike", "warning"), (35, "spike_unrecovered", "critical"),
-        (35, "rollback_advice", "critical"), (35, "auto_rollback", "warning")]
+        (25, "loss_spike", "warning"), (25, "warmup_instability", "warning"), (35, "spike_unrecovered", "critical"),
+        (35, "warmup_instability", "critical"), (35, "rollback_advice", "critical"), (35, "auto_rollback", "warning")]
     assert r["records"]["segments"] == [[0, 0, "start"], [1, 20, "rollback"]]
     assert [a for a in r["actions"] if a[1] == "rollback"] == [
         [35, "rollback", "spike_unrecovered (critical) at step 35; policy.auto_rollback: back to the "
