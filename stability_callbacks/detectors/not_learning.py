@@ -96,7 +96,8 @@ class NotLearning(Detector):
         self.prev_log: float | None = None
         self.prev_before = 0.0   # the log(loss) of the point before this one (derived, not state)
         self.fast = EWMean(0.1, start="running")         # the level of the loss (for chance, still)
-        self.horizon: list | None = None  # after the warmup: [first step, points, sum of log(loss)]
+        self.horizon: list | None = None  # after the warmup: [first step, points, sum of log(loss),
+                                          # sum of index x log(loss)]
         self.still: list | None = None    # [first step, points, sum of log(loss), log level before]
         self.chance: int | None = None    # the step the level entered the chance band
         self.outputs: int | None = None   # C declared by a live run (num_outputs wins)
@@ -178,7 +179,7 @@ class NotLearning(Detector):
     def _flat_or_chance(self, step: int, lx: float) -> list[Finding]:
         f, h = self.first, self.horizon
         if h is None:
-            h = self.horizon = [step, 0, 0.0, 0.0, 0.0]
+            h = self.horizon = [step, 0, 0.0, 0.0]
         i = h[1]   # the point's index in the horizon, for its trend: sums of y and i*y
         h[1] += 1
         h[2] += lx
@@ -213,7 +214,7 @@ class NotLearning(Detector):
 
     def _falling(self, h: list, sigma: float) -> bool:
         """The horizon's points fall along a trend beyond their noise (the least-squares slope of
-        log(loss) against the point's index, ``z_threshold`` standard errors below 0): a slow
+        log(loss) against the point's index, ``trend_sigmas`` standard errors below 0): a slow
         learner (a 7B continued pre-training, -1% a hundred steps) is learning, however little it
         has fallen yet."""
         n, sy, sty = h[1], h[2], h[3]
