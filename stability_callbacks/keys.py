@@ -34,7 +34,8 @@ LAYERS_UPPER_UPDATE_RATIO = "layers/upper/update_ratio"     # ... over the secon
 LAYERS_LOWER_EXP_AVG_RATIO = "layers/lower/exp_avg_ratio"
 LAYERS_UPPER_EXP_AVG_RATIO = "layers/upper/exp_avg_ratio"
 LAYERS_TOP = 3                     # the tensors whose update ratio is largest, largest first
-LAYER_TOP_FIELDS = ("tensor", "update_ratio", "exp_avg_ratio", "exp_avg_sq_ratio")
+LAYER_TOP_FIELDS = ("tensor", "update_ratio", "exp_avg_ratio", "exp_avg_sq_ratio",
+                    "update_share")   # ... and its part of the update's squared norm
 
 
 def layer_top(rank: int, field: str) -> str:

@@ -283,6 +283,12 @@ class LiveRun:
         if warmup_steps and self.monitor.config["phase"].get("warmup_steps") is None:
             self.monitor.set_warmup_steps(warmup_steps)
 
+    def declare_outputs(self, n: int | None) -> None:
+        """The model's output size (a live run reads it from its output layer): not_learning's
+        chance level ln n, unless ``detectors.not_learning.num_outputs`` is configured."""
+        if n:
+            self.monitor.set_num_outputs(n)
+
     def name_tensors(self, names: list[str | None]) -> None:
         """The parameter tensors' names in the optimizer's order (None where unknown): findings
         about one tensor name it, not only its index."""

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from . import keys
 from .config import load_config
 from .control import Control
-from .detectors import DETECTORS, Context, Detector, GradNormSpike, LossSpike
+from .detectors import DETECTORS, Context, Detector, GradNormSpike, LossSpike, NotLearning
 from .phase import PhaseTracker
 from .policy import Policy
 from .record import Finding, StepRecord
@@ -65,6 +65,12 @@ class Monitor:
     def set_warmup_steps(self, warmup_steps: int | None) -> None:
         self.phase.declare_warmup(warmup_steps)
 
+    def set_num_outputs(self, n: int | None) -> None:
+        """The model's output size, declared by a live run (not_learning's chance level)."""
+        for d in self.detectors:
+            if isinstance(d, NotLearning):
+                d.declare_outputs(n)
+
     def update(self, record: StepRecord) -> list[Finding]:
         out: list[Finding] = []
         step = record.step
@@ -108,6 +114,7 @@ class Monitor:
             if d is self._loss_spike:
                 ctx.loss_baseline, ctx.loss_noise, ctx.loss_slope = d.baseline_before, d.noise_before, d.slope_before
                 ctx.loss_floor_log, ctx.loss_signed = d.floor_log, d.signed
+                ctx.loss_step_noise, ctx.loss_step_mean = d.step_noise_before, d.step_mean_before
                 ctx.loss_spike_open = d.episode is not None
                 ctx.loss_spike_onset = d.episode.onset if d.episode is not None else None
         out += self.policy.review_skip(record, out, ctx, self.control, self._grad_norm_spike)

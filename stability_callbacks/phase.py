@@ -107,19 +107,22 @@ class PhaseTracker:
                 self.warmup_start_step = prev_step - 1 if prev_step == 1 else prev_step
                 if prev_step == self.first_lr_step:
                     self.first_lr_step = self.warmup_start_step   # the ramp the run starts with
-                self.phase = "rewarm" if self.decayed else "warmup"
             self.rising_samples += 1
             self.last_rise_step = step
-        elif self.phase in ("warmup", "rewarm") and (falling or self.flat >= self.flat_samples):
             # A warmup is a ramp. Once the run is under way, one rising sample is a jump (a resume
-            # that changed the LR, an LR x100): lr_anomaly's to report, never a new warmup.
-            ramp = self.min_warmup_samples - 1 if self.warmup_start_step == self.first_lr_step else 2
-            if self.rising_samples >= max(ramp, 1) and (
+            # that changed the LR, an LR x100): lr_anomaly's to report, never a new warmup, so
+            # the phase changes only once the rise has lasted a ramp's samples.
+            if self.phase not in ("warmup", "rewarm") and self.rising_samples >= self._ramp_samples():
+                self.phase = "rewarm" if self.decayed else "warmup"
+        elif self.rising_samples and (falling or self.flat >= self.flat_samples):
+            if self.phase in ("warmup", "rewarm") and self.rising_samples >= self._ramp_samples() and (
                     self.warmup_steps is None or self.phase == "rewarm"):
                 out.append(self._end_warmup(self.last_rise_step or prev_step or step, self.warmup_start_step or 0,
                                             self.peak_lr, rewarm=self.phase == "rewarm"))
             self.rising_samples = 0
             self.phase = "decay" if falling else "peak"
+        elif self.phase in ("warmup", "rewarm") and (falling or self.flat >= self.flat_samples):
+            self.phase = "decay" if falling else "peak"   # a run that starts at LR 0 and never rises
         elif falling:
             self.phase = "decay"
         elif self.phase is None:
@@ -128,6 +131,11 @@ class PhaseTracker:
             self.decayed = True
         self.peak_lr = max(self.peak_lr, lr)
         return out
+
+    def _ramp_samples(self) -> int:
+        """Rising samples that make a ramp: the run's first rise may be one sample (a log every
+        100 steps), a later one (a re-warmup) rises over two samples at least."""
+        return max(self.min_warmup_samples - 1 if self.warmup_start_step == self.first_lr_step else 2, 1)
 
     def _end_warmup(self, end_step: int, start_step: int, lr, *, rewarm: bool = False) -> Finding:
         length = max(end_step - start_step, 1)

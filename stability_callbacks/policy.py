@@ -25,9 +25,10 @@ from .record import Finding, StepRecord, severity_rank
 #: (Also a critical finding with ``details["damage"]``: skips escalated by non-finite grads, every
 #: step failing although no update was applied.)
 DAMAGE_KINDS = frozenset({"nonfinite", "divergence", "spike_unrecovered", "loss_scale_collapse"})
-#: Events, not instabilities: never escalated, never a reason to save.
+#: Events, not instabilities: never escalated, never a reason to save (nor is a run not learning:
+#: its weights are worth no more checkpoints).
 EVENT_KINDS = frozenset({"warmup_end", "warmup_instability", "resume", "preflight", "rollback_advice",
-                         "step_skipped", "auto_rollback"})
+                         "step_skipped", "auto_rollback", "not_learning"})
 #: ``skip_step_on``: never; non-finite grad norms; non-finite or extreme outliers.
 SKIP_STEP_ON = ("never", "nonfinite", "grad_outlier")
 #: ``warmup_escalation``: critical with the precursor signature (tr8's meaning) or always.

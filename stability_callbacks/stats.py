@@ -122,11 +122,11 @@ class RobustLevel:
     level is still reached, slowly.
 
     Cold start: with ``cold_start_samples`` = k, the first k points are kept as they come
-    (flagged or not) and the baseline is what they show, robustly — their median and the σ of
-    their median absolute deviation (×1.4826) — not an EW mean seeded with the first value, which
-    one unlucky first point would skew for tens of points. At the k-th point the EW part takes
-    over from a Theil–Sen line through the later half of them (the median of the pairwise slopes;
-    O(k²) once).
+    (flagged or not) and the baseline is what they show, robustly, not an EW mean seeded with the
+    first value, which one unlucky first point would skew for tens of points: for the first 9
+    points their median and the σ of their median absolute deviation (×1.4826), then a Theil–Sen
+    line through the later half of them (the median of the pairwise slopes), refitted at each point (O(k²) while cold, on the first k points only): a loss that falls fast from its
+    first steps is well below their median. At the k-th point the EW part takes over from that line.
 
     ``baseline`` is the forecast for the next point; ``z(x)`` the standardized residual
     against it; ``ratio(x)`` is ``x / baseline``. State: 5 floats (+ the first k logs while cold).
@@ -177,8 +177,31 @@ class RobustLevel:
 
     @property
     def cold(self) -> bool:
-        """Still in the cold start: the baseline is the median of the points seen."""
+        """Still in the cold start: the baseline is what the points seen so far show."""
         return self.n < self.cold_start_samples
+
+    def cold_median(self) -> float:
+        """While cold, the median of the logs seen (a spike among them barely moves it, as it
+        may move their trend); O(k log k)."""
+        return _median(self.seen) if self.seen else self.level
+
+    def cold_noise(self) -> float:
+        """While cold, the σ of one point's log around the curve, from the changes between
+        successive points around their median (a trend, even a bending one, moves them alike;
+        a spike is one or two changes among them): 1.4826 x their MAD / √2; O(k log k)."""
+        seen = self.seen
+        steps = [seen[i] - seen[i - 1] for i in range(1, len(seen))]
+        if len(steps) < 2:
+            return 0.0
+        mid = _median(steps)
+        return 1.4826 / _SQRT2 * _median([abs(d - mid) for d in steps])
+
+    def cold_fall(self) -> float:
+        """While cold, how far the logs seen fell: the median of their first half minus that of
+        their second (robust to a spike among them); O(k log k)."""
+        seen = self.seen
+        h = len(seen) // 2
+        return _median(seen[:h]) - _median(seen[-h:]) if h else 0.0
 
     def z(self, x: float) -> float:
         return (math.log(x) - self.forecast) / self.scale
@@ -223,13 +246,16 @@ class RobustLevel:
         seen = self.seen
         seen.append(lx)
         k = len(seen)
-        if k < self.cold_start_samples:   # the median and MAD of what was seen
+        if k < min(self.cold_start_samples, COLD_TREND_SAMPLES):   # the median and MAD of what was seen
             self.level = _median(seen)
             self.mad = 1.4826 / 1.25 * _median([abs(v - self.level) for v in seen]) if k >= 3 else 0.0
             return
-        # Hand over to the EW part: a Theil–Sen line (the median of the pairwise slopes) through the
-        # later half of the cold points, where the curve is now: its value at the last point is the
-        # level, its slope the trend, the spread of the points around it the noise.
+        # A Theil–Sen line (the median of the pairwise slopes) through the later half of the cold
+        # points, where the curve is now: its value at the last point is the level, its slope the
+        # trend, the spread of the points around it the noise. While cold it is refitted at every
+        # point (a loss falling fast from its first steps is below their median: a +35% spike
+        # right after a short warmup must stand out, docs/design.md, Findings); at the k-th point
+        # the EW part takes over from it.
         recent = seen[k // 2:]
         m = len(recent)
         slope = _median([(recent[j] - recent[i]) / (j - i) for i in range(m) for j in range(i + 1, m)]) if m > 1 else 0.0
@@ -238,7 +264,8 @@ class RobustLevel:
         self.trend = slope / self.damping if self.damping else 0.0        # forecast: level + slope
         self.mad = 1.4826 / 1.25 * _median([abs(r - self.level) for r in resid])
         self.bias = 0.0
-        self.seen = []
+        if k >= self.cold_start_samples:
+            self.seen = []
 
     def state_dict(self) -> list:
         return [self.n, self.level, self.trend, self.mad, self.bias, list(self.seen)]
@@ -246,6 +273,12 @@ class RobustLevel:
     def load_state_dict(self, s) -> None:
         self.n, self.level, self.trend, self.mad = int(s[0]), float(s[1]), float(s[2]), float(s[3])
         self.bias, self.seen = float(s[4]), [float(v) for v in s[5]]
+
+
+_SQRT2 = math.sqrt(2.0)
+#: Cold points from which the cold baseline is a trend line (fewer: their median). Up to 20
+#: cold points the refit costs <= 45 pairwise slopes per point, on the first points only.
+COLD_TREND_SAMPLES = 10
 
 
 def _median(xs: list[float]) -> float:

@@ -57,13 +57,14 @@ def test_default_scenario_catches_the_spike_after_warmup_and_acts(spike):
     # A spike in the risk window with no precursor: a warning escalation (a save now, the bumped
     # interval), not a halt: the run recovers by itself three steps later (issue 27, tr8's rule).
     assert _serious(lines) == [(21, "loss_spike", "warning"), (21, "warmup_instability", "warning")]
-    assert [(x["step"], x["kind"]) for x in lines if x["type"] == "finding"][0] == (18, "warmup_end")
+    # warmup_steps=18: step 19 is the first at the peak LR, where the warmup ends
+    assert [(x["step"], x["kind"]) for x in lines if x["type"] == "finding"][0] == (19, "warmup_end")
     assert [(x["step"], x["kind"]) for x in lines if x["type"] == "finding"][-1] == (24, "spike_recovered")
     assert [x["step"] for x in lines if x["type"] == "step"] == list(range(1, 31))
     assert o.halted_at is None and o.rollback is None
     # Save interval bumped in the risk window (50 -> 5): checkpoints on the bumped interval and
     # one saved at once on the warning.
-    assert o.interval_changes == [(19, 50, 5)]
+    assert o.interval_changes == [(20, 50, 5)]
     assert sorted(int(d.split("-")[1]) for d in os.listdir(out / "ckpt")) == [20, 21, 25, 30]
     assert [x["step"] for x in lines if x["type"] == "checkpoint"] == [20, 21, 25, 30]
     # The real Slack sink delivered every warning+ finding to the local inbox.
@@ -71,7 +72,7 @@ def test_default_scenario_catches_the_spike_after_warmup_and_acts(spike):
     assert len(heads) == 2
     assert {h.split("*")[1] for h in heads} == {"WARNING: loss_spike", "WARNING: warmup_instability"}
     # The terminal told the story as it happened.
-    assert "step  19  ACTION   save interval 50 → 5 steps" in text
+    assert "step  20  ACTION   save interval 50 → 5 steps" in text
     assert (f"step  21  ACTION   checkpoint saved {out / 'ckpt' / 'checkpoint-21'} (save now: loss_spike "
             f"(warning) at step 21)") in text
     assert "step  24  INFO     spike_recovered" in text
@@ -114,7 +115,7 @@ def test_lightning_demo_tells_the_same_story(tmp_path):
     assert o.exit_code == 0
     lines = _runlog(tmp_path)
     assert _serious(lines) == [(21, "loss_spike", "warning"), (21, "warmup_instability", "warning")]
-    assert o.halted_at is None and o.interval_changes == [(19, 50, 5)]
+    assert o.halted_at is None and o.interval_changes == [(20, 50, 5)]   # the same warmup end as HF
     assert [(s, Path(p).name) for s, p, _ in o.checkpoints] == [(20, "stability-step=20.ckpt"),
                                                                  (21, "stability-step=21.ckpt"),
                                                                  (25, "stability-step=25.ckpt")]
@@ -135,11 +136,12 @@ def test_deepspeed_demo_in_a_hand_written_loop(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = _runlog(tmp_path)
     assert _serious(lines) == [(21, "loss_spike", "warning"), (21, "warmup_instability", "warning")]
-    # DeepSpeed's WarmupDecayLR keeps steps 1..W+1 in warmup: the risk window opens at 20.
-    assert [(x["step"], x["kind"]) for x in lines if x["type"] == "finding"][0] == (19, "warmup_end")
-    assert [x["step"] for x in lines if x["type"] == "checkpoint"] == [20, 21, 25]
+    # DeepSpeed's linear WarmupDecayLR over 18 steps first runs at the peak LR at step 20 (its
+    # scheduler lags a step): the risk window opens at 21, the spike's step
+    assert [(x["step"], x["kind"]) for x in lines if x["type"] == "finding"][0] == (20, "warmup_end")
+    assert [x["step"] for x in lines if x["type"] == "checkpoint"] == [21, 25]
     assert sorted(d for d in os.listdir(tmp_path / "ckpt") if d.startswith("global_step")) == \
-        ["global_step20", "global_step21", "global_step25"]
+        ["global_step21", "global_step25"]
     assert "step  21  ACTION   checkpoint saved " + str(tmp_path / "ckpt" / "global_step21") in proc.stdout
 
 

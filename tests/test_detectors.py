@@ -179,8 +179,9 @@ def test_overflow_burst_and_loss_scale_collapse():
         if skip:
             scale_ /= 2
         r.metrics.update(skipped=1.0 if skip else 0.0, loss_scale=scale_)
-    assert kinds(run(recs)) == [(402, "overflow_burst", "warning"), (405, "loss_scale_collapse", "critical"),
-                                (405, "rollback_advice", "critical")]
+    # three halvings in a row: a warning (with the burst of skips); six: critical
+    assert kinds(run(recs)) == [(402, "loss_scale_collapse", "warning"), (402, "overflow_burst", "warning"),
+                                (405, "loss_scale_collapse", "critical"), (405, "rollback_advice", "critical")]
 
 
 def test_startup_scale_search_and_periodic_overflow_are_healthy():
@@ -344,7 +345,11 @@ SCENARIOS = {
     "loss_scale_collapse": lambda r: _set(r, "loss_scale", lambda s, v: 2.0 ** _log2_scale(s)),
     "lr_anomaly": lambda r: scale(r, "lr", lambda s: 0.7 if s > CUT else 1.0),
     "resume_spike": lambda r: scale(_resume_at(r, 595), "loss", lambda s: 1.3 if 596 <= s < 606 else 1.0),
-    "precursor": lambda r: _with_update(r, d=lambda s: 3.0 if 587 <= s <= 600 else 1.0),
+    "precursor": lambda r: scale(_with_update(r, d=lambda s: 3.0 if 587 <= s <= 600 else 1.0), "loss",
+                                 lambda s: 1.8 if s == 595 else 1.0),   # the loss confirms the lead
+    # the LR dropped to 0 at 587 (a scheduler bug) and the loss stays where it was: still 587-591
+    "not_learning": lambda r: _set(_set(r, "lr", lambda s, v: 0.0 if s >= 587 else None), "loss",
+                                   lambda s, v: 2.2 * (1 + 0.01 * (s % 3)) if s >= 587 else None),
     "data_repetition": lambda r: _set(_resume_at(r, 595), "batch_fingerprint",
                                       lambda s, v: float(s - 595) if s > 595 else None),
 }
@@ -598,15 +603,22 @@ def test_precursor_leads_the_loss_spike_and_sets_its_onset():
     recs = scale(_with_update(healthy(600, adam=True), d=lambda s: 2.5 if 300 <= s <= 306 else 1.0),
                  "loss", lambda s: 1.8 if s == 304 else 1.0)
     found = run(recs)
-    assert kinds(found) == [(300, "precursor", "info"), (304, "loss_spike", "info"),
+    # the precursor earns its warning when the loss follows (within confirm_steps)
+    assert kinds(found) == [(300, "precursor", "info"), (304, "loss_spike", "info"), (304, "precursor", "warning"),
                             (305, "spike_recovered", "info")]
-    pre, spike = [f for f in found if f.kind in ("precursor", "loss_spike")]
+    pre, spike, confirmed = [f for f in found if f.kind in ("precursor", "loss_spike")]
     assert pre.details["rule"] == "update" and pre.details["ratio"] == pytest.approx(2.5, rel=0.1)
     assert spike.onset_step == 300 and spike.details["spike_onset_step"] == 304
     assert "Adam's update norm rose 2." in spike.message and "at step 300, 4 steps before the loss" in spike.message
-    # the update stays 2.5x for 10 steps and nothing follows: a warning once it lasted 5 samples
+    assert (confirmed.onset_step, confirmed.details["confirmed_by"]) == (300, "loss_spike")
+    assert "then loss_spike at step 304, 4 steps later" in confirmed.message
+    # the update stays 2.5x for 10 steps and nothing follows: info only, however long
     recs = _with_update(healthy(600, adam=True), d=lambda s: 2.5 if 300 <= s < 310 else 1.0)
-    assert kinds(run(recs)) == [(300, "precursor", "info"), (304, "precursor", "warning")]
+    assert kinds(run(recs)) == [(300, "precursor", "info")]
+    # nor does a spike 21 steps later confirm it (beyond confirm_steps)
+    recs = scale(_with_update(healthy(600, adam=True), d=lambda s: 2.5 if 300 <= s <= 306 else 1.0),
+                 "loss", lambda s: 1.8 if s == 321 else 1.0)
+    assert [(f.step, f.severity) for f in run(recs) if f.kind == "precursor"] == [(300, "info")]
 
 
 def test_precursor_first_moment_lr_burst_and_layers():
@@ -647,9 +659,9 @@ def test_precursor_is_part_of_the_warmup_end_signature():
     recs = scale(_with_update(healthy(600, adam=True), d=lambda s: 2.5 if 80 <= s <= 83 else 1.0),
                  "loss", lambda s: 1.8 if 84 <= s <= 86 else 1.0)
     found = run(recs)
-    assert [(f.step, f.kind, f.severity, f.onset_step) for f in found if f.kind != "warmup_end"][:4] == [
-        (80, "precursor", "info", 80), (84, "loss_spike", "info", 80), (86, "loss_spike", "warning", 80),
-        (86, "warmup_instability", "critical", 80)]
+    assert [(f.step, f.kind, f.severity, f.onset_step) for f in found if f.kind != "warmup_end"][:5] == [
+        (80, "precursor", "info", 80), (84, "loss_spike", "info", 80), (84, "precursor", "warning", 80),
+        (86, "loss_spike", "warning", 80), (86, "warmup_instability", "critical", 80)]
     esc = next(f for f in found if f.kind == "warmup_instability")
     assert (esc.details["precursors"], esc.details["spike_onset_step"]) == (["update"], 84)
     assert ("precursor signature (Adam's update or first moment rose first) before its onset at step 84" in esc.message

@@ -379,11 +379,13 @@ def test_stability_scalars_reach_the_reporters_not_the_console(tmp_path, capsys)
     (events,) = (tmp_path / "ckpt" / "runs").glob("*/events.out.tfevents.*")
     ea = EventAccumulator(str(events.parent), size_guidance={"scalars": 0})
     ea.Reload()
-    # The signals at the logging steps and at once with a finding: the warmup's end (step 5) is
-    # known from the LR of step 6; the finding itself is charted at its own step.
-    assert [(f.step, f.kind) for f in cb.findings] == [(sc.warmup_steps, "warmup_end")]
-    assert [e.step for e in ea.Scalars("train/stability/loss")] == [5, sc.warmup_steps + 1, 10]
-    assert [e.step for e in ea.Scalars("train/stability/finding/warmup_end")] == [sc.warmup_steps]
+    # The signals at the logging steps and at once with a finding: the warmup's end (step 6, the
+    # first at the peak LR of warmup_steps=5) is known at step 7; the finding itself is charted
+    # at its own step.
+    end = sc.warmup_steps + 1
+    assert [(f.step, f.kind) for f in cb.findings] == [(end, "warmup_end")]
+    assert [e.step for e in ea.Scalars("train/stability/loss")] == [5, end + 1, 10]
+    assert [e.step for e in ea.Scalars("train/stability/finding/warmup_end")] == [end]
     assert [e.step for e in ea.Scalars("train/loss")] == [5, 10]
 
 
@@ -531,13 +533,13 @@ def test_warmup_spike_escalates_and_bumps_the_save_interval(tmp_path):
     assert (esc.step, esc.severity) == (first, "warning")   # no precursor before the spike: no halt
     assert _first(cb.findings, "loss_spike").step == first
     end = _first(cb.findings, "warmup_end")
-    assert end.step == sc.warmup_steps
+    assert end.step == sc.warmup_steps + 1   # the first step at the peak LR
     window_end = end.details["risk_window_end_step"]
     serious = [f.step for f in cb.findings if f.severity != "info"
                and f.kind not in ("warmup_instability", "rollback_advice")]
     bump_end = max([window_end] + [s + 4 for s in serious])
     # The interval decided at step s governs step s (as under Lightning and DeepSpeed).
-    bumped = [s for s in range(sc.warmup_steps + 1, bump_end + 1) if s % 2 == 0]
+    bumped = [s for s in range(end.step + 1, bump_end + 1) if s % 2 == 0]
     ckpts = _checkpoints(tmp_path / "ckpt")
     # Every even step while bumped, the save-now at the spike, the final save; nothing between
     # the end of the bump and the end of training (the user's interval, 1000, is back).
@@ -551,8 +553,8 @@ def test_warmup_spike_escalates_and_bumps_the_save_interval(tmp_path):
     assert saves[first] == f"save now: loss_spike (warning) at step {first}"
     assert {saves[s].split(":")[0] for s in bumped if s != first} == {"bumped save interval (2 steps)"}
     intervals = [(step, why) for step, what, why in actions if what == "save_interval"]
-    assert intervals[0] == (sc.warmup_steps + 1, f"inside the warmup-end risk window (steps "
-                                                 f"{sc.warmup_steps + 1}-{window_end})")
+    assert intervals[0] == (end.step + 1, f"inside the warmup-end risk window (steps "
+                                          f"{end.step + 1}-{window_end})")
     assert intervals[-1] == (bump_end + 1, "back to the user's own save interval")
 
 
@@ -708,7 +710,7 @@ def test_a_scheduler_passed_by_hand_declares_its_own_warmup_not_the_arguments(tm
     """``Trainer(optimizers=(opt, sched))``: the arguments' ``warmup_steps`` (20) describe a
     scheduler the Trainer never made; the warmup declared is the one the scheduler itself has,
     read from a copy of it: multipliers 1/6 ... 6/6, then flat, so step 6 is the first at the
-    peak and the warmup is 5 steps (as ``warmup_steps=5`` ends at 5, its peak used by step 6)."""
+    peak, where the warmup ends (as with ``warmup_steps=5``: the convention of every framework)."""
     sc = build_scenario("healthy", max_steps=30)
     model = sc.make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=sc.lr)
@@ -717,4 +719,4 @@ def test_a_scheduler_passed_by_hand_declares_its_own_warmup_not_the_arguments(tm
                       train_dataset=sc.train_dataset(), optimizers=(opt, sched))
     cb = StabilityCallback.attach(trainer, config={"actions": {}}, run_dir=tmp_path / "stability")
     trainer.train()
-    assert [(f.step, f.kind) for f in cb.findings if f.kind == "warmup_end"] == [(5, "warmup_end")]
+    assert [(f.step, f.kind) for f in cb.findings if f.kind == "warmup_end"] == [(6, "warmup_end")]

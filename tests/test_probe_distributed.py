@@ -100,11 +100,13 @@ def reference_layers(history, lr=0.01, beta1=0.9, beta2=0.98, eps=1e-8):
         c1, c2 = 1 - beta1 ** t, 1 - beta2 ** t
         logx = []
         update_sq = 0.0
+        parts = []
         for s_v, q_m, n in h["tensors"]:
             m = math.sqrt(q_m) / c1
             v = s_v / (n * c2)
             d = m / (math.sqrt(v) + eps)
             update_sq += (lr * d) ** 2
+            parts.append((lr * d) ** 2)
             logx.append([math.log(max(x, 1e-30)) for x in (d, m, v)])
         base = base or logx
         ratio = [[math.exp(a - b) for a, b in zip(row, brow)] for row, brow in zip(logx, base)]
@@ -125,7 +127,8 @@ def reference_layers(history, lr=0.01, beta1=0.9, beta2=0.98, eps=1e-8):
                 rec.update({keys.layer_top(k, "tensor"): float(i),
                             keys.layer_top(k, "update_ratio"): ratio[i][0],
                             keys.layer_top(k, "exp_avg_ratio"): ratio[i][1],
-                            keys.layer_top(k, "exp_avg_sq_ratio"): ratio[i][2]})
+                            keys.layer_top(k, "exp_avg_sq_ratio"): ratio[i][2],
+                            keys.layer_top(k, "update_share"): parts[i] / update_sq})
         out.append(rec)
     return out
 

@@ -178,9 +178,10 @@ def test_deepspeed_reducing_to_zero_is_a_collapse():
     recs = _deepspeed_records(CASES / "deepspeed_reducing_to_0.log", first_step=94)
     assert [(r.step, r.metrics["loss_scale"]) for r in recs] == [(94, 0.0), (95, 0.0)]
     f = run(recs)
-    # the snippet holds no successful step, so the policy still calls it start-up: info, but found
-    assert found(f) == [(94, "loss_scale_collapse", "info")]
-    assert f[0].details["rule"] == "zero" and f[0].details["startup_severity"] == "critical"
+    # the snippet holds no successful step (start-up for the policy), but a scale of 0 is
+    # unmistakable however early: critical
+    assert found(f) == [(94, "loss_scale_collapse", "critical"), (94, "rollback_advice", "critical")]
+    assert f[0].details["rule"] == "zero" and f[0].details["past_startup"]
 
 
 def test_deepspeed_cascade_to_its_floor_is_a_collapse():
@@ -202,7 +203,8 @@ def test_fairseq_cascade_against_fairseq_floor():
     assert [(r.step, r.metrics["loss_scale"]) for r in recs[1:]] == [(10198 + i, s) for i, s in enumerate(scales, 1)]
     f = [f for f in run(recs, {"detectors": {"loss_scale_collapse": {"min_scale": 1e-4}}})
          if f.kind == "loss_scale_collapse"]
-    assert [(x.step, x.severity, x.details["rule"], x.value) for x in f] == [(10204, "critical", "halvings", 2 ** -7)]
+    assert [(x.step, x.severity, x.details["rule"], x.value) for x in f] == [
+        (10201, "warning", "falling", 2 ** -4), (10204, "critical", "halvings", 2 ** -7)]
 
 
 def test_dynamic_scaler_physics():
@@ -210,8 +212,8 @@ def test_dynamic_scaler_physics():
     assert found(run(periodic)) == []
     collapse = dynamic_scaler_run(5000, overflow=lambda s: s <= 6 or s >= 3000)
     assert collapse[-1].step == 3013 and collapse[-1].metrics["loss_scale"] == 1.0   # DeepSpeed then exits
-    assert found(run(collapse)) == [(3002, "overflow_burst", "warning"), (3006, "loss_scale_collapse", "critical"),
-                                    (3006, "rollback_advice", "critical")]
+    assert found(run(collapse)) == [(3002, "overflow_burst", "warning"), (3003, "loss_scale_collapse", "warning"),
+                                    (3006, "loss_scale_collapse", "critical"), (3006, "rollback_advice", "critical")]
     # a Megatron log (every 10 iterations) that begins with the scaler already pinned at its floor
     pinned = dynamic_scaler_run(3400, overflow=lambda s: s <= 6 or s >= 3000, raise_at_min=False, every=10)
     snippet = [r for r in pinned if r.step >= 3200]
@@ -311,13 +313,14 @@ def test_a_classifier_loss_near_its_floor_is_not_spiking(seed):
     assert found(run(recs)) == []
 
 
-def test_without_the_floor_rule_a_classifier_near_its_floor_pages():
-    # judged on log(loss) all the way down (floor_fraction 0), one batch of these pages: its
-    # hardest example moves the mean by a multiple (the trend-aware spread absorbs most others)
+def test_without_the_floor_rule_the_additive_noise_keeps_a_classifier_near_its_floor_quiet():
+    # judged on log(loss) all the way down (floor_fraction 0), one batch of seed 2 paged at 674
+    # (its hardest example moves the mean by a multiple): the loss's additive noise (6 sigma of
+    # the changes between its points) is a floor of its own
     old = [(seed, f.step) for seed in range(4)
            for f in run(classifier_run(1000, seed=seed), {"detectors": {"loss_spike": {"floor_fraction": 0.0}}})
            if f.kind == "loss_spike" and f.severity == "warning"]
-    assert old == [(2, 674)]
+    assert old == []
 
 
 def test_a_real_spike_near_the_floor_is_still_caught():
@@ -356,7 +359,9 @@ def test_an_objective_below_zero_is_judged_additively_and_never_pages():
 ], ids=["llama60", "s-curve200", "early30"])
 def test_grokking_drops_are_sudden_drops(curve, step):
     f = run(grokking_run(**curve))
-    assert found(f) == [(step, "sudden_drop", "info")]
+    # the plateau before it (-2% in the 50 steps after the warmup, 2% noise) has not left its
+    # first level: not_learning says so, once
+    assert found(f) == [(103, "not_learning", "warning"), (step, "sudden_drop", "info")]
     assert "sped up" in f[-1].message and f[-1].details["drop"] > 0.25
 
 
@@ -372,12 +377,12 @@ def _resumed_at(records, at):
 def test_a_sudden_drop_right_after_a_resume_is_a_warning():
     # the seeds' falsely low loss: resumed at 1200, the loss falls 37% (repeated data)
     f = _resumed_at(grokking_run(2000, at=1230, drop=0.375, over=60), 1200)
-    assert found(f) == [(1200, "resume", "info"), (1226, "data_repetition", "critical"),
-                        (1240, "sudden_drop", "warning")]
+    assert found(f) == [(103, "not_learning", "warning"), (1200, "resume", "info"),
+                        (1226, "data_repetition", "critical"), (1240, "sudden_drop", "warning")]
     assert f[-1].details["after_resume"] and "40 steps after the resume at step 1200" in f[-1].message
     # long after a resume it is the grokking moment again (info), no longer silenced for good
     assert found(_resumed_at(grokking_run(3000, at=1200, drop=0.375, over=60), 300)) == [
-        (300, "resume", "info"), (1210, "sudden_drop", "info")]
+        (103, "not_learning", "warning"), (300, "resume", "info"), (1210, "sudden_drop", "info")]
 
 
 def test_a_fast_early_fall_without_lr_is_not_a_sudden_drop():

@@ -148,6 +148,13 @@ def test_robust_level_on_a_constant_a_trend_and_noise():
     assert abs(b.level - before) <= 0.01 * 3.0 * scale + 1e-12
 
 
+def theil_sen(recent):
+    """The Theil-Sen line through ``recent``: (its value at the last point, its slope)."""
+    m = len(recent)
+    slope = statistics.median((recent[j] - recent[i]) / (j - i) for i in range(m) for j in range(i + 1, m))
+    return statistics.median(v + slope * (m - 1 - i) for i, v in enumerate(recent)), slope
+
+
 def test_robust_level_cold_start_is_the_median_and_mad_then_a_theil_sen_line():
     rng = random.Random(8)
     logs = [math.log(9.0)] + [-0.01 * i + rng.gauss(0.0, 0.02) for i in range(1, 30)]   # a wild first point
@@ -156,13 +163,20 @@ def test_robust_level_cold_start_is_the_median_and_mad_then_a_theil_sen_line():
         b.update_log(lx)
         seen = logs[:n]
         med = statistics.median(seen)
-        assert b.cold and b.forecast == pytest.approx(med, abs=1e-12)
-        mad = statistics.median(abs(v - med) for v in seen)
-        assert b.scale == pytest.approx(max(1.4826 * mad, b.min_scale) if n >= 3 else b.min_scale, rel=1e-9)
-    b.update_log(logs[19])   # the 20th: a Theil-Sen line through the later 10 takes over
-    recent = logs[10:20]
-    slope = statistics.median((recent[j] - recent[i]) / (j - i) for i in range(10) for j in range(i + 1, 10))
-    level = statistics.median(v + slope * (9 - i) for i, v in enumerate(recent))
+        assert b.cold and b.cold_median() == pytest.approx(med, abs=1e-12)
+        if n < 10:   # the median and its MAD
+            assert b.forecast == pytest.approx(med, abs=1e-12)
+            mad = statistics.median(abs(v - med) for v in seen)
+            assert b.scale == pytest.approx(max(1.4826 * mad, b.min_scale) if n >= 3 else b.min_scale, rel=1e-9)
+        else:        # from the 10th, the Theil-Sen line through the later half, refitted each point
+            level, slope = theil_sen(seen[n // 2:])
+            assert b.forecast == pytest.approx(level + slope, abs=1e-12)
+    steps = [logs[i] - logs[i - 1] for i in range(1, 19)]
+    mid = statistics.median(steps)   # the noise of one point, from the changes between points
+    assert b.cold_noise() == pytest.approx(1.4826 / math.sqrt(2) * statistics.median(abs(d - mid) for d in steps))
+    assert b.cold_fall() == pytest.approx(statistics.median(logs[:9]) - statistics.median(logs[10:19]))
+    b.update_log(logs[19])   # the 20th: the Theil-Sen line through the later 10 takes over
+    level, slope = theil_sen(logs[10:20])
     assert not b.cold and b.seen == []
     assert b.forecast == pytest.approx(level + slope, abs=1e-12)
     assert b.forecast == pytest.approx(-0.2, abs=0.03)   # on the line, not pulled up by the 9.0

@@ -53,8 +53,6 @@ def train_lightning(sc, config: dict, ckpt_dir: Path, run_dir: Path, display: Li
             opt, sched = sc.make_optimizer(self.model)   # the HF Trainer's AdamW + linear warmup
             return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
-    # Lightning hands the scheduler to no callback: tell the monitor the warmup length.
-    config = {**config, "phase": {"warmup_steps": sc.warmup_steps}}
     stability = StabilityCallback(config=config, run_dir=run_dir, run_name=f"demo-{sc.name}",
                                   checkpoint_dir=ckpt_dir, listeners=[display])
     loader = torch.utils.data.DataLoader(sc.train_dataset(), batch_size=sc.batch_size, shuffle=False)

@@ -15,8 +15,9 @@ sequence as a noise floor. ``make_model`` returns a model that already learned t
   at +inf (a corrupted weight that no batch touched before). The forward pass turns it into NaN,
   so the loss is non-finite at exactly ``fault_step`` and, as the NaN update poisons the weights,
   at every step after it.
-- ``warmup-spike``: a data pocket three steps after the LR warmup ends (step 18), inside the
-  warmup-end risk window (where the field notes say instabilities start).
+- ``warmup-spike``: a data pocket two steps after the LR warmup ends (warmup_steps=18: step 19,
+  the first at the peak LR), inside the warmup-end risk window (where the field notes say
+  instabilities start).
 
 The data order is fixed (no shuffling): with ``G = batch_size * grad_accum * world_size`` samples
 per optimizer step, samples ``[(s-1)*G, s*G)`` form step ``s`` (1-based, = HF ``global_step``

@@ -13,6 +13,7 @@ from .loss_scale_collapse import LossScaleCollapse
 from .loss_spike import LossSpike
 from .lr_anomaly import LrAnomaly
 from .nonfinite import NonFinite
+from .not_learning import NotLearning
 from .overflow_burst import OverflowBurst
 from .precursor import Precursor
 from .resume_spike import ResumeSpike
@@ -24,7 +25,7 @@ from .sudden_drop import SuddenDrop
 DETECTORS: dict[str, type[Detector]] = {cls.name: cls for cls in (
     NonFinite, LossSpike, Divergence, LevelShift, SuddenDrop, Stall, GradNormSpike,
     GradNormGrowth, ParamNormGrowth, SecondMomentSurge, Precursor, LossScaleCollapse, OverflowBurst,
-    LrAnomaly, ResumeSpike, DataRepetition, StreamLossSpike,
+    LrAnomaly, ResumeSpike, DataRepetition, NotLearning, StreamLossSpike,
 )}
 
 __all__ = ["DETECTORS", "Context", "Detector"] + [c.__name__ for c in DETECTORS.values()]

@@ -29,6 +29,8 @@ class Context:
                                             # rises and falls are measured against it (LossSpike's
                                             # floor_fraction x the peak; a log: compared, not divided)
     loss_signed: bool = False               # the loss has gone below zero: log(loss) rules stand aside
+    loss_step_noise: float = 0.0            # ... the σ of one point additively (before this point)
+    loss_step_mean: float = 0.0             # ... and the mean change from one point to the next
     tensor_names: list | None = None        # the parameter tensors' names in the optimizer's order (live)
     found: list[Finding] = field(default_factory=list)   # this step's findings so far (earlier detectors')
 

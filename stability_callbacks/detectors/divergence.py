@@ -5,7 +5,7 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import EWMean, RiseAboveLow, RollingMedian, finite_positive
+from ..stats import EWMean, Latch, RiseAboveLow, RollingMedian, finite_positive
 from .base import Context, Detector, check, fmt, positive, positive_int
 
 
@@ -38,7 +38,10 @@ class Divergence(Detector):
       since the low (gradients that grow with the loss are no data-order swing). A run with no
       swings (H = 0) gets the critical finding at once.
 
-    Spike episodes are left to ``loss_spike``: the median restarts after one (the horizon is kept). One episode per rise, re-armed when the level falls back.
+    Spike episodes are left to ``loss_spike``: the median restarts after one (the horizon is kept),
+    and nothing is reported (nor escalated) at a point where the loss itself is back within the
+    threshold of the low: a bump that came back holds the median up for half a window, and a
+    recovery wins. One episode per rise, re-armed when the level falls back.
     O(window) per update with a window of 7; state: three windows and 15 scalars.
 
     >>> d = Divergence()
@@ -52,10 +55,11 @@ class Divergence(Detector):
     kind = "divergence"
     signals = (keys.LOSS,)
     _state = ("med", "noise", "step_change", "prev_log", "rise", "points", "swing", "horizon", "smooth", "grad_med",
-              "update_med", "at_low", "episode")
+              "update_med", "at_low", "episode", "level", "spread", "prev", "fall", "faster", "faster_from", "below", "start", "runaway")
 
     def __init__(self, *, window: int = 7, min_rise: float = 0.1, noise_sigmas: float = 4.0,
-                 persist_samples: int = 4, max_horizon_samples: int = 500, growth_ratio: float = 1.5):
+                 persist_samples: int = 4, max_horizon_samples: int = 500, growth_ratio: float = 1.5,
+                 runaway_factor: float = 10.0):
         self.window = positive_int("window", window)
         self.min_rise = positive("min_rise", min_rise)
         self.noise_sigmas = positive("noise_sigmas", noise_sigmas)
@@ -78,6 +82,19 @@ class Divergence(Detector):
         self.update_med = RollingMedian(window)   # log update norm
         self.at_low: list = [None, None]   # [log grad norm, log update norm] when the level was lowest
         self.episode: list | None = None   # [first step, escalated] of the rise being reported
+        # The runaway below zero, on the loss itself (any sign): its level and spread (EW, additive),
+        # the previous value, the fall into it, how many falls in a row grew and from where, the
+        # points far below in a row, its starting scale, a latch.
+        self.runaway_factor = positive("runaway_factor", runaway_factor)
+        self.level = EWMean(0.05, start="running")
+        self.spread = EWMean(0.05, start="running")
+        self.prev: float | None = None
+        self.fall = 0.0
+        self.faster = 0   # falls in a row, each larger than the one before
+        self.faster_from: int | None = None   # ... after this point's step
+        self.below = 0    # points in a row a third of runaway_factor below the level
+        self.start = [0, 0.0]   # the loss's own scale: [points, largest |loss|] of its first 20 non-zero points
+        self.runaway = Latch()
 
     def _restart(self):
         self.med = RollingMedian(self.window)
@@ -91,8 +108,11 @@ class Divergence(Detector):
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
         x = m.get(keys.LOSS)
-        if x is None or not finite_positive(x) or ctx.loss_signed:
+        if x is None or not math.isfinite(x):
             return []
+        runaway = self._runaway(record.step, x)
+        if runaway or x <= 0.0 or ctx.loss_signed:
+            return runaway
         if ctx.loss_spike_open:
             self._restart()
             return []
@@ -131,12 +151,21 @@ class Divergence(Detector):
             self.swing = None
         if self.rise.low_step == record.step:   # a new low: what the grad and update norms were there
             self.at_low = [self._now(self.grad_med), self._now(self.update_med)]
+        # Recovery wins: the median lags a loss that came back by half a window (a 4-point bump
+        # holds it up for 4 points); nothing is reported while the loss itself is back below.
+        # ... and a rise is more than the loss's additive noise allows a median (~0.67σ for the
+        # difference of two medians of 7): near zero, log(loss) magnifies a likelihood's noise.
+        back = lx - self.rise.low_value <= thr or (
+            math.exp(level) - math.exp(self.rise.low_value) <= self.noise_sigmas * 0.67 * ctx.loss_step_noise)
+        if fired and back:
+            self.rise.latch.rearm()   # judged again at the next point
+            fired = False
         if fired:
             self.episode = [record.step, False]
         elif self.episode is not None and self.rise.count == 0:
             self.episode = None   # it fell back: a swing after all
         ep = self.episode
-        if ep is None or ep[1]:
+        if ep is None or ep[1] or back:
             return []
         lasted = self.rise.count
         grown = self._grown()
@@ -145,6 +174,75 @@ class Divergence(Detector):
             return []
         ep[1] = outlasted or grown
         return [self._finding(record.step, level, thr, lasted, h, grown, critical=ep[1])]
+
+    def _runaway(self, step: int, x: float) -> list[Finding]:
+        """The *runaway* rule: a loss falling without bound (a likelihood whose variance collapses,
+        an objective with no floor) runs below zero and on until it is NaN. Judged on the loss
+        itself, additively (any sign), on its own scales, by ``runaway_factor`` (10: an order of
+        magnitude):
+
+        - *magnitude*: its EW level (~20 points) is below zero, ``runaway_factor`` times the
+          largest magnitude of its first 20 non-zero points (where it stood before training
+          moved it), and the loss still below that level: a Gaussian NLL whose variance collapses
+          falls -1 -> -44 over 250 steps at a slowing pace, then NaN; a healthy one that crosses
+          zero settles a few times its start below it;
+        - *accelerating*: a point below zero, ``runaway_factor`` times its spread (the EW mean
+          absolute deviation around its EW level; points of a speeding fall a third of that far
+          below do not enter either) below that level, each of its last two falls larger than the
+          one before and the point before a third as far below already (a steady fall keeps its
+          distance to the lagging level at about its spread; noise, even an RL loss's heavy-tailed
+          noise, rarely gives two such points in a row), or one jump 10 times that far:
+          37 -> -15.8 -> -92 -> -801 -> NaN is caught at -15.8.
+
+        Critical, once per run-away (re-armed once its level is back within a third of its own
+        scale and no point is far below). O(1); state: 2 EW means,
+        8 scalars."""
+        prev, fall_before = self.prev, self.fall
+        self.prev = x
+        self.fall = prev - x if prev is not None else 0.0
+        if 0.0 < fall_before < self.fall:   # falls growing in a row
+            self.faster += 1
+        else:
+            self.faster, self.faster_from = 0, step   # they grow after this point, if at all
+        start = self.start
+        if start[0] < 20 and x != 0.0:
+            start[0] += 1
+            start[1] = max(start[1], abs(x))
+        level, spread = self.level.mean, self.spread.mean
+        warm = self.level.n >= self.window and spread > 0.0
+        far = (level - x) / spread if warm else 0.0
+        if far < self.runaway_factor / 3 or not self.faster:   # a point of a speeding fall, far below,
+            # is not the loss's own level and spread (a steady fall keeps moving them)
+            self.level.update(x)
+            self.spread.update(abs(x - level) if self.level.n > 1 else 0.0)
+        self.below = self.below + 1 if far >= self.runaway_factor / 3 else 0
+        # back: its level within a third of that of its own scale, no point far below
+        back = far < self.runaway_factor / 3 and (start[0] < 20 or level > -self.runaway_factor / 3 * start[1])
+        if not warm or x >= 0.0:
+            self.runaway.update(on=False, off=back)
+            return []
+        deep = start[0] >= 20 and level < -self.runaway_factor * start[1] and x < level
+        speeding = far >= self.runaway_factor and (
+            (self.faster >= 2 and self.below >= 2) or far >= 10 * self.runaway_factor)
+        if not self.runaway.update(on=deep or speeding, off=back):
+            return []
+        if speeding:
+            onset = self.faster_from if self.faster_from is not None else step
+            how = (f"{far:.0f}x its own spread ({fmt(spread)}) below its level {fmt(level)}, and faster "
+                   f"({fmt(self.fall)} in one step, {fmt(fall_before)} the point before; speeding up since step "
+                   f"{onset})")
+        else:
+            onset = self.faster_from if self.faster_from is not None else step
+            how = (f"its level {fmt(level)} is {-level / start[1]:.0f}x the largest magnitude of its first points "
+                   f"({fmt(start[1])}) below zero, and still falling")
+        return [self.finding(
+            step, severity="critical", value=x, baseline=level, onset_step=onset,
+            message=(f"The loss is falling without bound: {fmt(x)} at step {step}, {how}. An objective that runs "
+                     f"away below zero (a likelihood whose variance collapses, an unbounded term) ends in NaN: "
+                     f"roll back to a checkpoint from before the fall and bound the objective (clamp the "
+                     f"variance or log-variance) or lower the LR."),
+            rule="runaway", how="accelerating" if speeding else "magnitude", spreads=far, spread=spread,
+            start_scale=start[1], past_startup=True)]   # unmistakable, however early
 
     def _now(self, med: RollingMedian) -> float | None:
         return med.median if med.window else None

@@ -10,7 +10,7 @@ from .base import Context, Detector, positive, positive_int
 
 
 class LossScaleCollapse(Detector):
-    """Critical when the dynamic loss scaler has run out of room. How a scaler works decides
+    """Critical when the dynamic loss scaler has run out of room, a warning while it halves towards that. How a scaler works decides
     what that looks like: it halves the scale on every overflowed (skipped) step — after
     ``hysteresis`` of them in DeepSpeed and Megatron, 2 by default — and doubles it after a
     window of clean steps, never going below its configured minimum (DeepSpeed and Megatron:
@@ -21,10 +21,18 @@ class LossScaleCollapse(Detector):
     - *pinned*: ``pinned_skips`` consecutive optimizer steps all overflowed while the scale did
       not move (more than the default hysteresis): the scaler is at its floor and cannot go
       lower (DeepSpeed then stops the run; Megatron and metaseq keep skipping every step);
-    - *floor*: after moving, the scale sits within ``floor_halvings`` halvings of ``min_scale``;
+    - *floor*: after moving, the scale sits at ``min_scale``, or within ``floor_halvings``
+      halvings of it having fallen as many below its recent peak (one halving of a scale that sat
+      at 8 for an epoch, to 4, is a scaler at work);
     - *halvings*: it stands ``min_halvings`` halvings below its recent peak (the peak decays by
       one halving every ``peak_decay_steps`` steps, so the periodic halve-then-regrow of a long
-      healthy run never adds up).
+      healthy run never adds up);
+    - *falling* (a warning): it stands ``warn_halvings`` halvings below that peak: repeated
+      halvings towards the floor, before the scaler runs out of room.
+
+    The *zero*, *pinned* and *floor* findings are unmistakable however early (``past_startup``):
+    a scale at its minimum is a run that cannot train, and a start-up search that ends there
+    has failed.
 
     A scale that never moves and never skips is not a dynamic scaler at all: bf16 Megatron and
     static-scale runs print ``loss scale: 1.0`` on every line, and that is silent (a step skipped
@@ -39,7 +47,7 @@ class LossScaleCollapse(Detector):
     keeps its severity in the first steps). Negative values (``loss scale: -1.0`` in builds without a
     scaler) are print artefacts and ignored. ``skipped`` may be a count per logged interval: an
     interval overflowed entirely when it counts every step since the previous record.
-    One finding per episode. O(1); state: 7 scalars.
+    One warning and one critical finding per episode. O(1); state: 8 scalars.
 
     >>> d = LossScaleCollapse()
     >>> [f.details["rule"] for s in range(21, 41)
@@ -57,18 +65,20 @@ class LossScaleCollapse(Detector):
     name = "loss_scale_collapse"
     kind = "loss_scale_collapse"
     signals = (keys.LOSS_SCALE,)
-    _state = ("peak", "peak_step", "latch", "last", "last_step", "moved", "pinned", "searching")
+    _state = ("peak", "peak_step", "latch", "warned", "last", "last_step", "moved", "pinned", "searching")
 
     def __init__(self, *, min_halvings: int = 6, min_scale: float = 1.0, floor_halvings: int = 2,
-                 peak_decay_steps: int = 200, pinned_skips: int = 3):
+                 peak_decay_steps: int = 200, pinned_skips: int = 3, warn_halvings: int = 3):
         self.min_halvings = positive_int("min_halvings", min_halvings)
         self.min_scale = positive("min_scale", min_scale)
         self.floor_halvings = positive_int("floor_halvings", floor_halvings)
         self.peak_decay_steps = positive_int("peak_decay_steps", peak_decay_steps)
         self.pinned_skips = positive_int("pinned_skips", pinned_skips)
+        self.warn_halvings = positive_int("warn_halvings", warn_halvings)
         self.peak: float | None = None       # log2 of the peak scale (after start-up)
         self.peak_step: int | None = None
         self.latch = Latch()   # re-armed once the scale is back within half the halvings, off its floor
+        self.warned = Latch()  # the warning's: re-armed once back within half the warn_halvings
         self.last: float | None = None       # the previous scale, and its step
         self.last_step: int | None = None
         self.moved = False                   # the scale has changed at least once: a dynamic scaler
@@ -106,12 +116,19 @@ class LossScaleCollapse(Detector):
         if self.peak is None or ls >= self.peak:
             self.peak, self.peak_step = ls, step
         drop = self.peak - ls
+        # near the floor by repeated halvings (or at it): one halving of a scale that has sat at 8
+        # for an epoch, to 4, is a scaler at work (a fairseq reference log)
+        near_floor = near_floor and (ls <= math.log2(self.min_scale) or drop >= self.floor_halvings)
         rule = "halvings" if drop >= self.min_halvings else "floor"
-        return self._fire(step, s, rule, ctx, on=drop >= self.min_halvings or near_floor,
-                          off=drop < self.min_halvings / 2 and not near_floor)
+        out = self._fire(step, s, rule, ctx, on=drop >= self.min_halvings or near_floor,
+                         off=drop < self.min_halvings / 2 and not near_floor)
+        if self.warned.update(on=drop >= self.warn_halvings and not out and self.latch.armed,
+                              off=drop < self.warn_halvings / 2 and not near_floor):
+            out = self._fire(step, s, "falling", ctx, on=True)
+        return out
 
     def _fire(self, step: int, s: float, rule: str, ctx: Context, *, on: bool, off: bool = False) -> list[Finding]:
-        if not self.latch.update(on, off):
+        if rule != "falling" and not self.latch.update(on, off):
             return []
         peak_log2 = self.peak
         peak = 2.0 ** peak_log2 if peak_log2 is not None else None
@@ -122,6 +139,19 @@ class LossScaleCollapse(Detector):
             what = (f"Every optimizer step has overflowed for {self.pinned} steps up to step {step} "
                     f"while the fp16 loss scale stayed at {s:g}: the scaler is at its minimum and "
                     f"cannot go lower, so every step is skipped (DeepSpeed stops the run here).")
+        elif rule == "falling":
+            assert peak_log2 is not None and peak is not None   # the rule is judged against the peak
+            what = (f"The fp16 loss scale has halved to {s:g} at step {step}, "
+                    f"{_halvings(peak_log2 - math.log2(s))} below {peak:g} at step {self.peak_step}: "
+                    f"the scaler keeps finding overflows. At {self.min_scale:g} DeepSpeed/Megatron stop the "
+                    f"run or skip every step.")
+            return [self.finding(
+                step, severity="warning", value=s, baseline=peak, threshold=peak / 2 ** self.warn_halvings,
+                onset_step=self.peak_step,
+                message=(f"{what} A checkpoint is being saved while the weights are good; if it goes on "
+                         f"halving, consider bf16 or a lower LR."),
+                rule=rule, halvings=peak_log2 - math.log2(s),
+                pinned_skips=self.pinned, past_startup=not self.searching)]
         else:
             what = (f"The fp16 loss scale collapsed to {s:g} at step {step}"
                     + (f", {_halvings(peak_log2 - math.log2(s))} below {peak:g} at step {self.peak_step}"
@@ -135,7 +165,7 @@ class LossScaleCollapse(Detector):
             message=(f"{what} Gradients overflow fp16 on almost every step: roll back to a checkpoint "
                      f"from before the overflows began{at_peak}, and consider bf16 or a lower LR."),
             rule=rule, halvings=(peak_log2 - math.log2(s)) if peak_log2 is not None and s > 0 else None,
-            pinned_skips=self.pinned, past_startup=not self.searching)]
+            pinned_skips=self.pinned, past_startup=not self.searching or rule != "halvings")]
 
 
 def _halvings(n: float) -> str:

@@ -6,11 +6,17 @@ from dataclasses import asdict, dataclass
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import RobustLevel
+from ..stats import COLD_TREND_SAMPLES, EWMean, RobustLevel
 from .base import Context, Detector, check, fmt, positive, positive_int
 
 
 _SQRT2 = math.sqrt(2.0)   # the σ of a difference of two noisy points, in σ
+_HALF_SQRT_PI = 0.5 * math.sqrt(math.pi)
+#: Near its floor, the part of its largest value a rise must undo to be a warning at once.
+_NEAR_FLOOR_WARN = 0.1
+#: Below zero, a jump of this many times z_threshold σ (600σ) is orders of magnitude past the
+#: loss's own noise: a warning, whatever the sign.
+_ORDERS = 100.0
 
 
 def _rise(x: float, base: float) -> str:
@@ -30,6 +36,7 @@ class SpikeEpisode:
     above: int = 1         # of those, the points above the threshold
     warned: bool = False
     warm: bool = True      # the baseline was known (≥ cold_start_samples points) at the onset
+    scale: float = 0.0     # a cold falling start's noise σ at the onset (judged by it while open)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -44,15 +51,21 @@ class LossSpike(Detector):
     ``log(loss)`` whose spread is what the local trend leaves unexplained (:class:`RobustLevel`:
     an early fast descent is not noise, so a +35% jump right after warmup stands out). During the
     first ``cold_start_samples`` points (a log snippet, the first steps of a run) the baseline is
-    the median of what was seen (its MAD the noise the warm rule starts from), and a point is
-    abnormal ``cold_start_rise`` above it. Once warm, a point opens a spike only if it also jumped:
+    the median of what was seen (its spread the noise the warm rule starts from), and a point is
+    abnormal ``cold_start_rise`` above it; from the 10th point, once the points have fallen far
+    beyond their noise (the medians of their halves 4σ apart), their trend instead — a
+    Theil–Sen line, at its last point, and a point must also clear 6σ of their point-to-point
+    noise: a loss falling fast right after a short warmup is well below the median of its first
+    points (a +35% spike there must show), and a classifier's first steps fall fast and jump by
+    half. Once warm, a point opens a spike only if it also jumped:
     it stands ``min_jump_sigmas`` σ (of a difference of two points) above the point before it. A
     loss that climbs a little on every point crosses the threshold without a jump: that is a
     drift, which ``divergence`` judges (52B benchmark: +3% a step from 11.65 to 20.4). Abnormal
     points do not enter the baseline, so the episode is judged against the level before it.
 
     An episode emits ``loss_spike`` at its onset (``info``; ``warning`` when the rise is at
-    least ``large_rise``), and one more ``loss_spike``, a ``warning`` at its own step, when it
+    least ``large_rise``, and near the floor a tenth of the largest value too, after 3 points at
+    least: one or two are no level), and one more ``loss_spike``, a ``warning`` at its own step, when it
     grows to a ``large_rise`` (0.5 → 3417 one step after a small spike began) or once it has
     lasted ``persist_samples`` points — always at a point above the threshold, which it prints.
     Then exactly one of ``spike_recovered`` (back within ``recover_fraction`` of the rise or 3σ
@@ -73,7 +86,8 @@ class LossSpike(Detector):
     An objective that goes below zero (RL losses such as GRPO or PPO, a loss minus a baseline)
     has no level to be relative to: once a negative value is seen the baseline restarts on an
     additive scale and a point is abnormal only when it is ``z_threshold`` σ above it. Such an
-    episode is ``info`` (no rise means anything on its own) and ends at the horizon without a
+    episode is ``info`` (no rise means anything on its own; a warning only at 100 times that, orders
+    of magnitude past its noise: rewards scaled x1000) and ends at the horizon without a
     verdict, and the other loss detectors, which judge ``log(loss)``, leave the signal alone.
 
     "Unrecovered" claims the loss did not come back to *its* level, so it needs that level
@@ -95,13 +109,17 @@ class LossSpike(Detector):
     name = "loss_spike"
     kind = "loss_spike"
     kinds = ("loss_spike", "spike_recovered", "spike_unrecovered")
-    _state = ("base", "episode", "prev_step", "prev_z", "prev_log", "peak", "signed")
+    _state = ("base", "episode", "prev_step", "prev_z", "prev_log", "peak", "signed", "prev_x", "prev_in",
+              "steps", "step_dev")
     #: Other loss detectors (resume spike, falsely low loss) judge against this baseline.
     baseline_before: float | None = None
     noise_before: float = 0.0
     slope_before: float = 0.0
     #: The loss has gone below zero: an additive objective (the log-space loss rules stand aside).
     signed: bool = False
+    #: The additive noise and mean change per point before this point (``stall`` judges a fall by them).
+    step_noise_before: float = 0.0
+    step_mean_before: float = 0.0
 
     def __init__(self, *, signal: str = keys.LOSS, baseline_alpha: float = 0.05, min_jump_sigmas: float = 3.0,
                  z_threshold: float = 6.0, min_rise: float = 0.15, cold_start_samples: int = 20,
@@ -134,20 +152,49 @@ class LossSpike(Detector):
         self.signed = False
         self.floor = 0.0         # floor_fraction x peak (derived), and its log for the other detectors
         self.floor_log = -math.inf
+        self.peak_floor_log = -math.inf
+        # The loss's additive noise: the change between successive ordinary points, its EW mean and
+        # its EW mean absolute deviation around that mean (a trend moves every point alike).
+        self.prev_x: float | None = None
+        self.prev_in = False     # the previous point joined the baseline (no spike around it)
+        self.steps = EWMean(0.1, start="running")
+        self.step_dev = EWMean(0.1, start="running")
 
     @property
     def open(self) -> bool:
         return self.episode is not None
 
-    def _threshold(self, base: float, scale: float, cold: bool) -> float:
+    @property
+    def step_noise(self) -> float:
+        """The σ of one point, additively: sqrt(pi)/2 x the mean absolute deviation of the changes
+        between successive ordinary points (a change of two points has √2 σ, and E|N(0, 2σ²)| = 2σ/√π)."""
+        return _HALF_SQRT_PI * self.step_dev.mean
+
+    def _floor_now(self) -> float:
+        """What rises are measured against at least: ``floor_fraction`` x the peak, or, where the
+        loss's noise does not shrink with it (a likelihood or any loss near zero), ``z_threshold``
+        x its additive noise, once ``cold_start_samples`` changes tell it (a few changes of a
+        young, bending curve do not); ``floor_log`` follows (the other loss detectors read it)."""
+        add = self.z_threshold * self.step_noise if self.steps.n >= self.cold_start_samples else 0.0
+        if add > self.floor:
+            self.floor_log = math.log(add)
+            return add
+        self.floor_log = self.peak_floor_log
+        return self.floor
+
+    def _threshold(self, base: float, scale: float, cold: bool, falling: bool = False, floor: float = 0.0) -> float:
         """The value above which a point is abnormal. Rises are measured against the baseline, or
         against floor_fraction x the peak when the loss is below that (see the class docstring);
         the noise term is relative to the baseline. A rise must clear min_rise and z_threshold σ
         of noise, and always counts once it is max_threshold_rise (a doubling is a spike whatever
-        the noise says); while cold, it must clear cold_start_rise."""
-        unit = base if base > self.floor else self.floor
-        if cold:   # a few points tell a level (their median), not yet a noise
+        the noise says); while cold, it must clear cold_start_rise, and against the trend of a
+        falling start (``falling``) the noise its points show too, without that cap (a classifier's
+        first steps fall fast and jump by half)."""
+        unit = base if base > floor else floor
+        if cold and not falling:   # a few points tell a level (their median), not yet a noise
             return base + self.cold_start_rise * unit
+        if cold:   # an extrapolated level: no rise counts that its points' own noise explains
+            return base + max(self.cold_start_rise * unit, math.expm1(self.z_threshold * scale) * base)
         return base + min(max(self.min_rise * unit, math.expm1(self.z_threshold * scale) * base),
                           self.max_threshold_rise * unit)
 
@@ -155,6 +202,7 @@ class LossSpike(Detector):
         x = record.metrics.get(self.signals[0])
         if x is None or not -math.inf < x < math.inf:
             return []
+        self.step_noise_before, self.step_mean_before = self.step_noise, self.steps.mean
         if x <= 0.0:
             if x == 0.0 or self.signed:
                 return self._update_signed(record.step, x) if self.signed else []
@@ -170,16 +218,30 @@ class LossSpike(Detector):
             b.update_log(lx)
             self._new_peak(x)
             self.baseline_before, self.prev_step, self.prev_z, self.prev_log = None, step, 0.0, lx
+            self.prev_x, self.prev_in = x, True
             return []
         # One forecast, one exp, one log per point: this is the hottest path of the Monitor.
         f = b.level + b.damping * b.trend + b.bias
+        cold = n < self.cold_start_samples
+        falling = None   # while cold: the noise of a falling start, judged against its trend
+        if cold:   # the lower of the cold points' median and trend line (its value at the last point:
+            # a young curve bends, and one step of a steep early slope is no forecast): a loss falling
+            # fast from its start is well below the median; a spike they hold lifts the line, not the
+            # median. Against the line, a rise must clear the noise of the points too.
+            f = b.cold_median()
+            if b.level < f and len(b.seen) >= COLD_TREND_SAMPLES:
+                ep = self.episode   # the changes inside an open spike are no noise
+                noise = ep.scale if ep is not None else b.cold_noise()
+                # a fall: the two halves' medians apart by 4σ of their difference (1.25σ√(2/h) each)
+                if b.cold_fall() > 5.0 * noise * math.sqrt(2.0 / (len(b.seen) // 2)):
+                    f, falling = b.level, noise
         base = math.exp(f)
         scale = max(1.25 * b.mad, b.min_scale)
-        cold = n < self.cold_start_samples
         self.baseline_before, self.noise_before = (None if cold else base), scale
         self.slope_before = b.damping * b.trend
-        unit = base if base > self.floor else self.floor   # what a rise is measured against
-        thr = self._threshold(base, scale, cold)
+        floor = self._floor_now()
+        unit = base if base > floor else floor   # what a rise is measured against
+        thr = self._threshold(base, falling if falling is not None else scale, cold, falling is not None, floor)
         abnormal = x > thr
         z = (lx - f) / scale if n >= 2 else 0.0
         prev_log, self.prev_log = self.prev_log, lx
@@ -191,15 +253,20 @@ class LossSpike(Detector):
             if abnormal and (cold or prev_log is None
                              or lx - prev_log > self.min_jump_sigmas * _SQRT2 * scale):
                 onset = self.prev_step if (self.prev_z > 3.0 and not cold and self.prev_step is not None) else step
-                severity = "warning" if x - base >= self.large_rise * unit else "info"
-                self.episode = SpikeEpisode(onset, base, x, warned=severity == "warning", warm=not cold)
+                # near the floor a warning at once must also undo a tenth of what training achieved
+                # (a classifier near zero: one hard batch is x5 its level and 4% of its start)
+                # and one or two points before it are no level to warn against at once
+                severity = "warning" if x - base >= self.large_rise * unit and n >= 3 and (
+                    unit == base or x - base >= _NEAR_FLOOR_WARN * self.peak) else "info"
+                self.episode = SpikeEpisode(onset, base, x, warned=severity == "warning", warm=not cold,
+                                            scale=falling or 0.0)
                 out.append(self._onset_finding(step, x, base, thr, onset, severity, unit))
             else:
                 enters = True
         else:
             ep = self.episode
             onset, base0 = ep.onset, ep.baseline
-            grew = x - base0 >= self.large_rise * max(base0, self.floor) and x > ep.peak
+            grew = x - base0 >= self.large_rise * max(base0, floor) and x > ep.peak
             ep.peak = peak = max(ep.peak, x)
             ep.samples += 1
             ep.above += abnormal
@@ -244,6 +311,11 @@ class LossSpike(Detector):
             b.update_log(lx)
         if enters and x > self.peak:
             self._new_peak(x)
+        if enters and self.prev_in and self.prev_x is not None:   # the additive noise, from ordinary points
+            d = x - self.prev_x
+            self.step_dev.update(abs(d - self.steps.mean) if self.steps.n else 0.0)
+            self.steps.update(d)
+        self.prev_x, self.prev_in = x, enters
         self.prev_step, self.prev_z = step, z
         return out
 
@@ -262,7 +334,8 @@ class LossSpike(Detector):
     def _new_peak(self, x: float) -> None:
         self.peak = x
         self.floor = self.floor_fraction * x
-        self.floor_log = math.log(self.floor) if self.floor > 0.0 and not self.signed else -math.inf
+        self.floor_log = self.peak_floor_log = (math.log(self.floor) if self.floor > 0.0 and not self.signed
+                                                else -math.inf)
 
     def _recovery_level(self, base0: float, peak: float) -> float:
         """Back means within ``recover_fraction`` of the rise, or within the normal noise (3σ)."""
@@ -290,9 +363,16 @@ class LossSpike(Detector):
 
     def _onset_finding(self, step, x, base, thr, onset, severity, unit) -> Finding:
         rise = x / base - 1
-        near_floor = (f" The loss is near its floor (below {self.floor_fraction:.0%} of its largest value "
-                      f"{fmt(self.peak)}), where a few examples move it by multiples, so the rise is "
-                      f"measured against {fmt(unit)}: +{(x - base) / unit:.0%}." if unit > base else "")
+        if unit <= base:
+            near_floor = ""
+        elif unit > self.floor:   # the additive noise: a likelihood near (or through) zero
+            near_floor = (f" The loss is near zero, where its noise (±{fmt(self.step_noise)} a point) does not "
+                          f"shrink with it, so the rise is measured against {self.z_threshold:g} times that, "
+                          f"{fmt(unit)}: +{(x - base) / unit:.0%}.")
+        else:
+            near_floor = (f" The loss is near its floor (below {self.floor_fraction:.0%} of its largest value "
+                          f"{fmt(self.peak)}), where a few examples move it by multiples, so the rise is "
+                          f"measured against {fmt(unit)}: +{(x - base) / unit:.0%}.")
         return self.finding(
             step, severity=severity, value=x, baseline=base, threshold=thr, onset_step=onset,
             message=(f"{self._what()} jumped to {fmt(x)} at step {step}, {_rise(x, base)} its "
@@ -326,12 +406,15 @@ class LossSpike(Detector):
         if ep is None:
             if b.n >= self.cold_start_samples and z > self.z_threshold:
                 self.episode = SpikeEpisode(step, f, x, warned=True, warm=False)
+                large = z >= _ORDERS * self.z_threshold   # orders of magnitude past its noise
+                what = ("That is orders of magnitude past its own noise: something changed its scale (the "
+                        "rewards, the data, a term's weight) or the weights are blowing up; check the step's "
+                        "batch." if large else "It has gone below zero (an RL-style objective), so it is judged "
+                        "on an additive scale and only reported: watching.")
                 out.append(self.finding(
-                    step, severity="info", value=x, baseline=f, threshold=f + self.z_threshold * scale,
-                    onset_step=step,
-                    message=(f"{self._what()} jumped to {fmt(x)} at step {step}, {z:.0f}σ above its "
-                             f"baseline {fmt(f)}. It has gone below zero (an RL-style objective), so it "
-                             f"is judged on an additive scale and only reported: watching."),
+                    step, severity="warning" if large else "info", value=x, baseline=f,
+                    threshold=f + self.z_threshold * scale, onset_step=step,
+                    message=f"{self._what()} jumped to {fmt(x)} at step {step}, {z:.0f}σ above its baseline {fmt(f)}. {what}",
                     rise_sigmas=z, additive=True))
             else:
                 b.update_log(x)

@@ -7,13 +7,15 @@ import math
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import RobustLevel, bias_correction, finite_positive
-from .base import Context, Detector, fmt, positive, positive_int
+from .base import Context, Detector, check, fmt, positive, positive_int
 
 #: torch's Adam/AdamW default beta1, assumed when the record does not say.
 DEFAULT_BETA1 = 0.9
 #: Findings at this step that already explain a jump of the optimizer's state (a grad-norm jump
 #: enters the first moment at once): a precursor must come before them, not with them.
 _EXPLAINED_BY = frozenset({"grad_norm_spike", "loss_spike", "nonfinite"})
+#: Findings after a precursor's onset that confirm it led something: the loss or the grad norm moved.
+_CONFIRMED_BY = _EXPLAINED_BY | {"divergence"}
 
 
 class Precursor(Detector):
@@ -29,29 +31,34 @@ class Precursor(Detector):
       the first ~1/(1 - beta1) steps) against its robust baseline;
     - *layer*: the tensor with the largest update ratio (the probe's ``layers/top1``: its direction
       over its own history) at ``layer_ratio`` x and ``split_ratio`` x the geometric mean of all
-      the tensors' ratios (one layer departs from the others);
+      the tensors' ratios (one layer departs from the others), carrying at least ``min_share`` of
+      the update (``layers/top1/update_share``: a bias of 2 numbers moving freely as the loss
+      nears zero cannot lead the model alone; without the key, a log written before it, the
+      rule does not weigh);
     - *split*: the lower or the upper half of the tensors (optimizer order) at ``split_ratio`` x
       its history and ``split_ratio`` x the other half.
 
     A global jump counts at ``jump_ratio`` x its baseline and ``z_threshold`` sigma above it, or at
-    ``max_ratio`` x whatever the noise. Info at its onset (``warning`` from ``large_ratio`` x);
-    a warning once the episode lasts ``persist_samples`` samples. Nothing while a loss spike is
+    ``max_ratio`` x whatever the noise. The precursor earns its warning: ``info`` at its onset,
+    however large, and a ``warning`` only once the loss or the grad norm confirms it (a loss or
+    grad-norm spike, a divergence or a NaN) within ``confirm_steps`` after the onset: a healthy
+    run's optimizer state jumps now and then and nothing follows. Nothing while a loss spike is
     open or with a grad-norm or loss spike at the same step (an after-effect, not a lead). The
     policy registers the onset as a lead (docs/design.md, Findings): a loss or grad-norm spike
     within ``policy.lead_window_steps`` gets its onset from it. O(1); state: 2 baselines, a
-    scalar, the open episode.
+    scalar, the open episode, the lead awaiting its confirmation (8 scalars).
     """
 
     name = "precursor"
     kind = "precursor"
     signals = (keys.UPDATE_NORM, keys.ADAM_M_NORM, keys.layer_top(1, "update_ratio"),
                keys.LAYERS_LOWER_UPDATE_RATIO)
-    _state = ("base_d", "base_m", "prev_lr", "episode")
+    _state = ("base_d", "base_m", "prev_lr", "episode", "pending")
 
     def __init__(self, *, jump_ratio: float = 2.0, z_threshold: float = 6.0, max_ratio: float = 4.0,
                  large_ratio: float = 8.0, layer_ratio: float = 4.0, split_ratio: float = 2.0,
                  close_ratio: float = 1.5, warm_samples: int = 10, persist_samples: int = 5,
-                 baseline_alpha: float = 0.05):
+                 baseline_alpha: float = 0.05, min_share: float = 0.1, confirm_steps: int = 20):
         self.jump_ratio = positive("jump_ratio", jump_ratio)
         self.z_threshold = positive("z_threshold", z_threshold)
         self.max_ratio = positive("max_ratio", max_ratio)
@@ -60,12 +67,20 @@ class Precursor(Detector):
         self.split_ratio = positive("split_ratio", split_ratio)
         self.close_ratio = positive("close_ratio", close_ratio)
         self.warm_samples = positive_int("warm_samples", warm_samples)
-        self.persist_samples = positive_int("persist_samples", persist_samples)
+        # persist_samples: accepted, no longer used (a precursor that lasted 5 samples was a warning;
+        # since issue 33 only the loss or the grad norm make it one); configurations keep loading
+        positive_int("persist_samples", persist_samples)
         self.baseline_alpha = positive("baseline_alpha", baseline_alpha)
+        self.min_share = check("min_share", min_share, isinstance(min_share, (int, float)) and 0 <= min_share <= 1,
+                               "in [0, 1]")
+        self.confirm_steps = positive_int("confirm_steps", confirm_steps)
         self.base_d = self._baseline()
         self.base_m = self._baseline()
         self.prev_lr: float | None = None
-        self.episode: list | None = None   # [onset step, samples so far, warned (or a spike came)]
+        self.episode: list | None = None   # [onset step, samples so far]
+        # the last onset awaiting the loss or the grad norm: [step, signal, value, baseline,
+        # threshold, rule, ratio, what moved]
+        self.pending: list | None = None
 
     def _baseline(self) -> RobustLevel:
         # No trend: the optimizer's state falls fast over the first tens of steps (a fresh Adam
@@ -77,42 +92,57 @@ class Precursor(Detector):
         # A resume or rollback: the probe's per-tensor baselines start afresh, and the optimizer
         # state may be new (a fresh Adam starts with |d| = sqrt(numel)).
         self.base_d, self.base_m = self._baseline(), self._baseline()
-        self.prev_lr, self.episode = None, None
+        self.prev_lr, self.episode, self.pending = None, None, None
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
         if (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0:
             return []
-        jumps = self._global(m, record.step) + self._layers(m, ctx.tensor_names)
-        score = max((j["ratio"] for j in jumps), default=0.0)
-        after_effect = ctx.loss_spike_open or any(f.kind in _EXPLAINED_BY for f in ctx.found)
+        step = record.step
+        jumps = self._global(m, step) + self._layers(m, ctx.tensor_names)
+        out = self._confirm(step, ctx)
         if self.episode is not None:
-            if score < self.close_ratio:
+            if max((j["ratio"] for j in jumps), default=0.0) < self.close_ratio:
                 self.episode = None
-                return []
-            self.episode[1] += 1
-            if after_effect:   # the spike it led came: its persistence is the spike's now
-                self.episode[2] = True
-            onset, n, warned = self.episode
-            if warned or n < self.persist_samples:
-                return []
-            self.episode[2] = True
-            top = max(jumps, key=lambda j: j["ratio"])
-            return [self._finding(record.step, top, jumps, severity="warning", onset=onset,
-                                  tail=f" It persists: {n} samples since step {onset} without coming back "
-                                       f"below {self.close_ratio:g}x. The optimizer is pushing harder "
-                                       f"than it did; keep a recent checkpoint at hand.")]
+            else:
+                self.episode[1] += 1
+            return out
         abnormal = [j for j in jumps if j["abnormal"]]
-        if not abnormal or after_effect:
-            return []
+        if not abnormal or ctx.loss_spike_open or any(f.kind in _EXPLAINED_BY for f in ctx.found):
+            return out
         top = max(abnormal, key=lambda j: j["ratio"])
-        large = top["ratio"] >= self.large_ratio
-        self.episode = [record.step, 1, large]
-        tail = (" A jump this large usually reaches the loss within a step or two; keep a recent checkpoint at hand."
-                if large else " Marin's 32B runs saw the update norm double before each loss spike; "
-                              "watching for the loss and the grad norm.")
-        return [self._finding(record.step, top, abnormal, severity="warning" if large else "info",
-                              onset=record.step, tail=tail)]
+        self.episode = [step, 1]
+        f = self._finding(step, top, abnormal, severity="info", onset=step,
+                          tail=(" A jump this large usually reaches the loss within a step or two; keep a recent "
+                                "checkpoint at hand." if top["ratio"] >= self.large_ratio else
+                                " Marin's 32B runs saw the update norm double before each loss spike; watching for "
+                                "the loss and the grad norm."))
+        self.pending = [step, f.signal, f.value, f.baseline, f.threshold, top["rule"], top["ratio"], f.details["lead"]]
+        return out + [f]
+
+    def _confirm(self, step: int, ctx: Context) -> list[Finding]:
+        """The warning of the pending lead, when the loss or the grad norm now confirms it."""
+        p = self.pending
+        if p is None:
+            return []
+        onset, signal, value, baseline, threshold, rule, ratio, what = p
+        if step - onset > self.confirm_steps:
+            self.pending = None
+            return []
+        by = next((f for f in ctx.found if f.kind in _CONFIRMED_BY), None)
+        if step <= onset or (by is None and not ctx.loss_spike_open):
+            return []
+        self.pending = None
+        moved = (f"{by.kind} at step {step}" if by is not None else f"the loss spike open at step {step}")
+        gap = step - onset
+        return [self.finding(
+            step, severity="warning", signal=signal, value=value, baseline=baseline, threshold=threshold,
+            onset_step=onset,
+            message=(f"The optimizer moved before the loss, and the loss or the grad norm followed: {what} at step "
+                     f"{onset}, then {moved}, {gap} step{'s' * (gap != 1)} later. The episode began at step {onset}: "
+                     f"keep a checkpoint from before it at hand."),
+            rule=rule, ratio=ratio, lead=what, confirmed_by=by.kind if by is not None else "loss_spike",
+            confirmed=True)]
 
     # -- the rules -------------------------------------------------------------------------------
     def _global(self, m, step: int) -> list[dict]:
@@ -157,8 +187,11 @@ class Precursor(Detector):
         overall = math.sqrt(lo * up) if halves else 1.0
         r1, tensor = m.get(keys.layer_top(1, "update_ratio")), m.get(keys.layer_top(1, "tensor"))
         if r1 is not None and finite_positive(r1):
+            share = m.get(keys.layer_top(1, "update_share"))
+            carries = share is None or not share < self.min_share   # NaN: a non-finite tensor leads
             out.append({"rule": "layer", "signal": keys.layer_top(1, "update_ratio"), "ratio": r1,
-                        "abnormal": r1 >= self.layer_ratio and r1 >= self.split_ratio * overall,
+                        "abnormal": r1 >= self.layer_ratio and r1 >= self.split_ratio * overall and carries,
+                        "share": share,
                         "value": r1, "baseline": 1.0, "tensor": tensor, "name": _name(names, tensor),
                         "exp_avg_ratio": m.get(keys.layer_top(1, "exp_avg_ratio")),
                         "exp_avg_sq_ratio": m.get(keys.layer_top(1, "exp_avg_sq_ratio")), "overall": overall})

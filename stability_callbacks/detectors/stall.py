@@ -186,7 +186,11 @@ class Stall(Detector):
             # x == 0.0, or divided by more than 1/zero_from per optimizer step (a point coming
             # back from a spike returns to the loss's level: that is loss_spike's recovery)
             gap = max(step - (self.last_step if self.last_step is not None else step - 1), 1)
-            if x == 0.0 or (math.log(prev / x) >= gap * -math.log(zf) and x <= zf * min(self.recent)):
+            # a fall the loss's own pace explains is no collapse: a likelihood crossing zero lands
+            # anywhere near it (0.22 -> 0.002 in a curve falling 0.24 a point)
+            pace = abs(ctx.loss_step_mean) + 1.13 * ctx.loss_step_noise
+            if x == 0.0 or (math.log(prev / x) >= gap * -math.log(zf) and x <= zf * min(self.recent)
+                            and prev - x > 3.0 * pace * gap):
                 out.append(self._zero(step, x, prev, self.last_step))
         if x <= 0.0:
             self.positive = False

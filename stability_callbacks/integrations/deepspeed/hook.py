@@ -25,6 +25,7 @@ from stability_callbacks.live import InstancePatches
 from stability_callbacks.params import flag
 
 from ..torch.adapter import RUN_DIR_NAME, SessionAdapter
+from ..torch.preflight import scheduler_warmup
 from .monitor import engine_monitor_writer
 from .readings import DeepSpeedStep
 from .rollback import DeepSpeedRollBack
@@ -95,13 +96,9 @@ class StabilityHook(SessionAdapter):
         self._patches = InstancePatches(engine)  # the engine's wrapped methods
         self._rollback = DeepSpeedRollBack(lambda: self.session, engine)
         gate_engine(self, engine, next_step=lambda: int(engine.global_steps) + 1)
-        sched_warmup = getattr(getattr(engine, "lr_scheduler", None), "warmup_num_steps", None)
-        if isinstance(sched_warmup, int) and sched_warmup > 0:
-            # DeepSpeed's warmup schedulers count iterations 0..W-1 as warmup, and optimizer
-            # step s runs at iteration s-2 (the scheduler starts at -1 and the first step()
-            # only moves it to 0: deepspeed.runtime.lr_schedules.WarmupLR): steps 1..W+1 are
-            # warmup.
-            self.session.declare_warmup(sched_warmup + 1)
+        sched = getattr(engine, "lr_scheduler", None)
+        if sched is not None:   # DeepSpeed's own (WarmupLR: it starts at iteration -1) or a client one
+            self.session.declare_warmup(scheduler_warmup(sched, None)[0])
         self._wrap_engine()
 
     # ------------------------------------------------------------------------- public surface

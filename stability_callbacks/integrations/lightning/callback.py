@@ -22,6 +22,7 @@ from stability_callbacks.params import flag
 from ..deepspeed.readings import DeepSpeedStep
 from ..deepspeed.skip_step import gate_engine
 from ..torch.adapter import CONFIG_ERRORS, RUN_DIR_NAME, SessionAdapter
+from ..torch.preflight import scheduler_warmup
 from ..torch.readings import read_grad_scaler, sharded_grad_norm
 from .rollback import LightningRollBack
 from .sampler import install_train_sampler
@@ -139,11 +140,15 @@ class StabilityCallback(Callback, SessionAdapter):
             # A checkpoint without this callback's state is a resume too (fresh detectors).
             reason = "resume" if self._resumed or trainer.ckpt_path else "start"
             scheds = trainer.lr_scheduler_configs
+            total = trainer.max_steps if trainer.max_steps > 0 else None
+            if scheds and scheds[0].interval == "step" and scheds[0].frequency == 1:
+                # stepped after every optimizer step, as HF's: its warmup is read (else: from the LR)
+                s.declare_warmup(scheduler_warmup(scheds[0].scheduler, total)[0])
             ckpt = None if trainer.ckpt_path is None else os.fspath(trainer.ckpt_path)
             self._begin(trainer.global_step, reason, checkpoint=ckpt, model=pl_module,
                         optimizer=trainer.optimizers[0] if trainer.optimizers else None,
                         scheduler=scheds[0].scheduler if scheds else None, precision=str(trainer.precision),
-                        total_steps=trainer.max_steps if trainer.max_steps > 0 else None)
+                        total_steps=total)
             self._wrap_sampler(trainer)
             # CPU copies land at once (poll is deterministic); on accelerators the copy may land
             # at different times on different ranks, so multi-rank runs drain in lockstep.

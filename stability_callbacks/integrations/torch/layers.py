@@ -23,8 +23,10 @@ with weight ``ALPHA``), so a ratio reads "this tensor against its own history" w
 and LR. Only a fixed-size summary goes to the host: ``update_norm``, the geometric mean of the
 ratios over the first and the second half of the tensors (optimizer order: embeddings and lower
 layers first in the usual models), and the ``keys.LAYERS_TOP`` tensors with the largest update
-ratio (a non-finite one first). Ratios come once a baseline has ``WARM_SAMPLES`` samples; a new
-process (a resume) or a rollback starts the baselines afresh.
+ratio (a non-finite one first), each with its share of the update, ``(lr_i d_i)^2 /
+update_norm^2`` (how much of the step the tensor carries: a bias of 2 numbers carries little).
+Ratios come once a baseline has ``WARM_SAMPLES`` samples; a new process (a resume) or a rollback
+starts the baselines afresh.
 """
 from __future__ import annotations
 
@@ -100,7 +102,10 @@ class LayerSummary:
         m = r[:, 1].sqrt() / c1
         v = r[:, 0] / (numel * c2)
         d = m / (v.sqrt() + eps)
-        update_norm = (lr * d).square().sum().sqrt()
+        sq = (lr * d).square()
+        total = sq.sum()
+        update_norm = total.sqrt()
+        share = sq / total.clamp_min(1e-300)   # each tensor's part of the update's squared norm
         logx = torch.stack([d, m, v], 1).clamp_min(_FLOOR).log()
         base = torch.full_like(logx, torch.nan) if self._log_base is None else self._log_base
         log_ratio = logx - base
@@ -113,7 +118,7 @@ class LayerSummary:
         lower, upper = log_ratio[:half, :2].mean(0).exp(), log_ratio[half:, :2].mean(0).exp()
         k = min(keys.LAYERS_TOP, t)
         order = torch.topk(log_ratio[:, 0], k).indices
-        top = torch.cat([order.to(torch.float64)[:, None], log_ratio[order].exp()], 1)
+        top = torch.cat([order.to(torch.float64)[:, None], log_ratio[order].exp(), share[order, None]], 1)
         if k < keys.LAYERS_TOP:
             top = torch.cat([top, top.new_zeros(keys.LAYERS_TOP - k, top.shape[1])])
         return torch.cat([update_norm.reshape(1), torch.stack([lower[0], upper[0], lower[1], upper[1]]),

@@ -281,10 +281,14 @@ def _read_scheduler(scheduler, facts: PreflightFacts, total_hint: int | None) ->
 
 def scheduler_warmup(sched, total_hint):
     """(warmup steps, total steps) of an LR scheduler, each None when it cannot be told (the
-    scheduler is read or evaluated on a copy, never stepped)."""
+    scheduler is read or evaluated on a copy, never stepped). The warmup is counted in scheduler
+    ``step()`` calls: those after which its first ramp has peaked (a later jump, an LR x100 at
+    step 30, is not the warmup's peak)."""
     name = type(sched).__name__
-    if hasattr(sched, "warmup_num_steps"):             # DeepSpeed WarmupLR / WarmupDecayLR
-        return int(sched.warmup_num_steps), _as_int(getattr(sched, "total_num_steps", None))
+    if hasattr(sched, "warmup_num_steps"):             # DeepSpeed WarmupLR / WarmupDecayLR / ...
+        evaluated = _warmup_by_evaluating(sched, total_hint)
+        return (evaluated if evaluated is not None else _deepspeed_warmup(sched),
+                _as_int(getattr(sched, "total_num_steps", None)))
     if name == "OneCycleLR":
         return int(sched._schedule_phases[0]["end_step"]) + 1, int(sched.total_steps)
     if name == "LinearLR":
@@ -306,16 +310,52 @@ def scheduler_warmup(sched, total_hint):
     return _warmup_by_evaluating(sched, total_hint), None
 
 
+def _deepspeed_warmup(sched) -> int:
+    """A DeepSpeed warmup scheduler's ramp in ``step()`` calls, from its settings: it starts at
+    iteration -1, so after k calls it is at iteration k - 1; its gamma reaches 1 at iteration
+    W - 1 (``log``: log(it + 1) / log(W)) or W (``linear``: it / W), W = ``warmup_num_steps``
+    (deepspeed.runtime.lr_schedules.WarmupLR._get_gamma)."""
+    w = int(sched.warmup_num_steps)
+    return w + 1 if getattr(sched, "warmup_type", "log") == "linear" else w
+
+
+#: Values without a rise that end a warmup ramp (PhaseTracker's flat_samples): the ramp peaked at
+#: its last rise, and a rise after them is a jump.
+_RAMP_FLAT_VALUES = 3
+
+
+def _ramp_end(values) -> int:
+    """The index of the peak of the first ramp of an LR course (0: it does not start with one):
+    its last rise before the LR falls or stays flat ``_RAMP_FLAT_VALUES`` values. Reads
+    ``values`` (any iterable) only that far.
+
+    >>> _ramp_end([0.0, 0.5, 1.0, 1.0, 1.0, 1.0, 100.0]), _ramp_end([1.0, 1.0, 1.0, 1.0, 2.0])
+    (2, 0)
+    """
+    end = flat = 0
+    prev = None
+    for i, v in enumerate(values):
+        if prev is not None:
+            if v > prev * (1 + 1e-6) and v > 0:
+                end, flat = i, 0
+            elif v < prev * (1 - 1e-6):
+                break
+            else:
+                flat += 1
+                if flat >= _RAMP_FLAT_VALUES:
+                    break
+        prev = v
+    return end
+
+
 def _warmup_by_probing(fn, total_hint):
-    """Where an LR multiplier first reaches its peak: LambdaLR lambdas are pure functions of
-    the step, so calling one does not touch the scheduler. None when the lambda raises."""
+    """Where an LR multiplier's first ramp peaks: LambdaLR lambdas are pure functions of the
+    step, so calling one does not touch the scheduler. None when the lambda raises."""
     horizon = min(int(total_hint or 20_000), 100_000)
     try:
-        values = [float(fn(s)) for s in range(horizon + 1)]
+        return _ramp_end(float(fn(s)) for s in range(horizon + 1))
     except Exception:      # a stateful or exotic lambda: leave the warmup unknown
         return None
-    peak = max(values)
-    return next(s for s, v in enumerate(values) if v >= peak * (1 - 1e-6))
 
 
 class _StandIn:
@@ -333,32 +373,33 @@ class _StandIn:
 
 
 def _warmup_by_evaluating(sched, total_hint):
-    """Where the LR of any step-based scheduler first reaches its peak, from a copy of it stepped
-    on a stand-in optimizer (every reference to the real optimizer inside it, nested schedulers
+    """Where the LR of any step-based scheduler's first ramp peaks, from a copy of it stepped on
+    a stand-in optimizer (every reference to the real optimizer inside it, nested schedulers
     included, is replaced): the real scheduler and optimizer are not touched. Only a scheduler
-    that has not stepped yet (a resumed one would show the rest of its course); None when it
-    cannot be told."""
+    that has not stepped yet (torch's at ``last_epoch`` 0, DeepSpeed's at ``last_batch_iteration``
+    -1; a resumed one would show the rest of its course); None when it cannot be told."""
     optimizer = getattr(sched, "optimizer", None)
     groups = getattr(optimizer, "param_groups", None)
-    if not groups or not callable(getattr(sched, "step", None)) or getattr(sched, "last_epoch", None) != 0:
+    fresh = getattr(sched, "last_epoch", None) == 0 or getattr(sched, "last_batch_iteration", None) == -1
+    if not groups or not callable(getattr(sched, "step", None)) or not fresh:
         return None
     horizon = min(int(total_hint or 20_000), 20_000)
     try:
         stand_in = _StandIn(groups)
         clone = copy.copy(sched)
         clone.__dict__.update(copy.deepcopy(vars(sched), memo={id(optimizer): stand_in}))
-        lrs = [float(stand_in.param_groups[0]["lr"])]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+
+        def course():
+            yield float(stand_in.param_groups[0]["lr"])
             for _ in range(horizon):
                 clone.step()
-                lrs.append(float(stand_in.param_groups[0]["lr"]))
+                yield float(stand_in.param_groups[0]["lr"])
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return _ramp_end(course())
     except Exception:      # an exotic scheduler (it needs a metric, holds unpicklable state): unknown
         return None
-    peak = max(lrs)
-    if not peak > 0:
-        return None
-    return next(s for s, v in enumerate(lrs) if v >= peak * (1 - 1e-6))
 
 
 def _as_int(v):

@@ -181,11 +181,14 @@ class StepProbe:
         DTensor grads (FSDP2) are completed with one all_reduce by ``full_tensor()``; plain DDP
         grads are already all-reduced, so the local norm is global.
         """
-        grads = [p.grad for p in parameters if getattr(p, "grad", None) is not None]
-        if not grads:
+        params = list(parameters)
+        grads = [p.grad for p in params if getattr(p, "grad", None) is not None]
+        if not params:
             return None
-        norm = torch.nn.utils.get_total_norm(grads, norm_type, error_if_nonfinite=False,
-                                             foreach=None)
+        if grads:
+            norm = torch.nn.utils.get_total_norm(grads, norm_type, error_if_nonfinite=False, foreach=None)
+        else:   # parameters none of which got a gradient (all frozen): the norm is 0, as HF logs it
+            norm = torch.zeros((), dtype=torch.float32, device=params[0].device)
         if DTensor is not None and isinstance(norm, DTensor):
             norm = norm.full_tensor()
         self._adopt_device(norm)

@@ -169,9 +169,14 @@ class LiveSession:
         rather than from the optimizer the framework hands over."""
         self.engine = engine
 
-    def declare_warmup(self, warmup_steps: int | None) -> None:
-        """The framework's LR warmup, unless ``phase.warmup_steps`` is configured."""
-        self.run.declare_warmup(warmup_steps)
+    def declare_warmup(self, scheduler_steps: int | None) -> None:
+        """The framework's LR warmup, unless ``phase.warmup_steps`` is configured: its scheduler
+        peaks after ``scheduler_steps`` ``step()`` calls (None or 0: unknown or none). Declared
+        as the step it ends at, the first at the peak LR (docs/design.md, Words that mean one
+        thing: warmup end): every framework here steps its scheduler after the optimizer, so
+        optimizer step s runs at the LR of s - 1 calls, and the peak's first step is
+        ``scheduler_steps + 1`` (HF's ``warmup_steps=10``: step 11; step 10 still runs at 9/10)."""
+        self.run.declare_warmup(scheduler_steps + 1 if scheduler_steps else None)
 
     def start(self, step: int, reason: str, *, checkpoint: str | None = None, model=None,
               optimizer=None, scheduler=None, **facts) -> None:
@@ -190,6 +195,8 @@ class LiveSession:
             run_preflight(self.run, model, optimizer, scheduler, **facts)
         if model is not None and hasattr(model, "named_parameters"):
             self._to_name = model
+            with self.guard("outputs", "reading the model's output size"):
+                self.run.declare_outputs(output_size(model))
         self.started = True
         if self._watchdog is None and self.run.is_rank0:
             with self.guard("watchdog", "starting the hang watchdog"):
@@ -526,3 +533,23 @@ class EngineStep(Protocol):
     engine: Any
 
     def read_into(self, probe: StepProbe) -> None: ...
+
+
+def output_size(model) -> int | None:
+    """C, the size of the model's output layer, whose cross-entropy starts at ln C (not_learning's
+    chance level): an HF model's output embeddings (a language model's head), else the last
+    ``torch.nn.Linear`` the model registers (a classifier's head in the usual models). Which
+    layer it is is a hint only: the detector uses ln C when the loss starts near it. None
+    without such a layer (a convolutional output, a model without a Linear)."""
+    head = None
+    get = getattr(model, "get_output_embeddings", None)
+    if callable(get):
+        try:
+            head = get()
+        except Exception:   # a model whose method needs more than itself: fall back to the modules
+            head = None
+    if head is None:
+        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        head = linears[-1] if linears else None
+    n = getattr(head, "out_features", None)
+    return n if isinstance(n, int) and n >= 2 else None

@@ -1,0 +1,302 @@
+"""A run that is not learning: the loss never left its first level, sits at chance level, or
+nothing moves the weights."""
+from __future__ import annotations
+
+import math
+
+from .. import keys
+from ..record import Finding, StepRecord
+from ..stats import EWMean
+from .base import Context, Detector, check, fmt, positive, positive_int
+
+_HALF_SQRT_PI = 0.5 * math.sqrt(math.pi)
+#: What a run that does not learn usually has, for the message.
+CAUSES = ("an LR of 0 or far too small, frozen parameters (or an optimizer holding other parameters "
+          "than the model's), labels disconnected from the inputs (shuffled apart, all one class), "
+          "or a model collapsed to a constant output")
+
+
+class NotLearning(Detector):
+    """The most common question on training forums: "my loss is not decreasing". Three rules, each
+    after the LR warmup (a loss need not move while the LR is still small), each a ``warning``
+    once per run, since a run that learns nothing is no instability to page for:
+
+    - *flat*: the loss has not left its first level. The first level is the mean ``log(loss)``
+      of the run's first points (``first_samples``, or up to the warmup's end when that is
+      longer: a noisy loss needs them); the horizon is the points after it: at least ``horizon_samples`` of
+      them and ``horizon_steps`` steps (an epoch-level log with few points counts too). It is
+      judged against the noise that horizon allows: the fall from the first level to the mean
+      since is below half of ``min_fall`` (and not a rise of twice that: a loss that rose is
+      divergence's), and plus ``z_threshold`` standard errors (the σ of
+      one point from the changes between successive points, which a trend does not widen,
+      times √(1/first + 1/horizon)) below ``min_fall`` — a fall of that size would have shown
+      and there is none —, and the horizon's points show no downward trend beyond their noise
+      (a slow learner, a 7B model's continued pre-training at -1% per hundred steps, is
+      learning). A fall beyond ``min_fall`` by as much, from the first level or from the run's
+      first ``first_samples`` points (a loss that fell during the warmup learned there), ends
+      the judging: the run learned. Only from the
+      run's start (the first record at the log's own interval: a step ≤ 2 x the gap to the
+      second, or step 1 of a live run): an excerpt from mid-run cannot tell "never learned"
+      from "learned, then converged". Never for a loss that goes below zero (a likelihood, an
+      RL objective), whose level says nothing of learning.
+    - *chance*: the loss sits at chance level, ln C for a cross-entropy over C outputs, when C
+      is known (``num_outputs``: configured, or declared by a live run from the model's output
+      layer): its EW level (~10 points) within ``chance_tolerance`` (2%) of ln C for the
+      horizon (a learning model passes through the band, a GPT-2 at batch size 1 slowly; labels
+      disconnected from the inputs hold a classifier 1% above it), provided the first level was
+      within ``chance_tolerance`` x 3 of it too (a cross-entropy
+      over those C outputs starts there from a random init; a loss that does not, an MSE, an
+      ELBO, a fine-tune that starts below, is not judged against it).
+    - *still*: nothing moves the weights, the loss flat meanwhile: the LR, the update norm or
+      the grad norm exactly 0 for ``still_samples`` points in a row after the warmup (the LR
+      when it dropped there from a tenth of its peak or more, or was never set: a decay printed
+      as 0.000000 at a schedule's end is no bug; the grad norm from the run's start only: some
+      builds print 0.000 for it on every line, and every parameter frozen gives 0 from step
+      1), and the loss not fallen by ``min_fall`` (nor by its noise) from its level before.
+
+    Replayed, C is rarely known: the message says so, and how many equally likely classes the
+    level is the cross-entropy of (e^level). A GAN's summed adversarial losses stay flat by
+    design: the message says so, and ``detectors.not_learning: false`` turns it off for them.
+    O(1) per update; state: 22 scalars.
+
+    >>> d = NotLearning()
+    >>> [(f.step, f.details["rule"]) for s in range(1, 60)
+    ...  for f in d.update(StepRecord(s, {"loss": 2.303 + 0.002 * (s % 3)}), Context(s))]
+    [(54, 'flat')]
+    """
+
+    name = "not_learning"
+    kind = "not_learning"
+    signals = (keys.LOSS,)
+    _state = ("start", "first", "noise_mean", "noise_dev", "prev_log", "fast", "horizon", "still", "chance",
+              "outputs", "signed", "learned", "told", "lr")
+
+    def __init__(self, *, first_samples: int = 3, horizon_samples: int = 3, horizon_steps: int = 50,
+                 min_fall: float = 0.05, z_threshold: float = 3.0, still_samples: int = 5,
+                 chance_tolerance: float = 0.02, num_outputs: int | None = None, trend_sigmas: float = 2.0):
+        self.first_samples = positive_int("first_samples", first_samples)
+        self.horizon_samples = positive_int("horizon_samples", horizon_samples)
+        self.horizon_steps = positive_int("horizon_steps", horizon_steps)
+        self.min_fall = check("min_fall", min_fall, isinstance(min_fall, (int, float)) and 0 < min_fall < 1, "in (0, 1)")
+        self.z_threshold = positive("z_threshold", z_threshold)
+        self.trend_sigmas = positive("trend_sigmas", trend_sigmas)
+        self.still_samples = positive_int("still_samples", still_samples)
+        self.chance_tolerance = check("chance_tolerance", chance_tolerance, isinstance(chance_tolerance, (int, float))
+                                      and 0 < chance_tolerance < 1, "in (0, 1)")
+        self._need = -math.log1p(-self.min_fall)        # min_fall as a fall of log(loss)
+        self._tol = math.log1p(self.chance_tolerance)
+        self.num_outputs = check("num_outputs", num_outputs, num_outputs is None or (
+            isinstance(num_outputs, int) and not isinstance(num_outputs, bool) and num_outputs >= 2),
+            "an integer >= 2 or null")
+        self.start: list | None = None    # [first step, second step, from the run's start]
+        self.first = [0, 0.0, 0, 0.0]     # the first level: [points, sum of log(loss), last step,
+                                          # sum over the first first_samples of them]
+        self.noise_mean = EWMean(0.1, start="running")   # the change of log(loss) between points
+        self.noise_dev = EWMean(0.1, start="running")    # ... its absolute deviation around that
+        self.prev_log: float | None = None
+        self.prev_before = 0.0   # the log(loss) of the point before this one (derived, not state)
+        self.fast = EWMean(0.1, start="running")         # the level of the loss (for chance, still)
+        self.horizon: list | None = None  # after the warmup: [first step, points, sum of log(loss),
+                                          # sum of index x log(loss)]
+        self.still: list | None = None    # [first step, points, sum of log(loss), log level before]
+        self.chance: int | None = None    # the step the level entered the chance band
+        self.outputs: int | None = None   # C declared by a live run (num_outputs wins)
+        self.signed = False
+        self.learned = False   # the loss fell from its first level: the flat rule is done
+        self.told = False      # reported (once per run)
+        self.lr = [0.0, 0.0]   # the largest LR so far, and the last one above 0
+
+    def _chance_log(self) -> float | None:
+        """log(ln C) when C is known and the first level started within 3 tolerances of it, else
+        None (derived, not state)."""
+        c = self.num_outputs or self.outputs
+        f = self.first
+        if not c or not f[0]:
+            return None
+        chance = math.log(math.log(c))
+        return chance if abs(f[1] / f[0] - chance) <= 3 * self._tol else None
+
+    def declare_outputs(self, n: int | None) -> None:
+        """The model's output size, from a live run (unless ``num_outputs`` is configured)."""
+        if n is not None and n >= 2:
+            self.outputs = int(n)
+
+    @property
+    def sigma(self) -> float:
+        """The σ of one point's log(loss), from the changes between successive points."""
+        return _HALF_SQRT_PI * self.noise_dev.mean
+
+    def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
+        m = record.metrics
+        x = m.get(keys.LOSS)
+        if x is None or not math.isfinite(x) or self.told:
+            return []
+        step = record.step
+        if x <= 0.0:
+            self.signed = True
+        if self.signed:
+            return []
+        lx = math.log(x)
+        warm = ctx.phase != "warmup"
+        if self.learned and self._chance_log() is None:
+            # the flat rule is done and no chance level applies: only "nothing moves the weights"
+            # is left to judge (the noise as it was when the loss fell)
+            self.prev_before, self.prev_log = self.prev_log if self.prev_log is not None else lx, lx
+            out = self._still(step, m, lx, warm)
+            self.told = bool(out)
+            return out
+        self._learn(step, lx)
+        out = self._still(step, m, lx, warm)
+        f = self.first
+        if not out and self.horizon is None and (f[0] < self.first_samples or not warm):
+            f[0], f[1], f[2] = f[0] + 1, f[1] + lx, step   # the first level: the first points, the warmup's
+            if f[0] == self.first_samples:
+                f[3] = f[1]   # ... and the run's very start
+            return []
+        if not out and warm:   # the horizon: the points after both
+            out = self._flat_or_chance(step, lx)
+        if out:
+            self.told = True
+        return out
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+    def _learn(self, step: int, lx: float) -> None:
+        start = self.start
+        if start is None:
+            self.start = [step, None, step <= 1]
+        elif start[1] is None:   # the log's own interval: a first record at it is the run's start
+            start[1] = step
+            start[2] = start[2] or start[0] <= 2 * max(step - start[0], 1)
+        prev, self.prev_log = self.prev_log, lx
+        self.prev_before = prev if prev is not None else lx
+        if prev is not None:
+            d = lx - prev
+            self.noise_dev.update(abs(d - self.noise_mean.mean) if self.noise_mean.n else 0.0)
+            self.noise_mean.update(d)
+        self.fast.update(lx)
+
+    # -- the rules -----------------------------------------------------------------------------
+    def _flat_or_chance(self, step: int, lx: float) -> list[Finding]:
+        f, h = self.first, self.horizon
+        if h is None:
+            h = self.horizon = [step, 0, 0.0, 0.0]
+        i = h[1]   # the point's index in the horizon, for its trend: sums of y and i*y
+        h[1] += 1
+        h[2] += lx
+        h[3] += i * lx
+        first, since = f[1] / f[0], h[2] / h[1]
+        c = self.num_outputs or self.outputs
+        chance = self._chance_log()
+        tol = self._tol
+        if chance is not None:   # the EW level in the band: since when
+            if abs(self.fast.mean - chance) > tol:
+                self.chance = None
+            elif self.chance is None:
+                self.chance = step
+        if h[1] < self.horizon_samples or step - h[0] < self.horizon_steps:
+            return []
+        fell = first - since
+        sigma = self.sigma
+        se = sigma * math.sqrt(1.0 / f[0] + 1.0 / h[1])
+        need = self._need
+        k = self.first_samples   # the very start: a loss that fell during a warmup learned there
+        fell_start = f[3] / k - since
+        if max(fell - self.z_threshold * se,
+               fell_start - self.z_threshold * sigma * math.sqrt(1.0 / k + 1.0 / h[1])) > need:
+            self.learned = True   # it fell: no more flat judging (a collapse to chance, an LR of 0 still count)
+        if self.chance is not None and step - self.chance >= self.horizon_steps:
+            return [self._finding(step, "chance", first, since, fell, se, c)]
+        if (not self.learned and self.start is not None and self.start[2] and -2 * need < fell < need / 2
+                and fell + self.z_threshold * se < need
+                and not self._falling(h, sigma)):
+            return [self._finding(step, "flat", first, since, fell, se, c)]
+        return []
+
+    def _falling(self, h: list, sigma: float) -> bool:
+        """The horizon's points fall along a trend beyond their noise (the least-squares slope of
+        log(loss) against the point's index, ``trend_sigmas`` standard errors below 0): a slow
+        learner (a 7B continued pre-training, -1% a hundred steps) is learning, however little it
+        has fallen yet."""
+        n, sy, sty = h[1], h[2], h[3]
+        st, stt = n * (n - 1) / 2.0, (n - 1) * n * (2 * n - 1) / 6.0   # sums of i and i^2, i = 0..n-1
+        sxx = stt - st * st / n
+        if n < 3 or sxx <= 0.0 or sigma <= 0.0:
+            return False
+        slope = (sty - st * sy / n) / sxx
+        return slope < -self.trend_sigmas * sigma / math.sqrt(sxx)
+
+    def _still(self, step: int, m, lx: float, warm: bool) -> list[Finding]:
+        """The LR, the update norm or the grad norm exactly 0 after the warmup, the loss flat
+        meanwhile."""
+        if not warm:
+            self.still = None
+            return []
+        # a grad norm of 0 counts from the run's start only: some builds print 0.000 on every line;
+        # an LR of 0 only when it dropped there (a decay to 0 at a schedule's end is no bug)
+        lr, zero = m.get(keys.LR), None
+        if lr is not None and lr > 0.0:
+            self.lr[0], self.lr[1] = max(self.lr[0], lr), lr
+        elif lr == 0.0 and self.lr[1] >= 0.1 * self.lr[0]:
+            zero = keys.LR
+        if zero is None and m.get(keys.UPDATE_NORM) == 0.0:
+            zero = keys.UPDATE_NORM
+        if zero is None and m.get(keys.GRAD_NORM) == 0.0 and self.start is not None and self.start[2]:
+            zero = keys.GRAD_NORM
+        if zero is None:
+            self.still = None
+            return []
+        s = self.still
+        if s is None:   # the loss's level before: the point before (an EW level lags a falling loss)
+            s = self.still = [step, 0, 0.0, self.prev_before, zero]
+        s[1] += 1
+        s[2] += lx
+        if s[1] < self.still_samples:
+            return []
+        fell = s[3] - s[2] / s[1]
+        se = self.sigma * math.sqrt(1.0 / s[1] + 1.0)
+        if fell >= max(-math.log1p(-self.min_fall), self.z_threshold * se):
+            return []   # it falls: whatever is 0 here, something trains
+        what = {keys.LR: "the LR", keys.UPDATE_NORM: "Adam's update norm", keys.GRAD_NORM: "the grad norm"}[s[4]]
+        level = math.exp(s[2] / s[1])
+        return [self.finding(
+            step, severity="warning", value=level, baseline=math.exp(s[3]), onset_step=s[0],
+            message=(f"The run is not learning: {what} has been exactly 0 since step {s[0]} ({s[1]} points up "
+                     f"to step {step}), and the loss is flat at {fmt(level)} ({fmt(math.exp(s[3]))} before): "
+                     f"nothing moves the weights. Usual causes: {CAUSES}. Check the LR schedule, which "
+                     f"parameters require gradients and are in the optimizer, and that the loss reaches them."),
+            rule="still", zero=s[4], past_startup=True)]
+
+    def _finding(self, step: int, rule: str, first: float, since: float, fell: float, se: float,
+                 c: int | None) -> Finding:
+        f, h = self.first, self.horizon
+        assert h is not None
+        level, before = math.exp(since), math.exp(first)
+        if c:
+            at = (f"ln {c} = {fmt(math.log(c))}, the chance level of a cross-entropy over the model's "
+                  f"{c} outputs")
+            chance = (f" It sits at {at} since step {self.chance}." if rule == "chance" else
+                      f" (The chance level of its {c} outputs is ln {c} = {fmt(math.log(c))}.)")
+        else:
+            guess = (f", and this level is that of a uniform guess over ~{math.exp(level):.3g} classes"
+                     if level < 25 else "")
+            chance = (f" The chance level is unknown here (the model's output size is not): for a "
+                      f"cross-entropy over C classes it is ln C{guess}.")
+        if rule == "chance":
+            what = (f"the loss has stayed at chance level: {fmt(math.exp(self.fast.mean))} at step {step}, "
+                    f"{fmt(level)} on average over the {h[1]} points since step {h[0]}, {fmt(before)} at "
+                    f"its start.{chance}")
+        else:
+            what = (f"the loss has not left its first level: {fmt(before)} over its first {f[0]} points "
+                    f"(to step {f[2]}), {fmt(level)} on average over the {h[1]} points since step {h[0]} "
+                    f"({abs(math.expm1(-fell)):.1%} {'lower' if fell > 0 else 'higher'}, and no downward trend; "
+                    f"against its noise a fall of {self.min_fall:.0%} would show).{chance}")
+        return self.finding(
+            step, severity="warning", value=level, baseline=before,
+            threshold=before * (1 - self.min_fall), onset_step=h[0],
+            message=(f"The run is not learning: {what} Usual causes: {CAUSES}. Check the LR, which "
+                     f"parameters the optimizer updates, and a batch's inputs against its labels"
+                     + (" (a GAN's adversarial losses stay level by design: there this says nothing)."
+                        if rule == "flat" else ".")),
+            rule=rule, fall=-math.expm1(-fell), fall_bound=-math.expm1(-(fell + self.z_threshold * se)),
+            first_samples=f[0], horizon_samples=h[1], chance_level=math.log(c) if c else None,
+            num_outputs=c, past_startup=True)

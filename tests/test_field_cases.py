@@ -1,0 +1,346 @@
+"""Runs of every field (issue 33), each hard case an exact stream: a loss that runs away below
+zero, a likelihood crossing zero, the fp16 loss scale halving to its floor, a recovered spike
+right after a short warmup, an LR jump mid-run, the precursor's layer rule on a bias of 2
+numbers, a grad norm x1000 with the loss below zero, and runs that never learn."""
+import json
+import math
+import random
+
+import pytest
+
+from stability_callbacks import Monitor, StepRecord
+from stability_callbacks.detectors import Context, Divergence, NotLearning
+
+
+def run(records, config=None):
+    m = Monitor(config)
+    out = []
+    for r in records:
+        out += m.update(r)
+        m.control.step_done()
+    return out, m
+
+
+def found(findings, *, min_severity="info"):
+    order = {"info": 0, "warning": 1, "critical": 2}
+    return [(f.step, f.kind, f.severity) for f in findings
+            if f.kind != "warmup_end" and order[f.severity] >= order[min_severity]]
+
+
+# -- losses of any sign ------------------------------------------------------------------------------
+AUTOENCODER = [37.2, 35.1, 33.0, 31.4, 29.9, 27.5, 22.0, 10.3, -15.8, -92.4, -801.0, math.nan]
+
+
+def test_an_objective_running_away_below_zero_is_a_divergence_before_the_nan():
+    # an autoencoder objective per epoch: 37 -> -801 -> NaN, the falls growing from epoch 5
+    f, _ = run([StepRecord(e, {"loss": x}) for e, x in enumerate(AUTOENCODER, 1)])
+    assert found(f) == [(9, "divergence", "critical"), (9, "rollback_advice", "critical"),
+                        (12, "nonfinite", "critical")]
+    div = f[0]
+    assert (div.details["rule"], div.details["how"], div.onset_step) == ("runaway", "accelerating", 5)
+    assert "-15.8 at step 9" in div.message and "speeding up since step 5" in div.message
+    assert div.threshold is None   # a fall: no threshold it rose above
+
+
+def nll_run(n, *, seed, noise, collapse_at=None):
+    """A Gaussian-NLL regressor: from ~1.4 across zero to -1.2 (noise per step); from
+    ``collapse_at`` its variance collapses and the loss falls 0.2 a step at a slowing pace."""
+    rng = random.Random(seed)
+    out = []
+    for s in range(1, n + 1):
+        x = -1.2 + 2.6 * math.exp(-s / 150) + rng.gauss(0, noise)
+        if collapse_at is not None and s >= collapse_at:
+            x -= 12 * math.log1p((s - collapse_at) / 40)
+        out.append(StepRecord(s, {"loss": x, "lr": 1e-3}))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("noise", [0.05, 0.3])
+def test_a_likelihood_crossing_zero_is_healthy(seed, noise):
+    # log(loss) rules near zero, the additive noise a spike is measured against, the runaway rule
+    assert found(run(nll_run(1500, seed=seed, noise=noise))[0], min_severity="warning") == []
+
+
+def test_a_likelihood_falling_without_bound_is_a_divergence_long_before_its_nan():
+    f, _ = run(nll_run(900, seed=0, noise=0.05, collapse_at=600))
+    div = [x for x in f if x.kind == "divergence"]
+    # 102 steps after the collapse began, its level at -15: 10x its starting magnitude below zero
+    assert [(x.step, x.severity, x.details["how"]) for x in div] == [(702, "critical", "magnitude")]
+    assert "10x the largest magnitude of its first points" in div[0].message
+
+
+def test_a_signal_jumping_by_orders_of_magnitude_warns_whatever_the_loss_sign():
+    # a REINFORCE surrogate below zero; rewards scaled x1000 at step 300: the grad norm jumps
+    rng = random.Random(0)
+    recs = [StepRecord(s, {"loss": -0.05 + 0.03 * rng.gauss(0, 1),
+                           "grad_norm": math.exp(rng.gauss(0, 0.3)) * (1000.0 if s == 300 else 1.0)})
+            for s in range(1, 400)]
+    f, _ = run(recs)
+    assert (300, "grad_norm_spike", "warning") in found(f)
+    assert "orders of magnitude" in next(x for x in f if x.kind == "grad_norm_spike").message
+    # the loss itself jumping x1000 upwards (below zero it is judged additively) is a warning too
+    for r in recs:
+        if r.step == 320:
+            r.metrics["loss"] = 50.0
+    assert (320, "loss_spike", "warning") in found(run(recs)[0])
+
+
+# -- the fp16 floor --------------------------------------------------------------------------------
+def test_a_loss_scale_halving_to_its_floor_warns_then_is_critical():
+    # steps go through at 65536, then every step overflows from 41: 3 halvings warn, 6 are critical
+    recs = []
+    for s in range(1, 60):
+        skip = s > 40
+        recs.append(StepRecord(s, {"loss": 3.0 - s / 100, "loss_scale": max(2.0 ** (16 - max(s - 40, 0)), 1.0),
+                                   "skipped": float(skip)}))
+    f, _ = run(recs)
+    assert [(x.step, x.severity, x.details["rule"]) for x in f if x.kind == "loss_scale_collapse"] == [
+        (43, "warning", "falling"), (46, "critical", "halvings")]
+
+
+def test_a_loss_scale_reaching_its_floor_inside_the_first_steps_is_critical():
+    # no skipped column: the scale halves from step 6 and reaches 4 at step 19, the crash follows
+    recs = [StepRecord(s, {"loss": 3.0 + 0.01 * math.sin(s), "loss_scale": max(2.0 ** (16 - max(s - 5, 0)), 1.0)})
+            for s in range(1, 25)]
+    f, _ = run(recs)
+    assert found(f, min_severity="warning") == [(19, "loss_scale_collapse", "critical"),
+                                                (19, "rollback_advice", "critical")]
+    assert f[0].details["past_startup"] and "startup_severity" not in f[0].details
+
+
+# -- a recovered spike ------------------------------------------------------------------------------
+def short_warmup_spike(warmup, *, seed=0, factor=1.35):
+    """The loss falling fast from its start, a 10- or 15-step warmup, +35% for 4 steps from two
+    steps after it, back the step after."""
+    rng = random.Random(seed)
+    out = []
+    for s in range(1, 201):
+        loss = (1.2 + 3.0 * math.exp(-(s / 70) ** 1.5)) * math.exp(rng.gauss(0, 0.01))
+        if warmup + 2 <= s < warmup + 6:
+            loss *= factor
+        out.append(StepRecord(s, {"loss": loss, "lr": 1e-3 * min(s / warmup, 1.0),
+                                  "grad_norm": math.exp(rng.gauss(0, 0.05))}))
+    return out
+
+
+@pytest.mark.parametrize("warmup", [10, 15])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_spike_right_after_a_short_warmup_is_reported_and_no_critical_follows_its_recovery(warmup, seed):
+    f, _ = run(short_warmup_spike(warmup, seed=seed))
+    spikes = [x for x in f if x.kind == "loss_spike"]
+    assert spikes and spikes[0].step == warmup + 2
+    assert (warmup + 6, "spike_recovered", "info") in found(f)
+    assert found(f, min_severity="critical") == []
+
+
+def test_divergence_stands_aside_once_the_loss_is_back():
+    # a 4-point bump of +35% with no loss_spike to explain it: the 7-point median stays up for
+    # 4 points, the last three of them with the loss back (it paged critical there)
+    d = Divergence()
+    xs = [3.0 * math.exp(0.005 * math.sin(s)) * (1.35 if 40 <= s < 44 else 1.0) for s in range(1, 80)]
+    assert [f for s, x in enumerate(xs, 1) for f in d.update(StepRecord(s, {"loss": x}), Context(s))] == []
+
+
+# -- the LR phase ---------------------------------------------------------------------------------
+def test_an_lr_jump_mid_run_is_an_lr_anomaly_not_a_warmup():
+    recs = [StepRecord(s, {"loss": 3.0 - s / 100, "lr": 1e-3 * min(s / 10, 1.0) * (100 if s >= 30 else 1)})
+            for s in range(1, 80)]
+    m = Monitor()
+    out = {}
+    for r in recs:
+        out[r.step] = m.update(r)
+    assert [(f.step, f.kind) for fs in out.values() for f in fs] == [(10, "warmup_end"), (30, "lr_anomaly")]
+    assert [f.phase for f in out[30]] == ["peak"] and m.phase.warmup_end_step == 10
+
+
+def test_a_scheduler_jumping_after_its_warmup_declares_the_warmup_not_the_jump():
+    import torch
+
+    from stability_callbacks.integrations.torch.preflight import scheduler_warmup
+    opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / 10) * (100 if s >= 29 else 1))
+    assert scheduler_warmup(sched, 100)[0] == 10   # peaked after 10 step() calls (was 29: the jump)
+
+
+@pytest.mark.parametrize("warmup_type, first_at_peak", [("log", 11), ("linear", 12)])
+def test_deepspeed_warmup_schedulers_are_read_as_the_first_step_at_the_peak(warmup_type, first_at_peak):
+    # WarmupLR driven as the engine drives it: step 1 runs at the LR set at construction, the
+    # scheduler steps after each optimizer step; the declared warmup end is that first step
+    import torch
+    from deepspeed.runtime.lr_schedules import WarmupLR
+
+    from stability_callbacks.integrations.torch.preflight import scheduler_warmup
+    opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1e-3)
+    sched = WarmupLR(opt, warmup_min_lr=0.0, warmup_max_lr=1e-3, warmup_num_steps=10, warmup_type=warmup_type)
+    declared = scheduler_warmup(sched, None)[0] + 1   # LiveSession.declare_warmup's convention
+    lrs = []
+    for _ in range(20):
+        lrs.append(opt.param_groups[0]["lr"])
+        sched.step()
+    peak = max(lrs)   # (log: gamma reaches 1 - 1e-16 one iteration before 1.0)
+    assert declared == first_at_peak == 1 + next(i for i, v in enumerate(lrs) if v >= peak * (1 - 1e-6))
+
+
+# -- the precursor earns its warning -------------------------------------------------------------
+def classifier_layers(n=400, *, share, confirm_at=None, seed=0):
+    """A classifier near zero loss whose output bias (tensor #5, 2 numbers) swings 6x against its
+    history every 40 steps; ``share``: its part of the update; ``confirm_at``: a grad-norm spike."""
+    rng = random.Random(seed)
+    out = []
+    for s in range(1, n + 1):
+        swing = s > 100 and s % 40 == 0
+        out.append(StepRecord(s, {
+            "loss": 0.7 * math.exp(-s / 60) + 1e-3, "lr": 1e-3 * min(s / 10, 1.0),
+            "grad_norm": math.exp(rng.gauss(0, 0.05)) * (8.0 if s == confirm_at else 1.0),
+            "update_norm": 1e-3 * math.exp(rng.gauss(0, 0.03)),
+            "layers/lower/update_ratio": 1.0, "layers/upper/update_ratio": 1.05,
+            "layers/top1/tensor": 5.0, "layers/top1/update_ratio": 6.0 if swing else 1.2,
+            "layers/top1/exp_avg_ratio": 6.0 if swing else 1.1, "layers/top1/exp_avg_sq_ratio": 1.0,
+            "layers/top1/update_share": share * (36 if swing else 1)}))
+    return out
+
+
+def test_a_bias_of_two_numbers_cannot_lead_alone():
+    # 2 of ~5000 numbers: 0.04% of the update, 1.4% after a 6x swing: no lead at all
+    assert [f for f in run(classifier_layers(share=4e-4))[0] if f.kind == "precursor"] == []
+    # a tensor carrying a real part of the update: an info lead, never a warning by itself
+    f, _ = run(classifier_layers(share=0.01))
+    assert {(x.kind, x.severity) for x in f if x.kind == "precursor"} == {("precursor", "info")}
+    # ... until the grad norm follows within confirm_steps: then a warning at that step
+    f, _ = run(classifier_layers(share=0.01, confirm_at=123))
+    warned = [(x.step, x.onset_step, x.details["confirmed_by"]) for x in f
+              if x.kind == "precursor" and x.severity == "warning"]
+    assert warned == [(123, 120, "grad_norm_spike")]
+
+
+# -- runs that never learn ----------------------------------------------------------------------------
+def epochs(values):
+    return [StepRecord(e, {"loss": v}) for e, v in enumerate(values, 1)]
+
+
+def test_a_loss_at_chance_level_for_many_epochs_is_not_learning():
+    # a self-supervised head collapsed to uniform over 1000 outputs: ln 1000 = 6.908 every epoch
+    rng = random.Random(0)
+    xs = [math.log(1000) + 0.002 * rng.gauss(0, 1) for _ in range(80)]
+    f, _ = run(epochs(xs))
+    assert found(f) == [(54, "not_learning", "warning")]   # 3 first epochs, 50 after them
+    assert f[0].details["rule"] == "flat" and "chance level is unknown here" in f[0].message
+    assert "uniform guess over ~1e+03 classes" in f[0].message
+    # the output size known (configured in a replay, or a live run's output layer): chance level
+    f, _ = run(epochs(xs), {"detectors": {"not_learning": {"num_outputs": 1000}}})
+    assert found(f) == [(54, "not_learning", "warning")]
+    assert f[0].details["rule"] == "chance" and "ln 1000 = 6.908" in f[0].message
+
+
+def test_a_flat_loss_with_a_logged_interval_is_not_learning_from_its_first_point():
+    # an MLM pretraining log every 100 steps, loss flat at 7.1 (accuracy 0): the run's start is
+    # the first record at the log's interval
+    rng = random.Random(1)
+    recs = [StepRecord(100 * k, {"loss": 7.1 * math.exp(0.01 * rng.gauss(0, 1))}) for k in range(1, 20)]
+    assert found(run(recs)[0]) == [(600, "not_learning", "warning")]   # 3 first points, then 3 and 50 steps
+    # the same numbers as an excerpt from mid-run (step 50000 on): no call, converged or not
+    late = [StepRecord(50_000 + r.step, r.metrics) for r in recs]
+    assert found(run(late)[0]) == []
+
+
+def test_a_keras_cnn_whose_loss_never_falls_is_not_learning():
+    # an epoch-level log with few points: 10 epochs printed every 10 of 100, the loss wandering
+    # around ln 2 without falling (a graph classifier predicting its majority class)
+    xs = [0.6973, 0.6757, 0.6847, 0.7206, 0.7316, 0.7409, 0.7697, 0.6937, 0.8604, 0.7021]
+    f, _ = run([StepRecord(10 * e, {"loss": x}) for e, x in enumerate(xs, 1)])
+    assert found(f) == [(90, "not_learning", "warning")]
+    assert "uniform guess over ~2.12 classes" in f[0].message
+
+
+def test_a_run_that_learns_slowly_or_converged_is_not_flagged():
+    rng = random.Random(2)
+    slow = [StepRecord(s, {"loss": 2.95 * (1 - 0.0004 * s) * math.exp(0.005 * rng.gauss(0, 1))})
+            for s in range(0, 120)]   # a 7B model's continued pre-training: -4% in 120 steps
+    assert found(run(slow)[0]) == []
+    plateau = epochs([0.536, 0.4998, 0.4974] + [0.495 + 0.001 * math.sin(e) for e in range(45)])
+    assert found(run(plateau)[0]) == []   # fell 3% in its first epochs, then converged
+
+
+def test_an_lr_dropped_to_zero_after_the_warmup_is_not_learning_but_a_decay_to_zero_is_not():
+    lrs = [1e-3 * min(s / 10, 1.0) if s <= 60 else 0.0 for s in range(1, 120)]
+    rng = random.Random(3)
+    recs = [StepRecord(s, {"loss": (1.0 + 2.0 * math.exp(-min(s, 60) / 20)) * math.exp(0.01 * rng.gauss(0, 1)),
+                           "lr": lr}) for s, lr in enumerate(lrs, 1)]
+    f, m = run(recs)
+    assert found(f) == [(65, "not_learning", "warning")]
+    assert m.policy.last_save_request is None and m.policy.bump_until is None   # no checkpoints for it
+    nl = f[-1]
+    assert nl.details["rule"] == "still" and "the LR has been exactly 0 since step 61" in nl.message
+    # a cosine decayed to 0 at the schedule's end, printed as 0.000000
+    for r in recs:
+        r.metrics["lr"] = round(1e-3 * max(0.0, math.cos(math.pi * r.step / 240)), 6)
+    assert [x for x in run(recs)[0] if x.kind == "not_learning"] == []
+
+
+def test_not_learning_state_round_trips():
+    d = NotLearning(num_outputs=10)
+    recs = epochs([2.31 + 0.001 * (e % 3) for e in range(60)])
+    for r in recs[:30]:
+        d.update(r, Context(r.step))
+    e = NotLearning(num_outputs=10)
+    e.load_state_dict(json.loads(json.dumps(d.state_dict())))
+    a = [f.to_json() for r in recs[30:] for f in d.update(r, Context(r.step))]
+    b = [f.to_json() for r in recs[30:] for f in e.update(r, Context(r.step))]
+    assert a == b and a
+
+
+def test_hf_and_lightning_end_the_same_lr_lambdas_warmup_at_the_same_step(tmp_path):
+    # the same LambdaLR (0, 1/10, ..., 1, then flat) under the HF Trainer (its own schedule from
+    # warmup_steps=10, and the lambda passed in) and under Lightning (stepped every step): each
+    # declares the warmup's end as the first step at the peak LR, step 11 (HF's step 10 still
+    # runs at 9/10 of it), and the risk window starts after it in both
+    import lightning.pytorch as pl
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    from stability_callbacks.demo.scenarios import build_scenario
+    from stability_callbacks.integrations.hf import StabilityCallback as HFCallback
+    from stability_callbacks.integrations.lightning import StabilityCallback as PLCallback
+
+    sc = build_scenario("healthy", max_steps=16, warmup_steps=10)
+
+    def lam(s):
+        return min(1.0, s / 10)
+
+    def hf(passed_in):
+        model = sc.make_model()
+        opt = torch.optim.AdamW(model.parameters(), lr=sc.lr)
+        args = TrainingArguments(output_dir=str(tmp_path / f"hf{passed_in}"), max_steps=sc.max_steps,
+                                 per_device_train_batch_size=sc.batch_size, learning_rate=sc.lr,
+                                 warmup_steps=0 if passed_in else 10, lr_scheduler_type="constant_with_warmup",
+                                 save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True,
+                                 train_sampling_strategy="sequential")
+        trainer = Trainer(model=model, args=args, train_dataset=sc.train_dataset(),
+                          optimizers=(opt, torch.optim.lr_scheduler.LambdaLR(opt, lam)) if passed_in else (None, None))
+        cb = HFCallback.attach(trainer, config={"actions": {}}, run_dir=tmp_path / f"hf{passed_in}" / "stability")
+        trainer.train()
+        return cb
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = sc.make_model()
+
+        def training_step(self, batch, batch_idx):
+            return self.model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+
+        def configure_optimizers(self):
+            opt = torch.optim.AdamW(self.model.parameters(), lr=sc.lr)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.LambdaLR(opt, lam),
+                                                       "interval": "step"}}
+
+    pl_cb = PLCallback(config={"actions": {}}, run_dir=tmp_path / "pl" / "stability")
+    pl.Trainer(callbacks=[pl_cb], accelerator="cpu", devices=1, max_steps=sc.max_steps, logger=False,
+               enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+               default_root_dir=tmp_path / "pl").fit(
+        Module(), torch.utils.data.DataLoader(sc.train_dataset(), batch_size=sc.batch_size, shuffle=False))
+    ends = [[(f.step, f.details["risk_window_end_step"]) for f in cb.findings if f.kind == "warmup_end"]
+            for cb in (hf(False), hf(True), pl_cb)]
+    assert ends == [[(11, 44)]] * 3
+
