@@ -85,7 +85,8 @@ def test_an_lr_burst_moves_the_update_first_and_sets_the_spike_onset(results, li
     _, findings = read_runlog(live_dir / name / "runlog.jsonl")
     pre = [f for f in findings if f["kind"] == "precursor"]
     spike = next(f for f in findings if f["kind"] == "loss_spike")
-    assert [(f["step"], f["details"]["rule"]) for f in pre] == [(step, "update")]
+    assert [(f["step"], f["details"]["rule"], f["severity"]) for f in pre] == [
+        (step, "update", "info"), (step + 1, "update", "warning")]   # a warning once the loss followed
     assert spike["step"] == step + 1 and spike["onset_step"] == step
     assert spike["details"]["spike_onset_step"] == step + 1
     assert f"at step {step}, 1 step before the loss" in spike["message"]

@@ -211,10 +211,11 @@ def _never_learned(sc: Scenario, steps: dict[int, dict], loss: dict[int, float])
         lrs = {steps[i].get("lr") for i in steps if i >= f.step}
         return text + f"; LR {sorted(lrs, key=str)[:3]} from step {f.step}", flat and lrs == {0.0}
     norms = {steps[i]["grad_norm"] for i in steps if "grad_norm" in steps[i]}
-    if f.kind == "optimizer-stale":   # the model's gradients flow (HF clips them: a grad norm),
-        if not norms:                 # the optimizer's tensors get none (Lightning: no grad norm)
+    if f.kind == "optimizer-stale":   # the model's gradients flow: HF's grad norm is the model's
+        if not norms:                 # (> 0); Lightning's is the optimizer's tensors', which get none (0)
             return text + "; no grad norm logged", flat
-        return text + f"; grad norm {min(norms):.3g}-{max(norms):.3g}", flat and min(norms) > 0
+        moving = min(norms) > 0 if sc.framework == "hf" else norms <= {0.0}
+        return text + f"; grad norm {min(norms):.3g}-{max(norms):.3g}", flat and moving
     # frozen: no gradient reaches a parameter (Lightning then logs no grad norm at all)
     return (text + (f"; grad norm {sorted(norms)[:3]}" if norms else "; no grad norm logged"),
             flat and norms <= {0.0})
