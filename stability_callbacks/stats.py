@@ -377,6 +377,8 @@ class RiseAboveLow:
     __slots__ = ("persist", "low", "low_step", "count", "latch")
 
     def __init__(self, persist: int):
+        if persist < 1:
+            raise ValueError(f"persist must be ≥ 1, got {persist!r}")
         self.persist = persist
         self.low: float | None = None
         self.low_step: int | None = None
@@ -384,11 +386,18 @@ class RiseAboveLow:
         self.latch = Latch()
 
     def update(self, v: float, step: int, threshold: float) -> bool:
-        if self.low is None or v < self.low:
-            self.low, self.low_step = v, step
-        rise = v - self.low
-        self.count = 0 if rise <= threshold else self.count + 1
-        return self.latch.update(on=self.count >= self.persist, off=rise < threshold / 2)
+        low = self.low
+        if low is None or v < low:
+            low = self.low = v
+            self.low_step = step
+        rise = v - low
+        if rise <= threshold:
+            self.count = 0
+            if rise < threshold / 2:   # re-armed; nothing to fire (hot path: no call)
+                self.latch.armed = True
+            return False
+        self.count += 1
+        return self.latch.update(self.count >= self.persist, rise < threshold / 2)
 
     @property
     def low_value(self) -> float:

@@ -28,6 +28,7 @@ class _SustainedGrowth(Detector):
         self.startup_steps = positive_int("startup_steps", startup_steps)
         self.level = RobustLevel(positive("alpha", alpha))
         self.rise = RiseAboveLow(self.persist_samples)
+        self._log_growth = math.log1p(self.min_growth)
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
@@ -41,7 +42,7 @@ class _SustainedGrowth(Detector):
         if out or record.step <= self.startup_steps or (self.after_warmup and ctx.phase is None):
             return out
         lv = self.level.level
-        if not self.rise.update(lv, record.step, math.log1p(self.min_growth)):
+        if not self.rise.update(lv, record.step, self._log_growth):
             return []
         lo, now, low_step = math.exp(self.rise.low_value), math.exp(lv), self.rise.low_step
         growth = now / lo
