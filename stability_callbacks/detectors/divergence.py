@@ -5,7 +5,7 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import EWMean, Latch, RiseAboveLow, RollingMedian, finite_positive
+from ..stats import EWMean, Latch, RiseAboveLow, RollingMedian
 from .base import Context, Detector, check, fmt, positive, positive_int
 
 
@@ -119,10 +119,10 @@ class Divergence(Detector):
             return []
         lx = math.log(x)
         g = m.get(keys.GRAD_NORM)
-        if g is not None and finite_positive(g):
+        if g is not None and 0.0 < g < math.inf:
             self.grad_med.update(math.log(g))
         u = m.get(keys.UPDATE_NORM)
-        if u is not None and finite_positive(u):
+        if u is not None and 0.0 < u < math.inf:
             self.update_med.update(math.log(u))
         self.med.update(lx)
         prev, self.prev_log = self.prev_log, lx
@@ -147,7 +147,7 @@ class Divergence(Detector):
         thr = max(log_rise, self.noise_sigmas * 1.25 * noise)
         fired = rise.update(level, record.step, thr)
         # The swings the run has shown: rises of half a threshold that came back, and how long.
-        low = rise.low_value
+        low = rise.low   # known once it has seen a value
         up = level - low
         if self.swing is None and up > thr / 2:
             self.swing = self.points
@@ -217,13 +217,14 @@ class Divergence(Detector):
         level, spread = self.level.mean, self.spread.mean
         warm = self.level.n >= self.window and spread > 0.0
         far = (level - x) / spread if warm else 0.0
-        if far < self.runaway_factor / 3 or not self.faster:   # a point of a speeding fall, far below,
+        third = self.runaway_factor / 3
+        if far < third or not self.faster:   # a point of a speeding fall, far below,
             # is not the loss's own level and spread (a steady fall keeps moving them)
             self.level.update(x)
             self.spread.update(abs(x - level) if self.level.n > 1 else 0.0)
-        self.below = self.below + 1 if far >= self.runaway_factor / 3 else 0
+        self.below = self.below + 1 if far >= third else 0
         # back: its level within a third of that of its own scale, no point far below
-        back = far < self.runaway_factor / 3 and (start[0] < 20 or level > -self.runaway_factor / 3 * start[1])
+        back = far < third and (start[0] < 20 or level > -third * start[1])
         if not warm or x >= 0.0:
             if back:   # re-armed (hot path: no call)
                 self.runaway.armed = True

@@ -5,7 +5,7 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import RobustLevel, finite_positive
+from ..stats import RobustLevel
 from .base import Context, Detector, fmt, positive, positive_int
 
 
@@ -54,7 +54,7 @@ class GradNormSpike(Detector):
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
         g = m.get(keys.GRAD_NORM)
-        if g is None or not finite_positive(g) or (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0:
+        if g is None or not 0.0 < g < math.inf or (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0:
             return []
         b = self.base
         if b.n == 0:

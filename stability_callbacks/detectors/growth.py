@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import RiseAboveLow, RobustLevel, finite_positive
+from ..stats import RiseAboveLow, RobustLevel
 from .base import Context, Detector, check, fmt, positive, positive_int
 
 
@@ -33,7 +33,7 @@ class _SustainedGrowth(Detector):
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
         v = m.get(self.signals[0])
-        if v is None or not finite_positive(v) or (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0:
+        if v is None or not 0.0 < v < math.inf or (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0:
             return []
         self.level.update(v)
         if self.after_warmup and ctx.phase == "warmup":

@@ -5,7 +5,7 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import EWMean, RobustLevel, finite_positive
+from ..stats import EWMean, RobustLevel
 from .base import Context, Detector, fmt, positive, positive_int
 
 
@@ -41,7 +41,7 @@ class LevelShift(Detector):
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         x = record.metrics.get(keys.LOSS)
-        if x is None or not finite_positive(x) or x == self.last or ctx.loss_signed:   # frozen: `stall`'s
+        if x is None or not 0.0 < x < math.inf or x == self.last or ctx.loss_signed:   # frozen: `stall`'s
             return []
         self.last = x
         lx = math.log(x)

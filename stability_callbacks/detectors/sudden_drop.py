@@ -5,7 +5,7 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import EWMean, finite_positive
+from ..stats import EWMean
 from .base import Context, Detector, check, fmt, positive, positive_int
 
 
@@ -56,7 +56,7 @@ class SuddenDrop(Detector):
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         x = record.metrics.get(keys.LOSS)
-        if x is None or not finite_positive(x) or ctx.loss_signed:
+        if x is None or not 0.0 < x < math.inf or ctx.loss_signed:
             return []
         fast = self.fast.update(math.log(x))
         h = self.history
