@@ -3,6 +3,11 @@
     python scripts/bench_replay.py [LOG] [--repeat N]
         Monitor.update steps/s on a real 20k-step log (records pre-read; reading timed apart).
 
+    python scripts/bench_replay.py [LOG] --code DIR [--code DIR ...] [--rounds N] [--records N]
+        The same, µs per update in CPU seconds of a subprocess per checkout and round,
+        interleaved (this checkout first): the median per checkout and its ratio to the first.
+        LOG may be a generated one (`--cli` writes them; `--records` reads its first N).
+
     python scripts/bench_replay.py --cli [--steps 1000000] [--formats megatron,generic,csv]
                                    [--code DIR ...] [--rounds 2] [--out DIR]
         The full CLI path (`stability-callbacks replay FILE`, a subprocess: reading, the
@@ -64,6 +69,35 @@ def monitor_only(log: str, repeat: int) -> dict:
     print(f"{result['steps']} steps, Monitor.update median {result['monitor_steps_per_s']:,} steps/s "
           f"(min {result['min_steps_per_s']:,}, max {result['max_steps_per_s']:,}); reading took {read_s:.2f} s")
     return result
+
+
+_MONITOR_CPU = ("import itertools, sys, time; from stability_callbacks import Monitor; "
+                "from stability_callbacks.replay.readers import read_records; "
+                "n = int(sys.argv[2]) or None; recs = list(itertools.islice(read_records(sys.argv[1]), n)); "
+                "m = Monitor(); t = time.process_time(); [m.update(r) for r in recs]; "
+                "print((time.process_time() - t) / len(recs) * 1e6, len(recs))")
+
+
+def monitor_side_by_side(args) -> dict:
+    """Monitor.update alone, µs per update (CPU time), per checkout, interleaved round by round."""
+    codes = [REPO] + [Path(c).resolve() for c in args.code]
+    us: dict[str, list[float]] = {}
+    steps = 0
+    for _ in range(args.rounds):
+        for code in codes:
+            r = subprocess.run([sys.executable, "-c", _MONITOR_CPU, str(Path(args.log).resolve()), str(args.records)],
+                               cwd=code, env=dict(os.environ, PYTHONPATH=str(code)), capture_output=True, text=True)
+            if r.returncode:
+                raise SystemExit(f"{code}: {r.stderr.strip().splitlines()[-1]}")
+            per_update, steps = float(r.stdout.split()[0]), int(r.stdout.split()[1])
+            us.setdefault(str(code), []).append(per_update)
+    first = statistics.median(us[str(codes[0])])
+    rows = []
+    for code in codes:
+        med = statistics.median(us[str(code)])
+        rows.append({"code": str(code), "median_us_per_update": round(med, 2), "ratio_to_first": round(med / first, 3)})
+        print(f"{code}: median {med:.2f} µs per update (CPU) of {len(us[str(code)])}, x{med / first:.2f}")
+    return {"log": Path(args.log).name, "steps": steps, "monitor": rows, "load_1min": os.getloadavg()[0]}
 
 
 def write_logs(out: Path, steps: int, formats: list[str]) -> dict[str, Path]:
@@ -227,10 +261,11 @@ def main() -> None:
     ap.add_argument("--code", action="append", default=[],
                     help="another checkout (its repository root) to time side by side")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--records", type=int, default=0, help="Monitor with --code: the log's first N records (0: all)")
     ap.add_argument("--out", default="out/bench_replay")
     args = ap.parse_args()
     result = (full_cli(args) if args.cli else linear(args) if args.linear else read_only(args)
-              if args.read else monitor_only(args.log, args.repeat))
+              if args.read else monitor_side_by_side(args) if args.code else monitor_only(args.log, args.repeat))
     print(json.dumps(result))
 
 
