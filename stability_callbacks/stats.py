@@ -8,7 +8,6 @@ is :class:`Latch`.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
 from collections import deque
 
 _NEVER = 1 << 62   # a count no stream reaches
@@ -314,11 +313,7 @@ def _median(xs: list[float]) -> float:
 class RollingMedian:
     """Median of the last ``size`` values: a fixed window, used where blips must not count.
 
-    The window is also kept in order (``bisect``: the value that leaves is found and taken out, the
-    new one put in its place), so the median is read, not sorted for, on every point. Values are
-    finite (the callers' are logs of finite positive numbers: a NaN has no place in an order).
-    O(size) per update with a small ``size`` (≤ 15 here; the moves are one C call each). State:
-    the window.
+    O(size) per update with a small ``size`` (≤ 15 here). State: the window.
 
     >>> m = RollingMedian(3)
     >>> for x in [1.0, 100.0, 2.0, 3.0]: m.update(x)
@@ -326,21 +321,16 @@ class RollingMedian:
     3.0
     """
 
-    __slots__ = ("size", "window", "ordered")
+    __slots__ = ("size", "window")
 
     def __init__(self, size: int):
         if size < 1:
             raise ValueError(f"size must be ≥ 1, got {size!r}")
         self.size = size
         self.window: deque[float] = deque(maxlen=size)
-        self.ordered: list[float] = []   # the window sorted (derived, not state)
 
     def update(self, x: float) -> None:
-        window, ordered = self.window, self.ordered
-        if len(window) == self.size:
-            del ordered[bisect_left(ordered, window[0])]
-        window.append(x)
-        insort(ordered, x)
+        self.window.append(x)
 
     @property
     def full(self) -> bool:
@@ -348,18 +338,13 @@ class RollingMedian:
 
     @property
     def median(self) -> float:
-        s = self.ordered
-        n = len(s)
-        if not n:
-            return math.nan
-        return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+        return _median(list(self.window)) if self.window else math.nan
 
     def state_dict(self) -> list:
         return list(self.window)
 
     def load_state_dict(self, s) -> None:
         self.window = deque((float(v) for v in s), maxlen=self.size)
-        self.ordered = sorted(self.window)
 
 
 class RiseAboveLow:
