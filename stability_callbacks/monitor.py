@@ -136,10 +136,10 @@ class Monitor:
         return out
 
     def _plan(self, shape: frozenset) -> _Plan:
-        """The detectors a record with these keys feeds, in order, split around the main loss
-        spike (whose view of the loss the detectors after it read); broken ones left out."""
-        fed = [d for d in self.detectors if d.name not in self._broken
-               and (not d.signals or not shape.isdisjoint(d.signals))]
+        """The detectors a record with these keys feeds (:meth:`Detector.wants`), in order, split
+        around the main loss spike (whose view of the loss the detectors after it read); broken
+        ones left out."""
+        fed = [d for d in self.detectors if d.name not in self._broken and d.wants(shape)]
         if self._loss_spike not in fed:
             return (), None, tuple(fed)
         i = fed.index(self._loss_spike)
@@ -184,6 +184,7 @@ class Monitor:
         self.policy.forget_after(start_step)
         for d in self.detectors:
             d.on_segment(start_step, reason)
+        self._plans = {}   # what a detector wants may change at a segment (Detector.wants)
         return [Finding(step=start_step, kind="resume", severity="info", phase=self.phase.phase,
                         message=(f"Training {'rolled back and ' if reason == 'rollback' else ''}resumed at "
                                  f"step {start_step} (segment {self.segment}). Watching the next steps for "
@@ -236,3 +237,4 @@ class Monitor:
         self.policy.load_state_dict(state["policy"])
         for d in self.detectors:
             d.load_state_dict(state["detectors"][d.name])
+        self._plans = {}   # ... and with the state
