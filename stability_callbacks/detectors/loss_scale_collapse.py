@@ -110,6 +110,10 @@ class LossScaleCollapse(Detector):
         near_floor = self.moved and ls - self._log2_min <= self.floor_halvings
         if self.searching:   # the search halves by design; one that reached the floor has failed
             return self._fire(step, s, "floor", ctx, on=near_floor, off=not near_floor)
+        if ls == self.peak and not near_floor:   # at its peak, off its floor (most steps): no halving
+            self.peak_step = step                # to count, nothing to report, both latches re-armed
+            self.latch.armed = self.warned.armed = True
+            return []
         if self.peak is not None and self.peak_step is not None:
             decay = (step - self.peak_step) // self.peak_decay_steps
             if decay > 0:
