@@ -11,8 +11,8 @@
     python scripts/bench_replay.py --cli [--steps 1000000] [--formats megatron,generic,csv]
                                    [--code DIR ...] [--rounds 2] [--out DIR]
         The full CLI path (`stability-callbacks replay FILE`, a subprocess: reading, the
-        Monitor, the summary) on a generated log of N steps and 6 columns (step, loss,
-        grad_norm, lr, loss_scale, skipped: the same numbers as Megatron iteration lines, as
+        Monitor, the summary; wall and CPU seconds) on a generated log of N steps and 6
+        columns (step, loss, grad_norm, lr, loss_scale, skipped: the same numbers as Megatron iteration lines, as
         generic `step N | loss X | ...` lines, as our CSV; `nanogpt`: build-nanogpt's 4-column
         line, which the generic reader reads and a dedicated reader used to). `--code DIR`
         times other checkouts of the package on the same files, interleaved round by round
@@ -135,37 +135,44 @@ def write_logs(out: Path, steps: int, formats: list[str]) -> dict[str, Path]:
     return {f: paths[f] for f in formats}
 
 
-def cli_seconds(code: Path, log: Path) -> float:
+def cli_seconds(code: Path, log: Path) -> tuple[float, float]:
+    """Wall and CPU seconds (user + system) of one `replay LOG` subprocess."""
     env = dict(os.environ, PYTHONPATH=str(code))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _children_cpu_s()
     # cwd too: `python -m` puts the working directory ahead of PYTHONPATH.
     r = subprocess.run([sys.executable, "-m", "stability_callbacks", "replay", str(log.resolve())],
                        env=env, cwd=code, capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, _children_cpu_s() - c0
     if r.returncode not in (0, 1):
         print(f"replay {log.name} with {code} failed ({r.returncode}): {r.stderr.splitlines()[0]}")
-        return math.inf
-    return seconds
+        return math.inf, math.inf
+    return seconds, cpu
+
+
+def _children_cpu_s() -> float:
+    import resource
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def full_cli(args) -> dict:
     logs = write_logs(Path(args.out), args.steps, args.formats.split(","))
     codes = [REPO] + [Path(c).resolve() for c in args.code]
-    times: dict[tuple[str, str], list[float]] = {}
+    times: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for _ in range(args.rounds):
         for fmt, log in logs.items():
             for code in codes:
                 times.setdefault((str(code), fmt), []).append(cli_seconds(code, log))
     load = os.getloadavg()[0]
     rows = []
-    for (code, fmt), secs in times.items():
-        best = min(secs)
+    for (code, fmt), runs in times.items():
+        best, cpu = min(wall for wall, _ in runs), min(c for _, c in runs)
         if best == math.inf:
             continue
         rows.append({"code": code, "format": fmt, "steps": args.steps, "best_s": round(best, 2),
-                     "steps_per_s": round(args.steps / best)})
-        print(f"{fmt:9s} {code}: best of {len(secs)} {best:6.1f} s = {args.steps / best:,.0f} steps/s "
-              f"(all: {', '.join(f'{s:.1f}' for s in secs)})")
+                     "steps_per_s": round(args.steps / best), "best_cpu_s": round(cpu, 2)})
+        print(f"{fmt:9s} {code}: best of {len(runs)} {best:6.1f} s = {args.steps / best:,.0f} steps/s, "
+              f"CPU {cpu:.1f} s (all: {', '.join(f'{w:.1f}/{c:.1f}' for w, c in runs)})")
     print(f"load average at the end: {load:.1f} on {os.cpu_count()} cores")
     return {"steps": args.steps, "rows": rows, "load_1min": load}
 
