@@ -12,9 +12,10 @@
                                    [--code DIR ...] [--rounds 2] [--out DIR]
         The full CLI path (`stability-callbacks replay FILE`, a subprocess: reading, the
         Monitor, the summary; wall and CPU seconds) on a generated log of N steps and 6
-        columns (step, loss, grad_norm, lr, loss_scale, skipped: the same numbers as Megatron iteration lines, as
-        generic `step N | loss X | ...` lines, as our CSV; `nanogpt`: build-nanogpt's 4-column
-        line, which the generic reader reads and a dedicated reader used to). `--code DIR`
+        columns (step, loss, grad_norm, lr, loss_scale, skipped: the same numbers as Megatron
+        iteration lines, as generic `step N | loss X | ...` lines, as our CSV; `nanogpt`:
+        build-nanogpt's 4-column line, which the generic reader reads and a dedicated reader
+        used to). `--code DIR`
         times other checkouts of the package on the same files, interleaved round by round
         (compare code on a loaded machine by the ratio, not the absolute figure). Prints
         steps/s per format and code, and JSON as the last line.
