@@ -63,6 +63,7 @@ class Monitor:
         self.tensor_names: list[str | None] | None = None
         self._broken: set[str] = set()
         self._plans: dict[frozenset, _Plan] = {}
+        self._shapes: set[frozenset] = set()   # the sets of keys seen since the plans were last made afresh
         # One Context, refilled at every step: building a new one is a third of the Monitor's own
         # cost per step. Nothing keeps it past the step (``found`` is the step's own list).
         self._ctx = Context(0)
@@ -107,7 +108,7 @@ class Monitor:
         shape = frozenset(m)
         plan = self._plans.get(shape)
         if plan is None:   # which detectors this set of keys feeds (logs keep one shape)
-            plan = self._plans[shape] = self._plan(shape)
+            plan = self._plan(shape)
         before, loss_spike, after = plan
         if before:
             self._run(before, record, ctx, out)
@@ -139,11 +140,21 @@ class Monitor:
         """The detectors a record with these keys feeds (:meth:`Detector.wants`), in order, split
         around the main loss spike (whose view of the loss the detectors after it read); broken
         ones left out."""
+        if shape not in self._shapes:   # keys not seen before: what a detector wants may change
+            self._shapes.add(shape)      # with them (Detector.wants), so every plan is made anew
+            self._plans = {}
         fed = [d for d in self.detectors if d.name not in self._broken and d.wants(shape)]
         if self._loss_spike not in fed:
-            return (), None, tuple(fed)
-        i = fed.index(self._loss_spike)
-        return tuple(fed[:i]), self._loss_spike, tuple(fed[i + 1:])
+            plan: _Plan = ((), None, tuple(fed))
+        else:
+            i = fed.index(self._loss_spike)
+            plan = (tuple(fed[:i]), self._loss_spike, tuple(fed[i + 1:]))
+        self._plans[shape] = plan
+        return plan
+
+    def _forget_plans(self) -> None:
+        """A segment, a state load, a new or broken detector: every detector is asked again."""
+        self._plans, self._shapes = {}, set()
 
     def _run(self, detectors: tuple, record: StepRecord, ctx: Context, out: list[Finding]) -> None:
         for d in detectors:
@@ -165,7 +176,7 @@ class Monitor:
 
     def _disable(self, name: str, step: int) -> None:
         self._broken.add(name)
-        self._plans = {}
+        self._forget_plans()
         log.exception("stability_callbacks: detector %s failed at step %s and is now off", name, step)
 
     # -- run structure ------------------------------------------------------------------------
@@ -184,7 +195,7 @@ class Monitor:
         self.policy.forget_after(start_step)
         for d in self.detectors:
             d.on_segment(start_step, reason)
-        self._plans = {}   # what a detector wants may change at a segment (Detector.wants)
+        self._forget_plans()   # what a detector wants may change at a segment (Detector.wants)
         return [Finding(step=start_step, kind="resume", severity="info", phase=self.phase.phase,
                         message=(f"Training {'rolled back and ' if reason == 'rollback' else ''}resumed at "
                                  f"step {start_step} (segment {self.segment}). Watching the next steps for "
@@ -199,7 +210,7 @@ class Monitor:
         self.detectors = [self._make(d.name) for d in self.detectors]
         self._loss_spike = next((d for d in self.detectors if isinstance(d, LossSpike)), None)
         self._grad_norm_spike = next((d for d in self.detectors if isinstance(d, GradNormSpike)), None)
-        self._plans = {}
+        self._forget_plans()
         self.phase.prev_lr = self.phase.prev_step = None
         self.phase.rising_samples = self.phase.flat = 0
 
@@ -237,4 +248,4 @@ class Monitor:
         self.policy.load_state_dict(state["policy"])
         for d in self.detectors:
             d.load_state_dict(state["detectors"][d.name])
-        self._plans = {}   # ... and with the state
+        self._forget_plans()   # ... and with the state

@@ -63,7 +63,8 @@ class Detector:
         """Whether a record with the metric keys ``present`` can change this detector or what it finds: the
         Monitor leaves it out of the records it cannot. Default: one of its ``signals`` is among
         them (or it has none: it looks at every record). An answer that depends on the state may
-        change at a segment or a state load only: the Monitor asks again after those."""
+        change only at a segment, a state load or a record with a set of keys the Monitor has not
+        seen before: it asks again after those."""
         return not self.signals or not present.isdisjoint(self.signals)
 
     def on_segment(self, start_step: int, reason: str) -> None:

@@ -147,7 +147,7 @@ class Divergence(Detector):
         thr = max(log_rise, self.noise_sigmas * 1.25 * noise)
         fired = rise.update(level, record.step, thr)
         # The swings the run has shown: rises of half a threshold that came back, and how long.
-        low = rise.low   # known once it has seen a value
+        low = rise.low_value
         up = level - low
         if self.swing is None and up > thr / 2:
             self.swing = self.points
