@@ -216,8 +216,8 @@ def test_nan_halts_cleanly_without_saving_damaged_weights(tmp_path, bf16, caplog
     (bad,) = sc.fault_steps
     # The log sink: one line per finding (the full text is in the run log and the report).
     assert [r.getMessage().split(":")[:2] for r in caplog.records if r.name == "stability_callbacks.findings"] == [
-        ["INFO", " warmup_end at step 5"], ["CRITICAL", f" nonfinite at step {bad}"],
-        ["CRITICAL", f" rollback_advice at step {bad}"]]
+        ["INFO", " warmup_end at step 6"], ["CRITICAL", f" nonfinite at step {bad}"],
+        ["CRITICAL", f" warmup_instability at step {bad}"], ["CRITICAL", f" rollback_advice at step {bad}"]]
     _assert_the_end_of_a_halted_run(cb, caplog, tmp_path, bad, report=not bf16)
     nonfinite = _first(cb.findings, "nonfinite")
     assert (nonfinite.step, nonfinite.severity) == (bad, "critical")
@@ -250,8 +250,9 @@ def _assert_the_end_of_a_halted_run(cb, caplog, tmp_path, bad: int, *, report: b
     assert summary.levelname == "WARNING" and summary.getMessage().splitlines() == [
         f"stability: the run halted at step {bad}: {halt}",
         f"  steps watched: {bad} (1-{bad})",
-        f"  findings: critical: nonfinite x1 (step {bad}), rollback_advice x1 (step {bad}); "
-        "info: warmup_end x1 (step 5)",
+        f"  findings: critical: nonfinite x1 (step {bad}), warmup_instability x1 (step {bad}), "
+        f"rollback_advice x1 (step {bad}); "
+        "info: warmup_end x1 (step 6)",
         f"  roll back: {o.advice}",
         f"  run log: {tmp_path / 'stability' / 'runlog.jsonl'}",
         f"  report: {html if report else 'none (report.enabled is false)'}"]

@@ -68,8 +68,8 @@ def native_forms(advice_details: Mapping[str, Any],
     skip = d.get("skip_steps")
     if (not isinstance(skip, (list, tuple)) or len(skip) != 2
             or not all(isinstance(s, int) and not isinstance(s, bool) for s in skip)
-            or skip[0] > skip[1] or skip[0] < 1):
-        raise ValueError(f"skip_steps must be [first, last] with 1 <= first <= last, got {skip!r}")
+            or skip[0] > skip[1] or skip[0] < 0):   # a log may number its steps from 0
+        raise ValueError(f"skip_steps must be [first, last] with 0 <= first <= last, got {skip!r}")
     first, last = skip
     ckpt_step = d.get("checkpoint_step")
     if ckpt_step is not None:
