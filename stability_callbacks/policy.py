@@ -480,14 +480,19 @@ class Policy:
         details = {"checkpoint_step": ckpt[0] if ckpt else None, "checkpoint_path": ckpt[1] if ckpt else None,
                    "onset_step": onset, "skip_steps": [first_skip, step], "trigger": trigger.kind,
                    "led_by": led_by}
-        where = (f"the checkpoint of step {ckpt[0]}" + (f" ({ckpt[1]})" if ckpt[1] else "")
-                 if ckpt else f"the last checkpoint saved before step {onset}")
+        if ckpt is None and onset <= 1:   # the run's first step: nothing trained before it was saved
+            details["from_start"] = True
+            where = (f"Nothing was trained before step {onset}, so no checkpoint comes before it: start "
+                     "again from the initial weights")
+        else:
+            where = "Resume from " + (f"the checkpoint of step {ckpt[0]}" + (f" ({ckpt[1]})" if ckpt[1] else "")
+                                      if ckpt else f"the last checkpoint saved before step {onset}")
         lead_txt = f" ({led_by} led the loss)" if led_by else ""
         return Finding(
             step=step, kind="rollback_advice", severity="critical", signal=trigger.signal,
             onset_step=onset, details=details,
             message=(f"Roll back: {trigger.kind} at step {step}; the episode began at step {onset}{lead_txt}. "
-                     f"Resume from {where} and skip the batches of steps {first_skip}-{step} "
+                     f"{where} and skip the batches of steps {first_skip}-{step} "
                      f"({step - first_skip + 1} steps; Megatron: --skip-train-iteration-range "
                      f"{first_skip}-{step}). If it happens again at the same place, change the seed or "
                      f"the data order (PaLM, BigScience)."))

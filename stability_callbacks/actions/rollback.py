@@ -54,7 +54,8 @@ def native_forms(advice_details: Mapping[str, Any],
     """``{"hf", "lightning", "megatron", "deepspeed"}`` → one instruction each (``frameworks``:
     only these; None: all four).
 
-    ``advice_details``: ``checkpoint_step`` (int or None = none recorded), ``checkpoint_path``
+    ``advice_details``: ``checkpoint_step`` (int or None = none recorded; with ``from_start``:
+    none can be, the onset is the run's first step), ``checkpoint_path``
     (str or None), ``onset_step``, ``skip_steps`` ``[first, last]``, ``global_batch_size``
     (int or None), ``consumed_samples`` ``[a, b]`` or None. Raises ``ValueError`` naming the
     key when the advice is inconsistent (e.g. a checkpoint inside the skipped range).
@@ -93,6 +94,9 @@ def native_forms(advice_details: Mapping[str, Any],
         sample_note = ""
     noun = "optimizer step" if n_steps == 1 else "optimizer steps"
     what = f"the data of steps {first}-{last} ({n_steps} {noun}{sample_note})"
+    if d.get("from_start") and ckpt_step is None:
+        forms = _from_start(first, last, n_steps, what)
+        return forms if frameworks is None else {k: v for k, v in forms.items() if k in frameworks}
 
     if ckpt_step is None:
         where = f"<the newest checkpoint saved before step {min(onset, first)}>"
@@ -128,6 +132,24 @@ def native_forms(advice_details: Mapping[str, Any],
                  f"gradient_accumulation_steps micro-batches")
     forms = {"hf": hf, "lightning": lightning, "megatron": megatron, "deepspeed": deepspeed}
     return forms if frameworks is None else {k: v for k, v in forms.items() if k in frameworks}
+
+
+def _from_start(first: int, last: int, n_steps: int, what: str) -> dict[str, str]:
+    """No checkpoint can precede the onset (the run's first step): train again from the initial
+    weights and skip ``what``, the data of steps ``first``-``last``."""
+    return {
+        "hf": (f"trainer.train() again from the initial weights (no checkpoint comes before step {first}), "
+               f"and skip {what}: start the train dataloader after step {last} with accelerate's "
+               f"skip_first_batches(dataloader, num_batches={last} * gradient_accumulation_steps)"),
+        "lightning": (f"trainer.fit(model, datamodule=dm) again from the initial weights, without ckpt_path "
+                      f"(no checkpoint comes before step {first}); skip {what} in train_dataloader(), i.e. "
+                      f"start its sampler after {last} * accumulate_grad_batches batches"),
+        "megatron": f"train again without --load (no checkpoint comes before iteration {first}) "
+                    f"--skip-train-iteration-range {first}-{last}",
+        "deepspeed": (f"run the loop again from the initial weights, without engine.load_checkpoint (no "
+                      f"checkpoint comes before step {first}); then skip {what}: when the loop reaches step "
+                      f"{first}, draw and discard {n_steps} * gradient_accumulation_steps micro-batches"),
+    }
 
 
 def _split_tag(path: str | None, step: int) -> tuple[str, str]:
