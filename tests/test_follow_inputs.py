@@ -122,6 +122,7 @@ def test_a_fifo_without_a_writer_ends_within_the_wait_both_ways(capsys, tmp_path
     for mode, (code, _, err, _) in got.items():
         assert code == 2 and _error(err).startswith(f"error: {fifo}: a FIFO that no process opened "
                                                     "for writing"), (mode, err)
+    assert "is a FIFO: read as a stream once a process opens it for writing" in got["follow"][2]
 
 
 @fifo_only
@@ -249,6 +250,8 @@ def test_binary_from_the_first_byte_is_refused_before_a_line_goes_out(tmp_path):
         next(iter(TailLines(log, poll_s=0.001, should_stop=lambda: True)))
     log.write_bytes(bytes(3000) + b"step 1 loss 2.5\n")     # truncated under its writer: a hole
     assert list(TailLines(log, poll_s=0.001, should_stop=lambda: True)) == [(1, "step 1 loss 2.5")]
+    with pytest.raises(LogFormatError, match="not standard input"):   # nothing to poll nor reopen
+        next(iter(TailLines("-", should_stop=lambda: True)))
 
 
 def test_a_growing_gzip_log_is_read_as_it_is_written(tmp_path):

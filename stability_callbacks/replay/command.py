@@ -261,9 +261,7 @@ def _follow(args, monitor, user_keys, pattern) -> int:
         return False
 
     print(f"following {args.path} (run folder: {run.run_dir}); Ctrl-C to stop", flush=True)
-    if not os.path.lexists(args.path):
-        print(f"note: {args.path} does not exist yet: waiting for it to appear (--idle-exit-s or "
-              "--pid ends the wait)", file=err, flush=True)
+    _say_what_is_awaited(args.path)
     stream = None
     try:
         stream = read_records(args.path, args.format, user_keys=user_keys, pattern=pattern,
@@ -297,6 +295,23 @@ def _follow(args, monitor, user_keys, pattern) -> int:
     if replay.nothing_to_judge(args.path):
         return 2
     return 1 if any(f.severity == "critical" for f in replay.findings) else 0
+
+
+def _say_what_is_awaited(path: str) -> None:
+    """A note when the follower starts before its input: a log not there yet, a FIFO (read from
+    when a process opens it for writing); either waits until --idle-exit-s or --pid ends it."""
+    import stat
+    if path == "-":
+        return
+    try:
+        fifo = stat.S_ISFIFO(os.stat(path).st_mode)
+    except FileNotFoundError:
+        what = "does not exist yet: waiting for it to appear"
+    else:
+        if not fifo:
+            return
+        what = "is a FIFO: read as a stream once a process opens it for writing"
+    print(f"note: {path} {what} (--idle-exit-s or --pid ends the wait)", file=sys.stderr, flush=True)
 
 
 def _said_once(path, account):

@@ -17,6 +17,7 @@ poll finds nothing new (readers then release a record they held back for a late 
   old file is read first, then the new one from its start, its lines numbered from 1 again;
 - a file that does not exist yet is waited for (if it never appears: :class:`LogFormatError`,
   ``no such file``);
+- standard input (``-``) is refused: it cannot be polled for what is new nor reopened;
 - a FIFO is read as a stream, never seeked: before a process opens it for writing, each poll is
   an idle tick (so ``--idle-exit-s`` holds; if none ever does: :class:`LogFormatError`); when its
   writer closes it, the input has ended;
@@ -69,6 +70,9 @@ class TailLines:
         self.truncations = 0
 
     def __iter__(self) -> Iterator[tuple[int, str | None]]:
+        if self.path == "-":
+            raise LogFormatError(self.path, None, "--follow reads a growing file or a FIFO, not standard "
+                                 "input: give the log's path (a pipe: mkfifo one), or replay - without --follow")
         given = False             # a line went out: later files are checked line by line
         since = time.monotonic()
         while True:
