@@ -115,7 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wandb-run-id", help="--follow: write the scalars and alerts into this W&B run "
                                           "(default: WANDB_RUN_ID; actions.wandb is off without one)")
     p.add_argument("--pid", type=int, help="--follow: stop when this process (the training job) ends")
-    p.add_argument("--idle-exit-s", type=float, help="--follow: stop after this many seconds without a new line")
+    p.add_argument("--idle-exit-s", type=float, help="--follow: stop after this many seconds without a new line "
+                   "(a file not there yet, a FIFO without a writer: exit 2); without --follow: how long "
+                   "a FIFO waits for a writer (default 10)")
     p.add_argument("--poll-s", type=float, default=1.0, help="--follow: seconds between looks at the file")
     p.add_argument("--stop-file", help="--follow: on a halt, write this file (the finding as JSON) for the job")
     p.add_argument("--on-halt", help="--follow: on a halt, run this shell command (STABILITY_STEP, STABILITY_KIND, "

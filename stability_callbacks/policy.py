@@ -505,6 +505,10 @@ class Policy:
         skip = f"skip the batches of steps {first_skip}-{step} ({n} step{'s' if n != 1 else ''})"
         if ckpt:
             todo = f"Resume from the checkpoint of step {ckpt[0]}" + (f" ({ckpt[1]})" if ckpt[1] else "") + f" and {skip}"
+        elif onset <= 1:   # the run's first step: nothing trained before it can have been saved
+            details["from_start"] = True
+            todo = (f"Nothing was trained before step {onset}, so no checkpoint comes before it: train again "
+                    f"from the initial weights and {skip}")
         elif self.checkpoints_seen:
             every = (f" with a save interval of {details['save_steps']} steps (so that one comes before step {onset})"
                      if details["save_steps"] else "")

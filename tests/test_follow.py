@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from stability_callbacks.replay.follow import StopConditions, TailLines, process_alive
+from stability_callbacks.replay.readers import LogFormatError
 
 TESTS = Path(__file__).parent
 REPO = TESTS.parent
@@ -98,14 +99,23 @@ def test_a_file_that_does_not_exist_yet_is_waited_for(tmp_path):
     log = tmp_path / "later.log"
     stop = Stop()
     t = TailLines(log, poll_s=0.001, should_stop=stop)
-    got = []
-    reader = threading.Thread(target=lambda: got.extend(x for x in t if x[1] is not None))
+    got: list = []
+
+    def read():
+        try:
+            got.extend(x for x in t if x[1] is not None)
+        except LogFormatError as e:            # stopped before it appeared: said so
+            got.append(e.msg.split(" (")[0])
+
+    reader = threading.Thread(target=read)
     reader.start()
     log.write_text("step 1 loss 2.5\n")
     stop.now = True      # the tail reads what is there before it honours the stop
     reader.join(10)
-    assert got in ([(1, "step 1 loss 2.5")], [])   # created before or after the last look
+    assert got in ([(1, "step 1 loss 2.5")], ["no such file"])   # created before or after the last look
     assert list(TailLines(log, poll_s=0.001, should_stop=lambda: True)) == [(1, "step 1 loss 2.5")]
+    with pytest.raises(LogFormatError, match=r"never\.log: no such file \(waited"):
+        list(TailLines(tmp_path / "never.log", poll_s=0.001, should_stop=lambda: True))
 
 
 def test_stop_conditions_process_and_idle(tmp_path):

@@ -21,6 +21,7 @@ and line, the key, or the output);
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections import Counter
 from contextlib import contextmanager
@@ -33,6 +34,8 @@ from ..record import Finding, severity_rank
 if TYPE_CHECKING:
     from .readers import ReadAccount
 
+# A follower says what a log without a training loss is judged on after this many records.
+NO_LOSS_NOTE_AFTER = 10
 # Said of every finding of a log whose steps are record numbers.
 RECORD_NUMBERS = ("(step {step} is record number {step} of the log, which prints no step "
                   "numbers: find it by counting records, not by a step the trainer knows)")
@@ -41,7 +44,7 @@ RECORD_NUMBERS = ("(step {step} is record number {step} of the log, which prints
 def run(args) -> int:
     """``stability-callbacks replay``: the exit code."""
     from ..monitor import Monitor
-    from .readers import LogFormatError, ReadAccount, compile_pattern, parse_keys, read_records
+    from .readers import FIFO_WAIT_S, LogFormatError, ReadAccount, compile_pattern, parse_keys, read_records
 
     err = sys.stderr
     try:
@@ -62,7 +65,7 @@ def run(args) -> int:
     account = replay.account = ReadAccount(args.path, replay.ignore)
     try:
         replay.feed(read_records(args.path, args.format, progress=err.isatty(), user_keys=user_keys,
-                                 pattern=pattern, account=account),
+                                 pattern=pattern, account=account, fifo_wait_s=args.idle_exit_s or FIFO_WAIT_S),
                     monitor.update)
     except (LogFormatError, OSError, ValueError) as e:
         print(f"error: {e}", file=err)
@@ -72,10 +75,7 @@ def run(args) -> int:
     except OutputError as e:
         print(f"error: {e}", file=err)
         return 2
-    if not account.with_loss and not account.signals:
-        print(f"error: {args.path}: no training loss was read and nothing else to judge "
-              f"({account.records} steps, keys: {', '.join(account.keys) or 'none'}); "
-              "name the loss the log prints with --keys loss=NAME", file=err)
+    if replay.nothing_to_judge(args.path):
         return 2
     return 1 if any(f.severity == "critical" for f in replay.findings) else 0
 
@@ -94,6 +94,16 @@ class _Replay:
 
     def ignore(self, line_no: int, text: str, reason: str) -> None:
         """An unreadable line: counted in the account, said once at the end."""
+
+    def nothing_to_judge(self, path) -> bool:
+        """No training loss was read and nothing else to judge: said (exit 2, for both modes)."""
+        account = self.account
+        if account is None or account.with_loss or account.signals:
+            return False
+        print(f"error: {path}: no training loss was read and nothing else to judge "
+              f"({account.records} steps, keys: {', '.join(account.keys) or 'none'}); "
+              "name the loss the log prints with --keys loss=NAME", file=sys.stderr)
+        return True
 
     def feed(self, stream, observe, after=None) -> None:
         """Every record into ``observe`` (``Monitor.update`` or ``LiveRun.observe``);
@@ -218,7 +228,7 @@ def _follow(args, monitor, user_keys, pattern) -> int:
         print(f"error: {e}", file=err)
         return 2
     stop = StopConditions(pid=args.pid, idle_exit_s=args.idle_exit_s)
-    tail = TailLines(args.path, poll_s=args.poll_s, should_stop=stop)
+    tail = TailLines(args.path, poll_s=args.poll_s, should_stop=stop, on_ignore=_said_once(args.path, account))
 
     def lines():
         for item in tail:
@@ -233,7 +243,13 @@ def _follow(args, monitor, user_keys, pattern) -> int:
             run.start(rec.step - 1, "start")
         return run.observe(rec)
 
+    first_keys: set[str] = set()       # what the first records carry
+
     def after(rec, found):
+        if replay.count <= NO_LOSS_NOTE_AFTER:
+            first_keys.update(rec.metrics)
+            if replay.count == NO_LOSS_NOTE_AFTER:
+                _no_loss_yet(first_keys)
         for f in found:
             if f.severity != "info":
                 print_finding(f, forms)
@@ -245,6 +261,7 @@ def _follow(args, monitor, user_keys, pattern) -> int:
         return False
 
     print(f"following {args.path} (run folder: {run.run_dir}); Ctrl-C to stop", flush=True)
+    _say_what_is_awaited(args.path)
     stream = None
     try:
         stream = read_records(args.path, args.format, user_keys=user_keys, pattern=pattern,
@@ -275,7 +292,54 @@ def _follow(args, monitor, user_keys, pattern) -> int:
               "--on-halt given: stop the job yourself"]), file=summary_to)
         return EXIT_HALTED
     print(f"stopped following: {stop.reason or 'end of input'}", file=summary_to)
+    if replay.nothing_to_judge(args.path):
+        return 2
     return 1 if any(f.severity == "critical" for f in replay.findings) else 0
+
+
+def _say_what_is_awaited(path: str) -> None:
+    """A note when the follower starts before its input: a log not there yet, a FIFO (read from
+    when a process opens it for writing); either waits until --idle-exit-s or --pid ends it."""
+    import stat
+    if path == "-":
+        return
+    try:
+        fifo = stat.S_ISFIFO(os.stat(path).st_mode)
+    except FileNotFoundError:
+        what = "does not exist yet: waiting for it to appear"
+    else:
+        if not fifo:
+            return
+        what = "is a FIFO: read as a stream once a process opens it for writing"
+    print(f"note: {path} {what} (--idle-exit-s or --pid ends the wait)", file=sys.stderr, flush=True)
+
+
+def _said_once(path, account):
+    """``on_ignore`` for a followed log's lines of binary data: each counted in ``account``
+    (an unreadable line), the first also said as it happens."""
+    first: list[int] = []
+
+    def left_out(line_no: int, text: str, reason: str) -> None:
+        if not first:
+            first.append(line_no)
+            print(f"warning: {path}:{line_no}: binary data, not text: left out, not judged (so are "
+                  "later lines like it; following goes on)", file=sys.stderr, flush=True)
+        account(line_no, text, reason)
+    return left_out
+
+
+def _no_loss_yet(first_keys: set[str]) -> None:
+    """Said once while following a log whose first records carry no training loss: what it is
+    judged on so far, or that nothing is (the end of following says it again, as ``replay``)."""
+    from .. import keys
+    from .readers import JUDGED_WITHOUT_LOSS
+    if keys.LOSS in first_keys:
+        return
+    signals = [k for k in JUDGED_WITHOUT_LOSS if k in first_keys]
+    said = (f"judged on: {', '.join(signals)}" if signals else "nothing else to judge: name the loss "
+            "the log prints with --keys loss=NAME")
+    print(f"note: no training loss read in the first {NO_LOSS_NOTE_AFTER} steps (keys: "
+          f"{', '.join(sorted(first_keys)) or 'none'}); {said}", file=sys.stderr, flush=True)
 
 
 def record_numbered(f: Finding) -> Finding:
@@ -288,7 +352,7 @@ def record_numbered(f: Finding) -> Finding:
     details = dict(f.details, step_is_record_number=True)
     message = f"{f.message} {RECORD_NUMBERS.format(step=f.step)}"
     if f.kind == "rollback_advice":
-        for k in ("skip_steps", "consumed_samples", "checkpoint_step", "checkpoint_path"):
+        for k in ("skip_steps", "consumed_samples", "checkpoint_step", "checkpoint_path", "from_start"):
             details.pop(k, None)
         message = (f"the run went wrong at record {f.step} of the log; it prints no step numbers, "
                    "so no checkpoint step or batches to skip can be named from it: go back to the "
