@@ -27,7 +27,7 @@ fifo_only = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here"
 
 
 def _steps(first: int, last: int, *, nan_at: int | None = None, key: str = "loss") -> str:
-    return "".join(f"step {s} | {key} {'nan' if s == nan_at else f'{2.0 + 1.0 / s:.4f}'}\n"
+    return "".join(f"step {s} | {key} {'nan' if s == nan_at else f'{2.0 + 1.0 / max(s, 1):.4f}'}\n"
                    for s in range(first, last + 1))
 
 
@@ -156,15 +156,32 @@ def test_a_log_without_a_loss_is_judged_on_its_grad_norm_both_ways(capsys, tmp_p
     assert "no training loss read in the first 10 steps (keys: grad_norm); judged on: grad_norm" in got["follow"][2]
 
 
-def test_a_failure_at_the_first_step_names_no_checkpoint_before_it(capsys, tmp_path):
-    path = tmp_path / "nan_at_1.log"
-    path.write_text(_steps(1, 30, nan_at=1))
+@pytest.mark.parametrize("first", [1, 0], ids=["1-based", "0-based"])
+def test_a_failure_at_the_first_step_names_no_checkpoint_before_it(capsys, tmp_path, first):
+    """A NaN at the log's first step (1, or 0 in a log numbered from 0): the nonfinite finding and
+    the rollback advice both say that nothing was trained before it; neither names a checkpoint."""
+    path = tmp_path / "nan_first.log"
+    path.write_text(_steps(first, 30, nan_at=first))
     got = _both(capsys, tmp_path, path, "--advice", "all")
     for mode, (code, out, err, found) in got.items():
+        said = " ".join(out.split())
+        assert code == 1 and (first, "rollback_advice", "critical") in found, (mode, err)
+        assert f"saved before step {first}" not in out + err and "<" not in out.split("rollback_advice")[1][:600]
+        assert "last checkpoint before" not in said, (mode, out)
+        assert said.count(f"Nothing was trained before step {first}, so no checkpoint comes before it: train "
+                          "again from the initial weights") == 2, (mode, out)   # nonfinite's and the advice's
+        assert "megatron: train again without --load" in said
+
+
+def test_a_failure_at_the_second_step_of_a_log_from_0_is_not_the_first(capsys, tmp_path):
+    """Step 1 of a log numbered from 0 is its second: step 0 was trained, so no finding says it
+    is the first."""
+    path = tmp_path / "nan_at_1.log"
+    path.write_text(_steps(0, 30, nan_at=1))
+    for mode, (code, out, err, found) in _both(capsys, tmp_path, path).items():
         assert code == 1 and (1, "rollback_advice", "critical") in found, (mode, err)
-        assert "saved before step 1" not in out + err and "<" not in out.split("rollback_advice")[1][:600]
-        assert "Nothing was trained before step 1, so no checkpoint comes before it" in " ".join(out.split())
-        assert "megatron: train again without --load" in " ".join(out.split())
+        assert "Nothing was trained" not in out and "initial weights" not in out, (mode, out)
+        assert "roll back to the last checkpoint before this step" in " ".join(out.split()), (mode, out)
 
 
 def test_binary_data_after_the_first_bytes_is_left_out_both_ways(capsys, tmp_path):
