@@ -207,7 +207,18 @@ class Policy:
 
     # -- bookkeeping --------------------------------------------------------------------------
     def note_checkpoint(self, step: int, path: str | None, good: bool) -> None:
-        self.checkpoints = [c for c in self.checkpoints if c[0] != step]
+        """A checkpoint of ``step`` saved to ``path`` (``good``: the weights were good then). It
+        replaces an earlier one of the same step, and one of an older step saved to the same
+        path: that file now holds this step (a ``last.ckpt`` written at every save).
+
+        >>> p = Policy()
+        >>> for step in (10, 20):
+        ...     p.note_checkpoint(step, "ckpt/last.ckpt", True)
+        >>> p.note_checkpoint(20, "ckpt/step-20.ckpt", True)
+        >>> p.checkpoints
+        [[20, 'ckpt/step-20.ckpt', True]]
+        """
+        self.checkpoints = [c for c in self.checkpoints if c[0] != step and (path is None or c[1] != path)]
         self.checkpoints.append([int(step), path, bool(good)])
         self.checkpoints = self.checkpoints[-_MAX_CHECKPOINTS:]
 
