@@ -87,6 +87,7 @@ def _fifo_writer(fifo, text: str):
     return write
 
 
+@pytest.mark.end_report   # refused input writes no report: the real default, to see it
 @pytest.mark.parametrize("name, reason", [
     ("model.safetensors", "not a text log: a safetensors file"),
     ("noise.log", "not a text log: binary data"),
@@ -107,6 +108,8 @@ def test_refused_input_exits_2_with_the_same_reason_both_ways(capsys, tmp_path, 
         assert _error(err).startswith(f"error: {path}: {reason}"), (mode, err)
         assert "Traceback" not in err and not [f for f in found if f[2] != "info"]
         assert "[critical]" not in out and "[warning]" not in out
+        # The one-line reason only: no summary block, no report (lr_only.log's run log has its steps).
+        assert "stability: " not in out + err and not (tmp_path / "run" / "report.html").exists(), (mode, out)
     if name == "missing.log":                    # --follow waits for it, and says so
         assert "does not exist yet: waiting for it to appear" in got["follow"][2]
         assert "waited 0.4 s for it to appear" in got["follow"][2]
@@ -135,7 +138,8 @@ def test_a_fifo_with_a_writer_is_read_as_a_stream_both_ways(capsys, tmp_path):
         assert out.startswith("following") or out.startswith("read 200 steps (generic)")
         assert (150, "nonfinite", "critical") in found
     assert got["replay"][3] == got["follow"][3]
-    assert "stopped following: end of input" in got["follow"][1]      # its writer closed it
+    # Its writer closed it: the end of the input.
+    assert "stability: following ended at step 200 (end of input), not halted" in got["follow"][1]
 
 
 def test_a_gzip_log_is_read_both_ways(capsys, tmp_path):
@@ -168,8 +172,10 @@ def test_a_failure_at_the_first_step_names_no_checkpoint_before_it(capsys, tmp_p
         assert code == 1 and (first, "rollback_advice", "critical") in found, (mode, err)
         assert f"saved before step {first}" not in out + err and "<" not in out.split("rollback_advice")[1][:600]
         assert "last checkpoint before" not in said, (mode, out)
-        assert said.count(f"Nothing was trained before step {first}, so no checkpoint comes before it: train "
-                          "again from the initial weights") == 2, (mode, out)   # nonfinite's and the advice's
+        for kind in ("nonfinite: Non-finite values at step {first}: loss=nan.", "rollback_advice: Roll back: "
+                     "nonfinite at step {first}; the episode began at step {first}."):
+            assert (f"{kind.format(first=first)} Nothing was trained before step {first}, so no checkpoint comes "
+                    "before it: train again from the initial weights") in said, (mode, kind, out)
         assert "megatron: train again without --load" in said
 
 
