@@ -27,7 +27,7 @@ fifo_only = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here"
 
 
 def _steps(first: int, last: int, *, nan_at: int | None = None, key: str = "loss") -> str:
-    return "".join(f"step {s} | {key} {'nan' if s == nan_at else f'{2.0 + 1.0 / s:.4f}'}\n"
+    return "".join(f"step {s} | {key} {'nan' if s == nan_at else f'{2.0 + 1.0 / max(s, 1):.4f}'}\n"
                    for s in range(first, last + 1))
 
 
@@ -87,6 +87,7 @@ def _fifo_writer(fifo, text: str):
     return write
 
 
+@pytest.mark.end_report   # refused input writes no report: the real default, to see it
 @pytest.mark.parametrize("name, reason", [
     ("model.safetensors", "not a text log: a safetensors file"),
     ("noise.log", "not a text log: binary data"),
@@ -107,6 +108,8 @@ def test_refused_input_exits_2_with_the_same_reason_both_ways(capsys, tmp_path, 
         assert _error(err).startswith(f"error: {path}: {reason}"), (mode, err)
         assert "Traceback" not in err and not [f for f in found if f[2] != "info"]
         assert "[critical]" not in out and "[warning]" not in out
+        # The one-line reason only: no summary block, no report (lr_only.log's run log has its steps).
+        assert "stability: " not in out + err and not (tmp_path / "run" / "report.html").exists(), (mode, out)
     if name == "missing.log":                    # --follow waits for it, and says so
         assert "does not exist yet: waiting for it to appear" in got["follow"][2]
         assert "waited 0.4 s for it to appear" in got["follow"][2]
@@ -135,7 +138,8 @@ def test_a_fifo_with_a_writer_is_read_as_a_stream_both_ways(capsys, tmp_path):
         assert out.startswith("following") or out.startswith("read 200 steps (generic)")
         assert (150, "nonfinite", "critical") in found
     assert got["replay"][3] == got["follow"][3]
-    assert "stopped following: end of input" in got["follow"][1]      # its writer closed it
+    # Its writer closed it: the end of the input.
+    assert "stability: following ended at step 200 (end of input), not halted" in got["follow"][1]
 
 
 def test_a_gzip_log_is_read_both_ways(capsys, tmp_path):
@@ -156,15 +160,34 @@ def test_a_log_without_a_loss_is_judged_on_its_grad_norm_both_ways(capsys, tmp_p
     assert "no training loss read in the first 10 steps (keys: grad_norm); judged on: grad_norm" in got["follow"][2]
 
 
-def test_a_failure_at_the_first_step_names_no_checkpoint_before_it(capsys, tmp_path):
-    path = tmp_path / "nan_at_1.log"
-    path.write_text(_steps(1, 30, nan_at=1))
+@pytest.mark.parametrize("first", [1, 0], ids=["1-based", "0-based"])
+def test_a_failure_at_the_first_step_names_no_checkpoint_before_it(capsys, tmp_path, first):
+    """A NaN at the log's first step (1, or 0 in a log numbered from 0): the nonfinite finding and
+    the rollback advice both say that nothing was trained before it; neither names a checkpoint."""
+    path = tmp_path / "nan_first.log"
+    path.write_text(_steps(first, 30, nan_at=first))
     got = _both(capsys, tmp_path, path, "--advice", "all")
     for mode, (code, out, err, found) in got.items():
+        said = " ".join(out.split())
+        assert code == 1 and (first, "rollback_advice", "critical") in found, (mode, err)
+        assert f"saved before step {first}" not in out + err and "<" not in out.split("rollback_advice")[1][:600]
+        assert "last checkpoint before" not in said, (mode, out)
+        for kind in ("nonfinite: Non-finite values at step {first}: loss=nan.", "rollback_advice: Roll back: "
+                     "nonfinite at step {first}; the episode began at step {first}."):
+            assert (f"{kind.format(first=first)} Nothing was trained before step {first}, so no checkpoint comes "
+                    "before it: train again from the initial weights") in said, (mode, kind, out)
+        assert "megatron: train again without --load" in said
+
+
+def test_a_failure_at_the_second_step_of_a_log_from_0_is_not_the_first(capsys, tmp_path):
+    """Step 1 of a log numbered from 0 is its second: step 0 was trained, so no finding says it
+    is the first."""
+    path = tmp_path / "nan_at_1.log"
+    path.write_text(_steps(0, 30, nan_at=1))
+    for mode, (code, out, err, found) in _both(capsys, tmp_path, path).items():
         assert code == 1 and (1, "rollback_advice", "critical") in found, (mode, err)
-        assert "saved before step 1" not in out + err and "<" not in out.split("rollback_advice")[1][:600]
-        assert "Nothing was trained before step 1, so no checkpoint comes before it" in " ".join(out.split())
-        assert "megatron: train again without --load" in " ".join(out.split())
+        assert "Nothing was trained" not in out and "initial weights" not in out, (mode, out)
+        assert "roll back to the last checkpoint before this step" in " ".join(out.split()), (mode, out)
 
 
 def test_binary_data_after_the_first_bytes_is_left_out_both_ways(capsys, tmp_path):

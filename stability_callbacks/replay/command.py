@@ -118,9 +118,23 @@ class _Replay:
             if after is not None and after(rec, found):
                 break
 
-    def finish(self, args, *, printed: bool = False):
-        """What was read, JSON, summary and report; returns where the summary went. ``printed``:
-        the findings were printed as they came (``--follow``): the summary is the table only."""
+    def finish(self, args) -> None:
+        """``replay``'s end: what was read and the JSON (:meth:`read_out`), the summary table
+        with every warning-or-worse finding, the report."""
+        summary_to = self.read_out(args)
+        forms = _advice_forms(args, self.account)
+        name = Path(args.path).name
+        print_summary(self.findings, self.count, name, file=summary_to, advice_forms=forms)
+        if args.report:
+            from .report import write_report
+            with _writing("--report", args.report):
+                path = write_report(args.report, self.records or [], self.findings, title=name,
+                                    phases=self.phases, advice_forms=forms)
+            print(f"report: {path}", file=summary_to)
+
+    def read_out(self, args):
+        """What was read (what the findings are judged on, the account's lines, the unreadable
+        lines) and ``--json``, for both modes; returns where the summary goes."""
         account = self.account
         summary_to = sys.stderr if args.json_out == "-" else sys.stdout
         if account is not None:
@@ -135,7 +149,6 @@ class _Replay:
                 line_no, reason = account.first_unreadable
                 print(f"note: ignored {account.unreadable} unreadable line(s) of {args.path} "
                       f"(first: line {line_no}: {reason})", file=sys.stderr)
-        forms = _advice_forms(args, account)
         if args.json_out:
             with _writing("--json", args.json_out):
                 out = sys.stdout if args.json_out == "-" else open(args.json_out, "w", encoding="utf-8")
@@ -145,15 +158,6 @@ class _Replay:
                     out.write(json.dumps(f.to_json()) + "\n")
                 if out is not sys.stdout:
                     out.close()
-        name = Path(args.path).name
-        print_summary(self.findings, self.count, name, file=summary_to, list_findings=not printed,
-                      advice_forms=forms)
-        if args.report:
-            from .report import write_report
-            with _writing("--report", args.report):
-                path = write_report(args.report, self.records or [], self.findings, title=name,
-                                    phases=self.phases, advice_forms=forms)
-            print(f"report: {path}", file=summary_to)
         return summary_to
 
 
@@ -204,7 +208,6 @@ def _writing(flag: str, path: str):
 
 def _follow(args, monitor, user_keys, pattern) -> int:
     from ..live import LiveRun
-    from ..outcome import EXIT_HALTED   # a live run's outcome gives a halted run the same code
     from .follow import StopConditions, TailLines, carry_out_halt, follow_run_dir, follow_wandb_run
     from .readers import LogFormatError, ReadAccount, read_records
 
@@ -217,7 +220,7 @@ def _follow(args, monitor, user_keys, pattern) -> int:
         if why:
             off["wandb"] = why
             print(f"note: actions.wandb is off: {why}", file=err)
-        replay = _Replay(monitor, keep=bool(args.report))
+        replay = _Replay(monitor, keep=False)   # the report reads the run log back
         replay.account = account = ReadAccount(args.path, replay.ignore)
         # A log that prints no step numbers: every finding says its steps are record numbers,
         # before the run log and the alerts hear of it (the reader knows once it has a plan).
@@ -263,38 +266,52 @@ def _follow(args, monitor, user_keys, pattern) -> int:
     print(f"following {args.path} (run folder: {run.run_dir}); Ctrl-C to stop", flush=True)
     _say_what_is_awaited(args.path)
     stream = None
-    try:
-        stream = read_records(args.path, args.format, user_keys=user_keys, pattern=pattern,
-                              lines=lines(), account=replay.account)
-        replay.feed(stream, observe, after=after)
-    except (LogFormatError, OSError, ValueError) as e:
-        run.close()
-        print(f"error: {e}", file=err)
-        return 2
-    except KeyboardInterrupt:
-        stop.reason = "interrupted"
-    finally:
-        close = getattr(stream, "close", None)
-        if close is not None:
-            close()               # the tail's file
+    refused: Exception | None = None
+    with stop.on_signals():
+        try:
+            stream = read_records(args.path, args.format, user_keys=user_keys, pattern=pattern,
+                                  lines=lines(), account=replay.account)
+            replay.feed(stream, observe, after=after)
+        except (LogFormatError, OSError, ValueError) as e:
+            refused = e
+        except KeyboardInterrupt:          # a second Ctrl-C or SIGTERM: at once
+            stop.reason = stop.signalled or "Ctrl-C"
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()               # the tail's file
     done = carry_out_halt(halt[0], stop_file=args.stop_file, on_halt=args.on_halt) if halt else []
     run.close()
     if wandb_run is not None:
         wandb_run.finish()
-    try:
-        summary_to = replay.finish(args, printed=True)
-    except OutputError as e:
-        print(f"error: {e}", file=err)
+    if refused is not None:
+        print(f"error: {refused}", file=err)
         return 2
-    if halt:
-        f = halt[0]
-        print(f"halted at step {f.step} ({f.kind}): " + "; ".join(done or ["no --stop-file or "
-              "--on-halt given: stop the job yourself"]), file=summary_to)
-        return EXIT_HALTED
-    print(f"stopped following: {stop.reason or 'end of input'}", file=summary_to)
+    return _end_follow(args, replay, run, stop, halt[0] if halt else None, done)
+
+
+def _end_follow(args, replay: "_Replay", run, stop, halt: Finding | None, done: list[str]) -> int:
+    """The end of following, as a live run ends (docs/integrations.md, The end of a run): what
+    was read and ``--json`` as ``replay`` says them, then the run's report (next to the run log,
+    or ``--report``) and its summary block, from its :class:`~stability_callbacks.outcome.Outcome`;
+    the exit code is the outcome's. Input with nothing to judge is refused instead (exit 2, its
+    reason only: no summary, no report)."""
+    from .report import report_run_end
+
     if replay.nothing_to_judge(args.path):
         return 2
-    return 1 if any(f.severity == "critical" for f in replay.findings) else 0
+    try:
+        summary_to = replay.read_out(args)
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    outcome = run.outcome(halted_at=halt.step if halt is not None else None)
+    outcome.stopped = stop.reason or "end of input"
+    if halt is not None:
+        outcome.halt_done = done or ["no --stop-file or --on-halt given: stop the job yourself"]
+    report_run_end(run, outcome, out_path=args.report)
+    print("\n".join(outcome.summary_lines()), file=summary_to, flush=True)
+    return outcome.exit_code
 
 
 def _say_what_is_awaited(path: str) -> None:
@@ -390,8 +407,8 @@ def print_finding(f: Finding, advice_forms: tuple[str, ...] | None, *, console=N
 
 
 def print_summary(findings: list[Finding], num_records: int, name: str, *, file=None,
-                  list_findings: bool = True, advice_forms: tuple[str, ...] | None = None) -> None:
-    """A table of finding kinds, then (``list_findings``) every warning-or-worse finding with its
+                  advice_forms: tuple[str, ...] | None = None) -> None:
+    """A table of finding kinds, then every warning-or-worse finding with its
     sentence, rollback advice in the forms ``advice_forms`` names (None: all four)."""
     from rich.console import Console
     from rich.table import Table
@@ -406,7 +423,7 @@ def print_summary(findings: list[Finding], num_records: int, name: str, *, file=
     for (kind, sev), fs in sorted(groups.items(), key=lambda kv: (-severity_rank(kv[0][1]), kv[1][0].step)):
         table.add_row(kind, sev, str(len(fs)), str(fs[0].step), str(fs[-1].step))
     console.print(table)
-    serious = [f for f in findings if severity_rank(f.severity) >= 1] if list_findings else []
+    serious = [f for f in findings if severity_rank(f.severity) >= 1]
     for f in serious[:50]:
         print_finding(f, advice_forms, console=console)
     if len(serious) > 50:

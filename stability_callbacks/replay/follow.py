@@ -28,7 +28,7 @@ poll finds nothing new (readers then release a record they held back for a late 
   as a record, and following goes on with the text that comes after it.
 
 It ends when ``should_stop()`` says so (the job's process ended, the log stayed idle too long,
-a halt), after reading what is left. Cost: one ``stat`` per poll, O(chunk) memory.
+a halt, SIGTERM or Ctrl-C), after reading what is left. Cost: one ``stat`` per poll, O(chunk) memory.
 """
 from __future__ import annotations
 
@@ -36,9 +36,12 @@ import json
 import logging
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Generator, Iterator
 
@@ -165,22 +168,52 @@ def process_alive(pid: int) -> bool:
         return True
 
 
+#: The signals that end following the way its other ends do, and how the end names them.
+ENDING_SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
+
+
 class StopConditions:
-    """When following ends: the job's process is gone, the log stayed idle too long, or a halt."""
+    """When following ends: the job's process is gone, the log stayed idle too long, a halt, or
+    a signal (:meth:`on_signals`)."""
 
     def __init__(self, *, pid: int | None = None, idle_exit_s: float | None = None):
         self.pid = pid
         self.idle_exit_s = idle_exit_s
         self.halted = False
+        self.signalled: str | None = None
         self.reason: str | None = None
         self._last_activity = time.monotonic()
 
     def activity(self) -> None:
         self._last_activity = time.monotonic()
 
+    @contextmanager
+    def on_signals(self) -> Iterator[None]:
+        """Inside: SIGTERM (a scheduler ending the job, and its sidecar with it) and Ctrl-C end
+        following as its other ends do: what the log holds is read, then the summary and the
+        report. A second one stops at once (``KeyboardInterrupt``). A signal the process was
+        told to ignore stays ignored; outside the main thread nothing changes."""
+        def ending(signum, frame):
+            if self.signalled is not None:
+                raise KeyboardInterrupt
+            self.signalled = ENDING_SIGNALS[signal.Signals(signum)]
+
+        before = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in ENDING_SIGNALS:
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    before[sig] = signal.signal(sig, ending)
+        try:
+            yield
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
+
     def __call__(self) -> bool:
         if self.halted:
             self.reason = "halt"
+        elif self.signalled is not None:
+            self.reason = self.signalled
         elif self.pid is not None and not process_alive(self.pid):
             self.reason = f"process {self.pid} ended"
         elif self.idle_exit_s is not None and time.monotonic() - self._last_activity >= self.idle_exit_s:
