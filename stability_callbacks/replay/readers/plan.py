@@ -40,6 +40,9 @@ _ARG_ECHO = ("--", "namespace(", "args.", "argument", "config")
 # `loss is nan at step 12`, `Detected NaN`: about the loss (`NaN found in input tensor` is not).
 _NAN_WARNING = re.compile(r"\bloss\b.*\b(?:is|are|was|were|became|got|detected|found|"
                           r"encountered)\b|\bdetected\b|\bnon-?finite\s+loss", re.I)
+# ... unless the line says there was none: `no NaN found`, `loss is not nan`, `without inf`.
+_NO_NAN = re.compile(r"\b(?:no|not|never|without|zero)\b(?:\s+\w+){0,2}?\s+(?:nan|inf|infinity|non-?finite)\b",
+                     re.I)
 _OVERFLOW = re.compile(r"overflow", re.I)
 # MindSpore's `overflow, still update, loss scale adjust to 1024.0`: the step was applied.
 _APPLIED = re.compile(r"\bstill updat|\bnot skip", re.I)
@@ -437,7 +440,8 @@ def _kind(plan: Plan, texts, nums, roles, joined, summary, eval_context, eval_lo
         return plan
     plan.mixed = eval_loss and plan.loss_name in _SPLIT_QUALIFIED_LOSS
     if not metrics and not plan.components:
-        if any(v[:1] in "nNiI" for v in nums) and _NAN_WARNING.search(joined):
+        if any(v[:1] in "nNiI" for v in nums) and _NAN_WARNING.search(joined) \
+                and not _NO_NAN.search("".join(t + v for t, v in zip(texts, nums))):
             plan.kind = "nan"
         elif eval_loss:
             plan.kind = "eval"        # `step 30 | val loss 2.5`: an evaluation at a step
