@@ -75,6 +75,7 @@ class Assembler:
         self.bar: tuple = (0, 0)              # (epochs done, total) of the last complete bar
         self.counter_global = False           # a batch counter went on across an epoch change
         self.counter_restarts = False         # ... or restarted, no epoch length printed
+        self.restart: list | None = None      # see _restarting
         self.counter_last: dict = {}          # total -> (epoch, value) of the last batch counter
         self.bar_loop: tuple | None = None    # (printed keys, total) of the first bar record
         self.epoch_steps = True               # False once an epoch held two records
@@ -177,14 +178,8 @@ class Assembler:
             last_epoch, last_value = self.counter_last.get(total, (None, 0))
             if last_epoch is not None and self.epoch > last_epoch and value > last_value:
                 self.counter_global = True    # it did not restart: a global count
-            elif last_epoch is not None and self.epoch > last_epoch and total is None \
-                    and self.per_epoch is None:
-                self.counter_restarts = True  # it restarts, and an epoch's length is not printed
-                self.account.note(f"{plan.step_name!r} restarts at every epoch and the log prints no "
-                                  "epoch length: the records from its first restart on are numbered "
-                                  "in order")
             self.counter_last[total] = (self.epoch, value)
-            if self.counter_global:
+            if self.counter_global and not (self.restart and self.restart[0] is None):
                 return value, "counter"
             if total is not None and value < total and not self.fine_counter:
                 self.fine_counter = True
@@ -195,11 +190,42 @@ class Assembler:
             per_epoch = total if total is not None else self.per_epoch
             if per_epoch is not None:
                 return done * per_epoch + value, "counter"
+            return self._restarting(value, plan, done)
         elif self.per_epoch is not None:
             return done * self.per_epoch + value, "counter"
-        if self.counter_restarts and not self.counter_global:
-            return None, "order"              # (never a step that goes back at each epoch)
         return (value, "counter") if value >= done and not plan.counter else (None, "order")
+
+    def _restarting(self, value: int, plan: Plan, done: int) -> tuple[int | None, str]:
+        """The step of a counter within an epoch whose length the log does not print, one way for
+        the whole log, decided at its first record: a count of batches (a bar's, or ``batch``)
+        or one below the epochs done (an excerpt from a late epoch: ``[37][0]``) numbers the
+        records in order; any other, ``(epoch - first epoch) x L + n``, L the largest count an
+        epoch showed (+ 1 where the counter counts from 0), learned at its first restart and
+        grown at each epoch's end: until then the count as printed (the first epoch's offset is
+        0). Never records by order after the counter's own numbers, or the reverse."""
+        r = self.restart
+        name = plan.step_name
+        if r is None:
+            ordered = plan.counter or value < done
+            r = self.restart = [None if ordered else self.epoch, self.epoch, 0, False, 0]
+            if ordered:
+                self.account.note(f"{name!r} counts within an epoch and the log prints no epoch "
+                                  "length: the records are numbered in order, for the whole log")
+        if r[0] is None:
+            return None, "order"
+        r[3] = r[3] or value == 0
+        if self.epoch != r[1]:
+            r[4] = max(r[4], r[2] + r[3])     # the epoch that ended: its length
+            r[1], r[2] = self.epoch, 0
+            if not self.counter_restarts:
+                self.counter_restarts = True
+                first = f"(epoch - {r[0]})" if r[0] else "epoch"
+                plus = ", + 1: it counts from 0" if r[3] else ""
+                self.account.note(f"{name!r} restarts at every epoch and the log prints no epoch length: "
+                                  f"steps are {first} x {r[4]:,} (the largest {name!r} of an epoch{plus}) "
+                                  f"+ {name!r}")
+        r[2] = max(r[2], value)
+        return (self.epoch - r[0]) * r[4] + value, "counter"
 
     def _another_loop(self, plan: Plan, nums) -> bool:
         """A progress bar with other keys and another total than the first bar that carried a

@@ -167,7 +167,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
             plan.step_total = idx + 1
         plan.counter = prio == _BAR
         plan.within_epoch = prio == _BAR or name in ITERATION_LIKE or (
-            prio == _KEYLESS and plan.epoch is not None)
+            prio in (_KEYLESS, _LEARNED) and plan.epoch is not None)
         if prio < MICRO_RANK:
             micro = [i for p, i, _ in steps[1:] if MICRO_RANK <= p <= 3
                      and not (i + 1 < n and roles[i + 1][0] == "total")]
