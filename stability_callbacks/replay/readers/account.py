@@ -23,10 +23,11 @@ IgnoreCallback = Callable[[int, str, str], None]
 #: How steps may be numbered: the log's own counter, the order of the records, the epoch, the
 #: step after the last one printed (an overflow line that prints none).
 NUMBERINGS = {"counter": "the log", "order": "order of appearance", "epoch": "the epoch",
-              "after": "the step after the last printed"}
+              "after": "the step after the last printed", "samples": "samples seen / unit"}
 _LABELS = {"counter": "the log's counter", "order": "order of appearance (the records print no counter "
            "taken for the step: step N is the N-th record)", "epoch": "the epoch (nothing finer is printed)",
-           "after": "the step after the last one printed (overflow lines that print no step)"}
+           "after": "the step after the last one printed (overflow lines that print no step)",
+           "samples": "the log's counter of samples seen, divided by {unit:,}"}
 #: Parts of a log numbered differently that the account lists one by one.
 MAX_SEGMENTS = 8
 #: Reasons a line is ignored that the caller hears of line by line (a partly unreadable file).
@@ -50,6 +51,7 @@ class ReadAccount:
         self.ignored: dict[str, list[int]] = {}      # reason -> [count, first line]
         self.notes: list[str] = []
         self.signals: list[str] = []                 # what a log without a loss is judged on
+        self.sample_unit = 0                         # samples per step, where a counter counts samples
         self.first_unreadable: tuple[int, str] | None = None
 
     def saw(self, key: str, printed: str) -> None:
@@ -90,7 +92,7 @@ class ReadAccount:
     @property
     def counted(self) -> bool:
         """Some step so far was the log's own count."""
-        return "counter" in self.numbering or "epoch" in self.numbering
+        return "counter" in self.numbering or "epoch" in self.numbering or "samples" in self.numbering
 
     def note(self, text: str) -> None:
         if text not in self.notes and len(self.notes) < 20:
@@ -155,16 +157,19 @@ class ReadAccount:
     def _numbering_lines(self) -> list[str]:
         """How steps were numbered: once for the log, or part by part where parts differ."""
         if len({how for how, *_ in self.segments}) <= 1:
-            return [f"  steps numbered by {_LABELS[how]}" + (f": {', '.join(repr(n) for n in names)}"
-                                                           if names else "")
+            return [f"  steps numbered by {self._label(how)}" + (f": {', '.join(repr(n) for n in names)}"
+                                                                if names else "")
                     for how, names in self.numbering.items()]
         out = [f"  steps numbered differently in {len(self.segments)} parts of the log:"]
         for how, names, a, b in self.segments[:MAX_SEGMENTS]:
             said = f": {', '.join(repr(n) for n in names)}" if names else ""
-            out.append(f"    records {a:,}-{b:,} by {_LABELS[how]}{said}")
+            out.append(f"    records {a:,}-{b:,} by {self._label(how)}{said}")
         if len(self.segments) > MAX_SEGMENTS:
             out.append(f"    ... and {len(self.segments) - MAX_SEGMENTS} more parts")
         return out
+
+    def _label(self, how: str) -> str:
+        return _LABELS[how].format(unit=self.sample_unit)
 
     @property
     def order_numbered(self) -> bool:

@@ -34,6 +34,12 @@ from .account import ReadAccount
 from .plan import LOSS_KINDS, Plan
 
 
+#: A bar's count whose counts are multiples of this power of two counts samples (a batch size
+#: holds it; a print interval of batches, 10 to 10,000, holds at most 16).
+SAMPLES_POWER = 32
+#: ... and whose total is at least this many units (a dataset of many batches).
+SAMPLES_PRINTS = 8
+
 #: Why a record line makes no record (the account counts them as ignored lines).
 DROPPED = ("epoch summary or another loop (the log's records print a finer counter)",
            "a statistic or terms of the loss (the log prints the loss itself)")
@@ -76,6 +82,8 @@ class Assembler:
         self.counter_global = False           # a batch counter went on across an epoch change
         self.counter_restarts = False         # ... or restarted, no epoch length printed
         self.restart: list | None = None      # see _restarting
+        self.unit: int | None = None          # samples per step of a bar that counts samples
+        self.sample_first: tuple | None = None   # (record, epochs done, total) of its 0 count
         self.counter_last: dict = {}          # total -> (epoch, value) of the last batch counter
         self.bar_loop: tuple | None = None    # (printed keys, total) of the first bar record
         self.epoch_steps = True               # False once an epoch held two records
@@ -160,8 +168,11 @@ class Assembler:
                 return None, "order"
             text = nums[plan.step]
             value = int(text) if text.isdigit() else int(float(text))
-            if plan.counter and self.made == 0 and total_of(nums, plan) == value:
+            total = total_of(nums, plan)
+            if plan.counter and self.made == 0 and total == value:
                 self.bar_before_epoch = True  # a complete bar opens the log (see _epoch_context)
+            if plan.counter and total is not None and self._sample_unit(value, total, plan, 0):
+                return -(-value // self.unit), "samples"
             return (self._outer_step(nums, plan, value) if plan.outer else value), "counter"
         self._epoch_context(nums, plan)
         if plan.step is None:
@@ -181,12 +192,15 @@ class Assembler:
             self.counter_last[total] = (self.epoch, value)
             if self.counter_global and not (self.restart and self.restart[0] is None):
                 return value, "counter"
+            unit = plan.counter and total is not None and self._sample_unit(value, total, plan, done)
             if total is not None and value < total and not self.fine_counter:
                 self.fine_counter = True
                 self._renumber_bar()
             if plan.counter and total is not None and value == total and not self.fine_counter:
                 self.bar = (self.epoch - (self.epoch_base or 0), total)
                 return self.epoch, "epoch"    # only complete bars: nothing finer than the epoch
+            if unit:
+                return done * -(-total // unit) + -(-value // unit), "samples"
             per_epoch = total if total is not None else self.per_epoch
             if per_epoch is not None:
                 return done * per_epoch + value, "counter"
@@ -194,6 +208,34 @@ class Assembler:
         elif self.per_epoch is not None:
             return done * self.per_epoch + value, "counter"
         return (value, "counter") if value >= done and not plan.counter else (None, "order")
+
+    def _sample_unit(self, value: int, total: int, plan: Plan, done: int) -> int:
+        """The unit of a bar's count that counts samples, not batches (the PyTorch examples'
+        ``[640/60000 (1%)]``, open_clip's ``[64/109468 (0%)]``, old Keras' ``32/60000``), or 0.
+        Decided once, at its first count above 0 and below its total: samples come in
+        multiples of the batch size, and a batch size holds a power of two (>= 32) that a print
+        interval of batches (10, 50, 100, 1000) does not; the unit is that first count, and an
+        epoch (the total) holds many of them (a bar at 160/162 is no sample count). A first
+        record printed at 0 is renumbered (0 samples: the epoch's first step)."""
+        if self.unit is None:
+            if not 0 < value < total:
+                if self.sample_first is None:
+                    self.sample_first = (self.made + 1, done, total)
+                return 0
+            self.unit = value if (value & -value) >= SAMPLES_POWER and total >= SAMPLES_PRINTS * value else 0
+            if self.unit:
+                per = -(-total // value)
+                self.account.sample_unit = value
+                self.account.note(f"{plan.step_name!r} counts samples, not batches (its counts are multiples "
+                                  f"of {value:,}, a multiple of {SAMPLES_POWER}: a batch size's, not a print "
+                                  f"interval's): steps are samples seen / {value:,}, {per:,} to an epoch of "
+                                  f"{total:,}")
+                first = self.sample_first
+                if first is not None and self.pending is not None and first[0] == self.made \
+                        and self.pending_how == "counter":
+                    self.pending.step = self.last_step = first[1] * -(-first[2] // value)
+                    self._renumbered("samples")
+        return self.unit
 
     def _restarting(self, value: int, plan: Plan, done: int) -> tuple[int | None, str]:
         """The step of a counter within an epoch whose length the log does not print, one way for
@@ -477,7 +519,7 @@ class Assembler:
                 # (a part of the log numbered otherwise starts only where the plan or its
                 # numbering changes: the common record costs nothing more)
                 self._part(how, step_name)
-                self.counted = self.counted or (how == "counter" and plan.step is not None)
+                self.counted = self.counted or (how in ("counter", "samples") and plan.step is not None)
                 self._note(plan, how, step_name)
             if plan.mixed:
                 self.pending_undecided = self.loss_name is None
@@ -501,7 +543,7 @@ class Assembler:
             if key != "step":
                 self.account.saw(key, printed)
         if how:
-            self.account.numbered(how, step_name if how == "counter" else "")
+            self.account.numbered(how, step_name if how in ("counter", "samples") else "")
 
     def _overflow(self, step: int | None, scale: float | None, skipped: bool = True) -> None:
         """One overflow skip, told once however many ranks and lines print it: the same
