@@ -82,6 +82,7 @@ class Assembler:
         self.counter_global = False           # a batch counter went on across an epoch change
         self.counter_restarts = False         # ... or restarted, no epoch length printed
         self.restart: list | None = None      # see _restarting
+        self.bar_offset: int | None = None    # see _bar_lag
         self.unit: int | None = None          # samples per step of a bar that counts samples
         self.sample_first: tuple | None = None   # (record, epochs done, total) of its 0 count
         self.counter_last: dict = {}          # total -> (epoch, value) of the last batch counter
@@ -363,6 +364,8 @@ class Assembler:
             self.dropped = DROPPED[0]
             return []
         step, how = self._step_of(nums, plan)
+        if plan.after_bar and step is not None and how == "counter":
+            step += self._bar_lag(step)
         if how == "epoch" and not plan.counter and self.pending is not None \
                 and self.pending_how == "epoch" and self.pending.step == step:
             # Two records of one epoch and nothing finer: records are numbered in order.
@@ -485,7 +488,10 @@ class Assembler:
         if self.overflows:
             self._fold_overflows(metrics, plan)
         prev = self.pending
-        if prev is not None and prev.step == step:
+        apart = False                         # the same step, two records (see _before_first_step)
+        if prev is not None and prev.step == step and how != "order" and self.pending_how == "order":
+            apart = not self._before_first_step(prev, step)
+        if prev is not None and prev.step == step and not apart:
             if self.cumulative_first is not None and self.cumulative_first[0] is None:
                 self.cumulative_first = (prev, *self.cumulative_first[1:])
             if plan is not None and (plan.counter or self.reprinted):
@@ -525,6 +531,32 @@ class Assembler:
                 self.pending_undecided = self.loss_name is None
                 self.pending_loss_name = plan.loss_name
         return [prev] if prev is not None else []
+
+    def _bar_lag(self, count: int) -> int:
+        """What to add to the count of the bar a record is printed right after (``2/6 [..]{'loss':
+        ..}``), decided at the first such record: 0 where the bar shows the step the record reports
+        (HF's Trainer updates its bar, then prints), 1 where it shows the batches done before it
+        (a loop's body printing under ``for batch in tqdm(...)``), which the log shows by a first
+        count of 0, or one not past the record printed before it with no step."""
+        if self.bar_offset is None:
+            prev = self.pending
+            lags = count == 0 or (prev is not None and self.pending_how == "order" and count <= prev.step)
+            self.bar_offset = int(lags)
+            if lags:
+                self.account.note("records printed right after a progress bar's redraw are numbered by its "
+                                  "count + 1 (the bar shows the batches done before the one they report)")
+        return self.bar_offset
+
+    def _before_first_step(self, prev: StepRecord, step: int) -> bool:
+        """A record numbered in order whose number is the step the next record prints: two
+        records, never one (the order number is the reader's, the step the log's). The held
+        record is numbered one before the printed step where that keeps steps increasing
+        (True); else both keep their numbers."""
+        if step - 1 > self.pending_last_step or (self.made == 1 and step >= 1):
+            prev.step = self.last_step = step - 1
+            self.account.note(f"a record printed before the log's first step ({step:,}) is numbered {step - 1:,}")
+            return True
+        return False
 
     def _part(self, how: str, step_name: str) -> None:
         if how != self.account.segment_how:

@@ -104,6 +104,8 @@ class Plan:
     merged: str = ""                 # the template with whitespace runs and signs folded
     outer: tuple[int, ...] = ()      # integers before the step that may count its epochs: one
     # that goes up when the step restarts does (Assembler._outer_step)
+    after_bar: bool = False          # the values follow a progress bar's redraw on the line: a
+    # record printed by the loop's body while the bar shows the batches done before it
 
 
 def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None = None,
@@ -210,6 +212,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
                         + (" (the sum of the terms printed)" if len(comps) > 1 else "")))
     if plan.step is not None:
         plan.step_name = roles[plan.step][3] or ("a bar's count" if plan.counter else UNNAMED)
+        plan.after_bar = plan.counter and _after_bar(texts, plan.step, [i for i, _, _ in ordered])
         printed.append(("step", plan.step_name))
     plan.printed = tuple(printed)
     plan.prints_skipped = keys.OVERFLOW_SKIPPED in metrics
@@ -240,6 +243,16 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
                               if role == "other" and nums[i].isdigit()
                               and not name.lower().startswith(_ARG_ECHO))
     return plan
+
+
+def _after_bar(texts: list[str], step: int, values: list[int]) -> bool:
+    """Whether a line's values come after a tqdm bar's redraw (``10%|#  | 10/100 [00:01<00:09,
+    9.9it/s]{'loss': 2.3}``): the bar's graphic before its count, its bracket closed before the
+    first value (a postfix, ``[..., loss=2.3]``, is the bar's own)."""
+    if not values or "%|" not in texts[step].replace(" ", ""):
+        return False
+    first = min(values)
+    return any("]" in texts[k] for k in range(step + 1, first + 1))
 
 
 def choose_counter(plan_roles: list[tuple[int, str]]) -> int:
