@@ -40,6 +40,9 @@ SAMPLES_POWER = 32
 #: ... and whose total is at least this many units (a dataset of many batches).
 SAMPLES_PRINTS = 8
 
+#: Two losses of one step this close (relative) are one value printed twice (ranks' rounding).
+SAME_LOSS = 1e-3
+
 #: Why a record line makes no record (the account counts them as ignored lines).
 DROPPED = ("epoch summary or another loop (the log's records print a finer counter)",
            "a statistic or terms of the loss (the log prints the loss itself)")
@@ -64,6 +67,8 @@ class Assembler:
         # the one that counts epochs, their first values, iterations per epoch]
         self.pending_how = ""
         self.repeat = [0, 0.0, 0.0, True]     # a repeated step's losses (see _add)
+        self.repeated_steps = 0               # steps printed more than once with a loss (ranks)
+        self.row = False                      # the line fed is a table's row or a JSON line
         self.pending_undecided = False        # see emit
         self.pending_loss_name = ""
         self.pending_last_step = 0
@@ -491,6 +496,9 @@ class Assembler:
         apart = False                         # the same step, two records (see _before_first_step)
         if prev is not None and prev.step == step and how != "order" and self.pending_how == "order":
             apart = not self._before_first_step(prev, step)
+        elif prev is not None and prev.step == step and plan is not None and not (
+                plan.counter or self.reprinted or plan.components):
+            apart = self._relogged(prev, metrics)
         if prev is not None and prev.step == step and not apart:
             if self.cumulative_first is not None and self.cumulative_first[0] is None:
                 self.cumulative_first = (prev, *self.cumulative_first[1:])
@@ -547,6 +555,25 @@ class Assembler:
                                   "count + 1 (the bar shows the batches done before the one they report)")
         return self.bar_offset
 
+    def _relogged(self, prev: StepRecord, metrics: dict) -> bool:
+        """Whether a row of a table or a JSON line that prints a step again, with another loss,
+        is another event (a resumed run re-logging it, a table's summary row), kept as a record
+        of its own, rather than another rank's print of the step (one record, their mean). One
+        writer prints a table's rows; ranks print every step from the log's first, with losses
+        alike: a repeat after steps printed once, as most of the log's were, with a loss that
+        differs by more than ``SAME_LOSS``, is a re-log (the Monitor sees the run go back to that
+        step). Text lines that print a step again stay one record (ranks, micro-batches)."""
+        a, b = prev.metrics.get(keys.LOSS), metrics.get(keys.LOSS)
+        if not self.row or a is None or b is None or a == b or (a != a and b != b) \
+                or abs(a - b) <= SAME_LOSS * max(abs(a), abs(b)):
+            return False
+        if self.repeat[0] == 0 and 2 * self.repeated_steps < self.made - 1:
+            self.account.note(f"step {prev.step:,} was printed again with another loss after steps printed "
+                              "once: a re-logged step (a resumed run, a summary row), kept as a record of "
+                              "its own")
+            return True
+        return False
+
     def _before_first_step(self, prev: StepRecord, step: int) -> bool:
         """A record numbered in order whose number is the step the next record prints: two
         records, never one (the order number is the reader's, the step the log's). The held
@@ -602,6 +629,8 @@ class Assembler:
 
     def _repeat(self, prev: StepRecord, metrics: dict) -> None:
         if keys.LOSS in metrics:
+            if self.repeat[0] == 0:
+                self.repeated_steps += 1
             if self.repeat[0] == 0 and keys.LOSS in prev.metrics:
                 _add(self.repeat, prev.metrics[keys.LOSS])
             _add(self.repeat, metrics[keys.LOSS])

@@ -129,6 +129,7 @@ def _read(path, account: ReadAccount, lines, tag_map, user, wandb):
         account.saw(key, name)
     account.numbered("epoch" if classify(header[steps[0]].strip())[0] == "epoch" and not wandb
                      else "counter", header[steps[0]].strip())
+    last: tuple[int | None, float | None] = (None, None)   # the step and loss of the row before
     while True:
         try:
             row = next(rows, None)
@@ -154,6 +155,11 @@ def _read(path, account: ReadAccount, lines, tag_map, user, wandb):
             account(line_no, ",".join(row), f"unreadable CSV row: {e}")
             continue
         if values or own:
+            loss = values.get(keys.LOSS)
+            if step == last[0] and loss is not None and last[1] is not None and loss != last[1]:
+                account.note(f"step {step:,} was printed again with another loss (line {line_no}): a "
+                             "re-logged step (a resumed run, a summary row), kept as a record of its own")
+            last = (step, loss)
             yield StepRecord(step, values)
         else:
             account.ignore(line_no, ",".join(row), "row without a training metric")
@@ -176,7 +182,7 @@ def _by_the_rules(header: list[str], rows, numbers: list[int], account: ReadAcco
         if key is not None:
             said[name] = key
     dropped = {name for name, key in (tag_map or {}).items() if key is None}
-    reading = Reading(account, said or None)
+    reading = Reading(account, said or None, rows=True)
     read = 0
     templates: dict[tuple, list[str]] = {}
     while True:

@@ -79,6 +79,7 @@ class LineReader:
         self.last: Plan | None = None
         self.table: tuple[list[str], list[int], bool] | None = None   # header, key columns, pipes
         self.templates: dict[str, Template] = {}      # this log's templates that were watched
+        self.row = False                              # the last line tokenized was a table's row
         self.counter_names: set[str] = set()          # the names of the counters they showed
 
     def parse(self, seg: str) -> tuple[tuple | list, Plan] | None:
@@ -103,10 +104,12 @@ class LineReader:
         if not nums:
             self._table_header(seg)
             return None
+        self.row = False
         if self.table is not None:
             row = self._table_row(seg)
             if row is not None:
                 texts, nums = tokens.split(row)
+                self.row = True
         return texts, nums
 
     def interpret(self, texts: list[str], nums: list[str]) -> tuple[Plan, Template | None]:
@@ -305,9 +308,9 @@ class Blocks:
         self.head: str = ""
 
     def offer(self, unit: tuple) -> list[tuple]:
-        """A unit ``(line_no, seg, indent, texts, nums)`` (``texts`` None: no numbers) -> the
+        """A unit ``(line_no, seg, indent, texts, nums, row)`` (``texts`` None: no numbers) -> the
         units that are final now."""
-        _, seg, _, texts, nums = unit
+        _, seg, _, texts, nums, _ = unit
         if texts is None:
             section = _SECTION.match(tokens.pipes(seg).strip())
             if section is not None:           # a section row inside a block, or above one
@@ -341,10 +344,10 @@ class Blocks:
         self.keys = set()
         if len(items) < 2:
             return [unit for unit, _, _ in items]
-        line_no, _, indent, _, _ = items[0][0]
+        line_no, _, indent, _, _, _ = items[0][0]
         joined = " | ".join([self.head] * bool(self.head) + [f"{key}: {value}" for _, key, value in items])
         texts, nums = tokens.split(joined)
-        return [(line_no, joined, indent, texts, nums)]
+        return [(line_no, joined, indent, texts, nums, False)]
 
 
 def _list_value(texts: list[str]) -> bool:
@@ -372,8 +375,9 @@ class Reading:
     held (the caller's fast path must not overtake them)."""
 
     def __init__(self, account: ReadAccount, user_keys: Mapping[str, str] | None = None,
-                 pattern: re.Pattern | None = None, *, blocks: bool = False):
+                 pattern: re.Pattern | None = None, *, blocks: bool = False, rows: bool = False):
         self.account = account
+        self.rows = rows                      # every line is a row (JSON lines, a table)
         self.reader = LineReader(user_keys, pattern, learn=pattern is None)
         self.asm = Assembler(account)
         self.blocks = Blocks(self._heads) if blocks and pattern is None else None
@@ -388,15 +392,16 @@ class Reading:
         indent = len(text) - len(stripped)
         units: list[tuple] = []
         if not stripped:
-            units.append((line_no, "", indent, None, None))
+            units.append((line_no, "", indent, None, None, False))
         else:
             for seg in (segments(text) if ("\r" in text or "\x1b" in text or "\b" in text) else (text,)):
                 seg = strip_prefix(seg)   # a coloured prefix shows once the colour codes are gone
                 if self.reader.pattern is not None:
-                    units.append((line_no, seg, indent, seg, None))
+                    units.append((line_no, seg, indent, seg, None, self.rows))
                     continue
                 got = self.reader.tokenize(seg)
-                units.append((line_no, seg, indent, *(got if got is not None else (None, None))))
+                units.append((line_no, seg, indent, *(got if got is not None else (None, None)),
+                              self.rows or self.reader.row))
         if self.blocks is not None:
             units = [u for unit in units for u in self.blocks.offer(unit)]
         out: list[StepRecord] = []
@@ -411,12 +416,12 @@ class Reading:
 
     def take(self, line_no: int, text: str, texts: list[str], nums: list[str]) -> list[StepRecord]:
         """A line already cut into its template ``texts`` and ``nums`` (a table's row)."""
-        out = self._take((line_no, text, 0, texts, nums))
+        out = self._take((line_no, text, 0, texts, nums, self.rows))
         self.busy = bool(self.held)
         return out
 
     def _take(self, unit: tuple) -> list[StepRecord]:
-        line_no, seg, indent, texts, nums = unit
+        line_no, seg, indent, texts, nums, row = unit
         plan: Plan | None = None
         watched: Template | _LossWait | None = None
         if self.reader.pattern is not None and texts is not None:
@@ -429,7 +434,7 @@ class Reading:
                 self.reader.decide(watched)
             if plan.kind == "record" and plan.loss_rank < len(LOSS_KINDS):
                 watched = self._loss_wait(plan, watched)
-        item = (line_no, seg, indent, nums, plan, watched)
+        item = (line_no, seg, indent, nums, plan, watched, row)
         if not self.held and (watched is None or watched.settled):
             return self._feed(item)
         self.held.append(item)
@@ -469,8 +474,9 @@ class Reading:
         return out
 
     def _feed(self, item: tuple) -> list[StepRecord]:
-        line_no, seg, indent, nums, plan, watched = item
+        line_no, seg, indent, nums, plan, watched, row = item
         asm, account = self.asm, self.account
+        asm.row = row
         out: list[StepRecord] = []
         if asm.block is not None and (indent <= asm.block_indent or not seg.strip()):
             out += asm.close_block()      # the indented block under a step header ended
