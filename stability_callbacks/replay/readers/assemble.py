@@ -231,7 +231,7 @@ class Assembler:
             self.unit = value if (value & -value) >= SAMPLES_POWER and total >= SAMPLES_PRINTS * value else 0
             if self.unit:
                 per = -(-total // value)
-                self.account.sample_unit = value
+                self.account.sample_unit, self.account.sample_epoch = value, per
                 self.account.note(f"{plan.step_name!r} counts samples, not batches (its counts are multiples "
                                   f"of {value:,}, a multiple of {SAMPLES_POWER}: a batch size's, not a print "
                                   f"interval's): steps are samples seen / {value:,}, {per:,} to an epoch of "
@@ -259,6 +259,8 @@ class Assembler:
             if ordered:
                 self.account.note(f"{name!r} counts within an epoch and the log prints no epoch "
                                   "length: the records are numbered in order, for the whole log")
+                self.account.order_reason = (f"whose counter {name!r} counts within an epoch and which "
+                                             "prints no epoch length")
         if r[0] is None:
             return None, "order"
         r[3] = r[3] or value == 0
@@ -337,7 +339,7 @@ class Assembler:
     def _renumbered(self, how: str) -> None:
         """The held-back record is numbered ``how`` after all (the account hears of it)."""
         self.pending_how = how
-        self.account.renumbered(self.made, how)
+        self.account.renumbered(self.made, how, self.pending.step if self.pending is not None else self.last_step)
 
     def record(self, nums, plan: Plan) -> list[StepRecord]:
         """The records a record line completes (the readers' fast path calls it directly)."""
@@ -581,13 +583,14 @@ class Assembler:
         (True); else both keep their numbers."""
         if step - 1 > self.pending_last_step or (self.made == 1 and step >= 1):
             prev.step = self.last_step = step - 1
+            self.account.restep(self.made, step - 1)
             self.account.note(f"a record printed before the log's first step ({step:,}) is numbered {step - 1:,}")
             return True
         return False
 
     def _part(self, how: str, step_name: str) -> None:
         if how != self.account.segment_how:
-            self.account.record_numbered(how, step_name, self.made)
+            self.account.record_numbered(how, step_name, self.made, self.last_step)
 
     def _note(self, plan: Plan, how: str, step_name: str = "") -> None:
         """The account learns each plan's printed names and numbering once (and the assembler
@@ -662,7 +665,7 @@ class Assembler:
             self.account.numbered(how, "")
             self.made += 1
             if how != self.account.segment_how:
-                self.account.record_numbered(how, "", self.made)
+                self.account.record_numbered(how, "", self.made, self.last_step)
         self.overflows = []
         if self.cumulative_first is not None:
             self._mid_run(*self.cumulative_first[1:])
