@@ -29,6 +29,7 @@ from ...record import StepRecord
 from . import tokens
 from .account import ReadAccount
 from .assemble import Assembler
+from .history import Histories
 from .plan import LOSS_KINDS, Plan, choose_counter, make_plan
 from .source import segments, strip_prefix
 from .vocabulary import classify, normalise_key
@@ -56,6 +57,7 @@ _SIGN = re.compile(r"(?<=[ :=(\[])-\x00")
 # A section row above one-key lines (stable-baselines3's `| train/ |`, `rollout/`).
 _SECTION = re.compile(r"^\|?\s*([A-Za-z][\w ]*?)\s*/\s*(?:\|\s*)*$")
 _AFTER_VALUE = " \t|,;"
+HISTORY_SUMMARY = "run summary (a history of the records above, printed as arrays)"
 _REASONS = {"eval": "evaluation", "summary": "run summary", "ignore": "no training metric",
             "overflow": "overflow (folded into the next record)", "epoch": "epoch header",
             "header": "step header", "nan": "NaN warning (marks the step before it)"}
@@ -410,6 +412,23 @@ class Reading:
         self.busy = bool(self.held) or bool(self.blocks and self.blocks.items)
         return out
 
+    def lines(self, items: list) -> list[StepRecord]:
+        """Lines as :class:`~.history.Histories` gives them back: ``(line_no, text)`` lines as
+        printed, and histories, each read as its lines of one epoch, or, where the log printed
+        records before it, a run summary of them (ignored)."""
+        out: list[StepRecord] = []
+        for item in items:
+            if isinstance(item, tuple):
+                out += self.line(*item)
+            elif self.asm.made:
+                self.account.ignore(item.line_no, "", HISTORY_SUMMARY)
+            else:
+                self.account.note(f"a history printed as arrays (line {item.line_no}): element k of each "
+                                  f"array is epoch k, {len(item.epochs)} epochs")
+                for text in item.epochs:
+                    out += self.line(item.line_no, text)
+        return out
+
     def _heads(self, texts: list[str], nums: list[str]) -> bool:
         """Whether a line may head a block of one-key lines: it prints no training record."""
         return _PLANS.get(("\x00".join(texts), self.reader._user_key), _NO_PLAN).kind != "record"
@@ -531,11 +550,17 @@ def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str,
     reading = Reading(account, user_keys, pattern, blocks=True)
     reader, asm = reading.reader, reading.asm
     record = asm.record
+    histories = Histories() if pattern is None else None
     for line_no, text in lines:
         if text is None:
+            if histories is not None and histories.open:
+                yield from reading.lines(histories.end())
             yield from reading.flush()
             continue
         text = strip_prefix(text)
+        if histories is not None and (histories.open or histories.opens(text)):
+            yield from reading.lines(histories.offer(line_no, text))
+            continue
         # The common case inline (a line of the last record template); Reading.line otherwise.
         last = reader.last
         m = last.match(text) if last is not None and last.match is not None \
@@ -550,6 +575,8 @@ def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str,
             out = reading.line(line_no, text)
         if out:
             yield from out
+    if histories is not None:
+        yield from reading.lines(histories.end())
     yield from reading.finish()
 
 
