@@ -177,8 +177,9 @@ class Assembler:
             total = total_of(nums, plan)
             if plan.counter and self.made == 0 and total == value:
                 self.bar_before_epoch = True  # a complete bar opens the log (see _epoch_context)
-            if plan.counter and total is not None and self._sample_unit(value, total, plan, 0):
-                return -(-value // self.unit), "samples"
+            unit = self._sample_unit(value, total, plan, 0) if plan.counter and total is not None else 0
+            if unit:
+                return -(-value // unit), "samples"
             return (self._outer_step(nums, plan, value) if plan.outer else value), "counter"
         self._epoch_context(nums, plan)
         if plan.step is None:
@@ -198,14 +199,14 @@ class Assembler:
             self.counter_last[total] = (self.epoch, value)
             if self.counter_global and not (self.restart and self.restart[0] is None):
                 return value, "counter"
-            unit = plan.counter and total is not None and self._sample_unit(value, total, plan, done)
+            unit = self._sample_unit(value, total, plan, done) if plan.counter and total is not None else 0
             if total is not None and value < total and not self.fine_counter:
                 self.fine_counter = True
                 self._renumber_bar()
             if plan.counter and total is not None and value == total and not self.fine_counter:
                 self.bar = (self.epoch - (self.epoch_base or 0), total)
                 return self.epoch, "epoch"    # only complete bars: nothing finer than the epoch
-            if unit:
+            if unit and total is not None:
                 return done * -(-total // unit) + -(-value // unit), "samples"
             per_epoch = total if total is not None else self.per_epoch
             if per_epoch is not None:
@@ -241,7 +242,7 @@ class Assembler:
                         and self.pending_how == "counter":
                     self.pending.step = self.last_step = first[1] * -(-first[2] // value)
                     self._renumbered("samples")
-        return self.unit
+        return self.unit or 0
 
     def _restarting(self, value: int, plan: Plan, done: int) -> tuple[int | None, str]:
         """The step of a counter within an epoch whose length the log does not print, one way for

@@ -19,11 +19,9 @@ lines); cost is linear in the line's length, however many numbers it holds.
 """
 from __future__ import annotations
 
-import heapq
 import re
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from ...record import StepRecord
 from . import tokens
@@ -45,6 +43,7 @@ _PLANS: dict[tuple, Plan] = {}
 _COMPILE_MAX_NUMBERS = 64
 _TEMPLATE_NUMBER = f"({tokens.NUM})"
 _SPACES = re.compile(r"(?:\\[ \t])+")
+_DIGIT = re.compile(r"\d").search
 _RULE_CELL = re.compile(r"^:?-{2,}:?$")
 _NAME_CELL = re.compile(r"^[A-Za-z][\w ()./%-]*$")
 # A template is watched for LEARN_LINES lines at least (two steps up), LEARN_MAX_LINES at most;
@@ -52,8 +51,6 @@ _NAME_CELL = re.compile(r"^[A-Za-z][\w ()./%-]*$")
 LEARN_LINES = 3
 LEARN_MAX_LINES = 16
 HOLD_MAX_LINES = 4096
-_WHITESPACE = re.compile(r"[ \t]+")
-_SIGN = re.compile(r"(?<=[ :=(\[])-\x00")
 # A section row above one-key lines (stable-baselines3's `| train/ |`, `rollout/`).
 _SECTION = re.compile(r"^\|?\s*([A-Za-z][\w ]*?)\s*/\s*(?:\|\s*)*$")
 _AFTER_VALUE = " \t|,;"
@@ -72,11 +69,13 @@ class LineReader:
     final: :meth:`interpret` returns it with the line until then (the caller holds the line)."""
 
     def __init__(self, user_keys: Mapping[str, str] | None = None,
-                 pattern: re.Pattern | None = None, learn: bool = False):
+                 pattern: re.Pattern | None = None, learn: bool = False,
+                 names: Mapping[str, str] | None = None):
         self.user = {normalise_key(k) if not k.strip().isdigit() else k.strip(): v
                      for k, v in (user_keys or {}).items()}
         self._user_key = tuple(sorted(self.user.items()))
         self.pattern = pattern
+        self.names = dict(names or {})                # how the account names the pattern's groups
         self.learn = learn
         self.last: Plan | None = None
         self.table: tuple[list[str], list[int], bool] | None = None   # header, key columns, pipes
@@ -124,7 +123,7 @@ class LineReader:
                 _PLANS.clear()
             plan = _PLANS[tkey] = make_plan(texts, nums, self.user)
             if plan.counters or plan.outer:
-                plan.merged = _fold(texts)
+                plan.merged = tokens.fold(texts)
         if plan.counters and self.learn:
             watched = self.templates.get(plan.merged)
             if watched is None:
@@ -206,10 +205,11 @@ class LineReader:
                 metrics.append((len(nums), name, False))
             nums.append(value.strip())
         loss_at = next((i for i, k, _ in metrics if k == "loss"), None)
-        printed = tuple((k, f"(?P<{k}>)") for _, k, _ in metrics) + (
-            (("step", "(?P<step>)"),) if step is not None else ())
+        said = self.names
+        printed = tuple((k, said.get(k, f"(?P<{k}>)")) for _, k, _ in metrics) + (
+            (("step", said.get("step", "(?P<step>)")),) if step is not None else ())
         return nums, Plan(metrics=tuple(metrics), step=step, loss_at=loss_at, printed=printed,
-                          loss_kind="exact" if loss_at is not None else "")
+                          loss_kind="exact" if loss_at is not None else "", step_name=said.get("step", ""))
 
 
 class Template:
@@ -377,10 +377,17 @@ class Reading:
     held (the caller's fast path must not overtake them)."""
 
     def __init__(self, account: ReadAccount, user_keys: Mapping[str, str] | None = None,
-                 pattern: re.Pattern | None = None, *, blocks: bool = False, rows: bool = False):
+                 pattern: re.Pattern | None = None, *, blocks: bool = False, rows: bool = False,
+                 guess: Any = None):
         self.account = account
         self.rows = rows                      # every line is a row (JSON lines, a table)
-        self.reader = LineReader(user_keys, pattern, learn=pattern is None)
+        if guess is not None:
+            pattern = guess.pattern
+        self.reader = LineReader(user_keys, pattern, learn=pattern is None,
+                                 names=guess.names if guess is not None else None)
+        # Why a line gives nothing: no numbers, or (a pattern reads the lines) no match.
+        self.unmatched = ("no numbers" if pattern is None else "not matched by --pattern" if guess is None
+                          else "no progress line (the lines the loss is guessed from)")
         self.asm = Assembler(account)
         self.blocks = Blocks(self._heads) if blocks and pattern is None else None
         self.held: deque = deque()
@@ -502,7 +509,7 @@ class Reading:
         asm.indent = indent
         if plan is None:
             if seg.strip():
-                account.ignore(line_no, seg, "no numbers")
+                account.ignore(line_no, seg, self.unmatched if _DIGIT(seg) else "no numbers")
             return out
         if isinstance(watched, Template):
             plan = watched.plan
@@ -542,12 +549,17 @@ class Reading:
 
 
 def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str, str] | None = None,
-         pattern: re.Pattern | None = None, **_) -> Iterator[StepRecord]:
+         pattern: re.Pattern | None = None, guess: Any = None, **_) -> Iterator[StepRecord]:
     """Records of a text log from its ``(line_no, text)`` ``lines`` (a ``None`` text is an idle
     tick that releases the held-back record); ``user_keys``: {name printed in the log, or a
     number's position on the line (``"1"``): metric key or ``"step"``}; ``pattern``: a regular
     expression whose named groups (``step`` and metric keys) replace the grammar."""
-    reading = Reading(account, user_keys, pattern, blocks=True)
+    reading = Reading(account, user_keys, pattern, blocks=True, guess=guess)
+    if guess is not None:
+        pattern = guess.pattern
+        account.note(f"the log names no loss: the loss is a guess, number {guess.names['loss'].split()[0]} of "
+                     f"its progress lines (first: line {guess.line_no}), the one that varies beside the "
+                     f"counter {guess.names['step']}; if it is no loss, name the loss with --keys")
     reader, asm = reading.reader, reading.asm
     record = asm.record
     histories = Histories() if pattern is None else None
@@ -597,55 +609,3 @@ def overflow_scale(text: str) -> tuple[bool, float | None]:
     nums, plan = got
     idx = plan.overflow_scale if plan.overflow_scale is not None else plan.overflow_attempted
     return True, (float(nums[idx]) if idx is not None else None)
-
-
-@dataclass(order=True)
-class _Near:
-    score: int
-    line_no: int = field(compare=False)
-    text: str = field(compare=False)
-    named: tuple = field(compare=False, default=())
-
-
-class ClosestLines:
-    """The lines that came closest to a record (most keyed numbers), for the error message, and
-    the numbers of up to ``SAMPLES`` lines of each of their templates (what to suggest:
-    :mod:`.suggest`). Memory: ``size`` lines, ``MAX_TEMPLATES`` x ``SAMPLES`` samples."""
-
-    SAMPLES = 8
-    MAX_TEMPLATES = 64
-
-    def __init__(self, size: int = 3):
-        self.size = size
-        self.heap: list[_Near] = []
-        self.samples: dict[str, tuple[list[str], list[list[str]]]] = {}
-
-    def offer(self, line_no: int, text: str, plan: Plan) -> None:
-        near = _Near(plan.score, -line_no, text.strip()[:200], plan.named)
-        if len(self.heap) < self.size:
-            heapq.heappush(self.heap, near)
-        elif near > self.heap[0]:
-            heapq.heapreplace(self.heap, near)
-        texts, nums = tokens.split(near.text)
-        key = _fold(texts)
-        got = self.samples.get(key)
-        if got is None and len(self.samples) < self.MAX_TEMPLATES:
-            self.samples[key] = (texts, [nums])
-        elif got is not None and len(got[1]) < self.SAMPLES:
-            got[1].append(nums)
-
-    def lines(self) -> list[tuple[int, str, tuple]]:
-        return [(-n.line_no, n.text, n.named) for n in sorted(self.heap, reverse=True)]
-
-    def best(self) -> tuple[list[str], list[list[str]]] | None:
-        """The template of the closest line and its sample numbers."""
-        if not self.heap:
-            return None
-        top = max(self.heap)
-        return self.samples.get(_fold(tokens.split(top.text)[0]))
-
-
-def _fold(texts: list[str]) -> str:
-    """A template with whitespace runs and the numbers' signs folded (lines that differ only in
-    padding or sign share it)."""
-    return _SIGN.sub("\x00", _WHITESPACE.sub(" ", "\x00".join(texts)))

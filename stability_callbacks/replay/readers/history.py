@@ -51,7 +51,7 @@ class Histories:
 
     MAX_LINES = 100_000
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.held: list[tuple[int, str]] = []
         self.arrays: dict[str, list[str]] = {}
         self.key: str | None = None          # the array open at the end of the last line

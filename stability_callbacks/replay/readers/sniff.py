@@ -17,7 +17,6 @@ from typing import Iterable
 
 from ... import keys
 from . import caffe, fairseq, generic, megatron, suggest
-from .generic import ClosestLines
 from .history import Histories
 from .source import LogFormatError, segments, strip_prefix
 
@@ -51,9 +50,15 @@ LOOKED_FOR = (
 
 class NoRecords(LogFormatError):
     """No per-step training metric anywhere: what was looked for, the closest lines, the way out
-    (:mod:`.suggest`: commands to paste, each checked to read those lines)."""
+    (:mod:`.suggest`: commands to paste, each checked to read those lines). ``guess``: where the
+    closest lines are progress lines whose loss has no name, what may be the loss
+    (:func:`.suggest.guess`; the reader reads it so, and says it is a guess), with the lines
+    detection ``consumed``."""
 
-    def __init__(self, path, num_lines: int, closest: ClosestLines):
+    def __init__(self, path, num_lines: int, closest: suggest.ClosestLines, consumed: list | None = None,
+                 guess: suggest.Guess | None = None):
+        self.consumed = consumed or []
+        self.guess = guess
         self.closest = closest.lines()
         lines = [f"unknown log format: no per-step training metrics in {num_lines} line(s).",
                  f"  looked for: {LOOKED_FOR}."]
@@ -84,7 +89,7 @@ def detect_lines(path, lines: Iterable, *, user_keys=None, pattern=None) -> tupl
     tentative = None
     tentative_since = 0.0
     reader = generic.LineReader(user_keys, pattern)
-    closest = generic.ClosestLines()
+    closest = suggest.ClosestLines()
     histories = Histories()
     explicit = user_keys or pattern
 
@@ -128,7 +133,7 @@ def detect_lines(path, lines: Iterable, *, user_keys=None, pattern=None) -> tupl
         return got, consumed
     if tentative is not None:
         return tentative, consumed
-    raise NoRecords(path, len(consumed), closest)
+    raise NoRecords(path, len(consumed), closest, consumed, None if explicit else closest.guess())
 
 
 def _line_kind(text, reader, closest, line_no, explicit) -> str | None:

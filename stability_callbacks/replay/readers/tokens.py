@@ -40,6 +40,8 @@ _WORD_INSIDE_KEY = re.compile(r"\s+[A-Za-z][\w ]*[:=]\s*$")
 _LAST_SEPARATOR_WORD = re.compile(r".*(?:^|\s)[^\w\s]+\s")
 _PUNCTUATION = re.compile(r"[^\w\s]").search
 _BOX_VERTICALS = str.maketrans("\u2502\u2503\u2551", "|||")
+_WHITESPACE = re.compile(r"[ \t]+")
+_SIGN = re.compile(r"(?<=[ :=(\[])-\x00")
 _STATISTIC_QUALIFIERS = frozenset({"avg", "average", "mean", "ema", "smoothed", "running"})
 
 
@@ -158,8 +160,8 @@ def _range(texts: list[str], nums: list[str], i: int) -> bool:
     if sep == "-":
         return False                          # `1-1020`: the rule of ranges without spaces
     before = texts[i].rstrip()
-    return before.endswith(("[", "(")) or _TRAILING_WORD.search(before) is not None and \
-        _TRAILING_WORD.search(before).group(1).lower() in _RANGE_WORDS
+    word = _TRAILING_WORD.search(before)
+    return before.endswith(("[", "(")) or (word is not None and word.group(1).lower() in _RANGE_WORDS)
 
 
 _RANGE_WORDS = frozenset({"step", "steps", "batch", "batches", "iter", "iters", "iteration",
@@ -231,3 +233,9 @@ def cells(line: str, pipes: bool | None = None) -> list[str]:
     if pipes or (pipes is None and "|" in line):
         return [c.strip() for c in line.strip().strip("|").split("|")]
     return line.split()
+
+
+def fold(texts: list[str]) -> str:
+    """A template with whitespace runs and the numbers' signs folded (lines that differ only in
+    padding or sign share it)."""
+    return _SIGN.sub("\x00", _WHITESPACE.sub(" ", "\x00".join(texts)))
