@@ -139,13 +139,28 @@ def _char_rnn(values) -> str:
 GUESS = "the unnamed number that varies beside the counter on the log's progress lines (a guess: the log names no loss)"
 
 
-@pytest.mark.parametrize("make, step", [(_seq2seq, 5000), (_char_rnn, 5000)], ids=["seq2seq", "char-rnn"])
-def test_progress_lines_with_no_names_are_read_with_the_loss_said_to_be_a_guess(tmp_path, make, step):
+def _bar(values) -> str:
+    """A hand-made bar: `[  500/10000] 00:08<02:38 2.3456`."""
+    return "Loading data\nvocab size 32000\n" + "".join(
+        f"[{500 * k:5d}/10000] {500 * k // 60 % 60:02d}:{500 * k % 60:02d}<02:38 {v:.4f}\n" for k, v in enumerate(values, 1))
+
+
+def _named_counter(values) -> str:
+    """The counter named, the value not: `Iteration 500 | elapsed 5s | 2.3456`."""
+    return "Loading data\n" + "".join(f"Iteration {500 * k} | elapsed {5 * k}s | {v:.4f}\n" for k, v in enumerate(values, 1))
+
+
+@pytest.mark.parametrize("make, loss, counter", [(_seq2seq, "#7", "#5"), (_char_rnn, "#5", "#1"), (_bar, "#7", "#1"),
+                                                 (_named_counter, "#3", "Iteration")],
+                         ids=["seq2seq", "char-rnn", "bar", "named counter"])
+def test_progress_lines_with_no_names_are_read_with_the_loss_said_to_be_a_guess(tmp_path, make, loss, counter):
     values = [_loss(k) for k in range(1, 15)]
     got, account = records_of(tmp_path, make(values))
+    step = 500 if make in (_bar, _named_counter) else 5000
     assert got == [(step * k, {"loss": round(v, 4)}) for k, v in enumerate(values, start=1)]
-    assert account.keys["loss"] == [f"#{'7' if make is _seq2seq else '5'} ({GUESS})"]
-    assert account.lines()[2] == "  steps numbered by the log's counter: " + repr(f"#{'5' if make is _seq2seq else '1'}")
+    assert account.keys["loss"] == [f"{loss} ({GUESS})"]
+    assert account.lines()[2] == f"  steps numbered by the log's counter: {counter!r}"
+    assert any(line.startswith("  note: the log names no loss: the loss is a guess") for line in account.lines())
 
 
 @pytest.mark.parametrize("extra", ["", "error_rate: [0.5, 0.4, 0.35, 0.3]\n"], ids=["counts", "an error-rate array"])
@@ -197,9 +212,9 @@ def test_a_counter_of_samples_numbers_steps_by_its_unit_and_says_so(tmp_path):
     _same(got, want)
     said = account.lines()
     assert said[2] == "  steps numbered by the log's counter of samples seen, divided by 640: \"a bar's count\""
-    assert "  note: \"a bar's count\" counts samples, not batches (its counts are multiples of 640, a " \
-           "multiple of 32: a batch size's, not a print interval's): steps are samples seen / 640, 94 to an " \
-           "epoch of 60,000" in said
+    assert "  note: \"a bar's count\" counts samples, not batches (its counts are multiples of 640, which " \
+           "holds a power of two >= 32, as a batch size does and a print interval of batches does not): steps " \
+           "are samples seen / 640, 94 to an epoch of 60,000" in said
     assert "step counter" not in " ".join(said)
 
 
@@ -214,6 +229,18 @@ def test_a_finding_at_a_step_of_samples_says_how_to_find_it(tmp_path, capsys):
                                          "and steps are samples seen / 640, 94 to an epoch)")
     advice = next(f for f in found if f["kind"] == "rollback_advice")
     assert "skip_steps" not in advice["details"] and "checkpoint_step" not in advice["details"]
+
+
+def test_old_keras_bars_count_samples(tmp_path):
+    # Keras 1/2 printed samples: `  32/60000 [....] - ETA: 52s - loss: 2.3`, redrawn with `\r`.
+    out = []
+    for e in (1, 2):
+        bars = [f"{n:5d}/60000 [..............................] - ETA: 52s - loss: {_loss(n / 32):.4f}"
+                for n in range(32, 60000, 3200)]
+        out += [f"Epoch {e}/2", "\r".join(bars + ["60000/60000 [====] - 5s - loss: 2.1 - val_loss: 2.3"])]
+    got, _ = records_of(tmp_path, "\n".join(out) + "\n")
+    per_epoch = [(n // 32, {"loss": _loss(n / 32)}) for n in range(32, 60000, 3200)] + [(1875, {"loss": 2.1})]
+    _same(got, per_epoch + [(1875 + s, m) for s, m in per_epoch])
 
 
 def test_open_clip_counts_samples_of_its_batch_size(tmp_path):

@@ -234,9 +234,9 @@ class Assembler:
                 per = -(-total // value)
                 self.account.sample_unit, self.account.sample_epoch = value, per
                 self.account.note(f"{plan.step_name!r} counts samples, not batches (its counts are multiples "
-                                  f"of {value:,}, a multiple of {SAMPLES_POWER}: a batch size's, not a print "
-                                  f"interval's): steps are samples seen / {value:,}, {per:,} to an epoch of "
-                                  f"{total:,}")
+                                  f"of {value:,}, which holds a power of two >= {SAMPLES_POWER}, as a batch size "
+                                  f"does and a print interval of batches does not): steps are samples seen / "
+                                  f"{value:,}, {per:,} to an epoch of {total:,}")
                 first = self.sample_first
                 if first is not None and self.pending is not None and first[0] == self.made \
                         and self.pending_how == "counter":

@@ -159,7 +159,8 @@ def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
     if not all(0 < v < float("inf") for v in values) or values[-1] > values[0]:
         return None
     step = counters[0]
-    return Guess(re.compile(_pattern(texts, step, loss)), {"loss": f"#{loss + 1} ({GUESSED})", "step": f"#{step + 1}"})
+    return Guess(re.compile(_pattern(texts, step, loss)),
+                 {"loss": f"#{loss + 1} ({GUESSED})", "step": roles[step][3] or f"#{step + 1}"})
 
 
 def _loss(roles, nums, step, texts) -> int | None:
