@@ -571,8 +571,10 @@ def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str,
             continue
         text = strip_prefix(text)
         if histories is not None and (histories.open or histories.opens(text)):
-            yield from reading.lines(histories.offer(line_no, text))
-            continue
+            items = histories.offer(line_no, text)
+            if items != [(line_no, text)]:       # (a line given back as it came: as any line)
+                yield from reading.lines(items)
+                continue
         # The common case inline (a line of the last record template); Reading.line otherwise.
         last = reader.last
         m = last.match(text) if last is not None and last.match is not None \
