@@ -4,15 +4,21 @@ What it decides across lines (docs/replay.md, The reader grammar):
 
 - Step numbering: the log's counter as printed; a counter beside an epoch counts batches of the
   epoch, ``(epoch - first epoch) x batches per epoch + batch``, until it fails to restart at an
-  epoch change (then it is global and taken as printed); an integer before the step that goes
-  up when the step restarts counts epochs; bars only ever printed complete, or an epoch with no
-  finer counter, number steps by the epoch; no counter at all, by order of appearance. Two
-  records of one epoch with nothing finer fall back to order of appearance. The account hears
-  of every change of numbering (the parts of the log).
+  epoch change (then it is global and taken as printed); one whose epoch length the log does
+  not print, one way for the whole log (:meth:`Assembler._restarting`); a bar's count of
+  samples, by samples seen / its unit (:meth:`Assembler._sample_unit`); a record glued after a
+  bar's redraw, by its count, + 1 where the bar lags (:meth:`Assembler._bar_lag`); an integer
+  before the step that goes up when the step restarts counts epochs; bars only ever printed
+  complete, or an epoch with no finer counter, number steps by the epoch; no counter at all, by
+  order of appearance. Two records of one epoch with nothing finer fall back to order of
+  appearance. The account hears of every change of numbering (the parts of the log, each with
+  its first step: a finding says how its own step was numbered).
 - The loss: a log that prints the loss itself takes no statistic or sum of terms of it from
   other lines (``LOSS_KINDS``); in a counted log, a line numbered by its epoch alone (a
   summary) and a bar of another loop are no records (``DROPPED``).
-- The same step printed again is one record: the mean loss (ranks, micro-batches of one step),
+- The same step printed again is one record (a table's row or a JSON line that re-logs a step
+  after steps printed once is another: :meth:`Assembler._relogged`): the mean loss (ranks,
+  micro-batches of one step),
   a bar redrawn for the same count, its last values, or terms of the step on lines of their
   own, their sum; a record printed again in another form at the same epoch fraction, one. ``iter N step M``: micro-batches, one
   record per optimizer step with their mean loss.

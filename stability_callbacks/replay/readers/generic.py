@@ -6,7 +6,8 @@ interpreted once — which number is the step, which the loss, what kind of line
 line's structure and the vocabulary as a tie-breaker (:mod:`.plan`, :mod:`.vocabulary`), and
 where that leaves a counter open, from what the template's integers do across its lines
 (:class:`Template`: the one that counts up is the step). Records printed one key per line are
-joined into one line first (:class:`Blocks`). The plan is cached, so an ordinary line costs one
+joined into one line first (:class:`Blocks`), and a per-epoch history printed as arrays becomes
+a line per epoch (:mod:`.history`). The plan is cached, so an ordinary line costs one
 regular-expression match and a few ``float()`` calls. The assembler (:mod:`.assemble`) turns
 the lines into records; :class:`Reading` holds lines, in order, while a template is watched.
 Tables (a header row of names, rows of values) are read as their rows' ``name: value`` pairs.
