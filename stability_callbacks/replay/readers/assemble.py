@@ -502,28 +502,7 @@ class Assembler:
         if self.overflows:
             self._fold_overflows(metrics, plan)
         prev = self.pending
-        apart = False                         # the same step, two records (see _before_first_step)
-        if prev is not None and prev.step == step and how != "order" and self.pending_how == "order":
-            apart = not self._before_first_step(prev, step)
-        elif prev is not None and prev.step == step and plan is not None and not (
-                plan.counter or self.reprinted or plan.components):
-            apart = self._relogged(prev, metrics)
-        if prev is not None and prev.step == step and not apart:
-            if self.cumulative_first is not None and self.cumulative_first[0] is None:
-                self.cumulative_first = (prev, *self.cumulative_first[1:])
-            if plan is not None and (plan.counter or self.reprinted):
-                prev.metrics.update(metrics)  # a progress bar redrawn: its last postfix counts
-            elif plan is not None and plan.components and self._noted_plan is not None \
-                    and self._noted_plan.components and plan is not self._noted_plan \
-                    and keys.LOSS in prev.metrics and keys.LOSS in metrics:
-                # Another term of the step's objective on a line of its own (`discriminator
-                # loss at step 100: x`, then `adversarial loss at step 100: y`): their sum.
-                prev.metrics[keys.LOSS] = _sum_of_terms(
-                    [repr(prev.metrics[keys.LOSS]), repr(metrics.pop(keys.LOSS))], ((0, False), (1, False)))
-                for k, v in metrics.items():
-                    prev.metrics.setdefault(k, v)
-            else:
-                self._repeat(prev, metrics)   # another rank, or a micro-batch of the step
+        if prev is not None and prev.step == step and self._again(prev, step, metrics, plan, how):
             return []
         self.pending_last_step = self.last_step
         self.last_step = step
@@ -563,6 +542,33 @@ class Assembler:
                 self.account.note("records printed right after a progress bar's redraw are numbered by its "
                                   "count + 1 (the bar shows the batches done before the one they report)")
         return self.bar_offset
+
+    def _again(self, prev: StepRecord, step: int, metrics: dict, plan: Plan | None, how: str) -> bool:
+        """A record at the step of the one held: True where it is that record printed again
+        (merged into it), False where it is a record of its own (:meth:`_before_first_step`,
+        :meth:`_relogged`)."""
+        if how != "order" and self.pending_how == "order":
+            if not self._before_first_step(prev, step) or prev.step != step:
+                return False
+        elif plan is not None and not (plan.counter or self.reprinted or plan.components) \
+                and self._relogged(prev, metrics):
+            return False
+        if self.cumulative_first is not None and self.cumulative_first[0] is None:
+            self.cumulative_first = (prev, *self.cumulative_first[1:])
+        if plan is not None and (plan.counter or self.reprinted):
+            prev.metrics.update(metrics)  # a progress bar redrawn: its last postfix counts
+        elif plan is not None and plan.components and self._noted_plan is not None \
+                and self._noted_plan.components and plan is not self._noted_plan \
+                and keys.LOSS in prev.metrics and keys.LOSS in metrics:
+            # Another term of the step's objective on a line of its own (`discriminator
+            # loss at step 100: x`, then `adversarial loss at step 100: y`): their sum.
+            prev.metrics[keys.LOSS] = _sum_of_terms(
+                [repr(prev.metrics[keys.LOSS]), repr(metrics.pop(keys.LOSS))], ((0, False), (1, False)))
+            for k, v in metrics.items():
+                prev.metrics.setdefault(k, v)
+        else:
+            self._repeat(prev, metrics)   # another rank, or a micro-batch of the step
+        return True
 
     def _relogged(self, prev: StepRecord, metrics: dict) -> bool:
         """Whether a row of a table or a JSON line that prints a step again, with another loss,

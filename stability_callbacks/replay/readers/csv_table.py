@@ -129,7 +129,8 @@ def _read(path, account: ReadAccount, lines, tag_map, user, wandb):
         account.saw(key, name)
     account.numbered("epoch" if classify(header[steps[0]].strip())[0] == "epoch" and not wandb
                      else "counter", header[steps[0]].strip())
-    last: tuple[int | None, float | None] = (None, None)   # the step and loss of the row before
+    last_step: int | None = None                     # the step and values of the row before
+    last_values: dict = {}
     while True:
         try:
             row = next(rows, None)
@@ -155,14 +156,20 @@ def _read(path, account: ReadAccount, lines, tag_map, user, wandb):
             account(line_no, ",".join(row), f"unreadable CSV row: {e}")
             continue
         if values or own:
-            loss = values.get(keys.LOSS)
-            if step == last[0] and loss is not None and last[1] is not None and loss != last[1]:
-                account.note(f"step {step:,} was printed again with another loss (line {line_no}): a "
-                             "re-logged step (a resumed run, a summary row), kept as a record of its own")
-            last = (step, loss)
+            if step == last_step:
+                _relogged(account, step, line_no, last_values.get(keys.LOSS), values.get(keys.LOSS))
+            last_step, last_values = step, values
             yield StepRecord(step, values)
         else:
             account.ignore(line_no, ",".join(row), "row without a training metric")
+
+
+def _relogged(account: ReadAccount, step: int, line_no: int, a: float | None, b: float | None) -> None:
+    """A row that prints its step again with another loss: a record of its own (every row is),
+    said in a note (docs/replay.md: a re-logged step)."""
+    if a is not None and b is not None and a != b and (a == a or b == b):
+        account.note(f"step {step:,} was printed again with another loss (line {line_no}): a "
+                     "re-logged step (a resumed run, a summary row), kept as a record of its own")
 
 
 def _by_the_rules(header: list[str], rows, numbers: list[int], account: ReadAccount, tag_map,

@@ -563,15 +563,16 @@ def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str,
                      f"counter {guess.names['step']}; if it is no loss, name the loss with --keys")
     reader, asm = reading.reader, reading.asm
     record = asm.record
-    histories = Histories() if pattern is None else None
+    histories = Histories(off=pattern is not None)
+    held, may_open = histories.held, Histories.opens      # (the list is cleared in place)
     for line_no, text in lines:
         if text is None:
-            if histories is not None and histories.open:
+            if held:
                 yield from reading.lines(histories.end())
             yield from reading.flush()
             continue
         text = strip_prefix(text)
-        if histories is not None and (histories.open or histories.opens(text)):
+        if held or ("[" in text and may_open(text)):
             items = histories.offer(line_no, text)
             if items != [(line_no, text)]:       # (a line given back as it came: as any line)
                 yield from reading.lines(items)
@@ -590,8 +591,7 @@ def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str,
             out = reading.line(line_no, text)
         if out:
             yield from out
-    if histories is not None:
-        yield from reading.lines(histories.end())
+    yield from reading.lines(histories.end())
     yield from reading.finish()
 
 

@@ -51,7 +51,8 @@ class Histories:
 
     MAX_LINES = 100_000
 
-    def __init__(self) -> None:
+    def __init__(self, off: bool = False) -> None:
+        self.off = off                       # (--pattern reads every line as it is)
         self.held: list[tuple[int, str]] = []
         self.arrays: dict[str, list[str]] = {}
         self.key: str | None = None          # the array open at the end of the last line
@@ -63,11 +64,12 @@ class Histories:
 
     @staticmethod
     def opens(text: str) -> bool:
-        """Whether a line may open an array under a name (a cheap test before :meth:`offer`)."""
-        return "[" in text and _MAY_OPEN(text) is not None
+        """Whether a line with a ``[`` may open an array under a name (a cheap test before
+        :meth:`offer`)."""
+        return _MAY_OPEN(text) is not None
 
     def offer(self, line_no: int, text: str) -> list:
-        if not self.held and "[" not in text and text.strip() not in ("{", "}"):
+        if self.off or (not self.held and "[" not in text and text.strip() not in ("{", "}")):
             return [(line_no, text)]
         if self._read(strip_prefix(text)) and len(self.held) < self.MAX_LINES:
             self.held.append((line_no, text))
@@ -143,7 +145,8 @@ class Histories:
         return out
 
     def _reset(self) -> None:
-        self.held, self.arrays, self.key, self.values = [], {}, None, []
+        self.held.clear()
+        self.arrays, self.key, self.values = {}, None, []
 
 
 def _is_loss(name: str) -> bool:
