@@ -232,7 +232,7 @@ class Assembler:
         record printed at 0 is renumbered (0 samples: the epoch's first step)."""
         if self.unit is None:
             if not 0 < value < total:
-                if self.sample_first is None:
+                if value == 0 and self.sample_first is None:
                     self.sample_first = (self.made + 1, done, total)
                 return 0
             self.unit = value if (value & -value) >= SAMPLES_POWER and total >= SAMPLES_PRINTS * value else 0
