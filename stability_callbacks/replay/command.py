@@ -33,7 +33,7 @@ from ..record import Finding, severity_rank
 if TYPE_CHECKING:
     from .readers import ReadAccount
 
-# Said of a finding whose step is a record number of a log that prints none (ReadAccount.step_caveat).
+# Said of every finding of a log whose steps are record numbers.
 RECORD_NUMBERS = ("(step {step} is record number {step} of the log, which prints no step "
                   "numbers: find it by counting records, not by a step the trainer knows)")
 
