@@ -141,8 +141,7 @@ class _Replay:
             account.records = self.count
             if not account.with_loss and account.signals:
                 print(f"no training loss read; judged on: {', '.join(account.signals)}", file=summary_to)
-            if account.order_numbered:
-                self.findings = [record_numbered(f) for f in self.findings]
+            self.findings = [said_of(f, account) for f in self.findings]
             for line in account.lines():
                 print(line, file=summary_to)
             if account.first_unreadable is not None:
@@ -222,11 +221,11 @@ def _follow(args, monitor, user_keys, pattern) -> int:
             print(f"note: actions.wandb is off: {why}", file=err)
         replay = _Replay(monitor, keep=False)   # the report reads the run log back
         replay.account = account = ReadAccount(args.path, replay.ignore)
-        # A log that prints no step numbers: every finding says its steps are record numbers,
-        # before the run log and the alerts hear of it (the reader knows once it has a plan).
+        # A finding whose step the log does not print says how it was numbered, before the run
+        # log and the alerts hear of it (the reader knows once it has a plan).
         run = LiveRun(monitor=monitor, run_dir=follow_run_dir(args), is_rank0=True,
                       run_name=Path(args.path).name, wandb_run=wandb_run, advice_forms=forms,
-                      sinks_off=off, amend=lambda f: record_numbered(f) if account.order_numbered else f)
+                      sinks_off=off, amend=lambda f: said_of(f, account))
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=err)
         return 2
@@ -359,22 +358,35 @@ def _no_loss_yet(first_keys: set[str]) -> None:
           f"{', '.join(sorted(first_keys)) or 'none'}); {said}", file=sys.stderr, flush=True)
 
 
-def record_numbered(f: Finding) -> Finding:
-    """A finding of a log whose steps are record numbers, saying so; rollback advice keeps its
-    onset and drops the checkpoint step and the batches to skip (record numbers are neither).
-    A finding that says so already is returned as it is."""
+def said_of(f: Finding, account: "ReadAccount") -> Finding:
+    """A finding that says how its step was numbered where the log does not print it (the part
+    of the log the step falls in: :meth:`ReadAccount.step_caveat`), and as it is where the log
+    printed it. Rollback advice whose step or onset the log does not print names no checkpoint
+    step or batches to skip."""
+    caveat = account.step_caveat(f.step)
+    if caveat is None and f.kind == "rollback_advice" and isinstance(f.onset_step, int) \
+            and account.step_caveat(f.onset_step) is not None:
+        caveat = account.step_caveat(f.onset_step)
+    return record_numbered(f, caveat) if caveat is not None else f
+
+
+def record_numbered(f: Finding, caveat: str | None = None) -> Finding:
+    """A finding whose step the log does not print, saying so (``caveat``: how it was numbered;
+    by default, a record number of a log that prints no step numbers); rollback advice keeps its
+    onset and drops the checkpoint step and the batches to skip (steps the log does not print
+    are neither). A finding that says so already is returned as it is."""
     from dataclasses import replace
     if f.details.get("step_is_record_number"):
         return f
+    caveat = caveat or RECORD_NUMBERS.format(step=f.step)
     details = dict(f.details, step_is_record_number=True)
-    message = f"{f.message} {RECORD_NUMBERS.format(step=f.step)}"
+    message = f"{f.message} {caveat}"
     if f.kind == "rollback_advice":
         for k in ("skip_steps", "consumed_samples", "checkpoint_step", "checkpoint_path", "from_start"):
             details.pop(k, None)
-        message = (f"the run went wrong at record {f.step} of the log; it prints no step numbers, "
-                   "so no checkpoint step or batches to skip can be named from it: go back to the "
-                   "last checkpoint saved before that point and find its step in the trainer's "
-                   f"own log. {RECORD_NUMBERS.format(step=f.step)}")
+        message = (f"the run went wrong at step {f.step}, a step the log does not print, so no checkpoint "
+                   "step or batches to skip can be named from it: go back to the last checkpoint saved "
+                   f"before that point and find its step in the trainer's own log. {caveat}")
     return replace(f, message=message, details=details)
 
 

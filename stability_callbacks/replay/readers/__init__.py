@@ -135,26 +135,32 @@ def read_records(path, format: str = "auto", tag_map: Mapping[str, str | None] |
         fmt = "tensorboard"
     elif not followed:
         lines = Source(p, fifo_wait_s=fifo_wait_s, on_ignore=account).lines(progress=progress)
+    guess = None
     if fmt == "auto" and not pattern:
         # The user's names (--keys) skip the formats with semantics of their own; JSON and
         # tables are still told apart (a CSV column is named by its header or its position).
-        fmt, consumed = detect_lines(p, lines, user_keys=user_keys)   # type: ignore[arg-type]
+        try:
+            fmt, consumed = detect_lines(p, lines, user_keys=user_keys)   # type: ignore[arg-type]
+        except NoRecords as e:
+            if e.guess is None:
+                raise
+            fmt, consumed, guess = "generic", e.consumed, e.guess   # progress lines: a guessed loss
         lines = chain(consumed, lines)               # type: ignore[arg-type]
     elif fmt == "auto":
         fmt = "generic"
     if followed and fmt not in LINE_READERS:
         raise ValueError(f"format {fmt} cannot be followed (one of {', '.join(LINE_READERS)})")
     account.format = fmt
-    return _records(p, fmt, tag_map, account, user_keys, pattern, lines)
+    return _records(p, fmt, tag_map, account, user_keys, pattern, lines, guess)
 
 
-def _records(path, fmt, tag_map, account, user_keys, pattern, lines) -> Iterator[StepRecord]:
+def _records(path, fmt, tag_map, account, user_keys, pattern, lines, guess=None) -> Iterator[StepRecord]:
     n = with_loss = 0
     loss = keys.LOSS
     others: set[str] = set()          # what records without a loss carry
     try:
         for rec in _READERS[fmt](path, account=account, tag_map=tag_map, lines=lines,
-                                 user_keys=user_keys, pattern=pattern):
+                                 user_keys=user_keys, pattern=pattern, guess=guess):
             n += 1
             if loss in rec.metrics:
                 with_loss += 1
