@@ -7,7 +7,8 @@ job with its output going to ``train.log`` and runs what you would run beside yo
     stability-callbacks replay train.log --follow --pid <the job's pid> --run-dir <dir>
 
 which reads each line as it is written, through the same detector as the live callbacks, writes
-the run log, alerts, and ends when the job does.
+the run log, alerts, and ends when the job does, as a live run ends: a summary block whose last
+lines name the run log and the report it wrote next to it (``<dir>/report.html``).
 
     python examples/follow_a_log.py
 """

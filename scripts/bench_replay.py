@@ -26,6 +26,15 @@
         of a subprocess per code and round, interleaved (CPU time: less skewed than wall time on
         a shared machine); prints the median per format and code and the ratio to the first.
 
+    python scripts/bench_replay.py --follow [--rate 10000] [--seconds 20] [--code DIR ...] [--out DIR]
+        `replay --follow` keeping up with a job: generic lines appended at --rate lines/s for
+        --seconds (in batches every 10 ms) while the follower (a subprocess per code, one after
+        the other) tails the file. Prints, per code, the follower's largest lag behind the
+        writer (lines written minus steps in its run log, sampled every 0.2 s), how long after
+        the last line it had the last step, and its CPU seconds per 100k lines (the rate it
+        could sustain on one core: lines / CPU s). The report at its end is off
+        (`report.enabled: false`, a key older checkouts refuse).
+
     python scripts/bench_replay.py --linear [--code DIR ...] [--out DIR]
         Reading cost where it used to grow faster than the input (issue 26): lines that repeat
         one step number (10k, 20k, 40k lines) and one giant line of glued records (256 KB,
@@ -257,6 +266,76 @@ def linear(args) -> dict:
     return {"linear": rows, "load_1min": os.getloadavg()[0]}
 
 
+def _follow_line(s: int, rng: random.Random) -> str:
+    loss = 2.0 + 8.0 / math.sqrt(s) + rng.gauss(0, 0.02)
+    return (f"step {s} | loss {loss:.6f} | grad_norm {0.3 + abs(rng.gauss(0, 0.05)):.4f} | lr 3.0000e-04 "
+            f"| loss_scale 65536.0 | skipped 0\n")
+
+
+def _steps_logged(runlog: Path, seen: list[int]) -> int:
+    """Steps in the run log so far (``seen``: [bytes read, steps counted], read on from there)."""
+    if runlog.exists():
+        with open(runlog, "rb") as f:
+            f.seek(seen[0])
+            new = f.read()
+        seen[0] += len(new)
+        seen[1] += new.count(b'"type":"step"')
+    return seen[1]
+
+
+def follow_one(code: Path, out: Path, rate: int, seconds: float) -> dict:
+    """One follower (``code``) behind one writer: lag, catch-up, CPU (see the module docstring)."""
+    out.mkdir(parents=True, exist_ok=True)
+    log, runlog = out / "train.log", out / "run" / "runlog.jsonl"
+    for p in (log, runlog):
+        p.unlink(missing_ok=True)
+    log.touch()
+    # The report at the end (3 CPU s, 0.4 GB for 200k steps) is not following: off here.
+    config = out / "no_report.yaml"
+    config.write_text("report: {enabled: false}\n")
+    follower = subprocess.Popen([sys.executable, "-m", "stability_callbacks", "replay", str(log), "--follow",
+                                 "--poll-s", "0.1", "--idle-exit-s", "5", "--run-dir", str(out / "run"),
+                                 "--config", str(config)],
+                                cwd=code, env=dict(os.environ, PYTHONPATH=str(code)),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(3.0)                                  # its start-up (imports) before the first line
+    rng, total, seen, lag = random.Random(0), int(rate * seconds), [0, 0], 0
+    batch = max(1, rate // 100)
+    t0 = next_sample = time.monotonic()
+    with open(log, "a") as f:
+        for first in range(1, total + 1, batch):
+            wait = t0 + (first - 1) / rate - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            f.write("".join(_follow_line(s, rng) for s in range(first, min(first + batch, total + 1))))
+            f.flush()
+            if time.monotonic() >= next_sample:
+                lag, next_sample = max(lag, first - 1 - _steps_logged(runlog, seen)), next_sample + 0.2
+    wrote_s = time.monotonic() - t0
+    # The run log flushes every 50 steps: the last few wait for the idle tick that settles them.
+    while _steps_logged(runlog, seen) < total - 50 and time.monotonic() - t0 < wrote_s + 120:
+        time.sleep(0.02)
+    caught_up_s = time.monotonic() - t0 - wrote_s
+    _, status, usage = os.wait4(follower.pid, 0)
+    cpu_s = usage.ru_utime + usage.ru_stime
+    row = {"code": str(code), "lines": total, "written_lines_per_s": round(total / wrote_s),
+           "max_lag_lines": lag, "caught_up_s_after_last_line": round(caught_up_s, 2),
+           "steps_in_runlog": _steps_logged(runlog, seen), "cpu_s": round(cpu_s, 2),
+           "cpu_s_per_100k_lines": round(cpu_s * 100_000 / total, 2),
+           "lines_per_cpu_s": round(total / cpu_s), "exit": os.waitstatus_to_exitcode(status)}
+    print(f"{code}: wrote {total:,} lines at {row['written_lines_per_s']:,}/s; largest lag {lag:,} lines; "
+          f"last step {caught_up_s:.2f} s after the last line; {cpu_s:.1f} CPU s "
+          f"({row['lines_per_cpu_s']:,} lines per CPU s, start-up included)")
+    return row
+
+
+def follow(args) -> dict:
+    codes = [REPO] + [Path(c).resolve() for c in args.code]
+    rows = [follow_one(code, Path(args.out) / f"follow_{i}", args.rate, args.seconds)
+            for i, code in enumerate(codes)]
+    return {"follow": rows, "load_1min": os.getloadavg()[0]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("log", nargs="?", default=str(DEFAULT))
@@ -264,6 +343,9 @@ def main() -> None:
     ap.add_argument("--cli", action="store_true", help="time the full CLI path on a generated log")
     ap.add_argument("--linear", action="store_true", help="reading cost on repeated steps and one giant line")
     ap.add_argument("--read", action="store_true", help="reading alone, CPU seconds, side by side with --code")
+    ap.add_argument("--follow", action="store_true", help="replay --follow behind a writer at --rate lines/s")
+    ap.add_argument("--rate", type=int, default=10_000)
+    ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--formats", default="megatron,generic,csv")
     ap.add_argument("--code", action="append", default=[],
@@ -273,7 +355,8 @@ def main() -> None:
     ap.add_argument("--out", default="out/bench_replay")
     args = ap.parse_args()
     result = (full_cli(args) if args.cli else linear(args) if args.linear else read_only(args)
-              if args.read else monitor_side_by_side(args) if args.code else monitor_only(args.log, args.repeat))
+              if args.read else follow(args) if args.follow else monitor_side_by_side(args) if args.code
+              else monitor_only(args.log, args.repeat))
     print(json.dumps(result))
 
 

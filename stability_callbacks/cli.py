@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", dest="json_out", nargs="?", const="-", metavar="OUT",
                    help="write what was read (the first record, type \"read\") and the findings as "
                         "JSON lines to OUT (- or no value: standard output)")
-    p.add_argument("--report", help="write a report: OUT.html (self-contained) or OUT.png")
+    p.add_argument("--report", help="write a report: OUT.html (self-contained) or OUT.png (--follow: the "
+                                    "run's report goes there, not next to its run log)")
     p.add_argument("--warmup-steps", type=int, help="declare the LR warmup length (else inferred from the LR)")
     p.add_argument("--keys", help="say which names the log prints: OURS=THEIRS,... with OURS = step, loss, "
                                   "grad_norm, lr, loss_scale, skipped and THEIRS a printed name or the "
@@ -107,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "loss_scale, skipped) read each line, e.g. 'ep (?P<step>\\d+) err (?P<loss>\\S+)'")
     p.add_argument("--follow", action="store_true",
                    help="tail the log as it grows (sidecar mode): run log, alerts and halts as live; ends when "
-                        "--pid ends, after --idle-exit-s, on a halt (exit 3) or on Ctrl-C")
+                        "--pid ends, after --idle-exit-s, on a halt (exit 3), on SIGTERM or Ctrl-C, with a "
+                        "summary and a report next to the run log, as a live run")
     p.add_argument("--advice", default="auto", choices=("auto", "all", "hf", "lightning", "megatron", "deepspeed"),
                    help="rollback advice in which framework's terms: auto (the log's own format), all, or one")
     p.add_argument("--run-dir", help="--follow: where the run log goes (runlog.jsonl; default: a folder named stability next to the log)")
@@ -115,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wandb-run-id", help="--follow: write the scalars and alerts into this W&B run "
                                           "(default: WANDB_RUN_ID; actions.wandb is off without one)")
     p.add_argument("--pid", type=int, help="--follow: stop when this process (the training job) ends")
-    p.add_argument("--idle-exit-s", type=float, help="--follow: stop after this many seconds without a new line")
+    p.add_argument("--idle-exit-s", type=float, help="--follow: stop after this many seconds without a new line "
+                   "(a file not there yet, a FIFO without a writer: exit 2); without --follow: how long "
+                   "a FIFO waits for a writer (default 10)")
     p.add_argument("--poll-s", type=float, default=1.0, help="--follow: seconds between looks at the file")
     p.add_argument("--stop-file", help="--follow: on a halt, write this file (the finding as JSON) for the job")
     p.add_argument("--on-halt", help="--follow: on a halt, run this shell command (STABILITY_STEP, STABILITY_KIND, "

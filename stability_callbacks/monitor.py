@@ -57,6 +57,10 @@ class Monitor:
         self.segment = 0
         self.segment_start = 0
         self.resume_step: int | None = None
+        #: The run's first step when it began from nothing: the first record of a run that starts
+        #: at step 0 or 1 (no segment began before it). Nothing was trained before it, so no
+        #: checkpoint can precede it (the nonfinite message and the rollback advice both say so).
+        self.run_start: int | None = None
         self.success_seen = False
         self.phase_at_last_step: str | None = None
         #: The parameter tensors' names in the optimizer's order, when a live run knows them.
@@ -90,6 +94,8 @@ class Monitor:
         elif self.last_step is not None and step <= self.last_step:
             out += self.begin_segment(step - 1, "rollback", segment=self.segment + 1)
             self._forget_future()
+        if self.last_step is None and self.resume_step is None and self.segment == 0 and step <= 1:
+            self.run_start = step
         self.last_step = step
         m = record.metrics
         phase = self.phase
@@ -105,6 +111,7 @@ class Monitor:
         ctx.in_startup = step <= self.policy.startup_steps or not self.success_seen
         ctx.steps_since_resume = step - self.resume_step if self.resume_step is not None else None
         ctx.tensor_names, ctx.found = self.tensor_names, out
+        ctx.run_start = self.run_start
         shape = frozenset(m)
         plan = self._plans.get(shape)
         if plan is None:   # which detectors this set of keys feeds (logs keep one shape)
@@ -225,7 +232,7 @@ class Monitor:
             "version": STATE_VERSION,
             "monitor": {"last_step": self.last_step, "segment": self.segment,
                         "segment_start": self.segment_start, "resume_step": self.resume_step,
-                        "success_seen": self.success_seen, "state_is_good": self.control.state_is_good},
+                        "run_start": self.run_start, "success_seen": self.success_seen, "state_is_good": self.control.state_is_good},
             "phase": self.phase.state_dict(),
             "policy": self.policy.state_dict(),
             "detectors": {d.name: d.state_dict() for d in self.detectors},
@@ -242,6 +249,8 @@ class Monitor:
         mon = state["monitor"]
         self.last_step, self.segment = mon["last_step"], mon["segment"]
         self.segment_start, self.resume_step = mon["segment_start"], mon["resume_step"]
+        # Absent from a state saved before it was kept: that run's first step is long past.
+        self.run_start = mon.get("run_start")
         self.success_seen = mon["success_seen"]
         self.control.state_is_good = mon["state_is_good"]
         self.phase.load_state_dict(state["phase"])

@@ -2,8 +2,9 @@
 configuration, the :class:`Outcome` an integration exposes (``callback.outcome``, ``hook.outcome``)
 and the short summary block a run prints at its end.
 
-The run (:class:`~stability_callbacks.live.LiveRun`) builds the outcome when it closes; the torch
-side writes the HTML report next to the run log (rank 0, ``report.enabled``) and logs the summary.
+The run (:class:`~stability_callbacks.live.LiveRun`) builds the outcome when it closes;
+:func:`~stability_callbacks.replay.report.report_run_end` writes the HTML report next to the run
+log (rank 0, ``report.enabled``); the torch side logs the summary, ``replay --follow`` prints it.
 
 >>> from stability_callbacks.record import Finding
 >>> o = Outcome(halted=True, reason="nonfinite (critical) at step 22; policy.halt_on = critical",
@@ -63,6 +64,14 @@ class Outcome:
       framework has no form), when there is advice.
     - :attr:`exit_code`: ``replay``'s codes: 3 halted, 1 a critical finding (a crash included), 0
       otherwise, for a script to end with (``sys.exit(callback.outcome.exit_code)``).
+    - ``stopped``: for a watcher from the side (``replay --follow``), why following ended (the
+      job's process ended, the log stayed idle, a signal, the end of its input); None for a live
+      run. ``halt_done``: what it did to carry out a halt (it cannot stop the job itself).
+
+    >>> print("\\n".join(Outcome(halted=False, reason=None, findings=[], run_dir=None, steps_watched=80,
+    ...                         first_step=1, last_step=80, stopped="SIGTERM").summary_lines()[:2]))
+    stability: following ended at step 80 (SIGTERM), not halted
+      steps watched: 80 (1-80)
     """
 
     halted: bool
@@ -79,6 +88,8 @@ class Outcome:
     report_path: Path | None = None
     #: Why no report was written (report off, no run log, matplotlib missing, ...).
     report_problem: str | None = None
+    stopped: str | None = None
+    halt_done: list[str] | None = None
 
     @property
     def exit_code(self) -> int:
@@ -94,8 +105,10 @@ class Outcome:
     def summary_lines(self) -> list[str]:
         """The summary block: how it ended and why, the steps watched, the findings by severity
         and kind (info too), the rollback advice, where the run log and the report are."""
-        lines = [f"stability: {self._ending()}",
-                 f"  steps watched: {self.steps_watched}" + (
+        lines = [f"stability: {self._ending()}"]
+        if self.halted and self.halt_done is not None:
+            lines.append(f"  the job: {'; '.join(self.halt_done)}")
+        lines += [f"  steps watched: {self.steps_watched}" + (
                      f" ({self.first_step}-{self.last_step})" if self.first_step is not None else ""),
                  f"  findings: {findings_by_kind(self.findings)}"]
         if self.advice:
@@ -108,13 +121,15 @@ class Outcome:
     def _ending(self) -> str:
         if self.crashed:
             return f"the run crashed: {self.reason}"
+        what = "the run" if self.stopped is None else "following"
         if self.halted:
             at = f" at step {self.halted_at}" if self.halted_at is not None else ""
             if self.halted_at is not None and self.last_step is not None and self.last_step > self.halted_at:
                 return f"a halt was asked for{at} ({self.reason}), but training went on to step {self.last_step}"
-            return f"the run halted{at}: {self.reason}"
+            return f"{what} halted{at}: {self.reason}"
         end = f" at step {self.last_step}" if self.last_step is not None else ""
-        return f"the run ended{end}, not halted"
+        why = f" ({self.stopped})" if self.stopped is not None else ""
+        return f"{what} ended{end}{why}, not halted"
 
 
 def findings_by_kind(findings: list[Finding]) -> str:

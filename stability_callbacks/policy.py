@@ -207,7 +207,18 @@ class Policy:
 
     # -- bookkeeping --------------------------------------------------------------------------
     def note_checkpoint(self, step: int, path: str | None, good: bool) -> None:
-        self.checkpoints = [c for c in self.checkpoints if c[0] != step]
+        """A checkpoint of ``step`` saved to ``path`` (``good``: the weights were good then). It
+        replaces an earlier one of the same step, and one of an older step saved to the same
+        path: that file now holds this step (a ``last.ckpt`` written at every save).
+
+        >>> p = Policy()
+        >>> for step in (10, 20):
+        ...     p.note_checkpoint(step, "ckpt/last.ckpt", True)
+        >>> p.note_checkpoint(20, "ckpt/step-20.ckpt", True)
+        >>> p.checkpoints
+        [[20, 'ckpt/step-20.ckpt', True]]
+        """
+        self.checkpoints = [c for c in self.checkpoints if c[0] != step and (path is None or c[1] != path)]
         self.checkpoints.append([int(step), path, bool(good)])
         self.checkpoints = self.checkpoints[-_MAX_CHECKPOINTS:]
 
@@ -314,7 +325,7 @@ class Policy:
                    and (f.kind in DAMAGE_KINDS or f.details.get("damage"))]
         if damaged and control.state_is_good:
             control.state_is_good = False
-            control.rollback = self._rollback_advice(step, damaged[0], ctx.loss_spike_onset)
+            control.rollback = self._rollback_advice(step, damaged[0], ctx)
             extra.append(control.rollback)
         critical = any(f.severity == "critical" for f in findings + extra)
         halting = self.halt_on == "critical" and critical
@@ -322,7 +333,7 @@ class Policy:
                    and not control.stop)
         if (halting or rolling) and control.rollback is None:   # a halt always says where to go back to
             trigger = next(f for f in findings + extra if f.severity == "critical")
-            control.rollback = self._rollback_advice(step, trigger, ctx.loss_spike_onset)
+            control.rollback = self._rollback_advice(step, trigger, ctx)
             extra.append(control.rollback)
         no_rollback = None
         if rolling and control.rollback is not None:
@@ -483,12 +494,14 @@ class Policy:
         else:
             control.save_interval_steps = control.save_interval_reason = None
 
-    def _rollback_advice(self, step: int, trigger: Finding, open_spike_onset: int | None) -> Finding:
+    def _rollback_advice(self, step: int, trigger: Finding, ctx: Context) -> Finding:
         """Onset = the earliest of the trigger's onset, an open loss spike, and the leading signals
-        (grad norm, Adam variance, overflows) within ``lead_window_steps`` before it."""
+        (grad norm, Adam variance, overflows) within ``lead_window_steps`` before it. An onset at
+        the run's first step (``ctx.run_start``) has no checkpoint before it: train again from the
+        initial weights."""
         onset = trigger.onset_step if trigger.onset_step is not None else trigger.step
-        if open_spike_onset is not None:
-            onset = min(onset, open_spike_onset)
+        if ctx.loss_spike_onset is not None:
+            onset = min(onset, ctx.loss_spike_onset)
         led_by = None
         for lead_step, kind, *_ in sorted(self.leads, key=lambda lead: (lead[0], lead[1])):
             if onset - self.lead_window_steps <= lead_step < onset:
@@ -505,6 +518,10 @@ class Policy:
         skip = f"skip the batches of steps {first_skip}-{step} ({n} step{'s' if n != 1 else ''})"
         if ckpt:
             todo = f"Resume from the checkpoint of step {ckpt[0]}" + (f" ({ckpt[1]})" if ckpt[1] else "") + f" and {skip}"
+        elif ctx.run_start is not None and onset <= ctx.run_start:   # nothing trained before it was saved
+            details["from_start"] = True
+            todo = (f"Nothing was trained before step {onset}, so no checkpoint comes before it: train again "
+                    f"from the initial weights and {skip}")
         elif self.checkpoints_seen:
             every = (f" with a save interval of {details['save_steps']} steps (so that one comes before step {onset})"
                      if details["save_steps"] else "")

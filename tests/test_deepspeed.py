@@ -91,16 +91,16 @@ def test_every_rank_decides_the_same(ds, case):
 def test_a_bad_config_raises_at_attach_and_an_unwritable_run_dir_is_one_warning(ds):
     r0 = ds["loud-z1"][0]
     assert r0["errors"] == ["policy.halt_on", "actions.slack.webhook_url"]
-    # DeepSpeed's linear warmup over 2 steps runs its peak LR first at step 4 (the scheduler lags a
-    # step), known at step 5: past this 4-step run
-    assert r0["last_step"] == 4 and r0["findings"] == []
+    # DeepSpeed's linear warmup over 2 steps runs its peak LR first at step 4 (W + 2): the warmup
+    # ends there, and its risk window (from step 5) bumps the save interval to 1
+    assert r0["last_step"] == 6 and r0["findings"] == [[4, "warmup_end", "info"]]
     (warning,) = r0["records"]["warnings"]   # rank 0 writes the run log, and says it cannot, once
     assert warning.startswith("stability: cannot write the run log") and "detection and alerts go on" in warning
     # The hook's own save into <run_dir>/checkpoints: one line, once, on every rank (each skips
     # the collective save alike), no traceback.
     for rank in ds["loud-z1"]:
         assert rank["records"]["save_warnings"] == [
-            "stability: cannot save the checkpoint of step 4 into BLOCKER/stability/checkpoints (Not a directory); "
+            "stability: cannot save the checkpoint of step 5 into BLOCKER/stability/checkpoints (Not a directory); "
             "the monitor's saves are off, training and detection go on"]
         assert rank["saved_steps"] == []
 

@@ -33,53 +33,48 @@ PARSE_MISSES = {
         "Dreamer prints `model_loss` beside its own parts (`image_loss`, `reward_loss`, `div`): "
         "the CSV sums model, value and actor losses, the reader every term printed (nothing on "
         "the line says which terms are parts of another)"),
-    "ssl_negclip_open_clip_train_epoch_samples_logit_scale": (
-        "open_clip's `[    64/109468 (0%)]` counts samples: the CSV divides them by the batch "
-        "size (64), which the line does not print as such; the reader takes the count"),
 }
 
-_NOT_LEARNING = "needs `not_learning` (issue 33's detectors): the reading is right"
-_DETECTOR = "a detector's call on a log read right (issue 33's detectors)"
+_MID_RUN = ("`not_learning`'s flat rule judges only a log that starts at the run's start: an excerpt "
+            "from mid-run cannot tell 'never learned' from 'learned, then converged' (docs/findings.md)")
+_DETECTOR = "a detector's call on a log read right"
 #: name -> (the violations it has today, why).
 LABEL_MISSES = {
     "cls_lasagne_mnist_cnn_stuck_at_chance": (
-        ["expected {'kind': 'not_learning', 'step_min': 1, 'step_max': 6}"], _NOT_LEARNING),
+        ["expected {'kind': 'not_learning', 'step_min': 1, 'step_max': 6}"],
+        "the loss still falls towards chance (2.47 -> 2.30) over its 6 epochs, and replay does not know the class count (`detectors.not_learning.num_outputs`)"),
     "cls_skipnet_imagenet_loss_nan_prec_avg_lines": (
         ["expected {'kind': 'nonfinite', 'step_min': 24026, 'step_max': 24026}"],
         "the NaN is found, at 19022: " + _EPOCH_BASE),
-    "jax_gpt2_finetune_param_bug_loss_flat": (
-        ["expected {'kind': 'not_learning', 'step_min': 100, 'step_max': 500}"], _NOT_LEARNING),
     "keras_cifar10_augment_epochs174_183_loss_creeps_up": (
-        ["expected {'kind': 'divergence', 'step_min': 177, 'step_max': 183}"], _DETECTOR),
+        ["expected {'kind': 'divergence', 'step_min': 177, 'step_max': 183}"],
+        _DETECTOR + ": a creep of a few % over 10 epoch points is within the median's swing"),
     "keras_cifar10_tf0121_loss_rises_from_epoch5": (
-        ["expected {'kind': 'divergence', 'step_min': 6, 'step_max': 9}"], _DETECTOR),
-    "nmt_fairseq_json_log_format_epochs10_12": (
-        ["forbidden warning: [(25797, 'loss_scale_collapse', 'critical'), (25797, 'rollback_advice', 'critical')]"],
-        _DETECTOR + ": fairseq's scale at 8 after an epoch boundary"),
+        ["expected {'kind': 'divergence', 'step_min': 6, 'step_max': 9}"],
+        _DETECTOR + ": a rise over 4 epoch points, too few for the divergence rule"),
     "nmt_marian_streaming_data_bouncy_cost": (
         ["expected {'kind': 'loss_spike|spike_recovered', 'step_min': 16000, 'step_max': 16000}"], _DETECTOR),
     "nmt_opennmt_py_epoch_batch_xent_bounces": (
         ["expected {'kind': 'loss_spike|divergence|not_learning', 'step_min': 12900, 'step_max': 13400}"],
-        _DETECTOR),
+        _MID_RUN + "; no spike or divergence fires on its bounces"),
     "rl_llamafactory_dpo_pairwise_loss_at_ln2_warmup": (
-        ["expected {'kind': 'not_learning', 'step_min': 100, 'step_max': 202}"], _NOT_LEARNING),
-    "rl_sb3_ppo_custom_env_value_loss_rises_healthy": (
-        ["forbidden warning: [(6144, 'loss_spike', 'warning')]"], _DETECTOR + ": an RL loss jumps"),
+        ["expected {'kind': 'not_learning', 'step_min': 100, 'step_max': 202}"],
+        "the excerpt lies inside the LR warmup, which `not_learning` waits out"),
     "speech_espnet_library_loop_acc_not_improving": (
-        ["expected {'kind': 'not_learning', 'step_min': 57, 'step_max': 69}"], _NOT_LEARNING),
+        ["expected {'kind': 'not_learning', 'step_min': 57, 'step_max': 69}"],
+        _MID_RUN),
     "speech_wav2vec2_hf_table_loss_flat_wer1": (
-        ["expected {'kind': 'not_learning', 'step_min': 400, 'step_max': 1200}"], _NOT_LEARNING),
+        ["expected {'kind': 'not_learning', 'step_min': 400, 'step_max': 1200}"],
+        "3 logged points: too few for `not_learning`'s horizon"),
     "ssl_dino_logtxt_loss_stuck_ln65536": (
-        ["expected {'kind': 'not_learning', 'step_min': 151, 'step_max': 161}"], _NOT_LEARNING),
+        ["expected {'kind': 'not_learning', 'step_min': 151, 'step_max': 161}"],
+        _MID_RUN),
     "ssl_supcontrast_simclr_bare_epoch_loss_barely_moves": (
-        ["expected {'kind': 'not_learning', 'step_min': 788, 'step_max': 849}"], _NOT_LEARNING),
-    "tab_pyg_graph_cls_majority_class_never_learns": (
-        ["expected {'kind': 'not_learning', 'step_min': 10, 'step_max': 100}"], _NOT_LEARNING),
-    "tab_sklearn_mlp_mnist_near_zero_blips": (
-        ["forbidden warning: [(44, 'loss_spike', 'warning'), (54, 'loss_spike', 'warning')]"],
-        _DETECTOR + ": blips of a loss near zero"),
+        ["expected {'kind': 'not_learning', 'step_min': 788, 'step_max': 849}"],
+        _MID_RUN),
     "tab_tabnet_pretrainer_unsup_loss_flat": (
-        ["expected {'kind': 'not_learning', 'step_min': 10, 'step_max': 33}"], _NOT_LEARNING),
+        ["expected {'kind': 'not_learning', 'step_min': 10, 'step_max': 33}"],
+        "the loss drifts down 0.5% per 30 epochs, which the trend test reads as slow learning"),
 }
 
 
@@ -108,4 +103,4 @@ def test_the_corpus_is_whole_and_its_misses_are_named():
         - {"labels.json", "split.json", "README.md"}
     assert logs == {lab["log"] for lab in LABELS}
     assert set(PARSE_MISSES) | set(LABEL_MISSES) <= {lab["name"] for lab in LABELS}
-    assert len(PARSE_MISSES) == 5 and all(PARSE_MISSES.values())
+    assert len(PARSE_MISSES) == 4 and all(PARSE_MISSES.values())

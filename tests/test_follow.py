@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from stability_callbacks.replay.follow import StopConditions, TailLines, process_alive
+from stability_callbacks.replay.readers import LogFormatError
 
 TESTS = Path(__file__).parent
 REPO = TESTS.parent
@@ -98,14 +99,23 @@ def test_a_file_that_does_not_exist_yet_is_waited_for(tmp_path):
     log = tmp_path / "later.log"
     stop = Stop()
     t = TailLines(log, poll_s=0.001, should_stop=stop)
-    got = []
-    reader = threading.Thread(target=lambda: got.extend(x for x in t if x[1] is not None))
+    got: list = []
+
+    def read():
+        try:
+            got.extend(x for x in t if x[1] is not None)
+        except LogFormatError as e:            # stopped before it appeared: said so
+            got.append(e.msg.split(" (")[0])
+
+    reader = threading.Thread(target=read)
     reader.start()
     log.write_text("step 1 loss 2.5\n")
     stop.now = True      # the tail reads what is there before it honours the stop
     reader.join(10)
-    assert got in ([(1, "step 1 loss 2.5")], [])   # created before or after the last look
+    assert got in ([(1, "step 1 loss 2.5")], ["no such file"])   # created before or after the last look
     assert list(TailLines(log, poll_s=0.001, should_stop=lambda: True)) == [(1, "step 1 loss 2.5")]
+    with pytest.raises(LogFormatError, match=r"never\.log: no such file \(waited"):
+        list(TailLines(tmp_path / "never.log", poll_s=0.001, should_stop=lambda: True))
 
 
 def test_stop_conditions_process_and_idle(tmp_path):
@@ -176,6 +186,13 @@ def _follow(log, *args, env=None):
                           env=env or _env())
 
 
+def _end_block(stdout: str) -> list[str]:
+    """The summary block that ends a follower's output (it is the last thing printed)."""
+    lines = stdout.splitlines()
+    (start,) = [i for i, line in enumerate(lines) if line.startswith("stability: ")]
+    return lines[start:]
+
+
 def test_follow_halts_a_live_job_alerts_and_writes_the_run_log(tmp_path, inbox):
     log, stop_file, ran = tmp_path / "train.log", tmp_path / "STOP", tmp_path / "on_halt.txt"
     config = tmp_path / "halt.yaml"
@@ -189,13 +206,22 @@ def test_follow_halts_a_live_job_alerts_and_writes_the_run_log(tmp_path, inbox):
                 env=_env(SLACK_WEBHOOK_URL=f"http://127.0.0.1:{inbox.server_address[1]}/hook"))
     job_out, _ = job.communicate(timeout=120)
     assert r.returncode == 3, r.stdout + r.stderr
-    assert "[critical] step 30 nonfinite" in r.stdout and "halted at step 30 (nonfinite)" in r.stdout
+    assert "[critical] step 30 nonfinite" in r.stdout
+    # It ends as a live run does: the summary block, its last lines the run log and the report
+    # (--report: there, rather than next to the run log).
+    end = _end_block(r.stdout)
+    assert end[:3] == ["stability: following halted at step 30: nonfinite (critical) at step 30; policy.halt_on = critical",
+                       f"  the job: stop file written: {stop_file}; ran 'echo $STABILITY_KIND $STABILITY_STEP > {ran}' (exit 0)",
+                       "  steps watched: 30 (1-30)"]
+    assert end[3].startswith("  findings: critical: nonfinite x1 (step 30), rollback_advice x1 (step 30)")
+    assert end[4].startswith("  roll back: Roll back: nonfinite at step 30")
+    assert end[5:] == [f"  run log: {tmp_path / 'run' / 'runlog.jsonl'}", f"  report: {tmp_path / 'report.html'}"]
     # The job saw the stop file and stopped by itself, a few steps later at most.
     stopped_after = int(job_out.split("stopped by the stop file after step ")[1])
     assert 30 <= stopped_after < 2000
     assert json.loads(stop_file.read_text())["kind"] == "nonfinite"
     assert ran.read_text().split() == ["nonfinite", "30"]
-    assert "nonfinite" in (tmp_path / "report.html").read_text()
+    assert "nonfinite" in (tmp_path / "report.html").read_text() and not (tmp_path / "run" / "report.html").exists()
     # The alert reached the (local) Slack webhook before we exited.
     texts = [p["json"]["text"] for p in inbox.posts]
     assert inbox.posts[0]["path"] == "/hook" and any("nonfinite" in t and "30" in t for t in texts)
@@ -222,7 +248,8 @@ def test_follow_ends_with_the_job_and_follows_its_rotated_log(tmp_path):
     out, err = follower.communicate(timeout=180)
     assert job.wait(120) == 0
     assert follower.returncode == 0, out + err
-    assert f"stopped following: process {job.pid} ended" in out and "80 steps" in out
+    assert _end_block(out)[:3] == [f"stability: following ended at step 80 (process {job.pid} ended), not halted",
+                                   "  steps watched: 80 (1-80)", "  findings: none"]
     steps = [json.loads(x)["step"] for x in runlog.read_text().splitlines() if '"type":"step"' in x]
     assert steps == list(range(1, 81))
     assert (tmp_path / "train.log.1").read_text().count("step:") == 40
@@ -330,3 +357,77 @@ def test_follow_of_a_log_without_step_numbers_says_so_in_every_finding_once(tmp_
     found = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()][1:]
     assert all(f["details"]["step_is_record_number"] and f["message"].count("of the log, which prints no step numbers") == 1
                for f in found)
+
+
+# ---------------------------------------------------------------------------------------------
+# How following ends: as a live run does (docs/integrations.md, The end of a run), every way.
+
+def _nan_log(path, *, steps: int = 40, nan_at: int | None = 30) -> Path:
+    path.write_text("".join(f"step {s} | loss {'nan' if s == nan_at else f'{2.0 + 1.0 / s:.4f}'}\n"
+                            for s in range(1, steps + 1)))
+    return path
+
+
+@pytest.mark.end_report
+@pytest.mark.parametrize("halt", [False, True], ids=["idle", "halt"])
+def test_follow_ends_with_the_summary_block_and_the_report_next_to_its_run_log(tmp_path, capsys, halt):
+    """The log stops growing (``--idle-exit-s``) or a halt (exit 3): the summary block, the same
+    as a live run's, from the same code (``Outcome``); the report next to the run log."""
+    from stability_callbacks.cli import main
+
+    log = _nan_log(tmp_path / "train.log")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"policy: {{halt_on: {'critical' if halt else 'never'}}}\n")
+    code = main(["replay", str(log), "--follow", "--idle-exit-s", "0.3", "--poll-s", "0.02", "--config", str(config)])
+    out = capsys.readouterr().out
+    run = tmp_path / "stability"
+    advice = "  roll back: Roll back: nonfinite at step 30; the episode began at step 30. Resume from the newest " \
+             "checkpoint saved before step 30 (the log names none) and skip the batches of steps 30-30 (1 step)."
+    assert _end_block(out) == [
+        ("stability: following halted at step 30: nonfinite (critical) at step 30; policy.halt_on = critical"
+         if halt else "stability: following ended at step 40 (no new line for 0.3 s), not halted"),
+        *(["  the job: no --stop-file or --on-halt given: stop the job yourself"] if halt else []),
+        f"  steps watched: {30 if halt else 40} (1-{30 if halt else 40})",
+        "  findings: critical: nonfinite x1 (step 30), rollback_advice x1 (step 30)",
+        advice + " If it happens again at the same place, change the seed or the data order (PaLM, BigScience).",
+        f"  run log: {run / 'runlog.jsonl'}", f"  report: {run / 'report.html'}"]
+    assert code == (3 if halt else 1)
+    html = (run / "report.html").read_text()
+    assert "rollback_advice" in html and ("following halted at step 30" if halt else "following ended") in html
+
+
+def test_follow_with_the_report_off_says_so_at_its_end(tmp_path, capsys):
+    from stability_callbacks.cli import main
+
+    log = _nan_log(tmp_path / "train.log", nan_at=None)
+    config = tmp_path / "c.yaml"
+    config.write_text("report: {enabled: false}\n")
+    assert main(["replay", str(log), "--follow", "--idle-exit-s", "0.3", "--poll-s", "0.02", "--config", str(config)]) == 0
+    assert _end_block(capsys.readouterr().out)[-2:] == [f"  run log: {tmp_path / 'stability' / 'runlog.jsonl'}",
+                                                        "  report: none (report.enabled is false)"]
+    assert not (tmp_path / "stability" / "report.html").exists()
+
+
+@pytest.mark.parametrize("sig, said", [("SIGTERM", "SIGTERM"), ("SIGINT", "Ctrl-C")])
+def test_a_follower_stopped_by_a_signal_ends_with_its_summary_and_report(tmp_path, sig, said):
+    """A scheduler ends the job and its sidecar with SIGTERM; a user presses Ctrl-C: the follower
+    reads what the log holds, then ends as for any other reason (summary, report, exit code)."""
+    import signal
+
+    log = _nan_log(tmp_path / "train.log")
+    runlog = tmp_path / "stability" / "runlog.jsonl"
+    follower = subprocess.Popen(_follow_cmd(log), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=_env())
+    deadline = time.monotonic() + 60
+    # The advice at step 30 is flushed to the run log once read; the 10 lines after it came in
+    # the same read, before the follower next looks for news (and for the signal).
+    while not (runlog.exists() and '"rollback_advice"' in runlog.read_text()):
+        assert follower.poll() is None and time.monotonic() < deadline, follower.communicate()
+        time.sleep(0.02)
+    follower.send_signal(getattr(signal, sig))
+    out, err = follower.communicate(timeout=60)
+    assert follower.returncode == 1, out + err
+    end = _end_block(out)
+    assert end[:2] == [f"stability: following ended at step 40 ({said}), not halted", "  steps watched: 40 (1-40)"]
+    assert end[-2:] == [f"  run log: {runlog}", f"  report: {runlog.with_name('report.html')}"]
+    assert "Traceback" not in err and "nonfinite" in runlog.with_name("report.html").read_text()

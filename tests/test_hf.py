@@ -216,8 +216,8 @@ def test_nan_halts_cleanly_without_saving_damaged_weights(tmp_path, bf16, caplog
     (bad,) = sc.fault_steps
     # The log sink: one line per finding (the full text is in the run log and the report).
     assert [r.getMessage().split(":")[:2] for r in caplog.records if r.name == "stability_callbacks.findings"] == [
-        ["INFO", " warmup_end at step 5"], ["CRITICAL", f" nonfinite at step {bad}"],
-        ["CRITICAL", f" rollback_advice at step {bad}"]]
+        ["INFO", " warmup_end at step 6"], ["CRITICAL", f" nonfinite at step {bad}"],
+        ["CRITICAL", f" warmup_instability at step {bad}"], ["CRITICAL", f" rollback_advice at step {bad}"]]
     _assert_the_end_of_a_halted_run(cb, caplog, tmp_path, bad, report=not bf16)
     nonfinite = _first(cb.findings, "nonfinite")
     assert (nonfinite.step, nonfinite.severity) == (bad, "critical")
@@ -236,6 +236,24 @@ def test_nan_halts_cleanly_without_saving_damaged_weights(tmp_path, bf16, caplog
                               f"(nonfinite at step {bad})")]
 
 
+def test_a_nan_at_the_first_step_says_train_again_from_the_initial_weights(tmp_path):
+    """A NaN at step 1: nothing was trained before it, so the nonfinite finding and the rollback
+    advice both say to train again from the initial weights; neither names a checkpoint before it."""
+    sc = build_scenario("nan", fault_step=1, max_steps=3)
+    trainer = Trainer(model=sc.make_model(), args=_args(tmp_path / "ckpt", sc), train_dataset=sc.train_dataset())
+    cb = StabilityCallback.attach(trainer, config={"policy": {"halt_on": "critical"}, "report": {"enabled": False}},
+                                  run_dir=tmp_path / "stability")
+    trainer.train()
+    nonfinite, advice = _first(cb.findings, "nonfinite"), cb.run.control.rollback
+    assert (nonfinite.step, advice.step, advice.details["from_start"], trainer.state.global_step) == (1, 1, True, 1)
+    for f in (nonfinite, advice):
+        assert "Nothing was trained before step 1, so no checkpoint comes before it: train again from the " \
+               "initial weights" in f.message
+        assert "last checkpoint before" not in f.message and "checkpoint saved before" not in f.message
+    assert cb.outcome.advice.startswith("trainer.train() again from the initial weights (no checkpoint comes "
+                                        "before step 1)")
+
+
 def _assert_the_end_of_a_halted_run(cb, caplog, tmp_path, bad: int, *, report: bool) -> None:
     """The outcome and the summary block of the NaN run halted at ``bad``: why, the steps, the
     findings by kind (info too), the advice in HF's form only, the run log, the report."""
@@ -250,8 +268,9 @@ def _assert_the_end_of_a_halted_run(cb, caplog, tmp_path, bad: int, *, report: b
     assert summary.levelname == "WARNING" and summary.getMessage().splitlines() == [
         f"stability: the run halted at step {bad}: {halt}",
         f"  steps watched: {bad} (1-{bad})",
-        f"  findings: critical: nonfinite x1 (step {bad}), rollback_advice x1 (step {bad}); "
-        "info: warmup_end x1 (step 5)",
+        f"  findings: critical: nonfinite x1 (step {bad}), warmup_instability x1 (step {bad}), "
+        f"rollback_advice x1 (step {bad}); "
+        "info: warmup_end x1 (step 6)",
         f"  roll back: {o.advice}",
         f"  run log: {tmp_path / 'stability' / 'runlog.jsonl'}",
         f"  report: {html if report else 'none (report.enabled is false)'}"]

@@ -202,9 +202,36 @@ def test_nan_halts_without_saving_damaged_weights(tmp_path, caplog):
     assert steps == list(range(1, fault))                            # nothing from step 35 on
     last = torch.load(tmp_path / "mc" / "last.ckpt", weights_only=False)
     assert last["global_step"] == fault - 1
+    # Every save noted once, with its step and its step-named file (the callback's own where it
+    # saved too), never as last.ckpt (save_last=True copies each save there): the advice names
+    # the step-named checkpoint just before the fault.
+    noted = [(x["step"], Path(x["path"]).name) for x in runlog(tmp_path / "stability" / "runlog.jsonl")
+             if x["type"] == "checkpoint"]
+    assert noted == [(s, f"stability-step={s}.ckpt" if s in dict(cb.saved) else f"epoch=0-step={s}.ckpt")
+                     for s in range(1, fault)]
+    assert cb.run.control.rollback.details["checkpoint_step"] == fault - 1
+    assert o.advice.startswith(f'trainer.fit(model, datamodule=dm, ckpt_path="{tmp_path / "mc"}/'
+                               f'epoch=0-step={fault - 1}.ckpt") (step {fault - 1})')
     # The last checkpoint holds good weights (wte keeps its planted +inf row, nothing else).
     assert all(torch.isfinite(v).all() for k, v in last["state_dict"].items()
                if v.is_floating_point() and "wte" not in k)
+
+
+def test_a_last_ckpt_saved_over_is_advised_only_as_the_newest(tmp_path):
+    """``ModelCheckpoint(save_top_k=0, save_last=True)``: every save goes to last.ckpt, saved over
+    each time. Each save is noted at its own step; last.ckpt stands for the newest one only, so
+    the advice names it with the step it holds."""
+    sc = build_scenario("nan", fault_step=12, max_steps=12)
+    mc = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "mc", every_n_train_steps=5, save_top_k=0, save_last=True)
+    cb, _ = fit(sc, tmp_path, config={"policy": {"halt_on": "critical"}, "report": {"enabled": False}},
+                callbacks=[mc], enable_checkpointing=True)
+    last = tmp_path / "mc" / "last.ckpt"
+    assert torch.load(last, weights_only=False)["global_step"] == 10
+    assert [(x["step"], x["path"]) for x in runlog(tmp_path / "stability" / "runlog.jsonl")
+            if x["type"] == "checkpoint"] == [(5, str(last)), (10, str(last))]
+    advice = cb.run.control.rollback
+    assert (advice.details["checkpoint_step"], advice.details["checkpoint_path"]) == (10, str(last))
+    assert cb.outcome.advice.startswith(f'trainer.fit(model, datamodule=dm, ckpt_path="{last}") (step 10)')
 
 
 def test_warmup_spike_escalates_saves_and_halts(tmp_path):

@@ -133,7 +133,7 @@ def test_a_log_that_names_no_checkpoint_points_at_the_newest_before_the_onset():
 @pytest.mark.parametrize("change, message", [
     ({"checkpoint_step": 40701}, "checkpoint_step 40701 must precede the skipped steps 40701-40900"),
     ({"skip_steps": [40900, 40701]}, "skip_steps must be [first, last]"),
-    ({"skip_steps": [0, 5]}, "skip_steps must be [first, last]"),
+    ({"skip_steps": [-1, 5]}, "skip_steps must be [first, last]"),
     ({"skip_steps": [True, 5]}, "skip_steps must be [first, last]"),
     ({"onset_step": None}, "onset_step must be an integer, got None"),
     ({"global_batch_size": 51.2}, "global_batch_size must be an integer, got 51.2"),

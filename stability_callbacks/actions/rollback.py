@@ -54,7 +54,8 @@ def native_forms(advice_details: Mapping[str, Any],
     """``{"hf", "lightning", "megatron", "deepspeed"}`` → one instruction each (``frameworks``:
     only these; None: all four).
 
-    ``advice_details``: ``checkpoint_step`` (int or None = none recorded), ``checkpoint_path``
+    ``advice_details``: ``checkpoint_step`` (int or None = none recorded; with ``from_start``:
+    none can be, the onset is the run's first step: train again from the initial weights), ``checkpoint_path``
     (str or None), ``onset_step``, ``skip_steps`` ``[first, last]``, ``global_batch_size``
     (int or None), ``consumed_samples`` ``[a, b]`` or None; without a checkpoint,
     ``checkpoints_seen`` (True: a live run, which saw every save, so none was saved: train again
@@ -68,8 +69,8 @@ def native_forms(advice_details: Mapping[str, Any],
     skip = d.get("skip_steps")
     if (not isinstance(skip, (list, tuple)) or len(skip) != 2
             or not all(isinstance(s, int) and not isinstance(s, bool) for s in skip)
-            or skip[0] > skip[1] or skip[0] < 1):
-        raise ValueError(f"skip_steps must be [first, last] with 1 <= first <= last, got {skip!r}")
+            or skip[0] > skip[1] or skip[0] < 0):   # a log may number its steps from 0
+        raise ValueError(f"skip_steps must be [first, last] with 0 <= first <= last, got {skip!r}")
     first, last = skip
     ckpt_step = d.get("checkpoint_step")
     if ckpt_step is not None:
@@ -99,6 +100,8 @@ def native_forms(advice_details: Mapping[str, Any],
     s = _Skip(first, last, n_steps, f"the data of steps {first}-{last} ({n_steps} {noun}{sample_note})")
     if ckpt_step is not None:
         forms = _from_checkpoint(ckpt_step, path, s)
+    elif d.get("from_start"):
+        forms = _from_start(s)
     elif d.get("checkpoints_seen"):
         forms = _none_saved(min(onset, first), d.get("save_steps"), s)
     else:
@@ -191,6 +194,24 @@ def _none_named(onset: int, s: _Skip) -> dict[str, str]:
                       f"{onset} in save_dir, the folder your loop saves into ({why}); then skip {s.what}: when "
                       f"the loop reaches step {s.first}, draw and discard {s.n} * gradient_accumulation_steps "
                       f"micro-batches"),
+    }
+
+
+def _from_start(s: _Skip) -> dict[str, str]:
+    """No checkpoint can precede the onset (the run's first step): train again from the initial
+    weights and skip the data of ``s``."""
+    return {
+        "hf": (f"trainer.train() again from the initial weights (no checkpoint comes before step {s.first}), "
+               f"and skip {s.what}: start the train dataloader after step {s.last} with accelerate's "
+               f"skip_first_batches(dataloader, num_batches={s.last} * gradient_accumulation_steps)"),
+        "lightning": (f"trainer.fit(model, datamodule=dm) again from the initial weights, without ckpt_path "
+                      f"(no checkpoint comes before step {s.first}); skip {s.what} in train_dataloader(), i.e. "
+                      f"start its sampler after {s.last} * accumulate_grad_batches batches"),
+        "megatron": f"train again without --load (no checkpoint comes before iteration {s.first}) "
+                    f"--skip-train-iteration-range {s.first}-{s.last}",
+        "deepspeed": (f"run the loop again from the initial weights, without engine.load_checkpoint (no "
+                      f"checkpoint comes before step {s.first}); then skip {s.what}: when the loop reaches step "
+                      f"{s.first}, draw and discard {s.n} * gradient_accumulation_steps micro-batches"),
     }
 
 

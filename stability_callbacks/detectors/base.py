@@ -19,6 +19,8 @@ class Context:
     in_risk_window: bool = False
     warmup_end_step: int | None = None      # where the LR warmup ended (declared or inferred), once known
     in_startup: bool = False
+    run_start: int | None = None            # the run's first step when it began from nothing (its first
+                                            # record, at step 0 or 1): no checkpoint can precede it
     steps_since_resume: int | None = None   # None: no resume in this run (or long ago)
     loss_spike_open: bool = False           # set by LossSpike for the detectors after it
     loss_spike_onset: int | None = None     # onset of the open loss-spike episode, if any

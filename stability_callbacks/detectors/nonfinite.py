@@ -10,7 +10,9 @@ _WATCHED = frozenset((keys.LOSS, keys.GRAD_NORM, keys.ADAM_V_MAX, keys.ADAM_V_L1
 
 
 class NonFinite(Detector):
-    """Critical on the first non-finite value of an episode; re-armed after a finite step.
+    """Critical on the first non-finite value of an episode; re-armed after a finite step. At the
+    run's first step (``Context.run_start``) there is no checkpoint to roll back to: the message
+    says to train again from the initial weights, as the rollback advice does.
 
     A non-finite grad norm on a step the fp16 scaler skipped is an ordinary overflow (see
     ``overflow_burst``), not a NaN. O(#keys) per update; state: 1 flag.
@@ -18,6 +20,10 @@ class NonFinite(Detector):
     >>> d = NonFinite()
     >>> [f.kind for f in d.update(StepRecord(3, {"loss": float("nan")}), Context(3))]
     ['nonfinite']
+    >>> d.update(StepRecord(4, {"loss": 2.0}), Context(4))
+    []
+    >>> print(d.update(StepRecord(1, {"loss": float("nan")}), Context(1, run_start=1))[0].message)
+    Non-finite values at step 1: loss=nan. Nothing was trained before step 1, so no checkpoint comes before it: train again from the initial weights and skip this step's batch; a NaN this early points at the data, the initialisation or the loss itself.
     """
 
     name = "nonfinite"
@@ -51,9 +57,14 @@ class NonFinite(Detector):
                "fp16, e.g. LoRA fine-tuning in fp16, or an accelerator kernel fault) and the logged "
                "loss was zeroed, so nothing useful is being learnt; switch to bf16 or fp32."
                if zero_loss else "")
+        if record.step == ctx.run_start:   # as the rollback advice says (policy: from_start)
+            todo = (f" Nothing was trained before step {record.step}, so no checkpoint comes before it: "
+                    f"train again from the initial weights and skip this step's batch; a NaN this early "
+                    f"points at the data, the initialisation or the loss itself.")
+        else:
+            todo = (" The weights may already be damaged: do not save over the last good checkpoint; "
+                    "roll back to the last checkpoint before this step and skip the batches since.")
         return [self.finding(
             record.step, severity="critical", signal=bad[0], value=m[bad[0]],
-            message=(f"Non-finite values at step {record.step}: {what}.{why} The weights may already be "
-                     f"damaged: do not save over the last good checkpoint; roll back to the last "
-                     f"checkpoint before this step and skip the batches since."),
+            message=f"Non-finite values at step {record.step}: {what}.{why}{todo}",
             keys=bad, zero_loss=zero_loss)]

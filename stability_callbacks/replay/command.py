@@ -21,6 +21,7 @@ and line, the key, or the output);
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections import Counter
 from contextlib import contextmanager
@@ -33,6 +34,8 @@ from ..record import Finding, severity_rank
 if TYPE_CHECKING:
     from .readers import ReadAccount
 
+# A follower says what a log without a training loss is judged on after this many records.
+NO_LOSS_NOTE_AFTER = 10
 # Said of every finding of a log whose steps are record numbers.
 RECORD_NUMBERS = ("(step {step} is record number {step} of the log, which prints no step "
                   "numbers: find it by counting records, not by a step the trainer knows)")
@@ -41,7 +44,7 @@ RECORD_NUMBERS = ("(step {step} is record number {step} of the log, which prints
 def run(args) -> int:
     """``stability-callbacks replay``: the exit code."""
     from ..monitor import Monitor
-    from .readers import LogFormatError, ReadAccount, compile_pattern, parse_keys, read_records
+    from .readers import FIFO_WAIT_S, LogFormatError, ReadAccount, compile_pattern, parse_keys, read_records
 
     err = sys.stderr
     try:
@@ -62,7 +65,7 @@ def run(args) -> int:
     account = replay.account = ReadAccount(args.path, replay.ignore)
     try:
         replay.feed(read_records(args.path, args.format, progress=err.isatty(), user_keys=user_keys,
-                                 pattern=pattern, account=account),
+                                 pattern=pattern, account=account, fifo_wait_s=args.idle_exit_s or FIFO_WAIT_S),
                     monitor.update)
     except (LogFormatError, OSError, ValueError) as e:
         print(f"error: {e}", file=err)
@@ -72,10 +75,7 @@ def run(args) -> int:
     except OutputError as e:
         print(f"error: {e}", file=err)
         return 2
-    if not account.with_loss and not account.signals:
-        print(f"error: {args.path}: no training loss was read and nothing else to judge "
-              f"({account.records} steps, keys: {', '.join(account.keys) or 'none'}); "
-              "name the loss the log prints with --keys loss=NAME", file=err)
+    if replay.nothing_to_judge(args.path):
         return 2
     return 1 if any(f.severity == "critical" for f in replay.findings) else 0
 
@@ -95,6 +95,16 @@ class _Replay:
     def ignore(self, line_no: int, text: str, reason: str) -> None:
         """An unreadable line: counted in the account, said once at the end."""
 
+    def nothing_to_judge(self, path) -> bool:
+        """No training loss was read and nothing else to judge: said (exit 2, for both modes)."""
+        account = self.account
+        if account is None or account.with_loss or account.signals:
+            return False
+        print(f"error: {path}: no training loss was read and nothing else to judge "
+              f"({account.records} steps, keys: {', '.join(account.keys) or 'none'}); "
+              "name the loss the log prints with --keys loss=NAME", file=sys.stderr)
+        return True
+
     def feed(self, stream, observe, after=None) -> None:
         """Every record into ``observe`` (``Monitor.update`` or ``LiveRun.observe``);
         ``after(record, found)`` returning True stops early (a halt)."""
@@ -108,24 +118,36 @@ class _Replay:
             if after is not None and after(rec, found):
                 break
 
-    def finish(self, args, *, printed: bool = False):
-        """What was read, JSON, summary and report; returns where the summary went. ``printed``:
-        the findings were printed as they came (``--follow``): the summary is the table only."""
+    def finish(self, args) -> None:
+        """``replay``'s end: what was read and the JSON (:meth:`read_out`), the summary table
+        with every warning-or-worse finding, the report."""
+        summary_to = self.read_out(args)
+        forms = _advice_forms(args, self.account)
+        name = Path(args.path).name
+        print_summary(self.findings, self.count, name, file=summary_to, advice_forms=forms)
+        if args.report:
+            from .report import write_report
+            with _writing("--report", args.report):
+                path = write_report(args.report, self.records or [], self.findings, title=name,
+                                    phases=self.phases, advice_forms=forms)
+            print(f"report: {path}", file=summary_to)
+
+    def read_out(self, args):
+        """What was read (what the findings are judged on, the account's lines, the unreadable
+        lines) and ``--json``, for both modes; returns where the summary goes."""
         account = self.account
         summary_to = sys.stderr if args.json_out == "-" else sys.stdout
         if account is not None:
             account.records = self.count
             if not account.with_loss and account.signals:
                 print(f"no training loss read; judged on: {', '.join(account.signals)}", file=summary_to)
-            if account.order_numbered:
-                self.findings = [record_numbered(f) for f in self.findings]
+            self.findings = [said_of(f, account) for f in self.findings]
             for line in account.lines():
                 print(line, file=summary_to)
             if account.first_unreadable is not None:
                 line_no, reason = account.first_unreadable
                 print(f"note: ignored {account.unreadable} unreadable line(s) of {args.path} "
                       f"(first: line {line_no}: {reason})", file=sys.stderr)
-        forms = _advice_forms(args, account)
         if args.json_out:
             with _writing("--json", args.json_out):
                 out = sys.stdout if args.json_out == "-" else open(args.json_out, "w", encoding="utf-8")
@@ -135,15 +157,6 @@ class _Replay:
                     out.write(json.dumps(f.to_json()) + "\n")
                 if out is not sys.stdout:
                     out.close()
-        name = Path(args.path).name
-        print_summary(self.findings, self.count, name, file=summary_to, list_findings=not printed,
-                      advice_forms=forms)
-        if args.report:
-            from .report import write_report
-            with _writing("--report", args.report):
-                path = write_report(args.report, self.records or [], self.findings, title=name,
-                                    phases=self.phases, advice_forms=forms)
-            print(f"report: {path}", file=summary_to)
         return summary_to
 
 
@@ -194,7 +207,6 @@ def _writing(flag: str, path: str):
 
 def _follow(args, monitor, user_keys, pattern) -> int:
     from ..live import LiveRun
-    from ..outcome import EXIT_HALTED   # a live run's outcome gives a halted run the same code
     from .follow import StopConditions, TailLines, carry_out_halt, follow_run_dir, follow_wandb_run
     from .readers import LogFormatError, ReadAccount, read_records
 
@@ -207,18 +219,18 @@ def _follow(args, monitor, user_keys, pattern) -> int:
         if why:
             off["wandb"] = why
             print(f"note: actions.wandb is off: {why}", file=err)
-        replay = _Replay(monitor, keep=bool(args.report))
+        replay = _Replay(monitor, keep=False)   # the report reads the run log back
         replay.account = account = ReadAccount(args.path, replay.ignore)
-        # A log that prints no step numbers: every finding says its steps are record numbers,
-        # before the run log and the alerts hear of it (the reader knows once it has a plan).
+        # A finding whose step the log does not print says how it was numbered, before the run
+        # log and the alerts hear of it (the reader knows once it has a plan).
         run = LiveRun(monitor=monitor, run_dir=follow_run_dir(args), is_rank0=True,
                       run_name=Path(args.path).name, wandb_run=wandb_run, advice_forms=forms,
-                      sinks_off=off, amend=lambda f: record_numbered(f) if account.order_numbered else f)
+                      sinks_off=off, amend=lambda f: said_of(f, account))
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=err)
         return 2
     stop = StopConditions(pid=args.pid, idle_exit_s=args.idle_exit_s)
-    tail = TailLines(args.path, poll_s=args.poll_s, should_stop=stop)
+    tail = TailLines(args.path, poll_s=args.poll_s, should_stop=stop, on_ignore=_said_once(args.path, account))
 
     def lines():
         for item in tail:
@@ -233,7 +245,13 @@ def _follow(args, monitor, user_keys, pattern) -> int:
             run.start(rec.step - 1, "start")
         return run.observe(rec)
 
+    first_keys: set[str] = set()       # what the first records carry
+
     def after(rec, found):
+        if replay.count <= NO_LOSS_NOTE_AFTER:
+            first_keys.update(rec.metrics)
+            if replay.count == NO_LOSS_NOTE_AFTER:
+                _no_loss_yet(first_keys)
         for f in found:
             if f.severity != "info":
                 print_finding(f, forms)
@@ -245,55 +263,130 @@ def _follow(args, monitor, user_keys, pattern) -> int:
         return False
 
     print(f"following {args.path} (run folder: {run.run_dir}); Ctrl-C to stop", flush=True)
+    _say_what_is_awaited(args.path)
     stream = None
-    try:
-        stream = read_records(args.path, args.format, user_keys=user_keys, pattern=pattern,
-                              lines=lines(), account=replay.account)
-        replay.feed(stream, observe, after=after)
-    except (LogFormatError, OSError, ValueError) as e:
-        run.close()
-        print(f"error: {e}", file=err)
-        return 2
-    except KeyboardInterrupt:
-        stop.reason = "interrupted"
-    finally:
-        close = getattr(stream, "close", None)
-        if close is not None:
-            close()               # the tail's file
+    refused: Exception | None = None
+    with stop.on_signals():
+        try:
+            stream = read_records(args.path, args.format, user_keys=user_keys, pattern=pattern,
+                                  lines=lines(), account=replay.account)
+            replay.feed(stream, observe, after=after)
+        except (LogFormatError, OSError, ValueError) as e:
+            refused = e
+        except KeyboardInterrupt:          # a second Ctrl-C or SIGTERM: at once
+            stop.reason = stop.signalled or "Ctrl-C"
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()               # the tail's file
     done = carry_out_halt(halt[0], stop_file=args.stop_file, on_halt=args.on_halt) if halt else []
     run.close()
     if wandb_run is not None:
         wandb_run.finish()
-    try:
-        summary_to = replay.finish(args, printed=True)
-    except OutputError as e:
-        print(f"error: {e}", file=err)
+    if refused is not None:
+        print(f"error: {refused}", file=err)
         return 2
-    if halt:
-        f = halt[0]
-        print(f"halted at step {f.step} ({f.kind}): " + "; ".join(done or ["no --stop-file or "
-              "--on-halt given: stop the job yourself"]), file=summary_to)
-        return EXIT_HALTED
-    print(f"stopped following: {stop.reason or 'end of input'}", file=summary_to)
-    return 1 if any(f.severity == "critical" for f in replay.findings) else 0
+    return _end_follow(args, replay, run, stop, halt[0] if halt else None, done)
 
 
-def record_numbered(f: Finding) -> Finding:
-    """A finding of a log whose steps are record numbers, saying so; rollback advice keeps its
-    onset and drops the checkpoint step and the batches to skip (record numbers are neither).
-    A finding that says so already is returned as it is."""
+def _end_follow(args, replay: "_Replay", run, stop, halt: Finding | None, done: list[str]) -> int:
+    """The end of following, as a live run ends (docs/integrations.md, The end of a run): what
+    was read and ``--json`` as ``replay`` says them, then the run's report (next to the run log,
+    or ``--report``) and its summary block, from its :class:`~stability_callbacks.outcome.Outcome`;
+    the exit code is the outcome's. Input with nothing to judge is refused instead (exit 2, its
+    reason only: no summary, no report)."""
+    from .report import report_run_end
+
+    if replay.nothing_to_judge(args.path):
+        return 2
+    try:
+        summary_to = replay.read_out(args)
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    outcome = run.outcome(halted_at=halt.step if halt is not None else None)
+    outcome.stopped = stop.reason or "end of input"
+    if halt is not None:
+        outcome.halt_done = done or ["no --stop-file or --on-halt given: stop the job yourself"]
+    report_run_end(run, outcome, out_path=args.report)
+    print("\n".join(outcome.summary_lines()), file=summary_to, flush=True)
+    return outcome.exit_code
+
+
+def _say_what_is_awaited(path: str) -> None:
+    """A note when the follower starts before its input: a log not there yet, a FIFO (read from
+    when a process opens it for writing); either waits until --idle-exit-s or --pid ends it."""
+    import stat
+    if path == "-":
+        return
+    try:
+        fifo = stat.S_ISFIFO(os.stat(path).st_mode)
+    except FileNotFoundError:
+        what = "does not exist yet: waiting for it to appear"
+    else:
+        if not fifo:
+            return
+        what = "is a FIFO: read as a stream once a process opens it for writing"
+    print(f"note: {path} {what} (--idle-exit-s or --pid ends the wait)", file=sys.stderr, flush=True)
+
+
+def _said_once(path, account):
+    """``on_ignore`` for a followed log's lines of binary data: each counted in ``account``
+    (an unreadable line), the first also said as it happens."""
+    first: list[int] = []
+
+    def left_out(line_no: int, text: str, reason: str) -> None:
+        if not first:
+            first.append(line_no)
+            print(f"warning: {path}:{line_no}: binary data, not text: left out, not judged (so are "
+                  "later lines like it; following goes on)", file=sys.stderr, flush=True)
+        account(line_no, text, reason)
+    return left_out
+
+
+def _no_loss_yet(first_keys: set[str]) -> None:
+    """Said once while following a log whose first records carry no training loss: what it is
+    judged on so far, or that nothing is (the end of following says it again, as ``replay``)."""
+    from .. import keys
+    from .readers import JUDGED_WITHOUT_LOSS
+    if keys.LOSS in first_keys:
+        return
+    signals = [k for k in JUDGED_WITHOUT_LOSS if k in first_keys]
+    said = (f"judged on: {', '.join(signals)}" if signals else "nothing else to judge: name the loss "
+            "the log prints with --keys loss=NAME")
+    print(f"note: no training loss read in the first {NO_LOSS_NOTE_AFTER} steps (keys: "
+          f"{', '.join(sorted(first_keys)) or 'none'}); {said}", file=sys.stderr, flush=True)
+
+
+def said_of(f: Finding, account: "ReadAccount") -> Finding:
+    """A finding that says how its step was numbered where the log does not print it (the part
+    of the log the step falls in: :meth:`ReadAccount.step_caveat`), and as it is where the log
+    printed it. Rollback advice whose step or onset the log does not print names no checkpoint
+    step or batches to skip."""
+    caveat = account.step_caveat(f.step)
+    if caveat is None and f.kind == "rollback_advice" and isinstance(f.onset_step, int) \
+            and account.step_caveat(f.onset_step) is not None:
+        caveat = account.step_caveat(f.onset_step)
+    return record_numbered(f, caveat) if caveat is not None else f
+
+
+def record_numbered(f: Finding, caveat: str | None = None) -> Finding:
+    """A finding whose step the log does not print, saying so (``caveat``: how it was numbered;
+    by default, a record number of a log that prints no step numbers); rollback advice keeps its
+    onset and drops the checkpoint step and the batches to skip (steps the log does not print
+    are neither). A finding that says so already is returned as it is."""
     from dataclasses import replace
     if f.details.get("step_is_record_number"):
         return f
+    caveat = caveat or RECORD_NUMBERS.format(step=f.step)
     details = dict(f.details, step_is_record_number=True)
-    message = f"{f.message} {RECORD_NUMBERS.format(step=f.step)}"
+    message = f"{f.message} {caveat}"
     if f.kind == "rollback_advice":
-        for k in ("skip_steps", "consumed_samples", "checkpoint_step", "checkpoint_path"):
+        for k in ("skip_steps", "consumed_samples", "checkpoint_step", "checkpoint_path", "from_start"):
             details.pop(k, None)
-        message = (f"the run went wrong at record {f.step} of the log; it prints no step numbers, "
-                   "so no checkpoint step or batches to skip can be named from it: go back to the "
-                   "last checkpoint saved before that point and find its step in the trainer's "
-                   f"own log. {RECORD_NUMBERS.format(step=f.step)}")
+        message = (f"the run went wrong at step {f.step}, a step the log does not print, so no checkpoint "
+                   "step or batches to skip can be named from it: go back to the last checkpoint saved "
+                   f"before that point and find its step in the trainer's own log. {caveat}")
     return replace(f, message=message, details=details)
 
 
@@ -326,8 +419,8 @@ def print_finding(f: Finding, advice_forms: tuple[str, ...] | None, *, console=N
 
 
 def print_summary(findings: list[Finding], num_records: int, name: str, *, file=None,
-                  list_findings: bool = True, advice_forms: tuple[str, ...] | None = None) -> None:
-    """A table of finding kinds, then (``list_findings``) every warning-or-worse finding with its
+                  advice_forms: tuple[str, ...] | None = None) -> None:
+    """A table of finding kinds, then every warning-or-worse finding with its
     sentence, rollback advice in the forms ``advice_forms`` names (None: all four)."""
     from rich.console import Console
     from rich.table import Table
@@ -342,7 +435,7 @@ def print_summary(findings: list[Finding], num_records: int, name: str, *, file=
     for (kind, sev), fs in sorted(groups.items(), key=lambda kv: (-severity_rank(kv[0][1]), kv[1][0].step)):
         table.add_row(kind, sev, str(len(fs)), str(fs[0].step), str(fs[-1].step))
     console.print(table)
-    serious = [f for f in findings if severity_rank(f.severity) >= 1] if list_findings else []
+    serious = [f for f in findings if severity_rank(f.severity) >= 1]
     for f in serious[:50]:
         print_finding(f, advice_forms, console=console)
     if len(serious) > 50:

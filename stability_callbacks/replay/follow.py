@@ -15,10 +15,20 @@ poll finds nothing new (readers then release a record they held back for a late 
 - truncation (the file got shorter: ``copytruncate`` rotation, a job restarted with ``>``) and
   rotation (the path now names a new file: renamed and recreated) are followed: the rest of the
   old file is read first, then the new one from its start, its lines numbered from 1 again;
-- a file that does not exist yet is waited for.
+- a file that does not exist yet is waited for (if it never appears: :class:`LogFormatError`,
+  ``no such file``);
+- standard input (``-``) is refused: it cannot be polled for what is new nor reopened;
+- a FIFO is read as a stream, never seeked: before a process opens it for writing, each poll is
+  an idle tick (so ``--idle-exit-s`` holds; if none ever does: :class:`LogFormatError`); when its
+  writer closes it, the input has ended;
+- the bytes become lines as ``replay`` makes them (:class:`~.readers.source.TextLines`): gzip is
+  unpacked as it grows; input whose first bytes are not text is refused with the reason
+  (:class:`LogFormatError`) before a line goes out; a later line of binary data (garbage
+  appended, a new file that is not text) is left out and reported to ``on_ignore``, never read
+  as a record, and following goes on with the text that comes after it.
 
 It ends when ``should_stop()`` says so (the job's process ended, the log stayed idle too long,
-a halt), after reading what is left. Cost: one ``stat`` per poll, O(longest line) memory.
+a halt, SIGTERM or Ctrl-C), after reading what is left. Cost: one ``stat`` per poll, O(chunk) memory.
 """
 from __future__ import annotations
 
@@ -26,21 +36,24 @@ import json
 import logging
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Generator, Iterator
 
 from ..runlog import RUN_DIR_NAME
+from .readers.source import CHUNK_BYTES, NO_WRITER, LogFormatError, TextLines, open_input
 
 log = logging.getLogger("stability_callbacks")
 
-_READ_BYTES = 1 << 20
-
 
 class TailLines:
-    """The lines of a file as it grows (see the module docstring).
+    """The lines of a file as it grows (see the module docstring). ``on_ignore(line_no, text,
+    reason)`` hears of each line of binary data left out.
 
     >>> import tempfile, os
     >>> p = os.path.join(tempfile.mkdtemp(), "train.log")
@@ -50,68 +63,82 @@ class TailLines:
     [(1, 'step 1 loss 2.5'), (2, 'step 2 lo')]
     """
 
-    def __init__(self, path, *, poll_s: float = 1.0, should_stop: Callable[[], bool] = lambda: False):
+    def __init__(self, path, *, poll_s: float = 1.0, should_stop: Callable[[], bool] = lambda: False,
+                 on_ignore=None):
         self.path = str(path)
         self.poll_s = poll_s
         self.should_stop = should_stop
+        self.on_ignore = on_ignore
         self.rotations = 0
         self.truncations = 0
 
     def __iter__(self) -> Iterator[tuple[int, str | None]]:
-        f = None
-        line_no = 0
-        partial = b""
-        try:
-            while True:
-                if f is None:
-                    f = self._open()
-                    if f is None:                       # not there yet
-                        if self.should_stop():
-                            return
-                        time.sleep(self.poll_s)
-                        continue
-                    line_no, partial = 0, b""
-                chunk = f.read(_READ_BYTES)
-                if chunk:
-                    data = partial + chunk
-                    lines = data.split(b"\n")
-                    partial = lines.pop()
-                    for raw in lines:
-                        line_no += 1
-                        yield line_no, _decode(raw)
-                    if b"\r" in partial:                 # tqdm redraws: complete updates
-                        cut = partial.rfind(b"\r") + 1
-                        yield line_no + 1, _decode(partial[:cut])
-                        partial = partial[cut:]
-                    continue
-                # Nothing new: rotated, truncated, finished, or just quiet.
-                switched = self._switched(f)
-                if switched:
-                    f.close()
-                    f = None
-                    if partial:
-                        yield line_no + 1, _decode(partial)
-                    if switched == "rotated":
-                        self.rotations += 1
-                    else:
-                        self.truncations += 1
-                    log.info("%s was %s; following the new file", self.path, switched)
-                    continue
+        if self.path == "-":
+            raise LogFormatError(self.path, None, "--follow reads a growing file or a FIFO, not standard "
+                                 "input: give the log's path (a pipe: mkfifo one), or replay - without --follow")
+        given = False             # a line went out: later files are checked line by line
+        since = time.monotonic()
+        while True:
+            opened = open_input(self.path)
+            if opened is None:                          # not there yet
                 if self.should_stop():
-                    if partial:
-                        yield line_no + 1, _decode(partial)
-                    return
-                yield line_no, None
+                    raise LogFormatError(self.path, None, f"no such file (waited "
+                                         f"{time.monotonic() - since:.1f} s for it to appear)")
                 time.sleep(self.poll_s)
-        finally:
-            if f is not None:
-                f.close()
+                continue
+            f, fifo = opened
+            cut = TextLines(self.path, on_ignore=self.on_ignore, check_head=not given, redraws=True)
+            with f:
+                ended = yield from (self._fifo(f, cut, since) if fifo else self._file(f, cut))
+            given = given or cut.line_no > 0
+            if ended:
+                return
 
-    def _open(self):
-        try:
-            return open(self.path, "rb")
-        except FileNotFoundError:
-            return None
+    def _file(self, f, cut: TextLines) -> Generator[tuple[int, str | None], None, bool]:
+        """One file's lines until it is replaced (False) or following stops (True)."""
+        while True:
+            chunk = f.read(CHUNK_BYTES)
+            if chunk:
+                yield from cut.feed(chunk)
+                continue
+            # Nothing new: rotated, truncated, finished, or just quiet.
+            switched = self._switched(f)
+            if switched:
+                yield from cut.end(complete=False)
+                if switched == "rotated":
+                    self.rotations += 1
+                else:
+                    self.truncations += 1
+                log.info("%s was %s; following the new file", self.path, switched)
+                return False
+            if self.should_stop():
+                yield from cut.end(complete=False)
+                return True
+            yield cut.line_no, None
+            time.sleep(self.poll_s)
+
+    def _fifo(self, f, cut: TextLines, since: float) -> Generator[tuple[int, str | None], None, bool]:
+        """A FIFO's lines, read without blocking or seeking: ``b""`` is no writer yet, or the
+        writer gone (the end of the input); None is a writer with nothing new."""
+        writer = False
+        while True:
+            chunk = f.read(CHUNK_BYTES)
+            if chunk:
+                writer = True
+                yield from cut.feed(chunk)
+                continue
+            if chunk == b"" and writer:
+                yield from cut.end(complete=False)
+                return True
+            writer = writer or chunk is None
+            if self.should_stop():
+                if not writer:
+                    raise LogFormatError(self.path, None, f"{NO_WRITER} (waited "
+                                         f"{time.monotonic() - since:.1f} s for one)")
+                yield from cut.end(complete=False)
+                return True
+            yield cut.line_no, None
+            time.sleep(self.poll_s)
 
     def _switched(self, f) -> str | None:
         try:
@@ -124,13 +151,6 @@ class TailLines:
         if now.st_size < f.tell():
             return "truncated"
         return None
-
-
-def _decode(raw: bytes) -> str:
-    text = raw.decode("utf-8", "replace").rstrip("\r\n")
-    if "\x00" in text:                    # a truncated file written through a stale offset
-        text = text.replace("\x00", "")
-    return text
 
 
 def process_alive(pid: int) -> bool:
@@ -148,22 +168,52 @@ def process_alive(pid: int) -> bool:
         return True
 
 
+#: The signals that end following the way its other ends do, and how the end names them.
+ENDING_SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
+
+
 class StopConditions:
-    """When following ends: the job's process is gone, the log stayed idle too long, or a halt."""
+    """When following ends: the job's process is gone, the log stayed idle too long, a halt, or
+    a signal (:meth:`on_signals`)."""
 
     def __init__(self, *, pid: int | None = None, idle_exit_s: float | None = None):
         self.pid = pid
         self.idle_exit_s = idle_exit_s
         self.halted = False
+        self.signalled: str | None = None
         self.reason: str | None = None
         self._last_activity = time.monotonic()
 
     def activity(self) -> None:
         self._last_activity = time.monotonic()
 
+    @contextmanager
+    def on_signals(self) -> Iterator[None]:
+        """Inside: SIGTERM (a scheduler ending the job, and its sidecar with it) and Ctrl-C end
+        following as its other ends do: what the log holds is read, then the summary and the
+        report. A second one stops at once (``KeyboardInterrupt``). A signal the process was
+        told to ignore stays ignored; outside the main thread nothing changes."""
+        def ending(signum, frame):
+            if self.signalled is not None:
+                raise KeyboardInterrupt
+            self.signalled = ENDING_SIGNALS[signal.Signals(signum)]
+
+        before = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in ENDING_SIGNALS:
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    before[sig] = signal.signal(sig, ending)
+        try:
+            yield
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
+
     def __call__(self) -> bool:
         if self.halted:
             self.reason = "halt"
+        elif self.signalled is not None:
+            self.reason = self.signalled
         elif self.pid is not None and not process_alive(self.pid):
             self.reason = f"process {self.pid} ended"
         elif self.idle_exit_s is not None and time.monotonic() - self._last_activity >= self.idle_exit_s:

@@ -23,10 +23,14 @@ import io
 import math
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from .. import keys
 from ..record import Finding, StepRecord, severity_rank
+
+if TYPE_CHECKING:
+    from ..live import LiveRun
+    from ..outcome import Outcome
 
 SEVERITY_STYLE = {  # marker, colour, size
     "info": ("|", "#7a8ca3", 40),
@@ -470,13 +474,33 @@ def write_report(out_path, records: Sequence[StepRecord], findings: Sequence[Fin
     return out
 
 
-def write_run_report(runlog_path, out_path, *, title: str, advice_forms: tuple[str, ...] | None = ()) -> Path:
-    """The report of a live run, from its run log (stitched across resumes and rollbacks: the
-    trajectory the model went through, :func:`~.timeline.stitch`). Raises ``LogFormatError``
-    for a run log without a step, ``ImportError`` without matplotlib, ``OSError``."""
+def report_run_end(run: "LiveRun", outcome: "Outcome", *, out_path=None) -> None:
+    """The report at the end of a live run or of ``replay --follow`` (docs/integrations.md, The
+    end of a run), one way for both: from the run log, stitched across resumes and rollbacks (the
+    trajectory the model went through, :func:`~.timeline.stitch`), to ``out_path`` (default:
+    ``report.html`` next to the run log) when the ``report`` section has it on (a path asked for
+    by name is written whatever it says). Sets ``outcome.report_path``, or
+    ``outcome.report_problem``: why there is none (turned off, no run log, no matplotlib, a run
+    log without a step, an ``OSError``). Raises none of those: the summary says it."""
+    from ..outcome import REPORT_NAME, RunReport
+    from .readers.source import LogFormatError
     from .timeline import stitch
-    t = stitch(runlog_path)
-    return write_report(out_path, t.live, t.findings, title=title, advice_forms=advice_forms)
+
+    if out_path is None and not RunReport(**(run.config.get("report") or {})).enabled:
+        outcome.report_problem = "report.enabled is false"
+        return
+    if outcome.runlog_path is None:
+        outcome.report_problem = "no run log"
+        return
+    title = f"{run.run_name}: {outcome.summary_lines()[0].removeprefix('stability: ')}"
+    try:
+        t = stitch(outcome.runlog_path)
+        outcome.report_path = write_report(out_path or outcome.runlog_path.with_name(REPORT_NAME), t.live,
+                                           t.findings, title=title, advice_forms=run.advice_forms)
+    except ImportError as e:
+        outcome.report_problem = f"{e.name or 'matplotlib'} is not installed: pip install 'stability-callbacks[report]'"
+    except (LogFormatError, OSError) as e:
+        outcome.report_problem = str(e)
 
 
 def _advice_html(f: Finding, advice_forms: tuple[str, ...] | None) -> str:

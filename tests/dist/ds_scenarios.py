@@ -530,7 +530,7 @@ def case_loud(out_dir):
     monitored all the same."""
     from stability_callbacks import ConfigError
 
-    sc = build_scenario("healthy", max_steps=4, warmup_steps=2, batch_size=2)
+    sc = build_scenario("healthy", max_steps=6, warmup_steps=2, batch_size=2)
     engine = make_engine(sc, stage=1, precision="fp32")
     errors = []
     os.environ.pop("NO_SUCH_WEBHOOK", None)
@@ -559,7 +559,7 @@ def case_loud(out_dir):
     try:   # the hook's own save (every step in the risk window) goes to <run_dir>/checkpoints: no folder
         with attach(engine, config={"actions": {}, "policy": {"bump_save_interval_to": 1}},
                     run_dir=os.path.join(blocker, "stability")) as hook:
-            train(engine, hook, sc, last_step=4)
+            train(engine, hook, sc, last_step=6)
     finally:
         logging.getLogger("stability_callbacks").removeHandler(seen)
     return summary(hook, {"errors": errors,

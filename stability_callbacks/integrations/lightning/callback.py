@@ -54,7 +54,10 @@ class StabilityCallback(Callback, SessionAdapter):
         self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
         self._resumed, self._last_step = False, 0
         self._norm: torch.Tensor | None = None    # this step's grad norm, for the clipping
-        self._clip_patches = self._mc_seen = self._save_pending = None
+        self._clip_patches: InstancePatches | None = None
+        self._save_patches: InstancePatches | None = None
+        self._own_save = False                     # the callback's own save is under way
+        self._noted_step: int | None = None        # the step of the last save noted
 
     # ------------------------------------------------------------------------------ set-up
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -74,6 +77,8 @@ class StabilityCallback(Callback, SessionAdapter):
             s.report = self.log_to_loggers
             if self.take_over_clipping and not isinstance(trainer.strategy, DeepSpeedStrategy):
                 self._take_over_clipping(trainer)
+            if self._save_patches is None:
+                self._note_saves(trainer)
             if self._auto_rollback() and self._rollback is None:
                 self._rollback = LightningRollBack(lambda: self.session, trainer)
 
@@ -118,6 +123,29 @@ class StabilityCallback(Callback, SessionAdapter):
 
         self._clip_patches.set("clip_grad_by_norm", clip_grad_by_norm)
 
+    def _note_saves(self, trainer) -> None:
+        """Note every checkpoint the trainer writes, with its step and its path:
+        ``trainer.save_checkpoint`` wrapped on this trainer's instance, noted once the file is
+        written. No hook is given the path (``on_save_checkpoint`` has none), and
+        ``ModelCheckpoint`` keeps only its latest save, privately. It saves through this method
+        (its step-named file; with ``save_last=True``, then a copy as ``last.ckpt``, the same
+        path at every save; ``save_last='link'`` only links), and so does a user's own call.
+        Only the first file of a step is noted (the step-named one, not ``last.ckpt`` after it);
+        a path saved again holds the newer step from then on (``Policy.note_checkpoint``), so an
+        overwritten ``last.ckpt`` is never advised as an older step's checkpoint."""
+        orig, self._save_patches = trainer.save_checkpoint, InstancePatches(trainer)
+
+        def save_checkpoint(filepath, *args, **kwargs):
+            orig(filepath, *args, **kwargs)
+            step = trainer.global_step
+            if self._own_save or self._off() or self.session.closed or step == self._noted_step:
+                return
+            with self.guard("checkpoint", "noting a checkpoint the trainer saved"):
+                self._noted_step = step
+                self.session.record_save(step, os.fspath(filepath))
+
+        self._save_patches.set("save_checkpoint", save_checkpoint)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Lightning calls this after ``setup`` (``Trainer._run``) with the state saved in the
         checkpoint it resumes from; ``{}``: saved while monitoring was off (fresh detectors)."""
@@ -153,8 +181,6 @@ class StabilityCallback(Callback, SessionAdapter):
             # CPU copies land at once (poll is deterministic); on accelerators the copy may land
             # at different times on different ranks, so multi-rank runs drain in lockstep.
             s.lockstep = trainer.world_size > 1 and trainer.strategy.root_device.type != "cpu"
-            if isinstance(trainer.checkpoint_callback, ModelCheckpoint):
-                self._mc_seen = trainer.checkpoint_callback._last_checkpoint_saved or None
             engine = trainer.strategy.deepspeed_engine if isinstance(trainer.strategy, DeepSpeedStrategy) else None
             s.read_engine(None if engine is None else DeepSpeedStep(engine))
             if self._gate is None and trainer.optimizers:
@@ -206,7 +232,6 @@ class StabilityCallback(Callback, SessionAdapter):
         if s.report:
             with self.guard("log", "logging to the trainer's loggers"):
                 self._log(trainer, pl_module)
-        self._note_framework_saves(trainer)
         self._act(trainer, step)
 
     def _log(self, trainer, pl_module) -> None:
@@ -257,27 +282,15 @@ class StabilityCallback(Callback, SessionAdapter):
                 path = os.path.join(folder, f"stability-step={step}.ckpt")
                 if s.can_save_into(folder, step):
                     try:
+                        self._own_save = True   # recorded here, with why (not by _note_saves)
                         trainer.save_checkpoint(path)
+                        self._noted_step = step
                         s.record_save(step, path, why)
                     except OSError as e:
                         s.save_failed(step, e)
+                    finally:
+                        self._own_save = False
             s.control.step_done()
-
-    def _note_framework_saves(self, trainer) -> None:
-        """Tell the Monitor about ModelCheckpoint's saves (the rollback advice names them).
-
-        ``on_save_checkpoint`` gives no path; ModelCheckpoint keeps the path of its latest save
-        only in the private ``_last_checkpoint_saved`` (lightning 2.6)."""
-        mc = trainer.checkpoint_callback
-        path = (mc._last_checkpoint_saved or None) if isinstance(mc, ModelCheckpoint) else None
-        if path and path != self._mc_seen and self._save_pending is not None:
-            self._mc_seen = path
-            with self.guard("checkpoint", "noting a ModelCheckpoint save"):
-                self.session.record_save(self._save_pending, path)
-        self._save_pending = None
-
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
-        self._save_pending = trainer.global_step
 
     # ---------------------------------------------------------------------------------- end
     def on_train_end(self, trainer, pl_module) -> None:
@@ -285,7 +298,6 @@ class StabilityCallback(Callback, SessionAdapter):
             return
         if not self._off():
             self.session.flush()   # host-sync: end of training
-            self._note_framework_saves(trainer)
         if not self._rolling:   # a rollback goes on from the checkpoint, in the same session
             self.session.close()   # never raises
 
@@ -296,6 +308,7 @@ class StabilityCallback(Callback, SessionAdapter):
         self._ungate()
         if self._rollback is not None:
             self._rollback.close()
-        if self._clip_patches is not None:
-            self._clip_patches.restore()
-        self._rollback = self._clip_patches = None
+        for patches in (self._clip_patches, self._save_patches):
+            if patches is not None:
+                patches.restore()
+        self._rollback = self._clip_patches = self._save_patches = None

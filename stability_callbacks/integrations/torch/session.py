@@ -54,7 +54,7 @@ import torch
 from stability_callbacks import keys
 from stability_callbacks.control import Action, Control
 from stability_callbacks.live import LiveRun
-from stability_callbacks.outcome import REPORT_NAME, Outcome, RunReport
+from stability_callbacks.outcome import Outcome
 from stability_callbacks.record import Finding, StepRecord
 from stability_callbacks.watchdog import HangWatchdog
 
@@ -503,25 +503,9 @@ class LiveSession:
         """Rank 0 at the end: the HTML report next to the run log (``report.enabled``), then the
         summary block through the ``stability_callbacks`` logger (a warning for a halted,
         crashed or critical run)."""
-        from stability_callbacks.replay.readers.source import LogFormatError
-        from stability_callbacks.replay.report import write_run_report
+        from stability_callbacks.replay.report import report_run_end
 
-        report = RunReport(**(self.run.config.get("report") or {}))
-        if not report.enabled:
-            outcome.report_problem = "report.enabled is false"
-        elif outcome.runlog_path is None:
-            outcome.report_problem = "no run log"
-        else:
-            title = f"{self.run.run_name}: {outcome.summary_lines()[0].removeprefix('stability: ')}"
-            try:
-                outcome.report_path = write_run_report(
-                    outcome.runlog_path, outcome.runlog_path.with_name(REPORT_NAME), title=title,
-                    advice_forms=self.run.advice_forms)
-            except ImportError as e:
-                outcome.report_problem = (f"{e.name or 'matplotlib'} is not installed: pip install "
-                                          "'stability-callbacks[report]'")
-            except (LogFormatError, OSError) as e:
-                outcome.report_problem = str(e)
+        report_run_end(self.run, outcome)
         log.log(logging.WARNING if outcome.severe else logging.INFO, "%s", "\n".join(outcome.summary_lines()))
 
 

@@ -29,10 +29,10 @@ from ...record import StepRecord
 from . import caffe, csv_table, fairseq, generic, hf, jsonl, megatron, tensorboard_events
 from .account import ReadAccount
 from .sniff import DETECT_MAX_LINES, SETTLE_S, NoRecords, detect_lines
-from .source import LogFormatError, Source
+from .source import FIFO_WAIT_S, LogFormatError, Source
 from .user_keys import compile_pattern, parse_keys
 
-__all__ = ["FORMATS", "JUDGED_WITHOUT_LOSS", "LogFormatError", "NoRecords", "ReadAccount", "detect_format",
+__all__ = ["FIFO_WAIT_S", "FORMATS", "JUDGED_WITHOUT_LOSS", "LogFormatError", "NoRecords", "ReadAccount", "detect_format",
            "read_records", "parse_keys", "compile_pattern", "DETECT_MAX_LINES", "SETTLE_S"]
 
 FORMATS = ("generic", "megatron", "fairseq", "caffe", "hf-state", "jsonl", "csv", "tensorboard",
@@ -104,7 +104,7 @@ def read_records(path, format: str = "auto", tag_map: Mapping[str, str | None] |
                  on_ignore: Callable[[int, str, str], None] | None = None,
                  progress: bool = False, user_keys: Mapping[str, str] | None = None,
                  pattern: re.Pattern | None = None, lines: Iterable | None = None,
-                 account: ReadAccount | None = None) -> Iterator[StepRecord]:
+                 account: ReadAccount | None = None, fifo_wait_s: float = FIFO_WAIT_S) -> Iterator[StepRecord]:
     """Records of the log at ``path`` (a file, a gzip file, a TensorBoard directory, ``-`` for
     standard input, a pipe or a FIFO) in file order.
 
@@ -113,11 +113,14 @@ def read_records(path, format: str = "auto", tag_map: Mapping[str, str | None] |
     ``user_keys`` ({name in the log: ``"step"`` or a metric key}, see :func:`parse_keys`; also
     TensorBoard tags and CSV columns) and ``pattern`` (see :func:`compile_pattern`) tell the
     reader what a line says. ``lines``: ``(line_no, text)`` pairs to read instead of the file
-    (``replay --follow``). ``on_ignore(line_no, text, reason)`` hears of every unreadable line
-    (the rest is replayed); without it a one-line summary is logged. ``account``: a
-    :class:`ReadAccount` to fill (what was read). ``progress``: a ``rich`` bar for large files.
-    Opening and detection errors raise here; a log with no record at all raises
-    :class:`LogFormatError` once the generator is exhausted.
+    (``replay --follow``: its tail, checked as :class:`.source.TextLines` checks every input).
+    ``on_ignore(line_no, text, reason)`` hears of every unreadable line, lines of binary data
+    included (the rest is replayed); without it a one-line summary is logged. ``account``: a
+    :class:`ReadAccount` to fill (what was read; its counts of records, of records with a loss
+    and what a log without one is judged on are set when the records end, or the generator is
+    closed). ``progress``: a ``rich`` bar for large files. ``fifo_wait_s``: how long a FIFO
+    waits for a process to open it for writing. Opening and detection errors raise here; a log
+    with no record at all raises :class:`LogFormatError` once the generator is exhausted.
     """
     fmt = canonical_format(format)
     if tag_map:
@@ -131,36 +134,44 @@ def read_records(path, format: str = "auto", tag_map: Mapping[str, str | None] |
     if not followed and fmt in ("auto", "tensorboard") and _is_tensorboard(p):
         fmt = "tensorboard"
     elif not followed:
-        lines = Source(p).lines(progress=progress)
+        lines = Source(p, fifo_wait_s=fifo_wait_s, on_ignore=account).lines(progress=progress)
+    guess = None
     if fmt == "auto" and not pattern:
         # The user's names (--keys) skip the formats with semantics of their own; JSON and
         # tables are still told apart (a CSV column is named by its header or its position).
-        fmt, consumed = detect_lines(p, lines, user_keys=user_keys)   # type: ignore[arg-type]
+        try:
+            fmt, consumed = detect_lines(p, lines, user_keys=user_keys)   # type: ignore[arg-type]
+        except NoRecords as e:
+            if e.guess is None:
+                raise
+            fmt, consumed, guess = "generic", e.consumed, e.guess   # progress lines: a guessed loss
         lines = chain(consumed, lines)               # type: ignore[arg-type]
     elif fmt == "auto":
         fmt = "generic"
     if followed and fmt not in LINE_READERS:
         raise ValueError(f"format {fmt} cannot be followed (one of {', '.join(LINE_READERS)})")
     account.format = fmt
-    return _records(p, fmt, tag_map, account, user_keys, pattern, lines)
+    return _records(p, fmt, tag_map, account, user_keys, pattern, lines, guess)
 
 
-def _records(path, fmt, tag_map, account, user_keys, pattern, lines) -> Iterator[StepRecord]:
+def _records(path, fmt, tag_map, account, user_keys, pattern, lines, guess=None) -> Iterator[StepRecord]:
     n = with_loss = 0
     loss = keys.LOSS
     others: set[str] = set()          # what records without a loss carry
-    for rec in _READERS[fmt](path, account=account, tag_map=tag_map, lines=lines,
-                             user_keys=user_keys, pattern=pattern):
-        n += 1
-        if loss in rec.metrics:
-            with_loss += 1
-        else:
-            others.update(rec.metrics)
-        yield rec
-    account.records, account.with_loss = n, with_loss
-    account.signals = sorted(others.intersection(JUDGED_WITHOUT_LOSS))
-    account.count_records(n)
-    account.finish()
+    try:
+        for rec in _READERS[fmt](path, account=account, tag_map=tag_map, lines=lines,
+                                 user_keys=user_keys, pattern=pattern, guess=guess):
+            n += 1
+            if loss in rec.metrics:
+                with_loss += 1
+            else:
+                others.update(rec.metrics)
+            yield rec
+    finally:                          # also when closed early (a follower that halted)
+        account.records, account.with_loss = n, with_loss
+        account.signals = sorted(others.intersection(JUDGED_WITHOUT_LOSS))
+        account.count_records(n)
+        account.finish()
     if n == 0:
         if fmt == "generic" and not (user_keys or pattern) and path != "-":
             # Say what was looked for and what came closest (detection would have, had the

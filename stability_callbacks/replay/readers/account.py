@@ -23,10 +23,11 @@ IgnoreCallback = Callable[[int, str, str], None]
 #: How steps may be numbered: the log's own counter, the order of the records, the epoch, the
 #: step after the last one printed (an overflow line that prints none).
 NUMBERINGS = {"counter": "the log", "order": "order of appearance", "epoch": "the epoch",
-              "after": "the step after the last printed"}
+              "after": "the step after the last printed", "samples": "samples seen / unit"}
 _LABELS = {"counter": "the log's counter", "order": "order of appearance (the records print no counter "
            "taken for the step: step N is the N-th record)", "epoch": "the epoch (nothing finer is printed)",
-           "after": "the step after the last one printed (overflow lines that print no step)"}
+           "after": "the step after the last one printed (overflow lines that print no step)",
+           "samples": "the log's counter of samples seen, divided by {unit:,}"}
 #: Parts of a log numbered differently that the account lists one by one.
 MAX_SEGMENTS = 8
 #: Reasons a line is ignored that the caller hears of line by line (a partly unreadable file).
@@ -45,11 +46,15 @@ class ReadAccount:
         self.with_loss = 0
         self.keys: dict[str, list[str]] = {}
         self.numbering: dict[str, list[str]] = {}
-        self.segments: list[list] = []               # [how, [names], first record, last record]
+        self.segments: list[list] = []               # [how, [names], first record, last record, first step]
         self.segment_how = ""
         self.ignored: dict[str, list[int]] = {}      # reason -> [count, first line]
         self.notes: list[str] = []
         self.signals: list[str] = []                 # what a log without a loss is judged on
+        self.sample_unit = 0                         # samples per step, where a counter counts samples
+        self.sample_epoch = 0                        # ... and steps per epoch
+        # Why records are numbered in order (a finding says so: step_caveat).
+        self.order_reason = "which prints no step numbers"
         self.first_unreadable: tuple[int, str] | None = None
 
     def saw(self, key: str, printed: str) -> None:
@@ -62,25 +67,33 @@ class ReadAccount:
         if name and name not in names and len(names) < 8:
             names.append(name)
 
-    def record_numbered(self, how: str, name: str, index: int) -> None:
-        """Record ``index`` (from 1) is numbered ``how`` and the one before it otherwise (a
-        reader that knows calls it on every change: the account keeps the parts of the log)."""
+    def record_numbered(self, how: str, name: str, index: int, step: int) -> None:
+        """Record ``index`` (from 1), at ``step``, is numbered ``how`` and the one before it
+        otherwise (a reader that knows calls it on every change: the account keeps the parts of
+        the log, each with its first record and step: :meth:`step_caveat`)."""
         self.segment_how = how
         if self.segments:
             self.segments[-1][3] = index - 1
-        self.segments.append([how, [name] if name else [], index, index])
+        self.segments.append([how, [name] if name else [], index, index, step])
 
-    def renumbered(self, index: int, how: str) -> None:
-        """Record ``index``, the last one so far, is numbered ``how`` after all."""
+    def renumbered(self, index: int, how: str, step: int) -> None:
+        """Record ``index``, the last one so far, is numbered ``how``, at ``step``, after all."""
         self.numbered(how)
         if self.segments and self.segments[-1][2] == index:
-            self.segments[-1][0] = how
+            self.segments[-1][0], self.segments[-1][4] = how, step
+            if len(self.segments) > 1 and self.segments[-2][0] == how:
+                self.segments.pop()            # the part before is numbered so too: one part
         elif self.segments:
             self.segments[-1][3] = index - 1
-            self.segments.append([how, [], index, index])
+            self.segments.append([how, [], index, index, step])
         self.segment_how = self.segments[-1][0] if self.segments else how
         if "counter" in self.numbering and not any(s[0] == "counter" for s in self.segments):
             del self.numbering["counter"]
+
+    def restep(self, index: int, step: int) -> None:
+        """Record ``index``, the last one so far, is at ``step`` after all (same numbering)."""
+        if self.segments and self.segments[-1][2] == index:
+            self.segments[-1][4] = step
 
     def count_records(self, n: int) -> None:
         """The number of records read (closes the last part)."""
@@ -90,7 +103,7 @@ class ReadAccount:
     @property
     def counted(self) -> bool:
         """Some step so far was the log's own count."""
-        return "counter" in self.numbering or "epoch" in self.numbering
+        return "counter" in self.numbering or "epoch" in self.numbering or "samples" in self.numbering
 
     def note(self, text: str) -> None:
         if text not in self.notes and len(self.notes) < 20:
@@ -133,7 +146,7 @@ class ReadAccount:
                 "steps_with_loss": self.with_loss, "keys": dict(self.keys),
                 "steps_numbered_by": {NUMBERINGS[k]: v for k, v in self.numbering.items()},
                 "numbering_parts": [{"by": NUMBERINGS[how], "names": names, "first_record": a,
-                                     "last_record": b} for how, names, a, b in self.segments]
+                                     "last_record": b} for how, names, a, b, _ in self.segments]
                 if len({how for how, *_ in self.segments}) > 1 else [],
                 "ignored_lines": {r: {"lines": c, "first_line": f} for r, (c, f) in self.ignored.items()},
                 "notes": list(self.notes)}
@@ -155,18 +168,67 @@ class ReadAccount:
     def _numbering_lines(self) -> list[str]:
         """How steps were numbered: once for the log, or part by part where parts differ."""
         if len({how for how, *_ in self.segments}) <= 1:
-            return [f"  steps numbered by {_LABELS[how]}" + (f": {', '.join(repr(n) for n in names)}"
-                                                           if names else "")
+            return [f"  steps numbered by {self._label(how)}" + (f": {', '.join(repr(n) for n in names)}"
+                                                                if names else "")
                     for how, names in self.numbering.items()]
         out = [f"  steps numbered differently in {len(self.segments)} parts of the log:"]
-        for how, names, a, b in self.segments[:MAX_SEGMENTS]:
+        for how, names, a, b, _ in self.segments[:MAX_SEGMENTS]:
             said = f": {', '.join(repr(n) for n in names)}" if names else ""
-            out.append(f"    records {a:,}-{b:,} by {_LABELS[how]}{said}")
+            out.append(f"    records {a:,}-{b:,} by {self._label(how)}{said}")
         if len(self.segments) > MAX_SEGMENTS:
             out.append(f"    ... and {len(self.segments) - MAX_SEGMENTS} more parts")
         return out
+
+    def step_caveat(self, step: int) -> str | None:
+        """What a finding at ``step`` says of how its step was numbered, where the log did not
+        print it (the part of the log it falls in: records in order, overflow lines after the
+        last printed step, samples seen / a unit), or None where the log printed it (its
+        counter, its epoch)."""
+        part = self._part_at(step)
+        if part is None or part[0] in ("counter", "epoch"):
+            return None
+        how, _, first_record, last_record, first_step = part
+        before = first_step - 1
+        if how == "samples":
+            return (f"(step {step} is not printed by the log: its counter counts samples, and steps are "
+                    f"samples seen / {self.sample_unit:,}, {self.sample_epoch:,} to an epoch)")
+        if how == "after":
+            return (f"(step {step} is not printed by the log: it is the {_ordinal(step - before)} overflow "
+                    f"line after step {before}, the last step printed: find it by counting overflow lines "
+                    "from there)")
+        if all(s[0] == "order" for s in self.segments):
+            return (f"(step {step} is record number {first_record + step - first_step} of the log, "
+                    f"{self.order_reason}: find it by counting records, not by a step the trainer knows)")
+        if first_record == 1:
+            return (f"(step {step} is record number {1 + step - first_step} of the log, whose first "
+                    f"{last_record} records print no step: find it by counting records from the log's start)")
+        return (f"(step {step} is not printed by the log: it is the {_ordinal(step - before)} record after "
+                f"step {before}, the last step before records that print none: find it by counting "
+                "records from there)")
+
+    def _part_at(self, step: int) -> list | None:
+        """The part of the log a step falls in: the last whose first step is at or before it."""
+        if not self.segments:
+            if len(self.numbering) != 1:
+                return None
+            how = next(iter(self.numbering))
+            return [how, [], 1, self.records, 1]
+        found = self.segments[0]
+        for seg in self.segments:
+            if seg[4] <= step:
+                found = seg
+        return found
+
+    def _label(self, how: str) -> str:
+        return _LABELS[how].format(unit=self.sample_unit)
 
     @property
     def order_numbered(self) -> bool:
         """True when some steps are record numbers, not steps the trainer counted."""
         return "order" in self.numbering
+
+
+def _ordinal(n: int) -> str:
+    """``1st``, ``2nd``, ``3rd``, ``11th``, ``22nd``."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n:,}{suffix}"

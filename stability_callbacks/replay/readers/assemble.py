@@ -4,15 +4,21 @@ What it decides across lines (docs/replay.md, The reader grammar):
 
 - Step numbering: the log's counter as printed; a counter beside an epoch counts batches of the
   epoch, ``(epoch - first epoch) x batches per epoch + batch``, until it fails to restart at an
-  epoch change (then it is global and taken as printed); an integer before the step that goes
-  up when the step restarts counts epochs; bars only ever printed complete, or an epoch with no
-  finer counter, number steps by the epoch; no counter at all, by order of appearance. Two
-  records of one epoch with nothing finer fall back to order of appearance. The account hears
-  of every change of numbering (the parts of the log).
+  epoch change (then it is global and taken as printed); one whose epoch length the log does
+  not print, one way for the whole log (:meth:`Assembler._restarting`); a bar's count of
+  samples, by samples seen / its unit (:meth:`Assembler._sample_unit`); a record glued after a
+  bar's redraw, by its count, + 1 where the bar lags (:meth:`Assembler._bar_lag`); an integer
+  before the step that goes up when the step restarts counts epochs; bars only ever printed
+  complete, or an epoch with no finer counter, number steps by the epoch; no counter at all, by
+  order of appearance. Two records of one epoch with nothing finer fall back to order of
+  appearance. The account hears of every change of numbering (the parts of the log, each with
+  its first step: a finding says how its own step was numbered).
 - The loss: a log that prints the loss itself takes no statistic or sum of terms of it from
   other lines (``LOSS_KINDS``); in a counted log, a line numbered by its epoch alone (a
   summary) and a bar of another loop are no records (``DROPPED``).
-- The same step printed again is one record: the mean loss (ranks, micro-batches of one step),
+- The same step printed again is one record (a table's row or a JSON line that re-logs a step
+  after steps printed once is another: :meth:`Assembler._relogged`): the mean loss (ranks,
+  micro-batches of one step),
   a bar redrawn for the same count, its last values, or terms of the step on lines of their
   own, their sum; a record printed again in another form at the same epoch fraction, one. ``iter N step M``: micro-batches, one
   record per optimizer step with their mean loss.
@@ -33,6 +39,15 @@ from ...record import StepRecord
 from .account import ReadAccount
 from .plan import LOSS_KINDS, Plan
 
+
+#: A bar's count whose counts are multiples of this power of two counts samples (a batch size
+#: holds it; a print interval of batches, 10 to 10,000, holds at most 16).
+SAMPLES_POWER = 32
+#: ... and whose total is at least this many units (a dataset of many batches).
+SAMPLES_PRINTS = 8
+
+#: Two losses of one step this close (relative) are one value printed twice (ranks' rounding).
+SAME_LOSS = 1e-3
 
 #: Why a record line makes no record (the account counts them as ignored lines).
 DROPPED = ("epoch summary or another loop (the log's records print a finer counter)",
@@ -58,6 +73,8 @@ class Assembler:
         # the one that counts epochs, their first values, iterations per epoch]
         self.pending_how = ""
         self.repeat = [0, 0.0, 0.0, True]     # a repeated step's losses (see _add)
+        self.repeated_steps = 0               # steps printed more than once with a loss (ranks)
+        self.row = False                      # the line fed is a table's row or a JSON line
         self.pending_undecided = False        # see emit
         self.pending_loss_name = ""
         self.pending_last_step = 0
@@ -75,6 +92,10 @@ class Assembler:
         self.bar: tuple = (0, 0)              # (epochs done, total) of the last complete bar
         self.counter_global = False           # a batch counter went on across an epoch change
         self.counter_restarts = False         # ... or restarted, no epoch length printed
+        self.restart: list | None = None      # see _restarting
+        self.bar_offset: int | None = None    # see _bar_lag
+        self.unit: int | None = None          # samples per step of a bar that counts samples
+        self.sample_first: tuple | None = None   # (record, epochs done, total) of its 0 count
         self.counter_last: dict = {}          # total -> (epoch, value) of the last batch counter
         self.bar_loop: tuple | None = None    # (printed keys, total) of the first bar record
         self.epoch_steps = True               # False once an epoch held two records
@@ -159,8 +180,12 @@ class Assembler:
                 return None, "order"
             text = nums[plan.step]
             value = int(text) if text.isdigit() else int(float(text))
-            if plan.counter and self.made == 0 and total_of(nums, plan) == value:
+            total = total_of(nums, plan)
+            if plan.counter and self.made == 0 and total == value:
                 self.bar_before_epoch = True  # a complete bar opens the log (see _epoch_context)
+            unit = self._sample_unit(value, total, plan, 0) if plan.counter and total is not None else 0
+            if unit:
+                return -(-value // unit), "samples"
             return (self._outer_step(nums, plan, value) if plan.outer else value), "counter"
         self._epoch_context(nums, plan)
         if plan.step is None:
@@ -177,29 +202,87 @@ class Assembler:
             last_epoch, last_value = self.counter_last.get(total, (None, 0))
             if last_epoch is not None and self.epoch > last_epoch and value > last_value:
                 self.counter_global = True    # it did not restart: a global count
-            elif last_epoch is not None and self.epoch > last_epoch and total is None \
-                    and self.per_epoch is None:
-                self.counter_restarts = True  # it restarts, and an epoch's length is not printed
-                self.account.note(f"{plan.step_name!r} restarts at every epoch and the log prints no "
-                                  "epoch length: the records from its first restart on are numbered "
-                                  "in order")
             self.counter_last[total] = (self.epoch, value)
-            if self.counter_global:
+            if self.counter_global and not (self.restart and self.restart[0] is None):
                 return value, "counter"
+            unit = self._sample_unit(value, total, plan, done) if plan.counter and total is not None else 0
             if total is not None and value < total and not self.fine_counter:
                 self.fine_counter = True
                 self._renumber_bar()
             if plan.counter and total is not None and value == total and not self.fine_counter:
                 self.bar = (self.epoch - (self.epoch_base or 0), total)
                 return self.epoch, "epoch"    # only complete bars: nothing finer than the epoch
+            if unit and total is not None:
+                return done * -(-total // unit) + -(-value // unit), "samples"
             per_epoch = total if total is not None else self.per_epoch
             if per_epoch is not None:
                 return done * per_epoch + value, "counter"
+            return self._restarting(value, plan, done)
         elif self.per_epoch is not None:
             return done * self.per_epoch + value, "counter"
-        if self.counter_restarts and not self.counter_global:
-            return None, "order"              # (never a step that goes back at each epoch)
         return (value, "counter") if value >= done and not plan.counter else (None, "order")
+
+    def _sample_unit(self, value: int, total: int, plan: Plan, done: int) -> int:
+        """The unit of a bar's count that counts samples, not batches (the PyTorch examples'
+        ``[640/60000 (1%)]``, open_clip's ``[64/109468 (0%)]``, old Keras' ``32/60000``), or 0.
+        Decided once, at its first count above 0 and below its total: samples come in
+        multiples of the batch size, and a batch size holds a power of two (>= 32) that a print
+        interval of batches (10, 50, 100, 1000) does not; the unit is that first count, and an
+        epoch (the total) holds many of them (a bar at 160/162 is no sample count). A first
+        record printed at 0 is renumbered (0 samples: the epoch's first step)."""
+        if self.unit is None:
+            if not 0 < value < total:
+                if value == 0 and self.sample_first is None:
+                    self.sample_first = (self.made + 1, done, total)
+                return 0
+            self.unit = value if (value & -value) >= SAMPLES_POWER and total >= SAMPLES_PRINTS * value else 0
+            if self.unit:
+                per = -(-total // value)
+                self.account.sample_unit, self.account.sample_epoch = value, per
+                self.account.note(f"{plan.step_name!r} counts samples, not batches (its counts are multiples "
+                                  f"of {value:,}, which holds a power of two >= {SAMPLES_POWER}, as a batch size "
+                                  f"does and a print interval of batches does not): steps are samples seen / "
+                                  f"{value:,}, {per:,} to an epoch of {total:,}")
+                first = self.sample_first
+                if first is not None and self.pending is not None and first[0] == self.made \
+                        and self.pending_how == "counter":
+                    self.pending.step = self.last_step = first[1] * -(-first[2] // value)
+                    self._renumbered("samples")
+        return self.unit or 0
+
+    def _restarting(self, value: int, plan: Plan, done: int) -> tuple[int | None, str]:
+        """The step of a counter within an epoch whose length the log does not print, one way for
+        the whole log, decided at its first record: a count of batches (a bar's, or ``batch``)
+        or one below the epochs done (an excerpt from a late epoch: ``[37][0]``) numbers the
+        records in order; any other, ``(epoch - first epoch) x L + n``, L the largest count an
+        epoch showed (+ 1 where the counter counts from 0), learned at its first restart and
+        grown at each epoch's end: until then the count as printed (the first epoch's offset is
+        0). Never records by order after the counter's own numbers, or the reverse."""
+        r = self.restart
+        name = plan.step_name
+        if r is None:
+            ordered = plan.counter or value < done
+            r = self.restart = [None if ordered else self.epoch, self.epoch, 0, False, 0]
+            if ordered:
+                self.account.note(f"{name!r} counts within an epoch and the log prints no epoch "
+                                  "length: the records are numbered in order, for the whole log")
+                self.account.order_reason = (f"whose counter {name!r} counts within an epoch and which "
+                                             "prints no epoch length")
+        if r[0] is None:
+            return None, "order"
+        r[3] = r[3] or value == 0
+        if self.epoch != r[1]:
+            r[4] = max(r[4], r[2] + r[3])     # the epoch that ended: its length
+            r[1], r[2] = self.epoch, 0
+            if not self.counter_restarts:
+                self.counter_restarts = True
+                first = f"(epoch - {r[0]})" if r[0] else "epoch"
+                plus = ", + 1: it counts from 0" if r[3] else ""
+                self.account.note(f"{name!r} restarts at every epoch and the log prints no epoch length: "
+                                  f"steps are {first} x {r[4]:,} (the largest {name!r} of an epoch{plus}) "
+                                  f"+ {name!r}")
+        r[2] = max(r[2], value)
+        return (self.epoch - r[0]) * r[4] + value, "counter"
 
     def _another_loop(self, plan: Plan, nums) -> bool:
         """A progress bar with other keys and another total than the first bar that carried a
@@ -263,7 +346,7 @@ class Assembler:
     def _renumbered(self, how: str) -> None:
         """The held-back record is numbered ``how`` after all (the account hears of it)."""
         self.pending_how = how
-        self.account.renumbered(self.made, how)
+        self.account.renumbered(self.made, how, self.pending.step if self.pending is not None else self.last_step)
 
     def record(self, nums, plan: Plan) -> list[StepRecord]:
         """The records a record line completes (the readers' fast path calls it directly)."""
@@ -295,6 +378,8 @@ class Assembler:
             self.dropped = DROPPED[0]
             return []
         step, how = self._step_of(nums, plan)
+        if plan.after_bar and step is not None and how == "counter":
+            step += self._bar_lag(step)
         if how == "epoch" and not plan.counter and self.pending is not None \
                 and self.pending_how == "epoch" and self.pending.step == step:
             # Two records of one epoch and nothing finer: records are numbered in order.
@@ -417,22 +502,7 @@ class Assembler:
         if self.overflows:
             self._fold_overflows(metrics, plan)
         prev = self.pending
-        if prev is not None and prev.step == step:
-            if self.cumulative_first is not None and self.cumulative_first[0] is None:
-                self.cumulative_first = (prev, *self.cumulative_first[1:])
-            if plan is not None and (plan.counter or self.reprinted):
-                prev.metrics.update(metrics)  # a progress bar redrawn: its last postfix counts
-            elif plan is not None and plan.components and self._noted_plan is not None \
-                    and self._noted_plan.components and plan is not self._noted_plan \
-                    and keys.LOSS in prev.metrics and keys.LOSS in metrics:
-                # Another term of the step's objective on a line of its own (`discriminator
-                # loss at step 100: x`, then `adversarial loss at step 100: y`): their sum.
-                prev.metrics[keys.LOSS] = _sum_of_terms(
-                    [repr(prev.metrics[keys.LOSS]), repr(metrics.pop(keys.LOSS))], ((0, False), (1, False)))
-                for k, v in metrics.items():
-                    prev.metrics.setdefault(k, v)
-            else:
-                self._repeat(prev, metrics)   # another rank, or a micro-batch of the step
+        if prev is not None and prev.step == step and self._again(prev, step, metrics, plan, how):
             return []
         self.pending_last_step = self.last_step
         self.last_step = step
@@ -451,16 +521,89 @@ class Assembler:
                 # (a part of the log numbered otherwise starts only where the plan or its
                 # numbering changes: the common record costs nothing more)
                 self._part(how, step_name)
-                self.counted = self.counted or (how == "counter" and plan.step is not None)
+                self.counted = self.counted or (how in ("counter", "samples") and plan.step is not None)
                 self._note(plan, how, step_name)
             if plan.mixed:
                 self.pending_undecided = self.loss_name is None
                 self.pending_loss_name = plan.loss_name
         return [prev] if prev is not None else []
 
+    def _bar_lag(self, count: int) -> int:
+        """What to add to the count of the bar a record is printed right after (``2/6 [..]{'loss':
+        ..}``), decided at the first such record: 0 where the bar shows the step the record reports
+        (HF's Trainer updates its bar, then prints), 1 where it shows the batches done before it
+        (a loop's body printing under ``for batch in tqdm(...)``), which the log shows by a first
+        count of 0, or one not past the record printed before it with no step."""
+        if self.bar_offset is None:
+            prev = self.pending
+            lags = count == 0 or (prev is not None and self.pending_how == "order" and count <= prev.step)
+            self.bar_offset = int(lags)
+            if lags:
+                self.account.note("records printed right after a progress bar's redraw are numbered by its "
+                                  "count + 1 (the bar shows the batches done before the one they report)")
+        return self.bar_offset
+
+    def _again(self, prev: StepRecord, step: int, metrics: dict, plan: Plan | None, how: str) -> bool:
+        """A record at the step of the one held: True where it is that record printed again
+        (merged into it), False where it is a record of its own (:meth:`_before_first_step`,
+        :meth:`_relogged`)."""
+        if how != "order" and self.pending_how == "order":
+            if not self._before_first_step(prev, step) or prev.step != step:
+                return False
+        elif plan is not None and not (plan.counter or self.reprinted or plan.components) \
+                and self._relogged(prev, metrics):
+            return False
+        if self.cumulative_first is not None and self.cumulative_first[0] is None:
+            self.cumulative_first = (prev, *self.cumulative_first[1:])
+        if plan is not None and (plan.counter or self.reprinted):
+            prev.metrics.update(metrics)  # a progress bar redrawn: its last postfix counts
+        elif plan is not None and plan.components and self._noted_plan is not None \
+                and self._noted_plan.components and plan is not self._noted_plan \
+                and keys.LOSS in prev.metrics and keys.LOSS in metrics:
+            # Another term of the step's objective on a line of its own (`discriminator
+            # loss at step 100: x`, then `adversarial loss at step 100: y`): their sum.
+            prev.metrics[keys.LOSS] = _sum_of_terms(
+                [repr(prev.metrics[keys.LOSS]), repr(metrics.pop(keys.LOSS))], ((0, False), (1, False)))
+            for k, v in metrics.items():
+                prev.metrics.setdefault(k, v)
+        else:
+            self._repeat(prev, metrics)   # another rank, or a micro-batch of the step
+        return True
+
+    def _relogged(self, prev: StepRecord, metrics: dict) -> bool:
+        """Whether a row of a table or a JSON line that prints a step again, with another loss,
+        is another event (a resumed run re-logging it, a table's summary row), kept as a record
+        of its own, rather than another rank's print of the step (one record, their mean). One
+        writer prints a table's rows; ranks print every step from the log's first, with losses
+        alike: a repeat after steps printed once, as most of the log's were, with a loss that
+        differs by more than ``SAME_LOSS``, is a re-log (the Monitor sees the run go back to that
+        step). Text lines that print a step again stay one record (ranks, micro-batches)."""
+        a, b = prev.metrics.get(keys.LOSS), metrics.get(keys.LOSS)
+        if not self.row or a is None or b is None or a == b or (a != a and b != b) \
+                or abs(a - b) <= SAME_LOSS * max(abs(a), abs(b)):
+            return False
+        if self.repeat[0] == 0 and 2 * self.repeated_steps < self.made - 1:
+            self.account.note(f"step {prev.step:,} was printed again with another loss after steps printed "
+                              "once: a re-logged step (a resumed run, a summary row), kept as a record of "
+                              "its own")
+            return True
+        return False
+
+    def _before_first_step(self, prev: StepRecord, step: int) -> bool:
+        """A record numbered in order whose number is the step the next record prints: two
+        records, never one (the order number is the reader's, the step the log's). The held
+        record is numbered one before the printed step where that keeps steps increasing
+        (True); else both keep their numbers."""
+        if step - 1 > self.pending_last_step or (self.made == 1 and step >= 1):
+            prev.step = self.last_step = step - 1
+            self.account.restep(self.made, step - 1)
+            self.account.note(f"a record printed before the log's first step ({step:,}) is numbered {step - 1:,}")
+            return True
+        return False
+
     def _part(self, how: str, step_name: str) -> None:
         if how != self.account.segment_how:
-            self.account.record_numbered(how, step_name, self.made)
+            self.account.record_numbered(how, step_name, self.made, self.last_step)
 
     def _note(self, plan: Plan, how: str, step_name: str = "") -> None:
         """The account learns each plan's printed names and numbering once (and the assembler
@@ -475,7 +618,7 @@ class Assembler:
             if key != "step":
                 self.account.saw(key, printed)
         if how:
-            self.account.numbered(how, step_name if how == "counter" else "")
+            self.account.numbered(how, step_name if how in ("counter", "samples") else "")
 
     def _overflow(self, step: int | None, scale: float | None, skipped: bool = True) -> None:
         """One overflow skip, told once however many ranks and lines print it: the same
@@ -502,6 +645,8 @@ class Assembler:
 
     def _repeat(self, prev: StepRecord, metrics: dict) -> None:
         if keys.LOSS in metrics:
+            if self.repeat[0] == 0:
+                self.repeated_steps += 1
             if self.repeat[0] == 0 and keys.LOSS in prev.metrics:
                 _add(self.repeat, prev.metrics[keys.LOSS])
             _add(self.repeat, metrics[keys.LOSS])
@@ -533,7 +678,7 @@ class Assembler:
             self.account.numbered(how, "")
             self.made += 1
             if how != self.account.segment_how:
-                self.account.record_numbered(how, "", self.made)
+                self.account.record_numbered(how, "", self.made, self.last_step)
         self.overflows = []
         if self.cumulative_first is not None:
             self._mid_run(*self.cumulative_first[1:])

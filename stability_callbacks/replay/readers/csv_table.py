@@ -129,6 +129,8 @@ def _read(path, account: ReadAccount, lines, tag_map, user, wandb):
         account.saw(key, name)
     account.numbered("epoch" if classify(header[steps[0]].strip())[0] == "epoch" and not wandb
                      else "counter", header[steps[0]].strip())
+    last_step: int | None = None                     # the step and values of the row before
+    last_values: dict = {}
     while True:
         try:
             row = next(rows, None)
@@ -154,9 +156,20 @@ def _read(path, account: ReadAccount, lines, tag_map, user, wandb):
             account(line_no, ",".join(row), f"unreadable CSV row: {e}")
             continue
         if values or own:
+            if step == last_step:
+                _relogged(account, step, line_no, last_values.get(keys.LOSS), values.get(keys.LOSS))
+            last_step, last_values = step, values
             yield StepRecord(step, values)
         else:
             account.ignore(line_no, ",".join(row), "row without a training metric")
+
+
+def _relogged(account: ReadAccount, step: int, line_no: int, a: float | None, b: float | None) -> None:
+    """A row that prints its step again with another loss: a record of its own (every row is),
+    said in a note (docs/replay.md: a re-logged step)."""
+    if a is not None and b is not None and a != b and (a == a or b == b):
+        account.note(f"step {step:,} was printed again with another loss (line {line_no}): a "
+                     "re-logged step (a resumed run, a summary row), kept as a record of its own")
 
 
 def _by_the_rules(header: list[str], rows, numbers: list[int], account: ReadAccount, tag_map,
@@ -176,7 +189,7 @@ def _by_the_rules(header: list[str], rows, numbers: list[int], account: ReadAcco
         if key is not None:
             said[name] = key
     dropped = {name for name, key in (tag_map or {}).items() if key is None}
-    reading = Reading(account, said or None)
+    reading = Reading(account, said or None, rows=True)
     read = 0
     templates: dict[tuple, list[str]] = {}
     while True:

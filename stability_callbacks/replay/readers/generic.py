@@ -6,7 +6,8 @@ interpreted once — which number is the step, which the loss, what kind of line
 line's structure and the vocabulary as a tie-breaker (:mod:`.plan`, :mod:`.vocabulary`), and
 where that leaves a counter open, from what the template's integers do across its lines
 (:class:`Template`: the one that counts up is the step). Records printed one key per line are
-joined into one line first (:class:`Blocks`). The plan is cached, so an ordinary line costs one
+joined into one line first (:class:`Blocks`), and a per-epoch history printed as arrays becomes
+a line per epoch (:mod:`.history`). The plan is cached, so an ordinary line costs one
 regular-expression match and a few ``float()`` calls. The assembler (:mod:`.assemble`) turns
 the lines into records; :class:`Reading` holds lines, in order, while a template is watched.
 Tables (a header row of names, rows of values) are read as their rows' ``name: value`` pairs.
@@ -19,16 +20,15 @@ lines); cost is linear in the line's length, however many numbers it holds.
 """
 from __future__ import annotations
 
-import heapq
 import re
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from ...record import StepRecord
 from . import tokens
 from .account import ReadAccount
 from .assemble import Assembler
+from .history import Histories
 from .plan import LOSS_KINDS, Plan, choose_counter, make_plan
 from .source import segments, strip_prefix
 from .vocabulary import classify, normalise_key
@@ -44,6 +44,7 @@ _PLANS: dict[tuple, Plan] = {}
 _COMPILE_MAX_NUMBERS = 64
 _TEMPLATE_NUMBER = f"({tokens.NUM})"
 _SPACES = re.compile(r"(?:\\[ \t])+")
+_DIGIT = re.compile(r"\d").search
 _RULE_CELL = re.compile(r"^:?-{2,}:?$")
 _NAME_CELL = re.compile(r"^[A-Za-z][\w ()./%-]*$")
 # A template is watched for LEARN_LINES lines at least (two steps up), LEARN_MAX_LINES at most;
@@ -51,11 +52,10 @@ _NAME_CELL = re.compile(r"^[A-Za-z][\w ()./%-]*$")
 LEARN_LINES = 3
 LEARN_MAX_LINES = 16
 HOLD_MAX_LINES = 4096
-_WHITESPACE = re.compile(r"[ \t]+")
-_SIGN = re.compile(r"(?<=[ :=(\[])-\x00")
 # A section row above one-key lines (stable-baselines3's `| train/ |`, `rollout/`).
 _SECTION = re.compile(r"^\|?\s*([A-Za-z][\w ]*?)\s*/\s*(?:\|\s*)*$")
 _AFTER_VALUE = " \t|,;"
+HISTORY_SUMMARY = "run summary (a history of the records above, printed as arrays)"
 _REASONS = {"eval": "evaluation", "summary": "run summary", "ignore": "no training metric",
             "overflow": "overflow (folded into the next record)", "epoch": "epoch header",
             "header": "step header", "nan": "NaN warning (marks the step before it)"}
@@ -70,15 +70,18 @@ class LineReader:
     final: :meth:`interpret` returns it with the line until then (the caller holds the line)."""
 
     def __init__(self, user_keys: Mapping[str, str] | None = None,
-                 pattern: re.Pattern | None = None, learn: bool = False):
+                 pattern: re.Pattern | None = None, learn: bool = False,
+                 names: Mapping[str, str] | None = None):
         self.user = {normalise_key(k) if not k.strip().isdigit() else k.strip(): v
                      for k, v in (user_keys or {}).items()}
         self._user_key = tuple(sorted(self.user.items()))
         self.pattern = pattern
+        self.names = dict(names or {})                # how the account names the pattern's groups
         self.learn = learn
         self.last: Plan | None = None
         self.table: tuple[list[str], list[int], bool] | None = None   # header, key columns, pipes
         self.templates: dict[str, Template] = {}      # this log's templates that were watched
+        self.row = False                              # the last line tokenized was a table's row
         self.counter_names: set[str] = set()          # the names of the counters they showed
 
     def parse(self, seg: str) -> tuple[tuple | list, Plan] | None:
@@ -103,10 +106,12 @@ class LineReader:
         if not nums:
             self._table_header(seg)
             return None
+        self.row = False
         if self.table is not None:
             row = self._table_row(seg)
             if row is not None:
                 texts, nums = tokens.split(row)
+                self.row = True
         return texts, nums
 
     def interpret(self, texts: list[str], nums: list[str]) -> tuple[Plan, Template | None]:
@@ -119,7 +124,7 @@ class LineReader:
                 _PLANS.clear()
             plan = _PLANS[tkey] = make_plan(texts, nums, self.user)
             if plan.counters or plan.outer:
-                plan.merged = _fold(texts)
+                plan.merged = tokens.fold(texts)
         if plan.counters and self.learn:
             watched = self.templates.get(plan.merged)
             if watched is None:
@@ -201,10 +206,11 @@ class LineReader:
                 metrics.append((len(nums), name, False))
             nums.append(value.strip())
         loss_at = next((i for i, k, _ in metrics if k == "loss"), None)
-        printed = tuple((k, f"(?P<{k}>)") for _, k, _ in metrics) + (
-            (("step", "(?P<step>)"),) if step is not None else ())
+        said = self.names
+        printed = tuple((k, said.get(k, f"(?P<{k}>)")) for _, k, _ in metrics) + (
+            (("step", said.get("step", "(?P<step>)")),) if step is not None else ())
         return nums, Plan(metrics=tuple(metrics), step=step, loss_at=loss_at, printed=printed,
-                          loss_kind="exact" if loss_at is not None else "")
+                          loss_kind="exact" if loss_at is not None else "", step_name=said.get("step", ""))
 
 
 class Template:
@@ -305,9 +311,9 @@ class Blocks:
         self.head: str = ""
 
     def offer(self, unit: tuple) -> list[tuple]:
-        """A unit ``(line_no, seg, indent, texts, nums)`` (``texts`` None: no numbers) -> the
+        """A unit ``(line_no, seg, indent, texts, nums, row)`` (``texts`` None: no numbers) -> the
         units that are final now."""
-        _, seg, _, texts, nums = unit
+        _, seg, _, texts, nums, _ = unit
         if texts is None:
             section = _SECTION.match(tokens.pipes(seg).strip())
             if section is not None:           # a section row inside a block, or above one
@@ -341,10 +347,10 @@ class Blocks:
         self.keys = set()
         if len(items) < 2:
             return [unit for unit, _, _ in items]
-        line_no, _, indent, _, _ = items[0][0]
+        line_no, _, indent, _, _, _ = items[0][0]
         joined = " | ".join([self.head] * bool(self.head) + [f"{key}: {value}" for _, key, value in items])
         texts, nums = tokens.split(joined)
-        return [(line_no, joined, indent, texts, nums)]
+        return [(line_no, joined, indent, texts, nums, False)]
 
 
 def _list_value(texts: list[str]) -> bool:
@@ -372,9 +378,17 @@ class Reading:
     held (the caller's fast path must not overtake them)."""
 
     def __init__(self, account: ReadAccount, user_keys: Mapping[str, str] | None = None,
-                 pattern: re.Pattern | None = None, *, blocks: bool = False):
+                 pattern: re.Pattern | None = None, *, blocks: bool = False, rows: bool = False,
+                 guess: Any = None):
         self.account = account
-        self.reader = LineReader(user_keys, pattern, learn=pattern is None)
+        self.rows = rows                      # every line is a row (JSON lines, a table)
+        if guess is not None:
+            pattern = guess.pattern
+        self.reader = LineReader(user_keys, pattern, learn=pattern is None,
+                                 names=guess.names if guess is not None else None)
+        # Why a line gives nothing: no numbers, or (a pattern reads the lines) no match.
+        self.unmatched = ("no numbers" if pattern is None else "not matched by --pattern" if guess is None
+                          else "no progress line (the lines the loss is guessed from)")
         self.asm = Assembler(account)
         self.blocks = Blocks(self._heads) if blocks and pattern is None else None
         self.held: deque = deque()
@@ -388,15 +402,16 @@ class Reading:
         indent = len(text) - len(stripped)
         units: list[tuple] = []
         if not stripped:
-            units.append((line_no, "", indent, None, None))
+            units.append((line_no, "", indent, None, None, False))
         else:
             for seg in (segments(text) if ("\r" in text or "\x1b" in text or "\b" in text) else (text,)):
                 seg = strip_prefix(seg)   # a coloured prefix shows once the colour codes are gone
                 if self.reader.pattern is not None:
-                    units.append((line_no, seg, indent, seg, None))
+                    units.append((line_no, seg, indent, seg, None, self.rows))
                     continue
                 got = self.reader.tokenize(seg)
-                units.append((line_no, seg, indent, *(got if got is not None else (None, None))))
+                units.append((line_no, seg, indent, *(got if got is not None else (None, None)),
+                              self.rows or self.reader.row))
         if self.blocks is not None:
             units = [u for unit in units for u in self.blocks.offer(unit)]
         out: list[StepRecord] = []
@@ -405,18 +420,35 @@ class Reading:
         self.busy = bool(self.held) or bool(self.blocks and self.blocks.items)
         return out
 
+    def lines(self, items: list) -> list[StepRecord]:
+        """Lines as :class:`~.history.Histories` gives them back: ``(line_no, text)`` lines as
+        printed, and histories, each read as its lines of one epoch, or, where the log printed
+        records before it, a run summary of them (ignored)."""
+        out: list[StepRecord] = []
+        for item in items:
+            if isinstance(item, tuple):
+                out += self.line(*item)
+            elif self.asm.made:
+                self.account.ignore(item.line_no, "", HISTORY_SUMMARY)
+            else:
+                self.account.note(f"a history printed as arrays (line {item.line_no}): element k of each "
+                                  f"array is epoch k, {len(item.epochs)} epochs")
+                for text in item.epochs:
+                    out += self.line(item.line_no, text)
+        return out
+
     def _heads(self, texts: list[str], nums: list[str]) -> bool:
         """Whether a line may head a block of one-key lines: it prints no training record."""
         return _PLANS.get(("\x00".join(texts), self.reader._user_key), _NO_PLAN).kind != "record"
 
     def take(self, line_no: int, text: str, texts: list[str], nums: list[str]) -> list[StepRecord]:
         """A line already cut into its template ``texts`` and ``nums`` (a table's row)."""
-        out = self._take((line_no, text, 0, texts, nums))
+        out = self._take((line_no, text, 0, texts, nums, self.rows))
         self.busy = bool(self.held)
         return out
 
     def _take(self, unit: tuple) -> list[StepRecord]:
-        line_no, seg, indent, texts, nums = unit
+        line_no, seg, indent, texts, nums, row = unit
         plan: Plan | None = None
         watched: Template | _LossWait | None = None
         if self.reader.pattern is not None and texts is not None:
@@ -429,7 +461,7 @@ class Reading:
                 self.reader.decide(watched)
             if plan.kind == "record" and plan.loss_rank < len(LOSS_KINDS):
                 watched = self._loss_wait(plan, watched)
-        item = (line_no, seg, indent, nums, plan, watched)
+        item = (line_no, seg, indent, nums, plan, watched, row)
         if not self.held and (watched is None or watched.settled):
             return self._feed(item)
         self.held.append(item)
@@ -469,15 +501,16 @@ class Reading:
         return out
 
     def _feed(self, item: tuple) -> list[StepRecord]:
-        line_no, seg, indent, nums, plan, watched = item
+        line_no, seg, indent, nums, plan, watched, row = item
         asm, account = self.asm, self.account
+        asm.row = row
         out: list[StepRecord] = []
         if asm.block is not None and (indent <= asm.block_indent or not seg.strip()):
             out += asm.close_block()      # the indented block under a step header ended
         asm.indent = indent
         if plan is None:
             if seg.strip():
-                account.ignore(line_no, seg, "no numbers")
+                account.ignore(line_no, seg, self.unmatched if _DIGIT(seg) else "no numbers")
             return out
         if isinstance(watched, Template):
             plan = watched.plan
@@ -517,19 +550,33 @@ class Reading:
 
 
 def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str, str] | None = None,
-         pattern: re.Pattern | None = None, **_) -> Iterator[StepRecord]:
+         pattern: re.Pattern | None = None, guess: Any = None, **_) -> Iterator[StepRecord]:
     """Records of a text log from its ``(line_no, text)`` ``lines`` (a ``None`` text is an idle
     tick that releases the held-back record); ``user_keys``: {name printed in the log, or a
     number's position on the line (``"1"``): metric key or ``"step"``}; ``pattern``: a regular
     expression whose named groups (``step`` and metric keys) replace the grammar."""
-    reading = Reading(account, user_keys, pattern, blocks=True)
+    reading = Reading(account, user_keys, pattern, blocks=True, guess=guess)
+    if guess is not None:
+        pattern = guess.pattern
+        account.note(f"the log names no loss: the loss is a guess, number {guess.names['loss'].split()[0]} of "
+                     f"its progress lines (first: line {guess.line_no}), the one that varies beside the "
+                     f"counter {guess.names['step']}; if it is no loss, name the loss with --keys")
     reader, asm = reading.reader, reading.asm
     record = asm.record
+    histories = Histories(off=pattern is not None)
+    held, may_open = histories.held, Histories.opens      # (the list is cleared in place)
     for line_no, text in lines:
         if text is None:
+            if held:
+                yield from reading.lines(histories.end())
             yield from reading.flush()
             continue
         text = strip_prefix(text)
+        if held or ("[" in text and may_open(text)):
+            items = histories.offer(line_no, text)
+            if items != [(line_no, text)]:       # (a line given back as it came: as any line)
+                yield from reading.lines(items)
+                continue
         # The common case inline (a line of the last record template); Reading.line otherwise.
         last = reader.last
         m = last.match(text) if last is not None and last.match is not None \
@@ -544,6 +591,7 @@ def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str,
             out = reading.line(line_no, text)
         if out:
             yield from out
+    yield from reading.lines(histories.end())
     yield from reading.finish()
 
 
@@ -564,55 +612,3 @@ def overflow_scale(text: str) -> tuple[bool, float | None]:
     nums, plan = got
     idx = plan.overflow_scale if plan.overflow_scale is not None else plan.overflow_attempted
     return True, (float(nums[idx]) if idx is not None else None)
-
-
-@dataclass(order=True)
-class _Near:
-    score: int
-    line_no: int = field(compare=False)
-    text: str = field(compare=False)
-    named: tuple = field(compare=False, default=())
-
-
-class ClosestLines:
-    """The lines that came closest to a record (most keyed numbers), for the error message, and
-    the numbers of up to ``SAMPLES`` lines of each of their templates (what to suggest:
-    :mod:`.suggest`). Memory: ``size`` lines, ``MAX_TEMPLATES`` x ``SAMPLES`` samples."""
-
-    SAMPLES = 8
-    MAX_TEMPLATES = 64
-
-    def __init__(self, size: int = 3):
-        self.size = size
-        self.heap: list[_Near] = []
-        self.samples: dict[str, tuple[list[str], list[list[str]]]] = {}
-
-    def offer(self, line_no: int, text: str, plan: Plan) -> None:
-        near = _Near(plan.score, -line_no, text.strip()[:200], plan.named)
-        if len(self.heap) < self.size:
-            heapq.heappush(self.heap, near)
-        elif near > self.heap[0]:
-            heapq.heapreplace(self.heap, near)
-        texts, nums = tokens.split(near.text)
-        key = _fold(texts)
-        got = self.samples.get(key)
-        if got is None and len(self.samples) < self.MAX_TEMPLATES:
-            self.samples[key] = (texts, [nums])
-        elif got is not None and len(got[1]) < self.SAMPLES:
-            got[1].append(nums)
-
-    def lines(self) -> list[tuple[int, str, tuple]]:
-        return [(-n.line_no, n.text, n.named) for n in sorted(self.heap, reverse=True)]
-
-    def best(self) -> tuple[list[str], list[list[str]]] | None:
-        """The template of the closest line and its sample numbers."""
-        if not self.heap:
-            return None
-        top = max(self.heap)
-        return self.samples.get(_fold(tokens.split(top.text)[0]))
-
-
-def _fold(texts: list[str]) -> str:
-    """A template with whitespace runs and the numbers' signs folded (lines that differ only in
-    padding or sign share it)."""
-    return _SIGN.sub("\x00", _WHITESPACE.sub(" ", "\x00".join(texts)))

@@ -20,7 +20,7 @@ from .generic import Reading
 
 
 def read(path, *, account: ReadAccount, lines, user_keys=None, **_) -> Iterator[StepRecord]:
-    reading = Reading(account, user_keys)
+    reading = Reading(account, user_keys, rows=True)
     run_log = False
     declared = None   # a phase line's declared warmup, handed to the next step record
     for line_no, text in lines:

@@ -40,6 +40,9 @@ _ARG_ECHO = ("--", "namespace(", "args.", "argument", "config")
 # `loss is nan at step 12`, `Detected NaN`: about the loss (`NaN found in input tensor` is not).
 _NAN_WARNING = re.compile(r"\bloss\b.*\b(?:is|are|was|were|became|got|detected|found|"
                           r"encountered)\b|\bdetected\b|\bnon-?finite\s+loss", re.I)
+# ... unless the line says there was none: `no NaN found`, `loss is not nan`, `without inf`.
+_NO_NAN = re.compile(r"\b(?:no|not|never|without|zero)\b(?:\s+\w+){0,2}?\s+(?:nan|inf|infinity|non-?finite)\b",
+                     re.I)
 _OVERFLOW = re.compile(r"overflow", re.I)
 # MindSpore's `overflow, still update, loss scale adjust to 1024.0`: the step was applied.
 _APPLIED = re.compile(r"\bstill updat|\bnot skip", re.I)
@@ -101,6 +104,8 @@ class Plan:
     merged: str = ""                 # the template with whitespace runs and signs folded
     outer: tuple[int, ...] = ()      # integers before the step that may count its epochs: one
     # that goes up when the step restarts does (Assembler._outer_step)
+    after_bar: bool = False          # the values follow a progress bar's redraw on the line: a
+    # record printed by the loop's body while the bar shows the batches done before it
 
 
 def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None = None,
@@ -164,7 +169,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
             plan.step_total = idx + 1
         plan.counter = prio == _BAR
         plan.within_epoch = prio == _BAR or name in ITERATION_LIKE or (
-            prio == _KEYLESS and plan.epoch is not None)
+            prio in (_KEYLESS, _LEARNED) and plan.epoch is not None)
         if prio < MICRO_RANK:
             micro = [i for p, i, _ in steps[1:] if MICRO_RANK <= p <= 3
                      and not (i + 1 < n and roles[i + 1][0] == "total")]
@@ -207,6 +212,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
                         + (" (the sum of the terms printed)" if len(comps) > 1 else "")))
     if plan.step is not None:
         plan.step_name = roles[plan.step][3] or ("a bar's count" if plan.counter else UNNAMED)
+        plan.after_bar = plan.counter and _after_bar(texts, plan.step, [i for i, _, _ in ordered])
         printed.append(("step", plan.step_name))
     plan.printed = tuple(printed)
     plan.prints_skipped = keys.OVERFLOW_SKIPPED in metrics
@@ -237,6 +243,16 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
                               if role == "other" and nums[i].isdigit()
                               and not name.lower().startswith(_ARG_ECHO))
     return plan
+
+
+def _after_bar(texts: list[str], step: int, values: list[int]) -> bool:
+    """Whether a line's values come after a tqdm bar's redraw (``10%|#  | 10/100 [00:01<00:09,
+    9.9it/s]{'loss': 2.3}``): the bar's graphic before its count, its bracket closed before the
+    first value (a postfix, ``[..., loss=2.3]``, is the bar's own)."""
+    if not values or "%|" not in texts[step].replace(" ", ""):
+        return False
+    first = min(values)
+    return any("]" in texts[k] for k in range(step + 1, first + 1))
 
 
 def choose_counter(plan_roles: list[tuple[int, str]]) -> int:
@@ -437,7 +453,8 @@ def _kind(plan: Plan, texts, nums, roles, joined, summary, eval_context, eval_lo
         return plan
     plan.mixed = eval_loss and plan.loss_name in _SPLIT_QUALIFIED_LOSS
     if not metrics and not plan.components:
-        if any(v[:1] in "nNiI" for v in nums) and _NAN_WARNING.search(joined):
+        if any(v[:1] in "nNiI" for v in nums) and _NAN_WARNING.search(joined) \
+                and not _NO_NAN.search("".join(t + v for t, v in zip(texts, nums))):
             plan.kind = "nan"
         elif eval_loss:
             plan.kind = "eval"        # `step 30 | val loss 2.5`: an evaluation at a step

@@ -17,7 +17,7 @@ from typing import Iterable
 
 from ... import keys
 from . import caffe, fairseq, generic, megatron, suggest
-from .generic import ClosestLines
+from .history import Histories
 from .source import LogFormatError, segments, strip_prefix
 
 # A Megatron log may print 10k lines of arguments and start-up before its first iteration.
@@ -50,9 +50,15 @@ LOOKED_FOR = (
 
 class NoRecords(LogFormatError):
     """No per-step training metric anywhere: what was looked for, the closest lines, the way out
-    (:mod:`.suggest`: commands to paste, each checked to read those lines)."""
+    (:mod:`.suggest`: commands to paste, each checked to read those lines). ``guess``: where the
+    closest lines are progress lines whose loss has no name, what may be the loss
+    (:func:`.suggest.guess`; the reader reads it so, and says it is a guess), with the lines
+    detection ``consumed``."""
 
-    def __init__(self, path, num_lines: int, closest: ClosestLines):
+    def __init__(self, path, num_lines: int, closest: suggest.ClosestLines, consumed: list | None = None,
+                 guess: suggest.Guess | None = None):
+        self.consumed = consumed or []
+        self.guess = guess
         self.closest = closest.lines()
         lines = [f"unknown log format: no per-step training metrics in {num_lines} line(s).",
                  f"  looked for: {LOOKED_FOR}."]
@@ -83,7 +89,24 @@ def detect_lines(path, lines: Iterable, *, user_keys=None, pattern=None) -> tupl
     tentative = None
     tentative_since = 0.0
     reader = generic.LineReader(user_keys, pattern)
-    closest = generic.ClosestLines()
+    closest = suggest.ClosestLines()
+    histories = Histories()
+    explicit = user_keys or pattern
+
+    def kind(items: list) -> str | None:
+        """The format the first decisive of these lines decides (a history: its epochs' lines)."""
+        nonlocal tentative, tentative_since
+        for item in items:
+            texts = [(item[0], item[1])] if isinstance(item, tuple) else [(item.line_no, t) for t in item.epochs]
+            for held_no, held in texts:
+                got = _line_kind(held, reader, closest, held_no, explicit)
+                if got == "tentative":
+                    if tentative is None:
+                        tentative, tentative_since = "generic", time.monotonic()
+                elif got is not None:
+                    return got
+        return None
+
     for item in lines:
         line_no, text = item
         if text is None:
@@ -94,34 +117,23 @@ def detect_lines(path, lines: Iterable, *, user_keys=None, pattern=None) -> tupl
         if len(consumed) > DETECT_MAX_LINES:
             break
         if structured.open:
-            kind = structured.offer(text)
-            if kind is not None:
-                return kind, consumed
+            got = structured.offer(text)
+            if got is not None:
+                return got, consumed
             if structured.open:
                 continue
-            for held_no, held in structured.release():
-                got = _line_kind(held, reader, closest, held_no, user_keys or pattern)
-                if got == "tentative" and tentative is None:
-                    tentative, tentative_since = "generic", time.monotonic()
-                elif got is not None and got != "tentative":
-                    return got, consumed
-            continue
-        got = _line_kind(text, reader, closest, line_no, user_keys or pattern)
-        if got == "tentative":
-            if tentative is None:
-                tentative, tentative_since = "generic", time.monotonic()
-        elif got is not None:
+            got = kind([x for held in structured.release() for x in histories.offer(*held)])
+        else:
+            got = kind(histories.offer(line_no, text))
+        if got is not None:
             return got, consumed
-    if structured.open:
-        for held_no, held in structured.release():
-            got = _line_kind(held, reader, closest, held_no, user_keys or pattern)
-            if got is not None and got != "tentative":
-                return got, consumed
-            if got == "tentative" and tentative is None:
-                tentative = "generic"
+    held = [x for held in structured.release() for x in histories.offer(*held)] if structured.open else []
+    got = kind(held + histories.end())
+    if got is not None:
+        return got, consumed
     if tentative is not None:
         return tentative, consumed
-    raise NoRecords(path, len(consumed), closest)
+    raise NoRecords(path, len(consumed), closest, consumed, None if explicit else closest.guess())
 
 
 def _line_kind(text, reader, closest, line_no, explicit) -> str | None:

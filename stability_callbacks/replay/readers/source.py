@@ -1,25 +1,40 @@
 """A log's text, read once: files, gzip files, ``-`` (stdin), pipes and FIFOs.
 
-:class:`Source` opens the input, refuses what is not text with a reason (a known binary magic,
-NUL bytes, a high density of invalid UTF-8), unpacks gzip transparently, and yields
-``(line_no, text)`` (:meth:`Source.lines`) in one pass: detection consumes a prefix of those
-lines and hands them back (``read_records`` chains them), so a stream is read in full.
-Invalid UTF-8 in a text log becomes U+FFFD; memory stays O(longest line).
+:func:`open_input` opens the input (a FIFO without waiting for its writer); :class:`TextLines`
+turns its bytes into ``(line_no, text)``: it unpacks gzip, refuses what is not text with a
+reason (a known binary magic, NUL bytes, a high density of invalid UTF-8) before the first line,
+and leaves out later lines of binary data. :class:`Source` reads an input once with them
+(``replay``), and ``replay --follow``'s tail (:mod:`..follow`) reads a growing one with the
+same two: one way to open and check input. Detection consumes a prefix of the lines and hands
+them back (``read_records`` chains them), so a stream is read in full. Invalid UTF-8 in a text
+log becomes U+FFFD; memory stays O(chunk + longest line).
 """
 from __future__ import annotations
 
-import gzip
-import io
 import os
 import re
 import stat
 import sys
+import time
+import zlib
 from typing import IO, Iterator
 
 # Files below this size finish before a progress bar would be readable.
 PROGRESS_MIN_BYTES = 4 * 1024 * 1024
-_PROGRESS_EVERY_LINES = 4096
 SNIFF_BYTES = 64 * 1024
+#: What one read takes (``replay`` and ``--follow``): small enough that its buffers are reused,
+#: not mapped afresh (1 MiB reads made reading a 300 MB log ~2x slower).
+CHUNK_BYTES = 64 * 1024
+#: How long ``replay`` waits for a process to open a FIFO for writing (``--idle-exit-s`` sets it).
+FIFO_WAIT_S = 10.0
+#: What a FIFO nobody writes is said to be (``replay``, and ``--follow`` when it gives up).
+NO_WRITER = "a FIFO that no process opened for writing"
+#: The reason a line of binary data is left out (an unreadable line, in the account).
+BINARY_LINE = "unreadable: binary data (not UTF-8, with a control byte no text log prints)"
+_GZIP_MAGIC = b"\x1f\x8b"
+# Control characters no text log prints (tab, line ends, form feed, BEL, backspace and ESC
+# are printed: tqdm, Keras, colours, terminal titles).
+_CONTROL = re.compile("[\x01-\x06\x0e-\x1a\x1c-\x1f]")
 
 # "> " (and "> > ") prefixes of text quoted in an issue, a forum post or an e-mail.
 _QUOTE = re.compile(r"^[ \t]*(?:>[ \t]?)+")
@@ -58,12 +73,15 @@ def not_text(head: bytes) -> str | None:
 
     >>> not_text(b"\\x7fELF\\x02\\x01"), not_text(b"step 1 loss 2.5\\n")
     ('an ELF executable (magic bytes 7f 45 4c 46)', None)
+    >>> not_text(bytes(5000) + b"step 7 loss 2.5\\n") is None    # NULs first: a hole, then text
+    True
     """
     for magic, what in _MAGIC:
         if head.startswith(magic):
             return f"{what} (magic bytes {magic.hex(' ')})"
     if len(head) >= 10 and head[8:10] == b'{"' and int.from_bytes(head[:8], "little") < 1 << 30:
         return "a safetensors file (an 8-byte header length, then its JSON header)"
+    head = head.lstrip(b"\x00")          # a file truncated under its writer starts with NULs
     if not head:
         return None
     nul = head.count(b"\x00")
@@ -76,78 +94,226 @@ def not_text(head: bytes) -> str | None:
     return None
 
 
-class Source:
-    """One input, opened for one pass (see the module docstring). ``path`` is a file, a
-    gzip file, a FIFO, or ``-`` for standard input."""
+class TextLines:
+    """Bytes in, ``(line_no, text)`` out: the one place where a log's bytes become lines, for
+    ``replay`` (:class:`Source`) and ``replay --follow`` (:class:`~..follow.TailLines`) alike.
 
-    def __init__(self, path):
+    - gzip is unpacked as the bytes come (a file being written through gzip too; members after
+      the first are read on);
+    - the first bytes (up to ``SNIFF_BYTES``) are checked (:func:`not_text`): input that is not
+      text is refused (:class:`LogFormatError`) before any line is given out;
+    - a later line of binary data (invalid UTF-8 or NUL bytes, with a control byte no text log
+      prints or more than a quarter of it not UTF-8: garbage appended to a log) is left out and
+      reported to ``on_ignore`` as unreadable; NUL bytes are dropped (a file truncated under its
+      writer starts with them). The rule looks at the line alone, so where the reads happen to
+      cut the input (``replay``, ``--follow``) never changes it;
+    - only ``\\n`` ends a line (a ``\\r`` inside one is a tqdm redraw, see :func:`segments`); a
+      line's ``\\r`` ends and its e-mail quoting are removed; invalid UTF-8 becomes U+FFFD;
+    - ``redraws``: the ``\\r``-ended pieces of a line not finished yet go out at once (a followed
+      file: each is a complete tqdm update); the rest of the line comes with its end.
+
+    >>> cut = TextLines("run.log", on_ignore=lambda n, text, why: print(f"line {n} left out"))
+    >>> cut.feed(b"step 1 loss 2.5\\n> step 2 lo")
+    [(1, 'step 1 loss 2.5')]
+    >>> cut.feed(b"ss 2.4\\n\\x93\\x02\\x9f7\\xe1\\nstep 4 loss 2.3\\nstep 5"), cut.end()
+    line 3 left out
+    ([(2, 'step 2 loss 2.4'), (4, 'step 4 loss 2.3')], [(5, 'step 5')])
+    >>> TextLines("x.pt").feed(b"PK\\x03\\x04...")
+    Traceback (most recent call last):
+    ...
+    stability_callbacks.replay.readers.source.LogFormatError: x.pt: not a text log: a zip archive (a torch .pt/.pth checkpoint, a .zip) (magic bytes 50 4b 03 04)
+
+    Cost: a few passes of C code over each chunk (decoding, a search for NUL and U+FFFD,
+    splitting); only the lines of a chunk holding NUL or invalid UTF-8 are checked one by one.
+    Memory: a chunk.
+    """
+
+    def __init__(self, path, *, on_ignore=None, check_head: bool = True, redraws: bool = False):
         self.path = str(path)
-        self.size = 0
-        try:
-            if self.path == "-":
-                raw: IO[bytes] = sys.stdin.buffer
-            else:
-                mode = os.stat(self.path).st_mode
-                if stat.S_ISDIR(mode):
-                    raise LogFormatError(self.path, None, "a directory without TensorBoard event files")
-                if stat.S_ISREG(mode):
-                    self.size = os.path.getsize(self.path)
-                raw = open(self.path, "rb")
-        except FileNotFoundError as e:
-            raise LogFormatError(self.path, None, "no such file") from e
-        except OSError as e:
-            raise LogFormatError(self.path, None, f"cannot open: {e.strerror or e}") from e
-        head = _read_head(raw, SNIFF_BYTES)
-        if head[:2] == b"\x1f\x8b":
-            unpacked = gzip.GzipFile(fileobj=io.BufferedReader(_Prefixed(raw, head)), mode="rb")
-            try:
-                head = _read_head(unpacked, SNIFF_BYTES)
-            except (OSError, EOFError) as e:
-                raise LogFormatError(self.path, None, f"a gzip file that does not unpack: {e}") from e
-            raw, self.size = unpacked, 0      # type: ignore[assignment]
-        why = not_text(head)
-        if why is not None:
-            if raw is not sys.stdin.buffer:
-                raw.close()
-            raise LogFormatError(self.path, None, f"not a text log: {why}")
-        self.head = head
-        if self.size and raw.seekable():
-            raw.seek(0)                       # a regular file: read it again from the start
-            self._stream: IO[bytes] = raw
-        else:
-            self._stream = io.BufferedReader(_Prefixed(raw, head))
+        self.on_ignore = on_ignore
+        self.redraws = redraws
+        self.line_no = 0
+        self.binary = 0                       # lines of binary data left out
+        self._head_checked = not check_head
+        self._started = False
+        self._gunzip: zlib._Decompress | None = None
+        self._partial = b""
 
-    def text(self) -> str:
-        """The whole content (JSON documents)."""
-        with self._stream as f:
-            return f.read().decode("utf-8", errors="replace")
+    def feed(self, data: bytes) -> list[tuple[int, str]]:
+        """The lines ``data`` completes (a partial last line waits for the next bytes)."""
+        if not self._started and data:
+            self._started = True
+            if data[:2] == _GZIP_MAGIC:
+                self._gunzip = zlib.decompressobj(wbits=31)
+        if self._gunzip is not None:
+            data = self._unpack(data)
+        if not data:
+            return []
+        if not self._head_checked:
+            self._head_checked = True
+            why = not_text(data[:SNIFF_BYTES])
+            if why is not None:
+                raise LogFormatError(self.path, None, f"not a text log: {why}")
+        data = self._partial + data if self._partial else data
+        cut = data.rfind(b"\n") + 1
+        self._partial = data[cut:]
+        out = self._lines(memoryview(data)[:cut]) if cut else []
+        if self.redraws and b"\r" in self._partial:       # tqdm redraws: complete updates
+            cut = self._partial.rfind(b"\r") + 1
+            piece = self._line(self.line_no + 1, self._partial[:cut].decode("utf-8", "replace"))
+            self._partial = self._partial[cut:]
+            if piece is not None:
+                out.append(piece)
+        return out
+
+    def end(self, *, complete: bool = True) -> list[tuple[int, str]]:
+        """The last line, unfinished (no line end). ``complete``: the input ended (a gzip stream
+        cut short is an error); False: following stopped, or the file was replaced, and what
+        is there is all there will be."""
+        gz = self._gunzip
+        if complete and gz is not None and not gz.eof:
+            what = "a gzip file cut short" if self._head_checked else "a gzip file that does not unpack"
+            raise LogFormatError(self.path, None, f"{what}: it ends inside its compressed stream "
+                                 "(still being written? replay --follow reads it as it grows)")
+        last, self._partial = self._partial, b""
+        line = self._line(self.line_no + 1, last.decode("utf-8", "replace")) if last else None
+        if line is not None:
+            self.line_no += 1
+        return [line] if line is not None else []
+
+    def _unpack(self, data: bytes) -> bytes:
+        """What gzip ``data`` unpacks to so far (every member; zero padding after one skipped)."""
+        out = []
+        try:
+            while data:
+                gz = self._gunzip
+                assert gz is not None
+                out.append(gz.decompress(data))
+                if not gz.eof:
+                    break
+                data = gz.unused_data.lstrip(b"\x00")
+                if data:
+                    self._gunzip = zlib.decompressobj(wbits=31)
+        except zlib.error as e:
+            raise LogFormatError(self.path, None, f"a gzip file that does not unpack: {e}") from e
+        return b"".join(out)
+
+    def _lines(self, block: memoryview) -> list[tuple[int, str]]:
+        """The lines of ``block`` (whole lines, each ending with ``\\n``)."""
+        text = str(block, "utf-8", "replace")
+        parts = text.split("\n")
+        parts.pop()                                         # after the last \n: nothing
+        n = self.line_no
+        self.line_no += len(parts)
+        if "\ufffd" in text or "\x00" in text:              # binary data? line by line
+            return [x for x in (self._line(n + i, t) for i, t in enumerate(parts, 1)) if x is not None]
+        if "\r" in text:                                    # per line only where a chunk needs it
+            parts = [t.rstrip("\r") for t in parts]
+        if ">" in text:
+            parts = [strip_quote(t) if ">" in t[:8] else t for t in parts]
+        return list(zip(range(n + 1, self.line_no + 1), parts))
+
+    def _line(self, line_no: int, line: str) -> tuple[int, str] | None:
+        """One line checked: None for binary data (reported to ``on_ignore``)."""
+        suspect = "\ufffd" in line
+        if "\x00" in line:
+            suspect, line = True, line.replace("\x00", "")
+        if suspect and (_CONTROL.search(line) is not None or line.count("\ufffd") * 4 > len(line)):
+            self.binary += 1
+            if self.on_ignore is not None:
+                self.on_ignore(line_no, "", BINARY_LINE)
+            return None
+        line = line.rstrip("\r")
+        if ">" in line[:8]:
+            line = strip_quote(line)
+        return line_no, line
+
+
+class Source:
+    """One input, opened for one pass (see the module docstring). ``path`` is a file, a gzip
+    file, a FIFO, or ``-`` for standard input. A FIFO that no process has opened for writing
+    is waited for ``fifo_wait_s``, then refused. ``on_ignore(line_no, text, reason)`` hears of
+    the lines of binary data left out (:class:`TextLines`). Whatever refuses the input (not
+    there, not text, a gzip file that does not unpack) raises here, before a line is read."""
+
+    def __init__(self, path, *, fifo_wait_s: float = FIFO_WAIT_S, on_ignore=None):
+        self.path = str(path)
+        opened = open_input(self.path)
+        if opened is None:
+            raise LogFormatError(self.path, None, "no such file")
+        self._raw, fifo = opened
+        self.size = os.fstat(self._raw.fileno()).st_size if self.path != "-" and not fifo else 0
+        self._cut = TextLines(self.path, on_ignore=on_ignore)
+        try:
+            first = _await_writer(self._raw, self.path, fifo_wait_s) if fifo else b""
+            head = first + _read_head(self._raw, SNIFF_BYTES - len(first))
+            self._first = self._cut.feed(head)
+        except BaseException:
+            self._close()
+            raise
+        self._done = len(head)
 
     def lines(self, *, progress: bool = False) -> Iterator[tuple[int, str]]:
-        """``(line_no, text)`` (1-based, quoting and line ends removed), in one pass.
-
-        Only ``\\n`` ends a line (a ``\\r`` inside one is a tqdm redraw, see :func:`segments`).
-        """
+        """``(line_no, text)`` (1-based; see :class:`TextLines`), in one pass."""
         bar = _ProgressBar(self.path, self.size) if progress and self.size >= PROGRESS_MIN_BYTES else None
-        f = io.TextIOWrapper(self._stream, encoding="utf-8", errors="replace", newline="\n")  # type: ignore[arg-type]
         try:
-            done = 0
-            for line_no, text in enumerate(f, 1):
+            yield from self._first
+            self._first = []
+            read = getattr(self._raw, "read1", self._raw.read)
+            while True:
+                data = read(CHUNK_BYTES)
+                if not data:
+                    break
                 if bar is not None:
-                    done += len(text)           # characters: close enough to bytes for a bar
-                    if line_no % _PROGRESS_EVERY_LINES == 0:
-                        bar.update(done)
-                text = text.rstrip("\r\n")
-                if "\x00" in text:
-                    text = text.replace("\x00", "")
-                if ">" in text[:8]:
-                    text = strip_quote(text)
-                yield line_no, text
-        except (OSError, EOFError) as e:
+                    self._done += len(data)
+                    bar.update(self._done)
+                yield from self._cut.feed(data)
+            yield from self._cut.end()
+        except OSError as e:
             raise LogFormatError(self.path, None, f"read failed: {e}") from e
         finally:
             if bar is not None:
                 bar.close()
-            f.close()
+            self._close()
+
+    def _close(self) -> None:
+        if self._raw is not sys.stdin.buffer:
+            self._raw.close()
+
+
+def open_input(path: str) -> tuple[IO[bytes], bool] | None:
+    """``(file, is_fifo)``: the input at ``path`` opened to read bytes (``-``: standard input);
+    None when there is no such file. A FIFO is opened without waiting for a writer (reads give
+    ``b""`` while there is none, None while its writer writes nothing); everything else is read
+    as it is. :class:`LogFormatError` for a directory or a file that cannot be opened."""
+    if path == "-":
+        return sys.stdin.buffer, False
+    try:
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode):
+            raise LogFormatError(path, None, "a directory, not a log file (TensorBoard runs: replay DIR, without --follow or --format)")
+        if stat.S_ISFIFO(mode):
+            return os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb", buffering=0), True
+        return open(path, "rb", buffering=0), False
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise LogFormatError(path, None, f"cannot open: {e.strerror or e}") from e
+
+
+def _await_writer(f, path: str, wait_s: float) -> bytes:
+    """The first bytes of a FIFO opened without blocking, once a process has opened it for
+    writing (then it blocks like any stream); :class:`LogFormatError` after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        data = f.read(CHUNK_BYTES)
+        if data is None or data:                 # a writer: nothing written yet, or its first bytes
+            os.set_blocking(f.fileno(), True)
+            return data or b""
+        if time.monotonic() >= deadline:
+            raise LogFormatError(path, None, f"{NO_WRITER} within {wait_s:g} s (start the job that "
+                                 "writes it, or replay --follow, which waits for it)")
+        time.sleep(0.05)
 
 
 def _read_head(f, size: int) -> bytes:
@@ -160,32 +326,6 @@ def _read_head(f, size: int) -> bytes:
         chunks.append(data)
         got += len(data)
     return b"".join(chunks)
-
-
-class _Prefixed(io.RawIOBase):
-    """A binary stream that first gives back the bytes already read from it."""
-
-    def __init__(self, f, prefix: bytes):
-        self.f = f
-        self.prefix = memoryview(prefix)
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:
-        if self.prefix:
-            n = min(len(b), len(self.prefix))
-            b[:n] = self.prefix[:n]
-            self.prefix = self.prefix[n:]
-            return n
-        data = self.f.read(len(b))
-        b[:len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        if self.f is not sys.stdin.buffer:
-            self.f.close()
-        super().close()
 
 
 def strip_quote(line: str) -> str:

@@ -2,9 +2,10 @@
 ``--pattern``, built from the lines that came closest to a record, and each checked to read
 those lines before it is printed (docs/cli.md, When a log is refused).
 
-The step is a number that increased across the closest lines (named, else by its position);
-the loss the first number that looks like one: a name with a loss or error word, then any
-other name, then an unnamed value, names of scores (``acc``, ``reward``) last. A name that
+The step is a number that increased across the closest lines (named, else by its position;
+not one glued to a unit, ``47s``, ``6%``); the loss the first number that looks like one: a
+name with a loss or error word, then any other name, then an unnamed value; never a score
+(``acc``, ``reward``, an error rate), an element of a list, a unit's number. A name that
 ``--keys`` cannot carry (a ``,`` or ``=`` in it, or printed twice on the line) is given by
 its position. Every argument is quoted for the shell (:func:`shlex.quote`); nothing is a
 placeholder.
@@ -15,16 +16,23 @@ placeholder.
 stability-callbacks replay 'odd log.txt' --keys step=ep,loss=mse_err
 stability-callbacks replay 'odd log.txt' --pattern 'ep\\s+(?P<step>\\d+)\\s+mse_err\\s+(?P<loss>[-+]?(?:\\d+(?:\\.\\d+)?(?:[eE][-+]?\\d+)?|nan|NaN|NAN|inf|Inf|INF))'
 
+Where the lines that came closest are progress lines (a counter that increases beside a value
+that varies) with one unnamed value and no name of a loss, :func:`guess` says that value may be
+the loss: the reader reads it so, and says it is a guess. :class:`ClosestLines` keeps the
+lines to choose from.
+
 Cost: a few plans and one regular expression per refused log. State: none.
 """
 from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from ... import keys
-from .plan import slot_roles
+from . import tokens
+from .plan import Plan, slot_roles
 from .user_keys import parse_keys
 from .vocabulary import normalise_key
 
@@ -35,7 +43,8 @@ _SPACE = re.compile(r"(?:\\[ \t])+")
 _ERROR_WORDS = frozenset({"loss", "err", "error", "errd", "errg", "cost", "nll", "objective",
                           "mse", "mae", "rmse", "ce", "bce", "kl", "l1", "l2", "xent"})
 _SCORE_WORDS = frozenset({"acc", "accuracy", "reward", "rewards", "return", "score", "precision",
-                          "recall", "f1", "map", "bleu", "auc", "top1", "top5", "iou", "miou"})
+                          "recall", "f1", "map", "bleu", "auc", "top1", "top5", "iou", "miou", "rate",
+                          "wer", "cer"})
 _NOT_A_VALUE = ("noise", "total", "eval", "summary", "ignore", "amount", "epoch", "per_epoch")
 
 
@@ -45,8 +54,8 @@ def commands(path: str, texts: list[str], samples: Sequence[Sequence[str]]) -> l
     can be told to be a loss."""
     nums = list(samples[0])
     roles = slot_roles(texts, nums)
-    step = _step(roles, samples)
-    loss = _loss(roles, nums, step)
+    step = _step(roles, samples, texts)
+    loss = _loss(roles, nums, step, texts)
     if loss is None:
         return []
     line = "".join(t + n for t, n in zip(texts, nums + [""]))
@@ -62,31 +71,123 @@ def commands(path: str, texts: list[str], samples: Sequence[Sequence[str]]) -> l
     return out
 
 
-def _step(roles, samples) -> int | None:
+def _step(roles, samples, texts) -> int | None:
     """The number that increased across the sample lines (a counter's name first)."""
-    rising = []
-    for i, (role, _, _, name) in enumerate(roles):
-        values = [s[i] for s in samples if i < len(s)]
-        if role in ("noise", "total") or not all(v.isdigit() for v in values):
-            continue
-        ints = [int(v) for v in values]
-        if len(ints) > 1 and ints[-1] > ints[0] and all(b >= a for a, b in zip(ints, ints[1:])):
-            rising.append(((0 if role in ("step", "batch") else 1 if name else 2), i))
+    rising = [((0 if roles[i][0] in ("step", "batch") else 1 if roles[i][3] else 2), i)
+              for i in _rising(roles, samples, texts)]
     return min(rising)[1] if rising else None
 
 
-def _loss(roles, nums, step) -> int | None:
+def _rising(roles, samples, texts) -> list[int]:
+    """The integers that increase across the sample lines (strictly or with repeats), not a
+    unit's (``47s``, ``6%``)."""
+    out = []
+    for i, (role, _, _, _) in enumerate(roles):
+        values = [s[i] for s in samples if i < len(s)]
+        if role in ("noise", "total") or _unit(texts, i) or not all(v.isdigit() for v in values):
+            continue
+        ints = [int(v) for v in values]
+        if len(ints) > 1 and ints[-1] > ints[0] and all(b >= a for a, b in zip(ints, ints[1:])):
+            out.append(i)
+    return out
+
+
+def _unit(texts, i: int) -> bool:
+    """Whether number ``i`` is glued to a unit (``47s``, ``1m``, ``6%``)."""
+    after = texts[i + 1][:1] if i + 1 < len(texts) else ""
+    return after.isalpha() or after == "%"
+
+
+def _varying(roles, samples, texts) -> list[int]:
+    """The unnamed values that are no integers and differ across the sample lines."""
+    out = []
+    for i, (role, _, _, name) in enumerate(roles):
+        values = [s[i] for s in samples if i < len(s)]
+        if role in ("noise", "total") or name or _unit(texts, i) or all(v.isdigit() for v in values):
+            continue
+        if len(set(values)) > 1:
+            out.append(i)
+    return out
+
+
+def progress(texts: list[str], samples: Sequence[Sequence[str]]) -> bool:
+    """Whether a template's lines are progress lines: a counter that increases beside a value
+    that varies (whatever their names: the lines a log reports its training with)."""
+    if len(samples) < 3:
+        return False
+    roles = slot_roles(texts, list(samples[0]))
+    if not _rising(roles, samples, texts):
+        return False
+    return any(len({s[i] for s in samples if i < len(s)}) > 1 and not all(s[i].isdigit() for s in samples)
+               for i in range(len(roles)) if roles[i][0] not in ("noise", "total"))
+
+
+@dataclass
+class Guess:
+    """The loss of progress lines that name none: ``pattern`` reads the step and the loss from
+    them, ``names`` says so in the account (``#7``: the 7th number of the line)."""
+
+    pattern: re.Pattern
+    names: dict[str, str]
+    line_no: int = 0
+
+
+GUESSED = "the unnamed number that varies beside the counter on the log's progress lines (a guess: the log names no loss)"
+
+
+def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
+    """Progress lines whose loss has no name (the PyTorch tutorials' ``1m 47s (- 25m 3s) (5000
+    6%) 2.8850``): where the template's lines print a counter that increases and one unnamed
+    number that is no integer, and it varies, stays above 0 and does not end above where it
+    began (a loss falls or wavers; an accuracy, a time, a count climb), that number may be the
+    loss. A guess, said as such (:data:`GUESSED`); None otherwise (the log is refused with
+    suggestions that point at these lines)."""
+    if len(samples) < 3:
+        return None
+    roles = slot_roles(texts, list(samples[0]))
+    counters = _rising(roles, samples, texts)
+    unnamed = [i for i, (role, _, _, name) in enumerate(roles)
+               if role not in ("noise", "total") and not name and not _unit(texts, i)
+               and not all(s[i].isdigit() for s in samples if i < len(s))]
+    if not counters or len(unnamed) != 1 or _varying(roles, samples, texts) != unnamed:
+        return None
+    loss = unnamed[0]
+    try:
+        values = [float(s[loss]) for s in samples]
+    except ValueError:
+        return None
+    if not all(0 < v < float("inf") for v in values) or values[-1] > values[0]:
+        return None
+    step = counters[0]
+    return Guess(re.compile(_pattern(texts, step, loss)),
+                 {"loss": f"#{loss + 1} ({GUESSED})", "step": roles[step][3] or f"#{step + 1}"})
+
+
+def _loss(roles, nums, step, texts) -> int | None:
     ranked = []
     for i, (role, key, _, name) in enumerate(roles):
-        if i == step or role in _NOT_A_VALUE or (role == "metric" and key != keys.LOSS):
+        if i == step or role in _NOT_A_VALUE or (role == "metric" and key != keys.LOSS) \
+                or _in_list(texts, i) or _unit(texts, i):
             continue
         words = set(normalise_key(name).split())
-        rank = (0 if words & _ERROR_WORDS or role in ("component", "statistic") else
-                3 if words & _SCORE_WORDS else 1 if name else 2)
+        if words & _SCORE_WORDS:
+            continue              # an accuracy, a reward, an error rate: no loss to suggest
+        rank = 0 if words & _ERROR_WORDS or role in ("component", "statistic") else 1 if name else 2
         if rank == 2 and nums[i].isdigit():
             continue              # an unnamed integer: a count, not a loss
         ranked.append((rank, i))
     return min(ranked)[1] if ranked else None
+
+
+def _in_list(texts, i: int) -> bool:
+    """Whether number ``i`` is an element of a bracketed list of several (``[0.5, 0.4, 0.35]``:
+    per class, per group; not ``loss: [10.0]``)."""
+    j = i
+    while j > 0 and texts[j].strip() == ",":
+        j -= 1
+    if not texts[j].rstrip().endswith("["):
+        return False
+    return j < i or (i + 1 < len(texts) and texts[i + 1].strip() == ",")
 
 
 def _name(roles, i: int) -> str:
@@ -127,3 +228,74 @@ def _key_part(piece: str) -> str:
     """The end of the text before the first number wanted: its last words (the key)."""
     m = re.search(r"[A-Za-z_][\w ./-]*[^\w]*$", piece)
     return piece[m.start():] if m else piece[-3:]
+
+
+@dataclass
+class _Near:
+    """A template of lines that made no record: its best score, its first lines, the numbers of
+    its first ``ClosestLines.SAMPLES`` lines."""
+
+    score: int
+    texts: list[str]
+    lines: list[tuple[int, str, tuple]] = field(default_factory=list)
+    samples: list[list[str]] = field(default_factory=list)
+
+
+class ClosestLines:
+    """The lines that came closest to a record, for the error message, and their templates'
+    numbers (what to suggest or guess: :mod:`.suggest`). Templates rank by what their lines do
+    first (a counter that increases beside a value that varies: progress lines, whatever their
+    names), then by how many keyed numbers a line has, then by their first line; a template
+    lists its first lines. Memory: ``MAX_TEMPLATES`` x (``LINES`` lines + ``SAMPLES`` samples)."""
+
+    SAMPLES = 8
+    LINES = 3
+    MAX_TEMPLATES = 64
+
+    def __init__(self, size: int = 3):
+        self.size = size
+        self.templates: dict[str, _Near] = {}
+
+    def offer(self, line_no: int, text: str, plan: Plan) -> None:
+        text = text.strip()[:200]
+        texts, nums = tokens.split(text)
+        key = tokens.fold(texts)
+        near = self.templates.get(key)
+        if near is None:
+            if len(self.templates) >= self.MAX_TEMPLATES and not self._evict():
+                return
+            near = self.templates[key] = _Near(plan.score, texts)
+        near.score = max(near.score, plan.score)
+        if len(near.lines) < self.LINES:
+            near.lines.append((line_no, text, plan.named))
+        if len(near.samples) < self.SAMPLES:
+            near.samples.append(nums)
+
+    def _evict(self) -> bool:
+        """Room for another template: the lowest-scored one printed once goes (a line of a
+        block of prints; progress lines print their template again and again)."""
+        once = [(n.score, -n.lines[0][0], k) for k, n in self.templates.items() if len(n.samples) == 1]
+        if not once:
+            return False
+        del self.templates[min(once)[2]]
+        return True
+
+    def _ranked(self) -> list[_Near]:
+        return sorted(self.templates.values(),
+                      key=lambda n: (-progress(n.texts, n.samples), -n.score, n.lines[0][0]))
+
+    def lines(self) -> list[tuple[int, str, tuple]]:
+        return [line for near in self._ranked() for line in near.lines][:self.size]
+
+    def best(self) -> tuple[list[str], list[list[str]]] | None:
+        """The template of the closest line and its sample numbers."""
+        ranked = self._ranked()
+        return (ranked[0].texts, ranked[0].samples) if ranked else None
+
+    def guess(self) -> Guess | None:
+        """The loss of progress lines that name none (:func:`.suggest.guess`), or None."""
+        ranked = self._ranked()
+        got = guess(ranked[0].texts, ranked[0].samples) if ranked else None
+        if got is not None:
+            got.line_no = ranked[0].lines[0][0]
+        return got

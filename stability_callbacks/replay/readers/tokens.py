@@ -40,6 +40,8 @@ _WORD_INSIDE_KEY = re.compile(r"\s+[A-Za-z][\w ]*[:=]\s*$")
 _LAST_SEPARATOR_WORD = re.compile(r".*(?:^|\s)[^\w\s]+\s")
 _PUNCTUATION = re.compile(r"[^\w\s]").search
 _BOX_VERTICALS = str.maketrans("\u2502\u2503\u2551", "|||")
+_WHITESPACE = re.compile(r"[ \t]+")
+_SIGN = re.compile(r"(?<=[ :=(\[])-\x00")
 _STATISTIC_QUALIFIERS = frozenset({"avg", "average", "mean", "ema", "smoothed", "running"})
 
 
@@ -115,7 +117,8 @@ def paths(texts: list[str]) -> list[str]:
 def noise(texts: list[str], nums: list[str]) -> list[bool]:
     """Numbers that are no values: parts of names (``rank0``, ``v1.2``), times of day and
     durations (``09:30:39,305``, ``00:30<00:36``), dates (``2023-03-22``, ``07/21/2024``,
-    ``10/30 22:18:02``) and the start of a range (``1-1020``)."""
+    ``10/30 22:18:02``) and the start of a range (``1-1020``, ``[100:200]``, ``steps 1000 -
+    2000``, ``(100–200)``: an interval, whose end counts)."""
     n = len(nums)
     out = [False] * n
     for i in range(n):
@@ -124,6 +127,9 @@ def noise(texts: list[str], nums: list[str]) -> list[bool]:
             out[i] = True
         if (after == ":" and i + 1 < n) or (before == ":" and i > 0):
             out[i] = True
+    for i in range(n - 1):
+        if _range(texts, nums, i):
+            out[i], out[i + 1] = True, False
         if before in (",", ".") and i > 1 and out[i - 1] and texts[i - 1] == ":":
             out[i] = True
     for i in range(n - 1):
@@ -137,6 +143,29 @@ def noise(texts: list[str], nums: list[str]) -> list[bool]:
         elif i + 2 < n and texts[i + 2] in (" ", "T", "-") and texts[i + 3:i + 4] == [":"]:
             out[i] = out[i + 1] = True                                 # 10/30 22:18:02
     return out
+
+
+def _range(texts: list[str], nums: list[str], i: int) -> bool:
+    """Whether numbers ``i`` and ``i + 1`` print an interval: two integers, the second larger,
+    joined by ``:`` (not a time: minutes and seconds are two digits below 60), `` - `` or ``–``
+    (not a field separator: the text before the first opens a bracket or names a counter)."""
+    sep, a, b = texts[i + 1], nums[i], nums[i + 1]
+    if sep.strip() not in (":", "-", "\u2013") or not (a.isdigit() and b.isdigit()) or int(b) <= int(a):
+        return False
+    after = texts[i + 2] if i + 2 < len(texts) else ""
+    if after[:1].isalnum() or after[:1] in "./":
+        return False                          # `2000s`, `100-200/1000`
+    if sep == ":":
+        return after[:1] != ":" and not (len(b) == 2 and int(b) < 60)   # not `12:30`, `1:00:05`
+    if sep == "-":
+        return False                          # `1-1020`: the rule of ranges without spaces
+    before = texts[i].rstrip()
+    word = _TRAILING_WORD.search(before)
+    return before.endswith(("[", "(")) or (word is not None and word.group(1).lower() in _RANGE_WORDS)
+
+
+_RANGE_WORDS = frozenset({"step", "steps", "batch", "batches", "iter", "iters", "iteration",
+                          "iterations", "it", "update", "updates", "sample", "samples"})
 
 
 def glued_names(texts: list[str], nums: list[str]) -> list[str | None]:
@@ -162,6 +191,9 @@ def befores(texts: list[str], nums: list[str], is_noise: list[bool],
     for i in range(len(nums) - 1):
         if glued[i]:
             continue
+        if is_noise[i] and _range(texts, nums, i):
+            out[i + 1] = " " + out[i]          # `steps 1000 - 2000`: the end is the steps' (the
+            continue                           # space: no unit of the number before it)
         if nums[i][:1] in "nNiI" and _WORD_INSIDE_KEY.match(texts[i + 1]) \
                 and not texts[i].rstrip(" '\"").endswith((":", "=")):
             is_noise[i] = True
@@ -201,3 +233,9 @@ def cells(line: str, pipes: bool | None = None) -> list[str]:
     if pipes or (pipes is None and "|" in line):
         return [c.strip() for c in line.strip().strip("|").split("|")]
     return line.split()
+
+
+def fold(texts: list[str]) -> str:
+    """A template with whitespace runs and the numbers' signs folded (lines that differ only in
+    padding or sign share it)."""
+    return _SIGN.sub("\x00", _WHITESPACE.sub(" ", "\x00".join(texts)))

@@ -1,0 +1,439 @@
+"""The shapes a held-out scoring of issue 32's reader found it misreading (the scorer named only
+their classes), each written here in that shape with variants of other printers, separators and
+frameworks, asserting the exact records and what the account says: per-epoch histories printed
+as bracketed arrays, progress lines with no key names, counters of samples, counters that restart
+every epoch with no epoch length, dicts glued to progress bars, a table row that repeats a step,
+intervals printed as ranges, and what findings and refusals say about how a step was numbered."""
+from __future__ import annotations
+
+import json
+import math
+import pprint
+import shlex
+import textwrap
+
+import pytest
+
+from stability_callbacks.cli import main
+from stability_callbacks.replay.readers import LogFormatError, ReadAccount, read_records
+
+NAN = float("nan")
+
+
+def _loss(s: float) -> float:
+    return round(2.0 + 8.0 / math.sqrt(s + 1), 4)
+
+
+def records_of(tmp_path, text: str, name: str = "run.log"):
+    path = tmp_path / name
+    path.write_text(text)
+    account = ReadAccount(path)
+    got = [(r.step, {k: v for k, v in r.metrics.items() if k not in ("loss_resolution", "loss_window")})
+           for r in read_records(path, account=account)]
+    return got, account
+
+
+def _same(got, want):
+    assert [s for s, _ in got] == [s for s, _ in want]
+    for (_, g), (_, w) in zip(got, want):
+        assert g == pytest.approx(w, nan_ok=True)
+
+
+def _replay(capsys, *argv) -> tuple[int, str, str]:
+    code = main(["replay", *map(str, argv)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+# -- 1. a per-epoch history printed as bracketed arrays ------------------------------------------
+
+EPOCHS = 12
+HISTORY = {"loss": [_loss(e) for e in range(EPOCHS)], "accuracy": [round(0.5 + e / 40, 3) for e in range(EPOCHS)],
+           "val_loss": [_loss(e) + 0.1 for e in range(EPOCHS)], "val_accuracy": [0.45] * EPOCHS}
+HISTORY_RECORDS = [(e + 1, {"loss": _loss(e)}) for e in range(EPOCHS)]
+
+
+def _numpy_style(history: dict) -> str:
+    """``loss: [0.69 0.52 ...]`` as numpy prints an array, wrapped at 75 characters."""
+    out = []
+    for key, values in history.items():
+        body = textwrap.fill(" ".join(f"{v:.4f}" for v in values), 72, subsequent_indent=" ")
+        out.append(f"{key}: [{body}]")
+    return "\n".join(out) + "\n"
+
+
+HISTORIES = [
+    # Keras' History.history printed as a dict, wrapped by the terminal at 80 characters.
+    ("dict wrapped", "Training finished\n" + "\n".join(textwrap.wrap(str(HISTORY), 80)) + "\nSaved model to out/\n"),
+    # pprint: one element per line, keys sorted (accuracy before loss).
+    ("pprint", "history:\n" + pprint.pformat(HISTORY, width=60) + "\n"),
+    # json.dump(history.history, f, indent=2): a JSON document, the key alone on its line.
+    ("json indent", json.dumps(HISTORY, indent=2) + "\n"),
+    # numpy arrays printed per key.
+    ("numpy style", _numpy_style(HISTORY)),
+]
+
+
+@pytest.mark.parametrize("text", [t for _, t in HISTORIES], ids=[n for n, _ in HISTORIES])
+def test_a_history_printed_as_arrays_is_one_record_per_epoch(tmp_path, text):
+    got, account = records_of(tmp_path, text)
+    _same(got, [(e, {k: v for k, v in m.items()}) for e, m in HISTORY_RECORDS])
+    said = account.lines()
+    assert "  steps numbered by the epoch (nothing finer is printed)" in said
+    assert any(line.startswith("  note: a history printed as arrays (line ") and line.endswith(
+        f"): element k of each array is epoch k, {EPOCHS} epochs") for line in said), said
+
+
+def test_a_nan_inside_a_history_is_found_at_its_epoch(tmp_path, capsys):
+    history = dict(HISTORY, loss=HISTORY["loss"][:7] + [NAN] * 5)
+    path = tmp_path / "h.log"
+    path.write_text("\n".join(textwrap.wrap(str(history), 80)) + "\n")
+    code, out, _ = _replay(capsys, path, "--json", tmp_path / "f.jsonl")
+    found = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()[1:]]
+    nonfinite = next(f for f in found if f["kind"] == "nonfinite")
+    assert code == 1 and nonfinite["step"] == 8
+    assert "record number" not in nonfinite["message"] and "step_is_record_number" not in nonfinite["details"]
+
+
+def test_a_history_printed_after_the_epochs_it_sums_up_adds_no_record(tmp_path):
+    epochs = "".join(f"Epoch {e + 1}/{EPOCHS}\n100/100 [====] - 2s - loss: {_loss(e)} - accuracy: 0.5\n"
+                     for e in range(EPOCHS))
+    got, account = records_of(tmp_path, epochs + str(HISTORY) + "\n")
+    _same(got, HISTORY_RECORDS)
+    assert account.ignored["run summary (a history of the records above, printed as arrays)"] == [1, 2 * EPOCHS + 1]
+
+
+def test_lists_that_are_no_history_stay_what_they_were(tmp_path):
+    # A one-element list beside the step (PaddleSlim), a list of param-group LRs (DeepSpeed).
+    text = "".join(f"Total iter: {s}, epoch: 0, batch: {s}, loss: [{_loss(s)}]\n" for s in (0, 10, 20))
+    got, _ = records_of(tmp_path, text)
+    assert got == [(s, {"loss": _loss(s)}) for s in (0, 10, 20)]
+    text = "".join(f"step={s}, skipped=0, lr=[1e-05, 1e-05], loss={_loss(s)}\n" for s in (10, 20, 30))
+    got, _ = records_of(tmp_path, text)
+    assert [s for s, _ in got] == [10, 20, 30] and all(m["loss"] == _loss(s) for s, m in got)
+
+
+# -- 2 and 10. progress lines with no key names, inside other prints -----------------------------
+
+def _seq2seq(values) -> str:
+    """The PyTorch seq2seq tutorial: `%s (%d %d%%) %.4f` (elapsed (- remaining), iteration,
+    percent, the loss averaged over the print interval), after its data preparation prints."""
+    pre = ["Reading lines...", "Read 135842 sentence pairs", "Trimmed to 11445 sentence pairs",
+           "Counting words...", "Counted words:", "fra 4601", "eng 2991", "['je suis las .', 'i am tired .']"]
+    out = []
+    for k, v in enumerate(values, start=1):
+        it = 5000 * k
+        out.append(f"{it // 12000}m {it // 200 % 60}s (- {(75000 - it) // 12000}m {(75000 - it) // 200 % 60}s) "
+                   f"({it} {it * 100 // 75000}%) {v:.4f}")
+    return "\n".join(pre + out) + "\n"
+
+
+def _char_rnn(values) -> str:
+    """The char-RNN classification tutorial: `%d %d%% (%s) %.4f %s / %s %s`."""
+    out = ["Found 18 categories", "Loaded 20074 names", "['Abandonato', 'Abatangelo']"]
+    for k, v in enumerate(values, start=1):
+        out.append(f"{5000 * k} {5 * k}% ({k // 2}m {k * 7 % 60}s) {v:.4f} Nyilas / Greek ✗ (Hungarian)")
+    return "\n".join(out) + "\n"
+
+
+GUESS = "the unnamed number that varies beside the counter on the log's progress lines (a guess: the log names no loss)"
+
+
+def _bar(values) -> str:
+    """A hand-made bar: `[  500/10000] 00:08<02:38 2.3456`."""
+    return "Loading data\nvocab size 32000\n" + "".join(
+        f"[{500 * k:5d}/10000] {500 * k // 60 % 60:02d}:{500 * k % 60:02d}<02:38 {v:.4f}\n" for k, v in enumerate(values, 1))
+
+
+def _named_counter(values) -> str:
+    """The counter named, the value not: `Iteration 500 | elapsed 5s | 2.3456`."""
+    return "Loading data\n" + "".join(f"Iteration {500 * k} | elapsed {5 * k}s | {v:.4f}\n" for k, v in enumerate(values, 1))
+
+
+@pytest.mark.parametrize("make, loss, counter", [(_seq2seq, "#7", "#5"), (_char_rnn, "#5", "#1"), (_bar, "#7", "#1"),
+                                                 (_named_counter, "#3", "Iteration")],
+                         ids=["seq2seq", "char-rnn", "bar", "named counter"])
+def test_progress_lines_with_no_names_are_read_with_the_loss_said_to_be_a_guess(tmp_path, make, loss, counter):
+    values = [_loss(k) for k in range(1, 15)]
+    got, account = records_of(tmp_path, make(values))
+    step = 500 if make in (_bar, _named_counter) else 5000
+    assert got == [(step * k, {"loss": round(v, 4)}) for k, v in enumerate(values, start=1)]
+    assert account.keys["loss"] == [f"{loss} ({GUESS})"]
+    assert account.lines()[2] == f"  steps numbered by the log's counter: {counter!r}"
+    assert any(line.startswith("  note: the log names no loss: the loss is a guess") for line in account.lines())
+
+
+@pytest.mark.parametrize("extra", ["", "error_rate: [0.5, 0.4, 0.35, 0.3]\n"], ids=["counts", "an error-rate array"])
+def test_progress_lines_whose_number_climbs_are_refused_and_the_suggestions_point_at_them(tmp_path, capsys, extra):
+    # The one unnamed number climbs like an accuracy: no guess; the closest line is a progress
+    # line (not a data preparation count, nor an array of error rates), and every suggestion
+    # reads the progress lines when pasted.
+    text = extra + _seq2seq([0.1 + k / 20 for k in range(1, 15)])
+    path = tmp_path / "tut.log"
+    path.write_text(text)
+    with pytest.raises(LogFormatError) as e:
+        read_records(path)
+    said = str(e.value).splitlines()
+    closest = said[said.index("  closest lines:") + 1]
+    assert closest == f"    line {9 + bool(extra)}: 0m 25s (- 5m 50s) (5000 6%) 0.1500", said
+    pasted = [line.strip() for line in said if line.strip().startswith("stability-callbacks replay ")]
+    assert pasted and all("Read" not in c and "fra" not in c and "error" not in c for c in pasted), pasted
+    for command in pasted:
+        code = main(shlex.split(command)[1:] + ["--json", str(tmp_path / "r.jsonl")])
+        capsys.readouterr()
+        read = json.loads((tmp_path / "r.jsonl").read_text().splitlines()[0])
+        assert code in (0, 1) and read["steps"] == read["steps_with_loss"] == 14, command
+
+
+def test_an_error_rate_is_never_suggested_as_the_loss(tmp_path):
+    path = tmp_path / "e.log"
+    path.write_text("".join(f"it {i} acc {0.5 + i / 100:.3f} error_rate {0.5 - i / 100:.3f}\n" for i in range(1, 9)))
+    with pytest.raises(LogFormatError) as e:
+        read_records(path)
+    assert "loss=error_rate" not in str(e.value) and "(?P<loss>" not in str(e.value).split("error_rate")[-1]
+
+
+# -- 3 and 12. a counter of samples ----------------------------------------------------------------
+
+def _mnist(epochs=(1, 2), nan_at=None) -> str:
+    """The PyTorch MNIST example: `batch_idx * len(data)` samples of 60000, every 10 batches of 64."""
+    out = []
+    for e in epochs:
+        for b in range(0, 938, 10):
+            loss = "nan" if (e, b) == nan_at else f"{_loss(b / 10 + 94 * (e - 1)):.6f}"
+            out.append(f"Train Epoch: {e} [{b * 64}/60000 ({100. * b / 938:.0f}%)]\tLoss: {loss}")
+        out.append(f"\nTest set: Average loss: 0.0{e}41, Accuracy: 98{e}0/10000 (98%)\n")
+    return "\n".join(out) + "\n"
+
+
+def test_a_counter_of_samples_numbers_steps_by_its_unit_and_says_so(tmp_path):
+    got, account = records_of(tmp_path, _mnist())
+    want = [((e - 1) * 94 + b // 10, {"loss": _loss(b / 10 + 94 * (e - 1))}) for e in (1, 2) for b in range(0, 938, 10)]
+    _same(got, want)
+    said = account.lines()
+    assert said[2] == "  steps numbered by the log's counter of samples seen, divided by 640: \"a bar's count\""
+    assert "  note: \"a bar's count\" counts samples, not batches (its counts are multiples of 640, which " \
+           "holds a power of two >= 32, as a batch size does and a print interval of batches does not): steps " \
+           "are samples seen / 640, 94 to an epoch of 60,000" in said
+    assert "step counter" not in " ".join(said)
+
+
+def test_a_finding_at_a_step_of_samples_says_how_to_find_it(tmp_path, capsys):
+    path = tmp_path / "mnist.log"
+    path.write_text(_mnist(nan_at=(2, 500)))
+    code, out, _ = _replay(capsys, path, "--json", tmp_path / "f.jsonl")
+    found = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()[1:]]
+    nonfinite = next(f for f in found if f["kind"] == "nonfinite")
+    assert code == 1 and nonfinite["step"] == 94 + 50
+    assert nonfinite["message"].endswith("(step 144 is not printed by the log: its counter counts samples, "
+                                         "and steps are samples seen / 640, 94 to an epoch)")
+    advice = next(f for f in found if f["kind"] == "rollback_advice")
+    assert "skip_steps" not in advice["details"] and "checkpoint_step" not in advice["details"]
+
+
+def test_old_keras_bars_count_samples(tmp_path):
+    # Keras 1/2 printed samples: `  32/60000 [....] - ETA: 52s - loss: 2.3`, redrawn with `\r`.
+    out = []
+    for e in (1, 2):
+        bars = [f"{n:5d}/60000 [..............................] - ETA: 52s - loss: {_loss(n / 32):.4f}"
+                for n in range(32, 60000, 3200)]
+        out += [f"Epoch {e}/2", "\r".join(bars + ["60000/60000 [====] - 5s - loss: 2.1 - val_loss: 2.3"])]
+    got, _ = records_of(tmp_path, "\n".join(out) + "\n")
+    per_epoch = [(n // 32, {"loss": _loss(n / 32)}) for n in range(32, 60000, 3200)] + [(1875, {"loss": 2.1})]
+    _same(got, per_epoch + [(1875 + s, m) for s, m in per_epoch])
+
+
+def test_open_clip_counts_samples_of_its_batch_size(tmp_path):
+    # open_clip: `[num_samples/samples_per_epoch (pct%)]`, num_samples = (i + 1) x batch size.
+    text = "".join(f"2024-01-01,00:00:00 | INFO | Train Epoch: 0 [{(i + 1) * 64:>6d}/109468 ({(i + 1) * 6400 // 109468:.0f}%)] "
+                   f"Data (t): 0.011 Batch (t): 0.41, 156.1/s, 156.1/s/gpu LR: 0.000010 Logit Scale: 14.286 "
+                   f"Contrastive_loss: {_loss(i):.4g} ({_loss(i):.4g}) Loss: {_loss(i):.4g} ({_loss(i):.4g})\n"
+                   for i in range(0, 1000, 100))
+    got, _ = records_of(tmp_path, text)
+    assert [s for s, _ in got] == list(range(1, 1001, 100))
+
+
+def test_a_batch_counter_printed_every_100_batches_is_no_counter_of_samples(tmp_path):
+    text = "".join(f"Epoch: [3][{b:4d}/5005]\tTime 0.3\tLoss {_loss(b):.4f}\n" for b in range(0, 1000, 100))
+    got, account = records_of(tmp_path, text)
+    assert [s for s, _ in got] == [2 * 5005 + b for b in range(0, 1000, 100)]
+    assert "samples" not in " ".join(account.lines())
+
+
+# -- 4 and 8. a counter that restarts every epoch, no epoch length printed -------------------------
+
+IMAGES = [96 * k for k in (1, 11, 21, 31, 41, 50)]   # the last batch of an epoch is short
+RESTARTS = [
+    # Images counted within an epoch, from a value that is not round; the epoch on the line.
+    ("images in the line", "".join(f"Epoch: {e} | imgs: {n} | loss: {_loss(e * 50 + n / 96):.4f}\n"
+                                    for e in (3, 4, 5) for n in IMAGES),
+     [((e - 3) * 4800 + n, _loss(e * 50 + n / 96)) for e in (3, 4, 5) for n in IMAGES],
+     "'imgs' restarts at every epoch and the log prints no epoch length: steps are (epoch - 3) x 4,800 "
+     "(the largest 'imgs' of an epoch) + 'imgs'"),
+    # `[epoch][batch]` with no batch total, from batch 0 of a late epoch: below the epochs done,
+    # it cannot be the run's step; the records are numbered in order, all of them.
+    ("[e][b] from batch 0", "".join(f"[{e}][{b}] loss: {_loss(e * 500 + b):.4f} lr: 0.01\n"
+                                     for e in (37, 38, 39) for b in range(0, 500, 100)),
+     [(k, _loss(e * 500 + b)) for k, (e, b) in enumerate(((e, b) for e in (37, 38, 39) for b in range(0, 500, 100)), 1)],
+     "'(unnamed)' counts within an epoch and the log prints no epoch length: the records are numbered in "
+     "order, for the whole log"),
+    # Epoch headers above the lines, the counter named as an iteration.
+    ("epoch headers", "".join(f"==> Epoch {e}\n" + "".join(f"iter {n} loss {_loss(e * 50 + n):.4f}\n"
+                                                            for n in (37, 74, 111, 148)) for e in (1, 2)),
+     [((e - 1) * 148 + n, _loss(e * 50 + n)) for e in (1, 2) for n in (37, 74, 111, 148)],
+     "'iter' restarts at every epoch and the log prints no epoch length: steps are (epoch - 1) x 148 "
+     "(the largest 'iter' of an epoch) + 'iter'"),
+]
+
+
+@pytest.mark.parametrize("text, want, note", [r[1:] for r in RESTARTS], ids=[r[0] for r in RESTARTS])
+def test_a_counter_that_restarts_every_epoch_numbers_the_whole_log_one_way(tmp_path, text, want, note):
+    got, account = records_of(tmp_path, text)
+    assert [(s, m["loss"]) for s, m in got] == want
+    said = account.lines()
+    assert f"  note: {note}" in said, said
+    assert not any("parts of the log" in line for line in said), said
+
+
+# -- 5. dicts glued to the redraws of a progress bar -----------------------------------------------
+
+def _glued(n: int, nan_at: int, first: str) -> str:
+    """A record's `print(dict)` glued to tqdm's redraw (no `\\r` after it). A training loop's
+    body prints while the bar shows the batches done before its own (`first`: "alone", printed
+    before any bar, or "at 0", glued to `0/100`); HF's Trainer updates the bar, then prints
+    ("updated": the bar shows the record's step)."""
+    out = []
+    for s in range(1, n + 1):
+        loss = "nan" if s == nan_at else _loss(s)
+        record = "{'loss': %s, 'learning_rate': 5e-05, 'epoch': %.2f}" % (loss, s / 100)
+        shown = s if first == "updated" else s - 1
+        bar = f"\r {shown}%|#         | {shown}/100 [00:0{s % 10}<00:10,  9.90it/s]"
+        out.append(record if first == "alone" and s == 1 else bar + record)
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("first", ["alone", "at 0", "updated"])
+def test_a_dict_glued_after_a_bar_is_numbered_by_what_the_bar_shows(tmp_path, capsys, first):
+    path = tmp_path / "glued.log"
+    path.write_text(_glued(30, 21, first))
+    got = [(r.step, r.metrics["loss"]) for r in read_records(path)]
+    _same([(s, {"loss": v}) for s, v in got], [(s, {"loss": NAN if s == 21 else _loss(s)}) for s in range(1, 31)])
+    code, out, _ = _replay(capsys, path, "--json", tmp_path / "f.jsonl")
+    found = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()[1:]]
+    assert code == 1 and next(f for f in found if f["kind"] == "nonfinite")["step"] == 21
+    note = ("  note: records printed right after a progress bar's redraw are numbered by its count + 1 "
+            "(the bar shows the batches done before the one they report)")
+    assert (note in out.splitlines()) == (first != "updated")
+
+
+def test_a_record_numbered_by_order_never_merges_with_a_printed_step(tmp_path):
+    got, account = records_of(tmp_path, "{'loss': 3.0}\n" + "".join(f"step {s} loss {_loss(s)}\n" for s in (1, 2, 3)))
+    assert got == [(0, {"loss": 3.0})] + [(s, {"loss": _loss(s)}) for s in (1, 2, 3)]
+    assert "  note: a record printed before the log's first step (1) is numbered 0" in account.lines()
+
+
+# -- 6. a step printed again: ranks, or a re-logged step -------------------------------------------
+
+TABLE_STEPS = list(range(100, 1100, 100))
+RELOGGED = [
+    ("text table", "***** Running training *****\n  step   train_loss   eval_loss\n"
+     + "".join(f"  {s:<6d} {_loss(s / 10):<12.6f} {_loss(s / 10) + 0.1:.6f}\n" for s in TABLE_STEPS)
+     + f"  1000   {_loss(50):<12.6f} {_loss(100) + 0.1:.6f}\n", "run.log"),
+    ("tab-separated, W&B's Step", "Step\tTraining Loss\tValidation Loss\n"
+     + "".join(f"{s}\t{_loss(s / 10):.6f}\t{_loss(s / 10) + 0.1:.6f}\n" for s in TABLE_STEPS)
+     + f"1000\t{_loss(50):.6f}\t{_loss(100) + 0.1:.6f}\n", "t.tsv"),
+    ("markdown table", "| Step | Training Loss | Validation Loss |\n|---|---|---|\n"
+     + "".join(f"| {s} | {_loss(s / 10):.6f} | {_loss(s / 10) + 0.1:.6f} |\n" for s in TABLE_STEPS)
+     + f"| 1000 | {_loss(50):.6f} | {_loss(100) + 0.1:.6f} |\n", "run.log"),
+    ("json lines", "".join(json.dumps({"step": s, "loss": _loss(s / 10)}) + "\n" for s in TABLE_STEPS)
+     + json.dumps({"step": 1000, "loss": _loss(50)}) + "\n", "log.jsonl"),
+    ("csv by the rules", "global_step,train_loss,eval_acc\n" + "".join(f"{s},{_loss(s / 10)},0.5\n" for s in TABLE_STEPS)
+     + f"1000,{_loss(50)},0.5\n", "m.csv"),
+]
+
+
+@pytest.mark.parametrize("text, name", [r[1:] for r in RELOGGED], ids=[r[0] for r in RELOGGED])
+def test_a_step_logged_again_after_steps_logged_once_is_a_record_of_its_own(tmp_path, text, name):
+    got, account = records_of(tmp_path, text, name)
+    assert [(s, m["loss"]) for s, m in got] == [(s, pytest.approx(_loss(s / 10))) for s in TABLE_STEPS] \
+        + [(1000, pytest.approx(_loss(50)))]
+    assert any(line.startswith("  note: step 1,000 was printed again with another loss") and
+               line.endswith("a re-logged step (a resumed run, a summary row), kept as a record of its own")
+               for line in account.lines()), account.lines()
+
+
+def test_ranks_that_print_every_step_are_still_one_record_per_step(tmp_path):
+    text = "".join(f"[rank{r}]: step {s} loss {_loss(s) + r / 1000:.4f}\n" for s in (1, 2, 3, 4) for r in (0, 1))
+    got, _ = records_of(tmp_path, text)
+    assert got == [(s, {"loss": pytest.approx(_loss(s) + 0.0005)}) for s in (1, 2, 3, 4)]
+
+
+# -- 7. intervals printed as ranges ----------------------------------------------------------------
+
+RANGES = [
+    ("batches a-b", "".join(f"batches {s - 100}-{s}: loss {_loss(s)}\n" for s in range(100, 800, 100))),
+    ("[a:b]", "".join(f"[{s - 100}:{s}] loss={_loss(s)}\n" for s in range(100, 800, 100))),
+    ("steps a - b", "".join(f"steps {s - 100} - {s}: avg loss {_loss(s)}\n" for s in range(100, 800, 100))),
+    ("(a–b)", "".join(f"iters ({s - 100}–{s}) | loss {_loss(s)}\n" for s in range(100, 800, 100))),
+]
+
+
+@pytest.mark.parametrize("text", [t for _, t in RANGES], ids=[n for n, _ in RANGES])
+def test_an_interval_printed_as_a_range_is_numbered_by_its_end(tmp_path, text):
+    got, account = records_of(tmp_path, text)
+    assert got == [(s, {"loss": _loss(s)}) for s in range(100, 800, 100)]
+    assert not account.order_numbered
+
+
+def test_a_time_of_day_is_no_range(tmp_path):
+    got, _ = records_of(tmp_path, "".join(f"[12:{10 + s}] step {s} loss {_loss(s)}\n" for s in (1, 2, 3)))
+    assert got == [(s, {"loss": _loss(s)}) for s in (1, 2, 3)]
+
+
+# -- 9. a finding's caveat describes how its own step was numbered ---------------------------------
+
+def test_a_finding_at_a_printed_step_carries_no_caveat_and_its_advice_names_the_checkpoint(tmp_path, capsys):
+    # The first records print no step (numbered in order); then the log prints its epochs.
+    head = "".join(f"loss: {_loss(k):.4f}\n" for k in range(3))
+    body = "".join(f"epoch {e} loss: {'nan' if e == 40 else f'{_loss(e):.4f}'} lr: 0.001\n" for e in range(10, 50))
+    path = tmp_path / "mixed.log"
+    path.write_text(head + body)
+    code, out, _ = _replay(capsys, path, "--json", tmp_path / "f.jsonl")
+    found = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()[1:]]
+    nonfinite = next(f for f in found if f["kind"] == "nonfinite")
+    assert code == 1 and nonfinite["step"] == 40
+    assert "record" not in nonfinite["message"] and "step_is_record_number" not in nonfinite["details"]
+    advice = next(f for f in found if f["kind"] == "rollback_advice")
+    assert advice["details"]["skip_steps"][1] == 40 and "step_is_record_number" not in advice["details"]
+
+
+def test_a_finding_in_a_part_numbered_by_order_says_how_that_part_was_numbered(tmp_path, capsys):
+    head = "".join(f"step {s} loss {_loss(s):.4f}\n" for s in range(1, 41))
+    tail = "".join(f"loss: {'nan' if k == 5 else f'{_loss(40 + k):.4f}'}\n" for k in range(1, 11))
+    path = tmp_path / "tail.log"
+    path.write_text(head + tail)
+    code, out, _ = _replay(capsys, path, "--json", tmp_path / "f.jsonl")
+    found = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()[1:]]
+    nonfinite = next(f for f in found if f["kind"] == "nonfinite")
+    assert nonfinite["step"] == 45 and nonfinite["details"]["step_is_record_number"] is True
+    assert nonfinite["message"].endswith(
+        "(step 45 is not printed by the log: it is the 5th record after step 40, the last step before "
+        "records that print none: find it by counting records from there)")
+    assert "which prints no step numbers" not in out
+
+
+# -- 11. prose about NaN is no NaN warning ---------------------------------------------------------
+
+@pytest.mark.parametrize("prose", ["loss check: no NaN found", "loss is not nan at step 3",
+                                   "No inf or NaN detected in gradients"])
+def test_prose_saying_there_was_no_nan_is_no_nan_warning(tmp_path, prose):
+    text = "".join(f"step {s} | lr 0.001\n" for s in (1, 2, 3)) + prose + "\n" + "step 4 | loss 2.0\n"
+    got, account = records_of(tmp_path, text)
+    assert not any(math.isnan(m.get("loss", 0.0)) for _, m in got)
+    assert not any(reason.startswith("NaN warning") for reason in account.ignored)
+
+
+def test_a_nan_warning_still_marks_the_step_before_it(tmp_path):
+    text = "step 1 | lr 0.001\nstep 2 | lr 0.001\nWARNING: loss is nan at step 2\nstep 3 | loss 2.0\n"
+    got, account = records_of(tmp_path, text)
+    assert math.isnan(got[1][1]["loss"]) and "NaN warning (marks the step before it)" in account.ignored
