@@ -3,13 +3,19 @@
     python scripts/bench_replay.py [LOG] [--repeat N]
         Monitor.update steps/s on a real 20k-step log (records pre-read; reading timed apart).
 
+    python scripts/bench_replay.py [LOG] --code DIR [--code DIR ...] [--rounds N] [--records N]
+        The same, µs per update in CPU seconds of a subprocess per checkout and round,
+        interleaved (this checkout first): the median per checkout and its ratio to the first.
+        LOG may be a generated one (`--cli` writes them; `--records` reads its first N).
+
     python scripts/bench_replay.py --cli [--steps 1000000] [--formats megatron,generic,csv]
                                    [--code DIR ...] [--rounds 2] [--out DIR]
         The full CLI path (`stability-callbacks replay FILE`, a subprocess: reading, the
-        Monitor, the summary) on a generated log of N steps and 6 columns (step, loss,
-        grad_norm, lr, loss_scale, skipped: the same numbers as Megatron iteration lines, as
-        generic `step N | loss X | ...` lines, as our CSV; `nanogpt`: build-nanogpt's 4-column
-        line, which the generic reader reads and a dedicated reader used to). `--code DIR`
+        Monitor, the summary; wall and CPU seconds) on a generated log of N steps and 6
+        columns (step, loss, grad_norm, lr, loss_scale, skipped: the same numbers as Megatron
+        iteration lines, as generic `step N | loss X | ...` lines, as our CSV; `nanogpt`:
+        build-nanogpt's 4-column line, which the generic reader reads and a dedicated reader
+        used to). `--code DIR`
         times other checkouts of the package on the same files, interleaved round by round
         (compare code on a loaded machine by the ratio, not the absolute figure). Prints
         steps/s per format and code, and JSON as the last line.
@@ -75,6 +81,35 @@ def monitor_only(log: str, repeat: int) -> dict:
     return result
 
 
+_MONITOR_CPU = ("import itertools, sys, time; from stability_callbacks import Monitor; "
+                "from stability_callbacks.replay.readers import read_records; "
+                "n = int(sys.argv[2]) or None; recs = list(itertools.islice(read_records(sys.argv[1]), n)); "
+                "m = Monitor(); t = time.process_time(); [m.update(r) for r in recs]; "
+                "print((time.process_time() - t) / len(recs) * 1e6, len(recs))")
+
+
+def monitor_side_by_side(args) -> dict:
+    """Monitor.update alone, µs per update (CPU time), per checkout, interleaved round by round."""
+    codes = [REPO] + [Path(c).resolve() for c in args.code]
+    us: dict[str, list[float]] = {}
+    steps = 0
+    for _ in range(args.rounds):
+        for code in codes:
+            r = subprocess.run([sys.executable, "-c", _MONITOR_CPU, str(Path(args.log).resolve()), str(args.records)],
+                               cwd=code, env=dict(os.environ, PYTHONPATH=str(code)), capture_output=True, text=True)
+            if r.returncode:
+                raise SystemExit(f"{code}: {r.stderr.strip().splitlines()[-1]}")
+            per_update, steps = float(r.stdout.split()[0]), int(r.stdout.split()[1])
+            us.setdefault(str(code), []).append(per_update)
+    first = statistics.median(us[str(codes[0])])
+    rows = []
+    for code in codes:
+        med = statistics.median(us[str(code)])
+        rows.append({"code": str(code), "median_us_per_update": round(med, 2), "ratio_to_first": round(med / first, 3)})
+        print(f"{code}: median {med:.2f} µs per update (CPU) of {len(us[str(code)])}, x{med / first:.2f}")
+    return {"log": Path(args.log).name, "steps": steps, "monitor": rows, "load_1min": os.getloadavg()[0]}
+
+
 def write_logs(out: Path, steps: int, formats: list[str]) -> dict[str, Path]:
     """The same 6-column run (a falling loss with noise, warmup LR, a steady fp16 scale) in each
     format; files are reused when present."""
@@ -110,37 +145,44 @@ def write_logs(out: Path, steps: int, formats: list[str]) -> dict[str, Path]:
     return {f: paths[f] for f in formats}
 
 
-def cli_seconds(code: Path, log: Path) -> float:
+def cli_seconds(code: Path, log: Path) -> tuple[float, float]:
+    """Wall and CPU seconds (user + system) of one `replay LOG` subprocess."""
     env = dict(os.environ, PYTHONPATH=str(code))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _children_cpu_s()
     # cwd too: `python -m` puts the working directory ahead of PYTHONPATH.
     r = subprocess.run([sys.executable, "-m", "stability_callbacks", "replay", str(log.resolve())],
                        env=env, cwd=code, capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, _children_cpu_s() - c0
     if r.returncode not in (0, 1):
         print(f"replay {log.name} with {code} failed ({r.returncode}): {r.stderr.splitlines()[0]}")
-        return math.inf
-    return seconds
+        return math.inf, math.inf
+    return seconds, cpu
+
+
+def _children_cpu_s() -> float:
+    import resource
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def full_cli(args) -> dict:
     logs = write_logs(Path(args.out), args.steps, args.formats.split(","))
     codes = [REPO] + [Path(c).resolve() for c in args.code]
-    times: dict[tuple[str, str], list[float]] = {}
+    times: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for _ in range(args.rounds):
         for fmt, log in logs.items():
             for code in codes:
                 times.setdefault((str(code), fmt), []).append(cli_seconds(code, log))
     load = os.getloadavg()[0]
     rows = []
-    for (code, fmt), secs in times.items():
-        best = min(secs)
+    for (code, fmt), runs in times.items():
+        best, cpu = min(wall for wall, _ in runs), min(c for _, c in runs)
         if best == math.inf:
             continue
         rows.append({"code": code, "format": fmt, "steps": args.steps, "best_s": round(best, 2),
-                     "steps_per_s": round(args.steps / best)})
-        print(f"{fmt:9s} {code}: best of {len(secs)} {best:6.1f} s = {args.steps / best:,.0f} steps/s "
-              f"(all: {', '.join(f'{s:.1f}' for s in secs)})")
+                     "steps_per_s": round(args.steps / best), "best_cpu_s": round(cpu, 2)})
+        print(f"{fmt:9s} {code}: best of {len(runs)} {best:6.1f} s = {args.steps / best:,.0f} steps/s, "
+              f"CPU {cpu:.1f} s (all: {', '.join(f'{w:.1f}/{c:.1f}' for w, c in runs)})")
     print(f"load average at the end: {load:.1f} on {os.cpu_count()} cores")
     return {"steps": args.steps, "rows": rows, "load_1min": load}
 
@@ -309,10 +351,12 @@ def main() -> None:
     ap.add_argument("--code", action="append", default=[],
                     help="another checkout (its repository root) to time side by side")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--records", type=int, default=0, help="Monitor with --code: the log's first N records (0: all)")
     ap.add_argument("--out", default="out/bench_replay")
     args = ap.parse_args()
     result = (full_cli(args) if args.cli else linear(args) if args.linear else read_only(args)
-              if args.read else follow(args) if args.follow else monitor_only(args.log, args.repeat))
+              if args.read else follow(args) if args.follow else monitor_side_by_side(args) if args.code
+              else monitor_only(args.log, args.repeat))
     print(json.dumps(result))
 
 

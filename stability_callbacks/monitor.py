@@ -22,6 +22,9 @@ from .record import Finding, StepRecord
 
 log = logging.getLogger("stability_callbacks")
 
+#: The detectors a record's keys feed: those before the main loss spike, it (if fed), those after.
+_Plan = tuple[tuple[Detector, ...], LossSpike | None, tuple[Detector, ...]]
+
 STATE_VERSION = 3   # 2: latches and EW means are statistics objects; streams are a detector;
                     # 3: baselines keep their bias and cold start, divergence its swing horizon
 
@@ -63,7 +66,11 @@ class Monitor:
         #: The parameter tensors' names in the optimizer's order, when a live run knows them.
         self.tensor_names: list[str | None] | None = None
         self._broken: set[str] = set()
-        self._plans: dict[frozenset, list[Detector]] = {}
+        self._plans: dict[frozenset, _Plan] = {}
+        self._shapes: set[frozenset] = set()   # the sets of keys seen since the plans were last made afresh
+        # One Context, refilled at every step: building a new one is a third of the Monitor's own
+        # cost per step. Nothing keeps it past the step (``found`` is the step's own list).
+        self._ctx = Context(0)
 
     # -- feeding ------------------------------------------------------------------------------
     def set_warmup_steps(self, warmup_steps: int | None) -> None:
@@ -91,47 +98,80 @@ class Monitor:
             self.run_start = step
         self.last_step = step
         m = record.metrics
-        out += self.phase.update(step, m.get(keys.LR))
+        phase = self.phase
+        out += phase.update(step, m.get(keys.LR))
         skipped = m.get(keys.OVERFLOW_SKIPPED)
         loss = m.get(keys.LOSS)
         if not self.success_seen and (skipped is None or skipped == 0 or (loss is not None and math.isfinite(loss))):
             self.success_seen = True
-        ctx = Context(step=step, phase=self.phase.phase, in_risk_window=self.phase.in_risk_window(step),
-                      warmup_end_step=self.phase.warmup_end_step,
-                      in_startup=step <= self.policy.startup_steps or not self.success_seen,
-                      run_start=self.run_start,
-                      steps_since_resume=(step - self.resume_step if self.resume_step is not None else None),
-                      tensor_names=self.tensor_names, found=out)
+        window = phase.risk_window
+        ctx = self._ctx
+        ctx.step, ctx.phase, ctx.in_risk_window = step, phase.phase, window is not None and window[0] < step <= window[1]
+        ctx.warmup_end_step = phase.warmup_end_step
+        ctx.in_startup = step <= self.policy.startup_steps or not self.success_seen
+        ctx.steps_since_resume = step - self.resume_step if self.resume_step is not None else None
+        ctx.tensor_names, ctx.found = self.tensor_names, out
+        ctx.run_start = self.run_start
         shape = frozenset(m)
         plan = self._plans.get(shape)
         if plan is None:   # which detectors this set of keys feeds (logs keep one shape)
-            plan = self._plans[shape] = [d for d in self.detectors
-                                         if not d.signals or not shape.isdisjoint(d.signals)]
-        broken = self._broken
-        for d in plan:
-            if d.name in broken:
-                continue
-            try:
-                found = d.update(record, ctx)
-            except Exception:   # a broken detector must not take training down
-                self._disable(d.name, step)
-                found = []
-            if found:
-                out += found
-            if d is self._loss_spike:
-                ctx.loss_baseline, ctx.loss_noise, ctx.loss_slope = d.baseline_before, d.noise_before, d.slope_before
-                ctx.loss_floor_log, ctx.loss_signed = d.floor_log, d.signed
-                ctx.loss_step_noise, ctx.loss_step_mean = d.step_noise_before, d.step_mean_before
-                ctx.loss_spike_open = d.episode is not None
-                ctx.loss_spike_onset = d.episode.onset if d.episode is not None else None
-        out += self.policy.review_skip(record, out, ctx, self.control, self._grad_norm_spike)
-        out += self.policy.decide(out, ctx, self.control, self.phase.risk_window)
+            plan = self._plan(shape)
+        before, loss_spike, after = plan
+        if before:
+            self._run(before, record, ctx, out)
+        if loss_spike is None:
+            ctx.loss_spike_open, ctx.loss_spike_onset, ctx.loss_baseline = False, None, None
+            ctx.loss_noise = ctx.loss_slope = ctx.loss_step_noise = ctx.loss_step_mean = 0.0
+            ctx.loss_floor_log, ctx.loss_signed = -math.inf, False
+        else:
+            self._run((loss_spike,), record, ctx, out)
+            ctx.loss_baseline, ctx.loss_noise = loss_spike.baseline_before, loss_spike.noise_before
+            ctx.loss_slope, ctx.loss_floor_log = loss_spike.slope_before, loss_spike.floor_log
+            ctx.loss_signed = loss_spike.signed
+            ctx.loss_step_noise, ctx.loss_step_mean = loss_spike.step_noise_before, loss_spike.step_mean_before
+            episode = loss_spike.episode
+            ctx.loss_spike_open = episode is not None
+            ctx.loss_spike_onset = episode.onset if episode is not None else None
+        self._run(after, record, ctx, out)
+        policy = self.policy
+        out += policy.review_skip(record, out, ctx, self.control, self._grad_norm_spike)
+        out += policy.decide(out, ctx, self.control, window)
         for f in out:
             if f.phase is None:
                 f.phase = ctx.phase
             f.in_warmup_risk_window = ctx.in_risk_window
         self.phase_at_last_step = ctx.phase
         return out
+
+    def _plan(self, shape: frozenset) -> _Plan:
+        """The detectors a record with these keys feeds (:meth:`Detector.wants`), in order, split
+        around the main loss spike (whose view of the loss the detectors after it read); broken
+        ones left out."""
+        if shape not in self._shapes:   # keys not seen before: what a detector wants may change
+            self._shapes.add(shape)      # with them (Detector.wants), so every plan is made anew
+            self._plans = {}
+        fed = [d for d in self.detectors if d.name not in self._broken and d.wants(shape)]
+        if self._loss_spike not in fed:
+            plan: _Plan = ((), None, tuple(fed))
+        else:
+            i = fed.index(self._loss_spike)
+            plan = (tuple(fed[:i]), self._loss_spike, tuple(fed[i + 1:]))
+        self._plans[shape] = plan
+        return plan
+
+    def _forget_plans(self) -> None:
+        """A segment, a state load, a new or broken detector: every detector is asked again."""
+        self._plans, self._shapes = {}, set()
+
+    def _run(self, detectors: tuple, record: StepRecord, ctx: Context, out: list[Finding]) -> None:
+        for d in detectors:
+            try:
+                found = d.update(record, ctx)
+            except Exception:   # a broken detector must not take training down
+                self._disable(d.name, record.step)
+                continue
+            if found:
+                out += found
 
     def _make(self, name: str) -> Detector:
         cls, dcfg = DETECTORS[name], self.config["detectors"]
@@ -143,6 +183,7 @@ class Monitor:
 
     def _disable(self, name: str, step: int) -> None:
         self._broken.add(name)
+        self._forget_plans()
         log.exception("stability_callbacks: detector %s failed at step %s and is now off", name, step)
 
     # -- run structure ------------------------------------------------------------------------
@@ -161,6 +202,7 @@ class Monitor:
         self.policy.forget_after(start_step)
         for d in self.detectors:
             d.on_segment(start_step, reason)
+        self._forget_plans()   # what a detector wants may change at a segment (Detector.wants)
         return [Finding(step=start_step, kind="resume", severity="info", phase=self.phase.phase,
                         message=(f"Training {'rolled back and ' if reason == 'rollback' else ''}resumed at "
                                  f"step {start_step} (segment {self.segment}). Watching the next steps for "
@@ -175,7 +217,7 @@ class Monitor:
         self.detectors = [self._make(d.name) for d in self.detectors]
         self._loss_spike = next((d for d in self.detectors if isinstance(d, LossSpike)), None)
         self._grad_norm_spike = next((d for d in self.detectors if isinstance(d, GradNormSpike)), None)
-        self._plans = {}
+        self._forget_plans()
         self.phase.prev_lr = self.phase.prev_step = None
         self.phase.rising_samples = self.phase.flat = 0
 
@@ -215,3 +257,4 @@ class Monitor:
         self.policy.load_state_dict(state["policy"])
         for d in self.detectors:
             d.load_state_dict(state["detectors"][d.name])
+        self._forget_plans()   # ... and with the state

@@ -27,6 +27,7 @@ from .record import Finding
 
 #: Relative LR change below which two LRs count as equal (printed LRs are rounded).
 _LR_TOL = 1e-6
+_RISEN, _FALLEN = 1 + _LR_TOL, 1 - _LR_TOL   # the factors an LR must cross to have moved
 
 
 class PhaseTracker:
@@ -98,8 +99,8 @@ class PhaseTracker:
                 if lr == 0.0:
                     self.warmup_start_step = step
             return out
-        rising = lr > prev * (1 + _LR_TOL) and lr > 0
-        falling = lr < prev * (1 - _LR_TOL)
+        rising = lr > prev * _RISEN and lr > 0
+        falling = lr < prev * _FALLEN
         self.flat = 0 if (rising or falling) else self.flat + 1
         if rising:
             if self.rising_samples == 0 and self.phase not in ("warmup", "rewarm"):
@@ -129,7 +130,8 @@ class PhaseTracker:
             self.phase = "peak"
         if falling:
             self.decayed = True
-        self.peak_lr = max(self.peak_lr, lr)
+        if lr > self.peak_lr:
+            self.peak_lr = lr
         return out
 
     def _ramp_samples(self) -> int:

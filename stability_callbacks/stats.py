@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
+_NEVER = 1 << 62   # a count no stream reaches
+
 
 class EWMean:
     """Exponentially weighted mean: ``mean += a·(x − mean)``. O(1); state: ``[n, mean]``.
@@ -35,7 +37,7 @@ class EWMean:
     [4.0, 3.0]
     """
 
-    __slots__ = ("alpha", "start", "n", "mean", "_warm")
+    __slots__ = ("alpha", "start", "n", "mean", "_warm", "_whole_from")
     STARTS = ("first", "running", "zero")
 
     def __init__(self, alpha: float, *, start: str = "first"):
@@ -50,6 +52,7 @@ class EWMean:
         # One update rule for all three: weight max(alpha, 1/n) for the first _warm points
         # (first: the first point gets weight 1; running: while 1/n ≥ alpha; zero: never).
         self._warm = {"first": 1, "running": int(1.0 / alpha) + 1, "zero": 0}[start]
+        self._whole_from = _NEVER   # the first n at which the zero start's weights sum to 1.0 exactly
 
     def update(self, x: float) -> float:
         """Add ``x``; returns the new mean."""
@@ -62,9 +65,15 @@ class EWMean:
     @property
     def debiased(self) -> float:
         """The mean over the weights actually given (differs from ``mean`` only for ``zero``)."""
-        if self.start != "zero" or self.n == 0:
+        n = self.n
+        if self.start != "zero" or n == 0 or n >= self._whole_from:
             return self.mean
-        return self.mean / -math.expm1(self.n * math.log1p(-self.alpha)) if self.alpha < 1.0 else self.mean
+        if self.alpha >= 1.0:
+            return self.mean
+        weight = -math.expm1(n * math.log1p(-self.alpha))
+        if weight == 1.0:   # (1 - alpha)^n is below half an ulp of 1 (~730 points at 0.05): it stays so,
+            self._whole_from = n   # and dividing by 1.0 is exact; not state (it follows from alpha)
+        return self.mean / weight
 
     def state_dict(self) -> list:
         return [self.n, self.mean]
@@ -142,13 +151,14 @@ class RobustLevel:
     """
 
     __slots__ = ("alpha", "clip_sigmas", "n", "level", "mad", "min_scale", "trend_alpha", "trend", "damping",
-                 "bias", "cold_start_samples", "seen")
+                 "bias", "cold_start_samples", "seen", "_alpha_from")
 
     def __init__(self, alpha: float = 0.05, *, clip_sigmas: float = 3.0, min_scale: float = 1e-3,
                  trend_alpha: float = 0.05, damping: float = 0.98, cold_start_samples: int = 0):
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
         self.alpha = alpha
+        self._alpha_from = _first_below(alpha)
         self.clip_sigmas = clip_sigmas
         self.min_scale = min_scale
         self.trend_alpha = trend_alpha
@@ -214,32 +224,37 @@ class RobustLevel:
 
     def update_log(self, lx: float, *, flagged: bool = False) -> None:
         """:meth:`update` with ``log(x)`` already computed (the hot path computes it once)."""
-        self.n += 1
-        if self.n <= self.cold_start_samples:
+        n = self.n = self.n + 1
+        if n <= self.cold_start_samples:
             self._cold(lx)
             return
-        a = max(self.alpha, 1.0 / self.n)
-        if self.n == 1:
+        if n == 1:
             self.level = lx
             return
-        pred = self.level + self.damping * self.trend
-        d = lx - pred - self.bias   # what the trend and its bias leave unexplained
+        # The weight max(alpha, 1/n): a running mean of the first points, then exponential. Four
+        # baselines update on every record: the attributes are read once (locals are cheaper).
+        a = self.alpha if n >= self._alpha_from else 1.0 / n
+        level, trend, bias, damping = self.level, self.trend, self.bias, self.damping
+        pred = level + damping * trend
+        d = lx - pred - bias   # what the trend and its bias leave unexplained
         clipped = False
-        if flagged or self.n > 3:
+        if flagged or n > 3:   # clipped to the band
             band = self.clip_sigmas * max(1.25 * self.mad, self.min_scale)
-            clipped = abs(d) > band
-            d = min(max(d, -band), band)
-        new = pred + a * (self.bias + d)
+            if d > band:
+                d, clipped = band, True
+            elif d < -band:
+                d, clipped = -band, True
+        new = pred + a * (bias + d)
         # Flagged points move the level (clipped, so slowly) but never the noise scale, the bias or
         # the trend: an anomaly must not widen the band it is judged by. The trend learns only from
         # ordinary points, so a regime change does not wind it up into an overshoot.
-        if self.n > 3 and not flagged and not clipped:   # a trend from 2-3 points is noise
-            self.trend = self.damping * self.trend + self.trend_alpha * (new - self.level - self.damping * self.trend)
+        if n > 3 and not flagged and not clipped:   # a trend from 2-3 points is noise
+            self.trend = damping * trend + self.trend_alpha * (new - level - damping * trend)
         self.level = new
         if not flagged:
-            if self.n > 3 and self.trend_alpha > 0.0:   # ... nor a bias (without a trend, the
+            if n > 3 and self.trend_alpha > 0.0:   # ... nor a bias (without a trend, the
                 # level itself is the EW mean the bias would repeat)
-                self.bias += a * d
+                self.bias = bias + a * d
             self.mad += a * (abs(d) - self.mad)
 
     def _cold(self, lx: float) -> None:
@@ -279,6 +294,14 @@ _SQRT2 = math.sqrt(2.0)
 #: Cold points from which the cold baseline is a trend line (fewer: their median). Up to 20
 #: cold points the refit costs <= 45 pairwise slopes per point, on the first points only.
 COLD_TREND_SAMPLES = 10
+
+
+def _first_below(alpha: float) -> int:
+    """The first n with ``1.0 / n <= alpha`` (as floats): from there on ``max(alpha, 1.0 / n)`` is alpha."""
+    n = max(int(1.0 / alpha) - 1, 1)
+    while 1.0 / n > alpha:
+        n += 1
+    return n
 
 
 def _median(xs: list[float]) -> float:
@@ -339,6 +362,8 @@ class RiseAboveLow:
     __slots__ = ("persist", "low", "low_step", "count", "latch")
 
     def __init__(self, persist: int):
+        if persist < 1:
+            raise ValueError(f"persist must be ≥ 1, got {persist!r}")
         self.persist = persist
         self.low: float | None = None
         self.low_step: int | None = None
@@ -346,11 +371,18 @@ class RiseAboveLow:
         self.latch = Latch()
 
     def update(self, v: float, step: int, threshold: float) -> bool:
-        if self.low is None or v < self.low:
-            self.low, self.low_step = v, step
-        rise = v - self.low
-        self.count = 0 if rise <= threshold else self.count + 1
-        return self.latch.update(on=self.count >= self.persist, off=rise < threshold / 2)
+        low = self.low
+        if low is None or v < low:
+            low = self.low = v
+            self.low_step = step
+        rise = v - low
+        if rise <= threshold:
+            self.count = 0
+            if rise < threshold / 2:   # re-armed; nothing to fire (hot path: no call)
+                self.latch.armed = True
+            return False
+        self.count += 1
+        return self.latch.update(self.count >= self.persist, rise < threshold / 2)
 
     @property
     def low_value(self) -> float:

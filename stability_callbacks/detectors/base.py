@@ -61,6 +61,14 @@ class Detector:
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         raise NotImplementedError
 
+    def wants(self, present: frozenset[str]) -> bool:
+        """Whether a record with the metric keys ``present`` can change this detector or what it finds: the
+        Monitor leaves it out of the records it cannot. Default: one of its ``signals`` is among
+        them (or it has none: it looks at every record). An answer that depends on the state may
+        change only at a segment, a state load or a record with a set of keys the Monitor has not
+        seen before: it asks again after those."""
+        return not self.signals or not present.isdisjoint(self.signals)
+
     def on_segment(self, start_step: int, reason: str) -> None:
         """A new run segment starts (resume / rollback). Default: nothing to do."""
 

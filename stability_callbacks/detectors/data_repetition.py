@@ -51,6 +51,11 @@ class DataRepetition(Detector):
         self.consumed: float | None = None   # the last consumed_samples seen
         self.course: list | None = None   # [log baseline, log slope per point, points since] after a resume
 
+    def wants(self, present: frozenset[str]) -> bool:
+        # fingerprints and the samples count are remembered from the start, the loss judged after a resume
+        return (keys.BATCH_FINGERPRINT in present or keys.CONSUMED_SAMPLES in present
+                or (self.resume_step is not None and keys.LOSS in present))
+
     def on_segment(self, start_step: int, reason: str) -> None:
         self.segment_start = start_step
         if reason in ("resume", "rollback"):

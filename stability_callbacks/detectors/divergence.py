@@ -5,7 +5,7 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import EWMean, Latch, RiseAboveLow, RollingMedian, finite_positive
+from ..stats import EWMean, Latch, RiseAboveLow, RollingMedian
 from .base import Context, Detector, check, fmt, positive, positive_int
 
 
@@ -67,6 +67,7 @@ class Divergence(Detector):
         self.max_horizon_samples = positive_int("max_horizon_samples", max_horizon_samples)
         self.growth_ratio = check("growth_ratio", growth_ratio,
                                   isinstance(growth_ratio, (int, float)) and growth_ratio > 1, "a number > 1")
+        self._log_min_rise = math.log1p(self.min_rise)
         self.med = RollingMedian(window)
         # The noise: the mean |change of log(loss) from one point to the next − its mean| (a trend
         # moves every step alike: what it leaves is noise), debiased: the first points tell it.
@@ -117,10 +118,12 @@ class Divergence(Detector):
             self._restart()
             return []
         lx = math.log(x)
-        for key, window in ((keys.GRAD_NORM, self.grad_med), (keys.UPDATE_NORM, self.update_med)):
-            v = m.get(key)
-            if v is not None and finite_positive(v):
-                window.update(math.log(v))
+        g = m.get(keys.GRAD_NORM)
+        if g is not None and 0.0 < g < math.inf:
+            self.grad_med.update(math.log(g))
+        u = m.get(keys.UPDATE_NORM)
+        if u is not None and 0.0 < u < math.inf:
+            self.update_med.update(math.log(u))
         self.med.update(lx)
         prev, self.prev_log = self.prev_log, lx
         if prev is not None:   # the noise, from the steps between points around their mean (the trend)
@@ -135,39 +138,42 @@ class Divergence(Detector):
         h = self.horizon
         a = 2.0 / (h + 1) if h > self.window else 1.0
         level = self.smooth = med if self.smooth is None else self.smooth + a * (med - self.smooth)
-        rise = self.min_rise
-        low = self.rise.low if self.rise.low is not None else level
+        rise = self.rise
+        low = rise.low if rise.low is not None else level
         if ctx.loss_floor_log > low:   # near its floor a rise is measured against the floor (LossSpike)
-            rise *= math.exp(ctx.loss_floor_log - low)
-        thr = max(math.log1p(rise), self.noise_sigmas * 1.25 * noise)
-        fired = self.rise.update(level, record.step, thr)
+            log_rise = math.log1p(self.min_rise * math.exp(ctx.loss_floor_log - low))
+        else:
+            log_rise = self._log_min_rise
+        thr = max(log_rise, self.noise_sigmas * 1.25 * noise)
+        fired = rise.update(level, record.step, thr)
         # The swings the run has shown: rises of half a threshold that came back, and how long.
-        up = level - self.rise.low_value
+        low = rise.low_value
+        up = level - low
         if self.swing is None and up > thr / 2:
             self.swing = self.points
         elif self.swing is not None and up < thr / 4:
             if self.points - self.swing > self.window:   # shorter ones are the median's own noise
                 self.horizon = min(max(self.horizon, self.points - self.swing), self.max_horizon_samples)
             self.swing = None
-        if self.rise.low_step == record.step:   # a new low: what the grad and update norms were there
+        if rise.low_step == record.step:   # a new low: what the grad and update norms were there
             self.at_low = [self._now(self.grad_med), self._now(self.update_med)]
         # Recovery wins: the median lags a loss that came back by half a window (a 4-point bump
         # holds it up for 4 points); nothing is reported while the loss itself is back below.
         # ... and a rise is more than the loss's additive noise allows a median (~0.67σ for the
         # difference of two medians of 7): near zero, log(loss) magnifies a likelihood's noise.
-        back = lx - self.rise.low_value <= thr or (
-            math.exp(level) - math.exp(self.rise.low_value) <= self.noise_sigmas * 0.67 * ctx.loss_step_noise)
+        back = lx - low <= thr or (
+            math.exp(level) - math.exp(low) <= self.noise_sigmas * 0.67 * ctx.loss_step_noise)
         if fired and back:
-            self.rise.latch.rearm()   # judged again at the next point
+            rise.latch.rearm()   # judged again at the next point
             fired = False
         if fired:
             self.episode = [record.step, False]
-        elif self.episode is not None and self.rise.count == 0:
+        elif self.episode is not None and rise.count == 0:
             self.episode = None   # it fell back: a swing after all
         ep = self.episode
         if ep is None or ep[1] or back:
             return []
-        lasted = self.rise.count
+        lasted = rise.count
         grown = self._grown()
         outlasted = lasted >= self.persist_samples + h
         if not (fired or outlasted or grown):
@@ -211,15 +217,17 @@ class Divergence(Detector):
         level, spread = self.level.mean, self.spread.mean
         warm = self.level.n >= self.window and spread > 0.0
         far = (level - x) / spread if warm else 0.0
-        if far < self.runaway_factor / 3 or not self.faster:   # a point of a speeding fall, far below,
+        third = self.runaway_factor / 3
+        if far < third or not self.faster:   # a point of a speeding fall, far below,
             # is not the loss's own level and spread (a steady fall keeps moving them)
             self.level.update(x)
             self.spread.update(abs(x - level) if self.level.n > 1 else 0.0)
-        self.below = self.below + 1 if far >= self.runaway_factor / 3 else 0
+        self.below = self.below + 1 if far >= third else 0
         # back: its level within a third of that of its own scale, no point far below
-        back = far < self.runaway_factor / 3 and (start[0] < 20 or level > -self.runaway_factor / 3 * start[1])
+        back = far < third and (start[0] < 20 or level > -third * start[1])
         if not warm or x >= 0.0:
-            self.runaway.update(on=False, off=back)
+            if back:   # re-armed (hot path: no call)
+                self.runaway.armed = True
             return []
         deep = start[0] >= 20 and level < -self.runaway_factor * start[1] and x < level
         speeding = far >= self.runaway_factor and (

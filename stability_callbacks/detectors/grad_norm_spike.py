@@ -1,9 +1,11 @@
 """Outliers of the global grad norm — often the leading signal of a loss spike."""
 from __future__ import annotations
 
+import math
+
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import RobustLevel, finite_positive
+from ..stats import RobustLevel
 from .base import Context, Detector, fmt, positive, positive_int
 
 
@@ -52,28 +54,31 @@ class GradNormSpike(Detector):
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
         g = m.get(keys.GRAD_NORM)
-        if g is None or not finite_positive(g) or (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0:
+        if g is None or not 0.0 < g < math.inf or (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0:
             return []
         b = self.base
         if b.n == 0:
             b.update(g)
             return []
-        ratio = b.ratio(g)
+        f = b.forecast
+        lg = math.log(g)
+        ratio = g / math.exp(f)   # b.ratio(g); the forecast and the log are worked out once
         if b.n < self.cold_start_samples:
             abnormal = ratio >= self.cold_start_ratio
+        elif ratio >= self.min_ratio:
+            z = (lg - f) / b.scale   # b.z(g)
+            abnormal = z >= self.z_threshold or (ratio >= self.max_ratio and z >= 0.75 * self.z_threshold)
         else:
-            z = b.z(g)
-            abnormal = ratio >= self.min_ratio and (
-                z >= self.z_threshold or (ratio >= self.max_ratio and z >= 0.75 * self.z_threshold))
+            abnormal = False
         if self.open:
             if ratio < self.close_ratio:
                 self.open = False
-                b.update(g)
+                b.update_log(lg)
             else:
-                b.update(g, flagged=True)
+                b.update_log(lg, flagged=True)
             return []
         if not abnormal:
-            b.update(g)
+            b.update_log(lg)
             return []
         self.open = True
         self.onsets = [s for s in self.onsets if record.step - s <= self.repeat_window_steps]
@@ -81,7 +86,7 @@ class GradNormSpike(Detector):
         repeat = len(self.onsets) >= self.repeat_count
         prev = self.onsets[-2] if len(self.onsets) > 1 else None
         base = b.baseline
-        b.update(g, flagged=True)
+        b.update_log(lg, flagged=True)
         large = ratio >= self.large_ratio
         tail = (f" It repeats ({len(self.onsets)} spikes since step {self.onsets[0]}): the optimizer state may be going bad; a "
                 f"checkpoint is being saved." if repeat else

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import RiseAboveLow, RobustLevel, finite_positive
+from ..stats import RiseAboveLow, RobustLevel
 from .base import Context, Detector, check, fmt, positive, positive_int
 
 
@@ -28,11 +28,12 @@ class _SustainedGrowth(Detector):
         self.startup_steps = positive_int("startup_steps", startup_steps)
         self.level = RobustLevel(positive("alpha", alpha))
         self.rise = RiseAboveLow(self.persist_samples)
+        self._log_growth = math.log1p(self.min_growth)
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
         v = m.get(self.signals[0])
-        if v is None or not finite_positive(v) or (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0:
+        if v is None or not 0.0 < v < math.inf or (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0:
             return []
         self.level.update(v)
         if self.after_warmup and ctx.phase == "warmup":
@@ -41,7 +42,7 @@ class _SustainedGrowth(Detector):
         if out or record.step <= self.startup_steps or (self.after_warmup and ctx.phase is None):
             return out
         lv = self.level.level
-        if not self.rise.update(lv, record.step, math.log1p(self.min_growth)):
+        if not self.rise.update(lv, record.step, self._log_growth):
             return []
         lo, now, low_step = math.exp(self.rise.low_value), math.exp(lv), self.rise.low_step
         growth = now / lo

@@ -5,7 +5,7 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import EWMean, RobustLevel, finite_positive
+from ..stats import EWMean, RobustLevel
 from .base import Context, Detector, fmt, positive, positive_int
 
 
@@ -33,6 +33,7 @@ class LevelShift(Detector):
         self.slow_alpha = positive("slow_alpha", slow_alpha)
         self.slow = RobustLevel(self.slow_alpha, trend_alpha=0.0)
         self.fast = EWMean(self.fast_alpha)
+        self._log_min_shift = math.log1p(self.min_shift)
         self.anchor: float | None = None
         self.anchor_step: int | None = None
         self.count = 0
@@ -40,19 +41,18 @@ class LevelShift(Detector):
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         x = record.metrics.get(keys.LOSS)
-        if x is None or not finite_positive(x) or x == self.last or ctx.loss_signed:   # frozen: `stall`'s
+        if x is None or not 0.0 < x < math.inf or x == self.last or ctx.loss_signed:   # frozen: `stall`'s
             return []
         self.last = x
         lx = math.log(x)
         fast = self.fast.update(lx)
-        shift = self.min_shift
-        if self.slow.n and ctx.loss_floor_log > self.slow.level:   # near its floor: against the floor
-            shift *= math.exp(ctx.loss_floor_log - self.slow.level)
-        thr = math.log1p(shift)
-        shifted = self.slow.n >= self.persist_samples and fast - self.slow.level > thr
-        if not shifted:   # the reference holds still while a candidate shift is judged
-            self.slow.update(x)
-        if not shifted:
+        slow = self.slow
+        if slow.n and ctx.loss_floor_log > slow.level:   # near its floor: against the floor
+            thr = math.log1p(self.min_shift * math.exp(ctx.loss_floor_log - slow.level))
+        else:
+            thr = self._log_min_shift
+        if slow.n < self.persist_samples or not fast - slow.level > thr:
+            slow.update_log(lx)   # the reference holds still only while a candidate shift is judged
             self.anchor, self.count = None, 0
             return []
         if self.anchor is None or abs(fast - self.anchor) > thr / 2:

@@ -84,6 +84,8 @@ class LossScaleCollapse(Detector):
         self.moved = False                   # the scale has changed at least once: a dynamic scaler
         self.pinned = 0                      # overflowed steps in a row at an unchanged scale
         self.searching = True                # the start-up search: until the first successful step
+        self._log2_min = math.log2(self.min_scale)
+        self._log2 = (math.nan, math.nan)    # the last scale seen and its log2 (derived, not state)
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
@@ -104,10 +106,14 @@ class LossScaleCollapse(Detector):
             return self._fire(step, s, "zero", ctx, on=True)
         if self.pinned >= self.pinned_skips:
             return self._fire(step, s, "pinned", ctx, on=True)
-        ls = math.log2(s)
-        near_floor = self.moved and ls - math.log2(self.min_scale) <= self.floor_halvings
+        ls = self._log2[1] if s == self._log2[0] else self._remember_log2(s)
+        near_floor = self.moved and ls - self._log2_min <= self.floor_halvings
         if self.searching:   # the search halves by design; one that reached the floor has failed
             return self._fire(step, s, "floor", ctx, on=near_floor, off=not near_floor)
+        if ls == self.peak and not near_floor:   # at its peak, off its floor (most steps): no halving
+            self.peak_step = step                # to count, nothing to report, both latches re-armed
+            self.latch.armed = self.warned.armed = True
+            return []
         if self.peak is not None and self.peak_step is not None:
             decay = (step - self.peak_step) // self.peak_decay_steps
             if decay > 0:
@@ -118,14 +124,27 @@ class LossScaleCollapse(Detector):
         drop = self.peak - ls
         # near the floor by repeated halvings (or at it): one halving of a scale that has sat at 8
         # for an epoch, to 4, is a scaler at work (a fairseq reference log)
-        near_floor = near_floor and (ls <= math.log2(self.min_scale) or drop >= self.floor_halvings)
+        near_floor = near_floor and (ls <= self._log2_min or drop >= self.floor_halvings)
         rule = "halvings" if drop >= self.min_halvings else "floor"
-        out = self._fire(step, s, rule, ctx, on=drop >= self.min_halvings or near_floor,
-                         off=drop < self.min_halvings / 2 and not near_floor)
-        if self.warned.update(on=drop >= self.warn_halvings and not out and self.latch.armed,
-                              off=drop < self.warn_halvings / 2 and not near_floor):
-            out = self._fire(step, s, "falling", ctx, on=True)
+        off = drop < self.min_halvings / 2 and not near_floor
+        if drop >= self.min_halvings or near_floor:
+            out = self._fire(step, s, rule, ctx, on=True, off=off)
+        else:   # the latch can only re-arm (hot path: no call)
+            out = []
+            if off:
+                self.latch.armed = True
+        off = drop < self.warn_halvings / 2 and not near_floor
+        if drop >= self.warn_halvings and not out and self.latch.armed:
+            if self.warned.update(on=True, off=off):
+                out = self._fire(step, s, "falling", ctx, on=True)
+        elif off:
+            self.warned.armed = True
         return out
+
+    def _remember_log2(self, s: float) -> float:
+        """log2 of a new scale (a scale stays the same for hundreds of steps); derived, not state."""
+        self._log2 = (s, math.log2(s))
+        return self._log2[1]
 
     def _fire(self, step: int, s: float, rule: str, ctx: Context, *, on: bool, off: bool = False) -> list[Finding]:
         if rule != "falling" and not self.latch.update(on, off):

@@ -143,6 +143,8 @@ class LossSpike(Detector):
         self.horizon_samples = positive_int("horizon_samples", horizon_samples)
         self.floor_fraction = check("floor_fraction", floor_fraction,
                                     isinstance(floor_fraction, (int, float)) and 0 <= floor_fraction < 1, "in [0, 1)")
+        # the least rise the warm threshold asks for (min_rise, capped by max_threshold_rise), per unit
+        self._least_rise = min(self.min_rise, self.max_threshold_rise)
         self.base = RobustLevel(baseline_alpha, cold_start_samples=self.cold_start_samples)
         self.episode: SpikeEpisode | None = None
         self.prev_step: int | None = None
@@ -170,12 +172,13 @@ class LossSpike(Detector):
         between successive ordinary points (a change of two points has √2 σ, and E|N(0, 2σ²)| = 2σ/√π)."""
         return _HALF_SQRT_PI * self.step_dev.mean
 
-    def _floor_now(self) -> float:
+    def _floor_now(self, step_noise: float) -> float:
         """What rises are measured against at least: ``floor_fraction`` x the peak, or, where the
         loss's noise does not shrink with it (a likelihood or any loss near zero), ``z_threshold``
-        x its additive noise, once ``cold_start_samples`` changes tell it (a few changes of a
-        young, bending curve do not); ``floor_log`` follows (the other loss detectors read it)."""
-        add = self.z_threshold * self.step_noise if self.steps.n >= self.cold_start_samples else 0.0
+        x its additive noise (``step_noise``), once ``cold_start_samples`` changes tell it (a few
+        changes of a young, bending curve do not); ``floor_log`` follows (the other loss detectors
+        read it)."""
+        add = self.z_threshold * step_noise if self.steps.n >= self.cold_start_samples else 0.0
         if add > self.floor:
             self.floor_log = math.log(add)
             return add
@@ -202,7 +205,8 @@ class LossSpike(Detector):
         x = record.metrics.get(self.signals[0])
         if x is None or not -math.inf < x < math.inf:
             return []
-        self.step_noise_before, self.step_mean_before = self.step_noise, self.steps.mean
+        step_noise = self.step_noise
+        self.step_noise_before, self.step_mean_before = step_noise, self.steps.mean
         if x <= 0.0:
             if x == 0.0 or self.signed:
                 return self._update_signed(record.step, x) if self.signed else []
@@ -239,10 +243,15 @@ class LossSpike(Detector):
         scale = max(1.25 * b.mad, b.min_scale)
         self.baseline_before, self.noise_before = (None if cold else base), scale
         self.slope_before = b.damping * b.trend
-        floor = self._floor_now()
+        floor = self._floor_now(step_noise)
         unit = base if base > floor else floor   # what a rise is measured against
-        thr = self._threshold(base, falling if falling is not None else scale, cold, falling is not None, floor)
-        abnormal = x > thr
+        if self.episode is None and not cold and x <= base + self._least_rise * unit:
+            # The threshold is at least that far above the baseline (its smallest rise): an
+            # ordinary point, and most are, is judged without working it out.
+            thr, abnormal = math.inf, False
+        else:
+            thr = self._threshold(base, falling if falling is not None else scale, cold, falling is not None, floor)
+            abnormal = x > thr
         z = (lx - f) / scale if n >= 2 else 0.0
         prev_log, self.prev_log = self.prev_log, lx
         out: list[Finding] = []

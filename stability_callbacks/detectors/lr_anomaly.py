@@ -84,9 +84,11 @@ class LrAnomaly(Detector):
         per_step = change / max(record.step - since, 1)
         anomalous = (self.typical.n >= 3 and change >= self.min_change
                      and per_step > self.ratio * max(self.typical.mean, 1e-12))
-        if not self.latch.update(on=anomalous, off=not anomalous):
-            if not anomalous:
-                self.typical.update(per_step)
+        if not anomalous:   # a change like the schedule's: learned, and the latch re-armed (hot path: no call)
+            self.latch.armed = True
+            self.typical.update(per_step)
+            return []
+        if not self.latch.update(on=True):
             return []
         return [self.finding(
             record.step, severity="warning", value=lr, baseline=prev,

@@ -36,6 +36,10 @@ class NonFinite(Detector):
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
+        total = sum(m.values())
+        if total - total == 0.0:   # a finite sum: every value is finite (NaN and ±Inf carry through)
+            self.latch.armed = True   # a finite step ends the episode (hot path: no call)
+            return []
         # One pass: v - v is 0.0 for every finite float and NaN for NaN/±Inf.
         bad = [k for k, v in m.items() if v - v != 0.0 and (k in _WATCHED or k.startswith(keys.LOSS_STREAM_PREFIX))]
         if bad and (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0 and keys.GRAD_NORM in bad:

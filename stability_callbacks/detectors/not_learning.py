@@ -138,7 +138,7 @@ class NotLearning(Detector):
             return []
         lx = math.log(x)
         warm = ctx.phase != "warmup"
-        if self.learned and self._chance_log() is None:
+        if self.learned and (not (self.num_outputs or self.outputs) or self._chance_log() is None):
             # the flat rule is done and no chance level applies: only "nothing moves the weights"
             # is left to judge (the noise as it was when the loss fell)
             self.prev_before, self.prev_log = self.prev_log if self.prev_log is not None else lx, lx

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-from collections import deque
 
 from .. import keys
 from ..record import Finding, StepRecord
@@ -40,13 +39,16 @@ class OverflowBurst(Detector):
         k = record.metrics.get(keys.OVERFLOW_SKIPPED)
         if k is None or not 0.0 <= k < math.inf:
             return []
-        step = record.step
-        recent = deque((s, c, st) for s, c, st in self.recent if step - s < self.window_steps)
-        if k > 0:
-            recent.append((step, k, ctx.in_startup))
         if ctx.in_startup and not self.search_failed:
             self.search_failed = any(f.kind == "loss_scale_collapse" for f in ctx.found)
-        self.recent = [list(e) for e in recent]
+        if k == 0.0 and not self.recent:   # no skip now nor in the window: nothing to count
+            self.latch.armed = True        # re-armed, as by a window without a skip (hot path: no call)
+            return []
+        step = record.step
+        recent = [e for e in self.recent if step - e[0] < self.window_steps]
+        if k > 0:
+            recent.append([step, k, ctx.in_startup])
+        self.recent = recent
         total = sum(c for _, c, st in recent if not st or self.search_failed)
         if not self.latch.update(on=total >= self.min_skips, off=total == 0):
             return []

@@ -27,6 +27,9 @@ class ResumeSpike(Detector):
         self.resume_step: int | None = None
         self.latch = Latch()   # re-armed by every resume
 
+    def wants(self, present: frozenset[str]) -> bool:
+        return self.resume_step is not None and super().wants(present)   # nothing to judge before a resume
+
     def on_segment(self, start_step: int, reason: str) -> None:
         if reason in ("resume", "rollback"):
             self.resume_step = start_step

@@ -42,6 +42,10 @@ class StreamLossSpike(Detector):
     __init__.__dict__["__signature__"] = inspect.Signature(
         [p for p in inspect.signature(LossSpike.__init__).parameters.values() if p.name != "signal"])
 
+    def wants(self, present: frozenset[str]) -> bool:
+        # its streams, and once it has one every record: a main-loss spike names the streams spiking with it
+        return bool(self.streams) or any(k.startswith(keys.LOSS_STREAM_PREFIX) for k in present)
+
     def on_segment(self, start_step: int, reason: str) -> None:
         for d in self.streams.values():
             d.on_segment(start_step, reason)

@@ -5,7 +5,7 @@ import math
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import EWMean, finite_positive
+from ..stats import EWMean
 from .base import Context, Detector, check, fmt, positive, positive_int
 
 
@@ -48,6 +48,7 @@ class SuddenDrop(Detector):
         self.fast_alpha = positive("fast_alpha", fast_alpha)
         self.after_resume_steps = positive_int("after_resume_steps", after_resume_steps)
         self.fast = EWMean(self.fast_alpha)
+        self._log_keep = math.log1p(-self.min_drop)   # a fall by min_drop, in log(loss)
         self.history: list[float] = []     # the fast level at the last 2·window + 1 points
         self.warmup_end: int | None = None
         self.count = 0
@@ -55,7 +56,7 @@ class SuddenDrop(Detector):
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         x = record.metrics.get(keys.LOSS)
-        if x is None or not finite_positive(x) or ctx.loss_signed:
+        if x is None or not 0.0 < x < math.inf or ctx.loss_signed:
             return []
         fast = self.fast.update(math.log(x))
         h = self.history
@@ -71,19 +72,21 @@ class SuddenDrop(Detector):
         del h[0]
         fall, before = fast - h[w], h[w] - h[0]   # log change over the last window, and the one before
         base = ctx.loss_baseline
-        drop = self.min_drop
         if ctx.loss_floor_log > h[w]:   # near its floor a fall is measured against the floor (LossSpike)
-            drop *= math.exp(ctx.loss_floor_log - h[w])
-        dropped = (drop < 1.0 and fall <= math.log1p(-drop)
-                   and (before >= 0.0 or fall <= self.acceleration * before)
+            drop = self.min_drop * math.exp(ctx.loss_floor_log - h[w])
+            dropped = drop < 1.0 and fall <= math.log1p(-drop)
+        else:
+            dropped = fall <= self._log_keep   # (min_drop < 1)
+        dropped = (dropped and (before >= 0.0 or fall <= self.acceleration * before)
                    and base is not None and fast < math.log(base))
         self.count = self.count + 1 if dropped else 0
+        if self.count != self.persist_samples:
+            return []
         since_resume = ctx.steps_since_resume
         resumed = since_resume is not None and since_resume <= self.after_resume_steps
-        quiet = (ctx.phase == "warmup"
-                 or (ctx.warmup_end_step is None and record.step <= self.startup_steps and not resumed)
-                 or (self.last_step is not None and record.step - self.last_step < self.min_gap_steps))
-        if quiet or self.count != self.persist_samples:
+        if (ctx.phase == "warmup"   # quiet
+                or (ctx.warmup_end_step is None and record.step <= self.startup_steps and not resumed)
+                or (self.last_step is not None and record.step - self.last_step < self.min_gap_steps)):
             return []
         self.last_step = record.step
         now, then = math.exp(fast), math.exp(h[w])
