@@ -437,3 +437,33 @@ def test_a_nan_warning_still_marks_the_step_before_it(tmp_path):
     text = "step 1 | lr 0.001\nstep 2 | lr 0.001\nWARNING: loss is nan at step 2\nstep 3 | loss 2.0\n"
     got, account = records_of(tmp_path, text)
     assert math.isnan(got[1][1]["loss"]) and "NaN warning (marks the step before it)" in account.ignored
+
+
+# -- the account says one numbering where one numbers every record ----------------------------------
+
+def _bars_under_epoch_headers() -> str:
+    """stable-dreamfusion's shape: an epoch header, its complete bar, an evaluation bar (no lr), the
+    next header and its bar's redraws. The records are epoch x bar count; the reader first tries the
+    epoch alone for the first bar."""
+    bar = "loss={l:.4f} ({l:.4f}), lr=0.050000: : {p:3d}% {n}/100 [00:{t:02d}<00:{r:02d},  5.39it/s]\n"
+    return ("==> [2023-07-17_21-23-40] Start Training /run/trial Epoch 81/300, lr=0.050000 ...\n"
+            + bar.format(l=1.0, p=100, n=100, t=18, r=0)
+            + "==> [2023-07-17_21-23-59] Finished Epoch 81/300. CPU=3.9GB, GPU=8.0GB.\n"
+            + "++> Evaluate /run/trial at epoch 81 ...\n"
+            + "loss=0.0000 (0.0000): : 100% 8/8 [00:00<00:00, 53.78it/s]\n++> Evaluate epoch 81 Finished.\n"
+            + "==> [2023-07-17_21-23-59] Start Training /run/trial Epoch 82/300, lr=0.050000 ...\n"
+            + "".join(bar.format(l=_loss(n), p=n, n=n, t=n // 5, r=(100 - n) // 5) for n in (50, 51, 52)))
+
+
+@pytest.mark.parametrize("text, want, said", [
+    (_bars_under_epoch_headers(), [8100, 8150, 8151, 8152], "  steps numbered by the log's counter: \"a bar's count\""),
+    # an epoch printed on every line that never moves numbers nothing: the records are in order
+    ("".join(f"training loss(epoch 0): part_loss: 0.5, total_loss: {_loss(s):.3f}\n" for s in range(4)),
+     [1, 2, 3, 4], "  steps numbered by order of appearance (the records print no counter taken for the step: "
+                   "step N is the N-th record)"),
+], ids=["complete bar, then a header", "an epoch that never moves"])
+def test_a_numbering_first_tried_and_given_up_is_not_said(tmp_path, text, want, said):
+    got, account = records_of(tmp_path, text)
+    assert [s for s, _ in got] == want
+    numbering = [line for line in account.lines() if "numbered" in line]
+    assert numbering == [said], numbering

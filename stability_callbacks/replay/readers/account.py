@@ -87,8 +87,9 @@ class ReadAccount:
             self.segments[-1][3] = index - 1
             self.segments.append([how, [], index, index, step])
         self.segment_how = self.segments[-1][0] if self.segments else how
-        if "counter" in self.numbering and not any(s[0] == "counter" for s in self.segments):
-            del self.numbering["counter"]
+        used = {s[0] for s in self.segments}   # a numbering no part keeps is not said
+        for gone in [h for h in self.numbering if h not in used]:
+            del self.numbering[gone]
 
     def restep(self, index: int, step: int) -> None:
         """Record ``index``, the last one so far, is at ``step`` after all (same numbering)."""

@@ -345,7 +345,14 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
 
 def _last_words(name: str, user) -> str:
     """A name longer than a key (prose before it: `Start Training /path/run_iter30k Epoch`):
-    its shortest tail that names something (`Epoch`), else the whole."""
+    its shortest tail that names something (`Epoch`), else the whole. A file's path ends the
+    prose: no key holds one (`train/loss` is a key, `/runs/trial` and `runs/a/b` are paths), so
+    the words after the last path are the name, however few the words before it."""
+    if "/" in name:
+        words = name.split()
+        last = max((i for i, w in enumerate(words) if w.startswith("/") or w.count("/") >= 2), default=-1)
+        if 0 <= last < len(words) - 1:
+            name = " ".join(words[last + 1:])
     if len(name) < 2 * _KEY_WORDS or sum(map(name.count, " /_-.")) < _KEY_WORDS \
             or len(normalise_key(name).split()) <= _KEY_WORDS:
         return name                     # (the counts first: most names are short)
