@@ -426,7 +426,9 @@ def print_summary(findings: list[Finding], num_records: int, name: str, *, file=
     from rich.table import Table
 
     console = Console(file=file or sys.stdout, width=120, highlight=False, soft_wrap=False)
-    table = Table(title=f"{name}: {num_records} steps, {len(findings)} findings")
+    # The heading on a line of its own: as the table's title, rich wraps it to the table's width.
+    console.print(f"{name}: {num_records:,} steps, {len(findings)} findings")
+    table = Table()
     for col in ("kind", "severity", "count", "first step", "last step"):
         table.add_column(col)
     groups: dict[tuple[str, str], list[Finding]] = {}
@@ -434,7 +436,8 @@ def print_summary(findings: list[Finding], num_records: int, name: str, *, file=
         groups.setdefault((f.kind, f.severity), []).append(f)
     for (kind, sev), fs in sorted(groups.items(), key=lambda kv: (-severity_rank(kv[0][1]), kv[1][0].step)):
         table.add_row(kind, sev, str(len(fs)), str(fs[0].step), str(fs[-1].step))
-    console.print(table)
+    if findings:
+        console.print(table)
     serious = [f for f in findings if severity_rank(f.severity) >= 1]
     for f in serious[:50]:
         print_finding(f, advice_forms, console=console)
