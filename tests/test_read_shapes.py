@@ -467,3 +467,13 @@ def test_a_numbering_first_tried_and_given_up_is_not_said(tmp_path, text, want, 
     assert [s for s, _ in got] == want
     numbering = [line for line in account.lines() if "numbered" in line]
     assert numbering == [said], numbering
+
+
+def test_a_possessive_is_part_of_the_name_and_a_validation_loss_stays_out(tmp_path):
+    """LightGBM: `[10]\ttraining's binary_logloss: 0.45\tvalid_1's binary_logloss: 0.47`. Read as a
+    quote, the apostrophe left `s binary_logloss` twice, and the loss was the sum of both splits."""
+    text = "".join(f"[{s}]\ttraining's binary_logloss: {_loss(s):.5f}\tvalid_1's binary_logloss: 0.47\n"
+                   for s in range(1, 31))
+    got, account = records_of(tmp_path, text)
+    assert [(s, m["loss"]) for s, m in got] == [(s, round(_loss(s), 5)) for s in range(1, 31)]
+    assert account.keys["loss"] == ["training binary_logloss"]

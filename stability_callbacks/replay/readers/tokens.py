@@ -32,6 +32,8 @@ _TRAILING_WORD = re.compile(r"(?<![A-Za-z_/.-])([A-Za-z]+)$")
 _LEADING_WORD = re.compile(r"([A-Za-z]+)(?![A-Za-z])")
 _QUOTES = " \t'\"\u2018\u2019\u201c\u201d"
 _CUTS = ",|;[]{}()<>'\"=:\t\u2018\u2019\u201c\u201d\u2502\u2503\u2551"
+# A possessive is no quote: LightGBM's `training's binary_logloss`, `valid_1's binary_logloss`.
+_POSSESSIVE = re.compile(r"(?<=\w)['\u2019]s(?= )")
 _AFTER_LAST_CUT = re.compile(f"[{re.escape(_CUTS)}]([^{re.escape(_CUTS)}]*)\\Z")
 _PATH_TOKENS = re.compile(r"""['"]?([\w./ -]+?)['"]?\s*[:=]\s*\{|\{|\}""")
 _WORD_INSIDE_KEY = re.compile(r"\s+[A-Za-z][\w ]*[:=]\s*$")
@@ -66,6 +68,8 @@ def key_before(piece: str, glued: bool) -> str:
         while i < len(s) and not s[i].isspace() and s[i] not in _CUTS:
             i += 1
         s = s[i:]
+    if "s " in s:
+        s = _POSSESSIVE.sub("", s)
     s = s.rstrip(_QUOTES + "[(~")
     s = s.rstrip(" \t:=").rstrip(_QUOTES)
     qualifier = ""
