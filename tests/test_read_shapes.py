@@ -477,3 +477,19 @@ def test_a_possessive_is_part_of_the_name_and_a_validation_loss_stays_out(tmp_pa
     got, account = records_of(tmp_path, text)
     assert [(s, m["loss"]) for s, m in got] == [(s, round(_loss(s), 5)) for s in range(1, 31)]
     assert account.keys["loss"] == ["training binary_logloss"]
+
+
+def test_rollback_advice_on_a_log_of_epochs_counts_epochs(tmp_path, capsys):
+    """Keras at verbose=2 prints one line per epoch: a step there is an epoch's batches, and no
+    framework's command (which counts optimizer steps) can be made from it."""
+    path = tmp_path / "keras.log"
+    path.write_text("".join(f"Epoch {e}/12\n1875/1875 - 5s - loss: {'nan' if e >= 7 else f'{_loss(e):.4f}'} "
+                            f"- accuracy: 0.91\n" for e in range(1, 13)))
+    code, out, _ = _replay(capsys, path, "--advice", "all", "--json", tmp_path / "f.jsonl")
+    advice = next(json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()
+                  if '"rollback_advice"' in x)
+    assert code == 1 and advice["step"] == 7 and advice["details"]["step_unit"] == "epoch"
+    assert "skip the batches of epochs 7-7 (1 epoch)" in advice["message"] and " step" not in advice["message"]
+    assert "    (the log's steps are epochs: a framework's command names optimizer steps, which the log does " \
+           "not print)" in out
+    assert "    hf: " not in out and "    megatron: " not in out

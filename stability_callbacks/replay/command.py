@@ -21,6 +21,7 @@ and line, the key, or the output);
 from __future__ import annotations
 
 import json
+import re
 import os
 import sys
 from collections import Counter
@@ -367,7 +368,20 @@ def said_of(f: Finding, account: "ReadAccount") -> Finding:
     if caveat is None and f.kind == "rollback_advice" and isinstance(f.onset_step, int) \
             and account.step_caveat(f.onset_step) is not None:
         caveat = account.step_caveat(f.onset_step)
-    return record_numbered(f, caveat) if caveat is not None else f
+    if caveat is not None:
+        return record_numbered(f, caveat)
+    if f.kind == "rollback_advice" and account.counts_epochs(f.step) \
+            and account.counts_epochs(f.onset_step if isinstance(f.onset_step, int) else f.step):
+        return epoch_numbered(f)
+    return f
+
+
+def epoch_numbered(f: Finding) -> Finding:
+    """Rollback advice on a log whose steps are epochs: its checkpoint, onset and batches to skip
+    are epochs (``skip the batches of epochs 40-40 (1 epoch)``, not of one step)."""
+    from dataclasses import replace
+    return replace(f, message=re.sub(r"\bstep(s?)\b", r"epoch\1", f.message),
+                   details=dict(f.details, step_unit="epoch"))
 
 
 def record_numbered(f: Finding, caveat: str | None = None) -> Finding:
@@ -405,10 +419,14 @@ def _advice_forms(args, account: "ReadAccount | None") -> tuple[str, ...] | None
 def print_finding(f: Finding, advice_forms: tuple[str, ...] | None, *, console=None) -> None:
     """One finding as a line (``[severity] step N kind: message``), and under rollback advice
     its native forms (``advice_forms``: those frameworks; None: all four; ``()``: a hint). A log
-    without step numbers gets no forms: record numbers are neither checkpoints nor batches."""
+    without step numbers gets no forms: record numbers are neither checkpoints nor batches; nor
+    does one whose steps are epochs."""
     out = console.print if console is not None else (lambda text, **_: print(text, flush=True))
     out(f"[{f.severity}] step {f.step} {f.kind}: {f.message}", markup=False)
-    if f.kind == "rollback_advice" and not f.details.get("step_is_record_number"):
+    if f.kind == "rollback_advice" and f.details.get("step_unit") == "epoch":
+        out("    (the log's steps are epochs: a framework's command names optimizer steps, which the "
+            "log does not print)", markup=False)
+    elif f.kind == "rollback_advice" and not f.details.get("step_is_record_number"):
         from ..actions.rollback import native_forms
         forms = native_forms(f.details, advice_forms)
         for fw, text in forms.items():

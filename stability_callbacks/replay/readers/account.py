@@ -207,6 +207,12 @@ class ReadAccount:
                 f"step {before}, the last step before records that print none: find it by counting "
                 "records from there)")
 
+    def counts_epochs(self, step: int) -> bool:
+        """Whether ``step`` is an epoch as the log prints it (the part it falls in prints nothing
+        finer): one step there is a whole epoch's batches."""
+        part = self._part_at(step)
+        return part is not None and part[0] == "epoch"
+
     def _part_at(self, step: int) -> list | None:
         """The part of the log a step falls in: the last whose first step is at or before it."""
         if not self.segments:
