@@ -493,3 +493,31 @@ def test_rollback_advice_on_a_log_of_epochs_counts_epochs(tmp_path, capsys):
     assert "    (the log's steps are epochs: a framework's command names optimizer steps, which the log does " \
            "not print)" in out
     assert "    hf: " not in out and "    megatron: " not in out
+
+
+def test_mindspore_loss_is_a_field(tmp_path):
+    """MindSpore's LossMonitor: `epoch: 1 step: 100, loss is 2.302585`."""
+    got, account = records_of(tmp_path, "".join(f"epoch: 1 step: {s * 10}, loss is {_loss(s):.6f}\n"
+                                                 for s in range(1, 21)))
+    assert [(s, m["loss"]) for s, m in got] == [(s * 10, round(_loss(s), 6)) for s in range(1, 21)]
+    assert account.keys["loss"] == ["loss"]
+
+
+@pytest.mark.parametrize("name, said", [
+    ("run-gpt_small-tag-train_loss.csv", "Value (the tag 'train_loss' in the file's name)"),
+    ("run-a-tag-Loss_train.csv", "Value (the tag 'Loss_train' in the file's name)"),
+    ("scalars.csv", None),
+])
+def test_a_tensorboard_scalar_export_is_the_metric_its_file_names(tmp_path, name, said):
+    """TensorBoard's download of one tag: `Wall time,Step,Value`, the tag only in the file's name."""
+    path = tmp_path / name
+    path.write_text("Wall time,Step,Value\n" + "".join(f"{1.69e9 + s:.3f},{s * 10},{_loss(s)}\n" for s in range(1, 21)))
+    if said is None:
+        with pytest.raises(LogFormatError, match=r"scalars\.csv:1: a TensorBoard scalar export .* 'scalars' names "
+                                                 r"no training loss.*--keys loss=Value"):
+            list(read_records(path))
+        return
+    account = ReadAccount(path)
+    got = [(r.step, r.metrics["loss"]) for r in read_records(path, account=account)]
+    assert got == [(s * 10, _loss(s)) for s in range(1, 21)]
+    assert account.format == "tensorboard-csv" and account.keys["loss"] == [said]

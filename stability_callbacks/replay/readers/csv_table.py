@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import itertools
 import re
+from pathlib import Path
 from typing import Generator, Iterator
 
 from ... import keys
@@ -34,6 +35,7 @@ _CELL_NUMBER = re.compile(r"([-+]?)((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan
                           r"[Ii]nfinity)")
 # Our W&B sink's rows carry `stability/step` first: HF's WandbCallback syncs `train/global_step`
 # into every row of the run (define_metric step_sync), ours included, with the reporter's step.
+_TB_EXPORT = ["wall time", "step", "value"]
 _WANDB_STEP_COLUMNS = (keys.STEP_AXIS, "train/global_step", "trainer/global_step", "global_step",
                        "Step", "_step")
 
@@ -88,6 +90,21 @@ def _columns(header: list[str], tag_map, wandb: bool, user):
     return steps, sorted((i, key, name) for key, (i, name) in chosen.items()), own and not wandb
 
 
+def _tensorboard_export(path, header: list[str], line_no: int, tag_map, user) -> list[tuple[int, str, str]]:
+    """TensorBoard's scalar download (`Wall time,Step,Value`): one tag per file, named only by the
+    file, `run-<run>-tag-<tag>.csv` as TensorBoard names it (`/` in the tag as `_`). The value
+    column is the metric its tag names; a file whose name names none is refused, saying so."""
+    stem = Path(str(path)).name.removesuffix(".csv")
+    tag = stem.split("-tag-", 1)[1] if "-tag-" in stem else stem
+    key = metric_key(tag, tag_map, user) or metric_key(tag.replace("_", "/", 1), tag_map, user)
+    if key is None:
+        raise LogFormatError(path, line_no, f"a TensorBoard scalar export (header {header!r}): its one value "
+                             f"column is named by the file's name, and {tag!r} names no training loss, grad "
+                             "norm, LR or loss scale; say which it is: --keys loss=Value")
+    return [(header.index(next(h for h in header if h.strip().lower() == "value")), key,
+             f"Value (the tag {tag!r} in the file's name)")]
+
+
 def _read(path, account: ReadAccount, lines, tag_map, user, wandb):
     numbers = [0]    # the line the csv module last consumed (rows may span lines)
     lines = iter(lines)
@@ -123,6 +140,10 @@ def _read(path, account: ReadAccount, lines, tag_map, user, wandb):
         return
     if not steps:
         raise LogFormatError(path, numbers[-1], f"no step column in header {header!r}")
+    if [h.strip().lower() for h in header] == _TB_EXPORT:
+        account.format = "tensorboard-csv"
+        if not metrics:
+            metrics = _tensorboard_export(path, header, numbers[-1], tag_map, user)
     if not metrics:
         raise LogFormatError(path, numbers[-1], f"no metric column in header {header!r}")
     for _, key, name in metrics:

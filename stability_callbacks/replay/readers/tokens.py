@@ -97,8 +97,10 @@ def key_before(piece: str, glued: bool) -> str:
     if m is not None:
         cut = m.end() - 2
     key = s[cut + 1:].strip()
-    if key.endswith(" is") and ". " in piece:  # prose (BigDL): `.../second. Loss is 1.26.`
-        key = key[:-3].rstrip()                # (not a warning's `loss is nan at step 12`)
+    if key.endswith(" is") and (". " in piece or cut >= 0):
+        # prose: BigDL's `.../second. Loss is 1.26.`, MindSpore's `epoch: 1 step: 100, loss is
+        # 2.30`: after a sentence or a field (not a warning's own `loss is nan at step 12`)
+        key = key[:-3].rstrip()
         key = key[key.rfind(". ") + 2:] if ". " in key else key
     return key + qualifier if key else key
 
