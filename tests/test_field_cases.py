@@ -253,6 +253,18 @@ def test_a_keras_cnn_whose_loss_never_falls_is_not_learning():
     assert "uniform guess over ~2.12 classes" in f[0].message
 
 
+def test_a_flat_regression_loss_is_not_learning_and_says_nothing_of_chance():
+    # issue 33, class 3: an MSE flat at 0.08 is no cross-entropy at chance (e^0.08 = 1.08 "classes")
+    rng = random.Random(4)
+    f, _ = run([StepRecord(10 * e, {"loss": 0.08 * math.exp(0.02 * rng.gauss(0, 1))}) for e in range(1, 12)])
+    assert found(f) == [(90, "not_learning", "warning")]
+    assert "chance" not in f[0].message and "classes" not in f[0].message
+    # a binary classifier at chance, its level a little under ln 2 = 0.693: two classes, not fewer
+    f, _ = run([StepRecord(10 * e, {"loss": 0.675 + 0.004 * (e % 3)}) for e in range(1, 12)])
+    assert found(f) == [(90, "not_learning", "warning")]
+    assert "uniform guess over ~2 classes" in f[0].message
+
+
 def test_a_run_that_learns_slowly_or_converged_is_not_flagged():
     rng = random.Random(2)
     slow = [StepRecord(s, {"loss": 2.95 * (1 - 0.0004 * s) * math.exp(0.005 * rng.gauss(0, 1))})

@@ -10,6 +10,7 @@ from ..stats import EWMean
 from .base import Context, Detector, check, fmt, positive, positive_int
 
 _HALF_SQRT_PI = 0.5 * math.sqrt(math.pi)
+_LN2 = math.log(2.0)   # the chance level of the fewest classes there are
 #: What a run that does not learn usually has, for the message.
 CAUSES = ("an LR of 0 or far too small, frozen parameters (or an optimizer holding other parameters "
           "than the model's), labels disconnected from the inputs (shuffled apart, all one class), "
@@ -55,7 +56,9 @@ class NotLearning(Detector):
       1), and the loss not fallen by ``min_fall`` (nor by its noise) from its level before.
 
     Replayed, C is rarely known: the message says so, and how many equally likely classes the
-    level is the cross-entropy of (e^level). A GAN's summed adversarial losses stay flat by
+    level is the cross-entropy of (e^level), when that is a level a cross-entropy at chance can
+    have (ln 2 or above, within 3 x ``chance_tolerance``); below it (a regression's MSE) it says
+    nothing of chance. A GAN's summed adversarial losses stay flat by
     design: the message says so, and ``detectors.not_learning: false`` turns it off for them.
     O(1) per update; state: 22 scalars.
 
@@ -276,11 +279,13 @@ class NotLearning(Detector):
                   f"{c} outputs")
             chance = (f" It sits at {at} since step {self.chance}." if rule == "chance" else
                       f" (The chance level of its {c} outputs is ln {c} = {fmt(math.log(c))}.)")
-        else:
-            guess = (f", and this level is that of a uniform guess over ~{math.exp(level):.3g} classes"
-                     if level < 25 else "")
+        elif level >= _LN2 * math.exp(-3 * self._tol):   # a level a cross-entropy at chance can have
+            guess = (f", and this level is that of a uniform guess over ~{max(math.exp(level), 2.0):.3g} "
+                     f"classes" if level < 25 else "")
             chance = (f" The chance level is unknown here (the model's output size is not): for a "
                       f"cross-entropy over C classes it is ln C{guess}.")
+        else:   # below ln 2: no cross-entropy at chance (a regression's MSE, a converged classifier)
+            chance = ""
         if rule == "chance":
             what = (f"the loss has stayed at chance level: {fmt(math.exp(self.fast.mean))} at step {step}, "
                     f"{fmt(level)} on average over the {h[1]} points since step {h[0]}, {fmt(before)} at "
