@@ -265,6 +265,20 @@ def test_a_flat_regression_loss_is_not_learning_and_says_nothing_of_chance():
     assert "uniform guess over ~2 classes" in f[0].message
 
 
+def test_not_learnings_horizon_counts_points_as_well_as_steps():
+    # issue 33, class 4: a log numbered by samples seen (64 a batch): 50 "steps" are one batch
+    # apart, so the horizon also needs its 3 points, for the chance rule as for the flat one,
+    # and the message says both
+    rng = random.Random(5)
+    xs = [math.log(10) * math.exp(0.002 * rng.gauss(0, 1)) for _ in range(11)]
+    f, _ = run([StepRecord(64 * k, {"loss": x}) for k, x in enumerate(xs, 1)],
+               {"detectors": {"not_learning": {"num_outputs": 10}}})
+    assert found(f) == [(384, "not_learning", "warning")]   # 3 first points, then 3 more (not 2)
+    assert f[0].details["rule"] == "chance" and f[0].details["horizon_steps"] == 128
+    assert ("over the 3 points from step 256 to 384 (a horizon of at least 3 points and 50 steps as the log "
+            "numbers them)") in f[0].message and "since step 256 (3 points)" in f[0].message
+
+
 def test_a_run_that_learns_slowly_or_converged_is_not_flagged():
     rng = random.Random(2)
     slow = [StepRecord(s, {"loss": 2.95 * (1 - 0.0004 * s) * math.exp(0.005 * rng.gauss(0, 1))})

@@ -25,7 +25,9 @@ class NotLearning(Detector):
     - *flat*: the loss has not left its first level. The first level is the mean ``log(loss)``
       of the run's first points (``first_samples``, or up to the warmup's end when that is
       longer: a noisy loss needs them); the horizon is the points after it: at least ``horizon_samples`` of
-      them and ``horizon_steps`` steps (an epoch-level log with few points counts too). It is
+      them and ``horizon_steps`` steps, both counted and both said (a log numbered by samples
+      seen makes 50 steps two batches; each point is at least one optimizer step; an epoch-level
+      log with few points counts too). It is
       judged against the noise that horizon allows: the fall from the first level to the mean
       since is below half of ``min_fall`` (and not a rise of twice that: a loss that rose is
       divergence's), and plus ``z_threshold`` standard errors (the σ of
@@ -43,7 +45,7 @@ class NotLearning(Detector):
     - *chance*: the loss sits at chance level, ln C for a cross-entropy over C outputs, when C
       is known (``num_outputs``: configured, or declared by a live run from the model's output
       layer): its EW level (~10 points) within ``chance_tolerance`` (2%) of ln C for the
-      horizon (a learning model passes through the band, a GPT-2 at batch size 1 slowly; labels
+      horizon, in points and in steps (a learning model passes through the band, a GPT-2 at batch size 1 slowly; labels
       disconnected from the inputs hold a classifier 1% above it), provided the first level was
       within ``chance_tolerance`` x 3 of it too (a cross-entropy
       over those C outputs starts there from a random init; a loss that does not, an MSE, an
@@ -102,7 +104,7 @@ class NotLearning(Detector):
         self.horizon: list | None = None  # after the warmup: [first step, points, sum of log(loss),
                                           # sum of index x log(loss)]
         self.still: list | None = None    # [first step, points, sum of log(loss), log level before]
-        self.chance: int | None = None    # the step the level entered the chance band
+        self.chance: list | None = None   # [the step the level entered the chance band, points since]
         self.outputs: int | None = None   # C declared by a live run (num_outputs wins)
         self.signed = False
         self.learned = False   # the loss fell from its first level: the flat rule is done
@@ -195,7 +197,9 @@ class NotLearning(Detector):
             if abs(self.fast.mean - chance) > tol:
                 self.chance = None
             elif self.chance is None:
-                self.chance = step
+                self.chance = [step, 1]
+            else:
+                self.chance[1] += 1
         if h[1] < self.horizon_samples or step - h[0] < self.horizon_steps:
             return []
         fell = first - since
@@ -207,7 +211,8 @@ class NotLearning(Detector):
         if max(fell - self.z_threshold * se,
                fell_start - self.z_threshold * sigma * math.sqrt(1.0 / k + 1.0 / h[1])) > need:
             self.learned = True   # it fell: no more flat judging (a collapse to chance, an LR of 0 still count)
-        if self.chance is not None and step - self.chance >= self.horizon_steps:
+        if (self.chance is not None and self.chance[1] >= self.horizon_samples
+                and step - self.chance[0] >= self.horizon_steps):
             return [self._finding(step, "chance", first, since, fell, se, c)]
         if (not self.learned and self.start is not None and self.start[2] and -2 * need < fell < need / 2
                 and fell + self.z_threshold * se < need
@@ -277,7 +282,8 @@ class NotLearning(Detector):
         if c:
             at = (f"ln {c} = {fmt(math.log(c))}, the chance level of a cross-entropy over the model's "
                   f"{c} outputs")
-            chance = (f" It sits at {at} since step {self.chance}." if rule == "chance" else
+            chance = (f" It sits at {at} since step {self.chance[0]} ({self.chance[1]} points)."
+                      if rule == "chance" and self.chance is not None else
                       f" (The chance level of its {c} outputs is ln {c} = {fmt(math.log(c))}.)")
         elif level >= _LN2 * math.exp(-3 * self._tol):   # a level a cross-entropy at chance can have
             guess = (f", and this level is that of a uniform guess over ~{max(math.exp(level), 2.0):.3g} "
@@ -286,15 +292,18 @@ class NotLearning(Detector):
                       f"cross-entropy over C classes it is ln C{guess}.")
         else:   # below ln 2: no cross-entropy at chance (a regression's MSE, a converged classifier)
             chance = ""
+        # what was counted: points and steps both (a log numbered by samples seen makes 50 steps
+        # two batches; each point is at least one optimizer step)
+        span = (f"the {h[1]} points from step {h[0]} to {step} (a horizon of at least {self.horizon_samples} "
+                f"points and {self.horizon_steps} steps as the log numbers them)")
         if rule == "chance":
             what = (f"the loss has stayed at chance level: {fmt(math.exp(self.fast.mean))} at step {step}, "
-                    f"{fmt(level)} on average over the {h[1]} points since step {h[0]}, {fmt(before)} at "
-                    f"its start.{chance}")
+                    f"{fmt(level)} on average over {span}, {fmt(before)} at its start.{chance}")
         else:
             what = (f"the loss has not left its first level: {fmt(before)} over its first {f[0]} points "
-                    f"(to step {f[2]}), {fmt(level)} on average over the {h[1]} points since step {h[0]} "
-                    f"({abs(math.expm1(-fell)):.1%} {'lower' if fell > 0 else 'higher'}, and no downward trend; "
-                    f"against its noise a fall of {self.min_fall:.0%} would show).{chance}")
+                    f"(to step {f[2]}), {fmt(level)} on average over {span}: "
+                    f"{abs(math.expm1(-fell)):.1%} {'lower' if fell > 0 else 'higher'}, and no downward trend, "
+                    f"where against its noise a fall of {self.min_fall:.0%} would show.{chance}")
         return self.finding(
             step, severity="warning", value=level, baseline=before,
             threshold=before * (1 - self.min_fall), onset_step=h[0],
@@ -303,5 +312,5 @@ class NotLearning(Detector):
                      + (" (a GAN's adversarial losses stay level by design: there this says nothing)."
                         if rule == "flat" else ".")),
             rule=rule, fall=-math.expm1(-fell), fall_bound=-math.expm1(-(fell + self.z_threshold * se)),
-            first_samples=f[0], horizon_samples=h[1], chance_level=math.log(c) if c else None,
+            first_samples=f[0], horizon_samples=h[1], horizon_steps=step - h[0], chance_level=math.log(c) if c else None,
             num_outputs=c, past_startup=True)
