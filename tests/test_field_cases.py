@@ -279,6 +279,29 @@ def test_not_learnings_horizon_counts_points_as_well_as_steps():
             "numbers them)") in f[0].message and "since step 256 (3 points)" in f[0].message
 
 
+def printed(values, steps, decimals=2):
+    return [StepRecord(s, {"loss": round(v, decimals), "loss_resolution": 10.0 ** -decimals})
+            for s, v in zip(steps, values)]
+
+
+def test_an_epoch_log_whose_printed_loss_never_moves_is_not_learning_from_its_fifth_point():
+    # issue 33, class 1: a loss summed over each epoch (469 batches), printed to 2 decimals,
+    # 13.27 at every one of 5 epochs: it never moved by one printed digit (0.08%) where a fall of
+    # 5% would have shown on any point, so no noise to average: the horizon is 2 points
+    epochs5 = [469 * e for e in range(1, 6)]
+    f, _ = run(printed([13.27] * 5, epochs5))
+    assert found(f) == [(2345, "not_learning", "warning")]
+    assert f[0].details["rule"] == "flat" and "over the 2 points from step 1876 to 2345" in f[0].message
+    assert found(run(printed([13.27] * 4, epochs5))[0]) == []                   # 3 first points, 1 after
+    assert found(run(printed([13.27] * 5, [469 * e for e in range(50, 55)]))[0]) == []   # mid-run: converged?
+    assert found(run(printed([13.27, 12.10, 11.50, 11.02, 10.80], epochs5))[0]) == []   # it learns
+    assert found(run(printed([13.27, 13.27, 13.27, 13.27, 13.26], epochs5))[0]) == []   # it moved: 3 points
+    # a print too coarse for a 5% fall to show (0.05 at 2 decimals: a digit is 20%) is no call,
+    # however long; 5 points inside 50 steps are too little training to judge
+    assert found(run(printed([0.05] * 12, epochs5 + [469 * e for e in range(6, 13)]))[0]) == []
+    assert found(run(printed([13.27] * 5, range(1, 6)))[0]) == []
+
+
 def test_a_run_that_learns_slowly_or_converged_is_not_flagged():
     rng = random.Random(2)
     slow = [StepRecord(s, {"loss": 2.95 * (1 - 0.0004 * s) * math.exp(0.005 * rng.gauss(0, 1))})

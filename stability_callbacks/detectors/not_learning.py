@@ -8,9 +8,11 @@ from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import EWMean
 from .base import Context, Detector, check, fmt, positive, positive_int
+from .stall import printed_resolution
 
 _HALF_SQRT_PI = 0.5 * math.sqrt(math.pi)
 _LN2 = math.log(2.0)   # the chance level of the fewest classes there are
+_SQRT12 = math.sqrt(12.0)   # the σ of a rounding to one digit is the digit / √12
 #: What a run that does not learn usually has, for the message.
 CAUSES = ("an LR of 0 or far too small, frozen parameters (or an optimizer holding other parameters "
           "than the model's), labels disconnected from the inputs (shuffled apart, all one class), "
@@ -25,15 +27,16 @@ class NotLearning(Detector):
     - *flat*: the loss has not left its first level. The first level is the mean ``log(loss)``
       of the run's first points (``first_samples``, or up to the warmup's end when that is
       longer: a noisy loss needs them); the horizon is the points after it: at least ``horizon_samples`` of
-      them and ``horizon_steps`` steps, both counted and both said (a log numbered by samples
+      them (2 while every point printed the same value: no noise to average) and
+      ``horizon_steps`` steps, both counted and both said (a log numbered by samples
       seen makes 50 steps two batches; each point is at least one optimizer step; an epoch-level
       log with few points counts too). It is
       judged against the noise that horizon allows: the fall from the first level to the mean
       since is below half of ``min_fall`` (and not a rise of twice that: a loss that rose is
       divergence's), and plus ``z_threshold`` standard errors (the σ of
       one point from the changes between successive points, which a trend does not widen,
-      times √(1/first + 1/horizon)) below ``min_fall`` — a fall of that size would have shown
-      and there is none —, and the horizon's points show no downward trend beyond their noise
+      times √(1/first + 1/horizon), never below the print's rounding: its last digit / √12)
+      below ``min_fall`` — a fall of that size would have shown and there is none —, and the horizon's points show no downward trend beyond their noise
       (a slow learner, a 7B model's continued pre-training at -1% per hundred steps, is
       learning). A fall beyond ``min_fall`` by as much, from the first level or from the run's
       first ``first_samples`` points (a loss that fell during the warmup learned there), ends
@@ -159,7 +162,7 @@ class NotLearning(Detector):
                 f[3] = f[1]   # ... and the run's very start
             return []
         if not out and warm:   # the horizon: the points after both
-            out = self._flat_or_chance(step, lx)
+            out = self._flat_or_chance(step, lx, x, m.get(keys.LOSS_RESOLUTION))
         if out:
             self.told = True
         return out
@@ -181,7 +184,7 @@ class NotLearning(Detector):
         self.fast.update(lx)
 
     # -- the rules -----------------------------------------------------------------------------
-    def _flat_or_chance(self, step: int, lx: float) -> list[Finding]:
+    def _flat_or_chance(self, step: int, lx: float, x: float, printed: float | None) -> list[Finding]:
         f, h = self.first, self.horizon
         if h is None:
             h = self.horizon = [step, 0, 0.0, 0.0]
@@ -200,7 +203,8 @@ class NotLearning(Detector):
                 self.chance = [step, 1]
             else:
                 self.chance[1] += 1
-        if h[1] < self.horizon_samples or step - h[0] < self.horizon_steps:
+        if step - h[0] < self.horizon_steps or h[1] < (
+                self.horizon_samples if not self._printed_still() else min(2, self.horizon_samples)):
             return []
         fell = first - since
         sigma = self.sigma
@@ -217,8 +221,20 @@ class NotLearning(Detector):
         if (not self.learned and self.start is not None and self.start[2] and -2 * need < fell < need / 2
                 and fell + self.z_threshold * se < need
                 and not self._falling(h, sigma)):
-            return [self._finding(step, "flat", first, since, fell, se, c)]
+            # the print hides what moves less than its last digit: its rounding (uniform over one
+            # digit, q/√12) is the least noise there is (looked up only here: a call is rare)
+            q = printed if printed is not None and 0.0 < printed < math.inf else printed_resolution(x)
+            se = max(se, q / x / _SQRT12 * math.sqrt(1.0 / f[0] + 1.0 / h[1]))
+            if fell + self.z_threshold * se < need:
+                return [self._finding(step, "flat", first, since, fell, se, c)]
         return []
+
+    def _printed_still(self) -> bool:
+        """Every point so far the same value, as printed (no change between points at all): no
+        noise to average over the horizon, which then needs 2 points, not ``horizon_samples``
+        (an epoch-level log of 5 points that never moved by one printed digit). Its steps still
+        count, and a print too coarse for a fall of ``min_fall`` to show still gets no call."""
+        return self.noise_mean.n > 0 and self.noise_dev.mean == 0.0 and self.noise_mean.mean == 0.0
 
     def _falling(self, h: list, sigma: float) -> bool:
         """The horizon's points fall along a trend beyond their noise (the least-squares slope of
