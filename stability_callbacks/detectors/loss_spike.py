@@ -22,9 +22,10 @@ _ORDERS = 100.0
 _TAIL_SIGMAS = (3.0, 6.0, 12.0)
 _GAUSS_TAILS = tuple(0.5 * math.erfc(z / _SQRT2) for z in _TAIL_SIGMAS)
 _GAUSS_TAIL = _GAUSS_TAILS[0]
-#: The tail rates are running means over up to this many points (then exponential), weighed
-#: against the Gaussian rates as if those had been seen on _TAIL_PRIOR points: one 3σ point (or
-#: a real spike) among a few hundred is no heavy tail.
+#: The tail rates are counted over the last _TAIL_POINTS to 2 x _TAIL_POINTS points (the counts
+#: halved when they reach twice that: nothing to compute on an ordinary point), weighed against
+#: the Gaussian rates as if those had been seen on _TAIL_PRIOR points: one 3σ point (or a real
+#: spike) among a few hundred is no heavy tail.
 _TAIL_POINTS = 200
 _TAIL_PRIOR = 50
 
@@ -115,7 +116,7 @@ class LossSpike(Detector):
     that opened against a cold baseline is closed at the horizon without a verdict, and the
     baseline restarts at the level the loss has settled at.
     O(1) per update; state: the baseline (5 floats; the first points while cold), the episode
-    (8 scalars) and 4 scalars.
+    (10 scalars), the tail counts (4) and 4 scalars.
 
     >>> d = LossSpike()
     >>> out = [f.kind for s, x in enumerate([3.0] * 30 + [6.0, 3.0], 1)
@@ -179,10 +180,11 @@ class LossSpike(Detector):
         self.prev_in = False     # the previous point joined the baseline (no spike around it)
         self.steps = EWMean(0.1, start="running")
         self.step_dev = EWMean(0.1, start="running")
-        # How often an ordinary point stands 3, 6 and 12σ above its level: [points, the three
-        # rates]. A heavy right tail (a diffusion loss over random timesteps) is far above a
-        # Gaussian's there.
-        self.tail = [0, 0.0, 0.0, 0.0]
+        # How often an ordinary point stands 3, 6 and 12σ above its level: [the baseline's point
+        # count where the counting starts (its points since are those counted), and how many
+        # stood that high]. A heavy right tail (a diffusion loss over random timesteps) is far
+        # above a Gaussian's there.
+        self.tail = [float(self.cold_start_samples), 0.0, 0.0, 0.0]
 
     @property
     def open(self) -> bool:
@@ -294,8 +296,8 @@ class LossSpike(Detector):
                 out.append(self._onset_finding(step, x, base, thr, onset, severity, unit))
             else:
                 enters = True
-                if not cold:   # the loss's own right tail, from its ordinary points
-                    self._tail_point(z)
+                if z > 3.0 and not cold:   # the loss's own right tail, from its ordinary points
+                    self._tail_point(z, b.n + 1)
         else:
             ep = self.episode
             onset, base0 = ep.onset, ep.baseline
@@ -320,7 +322,8 @@ class LossSpike(Detector):
                              + ("." if speed == "fast" else "; keep an eye on the next spikes.")),
                     recovery_steps=took, speed=speed, peak=peak))
                 if ep.samples == 2 and ep.warm:   # a one-point blip: a draw from the loss's tail
-                    self._tail_point(ep.z)
+                    self.tail[0] -= 1.0           # (a point the baseline does not count)
+                    self._tail_point(ep.z, self.base.n + 1)
                 self.episode = None
                 enters = True
             else:
@@ -362,8 +365,10 @@ class LossSpike(Detector):
     def _restart_at(self, x: float) -> None:
         """A fresh baseline starting at ``x``, the loss's level now (no episode open)."""
         self.episode = None
+        counted = self.base.n - self.tail[0]   # the tail's points carry over to the new count
         self.base = RobustLevel(self.baseline_alpha, cold_start_samples=self.cold_start_samples)
         self.base.update(x)
+        self.tail[0] = self.cold_start_samples - counted
 
     def load_state_dict(self, d: dict) -> None:
         super().load_state_dict(d)
@@ -388,13 +393,21 @@ class LossSpike(Detector):
         ep = self.episode
         return len(self.base.seen) - (ep.samples - 1 if ep is not None else 0)
 
-    def _tail_point(self, z: float) -> None:
+    def _tail_point(self, z: float, n: int) -> None:
+        """Count a point ``z`` σ above the level (``n``: the baseline's point count with it)."""
+        t = self._tail_counts(n)
+        t[1] += z > 3.0
+        t[2] += z > 6.0
+        t[3] += z > 12.0
+
+    def _tail_counts(self, n: int) -> list:
+        """The tail counts with the points counted, ``n`` - the start, at most 2 x _TAIL_POINTS: past
+        that every count is halved (the last ~200-400 points' worth)."""
         t = self.tail
-        n = t[0] = t[0] + 1
-        a = 1.0 / n if n < _TAIL_POINTS else 1.0 / _TAIL_POINTS
-        t[1] += a * ((z > 3.0) - t[1])
-        t[2] += a * ((z > 6.0) - t[2])
-        t[3] += a * ((z > 12.0) - t[3])
+        while n - t[0] >= 2 * _TAIL_POINTS:
+            t[0] = n - (n - t[0]) / 2
+            t[1], t[2], t[3] = t[1] / 2, t[2] / 2, t[3] / 2
+        return t
 
     def _stay_needed(self, least: int, low: float) -> int:
         """How many points after the onset must stay up (none back), the lowest ``low`` σ above
@@ -410,8 +423,8 @@ class LossSpike(Detector):
             r = self._cold_tail()
         else:
             k = sum(low >= h for h in _TAIL_SIGMAS[1:])   # 0: 3σ, 1: 6σ, 2: 12σ
-            seen = min(self.tail[0], _TAIL_POINTS)
-            r = (self.tail[1 + k] * seen + _GAUSS_TAILS[k] * _TAIL_PRIOR) / (seen + _TAIL_PRIOR)
+            t = self._tail_counts(self.base.n)
+            r = (t[1 + k] + _GAUSS_TAILS[k] * _TAIL_PRIOR) / (max(self.base.n - t[0], 0.0) + _TAIL_PRIOR)
         if r <= _GAUSS_TAIL:
             return least
         return math.ceil(least * math.log(_GAUSS_TAIL) / math.log(min(r, 0.5)) - 1e-9)
