@@ -330,7 +330,9 @@ def test_an_epoch_log_whose_printed_loss_never_moves_is_not_learning_from_its_fi
     epochs5 = [469 * e for e in range(1, 6)]
     f, _ = run(printed([13.27] * 5, epochs5))
     assert found(f) == [(2345, "not_learning", "warning")]
-    assert f[0].details["rule"] == "flat" and "over the 2 points from step 1876 to 2345" in f[0].message
+    assert f[0].details["rule"] == "flat" and ("over the 2 points from step 1876 to 2345 (a horizon of at least "
+                                               "2 points, every point having printed the same value, and 50 steps"
+                                               ) in f[0].message
     assert found(run(printed([13.27] * 4, epochs5))[0]) == []                   # 3 first points, 1 after
     assert found(run(printed([13.27] * 5, [469 * e for e in range(50, 55)]))[0]) == []   # mid-run: converged?
     assert found(run(printed([13.27, 12.10, 11.50, 11.02, 10.80], epochs5))[0]) == []   # it learns

@@ -24,35 +24,33 @@ class NotLearning(Detector):
     after the LR warmup (a loss need not move while the LR is still small), each a ``warning``
     once per run, since a run that learns nothing is no instability to page for:
 
-    - *flat*: the loss has not left its first level. The first level is the mean ``log(loss)``
-      of the run's first points (``first_samples``, or up to the warmup's end when that is
-      longer: a noisy loss needs them); the horizon is the points after it: at least ``horizon_samples`` of
-      them (2 while every point printed the same value: no noise to average) and
-      ``horizon_steps`` steps, both counted and both said (a log numbered by samples
-      seen makes 50 steps two batches; each point is at least one optimizer step; an epoch-level
-      log with few points counts too). It is
-      judged against the noise that horizon allows: the fall from the first level to the mean
+    - *flat*: the loss has not left its first level. The first level is the mean ``log(loss)`` of
+      the run's first points (``first_samples``, or up to the warmup's end when that is longer: a
+      noisy loss needs them); the horizon is the points after it: at least ``horizon_samples`` of
+      them (2 while every point printed the same value: no noise to average) and ``horizon_steps``
+      steps, both counted and both said (a log numbered by samples seen makes 50 steps two batches;
+      each point is at least one optimizer step; an epoch-level log with few points counts too). It
+      is judged against the noise that horizon allows: the fall from the first level to the mean
       since is below half of ``min_fall`` (and not a rise of twice that: a loss that rose is
-      divergence's), and plus ``z_threshold`` standard errors (the σ of
-      one point from the changes between successive points, which a trend does not widen,
-      times √(1/first + 1/horizon), never below the print's rounding: its last digit / √12)
-      below ``min_fall`` — a fall of that size would have shown and there is none —, and the horizon's points show no downward trend beyond their noise
-      (a slow learner, a 7B model's continued pre-training at -1% per hundred steps, is
-      learning). A fall beyond ``min_fall`` by as much, from the first level or from the run's
-      first ``first_samples`` points (a loss that fell during the warmup learned there), ends
-      the judging: the run learned. Only from the
-      run's start (the first record at the log's own interval: a step ≤ 2 x the gap to the
-      second, or step 1 of a live run): an excerpt from mid-run cannot tell "never learned"
-      from "learned, then converged". Never for a loss that goes below zero (a likelihood, an
-      RL objective), whose level says nothing of learning.
-    - *chance*: the loss sits at chance level, ln C for a cross-entropy over C outputs, when C
-      is known (``num_outputs``: configured, or declared by a live run from the model's output
-      layer): its EW level (~10 points) within ``chance_tolerance`` (2%) of ln C for the
-      horizon, in points and in steps (a learning model passes through the band, a GPT-2 at batch size 1 slowly; labels
+      divergence's), and plus ``z_threshold`` standard errors (the σ of one point from the changes
+      between successive points, which a trend does not widen, times √(1/first + 1/horizon), never
+      below the print's rounding: its last digit / √12) below ``min_fall`` — a fall of that size
+      would have shown and there is none —, and the horizon's points show no downward trend beyond
+      their noise (a slow learner, a 7B model's continued pre-training at -1% per hundred steps, is
+      learning). A fall beyond ``min_fall`` by as much, from the first level or from the run's first
+      ``first_samples`` points (a loss that fell during the warmup learned there), ends the judging:
+      the run learned. Only from the run's start (the first record at the log's own interval: a step
+      ≤ 2 x the gap to the second, or step 1 of a live run): an excerpt from mid-run cannot tell
+      "never learned" from "learned, then converged". Never for a loss that goes below zero (a
+      likelihood, an RL objective), whose level says nothing of learning.
+    - *chance*: the loss sits at chance level, ln C for a cross-entropy over C outputs, when C is
+      known (``num_outputs``: configured, or declared by a live run from the model's output layer):
+      its EW level (~10 points) within ``chance_tolerance`` (2%) of ln C for the horizon, in points
+      and in steps (a learning model passes through the band, a GPT-2 at batch size 1 slowly; labels
       disconnected from the inputs hold a classifier 1% above it), provided the first level was
-      within ``chance_tolerance`` x 3 of it too (a cross-entropy
-      over those C outputs starts there from a random init; a loss that does not, an MSE, an
-      ELBO, a fine-tune that starts below, is not judged against it).
+      within ``chance_tolerance`` x 3 of it too (a cross-entropy over those C outputs starts there
+      from a random init; a loss that does not, an MSE, an ELBO, a fine-tune that starts below, is
+      not judged against it).
     - *still*: nothing moves the weights, the loss flat meanwhile: the LR, the update norm or
       the grad norm exactly 0 for ``still_samples`` points in a row after the warmup (the LR
       when it dropped there from a tenth of its peak or more, or was never set: a decay printed
@@ -310,8 +308,10 @@ class NotLearning(Detector):
             chance = ""
         # what was counted: points and steps both (a log numbered by samples seen makes 50 steps
         # two batches; each point is at least one optimizer step)
-        span = (f"the {h[1]} points from step {h[0]} to {step} (a horizon of at least {self.horizon_samples} "
-                f"points and {self.horizon_steps} steps as the log numbers them)")
+        least = (f"{self.horizon_samples} points" if not self._printed_still() else
+                 f"{min(2, self.horizon_samples)} points, every point having printed the same value,")
+        span = (f"the {h[1]} points from step {h[0]} to {step} (a horizon of at least {least} and "
+                f"{self.horizon_steps} steps as the log numbers them)")
         if rule == "chance":
             what = (f"the loss has stayed at chance level: {fmt(math.exp(self.fast.mean))} at step {step}, "
                     f"{fmt(level)} on average over {span}, {fmt(before)} at its start.{chance}")
