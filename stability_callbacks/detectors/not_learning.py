@@ -260,10 +260,10 @@ class NotLearning(Detector):
             self.lr[0], self.lr[1] = max(self.lr[0], lr), lr
         elif lr == 0.0 and self.lr[1] >= 0.1 * self.lr[0]:
             zero = keys.LR
+        if zero is None and m.get(keys.GRAD_NORM) == 0.0 and self.start is not None and self.start[2]:
+            zero = keys.GRAD_NORM   # before the update norm: 0 there says why the update is 0
         if zero is None and m.get(keys.UPDATE_NORM) == 0.0:
             zero = keys.UPDATE_NORM
-        if zero is None and m.get(keys.GRAD_NORM) == 0.0 and self.start is not None and self.start[2]:
-            zero = keys.GRAD_NORM
         if zero is None:
             self.still = None
             return []
