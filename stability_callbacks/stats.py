@@ -195,11 +195,12 @@ class RobustLevel:
         may move their trend); O(k log k)."""
         return _median(self.seen) if self.seen else self.level
 
-    def cold_noise(self) -> float:
+    def cold_noise(self, upto: int | None = None) -> float:
         """While cold, the σ of one point's log around the curve, from the changes between
         successive points around their median (a trend, even a bending one, moves them alike;
-        a spike is one or two changes among them): 1.4826 x their MAD / √2; O(k log k)."""
-        seen = self.seen
+        a spike is one or two changes among them): 1.4826 x their MAD / √2; O(k log k). ``upto``:
+        of the first points seen only (those before a spike)."""
+        seen = self.seen if upto is None else self.seen[:upto]
         steps = [seen[i] - seen[i - 1] for i in range(1, len(seen))]
         if len(steps) < 2:
             return 0.0

@@ -349,6 +349,30 @@ def test_empty_state_before_the_first_step_is_silent(caplog):
     assert adam_moment_stats(opt) is None
 
 
+def test_an_adam_holding_another_models_parameters_takes_updates_of_exactly_zero():
+    # issue 33, class 5: the optimizer built before the model was re-created; the model's
+    # gradients flow (grad norm > 0), the optimizer's tensors get none, so Adam never creates
+    # its state: every step() after the first one watched is an update of exactly 0
+    from stability_callbacks import Monitor
+    model, stale = _model(0), _model(1)
+    probe = StepProbe()
+    _train(model, torch.optim.AdamW(stale.parameters(), lr=1e-2), probe, 12)
+    recs = probe.poll()
+    assert [r.metrics.get(keys.UPDATE_NORM) for r in recs] == [None] + [0.0] * 11   # watched from step 1's close
+    m = Monitor()
+    found = [(f.step, f.severity, f.details["zero"]) for r in recs for f in m.update(r) if f.kind == "not_learning"]
+    assert found == [(6, "warning", "update_norm")]   # 5 points of 0 from step 2 (the random batches' loss is flat)
+    # Adam that trains, a step the framework skipped (no step() call), SGD's empty state: no claim
+    probe = StepProbe()
+    _train(model, torch.optim.AdamW(model.parameters(), lr=1e-2), probe, 4)
+    probe.finish_step(5, optimizer=None)
+    assert all(r.metrics.get(keys.UPDATE_NORM, 1.0) > 0.0 for r in probe.poll())
+    for opt in (torch.optim.SGD(stale.parameters(), lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1)):
+        probe = StepProbe()
+        _train(model, opt, probe, 3)
+        assert all(keys.UPDATE_NORM not in r.metrics for r in probe.poll())
+
+
 def test_wrapped_optimizers_are_unwrapped():
     pl_optimizer = pytest.importorskip("lightning.pytorch.core.optimizer")
     model = _model()

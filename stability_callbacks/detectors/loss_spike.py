@@ -17,6 +17,17 @@ _NEAR_FLOOR_WARN = 0.1
 #: Below zero, a jump of this many times z_threshold σ (600σ) is orders of magnitude past the
 #: loss's own noise: a warning, whatever the sign.
 _ORDERS = 100.0
+#: The loss's right tail is measured at these heights above its level (in σ: 3σ is what "not
+#: back" is measured by), each against the chance of a Gaussian point there.
+_TAIL_SIGMAS = (3.0, 6.0, 12.0)
+_GAUSS_TAILS = tuple(0.5 * math.erfc(z / _SQRT2) for z in _TAIL_SIGMAS)
+_GAUSS_TAIL = _GAUSS_TAILS[0]
+#: The tail rates are counted over the last _TAIL_POINTS to 2 x _TAIL_POINTS points (the counts
+#: halved when they reach twice that: nothing to compute on an ordinary point), weighed against
+#: the Gaussian rates as if those had been seen on _TAIL_PRIOR points: one 3σ point (or a real
+#: spike) among a few hundred is no heavy tail.
+_TAIL_POINTS = 200
+_TAIL_PRIOR = 50
 
 
 def _rise(x: float, base: float) -> str:
@@ -37,6 +48,8 @@ class SpikeEpisode:
     warned: bool = False
     warm: bool = True      # the baseline was known (≥ cold_start_samples points) at the onset
     scale: float = 0.0     # a cold falling start's noise σ at the onset (judged by it while open)
+    z: float = 0.0         # the onset's height above the level, in σ
+    low: float | None = None   # the lowest height of the points since, in σ (none back)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -68,6 +81,12 @@ class LossSpike(Detector):
     least: one or two are no level), and one more ``loss_spike``, a ``warning`` at its own step, when it
     grows to a ``large_rise`` (0.5 → 3417 one step after a small spike began) or once it has
     lasted ``persist_samples`` points — always at a point above the threshold, which it prints.
+    Lasted, against the loss's own noise: where its right tail is heavier than a Gaussian's (a
+    diffusion loss over random timesteps, each point a noisy batch: three high points in a row
+    may be three independent draws), more points must stay up, as many as make their chance as
+    small as ``persist_samples`` - 1 Gaussian points 3σ up (:meth:`_stay_needed`; the tail is
+    measured at 3, 6 and 12σ on the ordinary points and one-point blips). A slow recovery is a
+    warning on the same evidence only.
     Then exactly one of ``spike_recovered`` (back within ``recover_fraction`` of the rise or 3σ
     of noise; ``fast`` when within ``fast_recovery_steps``) or ``spike_unrecovered`` (not back
     after ``horizon_steps`` *and* ``horizon_samples`` logged points: critical). A healthy
@@ -97,7 +116,7 @@ class LossSpike(Detector):
     that opened against a cold baseline is closed at the horizon without a verdict, and the
     baseline restarts at the level the loss has settled at.
     O(1) per update; state: the baseline (5 floats; the first points while cold), the episode
-    (8 scalars) and 4 scalars.
+    (10 scalars), the tail counts (4) and 4 scalars.
 
     >>> d = LossSpike()
     >>> out = [f.kind for s, x in enumerate([3.0] * 30 + [6.0, 3.0], 1)
@@ -110,7 +129,7 @@ class LossSpike(Detector):
     kind = "loss_spike"
     kinds = ("loss_spike", "spike_recovered", "spike_unrecovered")
     _state = ("base", "episode", "prev_step", "prev_z", "prev_log", "peak", "signed", "prev_x", "prev_in",
-              "steps", "step_dev")
+              "steps", "step_dev", "tail")
     #: Other loss detectors (resume spike, falsely low loss) judge against this baseline.
     baseline_before: float | None = None
     noise_before: float = 0.0
@@ -161,6 +180,11 @@ class LossSpike(Detector):
         self.prev_in = False     # the previous point joined the baseline (no spike around it)
         self.steps = EWMean(0.1, start="running")
         self.step_dev = EWMean(0.1, start="running")
+        # How often an ordinary point stands 3, 6 and 12σ above its level: [the baseline's point
+        # count where the counting starts (its points since are those counted), and how many
+        # stood that high]. A heavy right tail (a diffusion loss over random timesteps) is far
+        # above a Gaussian's there.
+        self.tail = [float(self.cold_start_samples), 0.0, 0.0, 0.0]
 
     @property
     def open(self) -> bool:
@@ -268,10 +292,12 @@ class LossSpike(Detector):
                 severity = "warning" if x - base >= self.large_rise * unit and n >= 3 and (
                     unit == base or x - base >= _NEAR_FLOOR_WARN * self.peak) else "info"
                 self.episode = SpikeEpisode(onset, base, x, warned=severity == "warning", warm=not cold,
-                                            scale=falling or 0.0)
+                                            scale=falling or 0.0, z=z)
                 out.append(self._onset_finding(step, x, base, thr, onset, severity, unit))
             else:
                 enters = True
+                if z > 3.0 and not cold:   # the loss's own right tail, from its ordinary points
+                    self._tail_point(z, b.n + 1)
         else:
             ep = self.episode
             onset, base0 = ep.onset, ep.baseline
@@ -282,20 +308,28 @@ class LossSpike(Detector):
             back = x <= self._recovery_level(base0, peak)
             if back:
                 took = step - onset
-                # gone by the next logged point is fast, however sparse the log
+                # gone by the next logged point is fast, however sparse the log; a slow one is a
+                # warning when its stay is more than the loss's own right tail explains (the points
+                # between the onset and now may be independent draws of a noisy loss)
                 speed = "fast" if took <= self.fast_recovery_steps or ep.samples <= 2 else "slow"
+                slow = speed == "slow" and ep.warm and ep.samples - 2 >= self._stay_needed(1, ep.low or 0.0)
                 out.append(self.finding(
-                    step, kind="spike_recovered", severity="info" if speed == "fast" else "warning",
+                    step, kind="spike_recovered", severity="warning" if slow else "info",
                     value=x, baseline=base0, onset_step=onset,
                     message=(f"{self._what()} came back at step {step}: {fmt(x)} vs {fmt(base0)} "
                              f"before the spike (peak {fmt(peak)}), {took} step{'s' * (took != 1)} after its onset at "
                              f"step {onset} ({speed} recovery). No action needed"
                              + ("." if speed == "fast" else "; keep an eye on the next spikes.")),
                     recovery_steps=took, speed=speed, peak=peak))
+                if ep.samples == 2 and ep.warm:   # a one-point blip: a draw from the loss's tail
+                    self.tail[0] -= 1.0           # (a point the baseline does not count)
+                    self._tail_point(ep.z, self.base.n + 1)
                 self.episode = None
                 enters = True
             else:
-                if not ep.warned and abnormal and (grew or ep.samples >= self.persist_samples):
+                ep.low = z if ep.low is None else min(ep.low, z)
+                if not ep.warned and abnormal and (
+                        grew or ep.samples - 1 >= self._stay_needed(self.persist_samples - 1, ep.low)):
                     # Only a point above the threshold says the spike is still there (or larger).
                     ep.warned = True
                     out.append(self._escalation_finding(step, x, thr, ep, grew))
@@ -331,8 +365,10 @@ class LossSpike(Detector):
     def _restart_at(self, x: float) -> None:
         """A fresh baseline starting at ``x``, the loss's level now (no episode open)."""
         self.episode = None
+        counted = self.base.n - self.tail[0]   # the tail's points carry over to the new count
         self.base = RobustLevel(self.baseline_alpha, cold_start_samples=self.cold_start_samples)
         self.base.update(x)
+        self.tail[0] = self.cold_start_samples - counted
 
     def load_state_dict(self, d: dict) -> None:
         super().load_state_dict(d)
@@ -350,6 +386,60 @@ class LossSpike(Detector):
         """Back means within ``recover_fraction`` of the rise, or within the normal noise (3σ)."""
         noise = base0 if self.base.cold else base0 * math.exp(3.0 * self.base.scale)
         return max(base0 + self.recover_fraction * (peak - base0), noise)
+
+    def _before_episode(self) -> int:
+        """While cold, how many of the points seen came before the open episode (all points enter
+        then: the episode's are the last ones, the current point not yet among them)."""
+        ep = self.episode
+        return len(self.base.seen) - (ep.samples - 1 if ep is not None else 0)
+
+    def _tail_point(self, z: float, n: int) -> None:
+        """Count a point ``z`` σ above the level (``n``: the baseline's point count with it)."""
+        t = self._tail_counts(n)
+        t[1] += z > 3.0
+        t[2] += z > 6.0
+        t[3] += z > 12.0
+
+    def _tail_counts(self, n: int) -> list:
+        """The tail counts with the points counted, ``n`` - the start, at most 2 x _TAIL_POINTS: past
+        that every count is halved (the last ~200-400 points' worth)."""
+        t = self.tail
+        while n - t[0] >= 2 * _TAIL_POINTS:
+            t[0] = n - (n - t[0]) / 2
+            t[1], t[2], t[3] = t[1] / 2, t[2] / 2, t[3] / 2
+        return t
+
+    def _stay_needed(self, least: int, low: float) -> int:
+        """How many points after the onset must stay up (none back), the lowest ``low`` σ above
+        the level, before a stay says more than the loss's own noise: ``least`` for a
+        Gaussian-tailed loss; for a heavier right tail (a diffusion loss over random timesteps,
+        a point a noisy batch), as many as make the chance of that many independent draws all
+        that high as small as that of ``least`` Gaussian points 3σ up: a rate r of points that
+        high needs ``least`` x log(Gaussian 3σ rate) / log(r) of them. The rate is measured
+        (``tail``) on the ordinary points and one-point blips, at the highest of 3, 6 and 12σ
+        that ``low`` reaches (a spike at 30σ is no draw from a tail measured at 3σ); while cold,
+        at 3σ, from the changes between the points seen before the episode."""
+        if self.base.cold:
+            r = self._cold_tail()
+        else:
+            k = sum(low >= h for h in _TAIL_SIGMAS[1:])   # 0: 3σ, 1: 6σ, 2: 12σ
+            t = self._tail_counts(self.base.n)
+            r = (t[1 + k] + _GAUSS_TAILS[k] * _TAIL_PRIOR) / (max(self.base.n - t[0], 0.0) + _TAIL_PRIOR)
+        if r <= _GAUSS_TAIL:
+            return least
+        return math.ceil(least * math.log(_GAUSS_TAIL) / math.log(min(r, 0.5)) - 1e-9)
+
+    def _cold_tail(self) -> float:
+        """While cold, the part of the changes between the points seen before the episode that rise
+        3σ above their median change (√2 σ a change: :meth:`RobustLevel.cold_noise`), at least the Gaussian rate."""
+        upto = self._before_episode()
+        seen = self.base.seen[:upto]
+        steps = sorted(seen[i] - seen[i - 1] for i in range(1, len(seen)))
+        if len(steps) < 2:
+            return _GAUSS_TAIL
+        mid, cut = steps[len(steps) // 2], 3.0 * _SQRT2 * self.base.cold_noise(upto)
+        hits = sum(d - mid > cut for d in steps)
+        return (hits + _GAUSS_TAIL * _TAIL_PRIOR) / (len(steps) + _TAIL_PRIOR)
 
     def _what(self) -> str:
         sig = self.signals[0]

@@ -8,8 +8,11 @@ from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import EWMean
 from .base import Context, Detector, check, fmt, positive, positive_int
+from .stall import printed_resolution
 
 _HALF_SQRT_PI = 0.5 * math.sqrt(math.pi)
+_LN2 = math.log(2.0)   # the chance level of the fewest classes there are
+_SQRT12 = math.sqrt(12.0)   # the σ of a rounding to one digit is the digit / √12
 #: What a run that does not learn usually has, for the message.
 CAUSES = ("an LR of 0 or far too small, frozen parameters (or an optimizer holding other parameters "
           "than the model's), labels disconnected from the inputs (shuffled apart, all one class), "
@@ -21,32 +24,33 @@ class NotLearning(Detector):
     after the LR warmup (a loss need not move while the LR is still small), each a ``warning``
     once per run, since a run that learns nothing is no instability to page for:
 
-    - *flat*: the loss has not left its first level. The first level is the mean ``log(loss)``
-      of the run's first points (``first_samples``, or up to the warmup's end when that is
-      longer: a noisy loss needs them); the horizon is the points after it: at least ``horizon_samples`` of
-      them and ``horizon_steps`` steps (an epoch-level log with few points counts too). It is
-      judged against the noise that horizon allows: the fall from the first level to the mean
+    - *flat*: the loss has not left its first level. The first level is the mean ``log(loss)`` of
+      the run's first points (``first_samples``, or up to the warmup's end when that is longer: a
+      noisy loss needs them); the horizon is the points after it: at least ``horizon_samples`` of
+      them (2 while every point printed the same value: no noise to average) and ``horizon_steps``
+      steps, both counted and both said (a log numbered by samples seen makes 50 steps two batches;
+      each point is at least one optimizer step; an epoch-level log with few points counts too). It
+      is judged against the noise that horizon allows: the fall from the first level to the mean
       since is below half of ``min_fall`` (and not a rise of twice that: a loss that rose is
-      divergence's), and plus ``z_threshold`` standard errors (the σ of
-      one point from the changes between successive points, which a trend does not widen,
-      times √(1/first + 1/horizon)) below ``min_fall`` — a fall of that size would have shown
-      and there is none —, and the horizon's points show no downward trend beyond their noise
-      (a slow learner, a 7B model's continued pre-training at -1% per hundred steps, is
-      learning). A fall beyond ``min_fall`` by as much, from the first level or from the run's
-      first ``first_samples`` points (a loss that fell during the warmup learned there), ends
-      the judging: the run learned. Only from the
-      run's start (the first record at the log's own interval: a step ≤ 2 x the gap to the
-      second, or step 1 of a live run): an excerpt from mid-run cannot tell "never learned"
-      from "learned, then converged". Never for a loss that goes below zero (a likelihood, an
-      RL objective), whose level says nothing of learning.
-    - *chance*: the loss sits at chance level, ln C for a cross-entropy over C outputs, when C
-      is known (``num_outputs``: configured, or declared by a live run from the model's output
-      layer): its EW level (~10 points) within ``chance_tolerance`` (2%) of ln C for the
-      horizon (a learning model passes through the band, a GPT-2 at batch size 1 slowly; labels
+      divergence's), and plus ``z_threshold`` standard errors (the σ of one point from the changes
+      between successive points, which a trend does not widen, times √(1/first + 1/horizon), never
+      below the print's rounding: its last digit / √12) below ``min_fall`` — a fall of that size
+      would have shown and there is none —, and the horizon's points show no downward trend beyond
+      their noise (a slow learner, a 7B model's continued pre-training at -1% per hundred steps, is
+      learning). A fall beyond ``min_fall`` by as much, from the first level or from the run's first
+      ``first_samples`` points (a loss that fell during the warmup learned there), ends the judging:
+      the run learned. Only from the run's start (the first record at the log's own interval: a step
+      ≤ 2 x the gap to the second, or step 1 of a live run): an excerpt from mid-run cannot tell
+      "never learned" from "learned, then converged". Never for a loss that goes below zero (a
+      likelihood, an RL objective), whose level says nothing of learning.
+    - *chance*: the loss sits at chance level, ln C for a cross-entropy over C outputs, when C is
+      known (``num_outputs``: configured, or declared by a live run from the model's output layer):
+      its EW level (~10 points) within ``chance_tolerance`` (2%) of ln C for the horizon, in points
+      and in steps (a learning model passes through the band, a GPT-2 at batch size 1 slowly; labels
       disconnected from the inputs hold a classifier 1% above it), provided the first level was
-      within ``chance_tolerance`` x 3 of it too (a cross-entropy
-      over those C outputs starts there from a random init; a loss that does not, an MSE, an
-      ELBO, a fine-tune that starts below, is not judged against it).
+      within ``chance_tolerance`` x 3 of it too (a cross-entropy over those C outputs starts there
+      from a random init; a loss that does not, an MSE, an ELBO, a fine-tune that starts below, is
+      not judged against it).
     - *still*: nothing moves the weights, the loss flat meanwhile: the LR, the update norm or
       the grad norm exactly 0 for ``still_samples`` points in a row after the warmup (the LR
       when it dropped there from a tenth of its peak or more, or was never set: a decay printed
@@ -55,7 +59,9 @@ class NotLearning(Detector):
       1), and the loss not fallen by ``min_fall`` (nor by its noise) from its level before.
 
     Replayed, C is rarely known: the message says so, and how many equally likely classes the
-    level is the cross-entropy of (e^level). A GAN's summed adversarial losses stay flat by
+    level is the cross-entropy of (e^level), when that is a level a cross-entropy at chance can
+    have (ln 2 or above, within 3 x ``chance_tolerance``); below it (a regression's MSE) it says
+    nothing of chance. A GAN's summed adversarial losses stay flat by
     design: the message says so, and ``detectors.not_learning: false`` turns it off for them.
     O(1) per update; state: 22 scalars.
 
@@ -99,7 +105,7 @@ class NotLearning(Detector):
         self.horizon: list | None = None  # after the warmup: [first step, points, sum of log(loss),
                                           # sum of index x log(loss)]
         self.still: list | None = None    # [first step, points, sum of log(loss), log level before]
-        self.chance: int | None = None    # the step the level entered the chance band
+        self.chance: list | None = None   # [the step the level entered the chance band, points since]
         self.outputs: int | None = None   # C declared by a live run (num_outputs wins)
         self.signed = False
         self.learned = False   # the loss fell from its first level: the flat rule is done
@@ -154,7 +160,7 @@ class NotLearning(Detector):
                 f[3] = f[1]   # ... and the run's very start
             return []
         if not out and warm:   # the horizon: the points after both
-            out = self._flat_or_chance(step, lx)
+            out = self._flat_or_chance(step, lx, x, m.get(keys.LOSS_RESOLUTION))
         if out:
             self.told = True
         return out
@@ -176,7 +182,7 @@ class NotLearning(Detector):
         self.fast.update(lx)
 
     # -- the rules -----------------------------------------------------------------------------
-    def _flat_or_chance(self, step: int, lx: float) -> list[Finding]:
+    def _flat_or_chance(self, step: int, lx: float, x: float, printed: float | None) -> list[Finding]:
         f, h = self.first, self.horizon
         if h is None:
             h = self.horizon = [step, 0, 0.0, 0.0]
@@ -192,8 +198,11 @@ class NotLearning(Detector):
             if abs(self.fast.mean - chance) > tol:
                 self.chance = None
             elif self.chance is None:
-                self.chance = step
-        if h[1] < self.horizon_samples or step - h[0] < self.horizon_steps:
+                self.chance = [step, 1]
+            else:
+                self.chance[1] += 1
+        if step - h[0] < self.horizon_steps or h[1] < (
+                self.horizon_samples if not self._printed_still() else min(2, self.horizon_samples)):
             return []
         fell = first - since
         sigma = self.sigma
@@ -204,13 +213,26 @@ class NotLearning(Detector):
         if max(fell - self.z_threshold * se,
                fell_start - self.z_threshold * sigma * math.sqrt(1.0 / k + 1.0 / h[1])) > need:
             self.learned = True   # it fell: no more flat judging (a collapse to chance, an LR of 0 still count)
-        if self.chance is not None and step - self.chance >= self.horizon_steps:
+        if (self.chance is not None and self.chance[1] >= self.horizon_samples
+                and step - self.chance[0] >= self.horizon_steps):
             return [self._finding(step, "chance", first, since, fell, se, c)]
         if (not self.learned and self.start is not None and self.start[2] and -2 * need < fell < need / 2
                 and fell + self.z_threshold * se < need
                 and not self._falling(h, sigma)):
-            return [self._finding(step, "flat", first, since, fell, se, c)]
+            # the print hides what moves less than its last digit: its rounding (uniform over one
+            # digit, q/√12) is the least noise there is (looked up only here: a call is rare)
+            q = printed if printed is not None and 0.0 < printed < math.inf else printed_resolution(x)
+            se = max(se, q / x / _SQRT12 * math.sqrt(1.0 / f[0] + 1.0 / h[1]))
+            if fell + self.z_threshold * se < need:
+                return [self._finding(step, "flat", first, since, fell, se, c)]
         return []
+
+    def _printed_still(self) -> bool:
+        """Every point so far the same value, as printed (no change between points at all): no
+        noise to average over the horizon, which then needs 2 points, not ``horizon_samples``
+        (an epoch-level log of 5 points that never moved by one printed digit). Its steps still
+        count, and a print too coarse for a fall of ``min_fall`` to show still gets no call."""
+        return self.noise_mean.n > 0 and self.noise_dev.mean == 0.0 and self.noise_mean.mean == 0.0
 
     def _falling(self, h: list, sigma: float) -> bool:
         """The horizon's points fall along a trend beyond their noise (the least-squares slope of
@@ -238,10 +260,10 @@ class NotLearning(Detector):
             self.lr[0], self.lr[1] = max(self.lr[0], lr), lr
         elif lr == 0.0 and self.lr[1] >= 0.1 * self.lr[0]:
             zero = keys.LR
+        if zero is None and m.get(keys.GRAD_NORM) == 0.0 and self.start is not None and self.start[2]:
+            zero = keys.GRAD_NORM   # before the update norm: 0 there says why the update is 0
         if zero is None and m.get(keys.UPDATE_NORM) == 0.0:
             zero = keys.UPDATE_NORM
-        if zero is None and m.get(keys.GRAD_NORM) == 0.0 and self.start is not None and self.start[2]:
-            zero = keys.GRAD_NORM
         if zero is None:
             self.still = None
             return []
@@ -274,22 +296,30 @@ class NotLearning(Detector):
         if c:
             at = (f"ln {c} = {fmt(math.log(c))}, the chance level of a cross-entropy over the model's "
                   f"{c} outputs")
-            chance = (f" It sits at {at} since step {self.chance}." if rule == "chance" else
+            chance = (f" It sits at {at} since step {self.chance[0]} ({self.chance[1]} points)."
+                      if rule == "chance" and self.chance is not None else
                       f" (The chance level of its {c} outputs is ln {c} = {fmt(math.log(c))}.)")
-        else:
-            guess = (f", and this level is that of a uniform guess over ~{math.exp(level):.3g} classes"
-                     if level < 25 else "")
+        elif level >= _LN2 * math.exp(-3 * self._tol):   # a level a cross-entropy at chance can have
+            guess = (f", and this level is that of a uniform guess over ~{max(math.exp(level), 2.0):.3g} "
+                     f"classes" if level < 25 else "")
             chance = (f" The chance level is unknown here (the model's output size is not): for a "
                       f"cross-entropy over C classes it is ln C{guess}.")
+        else:   # below ln 2: no cross-entropy at chance (a regression's MSE, a converged classifier)
+            chance = ""
+        # what was counted: points and steps both (a log numbered by samples seen makes 50 steps
+        # two batches; each point is at least one optimizer step)
+        least = (f"{self.horizon_samples} points" if not self._printed_still() else
+                 f"{min(2, self.horizon_samples)} points, every point having printed the same value,")
+        span = (f"the {h[1]} points from step {h[0]} to {step} (a horizon of at least {least} and "
+                f"{self.horizon_steps} steps as the log numbers them)")
         if rule == "chance":
             what = (f"the loss has stayed at chance level: {fmt(math.exp(self.fast.mean))} at step {step}, "
-                    f"{fmt(level)} on average over the {h[1]} points since step {h[0]}, {fmt(before)} at "
-                    f"its start.{chance}")
+                    f"{fmt(level)} on average over {span}, {fmt(before)} at its start.{chance}")
         else:
             what = (f"the loss has not left its first level: {fmt(before)} over its first {f[0]} points "
-                    f"(to step {f[2]}), {fmt(level)} on average over the {h[1]} points since step {h[0]} "
-                    f"({abs(math.expm1(-fell)):.1%} {'lower' if fell > 0 else 'higher'}, and no downward trend; "
-                    f"against its noise a fall of {self.min_fall:.0%} would show).{chance}")
+                    f"(to step {f[2]}), {fmt(level)} on average over {span}: "
+                    f"{abs(math.expm1(-fell)):.1%} {'lower' if fell > 0 else 'higher'}, and no downward trend, "
+                    f"where against its noise a fall of {self.min_fall:.0%} would show.{chance}")
         return self.finding(
             step, severity="warning", value=level, baseline=before,
             threshold=before * (1 - self.min_fall), onset_step=h[0],
@@ -298,5 +328,5 @@ class NotLearning(Detector):
                      + (" (a GAN's adversarial losses stay level by design: there this says nothing)."
                         if rule == "flat" else ".")),
             rule=rule, fall=-math.expm1(-fell), fall_bound=-math.expm1(-(fell + self.z_threshold * se)),
-            first_samples=f[0], horizon_samples=h[1], chance_level=math.log(c) if c else None,
+            first_samples=f[0], horizon_samples=h[1], horizon_steps=step - h[0], chance_level=math.log(c) if c else None,
             num_outputs=c, past_startup=True)

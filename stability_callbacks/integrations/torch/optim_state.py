@@ -17,7 +17,7 @@ except ImportError:  # pragma: no cover - older torch / no distributed
     DTensor = None
 
 __all__ = ["AdamState", "AdamHyper", "NoSecondMoment", "find_adam_state", "adam_hyperparams",
-           "optimized_params", "unwrap_optimizer", "local_tensor", "is_sharded", "tensor_names",
+           "basic_optimizer", "optimized_params", "unwrap_optimizer", "local_tensor", "is_sharded", "tensor_names",
            "state_key"]
 
 
@@ -180,6 +180,11 @@ def _layers(optimizer):
     if _is_deepspeed_wrapper(obj):
         return None, obj, obj.optimizer
     return None, None, obj
+
+
+def basic_optimizer(optimizer):
+    """The optimizer that keeps the state, under any wrapper (accelerate, Lightning, DeepSpeed)."""
+    return _layers(optimizer)[2]
 
 
 def adam_hyperparams(optimizer) -> AdamHyper:

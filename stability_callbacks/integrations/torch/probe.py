@@ -35,7 +35,7 @@ from stability_callbacks.live import Guard
 from stability_callbacks.record import StepRecord
 
 from .layers import LayerSummary
-from .optim_state import NoSecondMoment, adam_hyperparams, optimized_params
+from .optim_state import NoSecondMoment, adam_hyperparams, basic_optimizer, optimized_params
 from .packed import REDUCE_OPS, SLOTS, Block, PackedSteps, world_size
 from .reductions import MomentPass, param_sq_sum
 
@@ -117,6 +117,11 @@ class StepProbe:
         self.moments = MomentPass()
         self._num_tensors: int | None = None   # the per-tensor block's layout, once known
         self._prev_scale: torch.Tensor | None = None
+        #: The Adam-like optimizer whose ``step()`` calls are watched (:meth:`_watch_steps`), its
+        #: hook's handle, and what the hook saw since the last finished step: None (no call), or
+        #: whether the state was still empty after the call.
+        self._watched: tuple | None = None
+        self._stepped_empty: bool | None = None
         self._reset_step()
 
     @property
@@ -270,6 +275,11 @@ class StepProbe:
             block = self._empty_block()
         if want_pnorm:
             self._sample_param_norm(optimizer, model, replicated)
+        if optimizer is not None:
+            self._watch_steps(optimizer)
+        if self._stepped_empty:   # step() ran and no parameter got an update: exactly 0, no device
+            self._host[keys.UPDATE_NORM] = 0.0
+        self._stepped_empty = None
         if self._loss is not None:
             self._dev[keys.LOSS] = self._loss   # NaN/Inf travel as values: the NonFinite detector reads them
         if self._skip_from_scale and keys.OVERFLOW_SKIPPED not in self._dev and keys.OVERFLOW_SKIPPED not in self._host:
@@ -339,6 +349,30 @@ class StepProbe:
             return None
         return self.layers.block(st, state, num_tensors=self._num_tensors, step=step,
                                  lr=self._host.get(keys.LR), device=self.packed.device or st.v_max.device)
+
+    def _watch_steps(self, optimizer) -> None:
+        """Hook the ``step()`` of an Adam-like optimizer (its param groups have betas), once: an
+        Adam-like optimizer creates its state for every parameter it updates, so a state still
+        empty after a ``step()`` means no parameter had a gradient — an update norm of exactly 0
+        (an optimizer built before the model was re-created holds other tensors than those that
+        train: the model's grad norm is > 0, yet nothing moves). A dictionary's length read on
+        the host in the hook: no compute, no sync. A step the framework skipped (an fp16
+        overflow) never calls ``step()`` and says nothing. Watching starts at the first finished
+        step."""
+        basic = basic_optimizer(optimizer)
+        if self._watched is not None and self._watched[0] is basic:
+            return
+        if self._watched is not None:
+            self._watched[1].remove()
+            self._watched = None
+        groups = getattr(basic, "param_groups", None)
+        if not groups or not all("betas" in g for g in groups) or not hasattr(basic, "register_step_post_hook"):
+            return
+
+        def stepped(opt, args, kwargs) -> None:
+            self._stepped_empty = not opt.state
+
+        self._watched = (basic, basic.register_step_post_hook(stepped))
 
     def _empty_block(self) -> Block | None:
         """A sampled step without this rank's values (its pass failed or is off): the block
