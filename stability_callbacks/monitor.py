@@ -25,8 +25,9 @@ log = logging.getLogger("stability_callbacks")
 #: The detectors a record's keys feed: those before the main loss spike, it (if fed), those after.
 _Plan = tuple[tuple[Detector, ...], LossSpike | None, tuple[Detector, ...]]
 
-STATE_VERSION = 3   # 2: latches and EW means are statistics objects; streams are a detector;
-                    # 3: baselines keep their bias and cold start, divergence its swing horizon
+STATE_VERSION = 4   # 2: latches and EW means are statistics objects; streams are a detector;
+                    # 3: baselines keep their bias and cold start, divergence its swing horizon;
+                    # 4: loss_spike keeps its right tail, not_learning its chance level per point
 
 class Monitor:
     """Feed it one :class:`StepRecord` per optimizer step; read findings and ``control``.
@@ -61,6 +62,9 @@ class Monitor:
         #: at step 0 or 1 (no segment began before it). Nothing was trained before it, so no
         #: checkpoint can precede it (the nonfinite message and the rollback advice both say so).
         self.run_start: int | None = None
+        #: The records are epochs, nothing finer (a replayed log says so as it is read): a step
+        #: horizon counted in optimizer steps is met by any epoch after the first.
+        self.steps_are_epochs = False
         self.success_seen = False
         self.phase_at_last_step: str | None = None
         #: The parameter tensors' names in the optimizer's order, when a live run knows them.
@@ -112,6 +116,7 @@ class Monitor:
         ctx.steps_since_resume = step - self.resume_step if self.resume_step is not None else None
         ctx.tensor_names, ctx.found = self.tensor_names, out
         ctx.run_start = self.run_start
+        ctx.steps_are_epochs = self.steps_are_epochs
         shape = frozenset(m)
         plan = self._plans.get(shape)
         if plan is None:   # which detectors this set of keys feeds (logs keep one shape)

@@ -521,3 +521,23 @@ def test_a_tensorboard_scalar_export_is_the_metric_its_file_names(tmp_path, name
     got = [(r.step, r.metrics["loss"]) for r in read_records(path, account=account)]
     assert got == [(s * 10, _loss(s)) for s in range(1, 21)]
     assert account.format == "tensorboard-csv" and account.keys["loss"] == [said]
+
+
+@pytest.mark.parametrize("epochs, losses, want", [
+    (range(1, 6), ["2.30"] * 5, [(5, "not_learning")]),                       # frozen over 5 epochs
+    (range(1, 6), ["2.30", "2.10", "1.95", "1.83", "1.75"], []),              # it learns
+    (range(40, 45), ["0.31"] * 5, []),                                         # mid-run: converged?
+    (range(1, 5), ["2.30"] * 4, []),                                           # 3 first points, 1 after
+], ids=["frozen", "falling", "mid-run", "four epochs"])
+def test_a_log_of_epochs_meets_the_step_horizon_with_each_epoch(tmp_path, capsys, epochs, losses, want):
+    """`not_learning` waits 50 optimizer steps as well as its points; on a log that prints one line
+    per epoch and nothing finer, each step is a pass over the data: the points decide."""
+    path = tmp_path / "epochs.log"
+    path.write_text("".join(f"Epoch {e}/80\n469/469 - 3s - loss: {x} - accuracy: 0.1000\n"
+                            for e, x in zip(epochs, losses)))
+    _replay(capsys, path, "--json", tmp_path / "f.jsonl")
+    found = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()[1:]]
+    assert [(f["step"], f["kind"]) for f in found if f["severity"] != "info"] == want
+    if want:
+        assert "the 2 epochs from epoch 4 to 5 (a horizon of at least 2 points, every point having printed the " \
+               "same value; the log's steps are epochs, each a pass over the data)" in found[0]["message"]

@@ -33,6 +33,8 @@ class Context:
     loss_signed: bool = False               # the loss has gone below zero: log(loss) rules stand aside
     loss_step_noise: float = 0.0            # ... the σ of one point additively (before this point)
     loss_step_mean: float = 0.0             # ... and the mean change from one point to the next
+    steps_are_epochs: bool = False          # the log numbers this record by epoch and nothing finer
+                                            # (replay): one step is a pass over the data
     tensor_names: list | None = None        # the parameter tensors' names in the optimizer's order (live)
     found: list[Finding] = field(default_factory=list)   # this step's findings so far (earlier detectors')
 

@@ -160,7 +160,7 @@ class NotLearning(Detector):
                 f[3] = f[1]   # ... and the run's very start
             return []
         if not out and warm:   # the horizon: the points after both
-            out = self._flat_or_chance(step, lx, x, m.get(keys.LOSS_RESOLUTION))
+            out = self._flat_or_chance(step, lx, x, m.get(keys.LOSS_RESOLUTION), ctx.steps_are_epochs)
         if out:
             self.told = True
         return out
@@ -182,7 +182,10 @@ class NotLearning(Detector):
         self.fast.update(lx)
 
     # -- the rules -----------------------------------------------------------------------------
-    def _flat_or_chance(self, step: int, lx: float, x: float, printed: float | None) -> list[Finding]:
+    def _flat_or_chance(self, step: int, lx: float, x: float, printed: float | None,
+                        epochs: bool) -> list[Finding]:
+        """The flat and chance rules over the horizon (``epochs``: the steps are epochs, each a
+        pass over the data: ``horizon_steps``, counted in optimizer steps, is met)."""
         f, h = self.first, self.horizon
         if h is None:
             h = self.horizon = [step, 0, 0.0, 0.0]
@@ -201,7 +204,7 @@ class NotLearning(Detector):
                 self.chance = [step, 1]
             else:
                 self.chance[1] += 1
-        if step - h[0] < self.horizon_steps or h[1] < (
+        if (step - h[0] < self.horizon_steps and not epochs) or h[1] < (
                 self.horizon_samples if not self._printed_still() else min(2, self.horizon_samples)):
             return []
         fell = first - since
@@ -214,8 +217,8 @@ class NotLearning(Detector):
                fell_start - self.z_threshold * sigma * math.sqrt(1.0 / k + 1.0 / h[1])) > need:
             self.learned = True   # it fell: no more flat judging (a collapse to chance, an LR of 0 still count)
         if (self.chance is not None and self.chance[1] >= self.horizon_samples
-                and step - self.chance[0] >= self.horizon_steps):
-            return [self._finding(step, "chance", first, since, fell, se, c)]
+                and (step - self.chance[0] >= self.horizon_steps or epochs)):
+            return [self._finding(step, "chance", first, since, fell, se, c, epochs)]
         if (not self.learned and self.start is not None and self.start[2] and -2 * need < fell < need / 2
                 and fell + self.z_threshold * se < need
                 and not self._falling(h, sigma)):
@@ -224,7 +227,7 @@ class NotLearning(Detector):
             q = printed if printed is not None and 0.0 < printed < math.inf else printed_resolution(x)
             se = max(se, q / x / _SQRT12 * math.sqrt(1.0 / f[0] + 1.0 / h[1]))
             if fell + self.z_threshold * se < need:
-                return [self._finding(step, "flat", first, since, fell, se, c)]
+                return [self._finding(step, "flat", first, since, fell, se, c, epochs)]
         return []
 
     def _printed_still(self) -> bool:
@@ -289,7 +292,7 @@ class NotLearning(Detector):
             rule="still", zero=s[4], past_startup=True)]
 
     def _finding(self, step: int, rule: str, first: float, since: float, fell: float, se: float,
-                 c: int | None) -> Finding:
+                 c: int | None, epochs: bool) -> Finding:
         f, h = self.first, self.horizon
         assert h is not None
         level, before = math.exp(since), math.exp(first)
@@ -310,14 +313,16 @@ class NotLearning(Detector):
         # two batches; each point is at least one optimizer step)
         least = (f"{self.horizon_samples} points" if not self._printed_still() else
                  f"{min(2, self.horizon_samples)} points, every point having printed the same value,")
-        span = (f"the {h[1]} points from step {h[0]} to {step} (a horizon of at least {least} and "
+        span = (f"the {h[1]} epochs from epoch {h[0]} to {step} (a horizon of at least {least.rstrip(',')}; the log's "
+                f"steps are epochs, each a pass over the data)" if epochs else
+                f"the {h[1]} points from step {h[0]} to {step} (a horizon of at least {least} and "
                 f"{self.horizon_steps} steps as the log numbers them)")
         if rule == "chance":
             what = (f"the loss has stayed at chance level: {fmt(math.exp(self.fast.mean))} at step {step}, "
                     f"{fmt(level)} on average over {span}, {fmt(before)} at its start.{chance}")
         else:
             what = (f"the loss has not left its first level: {fmt(before)} over its first {f[0]} points "
-                    f"(to step {f[2]}), {fmt(level)} on average over {span}: "
+                    f"(to {'epoch' if epochs else 'step'} {f[2]}), {fmt(level)} on average over {span}: "
                     f"{abs(math.expm1(-fell)):.1%} {'lower' if fell > 0 else 'higher'}, and no downward trend, "
                     f"where against its noise a fall of {self.min_fall:.0%} would show.{chance}")
         return self.finding(

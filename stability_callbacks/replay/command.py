@@ -109,13 +109,16 @@ class _Replay:
     def feed(self, stream, observe, after=None) -> None:
         """Every record into ``observe`` (``Monitor.update`` or ``LiveRun.observe``);
         ``after(record, found)`` returning True stops early (a halt)."""
+        monitor, account = self.monitor, self.account
         for rec in stream:
             self.count += 1
+            if account is not None and "epoch" in account.numbering:   # a step there is an epoch
+                monitor.steps_are_epochs = account.counts_epochs(rec.step)
             found = observe(rec)
             self.findings += found
             if self.records is not None:
                 self.records.append(rec)
-                self.phases.append((rec.step, self.monitor.phase_at_last_step))
+                self.phases.append((rec.step, monitor.phase_at_last_step))
             if after is not None and after(rec, found):
                 break
 
