@@ -253,6 +253,27 @@ def test_a_level_that_stays_up_on_a_heavy_tailed_loss_is_still_a_persisting_spik
     assert f[[x.step for x in f].index(20250)].details["persisted_samples"] == 5   # 3 on a Gaussian loss
 
 
+def hard_batches(n, seed, at):
+    """A detector's summed loss, one batch a point: 2% of noise, and at the steps ``at`` a batch of
+    hard images 2.7-3x the level, back at the next point (a spike that is the loss's own habit)."""
+    rng = random.Random(seed)
+    return [StepRecord(s, {"loss": 0.9 * math.exp(0.02 * rng.gauss(0, 1)) * (rng.uniform(2.7, 3.0) if s in at else 1.0)})
+            for s in range(1, n + 1)]
+
+
+def test_a_jump_the_loss_has_drawn_twice_lately_is_info_at_onset():
+    # the first two hard batches are warnings at once (x2.8 at 50σ: nothing in the loss's noise
+    # says so); once it has jumped as high and come straight back twice, the next is its tail
+    f, _ = run(hard_batches(600, 0, at={300, 340, 380, 420, 460}))
+    onsets = [(x.step, x.severity, x.details.get("tail_draws")) for x in f if x.kind == "loss_spike"]
+    assert onsets == [(300, "warning", None), (340, "warning", None), (380, "info", 2.0), (420, "info", 3.0),
+                      (460, "info", 2.5)]   # (the counts of the last ~200-400 points: halved at 400)
+    assert "come straight back 2 times in its last ~200-400 points" in f[[x.step for x in f].index(380)].message
+    # ... but a jump that stays is still a warning, by persistence
+    recs = hard_batches(600, 0, at={300, 340} | set(range(380, 600)))
+    assert spikes(run(recs)[0])[2:] == [(383, "loss_spike", "warning"), (600, "spike_recovered", "warning")]
+
+
 # -- runs that never learn ----------------------------------------------------------------------------
 def epochs(values):
     return [StepRecord(e, {"loss": v}) for e, v in enumerate(values, 1)]

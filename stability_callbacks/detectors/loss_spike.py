@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 from dataclasses import asdict, dataclass
 
 from .. import keys
@@ -28,6 +29,9 @@ _GAUSS_TAIL = _GAUSS_TAILS[0]
 #: spike) among a few hundred is no heavy tail.
 _TAIL_POINTS = 200
 _TAIL_PRIOR = 50
+#: A jump at onset is a draw from the loss's own tail once it has drawn as high this many times
+#: lately (each an ordinary point or a one-point blip): once may be a real spike, twice is a habit.
+_TAIL_DRAWS = 2.0
 
 
 def _rise(x: float, base: float) -> str:
@@ -291,9 +295,15 @@ class LossSpike(Detector):
                 # and one or two points before it are no level to warn against at once
                 severity = "warning" if x - base >= self.large_rise * unit and n >= 3 and (
                     unit == base or x - base >= _NEAR_FLOOR_WARN * self.peak) else "info"
+                # a jump as high as the loss's own tail has lately drawn twice, each back at once
+                # (a diffusion loss over random timesteps, a detector's hard batches): a draw, not
+                # news; info, and a warning still if it stays (persistence weighs the same tail)
+                tail = self._tail_seen(z) if severity == "warning" and not cold else 0.0
+                if tail >= _TAIL_DRAWS:
+                    severity = "info"
                 self.episode = SpikeEpisode(onset, base, x, warned=severity == "warning", warm=not cold,
                                             scale=falling or 0.0, z=z)
-                out.append(self._onset_finding(step, x, base, thr, onset, severity, unit))
+                out.append(self._onset_finding(step, x, base, thr, onset, severity, unit, tail))
             else:
                 enters = True
                 if z > 3.0 and not cold:   # the loss's own right tail, from its ordinary points
@@ -409,6 +419,12 @@ class LossSpike(Detector):
             t[1], t[2], t[3] = t[1] / 2, t[2] / 2, t[3] / 2
         return t
 
+    def _tail_seen(self, z: float) -> float:
+        """How many points lately (``_tail_counts``' window) stood at the highest of 3, 6 and 12σ
+        that ``z`` reaches, the ordinary points and the one-point blips (halved counts: a float)."""
+        k = sum(z >= h for h in _TAIL_SIGMAS[1:])
+        return self._tail_counts(self.base.n)[1 + k]
+
     def _stay_needed(self, least: int, low: float) -> int:
         """How many points after the onset must stay up (none back), the lowest ``low`` σ above
         the level, before a stay says more than the loss's own noise: ``least`` for a
@@ -460,8 +476,9 @@ class LossSpike(Detector):
             message=(f"{what} If it does not come back, roll back to a checkpoint before step {onset}."),
             escalated=True, persisted_samples=ep.samples, above_samples=ep.above, grew=grew)
 
-    def _onset_finding(self, step, x, base, thr, onset, severity, unit) -> Finding:
+    def _onset_finding(self, step, x, base, thr, onset, severity, unit, tail: float = 0.0) -> Finding:
         rise = x / base - 1
+        extra: dict[str, Any] = {"tail_draws": round(tail, 1)} if tail >= _TAIL_DRAWS else {}
         if unit <= base:
             near_floor = ""
         elif unit > self.floor:   # the additive noise: a likelihood near (or through) zero
@@ -475,10 +492,13 @@ class LossSpike(Detector):
         return self.finding(
             step, severity=severity, value=x, baseline=base, threshold=thr, onset_step=onset,
             message=(f"{self._what()} jumped to {fmt(x)} at step {step}, {_rise(x, base)} its "
-                     f"baseline {fmt(base)} (threshold {fmt(thr)}).{near_floor} Most spikes recover "
-                     f"within ~100 steps; watching. If it persists, roll back to a checkpoint before "
-                     f"step {onset}."),
-            rise=rise, **({"floor": unit} if unit > base else {}))
+                     f"baseline {fmt(base)} (threshold {fmt(thr)}).{near_floor}"
+                     + (f" It has jumped as high and come straight back {tail:.0f} times in its last "
+                        f"~{_TAIL_POINTS}-{2 * _TAIL_POINTS} points: its own noise's tail, so info."
+                        if tail >= _TAIL_DRAWS else "")
+                     + f" Most spikes recover within ~100 steps; watching. If it persists, roll back "
+                       f"to a checkpoint before step {onset}."),
+            rise=rise, **({"floor": unit} if unit > base else {}), **extra)
 
     # -- objectives that go below zero: an additive scale, info only -----------------------------
     def _become_signed(self) -> None:
