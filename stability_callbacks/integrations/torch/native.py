@@ -3,8 +3,9 @@ first use, cached, loaded with :mod:`ctypes`.
 
 Why a compiled kernel: torch has no kernel that reads a tensor once for both its sum and its
 max. On GPT-2 small, 2 threads (docs/measured.md), this kernel reads ``exp_avg_sq`` for its max
-and L1 at 0.94-1.11x the cost of one ``sum`` over it, the torch kernels (:func:`.reductions.
-_moments_cpu`) at 1.3-1.6x; the probe's whole pass, both moments, is 1.7-2.0x against 2.6-3.3x.
+and L1 at 0.94-1.11x the cost of one ``sum`` over it, the torch kernels
+(:func:`.reductions._moments_cpu`) at 1.3-1.6x; the probe's whole pass, both moments, is
+1.7-2.0x against 2.6-3.3x.
 On 16 threads the torch kernels fall further behind (4.5x against 0.82-0.83x). It runs in one
 parallel region of torch's own OpenMP runtime, so it is built only where that runtime is GNU
 libgomp (torch's Linux builds): the kernel links ``libgomp.so.1`` and the loader hands it the
