@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from . import keys
+from .config import Config
 from .control import Action, Control, DataSkips
 from .forensics import Forensics
 from .monitor import Monitor
@@ -171,7 +172,7 @@ class LiveRun:
     rollback advice without a checkpoint before its onset says that none was saved.
     """
 
-    def __init__(self, config: str | Mapping | None = None, *, monitor: Monitor | None = None,
+    def __init__(self, config: "Config | str | Mapping | None" = None, *, monitor: Monitor | None = None,
                  run_dir: str | Path | None = "out/stability", is_rank0: bool = True,
                  run_name: str | None = None, wandb_run=None, tb_writer=None,
                  report_path: str | None = None, advice_forms: tuple[str, ...] | None = None,
@@ -179,6 +180,8 @@ class LiveRun:
                  listeners: Iterable[RunListener] = (), guard: Guard | None = None,
                  amend: Callable[[Finding], Finding] | None = None, sees_checkpoints: bool = False):
         self.monitor = monitor if monitor is not None else Monitor(config)
+        #: The configuration, read once (the Monitor's).
+        self.config: Config = self.monitor.config
         self.monitor.policy.checkpoints_seen = sees_checkpoints
         self.is_rank0 = is_rank0
         self.run_dir = Path(run_dir) if run_dir is not None else None
@@ -205,18 +208,15 @@ class LiveRun:
             from .actions.log import show_on_console
             show_on_console()
         #: Which data each step read, named at a finding (the ``forensics`` section).
-        self.forensics = Forensics(**self.monitor.config["forensics"])
+        self.forensics: Forensics = self.config.forensics.build()
 
     def _build_dispatcher(self, *, is_rank0: bool | None = None, only_messages: bool = False):
-        from .actions import build_sinks
         a = self._sink_args
-        actions = dict(self.monitor.config["actions"])
-        if "tensorboard" in actions and a["tb_writer"] is None and self.run_dir is not None:
-            actions["tensorboard"] = {"log_dir": str(self.run_dir / "tensorboard"), **actions["tensorboard"]}
-        return build_sinks(actions, is_rank0=self.is_rank0 if is_rank0 is None else is_rank0,
-                           run_name=self.run_name, report_path=a["report_path"], wandb_run=a["wandb_run"],
-                           tb_writer=a["tb_writer"], advice_forms=a["advice_forms"], off=a["off"],
-                           only_messages=only_messages, quiet=only_messages)
+        return self.config.actions.build(
+            is_rank0=self.is_rank0 if is_rank0 is None else is_rank0, run_name=self.run_name,
+            report_path=a["report_path"], wandb_run=a["wandb_run"], tb_writer=a["tb_writer"],
+            tensorboard_dir=None if self.run_dir is None else str(self.run_dir / "tensorboard"),
+            advice_forms=a["advice_forms"], off=a["off"], only_messages=only_messages, quiet=only_messages)
 
     @property
     def control(self) -> Control:
@@ -252,11 +252,6 @@ class LiveRun:
     # -- What an integration reads and requests: named here, so that no integration reaches
     # -- into the Monitor's policy (docs/design.md, "The live run").
     @property
-    def config(self) -> dict[str, Any]:
-        """The validated configuration (every section present)."""
-        return self.monitor.config
-
-    @property
     def skips_steps(self) -> bool:
         """Whether ``policy.skip_step_on`` may drop updates (the integration gates the step)."""
         return self.monitor.policy.skip_step_on != "never"
@@ -280,7 +275,7 @@ class LiveRun:
     def declare_warmup(self, warmup_steps: int | None) -> None:
         """The framework's LR warmup (its scheduler or arguments), unless ``phase.warmup_steps``
         is configured, which wins."""
-        if warmup_steps and self.monitor.config["phase"].get("warmup_steps") is None:
+        if warmup_steps and self.config.phase.warmup_steps is None:
             self.monitor.set_warmup_steps(warmup_steps)
 
     def declare_outputs(self, n: int | None) -> None:

@@ -646,7 +646,7 @@ def test_wandb_sink_without_a_run_degrades(caplog):
      "actions.slack.webhook_url: the literal value is not an http(s) URL"),
     ({"slack": {"webhook_url": "${SLACK_WEBHOOK_URL}", "timeout": 3}},
      "actions.slack.timeout: unknown key (known: backoff_s, channel, max_backoff_s, max_retries, "
-     "min_severity, queue_size, rate_limit_s, required, timeout_s, webhook_url)"),
+     "min_severity, queue_size, rate_limit_s, required, timeout_s, webhook_url); did you mean timeout_s?"),
     ({"slack": {"webhook_url": "http://x.test/h", "rate_limit_s": -1}},
      "actions.slack.rate_limit_s must be a number ≥ 0, got -1"),
     ({"slack": {"webhook_url": "http://x.test/h", "max_retries": 1.5}},

@@ -46,10 +46,10 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
 
     framework = "hf"
 
-    def __init__(self, *, config: Any = None, monitor: Any = None,
+    def __init__(self, *, config: Any = None, overrides: Any = None, monitor: Any = None,
                  run_dir: str | os.PathLike | None = None, run_name: str | None = None,
                  trainer: Any = None, log_to_reporters: bool = True, listeners=()):
-        SessionAdapter.__init__(self, config=config, monitor=monitor, run_dir=run_dir,
+        SessionAdapter.__init__(self, config=config, overrides=overrides, monitor=monitor, run_dir=run_dir,
                                 run_name=run_name, listeners=listeners)
         self.log_to_reporters = bool(log_to_reporters)
         self.trainer = self._patches = self._hook = None

@@ -13,7 +13,6 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -53,13 +52,13 @@ class StabilityCallback(Callback, SessionAdapter):
 
     framework = "lightning"
 
-    def __init__(self, *, config: Any = None, monitor: Any = None,
+    def __init__(self, *, config: Any = None, overrides: Any = None, monitor: Any = None,
                  run_dir: str | os.PathLike | None = None, run_name: str | None = None,
                  checkpoint_dir: str | os.PathLike | None = None,
                  take_over_clipping: bool = True, log_to_loggers: bool = True, listeners=()):
         self.take_over_clipping = flag("take_over_clipping", take_over_clipping)
         self.log_to_loggers = flag("log_to_loggers", log_to_loggers)
-        SessionAdapter.__init__(self, config=config, monitor=monitor, run_dir=run_dir,
+        SessionAdapter.__init__(self, config=config, overrides=overrides, monitor=monitor, run_dir=run_dir,
                                 run_name=run_name, listeners=listeners)
         self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
         self._resumed, self._last_step = False, 0
@@ -69,7 +68,7 @@ class StabilityCallback(Callback, SessionAdapter):
         self._own_save = False                     # the callback's own save is under way
         self._noted_step: int | None = None        # the step of the last save noted
         # Lightning reads the key at every hook call (its profiler's names): made once.
-        self._state_key = self._generate_state_key(config=_config_id(config, monitor))
+        self._state_key = self._generate_state_key(config=_config_id(self.config, monitor))
 
     @property
     def state_key(self) -> str:
@@ -366,17 +365,18 @@ class StabilityCallback(Callback, SessionAdapter):
 
 def _config_id(config: Any, monitor: Any) -> str | None:
     """What tells one StabilityCallback's state from another's: its config as given (a preset
-    name or a YAML path as written, a dict or a ``Monitor`` by a hash of its settings); None for
-    the defaults. Not ``run_dir`` or ``run_name``: they often carry a launch's date, and a resume
-    under a new one would lose the state; two callbacks with one config hold the same state (the
-    same detectors, fed the same steps)."""
+    name or a YAML path as written, a dict by a hash of its settings, a ``Monitor`` by a hash of
+    its config's), with its overrides (``+`` a hash of them); None for the defaults. Not
+    ``run_dir`` or ``run_name``: they often carry a launch's date, and a resume under a new one
+    would lose the state; two callbacks with one config hold the same state (the same
+    detectors, fed the same steps). ``config``: the callback's
+    :class:`~stability_callbacks.config.Config`."""
     if monitor is not None:
-        return "monitor:" + _digest(monitor.config)
-    if config is None:
-        return None
-    if isinstance(config, Mapping):
-        return "dict:" + _digest(config)
-    return os.fspath(config)
+        return "monitor:" + _digest(monitor.config.to_dict())
+    given = config.source
+    if config.overrides:
+        return (given or "default") + "+" + _digest(dict(config.overrides))
+    return given
 
 
 def _digest(settings: Any) -> str:

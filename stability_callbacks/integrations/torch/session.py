@@ -101,19 +101,19 @@ class LiveSession:
     def __init__(self, run: LiveRun, *, process_group=None, lockstep: bool = False):
         self.run = run
         self.guard = run.guard
-        sampling = run.config.get("sampling") or {}
-        self.every_n_steps = int(sampling.get("every_n_steps", 1) or 1)
+        sampling = run.config.sampling   # validated, every value present: nothing re-defaulted here
+        self.every_n_steps = sampling.every_n_steps
         #: The skip-step decisions (``policy.skip_step_on``), or None when off.
         self.skip = SkipStep() if run.skips_steps else None
         # Every rank declares the same extras, so the packed layout (and the collective) matches.
         self.probe = StepProbe(
             process_group=process_group,
-            adam_every_n_steps=int(sampling.get("adam_every_n_steps", 1) or 0),
-            param_norm_every_n_steps=int(sampling.get("param_norm_every_n_steps", 0) or 0),
+            adam_every_n_steps=sampling.adam_every_n_steps,
+            param_norm_every_n_steps=sampling.param_norm_every_n_steps,
             extra_reductions={keys.BATCH_FINGERPRINT: "sum",
                               **({keys.SKIPPED_BY_POLICY: "max"} if self.skip else {}),
                               **{keys.LOSS_STREAM_PREFIX + n: "mean"
-                                 for n in sampling.get("loss_streams") or ()}})
+                                 for n in sampling.loss_streams}})
         self.lockstep = lockstep
         self.process_group = process_group
         self.started = self.closed = False
@@ -200,7 +200,7 @@ class LiveSession:
         self.started = True
         if self._watchdog is None and self.run.is_rank0:
             with self.guard("watchdog", "starting the hang watchdog"):
-                self._watchdog = HangWatchdog(**(self.run.config.get("watchdog") or {}))
+                self._watchdog = self.run.config.watchdog.build()
                 self._watchdog.start(lambda: (self.last_step, self.finished_at_s, self.alive_at_s),
                                      lambda finding: self.run.emit([finding], wait_s=5.0))
 
