@@ -43,7 +43,7 @@ from typing import Any, Iterator, Mapping
 
 import yaml
 
-from .actions import SINK_CLASSES, ActionsConfig
+from .alerts import SINK_CLASSES, ActionsConfig
 from .detectors import DETECTORS
 from .forensics import Forensics
 from .outcome import RunReport

@@ -205,7 +205,7 @@ class LiveRun:
                                advice_forms=advice_forms, off=dict(sinks_off or {}))
         self.dispatcher = self._build_dispatcher()   # config errors (bad URL, unset variable) surface here, early
         if is_rank0:
-            from .actions.log import show_on_console
+            from .alerts.log import show_on_console
             show_on_console()
         #: Which data each step read, named at a finding (the ``forensics`` section).
         self.forensics: Forensics = self.config.forensics.build()
@@ -487,7 +487,7 @@ class LiveRun:
     def outcome(self, *, halted_at: int | None = None) -> Outcome:
         """How the run ended, from what it saw (:class:`~stability_callbacks.outcome.Outcome`);
         ``halted_at``: the step at which the integration carried out a halt."""
-        from .actions.sink import first_sentence
+        from .alerts.sink import first_sentence
         c = self.control
         crash = next((f for f in reversed(self.findings) if f.kind == "crash"), None)
         reason = first_sentence(crash.message) if crash else c.stop_reason if c.stop else None
@@ -502,7 +502,7 @@ class LiveRun:
         advice = self.control.rollback
         if advice is None:
             return None
-        from .actions.rollback import native_forms
+        from .advice import native_forms
         forms = self.advice_forms
         try:
             native = native_forms(advice.details, forms) if forms and not advice.details.get(

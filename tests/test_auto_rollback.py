@@ -125,7 +125,7 @@ def test_bad_auto_rollback_keys_name_key_and_value(auto, message):
 # --------------------------------------------------------------------------- the sampler
 torch = pytest.importorskip("torch")
 
-from stability_callbacks.integrations.torch.rollback import (DataSkipSampler, install_sampler,  # noqa: E402
+from stability_callbacks.integrations.torch.auto_rollback import (DataSkipSampler, install_sampler,  # noqa: E402
                                                         set_aside_newer)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from stability_callbacks import ConfigError, Monitor, load_config
 from stability_callbacks import config as config_module
-from stability_callbacks.actions import SINK_CLASSES
+from stability_callbacks.alerts import SINK_CLASSES
 from stability_callbacks.cli import main
 from stability_callbacks.config import Config
 from stability_callbacks.detectors import DETECTORS

@@ -287,7 +287,7 @@ def test_follow_writes_into_the_jobs_wandb_run_and_prints_each_finding_once(tmp_
     ``stability/<key>`` scalars of every step and the alerts there; each finding is printed once
     (no second copy from the log sink on stderr)."""
     pytest.importorskip("wandb")
-    from test_actions import _wandb_records_when_complete
+    from test_alerts import _wandb_records_when_complete
 
     config = tmp_path / "c.yaml"
     config.write_text("actions:\n  log: {}\n  wandb: {min_severity: critical}\n")

@@ -22,7 +22,7 @@ pytest.importorskip("transformers")
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
 from alert_inbox import AlertInbox  # noqa: E402
-from stability_callbacks.actions.rollback import native_forms  # noqa: E402
+from stability_callbacks.advice import native_forms  # noqa: E402
 from stability_callbacks.demo.scenarios import build_scenario  # noqa: E402
 from streams import two_stream_losses  # noqa: E402
 from stability_callbacks.integrations.hf import callback as hf_callback  # noqa: E402

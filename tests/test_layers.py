@@ -16,8 +16,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "stability_callbacks"
 #: hands names on and is exempt.
 FLOORS = [
     ["keys", "record", "params", "stats"],
-    ["control", "phase", "preflight", "watchdog", "detectors"],
-    ["policy", "runlog", "actions", "forensics", "outcome"],
+    ["control", "phase", "preflight", "watchdog", "detectors", "advice"],
+    ["policy", "runlog", "alerts", "forensics", "outcome"],
     ["config"],
     ["monitor"],
     ["live"],
@@ -124,9 +124,9 @@ def test_integrations_reach_the_policy_only_through_named_methods(framework):
 def test_the_check_sees_a_planted_cycle_and_an_upward_arrow():
     """The graph is read right: ``config`` imports ``actions`` (a floor below), and a planted
     ``actions -> config`` arrow would be both a cycle and an upward import."""
-    assert "stability_callbacks.actions" in GRAPH["stability_callbacks.config"] or \
-        "stability_callbacks.actions.section" in GRAPH["stability_callbacks.config"]
-    assert FLOOR[_room("stability_callbacks.actions.section")] < FLOOR[_room("stability_callbacks.config")]
+    assert "stability_callbacks.alerts" in GRAPH["stability_callbacks.config"] or \
+        "stability_callbacks.alerts.section" in GRAPH["stability_callbacks.config"]
+    assert FLOOR[_room("stability_callbacks.alerts.section")] < FLOOR[_room("stability_callbacks.config")]
 
 
 def test_no_function_over_60_logical_lines_without_a_written_reason(tmp_path):

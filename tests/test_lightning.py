@@ -14,7 +14,7 @@ import torch
 
 pl = pytest.importorskip("lightning.pytorch")
 
-from stability_callbacks.actions.rollback import native_forms  # noqa: E402
+from stability_callbacks.advice import native_forms  # noqa: E402
 from stability_callbacks.demo.scenarios import build_scenario  # noqa: E402
 from streams import two_stream_losses  # noqa: E402
 from stability_callbacks.integrations.lightning import StabilityCallback  # noqa: E402

@@ -434,7 +434,7 @@ def record_numbered(f: Finding, caveat: str | None = None) -> Finding:
 def _advice_forms(args: ReplayOptions, account: "ReadAccount | None") -> tuple[str, ...] | None:
     """The rollback forms to print (``--advice``): ``all`` (None), one framework, or (``auto``)
     the one the log speaks: the ``--format`` named, else the format the reader detected."""
-    from ..actions.rollback import advice_forms_for
+    from ..advice import advice_forms_for
 
     if args.advice == "all":
         return None
@@ -450,7 +450,7 @@ def print_finding(f: Finding, advice_forms: tuple[str, ...] | None, *, console=N
     out = console.print if console is not None else (lambda text, **_: print(text, flush=True))
     out(f"[{f.severity}] step {f.step} {f.kind}: {f.message}", markup=False)
     if f.kind == "rollback_advice" and not f.details.get("step_is_record_number"):
-        from ..actions.rollback import native_forms
+        from ..advice import native_forms
         forms = native_forms(f.details, advice_forms)
         for fw, text in forms.items():
             out(f"    {fw}: {text}", markup=False)

@@ -499,7 +499,7 @@ def write_report(out_path, records: Sequence[StepRecord], findings: Sequence[Fin
 
     ``phases``: ``(step, phase_name)`` pairs aligned with ``records`` (or ``None``).
     ``advice_forms``: the frameworks whose command the HTML table adds under rollback advice
-    (:func:`~stability_callbacks.actions.rollback.native_forms`; None: all; ``()``: none).
+    (:func:`~stability_callbacks.advice.native_forms`; None: all; ``()``: none).
     ``ValueError`` for another suffix.
     """
     out = check_report_path(out_path)
@@ -549,7 +549,7 @@ def _advice_html(f: Finding, advice_forms: tuple[str, ...] | None) -> str:
     """The native commands of a rollback advice, as lines under its message."""
     if f.kind != "rollback_advice" or advice_forms == () or f.details.get("step_is_record_number"):
         return ""
-    from ..actions.rollback import FORM_LABELS, native_forms
+    from ..advice import FORM_LABELS, native_forms
     try:
         forms = native_forms(f.details, advice_forms)
     except (KeyError, TypeError, ValueError):

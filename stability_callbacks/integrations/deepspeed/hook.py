@@ -28,7 +28,7 @@ from ..torch.adapter import RUN_DIR_NAME, SessionAdapter
 from ..torch.preflight import scheduler_warmup
 from .monitor import engine_monitor_writer
 from .readings import DeepSpeedStep
-from .rollback import DeepSpeedRollBack
+from .reload import DeepSpeedRollBack
 from .skip_step import gate_engine
 
 #: ``client_state`` key of the detector state in every DeepSpeed checkpoint.

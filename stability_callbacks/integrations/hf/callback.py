@@ -24,9 +24,9 @@ from ..deepspeed.skip_step import gate_engine
 from ..torch.adapter import CONFIG_ERRORS, RUN_DIR_NAME, SessionAdapter
 from ..torch.preflight import scheduler_warmup
 from ..torch.readings import read_grad_scaler
-from ..torch.rollback import RollBack
+from ..torch.auto_rollback import RollBack
 from ..torch.session import STATE_FILE
-from .rollback import HFRollBack
+from .reload import HFRollBack
 from .sampler import wrap_train_sampler
 
 __all__ = ["StabilityCallback", "STATE_FILE"]

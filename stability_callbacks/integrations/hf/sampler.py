@@ -12,7 +12,7 @@ import torch
 from stability_callbacks.forensics import StepIndices
 from stability_callbacks.live import InstancePatches
 
-from ..torch.rollback import DataSkipSampler
+from ..torch.auto_rollback import DataSkipSampler
 
 __all__ = ["wrap_train_sampler"]
 

@@ -28,7 +28,7 @@ from ..deepspeed.skip_step import gate_engine
 from ..torch.adapter import CONFIG_ERRORS, RUN_DIR_NAME, SessionAdapter
 from ..torch.preflight import scheduler_warmup
 from ..torch.readings import read_grad_scaler, sharded_grad_norm
-from .rollback import LightningRollBack
+from .reload import LightningRollBack
 from .sampler import install_train_sampler
 
 __all__ = ["StabilityCallback"]

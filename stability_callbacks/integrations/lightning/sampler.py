@@ -10,7 +10,7 @@ import torch
 
 from stability_callbacks.forensics import StepIndices
 
-from ..torch.rollback import DataSkipSampler, install_sampler
+from ..torch.auto_rollback import DataSkipSampler, install_sampler
 
 __all__ = ["install_train_sampler"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from stability_callbacks.actions.rollback import advice_forms_for
+from stability_callbacks.advice import advice_forms_for
 from stability_callbacks.config import Config
 from stability_callbacks.control import Control
 from stability_callbacks.forensics import StepIndices

@@ -34,7 +34,7 @@ class ActionsConfig:
     """The ``actions`` section: sink name -> its :class:`Section` (``false`` = off, dropped;
     ``null`` or ``{}`` = on with defaults). Each sink is built once to check its values; the
     environment is read when the sinks are built for a run
-    (:meth:`build`, :func:`~stability_callbacks.actions.build_sinks`)."""
+    (:meth:`build`, :func:`~stability_callbacks.alerts.build_sinks`)."""
 
     sinks: Mapping[str, Section]
 

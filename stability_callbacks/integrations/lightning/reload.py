@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from stability_callbacks.live import InstancePatches
 
-from ..torch.rollback import RollBack
+from ..torch.auto_rollback import RollBack
 
 __all__ = ["LightningRollBack"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..torch.rollback import RollBack
+from ..torch.auto_rollback import RollBack
 
 __all__ = ["HFRollBack"]
 
