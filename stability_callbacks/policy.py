@@ -49,8 +49,10 @@ ESCALATED_KINDS = frozenset({"loss_spike", "spike_unrecovered", "divergence", "l
 
 
 @dataclass(frozen=True)
-class Precursor:
-    """One part of the precursor signature: a leading signal that, seen *before* a loss spike in
+class SignatureLead:
+    """One lead of the precursor signature (not the ``precursor`` detector,
+    :class:`~stability_callbacks.detectors.Precursor`, whose finding is one of them): a leading
+    signal that, seen *before* a loss spike in
     the warmup-end risk window, makes it the 104B pattern rather than a bad batch (tr8-104B: the
     grad norm and Adam's variance rose first; fp16 runs also lose loss scale). ``kinds``: the
     findings that count as its lead; ``what``: how the message names it."""
@@ -60,17 +62,17 @@ class Precursor:
     what: str
 
 
-#: The precursor signature, extensible by adding a :class:`Precursor`.
-PRECURSORS: tuple[Precursor, ...] = (
-    Precursor("grad_norm", frozenset({"grad_norm_spike", "grad_norm_growth"}), "the grad norm rose first"),
-    Precursor("adam_variance", frozenset({"second_moment_surge"}), "Adam's second moment rose first"),
-    Precursor("loss_scale", frozenset({"loss_scale_collapse", "overflow_burst"}), "the fp16 loss scale was falling"),
-    Precursor("update", frozenset({"precursor"}), "Adam's update or first moment rose first"),
+#: The precursor signature, extensible by adding a :class:`SignatureLead`.
+SIGNATURE_LEADS: tuple[SignatureLead, ...] = (
+    SignatureLead("grad_norm", frozenset({"grad_norm_spike", "grad_norm_growth"}), "the grad norm rose first"),
+    SignatureLead("adam_variance", frozenset({"second_moment_surge"}), "Adam's second moment rose first"),
+    SignatureLead("loss_scale", frozenset({"loss_scale_collapse", "overflow_burst"}), "the fp16 loss scale was falling"),
+    SignatureLead("update", frozenset({"precursor"}), "Adam's update or first moment rose first"),
 )
 
 
 def precursor_signature(leads: list, onset: int, window_steps: int,
-                        precursors: tuple[Precursor, ...] = PRECURSORS) -> list[Precursor]:
+                        precursors: tuple[SignatureLead, ...] = SIGNATURE_LEADS) -> list[SignatureLead]:
     """The precursors with a lead (``[step, kind, ...]``) in the ``window_steps`` steps before ``onset``.
 
     >>> [p.name for p in precursor_signature([[95, "grad_norm_spike"], [100, "second_moment_surge"]], 100, 20)]
@@ -461,7 +463,7 @@ class Policy:
           escalation: the card's action, a save now and the bumped save interval;
         - it is ``critical`` (halt-worthy) only when the instability is critical itself (a spike
           not recovered by its horizon, a divergence, NaN, a collapsed loss scale) or comes with
-          the precursor signature (:data:`PRECURSORS`: a lead of the grad norm or Adam's
+          the precursor signature (:data:`SIGNATURE_LEADS`: a lead of the grad norm or Adam's
           variance, or a falling loss scale, in the ``lead_window_steps`` before its onset);
         - a warning escalation is upgraded to critical when its episode turns critical later,
           inside the window or not; otherwise one escalation per ``escalation_gap_steps``;
@@ -528,7 +530,7 @@ class Policy:
         done = "; ".join(acts)
         done = f" {done[:1].upper()}{done[1:]}." if done else ""
         if f.severity == "critical":
-            precursors = [p.what for p in PRECURSORS if p.name in d["precursors"]]
+            precursors = [p.what for p in SIGNATURE_LEADS if p.name in d["precursors"]]
             why = (f"It comes with the precursor signature ({', '.join(precursors)}) before its onset at "
                    f"step {own}" if precursors else f"The {trigger} is critical by itself"
                    if d["trigger_severity"] == "critical" else "policy.warmup_escalation = any makes it critical")
@@ -654,5 +656,5 @@ class Policy:
         self.data_skips = DataSkips.from_state(d["data_skips"]) if "data_skips" in d else DataSkips()
 
 
-__all__ = ["Policy", "AutoRollback", "Precursor", "DAMAGE_KINDS", "EVENT_KINDS", "PRECURSORS", "SKIP_STEP_ON",
+__all__ = ["Policy", "AutoRollback", "SignatureLead", "DAMAGE_KINDS", "EVENT_KINDS", "SIGNATURE_LEADS", "SKIP_STEP_ON",
            "WARMUP_ESCALATION"]

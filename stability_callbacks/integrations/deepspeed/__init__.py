@@ -2,7 +2,7 @@
 
 Everything that knows DeepSpeed is in this folder: the hook (:mod:`.hook`), what the engine holds
 after a step (:mod:`.readings`, also read by the HF and Lightning callbacks under DeepSpeed), skip
-step through its overflow path (:mod:`.skip_step`) and rollback (:mod:`.rollback`).
+step through its overflow path (:mod:`.skip_step`) and rollback (:mod:`.reload`).
 """
 from ..torch.auto_rollback import ROLLED_BACK_DIR
 from .hook import CLIENT_STATE_KEY, StabilityHook, attach

@@ -1,6 +1,6 @@
 """Rollback under a DeepSpeed engine: ``latest`` pointed at a good checkpoint (the advice carried
 out on disk, :func:`roll_back_latest`), and the automatic rollback of the user's loop
-(:class:`DeepSpeedRollBack`; the shared steps: :mod:`..torch.rollback`).
+(:class:`DeepSpeedRollBack`; the shared steps: :mod:`..torch.auto_rollback`).
 """
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ class SessionAdapter:
     findings, actions).
     """
 
-    #: The framework, for the rollback advice's native form (``actions.rollback``).
+    #: The framework, for the rollback advice's native form (:mod:`stability_callbacks.advice`).
     framework = ""
 
     def __init__(self, *, config: Any = None, monitor: Any = None,

@@ -36,7 +36,7 @@ each tagged ``# host-sync:``.
 Skip step (``policy.skip_step_on``, :mod:`.skip_step`): ``session.skip``
 decides in ``before_optimizer_step``, reports in ``end_step`` and takes the policy's next rule
 after it; :meth:`~.adapter.SessionAdapter._gate_step` gates the optimizer's ``step``. An
-automatic rollback (:mod:`.rollback`) restores through ``restore`` and opens its segment with
+automatic rollback (:mod:`.auto_rollback`) restores through ``restore`` and opens its segment with
 ``start(step, "rollback")`` (:meth:`~.adapter.SessionAdapter._begin`). An engine that steps the
 optimizer itself (DeepSpeed) is read through :meth:`LiveSession.read_engine`.
 """
