@@ -100,6 +100,8 @@ class LiveRun:
         #: The configuration, read once (the Monitor's).
         self.config: Config = self.monitor.config
         self.monitor.policy.checkpoints_seen = sees_checkpoints
+        #: The Monitor's requests, the one :class:`Control` of the run (held, not looked up).
+        self.control: Control = self.monitor.control
         self.is_rank0 = is_rank0
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.run_name = run_name or (self.run_dir.name if self.run_dir else "run")
@@ -134,10 +136,6 @@ class LiveRun:
             report_path=a["report_path"], wandb_run=a["wandb_run"], tb_writer=a["tb_writer"],
             tensorboard_dir=None if self.run_dir is None else str(self.run_dir / "tensorboard"),
             advice_forms=a["advice_forms"], off=a["off"], only_messages=only_messages, quiet=only_messages)
-
-    @property
-    def control(self) -> Control:
-        return self.monitor.control
 
     @property
     def sinks_on(self) -> set[str]:

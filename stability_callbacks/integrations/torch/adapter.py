@@ -84,7 +84,8 @@ class SessionAdapter:
 
     @property
     def control(self) -> Control | None:
-        """The Monitor's requests (:class:`~stability_callbacks.control.Control`)."""
+        """The Monitor's requests (:class:`~stability_callbacks.control.Control`): the one
+        object the Monitor made, held by the run and the session alike."""
         return None if self.session is None else self.session.control
 
     @property

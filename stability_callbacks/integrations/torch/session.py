@@ -101,6 +101,8 @@ class LiveSession:
     def __init__(self, run: LiveRun, *, process_group=None, lockstep: bool = False):
         self.run = run
         self.guard = run.guard
+        #: The run's one :class:`Control` (the Monitor's requests), held.
+        self.control: Control = run.control
         sampling = run.config.sampling   # validated, every value present: nothing re-defaulted here
         self.every_n_steps = sampling.every_n_steps
         #: The skip-step decisions (``policy.skip_step_on``), or None when off.
@@ -147,10 +149,6 @@ class LiveSession:
         self._interval: int | None = None   # the save interval last reported
         #: How the run ended (set by :meth:`close`; None while it runs).
         self.outcome: Outcome | None = None
-
-    @property
-    def control(self) -> Control:
-        return self.run.control
 
     @property
     def off(self) -> bool:
