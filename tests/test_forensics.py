@@ -260,6 +260,7 @@ def _hf_run(out, config):
     return cb, {x["step"]: x["metrics"]["loss"] for x in steps if x["type"] == "step"}
 
 
+@pytest.mark.slow
 def test_hf_names_the_pocket_and_ranks_its_garbage_first_without_touching_training(tmp_path):
     sc = _pocket()
     garbage = sc.pocket_indices()

@@ -108,6 +108,7 @@ def _resume_checkpoint(tmp, step: int) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_data_pocket(pocket_run):
     sc, cb, trainer, tmp = pocket_run
     first = first_steps(cb.findings)
@@ -142,6 +143,7 @@ def test_data_pocket(pocket_run):
     assert all("batch_fingerprint" in r["metrics"] and "grad_norm" in r["metrics"] for r in steps)
 
 
+@pytest.mark.slow
 def test_resume_continues_detector_state(pocket_run, tmp_path):
     sc, ref_cb, _, tmp = pocket_run
     r = _resume_step(sc)
@@ -173,6 +175,7 @@ def test_resume_with_data_from_scratch_finds_repetition(pocket_run, tmp_path):
         [(r + 1, "critical", 1)]
 
 
+@pytest.mark.slow
 def test_nan_halts_without_saving_damaged_weights(tmp_path, caplog):
     sc = build_scenario("nan")
     (fault,) = sc.fault_steps
@@ -236,6 +239,7 @@ def test_a_last_ckpt_saved_over_is_advised_only_as_the_newest(tmp_path):
     assert cb.outcome.advice.startswith(f'trainer.fit(model, datamodule=dm, ckpt_path="{last}") (step 10)')
 
 
+@pytest.mark.slow
 def test_warmup_spike_escalates_saves_and_halts(tmp_path):
     sc = build_scenario("warmup-spike")
     spike = sc.fault_steps[0]
@@ -309,6 +313,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_process_ddp_and_deepspeed_decide_the_same(tmp_path):
     """2 ranks (gloo, CPU), DDP then DeepSpeed ZeRO-2 in the same processes: every rank takes the
     same decisions at the same steps (collective saves in the risk window and at the spike),
@@ -525,6 +530,7 @@ def _saved_states(path) -> dict:
     return torch.load(path, weights_only=False)["callbacks"]
 
 
+@pytest.mark.slow
 def test_two_callbacks_keep_their_own_states_in_one_checkpoint(two_configs_checkpoint, tmp_path, recwarn):
     path, keys = two_configs_checkpoint
     digest = hashlib.sha256(json.dumps(TWO_CONFIGS[1], sort_keys=True).encode()).hexdigest()[:12]
@@ -540,6 +546,7 @@ def test_two_callbacks_keep_their_own_states_in_one_checkpoint(two_configs_check
     assert "ModelCheckpoint" in unclaimed and "StabilityCallback" not in unclaimed
 
 
+@pytest.mark.slow
 def test_a_checkpoint_from_before_the_key_restores_into_the_one_callback(two_configs_checkpoint, tmp_path, caplog):
     """Saved before ``state_key``: the state under the class's name (Lightning's default key)."""
     path, keys = two_configs_checkpoint

@@ -208,6 +208,7 @@ def test_a_cache_folder_that_cannot_be_made_builds_into_the_users_temporary_one(
     assert stat.S_IMODE(_user_folder(fresh / "tmp").stat().st_mode) == 0o700
 
 
+@pytest.mark.slow
 def test_processes_without_a_writable_cache_share_one_folder(fresh):
     """Two processes, one after the other: the second loads what the first built, from the same
     folder (a fresh temporary folder per process would build in each, and leave each behind)."""
