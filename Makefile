@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint smoke venv clean
+.PHONY: demo test test-fast lint smoke venv clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,11 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -p no:cacheprovider $(TEST_ARGS)
+
+# The fast tier: every module exercised, the tests marked slow left out (under 2 minutes on 2
+# cores); `make test` (and .ci/run) still runs everything.
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" $(TEST_ARGS)
 
 # Bug-finding rules only (pyproject.toml [tool.ruff.lint]); mypy on the core ([tool.mypy], ~5 s cold).
 lint: $(VENV)/.installed

@@ -25,7 +25,7 @@ import torch
 
 from stability_callbacks.forensics import Forensics
 from stability_callbacks.integrations.torch.forensics import TorchPeer
-from stability_callbacks.integrations.torch.rollback import DataSkipSampler
+from stability_callbacks.integrations.torch.auto_rollback import DataSkipSampler
 
 
 def _epoch_ms(loader) -> float:

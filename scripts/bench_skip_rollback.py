@@ -30,7 +30,7 @@ import warnings
 import torch
 
 from stability_callbacks.control import DataSkips
-from stability_callbacks.integrations.torch.rollback import install_sampler
+from stability_callbacks.integrations.torch.auto_rollback import install_sampler
 from stability_callbacks.integrations.torch.session import LiveSession
 from stability_callbacks.integrations.torch.skip_step import GatedStep
 from stability_callbacks.live import LiveRun

@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 PRESETS = ("default", "pretrain-fp16", "pretrain-bf16", "finetune")
@@ -101,7 +102,7 @@ def check_presets_by_name() -> None:
     from stability_callbacks.integrations.lightning import StabilityCallback as LightningCallback
 
     for name in PRESETS:
-        check(isinstance(load_config(name), dict), f"load_config({name!r})")
+        check(isinstance(load_config(name), Mapping), f"load_config({name!r})")   # the Config tree, a mapping of sections
         Monitor(name)
         HFCallback(config=name, run_dir="out/presets")
         LightningCallback(config=name, run_dir="out/presets")

@@ -15,7 +15,7 @@ import json
 import sys
 
 from . import __version__
-from .config import ConfigError
+from .config import Config, ConfigError, parse_overrides
 from .preflight import PRECISIONS
 
 
@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     def command(name: str, help: str, description: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=description, epilog=EXIT_CODES[name])
 
+    set_help = ("override one config key: SECTION.KEY=VALUE, the value read as YAML (repeatable; e.g. "
+                "--set policy.halt_on=critical --set detectors.loss_spike.z_threshold=7 "
+                "--set detectors.not_learning=false)")
     json_help = "write the findings as JSON lines to OUT (- or no value: standard output)"
     p = command("replay", "run the live detector over a training log",
                 "Replay a training log (a text log of any common printer, Megatron, fairseq, Caffe, "
@@ -94,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(also hf, nanogpt, llmc, deepspeed, litgpt, mlx, llamafactory, ...: "
                         "read by the generic reader)")
     p.add_argument("--config", help="YAML config or preset name (default, pretrain-fp16, ...)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help=set_help)
     p.add_argument("--json", dest="json_out", nargs="?", const="-", metavar="OUT",
                    help="write what was read (the first record, type \"read\") and the findings as "
                         "JSON lines to OUT (- or no value: standard output)")
@@ -137,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="config.json path, or a directory holding config.json")
     p.add_argument("--config", help="stability config (YAML or preset name) whose `preflight` section "
                                     "sets the thresholds")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help=set_help)
     p.add_argument("--precision", choices=PRECISIONS, help="training precision (default: the config's dtype)")
     p.add_argument("--bf16-available", choices=("yes", "no"), help="whether the GPUs support bf16")
     p.add_argument("--optimizer", help="optimizer class name, e.g. AdamW")
@@ -169,18 +176,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _config(args) -> Config:
+    """``--config`` and ``--set``, read once into the config tree (a bad one: ``ConfigError``)."""
+    return Config.load(args.config, parse_overrides(args.overrides))
+
+
 def replay(args) -> int:
-    from .replay.command import run
-    return run(args)
+    """The config and the typed options from the arguments (nothing of argparse goes further),
+    then :func:`~.replay.command.run`."""
+    from .replay.command import FollowOptions, ReplayOptions, run
+
+    try:
+        if args.poll_s <= 0:
+            raise ValueError("--poll-s and --idle-exit-s must be > 0")
+        follow = FollowOptions(run_dir=args.run_dir, wandb_project=args.wandb_project,
+                               wandb_run_id=args.wandb_run_id, pid=args.pid, poll_s=args.poll_s,
+                               stop_file=args.stop_file, on_halt=args.on_halt) if args.follow else None
+        options = ReplayOptions(path=args.path, format=args.format, json_out=args.json_out, report=args.report,
+                                warmup_steps=args.warmup_steps, keys=args.keys, pattern=args.pattern,
+                                advice=args.advice, idle_exit_s=args.idle_exit_s, follow=follow)
+        config = _config(args)
+    except (ConfigError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return run(options, config)
 
 
 def preflight(args) -> int:
     """The preflight audit of a config.json, with the thresholds of ``--config``'s section."""
-    from .config import load_config
-    from .preflight import Preflight, format_finding, load_config_facts, weight_decay_is_decoupled
+    from .preflight import format_finding, load_config_facts, weight_decay_is_decoupled
 
     try:
-        rules = Preflight(**load_config(args.config)["preflight"])
+        rules = _config(args).preflight.build()
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -7,15 +7,14 @@ takes training down.
 """
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 from typing import Any, Mapping
 
 from . import keys
-from .config import load_config
+from .config import Config
 from .control import Control
-from .detectors import DETECTORS, Context, Detector, GradNormSpike, LossSpike, NotLearning
+from .detectors import Context, Detector, GradNormSpike, LossSpike, NotLearning
 from .phase import PhaseTracker
 from .policy import Policy
 from .record import Finding, StepRecord
@@ -43,12 +42,14 @@ class Monitor:
     True
     """
 
-    def __init__(self, config: str | Mapping | None = None):
-        self.config = load_config(config)
-        self.phase = PhaseTracker(**self.config["phase"])
-        self.policy = Policy(**self.config["policy"])
-        dcfg = self.config["detectors"]
-        self.detectors: list[Detector] = [self._make(name) for name in DETECTORS if dcfg.get(name, {}) is not False]
+    def __init__(self, config: "Config | str | Mapping | None" = None, *,
+                 overrides: Mapping[str, Any] | None = None):
+        #: The configuration (:class:`~stability_callbacks.config.Config`), read once; its
+        #: phase, policy and detectors are built here, once.
+        self.config = Config.load(config, overrides)
+        self.phase: PhaseTracker = self.config.phase.build()
+        self.policy: Policy = self.config.policy.build()
+        self.detectors: list[Detector] = self.config.detectors.build()
         self._loss_spike = next((d for d in self.detectors if isinstance(d, LossSpike)), None)
         self._grad_norm_spike = next((d for d in self.detectors if isinstance(d, GradNormSpike)), None)
         if self.policy.skip_step_on == "grad_outlier" and self._grad_norm_spike is None:
@@ -89,7 +90,7 @@ class Monitor:
     def update(self, record: StepRecord) -> list[Finding]:
         out: list[Finding] = []
         step = record.step
-        if record.warmup_steps is not None and self.config["phase"].get("warmup_steps") is None:
+        if record.warmup_steps is not None and self.config.phase.warmup_steps is None:
             self.phase.declare_warmup(record.warmup_steps)   # a replayed run log's declared warmup
         # A segment's start_step is the step it resumes from (its checkpoint): the step before
         # its first record (docs/design.md, Run log; what the integrations write).
@@ -178,14 +179,6 @@ class Monitor:
             if found:
                 out += found
 
-    def _make(self, name: str) -> Detector:
-        cls, dcfg = DETECTORS[name], self.config["detectors"]
-        kwargs = dict(dcfg.get(name) or {})
-        if cls.defaults_from and dcfg.get(cls.defaults_from):   # e.g. streams judged like the main loss
-            accepted = inspect.signature(cls.__init__).parameters
-            kwargs = {**{k: v for k, v in dcfg[cls.defaults_from].items() if k in accepted}, **kwargs}
-        return cls(**kwargs)
-
     def _disable(self, name: str, step: int) -> None:
         self._broken.add(name)
         self._forget_plans()
@@ -219,7 +212,7 @@ class Monitor:
         what the detectors learned since belongs to the abandoned branch (docs/design.md,
         Invariants 5: after a rollback, the past, not the future). They start afresh; the phase keeps the
         warmup end and risk window it knows, but not the last LR."""
-        self.detectors = [self._make(d.name) for d in self.detectors]
+        self.detectors = [self.config.detectors.on[d.name].build() for d in self.detectors]
         self._loss_spike = next((d for d in self.detectors if isinstance(d, LossSpike)), None)
         self._grad_norm_spike = next((d for d in self.detectors if isinstance(d, GradNormSpike)), None)
         self._forget_plans()

@@ -20,14 +20,18 @@ ValueError: min_severity must be one of ('info', 'warning', 'critical'), got 'lo
 """
 from __future__ import annotations
 
+import copy
+import difflib
 import inspect
 import math
 import re
+import types
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 __all__ = ["check", "is_number", "positive", "positive_int", "at_least", "int_at_least",
            "in_interval", "one_of", "flag", "text", "ConfigError", "config_keys", "construct",
-           "checked", "with_path"]
+           "with_path", "close_match", "Section"]
 
 
 def check(name: str, value: Any, ok: bool, want: str) -> Any:
@@ -119,7 +123,8 @@ def construct(path: str, cls, kwargs: Mapping[str, Any], **runtime):
     params = config_keys(cls)
     for k in kwargs:
         if k not in params:
-            raise ConfigError(f"{path}.{k}: unknown key (known: {', '.join(sorted(params))})")
+            raise ConfigError(f"{path}.{k}: unknown key (known: {', '.join(sorted(params))})"
+                              + close_match(k, params))
     for k, p in params.items():
         if p.default is inspect.Parameter.empty and k not in kwargs:
             raise ConfigError(f"{path}.{k}: required key missing")
@@ -138,7 +143,63 @@ def with_path(path: str, message: str, keys=()) -> str:
     return f"{path}: {message}"
 
 
-def checked(path: str, cls, kwargs: dict) -> dict:
-    """Build ``cls(**kwargs)`` once to validate; return the arguments as given."""
-    construct(path, cls, kwargs)
-    return kwargs
+def close_match(name: str, known) -> str:
+    """``"; did you mean X?"`` when one of ``known`` is close to ``name`` (difflib), else ``""``.
+
+    >>> close_match("z_treshold", ["z_threshold", "horizon_steps"])
+    '; did you mean z_threshold?'
+    """
+    found = difflib.get_close_matches(str(name), [str(k) for k in known], n=1)
+    return f"; did you mean {found[0]}?" if found else ""
+
+
+@dataclass(frozen=True)
+class Section:
+    """One section of the config (or one detector's, one sink's): the keyword arguments of the
+    class it builds, as given and checked. ``section.key`` is the value given, else the
+    constructor's default (its one source); :meth:`build` makes the object.
+
+    >>> from stability_callbacks.watchdog import HangWatchdog
+    >>> s = Section.checked("watchdog", HangWatchdog, {"hang_min_s": 60})
+    >>> s.hang_min_s, s.hang_factor
+    (60, 10.0)
+    """
+
+    path: str
+    cls: type
+    args: Mapping[str, Any]
+    #: The object built to validate the section, until the first :meth:`build` takes it.
+    _made: list = field(default_factory=list, compare=False, repr=False)
+
+    @classmethod
+    def checked(cls, path: str, target: type, args: Mapping[str, Any]) -> "Section":
+        """The section, validated by building its object once (kept for the first :meth:`build`)."""
+        args = types.MappingProxyType(copy.deepcopy(dict(args)))
+        section = cls(path, target, args)
+        section._made.append(construct(path, target, args))
+        return section
+
+    def __getattr__(self, key: str) -> Any:
+        if key.startswith("_"):   # copy, pickle and dataclass machinery: no config key
+            raise AttributeError(key)
+        args = object.__getattribute__(self, "args")
+        if key in args:
+            return args[key]
+        params = config_keys(object.__getattribute__(self, "cls"))
+        if key not in params:
+            raise AttributeError(f"{self.path} has no key {key!r}")
+        return params[key].default
+
+    def build(self, **runtime) -> Any:
+        """The object: the one built to validate, the first time (and only without runtime
+        arguments, which it was built without); afresh after that."""
+        runtime = {k: v for k, v in runtime.items() if v is not None}   # None: the constructor's default
+        if self._made and not runtime:
+            return self._made.pop()
+        return construct(self.path, self.cls, self.args, **runtime)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The arguments as given (a plain, deep-copied dict)."""
+        return copy.deepcopy(dict(self.args))
+
+

@@ -49,8 +49,10 @@ ESCALATED_KINDS = frozenset({"loss_spike", "spike_unrecovered", "divergence", "l
 
 
 @dataclass(frozen=True)
-class Precursor:
-    """One part of the precursor signature: a leading signal that, seen *before* a loss spike in
+class SignatureLead:
+    """One lead of the precursor signature (not the ``precursor`` detector,
+    :class:`~stability_callbacks.detectors.Precursor`, whose finding is one of them): a leading
+    signal that, seen *before* a loss spike in
     the warmup-end risk window, makes it the 104B pattern rather than a bad batch (tr8-104B: the
     grad norm and Adam's variance rose first; fp16 runs also lose loss scale). ``kinds``: the
     findings that count as its lead; ``what``: how the message names it."""
@@ -60,17 +62,17 @@ class Precursor:
     what: str
 
 
-#: The precursor signature, extensible by adding a :class:`Precursor`.
-PRECURSORS: tuple[Precursor, ...] = (
-    Precursor("grad_norm", frozenset({"grad_norm_spike", "grad_norm_growth"}), "the grad norm rose first"),
-    Precursor("adam_variance", frozenset({"second_moment_surge"}), "Adam's second moment rose first"),
-    Precursor("loss_scale", frozenset({"loss_scale_collapse", "overflow_burst"}), "the fp16 loss scale was falling"),
-    Precursor("update", frozenset({"precursor"}), "Adam's update or first moment rose first"),
+#: The precursor signature, extensible by adding a :class:`SignatureLead`.
+SIGNATURE_LEADS: tuple[SignatureLead, ...] = (
+    SignatureLead("grad_norm", frozenset({"grad_norm_spike", "grad_norm_growth"}), "the grad norm rose first"),
+    SignatureLead("adam_variance", frozenset({"second_moment_surge"}), "Adam's second moment rose first"),
+    SignatureLead("loss_scale", frozenset({"loss_scale_collapse", "overflow_burst"}), "the fp16 loss scale was falling"),
+    SignatureLead("update", frozenset({"precursor"}), "Adam's update or first moment rose first"),
 )
 
 
 def precursor_signature(leads: list, onset: int, window_steps: int,
-                        precursors: tuple[Precursor, ...] = PRECURSORS) -> list[Precursor]:
+                        precursors: tuple[SignatureLead, ...] = SIGNATURE_LEADS) -> list[SignatureLead]:
     """The precursors with a lead (``[step, kind, ...]``) in the ``window_steps`` steps before ``onset``.
 
     >>> [p.name for p in precursor_signature([[95, "grad_norm_spike"], [100, "second_moment_surge"]], 100, 20)]
@@ -286,66 +288,129 @@ class Policy:
     # -- deciding -----------------------------------------------------------------------------
     def decide(self, findings: list[Finding], ctx: Context, control: Control,
                risk_window: tuple[int, int] | None) -> list[Finding]:
-        step = ctx.step
+        """The step's findings -> the requests on ``control`` and the policy's own findings
+        (the escalation, rollback advice, an automatic rollback), returned. One rule after
+        another, each its own method: start-up findings are info (:meth:`_demote_in_startup`);
+        leading signals are kept (:meth:`_note_lead`, :meth:`_drop_old_leads`) and name the spike
+        they lead (:meth:`_led_by_precursor`); the warmup-end escalation and the bumped save
+        interval (:meth:`_escalate_and_bump`); damage loses the good state and says where to go
+        back to (:meth:`_advise_on_damage`); a halt or an automatic rollback
+        (:meth:`_halt_or_roll_back`); a save (:meth:`_request_save`); the stop
+        (:meth:`_request_stop`). ``control.alerts``: every finding of the step."""
         if not findings:   # the ordinary step: only the save interval can change
             self._set_interval(ctx, control, risk_window)
             control.alerts = []
             return []
-        extra: list[Finding] = []
         for f in findings:
-            if (ctx.in_startup and f.kind not in UNMISTAKABLE_KINDS and f.kind not in EVENT_KINDS
-                    and not f.details.get("past_startup")):   # its detector knows its start-up is over
-                if f.severity != "info":
-                    f.details["startup_severity"] = f.severity
-                    f.severity = "info"
-            if f.kind in LEADING_KINDS and not ctx.in_startup:   # start-up transients lead nothing
-                lead = [f.onset_step if f.onset_step is not None else f.step, f.kind]
-                if f.kind == "precursor":   # what moved, for the spike it leads to name
-                    lead.append(f.details.get("lead"))
-                if lead not in self.leads:   # a precursor's persistence warning repeats its onset
-                    self.leads.append(lead)
-            if f.kind == "spike_recovered":   # that episode is over: its leads start no later one
-                self.leads = [lead for lead in self.leads if lead[0] >= f.step]
-        # Leads older than the window are dropped, except those leading a still-open loss spike.
+            self._demote_in_startup(f, ctx)
+            self._note_lead(f, ctx)
+        self._drop_old_leads(ctx)
+        for f in findings:
+            self._led_by_precursor(f)
+        extra: list[Finding] = []
+        escalation = self._escalate_and_bump(findings, ctx, risk_window)
+        if escalation is not None:
+            extra.append(escalation)
+        extra += self._advise_on_damage(findings, ctx, control)
+        halting, no_rollback, added = self._halt_or_roll_back(findings + extra, ctx, control)
+        extra += added
+        every = findings + extra
+        self._request_save(every, ctx.step, control)
+        self._set_interval(ctx, control, risk_window)
+        if escalation is not None:   # said once the actions are decided: only what is done
+            escalation.message = self._escalation_message(escalation, control,
+                                                          saving=self.last_save_request == ctx.step)
+        if halting and not control.stop:
+            self._request_stop(every, ctx.step, control, no_rollback)
+        control.alerts = every
+        return extra
+
+    @staticmethod
+    def _demote_in_startup(f: Finding, ctx: Context) -> None:
+        """During start-up (the first ``startup_steps``, or before a step succeeded) a finding is
+        info, its severity kept in ``details["startup_severity"]``: except the unmistakable ones,
+        the events, and one whose detector knows its own start-up is over (``past_startup``)."""
+        if (ctx.in_startup and f.kind not in UNMISTAKABLE_KINDS and f.kind not in EVENT_KINDS
+                and not f.details.get("past_startup")):
+            if f.severity != "info":
+                f.details["startup_severity"] = f.severity
+                f.severity = "info"
+
+    def _note_lead(self, f: Finding, ctx: Context) -> None:
+        """A leading signal (:data:`LEADING_KINDS`, past start-up: start-up transients lead
+        nothing) is kept as ``[onset, kind(, what moved)]``; a recovered spike ends its episode,
+        so the leads before it start no later one."""
+        if f.kind in LEADING_KINDS and not ctx.in_startup:
+            lead = [f.onset_step if f.onset_step is not None else f.step, f.kind]
+            if f.kind == "precursor":   # what moved, for the spike it leads to name
+                lead.append(f.details.get("lead"))
+            if lead not in self.leads:   # a precursor's persistence warning repeats its onset
+                self.leads.append(lead)
+        if f.kind == "spike_recovered":
+            self.leads = [lead for lead in self.leads if lead[0] >= f.step]
+
+    def _drop_old_leads(self, ctx: Context) -> None:
+        """Leads older than ``lead_window_steps`` are dropped, except those leading a still-open
+        loss spike; at most :data:`_MAX_LEADS` are kept."""
+        step = ctx.step
         horizon = min(step, ctx.loss_spike_onset if ctx.loss_spike_onset is not None else step)
         self.leads = [lead for lead in self.leads if horizon - lead[0] <= self.lead_window_steps][-_MAX_LEADS:]
 
-        for f in findings:
-            self._led_by_precursor(f)
+    def _escalate_and_bump(self, findings: list[Finding], ctx: Context,
+                           risk_window: tuple[int, int] | None) -> Finding | None:
+        """The serious findings (no event, warning or worse): the warmup-end escalation
+        (:meth:`_escalate`, its finding returned) and the save interval bumped for
+        ``bump_duration_steps``; an LR anomaly's step is remembered (what follows it is its effect)."""
         serious = [f for f in findings if f.kind not in EVENT_KINDS and severity_rank(f.severity) >= 1]
         if any(f.kind == "lr_anomaly" for f in findings):
-            self.lr_jump_step = step
+            self.lr_jump_step = ctx.step
         escalation = self._escalate(serious, ctx, risk_window)
-        if escalation is not None:
-            extra.append(escalation)
         if serious:
-            self.bump_until = max(self.bump_until or 0, step + self.bump_duration_steps)
+            self.bump_until = max(self.bump_until or 0, ctx.step + self.bump_duration_steps)
+        return escalation
 
+    def _advise_on_damage(self, findings: list[Finding], ctx: Context, control: Control) -> list[Finding]:
+        """A critical finding that damaged the weights (:data:`DAMAGE_KINDS`, or ``details["damage"]``)
+        while the state was good: the state is no longer good (no save from now on) and the
+        rollback advice says where to go back to (returned, and on ``control.rollback``)."""
         damaged = [f for f in findings if f.severity == "critical"
                    and (f.kind in DAMAGE_KINDS or f.details.get("damage"))]
-        if damaged and control.state_is_good:
-            control.state_is_good = False
-            control.rollback = self._rollback_advice(step, damaged[0], ctx)
-            extra.append(control.rollback)
-        critical = any(f.severity == "critical" for f in findings + extra)
+        if not (damaged and control.state_is_good):
+            return []
+        control.state_is_good = False
+        control.rollback = self._rollback_advice(ctx.step, damaged[0], ctx)
+        return [control.rollback]
+
+    def _halt_or_roll_back(self, seen: list[Finding], ctx: Context,
+                           control: Control) -> tuple[bool, str | None, list[Finding]]:
+        """``(halting, why no automatic rollback, the findings added)`` for a critical step
+        (``seen``: the step's findings so far): ``halt_on: critical`` halts; an automatic rollback
+        (``auto_rollback``) is requested instead when one is possible, else the run halts, saying
+        why. Either way the rollback advice says where to go back to."""
+        added: list[Finding] = []
+        critical = any(f.severity == "critical" for f in seen)
         halting = self.halt_on == "critical" and critical
         rolling = (self.auto_rollback is not None and critical and control.rollback_request is None
                    and not control.stop)
         if (halting or rolling) and control.rollback is None:   # a halt always says where to go back to
-            trigger = next(f for f in findings + extra if f.severity == "critical")
-            control.rollback = self._rollback_advice(step, trigger, ctx)
-            extra.append(control.rollback)
+            trigger = next(f for f in seen if f.severity == "critical")
+            control.rollback = self._rollback_advice(ctx.step, trigger, ctx)
+            added.append(control.rollback)
         no_rollback = None
         if rolling and control.rollback is not None:
-            request, no_rollback = self._rollback_request(step, control.rollback)
+            request, no_rollback = self._rollback_request(ctx.step, control.rollback)
             if request is not None:
                 control.rollback_request = request
-                extra.append(self._rollback_finding(request, control.rollback))
+                added.append(self._rollback_finding(request, control.rollback))
                 halting = False
             else:
                 halting = True
+        return halting, no_rollback, added
 
-        every = findings + extra
+    def _request_save(self, every: list[Finding], step: int, control: Control) -> None:
+        """Save now for the first finding at ``save_on`` or worse (no event), while the state is
+        good, no rollback is about to abandon this branch, and ``min_save_gap_steps`` passed
+        since the last save asked for."""
         asking = next((f for f in every if f.kind not in EVENT_KINDS
                        and severity_rank(f.severity) >= severity_rank(self.save_on)), None)
         if (control.state_is_good and self.save_on != "never" and asking is not None
@@ -354,18 +419,17 @@ class Policy:
             control.save_now = True
             control.save_reason = f"save now: {asking.kind} ({asking.severity}) at step {step}"
             self.last_save_request = step
-        self._set_interval(ctx, control, risk_window)
-        if escalation is not None:   # said once the actions are decided: only what is done
-            escalation.message = self._escalation_message(escalation, control, saving=self.last_save_request == step)
-        if halting and not control.stop:
-            control.stop = True
-            trigger = next((f for f in every if f.severity == "critical" and f.kind != "rollback_advice"),
-                           every[0])
-            control.stop_reason = (f"{trigger.kind} ({trigger.severity}) at step {step}; "
-                                   + (f"no automatic rollback: {no_rollback}" if no_rollback
-                                      else "policy.halt_on = critical"))
-        control.alerts = every
-        return extra
+
+    @staticmethod
+    def _request_stop(every: list[Finding], step: int, control: Control, no_rollback: str | None) -> None:
+        """Stop, naming the critical finding that halts (not the advice) and why: the policy's
+        ``halt_on``, or why no automatic rollback could be made."""
+        control.stop = True
+        trigger = next((f for f in every if f.severity == "critical" and f.kind != "rollback_advice"),
+                       every[0])
+        control.stop_reason = (f"{trigger.kind} ({trigger.severity}) at step {step}; "
+                               + (f"no automatic rollback: {no_rollback}" if no_rollback
+                                  else "policy.halt_on = critical"))
 
     def _led_by_precursor(self, f: Finding) -> None:
         """A loss or grad-norm spike finding with a ``precursor`` lead in the ``lead_window_steps``
@@ -399,7 +463,7 @@ class Policy:
           escalation: the card's action, a save now and the bumped save interval;
         - it is ``critical`` (halt-worthy) only when the instability is critical itself (a spike
           not recovered by its horizon, a divergence, NaN, a collapsed loss scale) or comes with
-          the precursor signature (:data:`PRECURSORS`: a lead of the grad norm or Adam's
+          the precursor signature (:data:`SIGNATURE_LEADS`: a lead of the grad norm or Adam's
           variance, or a falling loss scale, in the ``lead_window_steps`` before its onset);
         - a warning escalation is upgraded to critical when its episode turns critical later,
           inside the window or not; otherwise one escalation per ``escalation_gap_steps``;
@@ -466,7 +530,7 @@ class Policy:
         done = "; ".join(acts)
         done = f" {done[:1].upper()}{done[1:]}." if done else ""
         if f.severity == "critical":
-            precursors = [p.what for p in PRECURSORS if p.name in d["precursors"]]
+            precursors = [p.what for p in SIGNATURE_LEADS if p.name in d["precursors"]]
             why = (f"It comes with the precursor signature ({', '.join(precursors)}) before its onset at "
                    f"step {own}" if precursors else f"The {trigger} is critical by itself"
                    if d["trigger_severity"] == "critical" else "policy.warmup_escalation = any makes it critical")
@@ -592,5 +656,5 @@ class Policy:
         self.data_skips = DataSkips.from_state(d["data_skips"]) if "data_skips" in d else DataSkips()
 
 
-__all__ = ["Policy", "AutoRollback", "Precursor", "DAMAGE_KINDS", "EVENT_KINDS", "PRECURSORS", "SKIP_STEP_ON",
+__all__ = ["Policy", "AutoRollback", "SignatureLead", "DAMAGE_KINDS", "EVENT_KINDS", "SIGNATURE_LEADS", "SKIP_STEP_ON",
            "WARMUP_ESCALATION"]

@@ -125,7 +125,7 @@ def test_bad_auto_rollback_keys_name_key_and_value(auto, message):
 # --------------------------------------------------------------------------- the sampler
 torch = pytest.importorskip("torch")
 
-from stability_callbacks.integrations.torch.rollback import (DataSkipSampler, install_sampler,  # noqa: E402
+from stability_callbacks.integrations.torch.auto_rollback import (DataSkipSampler, install_sampler,  # noqa: E402
                                                         set_aside_newer)
 
 
@@ -227,6 +227,7 @@ def hf_rollback(tmp_path_factory):
     return sc, ds, trainer, cb, tmp
 
 
+@pytest.mark.slow
 def test_hf_rolls_back_skips_the_pocket_and_ends_where_a_clean_run_ends(hf_rollback):
     sc, ds, trainer, cb, tmp = hf_rollback
     assert trainer.state.global_step == 45 and not cb.control.stop
@@ -381,6 +382,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_lightning_ddp_two_ranks_roll_back_together(tmp_path):
     """torchrun, 2 CPU processes, gloo, DDP with DistributedSampler(shuffle=False): both ranks
     decide the rollback at the same step, restore the same checkpoint and skip the same data."""
@@ -403,6 +405,7 @@ def test_lightning_ddp_two_ranks_roll_back_together(tmp_path):
     assert len(healthy) == 25 and max(healthy) < 1.0
 
 
+@pytest.mark.slow
 def test_hf_ddp_two_ranks_roll_back_together(tmp_path):
     """torchrun, 2 CPU processes, gloo, HF DDP: the sampler wrapper sees the global data order
     (accelerate shards it by batches), both ranks roll back at the same step and skip the same data."""

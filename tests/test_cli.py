@@ -4,6 +4,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import DATA
 
 LOGS = DATA / "real_logs"
@@ -62,6 +64,7 @@ def test_replay_exit_2_on_unreadable_input_and_bad_config(tmp_path):
     assert r.returncode == 2 and "policy.halt_on" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_replay_of_our_own_run_log_reproduces_live_findings(tmp_path):
     from streams import healthy, scale
 
@@ -81,6 +84,7 @@ def test_replay_of_our_own_run_log_reproduces_live_findings(tmp_path):
                                                           (301, "spike_recovered")]
 
 
+@pytest.mark.slow
 def test_replay_of_an_unknown_format_says_how_to_read_it(tmp_path):
     log = tmp_path / "odd.log"
     log.write_text("".join(f"ep {e} mse_err {3 - e / 20} acc 0.{e}\n" for e in range(40)))   # stays > 0

@@ -75,7 +75,7 @@ def test_disabled_detector_is_not_built():
 # -- one vocabulary: every section is a constructor, every key is a keyword-only parameter -------
 def _sections():
     """(config path, class, required keys) for every constructor a config maps onto."""
-    from stability_callbacks.actions import SINK_CLASSES
+    from stability_callbacks.alerts import SINK_CLASSES
     from stability_callbacks.config import Sampling
     from stability_callbacks.phase import PhaseTracker
     from stability_callbacks.preflight import Preflight
@@ -119,7 +119,7 @@ def test_sections_keep_their_arguments_and_sampling_its_defaults():
 
 
 def test_sink_keys_are_their_constructor_signatures():
-    from stability_callbacks.actions import SINK_CLASSES
+    from stability_callbacks.alerts import SINK_CLASSES
     from stability_callbacks.params import config_keys
     assert list(SINK_CLASSES) == ["log", "slack", "webhook", "apprise", "wandb", "tensorboard", "trackio"]
     assert sorted(config_keys(SINK_CLASSES["tensorboard"])) == [
@@ -138,7 +138,7 @@ def test_config_validation_never_reads_the_environment(monkeypatch):
     monkeypatch.delenv("SLACK_WEBHOOK_URL", raising=False)
     cfg = load_config({"actions": {"slack": {"webhook_url": "${SLACK_WEBHOOK_URL}"}}})
     Monitor(cfg)
-    from stability_callbacks.actions import build_sinks
+    from stability_callbacks.alerts import build_sinks
     with pytest.raises(ConfigError, match=r"^actions\.slack\.webhook_url: environment variable "
                                           r"SLACK_WEBHOOK_URL is not set$"):
         build_sinks(cfg["actions"], is_rank0=True, run_name="r")

@@ -21,6 +21,7 @@ def test_core_imports_without_torch():
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
+@pytest.mark.slow
 def test_pytest_runs_every_docstring_example_in_the_package(pytestconfig):
     """The docstring examples are the spec: a plain ``pytest`` collects them from every module
     (pyproject: ``testpaths`` + ``--doctest-modules``), the torch-side ones included."""

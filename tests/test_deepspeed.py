@@ -82,12 +82,14 @@ def _comparable(result):
     return res
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_every_rank_decides_the_same(ds, case):
     rank0, rank1 = ds[case]
     assert _comparable(rank0) == _comparable(rank1)
 
 
+@pytest.mark.slow
 def test_a_bad_config_raises_at_attach_and_an_unwritable_run_dir_is_one_warning(ds):
     r0 = ds["loud-z1"][0]
     assert r0["errors"] == ["policy.halt_on", "actions.slack.webhook_url"]
@@ -105,6 +107,7 @@ def test_a_bad_config_raises_at_attach_and_an_unwritable_run_dir_is_one_warning(
         assert rank["saved_steps"] == []
 
 
+@pytest.mark.slow
 def test_the_ds_config_monitor_gets_the_scalars_and_the_run_lives_with_its_checkpoints(ds):
     """A ``monitor.tensorboard`` section in ds_config: DeepSpeed's own event file holds
     ``stability/loss`` at every step of the three runs (x = samples, DeepSpeed's axis: 8+2 steps
@@ -121,6 +124,7 @@ def test_the_ds_config_monitor_gets_the_scalars_and_the_run_lives_with_its_check
     assert rec["fresh_segments"] == [[0, 0, "start"]]
 
 
+@pytest.mark.slow
 def test_ordinary_steps_read_only_the_packed_record_and_adams_step(ds):
     # tests/test_host_sync.py under ZeRO-2 on 2 ranks (the reductions on their GPU path): over
     # steps 4-11 the hook reads the packed record and Adam's CPU step count, once per step each;
@@ -130,6 +134,7 @@ def test_ordinary_steps_read_only_the_packed_record_and_adams_step(ds):
         assert kinds(rank) == [(7, "warmup_end", "info")]   # linear warmup 5: peak LR first at step 7
 
 
+@pytest.mark.slow
 def test_fp16_overflow_cascade_is_called_before_deepspeeds_minimum_scale_exit(ds):
     r = ds["overflow-z1"][0]
     # Every step overflows from step 25 on. ZeRO's scaler (initial 2**8, hysteresis 2) keeps
@@ -156,6 +161,7 @@ def test_fp16_overflow_cascade_is_called_before_deepspeeds_minimum_scale_exit(ds
     assert r["control"] == {"stop": True, "state_is_good": False}
 
 
+@pytest.mark.slow
 def test_zero0_fp16_overflow_cascade(ds):
     r = ds["overflow-z0"][0]
     # ZeRO-0 fp16 is FP16_UnfusedOptimizer: no hysteresis (256 -> 128 at the first overflow),
@@ -170,6 +176,7 @@ def test_zero0_fp16_overflow_cascade(ds):
     assert r["ds_error"] is None and r["first_error"] is None
 
 
+@pytest.mark.slow
 def test_bf16_zero2_data_pocket_spike_saves_and_state(ds):
     r = ds["pocket-z2"][0]
     exp = r["expected"]
@@ -210,6 +217,7 @@ def test_bf16_zero2_data_pocket_spike_saves_and_state(ds):
         [s, "save", f"bumped save interval (5 steps): {after}"] for s in (30, 35, 40, 45)]
 
 
+@pytest.mark.slow
 def test_a_spike_names_every_ranks_samples_and_ranks_the_garbage_first(ds):
     """``forensics-z2``: hook.batches over a DistributedSampler loader (rank r reads samples r,
     r+2, ... of each step), 3 garbage samples among step 25's 8; the finding names both ranks'
@@ -228,6 +236,7 @@ def test_a_spike_names_every_ranks_samples_and_ranks_the_garbage_first(ds):
     assert r["samples"]["spike_recovered"] == {"step": 25, "indices": samples["indices"], "ranks": 2}
 
 
+@pytest.mark.slow
 def test_nan_halts_every_rank_at_the_same_step_and_rolls_back_latest(ds):
     r = ds["nan-z0"][0]["first"]
     nan_step = r["expected"]["nonfinite"][0]
@@ -254,6 +263,7 @@ def test_nan_halts_every_rank_at_the_same_step_and_rolls_back_latest(ds):
         f"global_step{s}" for s in (5, 10, 15, 20) if s <= good)
 
 
+@pytest.mark.slow
 def test_nan_step1_loss_and_grad_norm_match_the_plain_model(ds):
     r = ds["nan-z0"][0]["first"]
     # fp32 ZeRO-0: the engine keeps no grad norm, the hook computes it (pre-clip, before the
@@ -263,6 +273,7 @@ def test_nan_step1_loss_and_grad_norm_match_the_plain_model(ds):
     assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_restart_from_latest_restores_the_detector_state(ds):
     adv = ds["nan-z0"][0]["first"]["rollback"]
     good = adv["checkpoint_step"]
@@ -280,6 +291,7 @@ def test_restart_from_latest_restores_the_detector_state(ds):
     assert r["stopped_at"] is None and r["control"]["state_is_good"] is True
 
 
+@pytest.mark.slow
 def test_zero3_warmup_spike_escalates(ds):
     r = ds["spike-z3"][0]
     exp = r["expected"]
@@ -296,6 +308,7 @@ def test_zero3_warmup_spike_escalates(ds):
     assert sorted(r["tensor_names"]) == sorted(r["param_names"]) and len(r["param_names"]) > 10
 
 
+@pytest.mark.slow
 def test_rollback_helper_on_real_checkpoints(ds):
     good = ds["nan-z0"][0]["first"]["rollback"]["checkpoint_step"]
     h = ds["nan-z0"][0]["helper"]
@@ -325,6 +338,7 @@ def test_attach_rejects_what_is_not_an_engine():
         attach(object())
 
 
+@pytest.mark.slow
 def test_per_dataset_losses_are_the_mean_over_micro_batches_and_ranks(ds):
     """The model output's ``stream_losses`` (declared in sampling.loss_streams) on 2 ranks."""
     r0, r1 = ds["streams-z1"]
@@ -336,6 +350,7 @@ def test_per_dataset_losses_are_the_mean_over_micro_batches_and_ranks(ds):
         assert m["loss/b"] == pytest.approx(sum(p[1] for p in parts) / len(parts), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_compute_grad_norm_false_falls_back_to_our_own_norm(ds):
     r0, r1 = ds["nonorm-z2"]
     assert r0["engine_keeps_norm"] == {"True": True, "False": False}   # DeepSpeed: None with the flag off
@@ -348,6 +363,7 @@ def test_compute_grad_norm_false_falls_back_to_our_own_norm(ds):
                               "gradient partitions and one all_reduce per step)"]
 
 
+@pytest.mark.slow
 def test_an_exception_leaving_the_with_block_is_one_crash_alert(ds):
     r = ds["crash-z1"][0]
     assert r["same_object"] and r["closed"]
@@ -361,6 +377,7 @@ def test_an_exception_leaving_the_with_block_is_one_crash_alert(ds):
         f"unhandled system error.")
 
 
+@pytest.mark.slow
 def test_skip_step_goes_through_deepspeeds_overflow_path(ds):
     """bf16 ZeRO-2 (DeepSpeed does not test the norm of bf16 steps by itself): the pocket's three
     outlier steps are skipped by DeepSpeed (skipped_steps, no LR-scheduler step), and the
@@ -375,6 +392,7 @@ def test_skip_step_goes_through_deepspeeds_overflow_path(ds):
     assert 3 * before < skipped < 100
 
 
+@pytest.mark.slow
 def test_automatic_rollback_in_process_with_hook_batches(ds):
     r = ds["rollback-z1"][0]
     assert r["same_as_without"] and ds["rollback-z1"][1]["same_as_without"]

@@ -50,6 +50,7 @@ def spike(tmp_path_factory):
     return out, outcome, buf.getvalue()
 
 
+@pytest.mark.slow
 def test_default_scenario_catches_the_spike_after_warmup_and_acts(spike):
     out, o, text = spike
     assert o.exit_code == 0
@@ -145,6 +146,7 @@ def test_deepspeed_demo_in_a_hand_written_loop(tmp_path):
     assert "step  21  ACTION   checkpoint saved " + str(tmp_path / "ckpt" / "global_step21") in proc.stdout
 
 
+@pytest.mark.slow
 def test_auto_rollback_demo_ends_healthy_and_draws_the_abandoned_branch(tmp_path):
     """``demo --scenario data-pocket --auto-rollback``: a 12-step pocket from step 25 the model
     does not recover from; rolled back to step 20, data of steps 25-40 skipped, healthy to 45."""

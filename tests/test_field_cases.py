@@ -401,6 +401,7 @@ def test_not_learning_state_round_trips():
     assert a == b and a
 
 
+@pytest.mark.slow
 def test_hf_and_lightning_end_the_same_lr_lambdas_warmup_at_the_same_step(tmp_path):
     # the same LambdaLR (0, 1/10, ..., 1, then flat) under the HF Trainer (its own schedule from
     # warmup_steps=10, and the lambda passed in) and under Lightning (stepped every step): each

@@ -193,6 +193,7 @@ def _end_block(stdout: str) -> list[str]:
     return lines[start:]
 
 
+@pytest.mark.slow
 def test_follow_halts_a_live_job_alerts_and_writes_the_run_log(tmp_path, inbox):
     log, stop_file, ran = tmp_path / "train.log", tmp_path / "STOP", tmp_path / "on_halt.txt"
     config = tmp_path / "halt.yaml"
@@ -233,6 +234,7 @@ def test_follow_halts_a_live_job_alerts_and_writes_the_run_log(tmp_path, inbox):
             and x["severity"] == "critical"] == [(30, "nonfinite"), (30, "rollback_advice")]
 
 
+@pytest.mark.slow
 def test_follow_ends_with_the_job_and_follows_its_rotated_log(tmp_path):
     log, go, runlog = tmp_path / "train.log", tmp_path / "go", tmp_path / "run" / "runlog.jsonl"
     job = _job(log, "--steps", 80, "--rotate-at", 41, "--go-file", go)
@@ -282,12 +284,13 @@ def finished_log(tmp_path_factory):
     return log
 
 
+@pytest.mark.slow
 def test_follow_writes_into_the_jobs_wandb_run_and_prints_each_finding_once(tmp_path, finished_log):
     """``--wandb-run-id`` (offline W&B): the follower joins that run and writes the
     ``stability/<key>`` scalars of every step and the alerts there; each finding is printed once
     (no second copy from the log sink on stderr)."""
     pytest.importorskip("wandb")
-    from test_actions import _wandb_records_when_complete
+    from test_alerts import _wandb_records_when_complete
 
     config = tmp_path / "c.yaml"
     config.write_text("actions:\n  log: {}\n  wandb: {min_severity: critical}\n")
@@ -336,6 +339,7 @@ def test_follow_with_an_unwritable_run_dir_warns_once_and_keeps_alerting(tmp_pat
     assert any("nonfinite" in p["json"]["text"] for p in inbox.posts)
 
 
+@pytest.mark.slow
 def test_follow_of_a_log_without_step_numbers_says_so_in_every_finding_once(tmp_path):
     """HF Trainer dict lines print no step: the follower counts records, as the offline replay
     does, and each finding says so where the engineer reads it (the console, the run log, the
@@ -408,6 +412,7 @@ def test_follow_with_the_report_off_says_so_at_its_end(tmp_path, capsys):
     assert not (tmp_path / "stability" / "report.html").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, said", [("SIGTERM", "SIGTERM"), ("SIGINT", "Ctrl-C")])
 def test_a_follower_stopped_by_a_signal_ends_with_its_summary_and_report(tmp_path, sig, said):
     """A scheduler ends the job and its sidecar with SIGTERM; a user presses Ctrl-C: the follower

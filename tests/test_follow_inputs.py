@@ -190,6 +190,7 @@ def test_a_failure_at_the_second_step_of_a_log_from_0_is_not_the_first(capsys, t
         assert "roll back to the last checkpoint before this step" in " ".join(out.split()), (mode, out)
 
 
+@pytest.mark.slow
 def test_binary_data_after_the_first_bytes_is_left_out_both_ways(capsys, tmp_path):
     # 70 KB of text (past the first 64 KiB every input is checked on), garbage, then a NaN.
     path = tmp_path / "train.log"

@@ -27,7 +27,7 @@ torch = pytest.importorskip("torch")
 
 from stability_callbacks.demo.scenarios import build_scenario  # noqa: E402
 from stability_callbacks.integrations.torch.forensics import per_sample_loss, row_indices  # noqa: E402
-from stability_callbacks.integrations.torch.rollback import DataSkipSampler, install_sampler  # noqa: E402
+from stability_callbacks.integrations.torch.auto_rollback import DataSkipSampler, install_sampler  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -260,6 +260,7 @@ def _hf_run(out, config):
     return cb, {x["step"]: x["metrics"]["loss"] for x in steps if x["type"] == "step"}
 
 
+@pytest.mark.slow
 def test_hf_names_the_pocket_and_ranks_its_garbage_first_without_touching_training(tmp_path):
     sc = _pocket()
     garbage = sc.pocket_indices()
@@ -394,7 +395,7 @@ def test_lightning_a_loader_it_cannot_wrap_is_left_alone_and_said(tmp_path, capl
     would halt with that reason (an unexpected failure is logged once, training goes on)."""
     pytest.importorskip("lightning.pytorch")
     from stability_callbacks.integrations.lightning import StabilityCallback
-    from stability_callbacks.integrations.torch.rollback import RollBack
+    from stability_callbacks.integrations.torch.auto_rollback import RollBack
 
     class Trainer:
         global_step = 0

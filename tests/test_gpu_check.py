@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow   # the GPU checks' CPU run
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("lightning")

@@ -22,7 +22,7 @@ pytest.importorskip("transformers")
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
 from alert_inbox import AlertInbox  # noqa: E402
-from stability_callbacks.actions.rollback import native_forms  # noqa: E402
+from stability_callbacks.advice import native_forms  # noqa: E402
 from stability_callbacks.demo.scenarios import build_scenario  # noqa: E402
 from streams import two_stream_losses  # noqa: E402
 from stability_callbacks.integrations.hf import callback as hf_callback  # noqa: E402
@@ -343,6 +343,7 @@ def test_a_bad_config_stops_the_run_before_step_one_with_the_key_named(tmp_path,
     assert trainer.state.global_step == 0
 
 
+@pytest.mark.slow
 def test_an_unwritable_run_dir_is_one_warning_and_detection_and_alerts_go_on(tmp_path, caplog):
     sc = build_scenario("nan")
     (tmp_path / "a-file").write_text("not a folder")
@@ -359,6 +360,7 @@ def test_an_unwritable_run_dir_is_one_warning_and_detection_and_alerts_go_on(tmp
     assert (bad, "nonfinite", "critical") in alerts
 
 
+@pytest.mark.slow
 def test_the_run_lives_under_output_dir_one_run_log_per_run_a_resume_continues_it(tmp_path):
     """No run_dir: ``<output_dir>/stability``. A resume from one of its checkpoints continues
     that run log; a fresh run in the same output_dir moves it aside (``runlog.1.jsonl``)."""
@@ -382,6 +384,7 @@ def test_the_run_lives_under_output_dir_one_run_log_per_run_a_resume_continues_i
     assert segments("runlog.1.jsonl") == [(0, 0, "start"), (1, 4, "resume")]
 
 
+@pytest.mark.slow
 def test_stability_scalars_reach_the_reporters_not_the_console(tmp_path, capsys):
     """One dict line per logging step on the console (the Trainer's own, PrinterCallback); our
     ``train/stability/*`` scalars only in the reporter (TensorBoard), and not in log_history."""
@@ -430,6 +433,7 @@ print(json.dumps({"loss_steps": [r["step"] for r in logs if "stability/loss" in 
 """
 
 
+@pytest.mark.slow
 def test_trackio_sink_writes_alerts_and_scalars_into_the_trainers_trackio_run(tmp_path):
     """``report_to="trackio"`` (HF's TrackioCallback starts a local run) with ``actions.trackio``:
     our scalars at every step and the alert in that run; HF's reporter route leaves Trackio to
@@ -508,6 +512,7 @@ def test_crash_sends_one_critical_alert_then_reraises_it_unchanged(tmp_path, exc
     assert "pw" not in json.dumps(inbox.alerts) and "token" not in json.dumps(inbox.alerts)
 
 
+@pytest.mark.slow
 def test_hang_alert_then_resolved_from_a_really_stalled_step(tmp_path):
     """Step 8 blocks until the hang alert reaches a real local endpoint; that alert releases it
     (no sleep anywhere): one critical ``hang`` at the last finished step, one ``hang_resolved``
@@ -610,6 +615,7 @@ def _launch(tmp_path, backend: str, scenario: str, timeout_s: int = 300):
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend,scenario", [("ddp", "warmup-spike"), ("zero2", "nan")])
 def test_two_ranks_decide_the_same_and_exit_cleanly(tmp_path, backend, scenario):
     """torchrun, 2 CPU processes, gloo (~25 s each on 2 idle cores, mostly imports). ZeRO-3 was
@@ -635,6 +641,7 @@ def test_two_ranks_decide_the_same_and_exit_cleanly(tmp_path, backend, scenario)
         assert r0["checkpoints"] == []                          # NaN weights: no save
 
 
+@pytest.mark.slow
 def test_when_rank_1_raises_the_alert_names_rank_1_and_its_exception(tmp_path):
     """torchrun, 2 CPU processes, gloo, DDP: rank 1 raises in step 6; rank 0 then fails in the
     step's all-reduce with gloo's "Connection closed by peer". One crash alert reaches a real

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow   # torchrun, accelerate and deepspeed launchers
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 

@@ -1,7 +1,9 @@
 """Lightning StabilityCallback: real ``Trainer.fit`` on the planted-fault scenarios (CPU)."""
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -12,7 +14,7 @@ import torch
 
 pl = pytest.importorskip("lightning.pytorch")
 
-from stability_callbacks.actions.rollback import native_forms  # noqa: E402
+from stability_callbacks.advice import native_forms  # noqa: E402
 from stability_callbacks.demo.scenarios import build_scenario  # noqa: E402
 from streams import two_stream_losses  # noqa: E402
 from stability_callbacks.integrations.lightning import StabilityCallback  # noqa: E402
@@ -106,6 +108,7 @@ def _resume_checkpoint(tmp, step: int) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_data_pocket(pocket_run):
     sc, cb, trainer, tmp = pocket_run
     first = first_steps(cb.findings)
@@ -140,6 +143,7 @@ def test_data_pocket(pocket_run):
     assert all("batch_fingerprint" in r["metrics"] and "grad_norm" in r["metrics"] for r in steps)
 
 
+@pytest.mark.slow
 def test_resume_continues_detector_state(pocket_run, tmp_path):
     sc, ref_cb, _, tmp = pocket_run
     r = _resume_step(sc)
@@ -171,6 +175,7 @@ def test_resume_with_data_from_scratch_finds_repetition(pocket_run, tmp_path):
         [(r + 1, "critical", 1)]
 
 
+@pytest.mark.slow
 def test_nan_halts_without_saving_damaged_weights(tmp_path, caplog):
     sc = build_scenario("nan")
     (fault,) = sc.fault_steps
@@ -234,6 +239,7 @@ def test_a_last_ckpt_saved_over_is_advised_only_as_the_newest(tmp_path):
     assert cb.outcome.advice.startswith(f'trainer.fit(model, datamodule=dm, ckpt_path="{last}") (step 10)')
 
 
+@pytest.mark.slow
 def test_warmup_spike_escalates_saves_and_halts(tmp_path):
     sc = build_scenario("warmup-spike")
     spike = sc.fault_steps[0]
@@ -307,6 +313,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_process_ddp_and_deepspeed_decide_the_same(tmp_path):
     """2 ranks (gloo, CPU), DDP then DeepSpeed ZeRO-2 in the same processes: every rank takes the
     same decisions at the same steps (collective saves in the risk window and at the spike),
@@ -478,3 +485,98 @@ def test_crash_alert_goes_out_through_apprise_before_lightning_reraises(tmp_path
     lines = runlog(tmp_path / "stability" / "runlog.jsonl")
     assert [x["step"] for x in lines if x["type"] == "step"] == [1, 2, 3, 4, 5]
     assert [(x["step"], x["kind"]) for x in lines if x["type"] == "finding"][-1] == (5, "crash")
+
+
+# ------------------------------------------------------------------------------ state_key
+class StatesAtStart(pl.Callback):
+    """Each StabilityCallback's detector state as the checkpoint left it: read at train start
+    before theirs (callbacks run in list order), i.e. before the resumed segment begins."""
+
+    def __init__(self):
+        self.states: list[str] = []
+
+    def on_train_start(self, trainer, pl_module):
+        self.states = [json.dumps(cb.run.state_dict(), sort_keys=True) for cb in trainer.callbacks
+                       if isinstance(cb, StabilityCallback)]
+
+
+TWO_CONFIGS = ("default", {"detectors": {"lr_anomaly": False}})   # two detector states that differ
+
+
+def _fit_two(tmp_path, configs, *, max_steps, ckpt_path=None, every=None):
+    sc = build_scenario("healthy", max_steps=10)
+    cbs = [StabilityCallback(config=c, run_dir=tmp_path / f"stability-{i}") for i, c in enumerate(configs)]
+    seen = StatesAtStart()
+    extra = [pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "mc", every_n_train_steps=every,
+                                          save_top_k=-1)] if every else []
+    trainer = pl.Trainer(callbacks=[seen, *cbs, *extra], accelerator="cpu", devices=1, max_steps=max_steps,
+                         logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=bool(every), default_root_dir=tmp_path)
+    loader = torch.utils.data.DataLoader(sc.train_dataset(), batch_size=sc.batch_size)
+    trainer.fit(ScenarioModule(sc), loader, ckpt_path=ckpt_path)
+    return cbs, seen.states
+
+
+@pytest.fixture(scope="module")
+def two_configs_checkpoint(tmp_path_factory):
+    """One fit with two callbacks of different configs; ModelCheckpoint saves step 5."""
+    tmp = tmp_path_factory.mktemp("two")
+    cbs, _ = _fit_two(tmp, TWO_CONFIGS, max_steps=6, every=5)
+    (path,) = (tmp / "mc").glob("epoch=*-step=5.ckpt")
+    return path, [cb.state_key for cb in cbs]
+
+
+def _saved_states(path) -> dict:
+    return torch.load(path, weights_only=False)["callbacks"]
+
+
+@pytest.mark.slow
+def test_two_callbacks_keep_their_own_states_in_one_checkpoint(two_configs_checkpoint, tmp_path, recwarn):
+    path, keys = two_configs_checkpoint
+    digest = hashlib.sha256(json.dumps(TWO_CONFIGS[1], sort_keys=True).encode()).hexdigest()[:12]
+    assert keys == ["StabilityCallback{'config': 'default'}", f"StabilityCallback{{'config': 'dict:{digest}'}}"]
+    saved = _saved_states(path)
+    blobs = [json.dumps(saved[k]["live"], sort_keys=True) for k in keys]
+    assert [saved[k]["step"] for k in keys] == [5, 5] and blobs[0] != blobs[1]   # two states, not one
+    cbs, restored = _fit_two(tmp_path, TWO_CONFIGS, max_steps=7, ckpt_path=path)
+    assert restored == blobs   # each its own
+    assert [(f.step, f.kind) for cb in cbs for f in cb.findings if f.kind == "resume"] == [(5, "resume")] * 2
+    # Lightning names the saved states no callback claims: the ModelCheckpoint's, not ours.
+    (unclaimed,) = [str(w.message) for w in recwarn if "callbacks used to create" in str(w.message)]
+    assert "ModelCheckpoint" in unclaimed and "StabilityCallback" not in unclaimed
+
+
+@pytest.mark.slow
+def test_a_checkpoint_from_before_the_key_restores_into_the_one_callback(two_configs_checkpoint, tmp_path, caplog):
+    """Saved before ``state_key``: the state under the class's name (Lightning's default key)."""
+    path, keys = two_configs_checkpoint
+    ckpt = torch.load(path, weights_only=False)
+    ckpt["callbacks"] = {"StabilityCallback": ckpt["callbacks"][keys[1]]}
+    old = tmp_path / "old.ckpt"
+    torch.save(ckpt, old)
+    blob = json.dumps(ckpt["callbacks"]["StabilityCallback"]["live"], sort_keys=True)
+    caplog.set_level(logging.INFO, logger="stability_callbacks")
+    _, restored = _fit_two(tmp_path / "one", TWO_CONFIGS[1:], max_steps=6, ckpt_path=old)
+    assert restored == [blob]
+    assert f"stability: restoring the state saved as 'StabilityCallback' into this callback (key {keys[1]!r})" \
+        in caplog.messages
+    # Two callbacks: whose it was is unknown; both start fresh, and say so.
+    caplog.clear()
+    _, restored = _fit_two(tmp_path / "two", TWO_CONFIGS, max_steps=6, ckpt_path=old)
+    assert blob not in restored
+    assert [m for m in caplog.messages if "start fresh" in m] == [
+        "stability: the checkpoint keeps one StabilityCallback state under the key of checkpoints saved "
+        "before each callback had its own ('StabilityCallback'), and this trainer has 2: whose it was "
+        f"is unknown, and the detectors of {k!r} start fresh (resume with that callback alone to "
+        "restore it)" for k in keys]
+    # A key that is neither: the config is spelled otherwise now than when it was saved.
+    saved = _saved_states(path)
+    ckpt["callbacks"] = {keys[0]: saved[keys[0]], "StabilityCallback{'config': 'b.yaml'}": saved[keys[1]]}
+    torch.save(ckpt, old)
+    caplog.clear()
+    _, restored = _fit_two(tmp_path / "three", TWO_CONFIGS, max_steps=6, ckpt_path=old)
+    assert restored[0] == json.dumps(saved[keys[0]]["live"], sort_keys=True) and restored[1] != blob
+    assert [m for m in caplog.messages if "start fresh" in m] == [
+        f"stability: the checkpoint holds no state under this callback's key {keys[1]!r} (it holds "
+        f"{keys[0]!r}, \"StabilityCallback{{'config': 'b.yaml'}}\"); its detectors start fresh. The key "
+        "follows the config given: pass the one the checkpoint was saved with"]

@@ -25,6 +25,8 @@ from live_suite.verdict import judge, read_runlog  # noqa: E402
 
 from stability_callbacks.record import KINDS  # noqa: E402
 
+pytestmark = pytest.mark.slow   # the live matrix's quick subset
+
 #: Quick runs whose expected finding kind this tree does not have yet (``not_learning``, issue 33
 #: item 1, comes with the detectors' branch): not run, their tests skipped until it lands.
 PENDING = [n for n in QUICK if not SCENARIOS[n].healthy and SCENARIOS[n].fault.expect not in (None, *KINDS)]

@@ -25,6 +25,8 @@ from live_suite.scenarios import SCENARIOS  # noqa: E402
 from stability_callbacks import Monitor  # noqa: E402
 from stability_callbacks.replay.readers import read_records  # noqa: E402
 
+pytestmark = pytest.mark.slow   # real runs of every framework in the live suite's workers
+
 NAMES = ["hf-cosine-w10-b095", "pl-constant-bf16", "ds-z2-fp16-logwarmup"]
 
 

@@ -9,6 +9,8 @@ import pytest
 from stability_callbacks import Monitor
 from stability_callbacks.replay.readers import read_records
 
+pytestmark = pytest.mark.slow   # the long logs
+
 LONG = Path(__file__).parent / "data" / "long_healthy"
 LOGS = sorted(p.name[:-len(".csv.gz")] for p in LONG.glob("*.csv.gz"))
 HELD_OUT = [n for n in LOGS if n.startswith("ty_")]

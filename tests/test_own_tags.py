@@ -100,7 +100,7 @@ def test_hf_tensorboard_reporter_tags_replay_with_ours_over_the_trainers_mean(tm
 def _wandb_history_csv(run_file: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
     """The run's history as W&B's CSV export writes it: one row per `log` call, the union of
     the keys as columns, empty cells where a call did not log a key."""
-    from test_actions import _wandb_records_when_complete
+    from test_alerts import _wandb_records_when_complete
     rows = []
     for r in _wandb_records_when_complete(run_file):
         if r.WhichOneof("record_type") == "history":
@@ -119,7 +119,7 @@ def test_wandb_history_export_of_our_sink_and_hfs_reporter(tmp_path, monkeypatch
     from transformers import TrainerState, TrainingArguments
     from transformers.integrations import WandbCallback
 
-    from stability_callbacks.actions import build_sinks
+    from stability_callbacks.alerts import build_sinks
     for k, v in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}.items():
         monkeypatch.setenv(k, v)
     # The run in tmp_path (wandb keeps the settings of a process's first run); HF's setup

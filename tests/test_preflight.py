@@ -298,6 +298,7 @@ def test_any_scheduler_is_read_by_evaluating_its_lr_without_stepping_it():
     assert collect_facts(model, opt, sched).warmup_steps is None
 
 
+@pytest.mark.slow
 def test_hf_trainer_with_a_hand_made_lambdalr_warmup_is_not_told_it_has_none(tmp_path):
     # TrainingArguments say warmup_steps=0; the LambdaLR passed in warms up over 30 steps
     transformers = pytest.importorskip("transformers")

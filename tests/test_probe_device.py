@@ -77,6 +77,7 @@ def test_the_dispatched_ops_of_a_probe_do_not_grow_with_the_tensor_count():
     assert pass_148["aten.index_add_.default"] == 1 and "aten.stack.default" not in pass_148
 
 
+@pytest.mark.slow
 def test_bench_prints_the_probe_host_line_on_meta():
     """``scripts/bench_overhead.py --probe-host`` (no GPU here: the meta device): the line issue 36
     asks for, the ops it counts equal to the guard's, and the pass before it beside."""
@@ -143,6 +144,7 @@ def _assert_same(dev, cpu, rel=1e-7):
     assert torch.allclose(dev.per_tensor, cpu.per_tensor, rtol=rel, atol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "bert"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_device_pass_equals_the_cpu_pass_on_real_models(kind, dtype, monkeypatch):

@@ -20,6 +20,8 @@ import torch.distributed as dist  # noqa: E402
 from stability_callbacks import keys  # noqa: E402
 from stability_callbacks.integrations.torch.layers import ALPHA, WARM_SAMPLES  # noqa: E402
 
+pytestmark = pytest.mark.slow   # several ranks
+
 if not dist.is_available():  # pragma: no cover
     pytest.skip("torch.distributed unavailable", allow_module_level=True)
 

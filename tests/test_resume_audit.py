@@ -17,6 +17,7 @@ from stability_callbacks.integrations.hf import StabilityCallback  # noqa: E402
 from stability_callbacks.replay.timeline import stitch  # noqa: E402
 
 
+@pytest.mark.slow
 def test_rollback_to_an_older_checkpoint_gives_a_stitched_timeline(tmp_path):
     torch.set_num_threads(1)
     sc = build_scenario("healthy", max_steps=30)

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from stability_callbacks.actions.rollback import advice_forms_for, native_forms
+from stability_callbacks.advice import advice_forms_for, native_forms
 
 # The tr8-104B / GLM-130B recipe: back to 40700, skip iterations 40701-40900.
 ADVICE = {"checkpoint_step": 40700, "checkpoint_path": "ckpt/global_step40700",
@@ -161,7 +161,7 @@ def test_no_advice_text_has_a_blank_to_fill_in(tmp_path, framework, seen, saved,
     file) and many, in a live run (every save seen) and a replayed log (none named): the finding's
     sentence, every native form, the alert, the end-of-run summary, ``replay``'s printed lines and
     a log without step numbers. None holds a ``<...>`` to fill in."""
-    from stability_callbacks.actions.sink import Alert, alert_text
+    from stability_callbacks.alerts.sink import Alert, alert_text
     from stability_callbacks.live import LiveRun
     from stability_callbacks.record import StepRecord
     from stability_callbacks.replay.command import print_finding, record_numbered

@@ -33,7 +33,7 @@ from transformers import TrainerCallback  # noqa: E402
 import trl_tiny as tiny  # noqa: E402
 from stability_callbacks.integrations.hf import StabilityCallback  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]   # slow: TRL's trainers on real runs
 
 FAULT_STEP = 25          # after the 20 start-up steps, whose findings are info only
 POCKET = (25, 26, 27)    # the steps whose batches carry a bad shard

@@ -18,7 +18,7 @@ def test_the_section_is_validated_with_its_key_path():
     with pytest.raises(ConfigError, match=r"^watchdog.enabled must be true or false, got 'no'$"):
         load_config({"watchdog": {"enabled": "no"}})
     with pytest.raises(ConfigError, match=r"^watchdog.hang_mins: unknown key \(known: enabled, "
-                                          r"hang_factor, hang_min_s\)$"):
+                                          r"hang_factor, hang_min_s\); did you mean hang_min_s\?$"):
         load_config({"watchdog": {"hang_mins": 5}})
 
 

@@ -159,7 +159,7 @@ def _intro(console, sc, framework: str, auto_rollback: bool = False) -> None:
 def _summary(console, o: DemoOutcome) -> int:
     """``replay``'s summary of the run log, then what the demo adds: when the first finding came
     against the loss peak and the planted fault, the actions taken; the exit code."""
-    from ..actions.rollback import advice_forms_for
+    from ..advice import advice_forms_for
     from ..policy import EVENT_KINDS
     from ..replay.command import print_summary
 

@@ -161,7 +161,7 @@ class LiveDisplay(RunListener):
         self._print(None, "INBOX    Slack alert received:", text.splitlines()[0] if text else "", "magenta")
 
     def _rollback(self, advice: Finding) -> None:
-        from ..actions.rollback import advice_forms_for, native_forms
+        from ..advice import advice_forms_for, native_forms
 
         self.outcome.rollback = advice
         lines = [f"[bold red]step {advice.step:>3}  CRITICAL rollback_advice[/]  {advice.message}"]

@@ -229,6 +229,9 @@ class LossSpike(Detector):
         return base + min(max(self.min_rise * unit, math.expm1(self.z_threshold * scale) * base),
                           self.max_threshold_rise * unit)
 
+    # long: the detector's rule, one path per point through the episode's states (cold start,
+    # normal, open spike, recovery); split, each piece would carry the same dozen locals, and
+    # its hot path (~1 µs) would pay the calls. Left to the detectors' owners (issue 35 keeps rules alone).
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         x = record.metrics.get(self.signals[0])
         if x is None or not -math.inf < x < math.inf:

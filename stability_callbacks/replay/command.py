@@ -26,10 +26,11 @@ import os
 import sys
 from collections import Counter
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..config import ConfigError
+from ..config import Config, ConfigError
 from ..record import Finding, severity_rank
 
 if TYPE_CHECKING:
@@ -42,8 +43,50 @@ RECORD_NUMBERS = ("(step {step} is record number {step} of the log, which prints
                   "numbers: find it by counting records, not by a step the trainer knows)")
 
 
-def run(args) -> int:
-    """``stability-callbacks replay``: the exit code."""
+@dataclass(frozen=True)
+class FollowOptions:
+    """``replay --follow``'s own options (docs/cli.md): where the run goes, the W&B run it writes
+    into, when it stops, what a halt does."""
+
+    run_dir: str | None = None
+    wandb_project: str | None = None
+    wandb_run_id: str | None = None
+    pid: int | None = None
+    poll_s: float = 1.0
+    stop_file: str | None = None
+    on_halt: str | None = None
+
+    def __post_init__(self):
+        if self.poll_s <= 0:
+            raise ValueError("--poll-s and --idle-exit-s must be > 0")
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """``replay``'s options, typed at the command line's edge (``cli.py``): the log, how to read
+    it, what to write; ``follow``: None to read the log once, else the follower's options. The
+    config (``--config``, ``--set``) travels apart, as the :class:`~stability_callbacks.config.Config`."""
+
+    path: str
+    format: str = "auto"
+    json_out: str | None = None
+    report: str | None = None
+    warmup_steps: int | None = None
+    keys: str | None = None
+    pattern: str | None = None
+    advice: str = "auto"
+    #: ``--follow``: stop after this long without a new line; else how long a FIFO waits.
+    idle_exit_s: float | None = None
+    follow: FollowOptions | None = None
+
+    def __post_init__(self):
+        if self.idle_exit_s is not None and self.idle_exit_s <= 0:
+            raise ValueError("--poll-s and --idle-exit-s must be > 0")
+
+
+def run(args: ReplayOptions, config: Config) -> int:
+    """``stability-callbacks replay``: the exit code. ``config``: read once, at the command
+    line's edge (``--config``, ``--set``)."""
     from ..monitor import Monitor
     from .readers import FIFO_WAIT_S, LogFormatError, ReadAccount, compile_pattern, parse_keys, read_records
 
@@ -51,17 +94,15 @@ def run(args) -> int:
     try:
         user_keys = parse_keys(args.keys) if args.keys else None
         pattern = compile_pattern(args.pattern) if args.pattern else None
-        if args.poll_s <= 0 or (args.idle_exit_s is not None and args.idle_exit_s <= 0):
-            raise ValueError("--poll-s and --idle-exit-s must be > 0")
-        monitor = Monitor(args.config)
+        monitor = Monitor(config)
         if args.warmup_steps:
             monitor.set_warmup_steps(args.warmup_steps)
         check_outputs(args)
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=err)
         return 2
-    if args.follow:
-        return _follow(args, monitor, user_keys, pattern)
+    if args.follow is not None:
+        return _follow(args, args.follow, monitor, user_keys, pattern)
     replay = _Replay(monitor, keep=bool(args.report))
     account = replay.account = ReadAccount(args.path, replay.ignore)
     try:
@@ -122,7 +163,7 @@ class _Replay:
             if after is not None and after(rec, found):
                 break
 
-    def finish(self, args) -> None:
+    def finish(self, args: ReplayOptions) -> None:
         """``replay``'s end: what was read and the JSON (:meth:`read_out`), the summary table
         with every warning-or-worse finding, the report."""
         summary_to = self.read_out(args)
@@ -136,7 +177,7 @@ class _Replay:
                                     phases=self.phases, advice_forms=forms)
             print(f"report: {path}", file=summary_to)
 
-    def read_out(self, args):
+    def read_out(self, args: ReplayOptions):
         """What was read (what the findings are judged on, the account's lines, the unreadable
         lines) and ``--json``, for both modes; returns where the summary goes."""
         account = self.account
@@ -168,7 +209,7 @@ class OutputError(Exception):
     """An output (``--json``, ``--report``) that cannot be written: exit 2, one line."""
 
 
-def check_outputs(args) -> None:
+def check_outputs(args: ReplayOptions) -> None:
     """``--json`` and ``--report`` can be written, checked before the log is read: ``ValueError``,
     one line, otherwise (a folder in the way, a file where a folder must be, no permission).
     Also the report's suffix."""
@@ -209,7 +250,7 @@ def _writing(flag: str, path: str):
         raise OutputError(f"{flag} {path}: cannot write it: {e.strerror or e}") from None
 
 
-def _follow(args, monitor, user_keys, pattern) -> int:
+def _follow(args: ReplayOptions, follow: FollowOptions, monitor, user_keys, pattern) -> int:
     from ..live import LiveRun
     from .follow import StopConditions, TailLines, carry_out_halt, follow_run_dir, follow_wandb_run
     from .readers import LogFormatError, ReadAccount, read_records
@@ -219,7 +260,7 @@ def _follow(args, monitor, user_keys, pattern) -> int:
     # The follower prints every finding itself (once); the log sink would print them again.
     off = {"log": "the follower prints the findings"}
     try:
-        wandb_run, why = follow_wandb_run(args, wanted="wandb" in monitor.config["actions"])
+        wandb_run, why = follow_wandb_run(follow, wanted="wandb" in monitor.config.actions)
         if why:
             off["wandb"] = why
             print(f"note: actions.wandb is off: {why}", file=err)
@@ -227,14 +268,14 @@ def _follow(args, monitor, user_keys, pattern) -> int:
         replay.account = account = ReadAccount(args.path, replay.ignore)
         # A finding whose step the log does not print says how it was numbered, before the run
         # log and the alerts hear of it (the reader knows once it has a plan).
-        run = LiveRun(monitor=monitor, run_dir=follow_run_dir(args), is_rank0=True,
+        run = LiveRun(monitor=monitor, run_dir=follow_run_dir(args.path, follow.run_dir), is_rank0=True,
                       run_name=Path(args.path).name, wandb_run=wandb_run, advice_forms=forms,
                       sinks_off=off, amend=lambda f: said_of(f, account))
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=err)
         return 2
-    stop = StopConditions(pid=args.pid, idle_exit_s=args.idle_exit_s)
-    tail = TailLines(args.path, poll_s=args.poll_s, should_stop=stop, on_ignore=_said_once(args.path, account))
+    stop = StopConditions(pid=follow.pid, idle_exit_s=args.idle_exit_s)
+    tail = TailLines(args.path, poll_s=follow.poll_s, should_stop=stop, on_ignore=_said_once(args.path, account))
 
     def lines():
         for item in tail:
@@ -283,7 +324,7 @@ def _follow(args, monitor, user_keys, pattern) -> int:
             close = getattr(stream, "close", None)
             if close is not None:
                 close()               # the tail's file
-    done = carry_out_halt(halt[0], stop_file=args.stop_file, on_halt=args.on_halt) if halt else []
+    done = carry_out_halt(halt[0], stop_file=follow.stop_file, on_halt=follow.on_halt) if halt else []
     run.close()
     if wandb_run is not None:
         wandb_run.finish()
@@ -293,7 +334,7 @@ def _follow(args, monitor, user_keys, pattern) -> int:
     return _end_follow(args, replay, run, stop, halt[0] if halt else None, done)
 
 
-def _end_follow(args, replay: "_Replay", run, stop, halt: Finding | None, done: list[str]) -> int:
+def _end_follow(args: ReplayOptions, replay: "_Replay", run, stop, halt: Finding | None, done: list[str]) -> int:
     """The end of following, as a live run ends (docs/integrations.md, The end of a run): what
     was read and ``--json`` as ``replay`` says them, then the run's report (next to the run log,
     or ``--report``) and its summary block, from its :class:`~stability_callbacks.outcome.Outcome`;
@@ -407,10 +448,10 @@ def record_numbered(f: Finding, caveat: str | None = None) -> Finding:
     return replace(f, message=message, details=details)
 
 
-def _advice_forms(args, account: "ReadAccount | None") -> tuple[str, ...] | None:
+def _advice_forms(args: ReplayOptions, account: "ReadAccount | None") -> tuple[str, ...] | None:
     """The rollback forms to print (``--advice``): ``all`` (None), one framework, or (``auto``)
     the one the log speaks: the ``--format`` named, else the format the reader detected."""
-    from ..actions.rollback import advice_forms_for
+    from ..advice import advice_forms_for
 
     if args.advice == "all":
         return None
@@ -430,7 +471,7 @@ def print_finding(f: Finding, advice_forms: tuple[str, ...] | None, *, console=N
         out("    (the log's steps are epochs: a framework's command names optimizer steps, which the "
             "log does not print)", markup=False)
     elif f.kind == "rollback_advice" and not f.details.get("step_is_record_number"):
-        from ..actions.rollback import native_forms
+        from ..advice import native_forms
         forms = native_forms(f.details, advice_forms)
         for fw, text in forms.items():
             out(f"    {fw}: {text}", markup=False)

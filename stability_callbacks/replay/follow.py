@@ -221,16 +221,17 @@ class StopConditions:
         return self.reason is not None
 
 
-def follow_run_dir(args) -> Path:
-    """Where a follower keeps its run (``--run-dir``): by default ``stability/`` next to the log
-    it follows, where the job keeps its own files."""
-    if args.run_dir:
-        return Path(args.run_dir)
-    return Path(os.path.abspath(args.path)).parent / RUN_DIR_NAME
+def follow_run_dir(path: str, run_dir: str | None) -> Path:
+    """Where a follower of the log at ``path`` keeps its run (``--run-dir``): by default
+    ``stability/`` next to the log it follows, where the job keeps its own files."""
+    if run_dir:
+        return Path(run_dir)
+    return Path(os.path.abspath(path)).parent / RUN_DIR_NAME
 
 
 def follow_wandb_run(args, *, wanted: bool):
-    """``(run, why_off)``: the job's W&B run to write into, when ``actions.wandb`` is configured
+    """``(run, why_off)``: the job's W&B run to write into (``args``: the follower's options,
+    :class:`~.command.FollowOptions`), when ``actions.wandb`` is configured
     (``wanted``) and a run id is given (``--wandb-run-id``, else ``WANDB_RUN_ID``; the project
     from ``--wandb-project``, else wandb's own ``WANDB_PROJECT``). The follower joins it
     (``resume="allow"``: the job's run if it exists, a run of that id otherwise). Without an id

@@ -1,7 +1,9 @@
 """The replay report: one figure of the run with every finding marked, as PNG or HTML.
 
-Panels (each only when the log has the signal): loss (per-stream losses too), grad norm, LR
-(phases shaded), loss scale (skipped steps ticked), Adam ``exp_avg_sq`` (max and mean). The LR
+Seven panels, each only when the log has the signal, each drawn by its own function
+(``_draw_<panel>``): loss (per-stream losses too), grad norm, Adam's update norm, the per-layer
+summary, LR (phases shaded), loss scale (skipped steps ticked), Adam ``exp_avg_sq`` (max and
+mean). The LR
 warmup end and the warmup-end risk window (from the ``warmup_end`` finding's
 ``details = {"warmup_steps": n, "risk_window_end_step": m}``) are drawn across all panels.
 Findings: warning and critical ones numbered on the panel of their signal and listed with their
@@ -197,34 +199,58 @@ def _value_at(series: _Series | None, step: int) -> float | None:
 
 def render_figure(records: Sequence[StepRecord], findings: Sequence[Finding], *, title: str,
                   phases=None):
-    """The Matplotlib figure of the report (Agg; the caller saves or closes it)."""
+    """The Matplotlib figure of the report (Agg; the caller saves or closes it): one panel per
+    signal the records carry (:data:`_PANELS`, each drawn by its function in :data:`_DRAW`),
+    the warmup marks across them, the findings on them, the title and the numbered listing."""
     import matplotlib
     matplotlib.use("Agg", force=False)
-    from matplotlib.figure import Figure
 
     steps, series = _gather(records)
     findings = sorted(findings, key=lambda f: (f.step, -severity_rank(f.severity)))
-    loss_streams = sorted(k for k in series if k.startswith("loss/"))
-    panels = [p for p in _PANELS if (
-        (p == "loss" and (series.get("loss") or loss_streams)) or
-        (p == "adam" and (series.get("adam/exp_avg_sq_max") or series.get("adam/exp_avg_sq_mean")))
-        or (p == "update" and series.get(keys.UPDATE_NORM))
-        or (p == "layers" and any(series.get(k) for k, _, _ in _LAYER_LINES))
-        or (p not in ("loss", "adam", "update", "layers") and series.get(p)))]
-    if not panels:
-        panels = ["loss"]
-    missing = [_PANEL_TITLES[p] for p in _PANELS if p not in panels]
-
+    panels = _panels_drawn(series)
     shown = [f for f in findings if f.kind != "warmup_end"]
     if len(shown) > MAX_NUMBERED_FINDINGS:
         # A long healthy run has hundreds of info blips: number what needs a human.
         shown = [f for f in shown if f.at_least("warning")][:MAX_NUMBERED_FINDINGS]
     numbered = shown
     listing = _finding_lines(findings, numbered)
+    fig, grid, axes = _layout(panels, len(listing))
+    few = len(steps) <= 60     # short snippets: show the points themselves
+    style: dict[str, Any] = dict(linewidth=0.9, marker="o" if few else None, markersize=3)
+    for p, ax in axes.items():
+        _DRAW[p](ax, series, style, phases)
+    _mark_warmup(axes, panels, findings)
+    _mark_findings(axes, series, findings, numbered)
+    if steps:
+        lo, hi = min(steps), max(steps)
+        pad = max(1, (hi - lo) * 0.01)
+        axes[panels[0]].set_xlim(lo - pad, hi + pad)
+    _title_and_listing(fig, grid, len(panels), title=title, steps=steps, findings=findings, listing=listing,
+                       missing=[_PANEL_TITLES[p] for p in _PANELS if p not in panels])
+    return fig
+
+
+def _panels_drawn(series: dict) -> list[str]:
+    """The panels the series fill, in :data:`_PANELS`' order (the loss panel when none is)."""
+    loss_streams = any(k.startswith("loss/") for k in series)
+    panels = [p for p in _PANELS if (
+        (p == "loss" and (series.get("loss") or loss_streams)) or
+        (p == "adam" and (series.get("adam/exp_avg_sq_max") or series.get("adam/exp_avg_sq_mean")))
+        or (p == "update" and series.get(keys.UPDATE_NORM))
+        or (p == "layers" and any(series.get(k) for k, _, _ in _LAYER_LINES))
+        or (p not in ("loss", "adam", "update", "layers") and series.get(p)))]
+    return panels or ["loss"]
+
+
+def _layout(panels: list[str], listing_lines: int):
+    """``(figure, grid, axes)``: the panels stacked on one shared step axis, a spacer row for the
+    x label, and a text row for the listing of ``listing_lines`` lines."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
     heights = {"loss": 3.2, "grad_norm": 2.0, "update": 1.7, "layers": 1.7, "lr": 1.6, "loss_scale": 1.5,
                "adam": 1.7}
-    text_h = 0.3 + 0.16 * len(listing)
+    text_h = 0.3 + 0.16 * listing_lines
     fig = Figure(figsize=(13, sum(heights[p] for p in panels) + text_h + 1.3), dpi=100)
     ratios = [heights[p] for p in panels] + [0.35, text_h]   # spacer row for the x label
     grid = fig.add_gridspec(len(panels) + 2, 1, height_ratios=ratios, hspace=0.12)
@@ -241,106 +267,126 @@ def render_figure(records: Sequence[StepRecord], findings: Sequence[Finding], *,
         if i < len(panels) - 1:
             ax.tick_params(labelbottom=False)
     axes[panels[-1]].set_xlabel("optimizer step", fontsize=9)
-    from matplotlib.ticker import MaxNLocator, ScalarFormatter
     xfmt = ScalarFormatter(useOffset=False)   # "31215", not "+3.12e4" offsets
     xfmt.set_scientific(False)
     axes[panels[-1]].xaxis.set_major_formatter(xfmt)
     axes[panels[-1]].xaxis.set_major_locator(MaxNLocator(nbins=12, steps=[1, 2, 2.5, 5, 10], integer=True))
+    return fig, grid, axes
 
-    few = len(steps) <= 60     # short snippets: show the points themselves
-    style: dict[str, Any] = dict(linewidth=0.9, marker="o" if few else None, markersize=3)
 
-    if "loss" in axes:
-        ax = axes["loss"]
-        s = series.get("loss")
-        if s:
-            xs, ys = _with_gaps(s.steps, s.values)
-            if len(s.values) > 500:
-                # Per-step losses of a long run are a band of noise: draw it faint, and a
-                # moving average on top so that the trend and the real departures read at once.
-                ax.plot(xs, ys, color="#9ecae1", linewidth=0.5, label="loss (per step)")
-                ax.plot(s.steps, _moving_average(s.values, max(5, len(s.values) // 250)),
-                        color="#08519c", linewidth=1.1, label="moving average")
-                _clip_startup(ax, s.values)
-                ax.legend(fontsize=7, loc="best")
-            else:
-                ax.plot(xs, ys, color="#1f77b4", label="loss", **style)
-                if _spread(s.values) > 4:
-                    _log_axis(ax)
-        for k in loss_streams:
-            ax.plot(series[k].steps, series[k].values, linewidth=0.7, alpha=0.8, label=k)
-        if loss_streams:
-            ax.legend(fontsize=7, loc="best")
-        bad = sorted(set(series["loss"].bad_steps)) if s else []
-        for b in bad:
-            ax.axvline(b, color="#d62728", alpha=0.5, linewidth=1.0, linestyle=":")
-        if bad:
-            ax.plot([], [], color="#d62728", linestyle=":", label="NaN/Inf loss")
-            ax.legend(fontsize=7, loc="best")
-    if "grad_norm" in axes:
-        ax = axes["grad_norm"]
-        s = series["grad_norm"]
+def _draw_loss(ax, series: dict, style: dict, phases) -> None:
+    """The loss: faint per-step points under a moving average for a long run, a log axis for a
+    loss that spans decades; the per-dataset streams; NaN/Inf steps as red dotted lines."""
+    s = series.get("loss")
+    loss_streams = sorted(k for k in series if k.startswith("loss/"))
+    if s:
         xs, ys = _with_gaps(s.steps, s.values)
-        ax.plot(xs, ys, color="#2ca02c", linewidth=0.6 if len(xs) > 500 else 0.9,
-                marker=style["marker"], markersize=3)
-        if s.values and min(s.values) > 0 and _spread(s.values) > 100:
-            _log_axis(ax)
-        elif s.values and max(s.values) == 0:
-            ax.text(0.01, 0.8, "grad norm printed as 0 throughout (a print artefact of that build)",
-                    transform=ax.transAxes, fontsize=8, color="#555555")
-        for b in s.bad_steps:
-            ax.axvline(b, color="#d62728", alpha=0.5, linewidth=1.0, linestyle=":")
-    if "update" in axes:
-        ax = axes["update"]
-        s = series[keys.UPDATE_NORM]
-        ax.plot(*_with_gaps(s.steps, s.values), color="#e7298a", **style)
-        if s.values and min(s.values) > 0 and _spread(s.values) > 10:
-            _log_axis(ax)
-    if "layers" in axes:
-        ax = axes["layers"]
-        for key, colour, label in _LAYER_LINES:
-            s = series.get(key)
-            if s:
-                ax.plot(*_with_gaps(s.steps, s.values), color=colour, label=label, **style)
-        ax.axhline(1.0, color="#999999", linewidth=0.6)
+        if len(s.values) > 500:
+            # Per-step losses of a long run are a band of noise: draw it faint, and a
+            # moving average on top so that the trend and the real departures read at once.
+            ax.plot(xs, ys, color="#9ecae1", linewidth=0.5, label="loss (per step)")
+            ax.plot(s.steps, _moving_average(s.values, max(5, len(s.values) // 250)),
+                    color="#08519c", linewidth=1.1, label="moving average")
+            _clip_startup(ax, s.values)
+            ax.legend(fontsize=7, loc="best")
+        else:
+            ax.plot(xs, ys, color="#1f77b4", label="loss", **style)
+            if _spread(s.values) > 4:
+                _log_axis(ax)
+    for k in loss_streams:
+        ax.plot(series[k].steps, series[k].values, linewidth=0.7, alpha=0.8, label=k)
+    if loss_streams:
         ax.legend(fontsize=7, loc="best")
-    if "lr" in axes:
-        ax = axes["lr"]
-        s = series["lr"]
-        ax.plot(*_with_gaps(s.steps, s.values), color="#9467bd", **style)
-        ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
-        ax.yaxis.get_offset_text().set_fontsize(7)
-        seen = set()
-        for a, b, name in _phase_spans(phases):
-            ax.axvspan(a, b, color=PHASE_COLOURS.get(name, "#e0e0e0"), alpha=0.6, linewidth=0,
-                       label=None if name in seen else name)
-            seen.add(name)
-        if seen:
-            ax.legend(fontsize=7, loc="best", title="phase", title_fontsize=7)
-    if "loss_scale" in axes:
-        ax = axes["loss_scale"]
-        s = series["loss_scale"]
-        ax.step(s.steps, s.values, where="post", color="#8c564b", linewidth=1.0,
-                marker="o" if few else None, markersize=3)
-        if s.values and min(s.values) > 0:
-            ax.set_yscale("log", base=2)
-        sk = series.get("skipped")
-        if sk:
-            skipped = [st for st, v in zip(sk.steps, sk.values) if v > 0]
-            if skipped:
-                ax.plot(skipped, [0.04] * len(skipped), "|", color="#d62728", markersize=9,
-                        transform=ax.get_xaxis_transform(), label="skipped step(s)")
-                ax.legend(fontsize=7, loc="best")
-    if "adam" in axes:
-        ax = axes["adam"]
-        for key, colour, label in (("adam/exp_avg_sq_max", "#e377c2", "max"),
-                                   ("adam/exp_avg_sq_mean", "#17becf", "mean")):
-            s = series.get(key)
-            if s:
-                ax.plot(s.steps, s.values, color=colour, label=label, **style)
-        ax.set_yscale("log")
+    bad = sorted(set(series["loss"].bad_steps)) if s else []
+    for b in bad:
+        ax.axvline(b, color="#d62728", alpha=0.5, linewidth=1.0, linestyle=":")
+    if bad:
+        ax.plot([], [], color="#d62728", linestyle=":", label="NaN/Inf loss")
         ax.legend(fontsize=7, loc="best")
 
+
+def _draw_grad_norm(ax, series: dict, style: dict, phases) -> None:
+    """The global grad norm (log axis over two decades; a note where a build prints 0)."""
+    s = series["grad_norm"]
+    xs, ys = _with_gaps(s.steps, s.values)
+    ax.plot(xs, ys, color="#2ca02c", linewidth=0.6 if len(xs) > 500 else 0.9,
+            marker=style["marker"], markersize=3)
+    if s.values and min(s.values) > 0 and _spread(s.values) > 100:
+        _log_axis(ax)
+    elif s.values and max(s.values) == 0:
+        ax.text(0.01, 0.8, "grad norm printed as 0 throughout (a print artefact of that build)",
+                transform=ax.transAxes, fontsize=8, color="#555555")
+    for b in s.bad_steps:
+        ax.axvline(b, color="#d62728", alpha=0.5, linewidth=1.0, linestyle=":")
+
+
+def _draw_update(ax, series: dict, style: dict, phases) -> None:
+    """Adam's update norm (log axis over a decade)."""
+    s = series[keys.UPDATE_NORM]
+    ax.plot(*_with_gaps(s.steps, s.values), color="#e7298a", **style)
+    if s.values and min(s.values) > 0 and _spread(s.values) > 10:
+        _log_axis(ax)
+
+
+def _draw_layers(ax, series: dict, style: dict, phases) -> None:
+    """The per-layer summary lines (:data:`_LAYER_LINES`) around the ratio 1."""
+    for key, colour, label in _LAYER_LINES:
+        s = series.get(key)
+        if s:
+            ax.plot(*_with_gaps(s.steps, s.values), color=colour, label=label, **style)
+    ax.axhline(1.0, color="#999999", linewidth=0.6)
+    ax.legend(fontsize=7, loc="best")
+
+
+def _draw_lr(ax, series: dict, style: dict, phases) -> None:
+    """The LR, with the LR phases (``phases``) as coloured spans."""
+    s = series["lr"]
+    ax.plot(*_with_gaps(s.steps, s.values), color="#9467bd", **style)
+    ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    ax.yaxis.get_offset_text().set_fontsize(7)
+    seen = set()
+    for a, b, name in _phase_spans(phases):
+        ax.axvspan(a, b, color=PHASE_COLOURS.get(name, "#e0e0e0"), alpha=0.6, linewidth=0,
+                   label=None if name in seen else name)
+        seen.add(name)
+    if seen:
+        ax.legend(fontsize=7, loc="best", title="phase", title_fontsize=7)
+
+
+def _draw_loss_scale(ax, series: dict, style: dict, phases) -> None:
+    """The fp16 loss scale as steps on a log2 axis, the skipped steps as ticks at the bottom."""
+    s = series["loss_scale"]
+    ax.step(s.steps, s.values, where="post", color="#8c564b", linewidth=1.0,
+            marker=style["marker"], markersize=3)
+    if s.values and min(s.values) > 0:
+        ax.set_yscale("log", base=2)
+    sk = series.get("skipped")
+    if sk:
+        skipped = [st for st, v in zip(sk.steps, sk.values) if v > 0]
+        if skipped:
+            ax.plot(skipped, [0.04] * len(skipped), "|", color="#d62728", markersize=9,
+                    transform=ax.get_xaxis_transform(), label="skipped step(s)")
+            ax.legend(fontsize=7, loc="best")
+
+
+def _draw_adam(ax, series: dict, style: dict, phases) -> None:
+    """Adam's second moment, max and mean, on a log axis."""
+    for key, colour, label in (("adam/exp_avg_sq_max", "#e377c2", "max"),
+                               ("adam/exp_avg_sq_mean", "#17becf", "mean")):
+        s = series.get(key)
+        if s:
+            ax.plot(s.steps, s.values, color=colour, label=label, **style)
+    ax.set_yscale("log")
+    ax.legend(fontsize=7, loc="best")
+
+
+#: Each panel's drawing function, ``(ax, series, style, phases)``.
+_DRAW = {"loss": _draw_loss, "grad_norm": _draw_grad_norm, "update": _draw_update, "layers": _draw_layers,
+         "lr": _draw_lr, "loss_scale": _draw_loss_scale, "adam": _draw_adam}
+
+
+def _mark_warmup(axes: dict, panels: list[str], findings: Sequence[Finding]) -> None:
+    """The warmup end (dashed) and its risk window (hatched) across every panel."""
     warmup_end, risk_end = _warmup_marks(findings)
     for p, ax in axes.items():
         if warmup_end is not None:
@@ -352,12 +398,10 @@ def render_figure(records: Sequence[StepRecord], findings: Sequence[Finding], *,
     if warmup_end is not None:
         axes[panels[0]].legend(fontsize=7, loc="best")
 
-    _mark_findings(axes, series, findings, numbered)
-    if steps:
-        lo, hi = min(steps), max(steps)
-        pad = max(1, (hi - lo) * 0.01)
-        axes[panels[0]].set_xlim(lo - pad, hi + pad)
 
+def _title_and_listing(fig, grid, num_panels: int, *, title: str, steps, findings, listing, missing) -> None:
+    """The title (steps, counts by severity, the panels this log has no data for) and the
+    numbered listing of the findings below the panels."""
     counts = Counter(f.severity for f in findings)
     summary = (f"{len(steps)} steps ({min(steps)}–{max(steps)})" if steps else "no steps")
     summary += "   findings: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in
@@ -365,14 +409,12 @@ def render_figure(records: Sequence[StepRecord], findings: Sequence[Finding], *,
     if missing:
         summary += "   not in this log: " + ", ".join(missing)
     fig.suptitle(f"{title}\n{summary}", fontsize=11, x=0.01, ha="left", y=0.995)
-
-    text_ax = fig.add_subplot(grid[len(panels) + 1])
+    text_ax = fig.add_subplot(grid[num_panels + 1])
     text_ax.axis("off")
     text_ax.text(0, 1, "\n".join(listing), va="top", ha="left", family="monospace", fontsize=8,
                  transform=text_ax.transAxes)
     fig.subplots_adjust(left=0.07, right=0.98, top=1 - 0.75 / fig.get_figheight(),
                         bottom=0.02)
-    return fig
 
 
 def _mark_findings(axes, series, findings, numbered):
@@ -457,7 +499,7 @@ def write_report(out_path, records: Sequence[StepRecord], findings: Sequence[Fin
 
     ``phases``: ``(step, phase_name)`` pairs aligned with ``records`` (or ``None``).
     ``advice_forms``: the frameworks whose command the HTML table adds under rollback advice
-    (:func:`~stability_callbacks.actions.rollback.native_forms`; None: all; ``()``: none).
+    (:func:`~stability_callbacks.advice.native_forms`; None: all; ``()``: none).
     ``ValueError`` for another suffix.
     """
     out = check_report_path(out_path)
@@ -482,11 +524,11 @@ def report_run_end(run: "LiveRun", outcome: "Outcome", *, out_path=None) -> None
     by name is written whatever it says). Sets ``outcome.report_path``, or
     ``outcome.report_problem``: why there is none (turned off, no run log, no matplotlib, a run
     log without a step, an ``OSError``). Raises none of those: the summary says it."""
-    from ..outcome import REPORT_NAME, RunReport
+    from ..outcome import REPORT_NAME
     from .readers.source import LogFormatError
     from .timeline import stitch
 
-    if out_path is None and not RunReport(**(run.config.get("report") or {})).enabled:
+    if out_path is None and not run.config.report.enabled:
         outcome.report_problem = "report.enabled is false"
         return
     if outcome.runlog_path is None:
@@ -507,7 +549,7 @@ def _advice_html(f: Finding, advice_forms: tuple[str, ...] | None) -> str:
     """The native commands of a rollback advice, as lines under its message."""
     if f.kind != "rollback_advice" or advice_forms == () or f.details.get("step_is_record_number"):
         return ""
-    from ..actions.rollback import FORM_LABELS, native_forms
+    from ..advice import FORM_LABELS, native_forms
     try:
         forms = native_forms(f.details, advice_forms)
     except (KeyError, TypeError, ValueError):

@@ -28,7 +28,7 @@ from ..torch.adapter import RUN_DIR_NAME, SessionAdapter
 from ..torch.preflight import scheduler_warmup
 from .monitor import engine_monitor_writer
 from .readings import DeepSpeedStep
-from .rollback import DeepSpeedRollBack
+from .reload import DeepSpeedRollBack
 from .skip_step import gate_engine
 
 #: ``client_state`` key of the detector state in every DeepSpeed checkpoint.
@@ -67,7 +67,7 @@ class StabilityHook(SessionAdapter):
 
     framework = "deepspeed"
 
-    def __init__(self, engine, *, config: Any = None, monitor: Any = None,
+    def __init__(self, engine, *, config: Any = None, overrides: Any = None, monitor: Any = None,
                  run_dir: str | os.PathLike | None = None, run_name: str | None = None,
                  save_dir: str | os.PathLike | None = None, save_on_request: bool = True,
                  rollback_on_halt: bool = False, listeners=()):
@@ -76,7 +76,7 @@ class StabilityHook(SessionAdapter):
         if not all(hasattr(engine, m) for m in ("backward", "step", "save_checkpoint",
                                                   "load_checkpoint", "get_lr")):
             raise ValueError(f"engine must be a deepspeed engine, got {type(engine).__name__}")
-        super().__init__(config=config, monitor=monitor, run_dir=run_dir, run_name=run_name,
+        super().__init__(config=config, overrides=overrides, monitor=monitor, run_dir=run_dir, run_name=run_name,
                          listeners=listeners)
         self.engine = engine
         self.save_dir = None if save_dir is None else os.fspath(save_dir)

@@ -2,7 +2,7 @@
 ``Trainer(..., callbacks=[StabilityCallback(config=..., run_dir=...)])``.
 
 Everything that knows the HF Trainer is in this folder: the callback (:mod:`.callback`) and its
-automatic rollback (:mod:`.rollback`).
+automatic rollback (:mod:`.reload`).
 """
 from .callback import STATE_FILE, StabilityCallback
 

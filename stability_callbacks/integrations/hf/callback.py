@@ -24,9 +24,9 @@ from ..deepspeed.skip_step import gate_engine
 from ..torch.adapter import CONFIG_ERRORS, RUN_DIR_NAME, SessionAdapter
 from ..torch.preflight import scheduler_warmup
 from ..torch.readings import read_grad_scaler
-from ..torch.rollback import RollBack
+from ..torch.auto_rollback import RollBack
 from ..torch.session import STATE_FILE
-from .rollback import HFRollBack
+from .reload import HFRollBack
 from .sampler import wrap_train_sampler
 
 __all__ = ["StabilityCallback", "STATE_FILE"]
@@ -46,10 +46,10 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
 
     framework = "hf"
 
-    def __init__(self, *, config: Any = None, monitor: Any = None,
+    def __init__(self, *, config: Any = None, overrides: Any = None, monitor: Any = None,
                  run_dir: str | os.PathLike | None = None, run_name: str | None = None,
                  trainer: Any = None, log_to_reporters: bool = True, listeners=()):
-        SessionAdapter.__init__(self, config=config, monitor=monitor, run_dir=run_dir,
+        SessionAdapter.__init__(self, config=config, overrides=overrides, monitor=monitor, run_dir=run_dir,
                                 run_name=run_name, listeners=listeners)
         self.log_to_reporters = bool(log_to_reporters)
         self.trainer = self._patches = self._hook = None

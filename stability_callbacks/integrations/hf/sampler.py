@@ -1,5 +1,5 @@
 """The HF Trainer's train sampler, wrapped once in the shared
-:class:`~..torch.rollback.DataSkipSampler`: the automatic rollback skips data through it, the
+:class:`~..torch.auto_rollback.DataSkipSampler`: the automatic rollback skips data through it, the
 data forensics records each step's indices through it (docs/design.md, Forensics).
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from stability_callbacks.forensics import StepIndices
 from stability_callbacks.live import InstancePatches
 
-from ..torch.rollback import DataSkipSampler
+from ..torch.auto_rollback import DataSkipSampler
 
 __all__ = ["wrap_train_sampler"]
 

@@ -1,7 +1,7 @@
 """Lightning: ``Trainer(callbacks=[StabilityCallback(config=..., run_dir=...)])``.
 
 Everything that knows Lightning is in this folder: the callback (:mod:`.callback`) and its
-automatic rollback (:mod:`.rollback`).
+automatic rollback (:mod:`.reload`).
 """
 from .callback import StabilityCallback
 

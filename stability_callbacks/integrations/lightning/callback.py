@@ -8,6 +8,10 @@ signal comes from, how saves, halts and rollbacks go: docs/integrations.md, "Lig
 """
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
+import logging
 import os
 from typing import Any
 
@@ -24,10 +28,12 @@ from ..deepspeed.skip_step import gate_engine
 from ..torch.adapter import CONFIG_ERRORS, RUN_DIR_NAME, SessionAdapter
 from ..torch.preflight import scheduler_warmup
 from ..torch.readings import read_grad_scaler, sharded_grad_norm
-from .rollback import LightningRollBack
+from .reload import LightningRollBack
 from .sampler import install_train_sampler
 
 __all__ = ["StabilityCallback"]
+
+log = logging.getLogger("stability_callbacks")
 
 
 class StabilityCallback(Callback, SessionAdapter):
@@ -39,17 +45,20 @@ class StabilityCallback(Callback, SessionAdapter):
     ``take_over_clipping`` (reuse the monitored grad norm for norm clipping instead of computing
     it twice; default True); ``log_to_loggers`` (the signals and findings to the trainer's
     loggers, :meth:`_log`; default True).
+
+    Two of these callbacks with different configs keep two states in a checkpoint
+    (:attr:`state_key`).
     """
 
     framework = "lightning"
 
-    def __init__(self, *, config: Any = None, monitor: Any = None,
+    def __init__(self, *, config: Any = None, overrides: Any = None, monitor: Any = None,
                  run_dir: str | os.PathLike | None = None, run_name: str | None = None,
                  checkpoint_dir: str | os.PathLike | None = None,
                  take_over_clipping: bool = True, log_to_loggers: bool = True, listeners=()):
         self.take_over_clipping = flag("take_over_clipping", take_over_clipping)
         self.log_to_loggers = flag("log_to_loggers", log_to_loggers)
-        SessionAdapter.__init__(self, config=config, monitor=monitor, run_dir=run_dir,
+        SessionAdapter.__init__(self, config=config, overrides=overrides, monitor=monitor, run_dir=run_dir,
                                 run_name=run_name, listeners=listeners)
         self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
         self._resumed, self._last_step = False, 0
@@ -58,6 +67,16 @@ class StabilityCallback(Callback, SessionAdapter):
         self._save_patches: InstancePatches | None = None
         self._own_save = False                     # the callback's own save is under way
         self._noted_step: int | None = None        # the step of the last save noted
+        # Lightning reads the key at every hook call (its profiler's names): made once.
+        self._state_key = self._generate_state_key(config=_config_id(self.config, monitor))
+
+    @property
+    def state_key(self) -> str:
+        """The key of this callback's state in a checkpoint (``checkpoint["callbacks"]``), made as
+        ``ModelCheckpoint`` and ``EarlyStopping`` make theirs: the class's name and what tells two
+        of these callbacks apart, the config as given (:func:`_config_id`), e.g.
+        ``StabilityCallback{'config': 'pretrain-fp16'}``."""
+        return self._state_key
 
     # ------------------------------------------------------------------------------ set-up
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -152,6 +171,36 @@ class StabilityCallback(Callback, SessionAdapter):
         self._resumed = True
         if state_dict and not self._off():
             self.session.restore(state_dict, "the checkpoint")
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        """Lightning restores each callback's state by its :attr:`state_key`, right after this
+        hook. A checkpoint that holds one StabilityCallback state under another key (saved
+        before the callback had a key of its own, when it was the class's name; or with the
+        config spelled otherwise) restores it into this callback when the trainer has no other
+        StabilityCallback: it can be no one else's. Otherwise only the callback whose key
+        matches restores a state, and one that finds none says so."""
+        states = checkpoint.get("callbacks") or {}
+        if self.state_key in states or self._off():
+            return
+        name = type(self).__qualname__
+        theirs = [k for k in states if isinstance(k, str) and (k == name or k.startswith(name + "{"))]
+        if not theirs:
+            return   # saved without monitoring, or while it was off: fresh detectors (load_state_dict)
+        ours = sum(isinstance(cb, StabilityCallback) for cb in trainer.callbacks)
+        if len(theirs) == 1 and ours == 1:
+            log.info("stability: restoring the state saved as %r into this callback (key %r)",
+                     theirs[0], self.state_key)
+            self.load_state_dict(copy.deepcopy(states[theirs[0]]))
+        elif theirs == [name]:
+            log.warning("stability: the checkpoint keeps one %s state under the key of checkpoints "
+                        "saved before each callback had its own (%r), and this trainer has %d: "
+                        "whose it was is unknown, and the detectors of %r start fresh (resume with "
+                        "that callback alone to restore it)", name, name, ours, self.state_key)
+        else:
+            log.warning("stability: the checkpoint holds no state under this callback's key %r (it "
+                        "holds %s); its detectors start fresh. The key follows the config given: "
+                        "pass the one the checkpoint was saved with", self.state_key,
+                        ", ".join(repr(k) for k in theirs))
 
     def state_dict(self) -> dict[str, Any]:
         # Requests the records flushed here raise are carried out at the next step boundary
@@ -312,3 +361,24 @@ class StabilityCallback(Callback, SessionAdapter):
             if patches is not None:
                 patches.restore()
         self._rollback = self._clip_patches = self._save_patches = None
+
+
+def _config_id(config: Any, monitor: Any) -> str | None:
+    """What tells one StabilityCallback's state from another's: its config as given (a preset
+    name or a YAML path as written, a dict by a hash of its settings, a ``Monitor`` by a hash of
+    its config's), with its overrides (``+`` a hash of them); None for the defaults. Not
+    ``run_dir`` or ``run_name``: they often carry a launch's date, and a resume under a new one
+    would lose the state; two callbacks with one config hold the same state (the same
+    detectors, fed the same steps). ``config``: the callback's
+    :class:`~stability_callbacks.config.Config`."""
+    if monitor is not None:
+        return "monitor:" + _digest(monitor.config.to_dict())
+    given = config.source
+    if config.overrides:
+        return (given or "default") + "+" + _digest(dict(config.overrides))
+    return given
+
+
+def _digest(settings: Any) -> str:
+    text = json.dumps(settings, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

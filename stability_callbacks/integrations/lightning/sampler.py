@@ -1,5 +1,5 @@
 """The Lightning train loader's sampler, wrapped once in the shared
-:class:`~..torch.rollback.DataSkipSampler`: the automatic rollback skips data through it, the
+:class:`~..torch.auto_rollback.DataSkipSampler`: the automatic rollback skips data through it, the
 data forensics records each step's indices through it (docs/design.md, Forensics).
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from stability_callbacks.forensics import StepIndices
 
-from ..torch.rollback import DataSkipSampler, install_sampler
+from ..torch.auto_rollback import DataSkipSampler, install_sampler
 
 __all__ = ["install_train_sampler"]
 

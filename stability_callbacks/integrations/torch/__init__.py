@@ -9,6 +9,6 @@ packages build on.
   :mod:`.reductions` (the device kernels over them: one pass) and :mod:`.layers` (the update
   norm and the per-tensor summary, computed on the device);
 - :mod:`.readings`: values torch already holds (GradScaler, the LR, FSDP grad norms);
-- :mod:`.skip_step` and :mod:`.rollback`: carrying out skip step and automatic rollback;
+- :mod:`.skip_step` and :mod:`.auto_rollback`: carrying out skip step and automatic rollback;
 - :mod:`.preflight`: the audit at train begin.
 """

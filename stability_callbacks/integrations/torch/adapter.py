@@ -7,12 +7,12 @@ rollback. Framework-neutral: each framework's package builds on it.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Mapping
 
-from stability_callbacks.actions.rollback import advice_forms_for
-from stability_callbacks.config import load_config
+from stability_callbacks.advice import advice_forms_for
+from stability_callbacks.config import Config
 from stability_callbacks.control import Control
-from stability_callbacks.forensics import Forensics, StepIndices
+from stability_callbacks.forensics import StepIndices
 from stability_callbacks.live import Guard, LiveRun
 from stability_callbacks.outcome import Outcome
 from stability_callbacks.params import ConfigError
@@ -36,24 +36,28 @@ class SessionAdapter:
     automatic rollback (``_rollback``: the framework's :class:`~.rollback.RollBack`, None when
     off) and of the gated optimizer step (``_gate``: :func:`~.skip_step.gate_optimizer`).
 
-    The common keyword arguments: ``config`` (a preset name, YAML path, dict, or None = the
-    defaults; validated here, so a bad key raises before anything runs) or ``monitor`` (a ready
-    ``Monitor``); ``run_dir`` (the run log JSONL and reports; one run log per run; default: a
+    The common keyword arguments: ``config`` (a preset name, YAML path, dict, a
+    :class:`~stability_callbacks.config.Config`, or None = the defaults; read and validated here,
+    once, so a bad key raises before anything runs) and ``overrides`` (``{"policy.halt_on":
+    "critical"}``: ``section.key`` -> value, on top of ``config``), or ``monitor`` (a ready
+    ``Monitor``, its config with it); ``run_dir`` (the run log JSONL and reports; one run log per run; default: a
     ``stability`` folder where the framework keeps the run,
     :data:`~stability_callbacks.runlog.RUN_DIR_NAME`);
     ``run_name``; ``listeners`` (:class:`~stability_callbacks.live.RunListener` s: records,
     findings, actions).
     """
 
-    #: The framework, for the rollback advice's native form (``actions.rollback``).
+    #: The framework, for the rollback advice's native form (:mod:`stability_callbacks.advice`).
     framework = ""
 
     def __init__(self, *, config: Any = None, monitor: Any = None,
                  run_dir: str | os.PathLike | None = None, run_name: str | None = None,
-                 listeners=()):
-        if monitor is None:
-            load_config(config)   # a bad config raises here, with the key named
-        self.config, self.monitor, self.run_name = config, monitor, run_name
+                 listeners=(), overrides: Mapping[str, Any] | None = None):
+        if monitor is not None and overrides:
+            raise ValueError("overrides apply to config, not to a ready monitor (it brings its own config)")
+        #: The configuration, read once (a bad key raises here, named): the Monitor's when given.
+        self.config: Config = monitor.config if monitor is not None else Config.load(config, overrides)
+        self.monitor, self.run_name = monitor, run_name
         self.run_dir = None if run_dir is None else os.fspath(run_dir)
         self.listeners = list(listeners)
         self.guard = Guard()
@@ -80,7 +84,8 @@ class SessionAdapter:
 
     @property
     def control(self) -> Control | None:
-        """The Monitor's requests (:class:`~stability_callbacks.control.Control`)."""
+        """The Monitor's requests (:class:`~stability_callbacks.control.Control`): the one
+        object the Monitor made, held by the run and the session alike."""
         return None if self.session is None else self.session.control
 
     @property
@@ -155,18 +160,14 @@ class SessionAdapter:
                 raise
         return call
 
-    def _section(self, name: str) -> dict[str, Any]:
-        """The validated config section ``name``, read before the session exists (config errors
-        surface here)."""
-        return (self.monitor.config if self.monitor is not None else load_config(self.config))[name]
-
     def _auto_rollback(self) -> bool:
         """Whether ``policy.auto_rollback`` is on (``{}``: on, with its defaults)."""
-        return self._section("policy").get("auto_rollback") not in (None, False)
+        # the section as given (no ``.policy`` chain here: that is the Monitor's, test_layers)
+        return self.config["policy"].get("auto_rollback") not in (None, False)
 
     def _records_samples(self) -> bool:
         """Whether ``forensics.record_samples`` is on (its default: :class:`Forensics`')."""
-        return Forensics(**self._section("forensics")).record_samples
+        return self.config.forensics.record_samples
 
     def _sample_ring(self) -> StepIndices | None:
         """The run's index ring (data forensics), for a sampler built before the run exists;

@@ -4,7 +4,7 @@
 the rules live in the torch-free :mod:`stability_callbacks.preflight`::
 
     facts = collect_facts(model, optimizer, scheduler, precision="bf16", total_steps=max_steps)
-    findings = Preflight(**config["preflight"]).audit(facts)   # list[Finding], kind "preflight", step 0
+    findings = config.preflight.build().audit(facts)   # list[Finding], kind "preflight", step 0
 
 Cost: one read of every matrix weight, sampled to at most ``max_sample_elements`` (a fixed
 strided subset) per tensor; one host transfer per device at the end (``# host-sync:``, once per
@@ -441,9 +441,8 @@ def run_preflight(run, model, optimizer=None, scheduler=None, **facts_kwargs) ->
     """What every integration does at train begin: measure, audit with the thresholds of the
     run's ``preflight`` config section, and emit ``preflight`` findings through the LiveRun
     (run log + alerts). Nothing when ``preflight.enabled`` is false. Never raises into training."""
-    from stability_callbacks.preflight import Preflight
     try:
-        rules = Preflight(**run.monitor.config.get("preflight", {}))
+        rules = run.config.preflight.build()
         if not rules.enabled:
             return []
         facts_kwargs.setdefault("max_sample_elements", rules.max_sample_elements)

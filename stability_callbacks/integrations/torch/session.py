@@ -36,7 +36,7 @@ each tagged ``# host-sync:``.
 Skip step (``policy.skip_step_on``, :mod:`.skip_step`): ``session.skip``
 decides in ``before_optimizer_step``, reports in ``end_step`` and takes the policy's next rule
 after it; :meth:`~.adapter.SessionAdapter._gate_step` gates the optimizer's ``step``. An
-automatic rollback (:mod:`.rollback`) restores through ``restore`` and opens its segment with
+automatic rollback (:mod:`.auto_rollback`) restores through ``restore`` and opens its segment with
 ``start(step, "rollback")`` (:meth:`~.adapter.SessionAdapter._begin`). An engine that steps the
 optimizer itself (DeepSpeed) is read through :meth:`LiveSession.read_engine`.
 """
@@ -101,19 +101,21 @@ class LiveSession:
     def __init__(self, run: LiveRun, *, process_group=None, lockstep: bool = False):
         self.run = run
         self.guard = run.guard
-        sampling = run.config.get("sampling") or {}
-        self.every_n_steps = int(sampling.get("every_n_steps", 1) or 1)
+        #: The run's one :class:`Control` (the Monitor's requests), held.
+        self.control: Control = run.control
+        sampling = run.config.sampling   # validated, every value present: nothing re-defaulted here
+        self.every_n_steps = sampling.every_n_steps
         #: The skip-step decisions (``policy.skip_step_on``), or None when off.
         self.skip = SkipStep() if run.skips_steps else None
         # Every rank declares the same extras, so the packed layout (and the collective) matches.
         self.probe = StepProbe(
             process_group=process_group,
-            adam_every_n_steps=int(sampling.get("adam_every_n_steps", 1) or 0),
-            param_norm_every_n_steps=int(sampling.get("param_norm_every_n_steps", 0) or 0),
+            adam_every_n_steps=sampling.adam_every_n_steps,
+            param_norm_every_n_steps=sampling.param_norm_every_n_steps,
             extra_reductions={keys.BATCH_FINGERPRINT: "sum",
                               **({keys.SKIPPED_BY_POLICY: "max"} if self.skip else {}),
                               **{keys.LOSS_STREAM_PREFIX + n: "mean"
-                                 for n in sampling.get("loss_streams") or ()}})
+                                 for n in sampling.loss_streams}})
         self.lockstep = lockstep
         self.process_group = process_group
         self.started = self.closed = False
@@ -147,10 +149,6 @@ class LiveSession:
         self._interval: int | None = None   # the save interval last reported
         #: How the run ended (set by :meth:`close`; None while it runs).
         self.outcome: Outcome | None = None
-
-    @property
-    def control(self) -> Control:
-        return self.run.control
 
     @property
     def off(self) -> bool:
@@ -200,7 +198,7 @@ class LiveSession:
         self.started = True
         if self._watchdog is None and self.run.is_rank0:
             with self.guard("watchdog", "starting the hang watchdog"):
-                self._watchdog = HangWatchdog(**(self.run.config.get("watchdog") or {}))
+                self._watchdog = self.run.config.watchdog.build()
                 self._watchdog.start(lambda: (self.last_step, self.finished_at_s, self.alive_at_s),
                                      lambda finding: self.run.emit([finding], wait_s=5.0))
 

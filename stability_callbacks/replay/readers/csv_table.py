@@ -105,6 +105,25 @@ def _tensorboard_export(path, header: list[str], line_no: int, tag_map, user) ->
              f"Value (the tag {tag!r} in the file's name)")]
 
 
+def _said(path, header: list[str], line_no: int, steps: list[int], metrics, account: ReadAccount,
+          tag_map, user, wandb: bool) -> list[tuple[int, str, str]]:
+    """The metric columns of a table of named columns, told to the account with its step column;
+    a TensorBoard download's one value column named by its file (:func:`_tensorboard_export`)."""
+    if not steps:
+        raise LogFormatError(path, line_no, f"no step column in header {header!r}")
+    if [h.strip().lower() for h in header] == _TB_EXPORT:
+        account.format = "tensorboard-csv"
+        if not metrics:
+            metrics = _tensorboard_export(path, header, line_no, tag_map, user)
+    if not metrics:
+        raise LogFormatError(path, line_no, f"no metric column in header {header!r}")
+    for _, key, name in metrics:
+        account.saw(key, name)
+    account.numbered("epoch" if classify(header[steps[0]].strip())[0] == "epoch" and not wandb
+                     else "counter", header[steps[0]].strip())
+    return metrics
+
+
 def _read(path, account: ReadAccount, lines, tag_map, user, wandb):
     numbers = [0]    # the line the csv module last consumed (rows may span lines)
     lines = iter(lines)
@@ -138,18 +157,7 @@ def _read(path, account: ReadAccount, lines, tag_map, user, wandb):
             raise LogFormatError(path, header_line, f"no metric column in header {header!r} "
                                  "(no training loss, grad norm, LR or loss scale in any row)")
         return
-    if not steps:
-        raise LogFormatError(path, numbers[-1], f"no step column in header {header!r}")
-    if [h.strip().lower() for h in header] == _TB_EXPORT:
-        account.format = "tensorboard-csv"
-        if not metrics:
-            metrics = _tensorboard_export(path, header, numbers[-1], tag_map, user)
-    if not metrics:
-        raise LogFormatError(path, numbers[-1], f"no metric column in header {header!r}")
-    for _, key, name in metrics:
-        account.saw(key, name)
-    account.numbered("epoch" if classify(header[steps[0]].strip())[0] == "epoch" and not wandb
-                     else "counter", header[steps[0]].strip())
+    metrics = _said(path, header, numbers[-1], steps, metrics, account, tag_map, user, wandb)
     last_step: int | None = None                     # the step and values of the row before
     last_values: dict = {}
     while True:

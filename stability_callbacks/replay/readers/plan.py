@@ -108,6 +108,10 @@ class Plan:
     # record printed by the loop's body while the bar shows the batches done before it
 
 
+# long: one pass over a template's roles, then the step, the loss and the kind placed on the
+# Plan from the tables that pass fills (metrics, statistics, steps, components); split, those
+# tables would travel between the pieces as one more structure, and a reader rule would be
+# touched by a rename (issue 35 changes no reader rule).
 def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None = None,
               split: bool = True, hints: Mapping[int, str] | None = None) -> Plan:
     """Interpret one template: ``texts`` are the pieces around the numbers ``nums`` of a line.

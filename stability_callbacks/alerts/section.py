@@ -4,9 +4,11 @@ built from it for a run.
 from __future__ import annotations
 
 import logging
+import types
+from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..params import ConfigError, checked, config_keys, construct, with_path
+from ..params import ConfigError, Section, close_match, config_keys, with_path
 from .apprise import NotifyApprise
 from .dispatch import AlertDispatcher
 from .log import LogFindings
@@ -17,7 +19,7 @@ from .trackio import NotifyTrackio
 from .wandb import NotifyWandb
 from .webhook import NotifyWebhook
 
-__all__ = ["SINK_CLASSES", "validate_actions", "build_sinks"]
+__all__ = ["SINK_CLASSES", "ActionsConfig", "build_sinks"]
 
 logger = logging.getLogger("stability_callbacks.actions")
 
@@ -27,28 +29,47 @@ SINK_CLASSES = {cls.name: cls for cls in (LogFindings, NotifySlack, NotifyWebhoo
                                           NotifyWandb, WriteTensorBoard, NotifyTrackio)}
 
 
-def validate_actions(actions: Any) -> dict[str, dict]:
-    """The ``actions`` section: sink name → its keyword arguments (``false`` = off, dropped;
-    ``null`` or ``{}`` = on with defaults). Every sink is built once to check its values; the
-    environment is not read here (that happens when the sinks are built for a run)."""
-    if actions is None:
-        return {}
-    if not isinstance(actions, Mapping):
-        raise ConfigError(f"actions must be a mapping, got {actions!r}")
-    out = {}
-    for name, v in actions.items():
-        if name not in SINK_CLASSES:
-            raise ConfigError(f"actions.{name}: unknown sink (known: {', '.join(SINK_CLASSES)})")
-        if v is False:
-            continue
-        if v is not None and not isinstance(v, Mapping):
-            raise ConfigError(f"actions.{name} must be a mapping (or false to turn it off), got {v!r}")
-        out[name] = checked(f"actions.{name}", SINK_CLASSES[name], dict(v or {}))
-    return out
+@dataclass(frozen=True)
+class ActionsConfig:
+    """The ``actions`` section: sink name -> its :class:`Section` (``false`` = off, dropped;
+    ``null`` or ``{}`` = on with defaults). Each sink is built once to check its values; the
+    environment is read when the sinks are built for a run
+    (:meth:`build`, :func:`~stability_callbacks.alerts.build_sinks`)."""
+
+    sinks: Mapping[str, Section]
+
+    @classmethod
+    def checked(cls, actions: Any) -> "ActionsConfig":
+        if actions is None:
+            return cls(types.MappingProxyType({}))
+        if not isinstance(actions, Mapping):
+            raise ConfigError(f"actions must be a mapping, got {actions!r}")
+        out = {}
+        for name, v in actions.items():
+            if name not in SINK_CLASSES:
+                raise ConfigError(f"actions.{name}: unknown sink (known: {', '.join(SINK_CLASSES)})"
+                                  + close_match(name, SINK_CLASSES))
+            if v is False:
+                continue
+            if v is not None and not isinstance(v, Mapping):
+                raise ConfigError(f"actions.{name} must be a mapping (or false to turn it off), got {v!r}")
+            out[name] = Section.checked(f"actions.{name}", SINK_CLASSES[name], v or {})
+        return cls(types.MappingProxyType(out))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.sinks
+
+    def build(self, **kwargs) -> AlertDispatcher:
+        """The run's dispatcher (:func:`build_sinks`'s keyword arguments)."""
+        return build_sinks(self, **kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: s.to_dict() for name, s in self.sinks.items()}
 
 
-def build_sinks(actions_config: Mapping[str, Any] | None, *, is_rank0: bool, run_name: str,
+def build_sinks(actions_config: "ActionsConfig | Mapping[str, Any] | None", *, is_rank0: bool, run_name: str,
                 report_path: str | None = None, wandb_run=None, tb_writer=None, trackio_run=None,
+                tensorboard_dir: str | None = None,
                 advice_forms: tuple[str, ...] | None = None, off: Mapping[str, str] | None = None,
                 only_messages: bool = False, quiet: bool = False) -> AlertDispatcher:
     """The dispatcher for the ``actions`` config section (docs/design.md, "Configuration").
@@ -63,16 +84,21 @@ def build_sinks(actions_config: Mapping[str, Any] | None, *, is_rank0: bool, run
     off). ``only_messages``: leave out the sinks that write into rank 0's own tracker run
     (``run_bound``: W&B, TensorBoard, Trackio), for a crash alert sent from another rank.
     ``advice_forms``: the frameworks whose rollback form alerts carry (None: all).
+    ``tensorboard_dir``: the TensorBoard sink's ``log_dir`` when the config names none and no
+    writer is given (a run's folder). ``actions_config``: the config's section, each sink built
+    once to check it and handed out here (a plain mapping is checked here first).
     """
-    config = validate_actions(actions_config)
-    runtime = {"wandb": {"run": wandb_run}, "tensorboard": {"writer": tb_writer},
+    config = actions_config if isinstance(actions_config, ActionsConfig) else ActionsConfig.checked(actions_config)
+    tb_dir = tensorboard_dir if tb_writer is None and "tensorboard" in config and (
+        "log_dir" not in config.sinks["tensorboard"].args) else None
+    runtime = {"wandb": {"run": wandb_run}, "tensorboard": {"writer": tb_writer, "log_dir": tb_dir},
                "trackio": {"run": trackio_run, "run_name": run_name}}
     sinks: list[AlertSink] = []
     for name, cls in SINK_CLASSES.items():
         if name not in config or (only_messages and cls.run_bound):
             continue
         path = f"actions.{name}"
-        sink = construct(path, cls, config[name], **runtime.get(name, {}))
+        sink = config.sinks[name].build(**runtime.get(name, {}))
         why_off = (off or {}).get(name)
         if why_off is None:
             try:

@@ -1,33 +1,26 @@
-"""The framework-neutral, torch-free glue of a monitored run: Monitor + run log + alert sinks +
-listeners, and the one guard that keeps monitoring from taking training down.
-
-The torch side (:class:`~stability_callbacks.integrations.torch.session.LiveSession`) turns
-framework hooks into :class:`StepRecord` s, calls :meth:`LiveRun.observe` once per optimizer
-step, carries out ``run.control`` and reports what it did with :meth:`LiveRun.act`. Offline
-``replay --follow`` feeds the same class from a growing log. Everything here runs on every rank
-(so every rank decides the same); only rank 0 writes the run log and sends alerts. Nothing here
-raises into the training loop: a failure is logged once and that part goes quiet (docs/design.md,
-Invariants).
+"""The run: :class:`LiveRun` (Monitor + run log + alert sinks + listeners, on every rank),
+:class:`RunListener` (what it tells listeners) and :func:`reporter_scalars` (what integrations
+send to the framework's own loggers). The package's docstring (:mod:`stability_callbacks.live`)
+says how the torch side and ``replay --follow`` feed it.
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
-import re
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
-from . import keys
-from .control import Action, Control, DataSkips
-from .forensics import Forensics
-from .monitor import Monitor
-from .outcome import Outcome
-from .record import Finding, StepRecord
-from .runlog import RUNLOG_NAME, RunLog, knows_checkpoint, set_aside
+from .. import keys
+from ..config import Config
+from ..control import Action, Control, DataSkips
+from ..forensics import Forensics
+from ..monitor import Monitor
+from ..outcome import Outcome
+from ..record import Finding, StepRecord
+from ..runlog import RUNLOG_NAME, RunLog, knows_checkpoint, set_aside
+from .crash_notes import CRASH_DIR, claim_first_crash, exception_text
+from .guard import Guard
 
 log = logging.getLogger("stability_callbacks")
 
@@ -44,81 +37,6 @@ def reporter_scalars(record: StepRecord, findings: list[Finding]) -> dict[str, f
     for f in findings:
         out[keys.finding_tag(f.kind)] = keys.SEVERITY_CODE[f.severity]
     return out
-
-
-class InstancePatches:
-    """Methods replaced on one object's instance ``__dict__``, put back by :meth:`restore`.
-
-    Instance attributes shadow the class's methods (``nn.Module.__setattr__`` stores plain
-    functions there too, where ``Module.__call__`` finds ``forward``). An earlier instance-level
-    wrap is kept and restored; otherwise the instance entry is removed and the class's shows.
-    """
-
-    def __init__(self, obj: Any):
-        self.obj = obj
-        self._originals: dict[str, Any] = {}
-
-    def set(self, name: str, fn: Any) -> None:
-        self._originals[name] = self.obj.__dict__.get(name)
-        setattr(self.obj, name, fn)
-
-    def restore(self) -> None:
-        for name, prev in self._originals.items():
-            if prev is None:
-                self.obj.__dict__.pop(name, None)
-            else:
-                setattr(self.obj, name, prev)
-        self._originals.clear()
-
-
-class Guard:
-    """The single home of "monitoring never takes training down" (docs/design.md, Invariants).
-
-    Every monitoring call that could fail runs as ``with guard(part, what):``. A failure is
-    logged once per part, with its traceback, and swallowed: that part goes quiet and the rest
-    carries on. ``fatal=True`` marks a failure that leaves nothing to monitor (a failed start):
-    ``guard.off`` turns True and the integration stops calling in. Exceptions of the types in
-    ``passthrough`` are the user's to see (a bad config before step one) and propagate.
-    ``warn_once`` is the same promise for problems that are not exceptions.
-
-    >>> guard = Guard()
-    >>> for _ in range(3):
-    ...     with guard("ratio", "computing a ratio"):
-    ...         1 / 0
-    >>> sorted(guard.failed), guard.off
-    (['ratio'], False)
-    """
-
-    def __init__(self):
-        self.failed: set[str] = set()
-        self.off = False
-        self._warned: set[str] = set()
-
-    @contextmanager
-    def __call__(self, part: str, what: str | None = None, *, fatal: bool = False,
-                 passthrough: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
-        try:
-            yield
-        except passthrough:
-            raise
-        except Exception:   # monitoring never takes training down
-            self.off = self.off or fatal
-            if part not in self.failed:
-                self.failed.add(part)
-                log.exception("stability: %s failed; %s", what or part,
-                              "monitoring is off for this run" if fatal
-                              else "monitoring continues without it")
-
-    def call(self, part: str, fn: Callable[[], Any], default: Any = None) -> Any:
-        """``fn()``, or ``default`` when it raised (logged once per part)."""
-        with self(part):
-            return fn()
-        return default
-
-    def warn_once(self, key: str, msg: str, *args, level: int = logging.WARNING) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.log(level, msg, *args)
 
 
 class RunListener:
@@ -171,7 +89,7 @@ class LiveRun:
     rollback advice without a checkpoint before its onset says that none was saved.
     """
 
-    def __init__(self, config: str | Mapping | None = None, *, monitor: Monitor | None = None,
+    def __init__(self, config: "Config | str | Mapping | None" = None, *, monitor: Monitor | None = None,
                  run_dir: str | Path | None = "out/stability", is_rank0: bool = True,
                  run_name: str | None = None, wandb_run=None, tb_writer=None,
                  report_path: str | None = None, advice_forms: tuple[str, ...] | None = None,
@@ -179,7 +97,11 @@ class LiveRun:
                  listeners: Iterable[RunListener] = (), guard: Guard | None = None,
                  amend: Callable[[Finding], Finding] | None = None, sees_checkpoints: bool = False):
         self.monitor = monitor if monitor is not None else Monitor(config)
+        #: The configuration, read once (the Monitor's).
+        self.config: Config = self.monitor.config
         self.monitor.policy.checkpoints_seen = sees_checkpoints
+        #: The Monitor's requests, the one :class:`Control` of the run (held, not looked up).
+        self.control: Control = self.monitor.control
         self.is_rank0 = is_rank0
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.run_name = run_name or (self.run_dir.name if self.run_dir else "run")
@@ -202,25 +124,18 @@ class LiveRun:
                                advice_forms=advice_forms, off=dict(sinks_off or {}))
         self.dispatcher = self._build_dispatcher()   # config errors (bad URL, unset variable) surface here, early
         if is_rank0:
-            from .actions.log import show_on_console
+            from ..alerts.log import show_on_console
             show_on_console()
         #: Which data each step read, named at a finding (the ``forensics`` section).
-        self.forensics = Forensics(**self.monitor.config["forensics"])
+        self.forensics: Forensics = self.config.forensics.build()
 
     def _build_dispatcher(self, *, is_rank0: bool | None = None, only_messages: bool = False):
-        from .actions import build_sinks
         a = self._sink_args
-        actions = dict(self.monitor.config["actions"])
-        if "tensorboard" in actions and a["tb_writer"] is None and self.run_dir is not None:
-            actions["tensorboard"] = {"log_dir": str(self.run_dir / "tensorboard"), **actions["tensorboard"]}
-        return build_sinks(actions, is_rank0=self.is_rank0 if is_rank0 is None else is_rank0,
-                           run_name=self.run_name, report_path=a["report_path"], wandb_run=a["wandb_run"],
-                           tb_writer=a["tb_writer"], advice_forms=a["advice_forms"], off=a["off"],
-                           only_messages=only_messages, quiet=only_messages)
-
-    @property
-    def control(self) -> Control:
-        return self.monitor.control
+        return self.config.actions.build(
+            is_rank0=self.is_rank0 if is_rank0 is None else is_rank0, run_name=self.run_name,
+            report_path=a["report_path"], wandb_run=a["wandb_run"], tb_writer=a["tb_writer"],
+            tensorboard_dir=None if self.run_dir is None else str(self.run_dir / "tensorboard"),
+            advice_forms=a["advice_forms"], off=a["off"], only_messages=only_messages, quiet=only_messages)
 
     @property
     def sinks_on(self) -> set[str]:
@@ -252,11 +167,6 @@ class LiveRun:
     # -- What an integration reads and requests: named here, so that no integration reaches
     # -- into the Monitor's policy (docs/design.md, "The live run").
     @property
-    def config(self) -> dict[str, Any]:
-        """The validated configuration (every section present)."""
-        return self.monitor.config
-
-    @property
     def skips_steps(self) -> bool:
         """Whether ``policy.skip_step_on`` may drop updates (the integration gates the step)."""
         return self.monitor.policy.skip_step_on != "never"
@@ -280,7 +190,7 @@ class LiveRun:
     def declare_warmup(self, warmup_steps: int | None) -> None:
         """The framework's LR warmup (its scheduler or arguments), unless ``phase.warmup_steps``
         is configured, which wins."""
-        if warmup_steps and self.monitor.config["phase"].get("warmup_steps") is None:
+        if warmup_steps and self.config.phase.warmup_steps is None:
             self.monitor.set_warmup_steps(warmup_steps)
 
     def declare_outputs(self, n: int | None) -> None:
@@ -394,7 +304,7 @@ class LiveRun:
         first, pages = mine, self.is_rank0   # without notes: rank 0 pages, as on one rank
         if world_size > 1 and self.run_dir is not None:
             with self.guard("crash-note", "leaving a crash note for the other ranks"):
-                first = _claim_first_crash(self.run_dir / CRASH_DIR, mine, since_s=self._created_s)
+                first = claim_first_crash(self.run_dir / CRASH_DIR, mine, since_s=self._created_s)
                 pages = first is mine
         f = self._crash_finding(step, mine, first, world_size)
         if pages and not self.is_rank0:   # only rank 0 holds sinks: build the messaging ones now
@@ -492,7 +402,7 @@ class LiveRun:
     def outcome(self, *, halted_at: int | None = None) -> Outcome:
         """How the run ended, from what it saw (:class:`~stability_callbacks.outcome.Outcome`);
         ``halted_at``: the step at which the integration carried out a halt."""
-        from .actions.sink import first_sentence
+        from ..alerts.sink import first_sentence
         c = self.control
         crash = next((f for f in reversed(self.findings) if f.kind == "crash"), None)
         reason = first_sentence(crash.message) if crash else c.stop_reason if c.stop else None
@@ -507,7 +417,7 @@ class LiveRun:
         advice = self.control.rollback
         if advice is None:
             return None
-        from .actions.rollback import native_forms
+        from ..advice import native_forms
         forms = self.advice_forms
         try:
             native = native_forms(advice.details, forms) if forms and not advice.details.get(
@@ -515,60 +425,3 @@ class LiveRun:
         except (KeyError, TypeError, ValueError):
             native = {}
         return next(iter(native.values())) if len(native) == 1 else advice.message
-
-
-#: The folder under ``run_dir`` where failing ranks leave their crash notes.
-CRASH_DIR = "crash"
-
-
-def _claim_first_crash(folder: Path, mine: dict, *, since_s: float) -> dict:
-    """Leave ``mine`` as ``folder/rank<r>.json`` and claim ``folder/first.json`` (an exclusive
-    create: one rank wins, on a shared filesystem too). Returns the first failing rank's note:
-    ``mine`` itself when this rank claimed it. A ``first.json`` older than ``since_s`` is an
-    earlier run's and is replaced."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"rank{mine['rank']}.json").write_text(json.dumps(mine), encoding="utf-8")
-    first = folder / "first.json"
-    for _ in range(2):
-        try:
-            fd = os.open(first, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            other = None
-            for _ in range(20):   # the winner may be writing it this instant
-                try:
-                    other = json.loads(first.read_text(encoding="utf-8"))
-                    break
-                except (OSError, ValueError):
-                    time.sleep(0.01)
-            if other is None:
-                return mine
-            if other.get("time_s", 0) >= since_s:
-                return other
-            first.unlink(missing_ok=True)   # an earlier run's
-            continue
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(mine, fh)
-        return mine
-    return mine
-
-
-#: Environment variables whose values never leave the process in an alert.
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|KEY|WEBHOOK|AUTH|CREDENTIAL|COOKIE", re.I)
-_URL = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)(?:[^/\s@]*@)?([^/\s?#]*)(\S*)")
-
-
-def exception_text(exc: BaseException, limit: int = 200) -> str:
-    r"""The part of an exception's message an alert may carry: its first line, at most
-    ``limit`` characters, each URL cut to scheme and host (paths, queries and credentials hold
-    tokens), and the value of every environment variable named like a secret replaced by ***.
-
-    >>> exception_text(RuntimeError("POST https://bob:pw@hooks.example/T0/B1?token=x failed\nmore"))
-    'POST https://hooks.example/... failed'
-    """
-    lines = str(exc).strip().splitlines()
-    text = lines[0] if lines else ""
-    for name, value in os.environ.items():
-        if len(value) >= 6 and _SECRET_NAME.search(name) and value in text:
-            text = text.replace(value, "***")
-    text = _URL.sub(lambda m: m.group(1) + m.group(2) + ("/..." if m.group(3) else ""), text)
-    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -1,6 +1,6 @@
-"""Automatic rollback under the HF Trainer (the shared steps: :mod:`..torch.rollback`).
+"""Automatic rollback under the HF Trainer (the shared steps: :mod:`..torch.auto_rollback`).
 
-The sampler the Trainer builds is wrapped in a :class:`~..torch.rollback.DataSkipSampler`
+The sampler the Trainer builds is wrapped in a :class:`~..torch.auto_rollback.DataSkipSampler`
 (:func:`~.sampler.wrap_train_sampler`, shared with the data forensics); a rollback stops the
 Trainer and re-enters ``train(resume_from_checkpoint=<checkpoint>)`` from the ``train`` wrapper
 the callback installs (the Trainer cannot be rewound in the middle of its loop: its dataloader
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..torch.rollback import RollBack
+from ..torch.auto_rollback import RollBack
 
 __all__ = ["HFRollBack"]
 

@@ -1,6 +1,6 @@
 """Rollback under a DeepSpeed engine: ``latest`` pointed at a good checkpoint (the advice carried
 out on disk, :func:`roll_back_latest`), and the automatic rollback of the user's loop
-(:class:`DeepSpeedRollBack`; the shared steps: :mod:`..torch.rollback`).
+(:class:`DeepSpeedRollBack`; the shared steps: :mod:`..torch.auto_rollback`).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator
 from stability_callbacks.control import RollbackRequest
 from stability_callbacks.forensics import StepIndices
 
-from ..torch.rollback import RollBack, barrier, install_sampler, is_rank0, set_aside_newer, tag_step
+from ..torch.auto_rollback import RollBack, barrier, install_sampler, is_rank0, set_aside_newer, tag_step
 
 __all__ = ["roll_back_latest", "set_latest_on_rank0", "DeepSpeedRollBack"]
 

@@ -3,7 +3,7 @@ environment, message text.
 
 A sink turns one :class:`Alert` into one delivery (a Slack POST, a W&B alert, a TensorBoard
 text event, a log line). It never filters, retries or queues: the
-:class:`~stability_callbacks.actions.dispatch.AlertDispatcher` does that for all of them, so a
+:class:`~stability_callbacks.alerts.dispatch.AlertDispatcher` does that for all of them, so a
 sink is a few lines around its transport.
 """
 from __future__ import annotations
@@ -230,7 +230,7 @@ def finding_line(finding: Finding, limit: int = LINE_CHARS) -> str:
 
 
 def _rollback_lines(f: Finding, frameworks: tuple[str, ...] | None, *, markdown: bool) -> list[str]:
-    from .rollback import FORM_LABELS, native_forms  # local: rollback is only needed for this one kind
+    from ..advice import FORM_LABELS, native_forms  # local: rollback is only needed for this one kind
     try:
         forms = native_forms(f.details, frameworks)
     except (KeyError, TypeError, ValueError) as exc:

@@ -7,7 +7,7 @@ carried out by the integrations; this package only delivers and formats.
 from .apprise import NotifyApprise
 from .dispatch import AlertDispatcher
 from .log import LogFindings
-from .section import SINK_CLASSES, build_sinks, validate_actions
+from .section import SINK_CLASSES, ActionsConfig, build_sinks
 from .sink import Alert, AlertSink, DeliveryError
 from .slack import NotifySlack
 from .tensorboard import WriteTensorBoard
@@ -15,6 +15,6 @@ from .trackio import NotifyTrackio
 from .wandb import NotifyWandb
 from .webhook import NotifyWebhook
 
-__all__ = ["SINK_CLASSES", "AlertDispatcher", "build_sinks", "validate_actions", "Alert", "AlertSink",
+__all__ = ["SINK_CLASSES", "ActionsConfig", "AlertDispatcher", "build_sinks", "Alert", "AlertSink",
            "DeliveryError", "LogFindings", "NotifySlack", "NotifyWebhook", "NotifyApprise", "NotifyWandb",
            "WriteTensorBoard", "NotifyTrackio"]

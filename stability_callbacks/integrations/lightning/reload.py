@@ -1,6 +1,6 @@
-"""Automatic rollback under Lightning (the shared steps: :mod:`..torch.rollback`).
+"""Automatic rollback under Lightning (the shared steps: :mod:`..torch.auto_rollback`).
 
-The train loader's sampler is wrapped in a :class:`~..torch.rollback.DataSkipSampler`
+The train loader's sampler is wrapped in a :class:`~..torch.auto_rollback.DataSkipSampler`
 (:func:`~.sampler.install_train_sampler`, shared with the data forensics) that also starts after
 the data already trained (Lightning restores the loop, not a map-style loader's position); a
 rollback stops the fit loop, restores the checkpoint with the trainer's own checkpoint connector
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from stability_callbacks.live import InstancePatches
 
-from ..torch.rollback import RollBack
+from ..torch.auto_rollback import RollBack
 
 __all__ = ["LightningRollBack"]
 

@@ -8,7 +8,7 @@ until a deadline and then walks away from a stuck endpoint (the daemon thread di
 process). Network sinks run on rank 0 only (docs/design.md, Invariants).
 
 >>> from stability_callbacks.record import Finding
->>> from stability_callbacks.actions.log import LogFindings
+>>> from stability_callbacks.alerts.log import LogFindings
 >>> d = AlertDispatcher([LogFindings(min_severity="warning")], run_name="demo")
 >>> d.submit(Finding(10, "loss_spike", "warning", "Loss rose to 9.1 against 6.4."))
 >>> d.submit(Finding(10, "loss_spike", "warning", "Loss rose to 9.1 against 6.4."))  # duplicate

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from stability_callbacks.actions import (AlertDispatcher, AlertSink, LogFindings, NotifySlack,
+from stability_callbacks.alerts import (AlertDispatcher, AlertSink, LogFindings, NotifySlack,
                                          build_sinks)
 from stability_callbacks.record import Finding
 
@@ -366,7 +366,7 @@ def test_no_secret_in_logs_reprs_or_files(slack_env, tmp_path, monkeypatch, capl
 _TRACKIO_LAG = """
 import json
 import trackio
-from stability_callbacks.actions import build_sinks
+from stability_callbacks.alerts import build_sinks
 from stability_callbacks.record import Finding
 run = trackio.init(project="lag", name="r", embed=False)
 for step in range(1, 31):                      # training has gone on to step 30 ...
@@ -576,7 +576,7 @@ def test_the_console_prints_a_line_without_breaking_a_progress_bar(monkeypatch):
 
     from tqdm.auto import tqdm
 
-    from stability_callbacks.actions.log import ConsoleHandler, show_on_console
+    from stability_callbacks.alerts.log import ConsoleHandler, show_on_console
 
     lib = logging.getLogger("stability_callbacks")
     root = logging.getLogger()
@@ -646,7 +646,7 @@ def test_wandb_sink_without_a_run_degrades(caplog):
      "actions.slack.webhook_url: the literal value is not an http(s) URL"),
     ({"slack": {"webhook_url": "${SLACK_WEBHOOK_URL}", "timeout": 3}},
      "actions.slack.timeout: unknown key (known: backoff_s, channel, max_backoff_s, max_retries, "
-     "min_severity, queue_size, rate_limit_s, required, timeout_s, webhook_url)"),
+     "min_severity, queue_size, rate_limit_s, required, timeout_s, webhook_url); did you mean timeout_s?"),
     ({"slack": {"webhook_url": "http://x.test/h", "rate_limit_s": -1}},
      "actions.slack.rate_limit_s must be a number ≥ 0, got -1"),
     ({"slack": {"webhook_url": "http://x.test/h", "max_retries": 1.5}},
@@ -678,7 +678,7 @@ def test_core_imports_without_wandb_or_tensorboard():
     import subprocess
     import sys
     code = ("import sys; sys.modules['wandb'] = None; sys.modules['tensorboard'] = None; "
-            "sys.modules['torch'] = None; import stability_callbacks.actions as a; "
+            "sys.modules['torch'] = None; import stability_callbacks.alerts as a; "
             "d = a.build_sinks({'log': {}, 'wandb': {}}, is_rank0=True, run_name='r'); "
             "print(len(d.sinks))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -942,7 +942,7 @@ def test_apprise_is_optional():
     import subprocess
     import sys
     code = ("import sys; sys.modules['apprise'] = None; sys.modules['torch'] = None\n"
-            "import stability_callbacks.actions as a\n"
+            "import stability_callbacks.alerts as a\n"
             "from stability_callbacks import load_config\n"
             "d = a.build_sinks({'log': {}, 'webhook': {'url': 'http://x.test/h'}},\n"
             "                  is_rank0=True, run_name='r')\n"
