@@ -541,3 +541,24 @@ def test_a_log_of_epochs_meets_the_step_horizon_with_each_epoch(tmp_path, capsys
     if want:
         assert "the 2 epochs from epoch 4 to 5 (a horizon of at least 2 points, every point having printed the " \
                "same value; the log's steps are epochs, each a pass over the data)" in found[0]["message"]
+
+
+def test_a_step_that_stays_while_the_epoch_moves_numbers_nothing(tmp_path):
+    """Epoch summaries that print the epoch's batch count under a step's name (`steps 469`): taken
+    as the step, every epoch was one record (their mean), a NaN among them averaged away."""
+    losses = [f"{2.3 - 0.1 * e:.4f}" for e in range(1, 7)] + ["nan", "nan"]
+    got, account = records_of(tmp_path, "".join(f"Epoch {e} finished: steps 469, train_loss {x}, acc 0.{e}\n"
+                                                 for e, x in enumerate(losses, 1)))
+    _same(got, [(e, {"loss": float(x)}) for e, x in enumerate(losses, 1)])
+    assert account.numbering == {"epoch": []}
+    assert any("'steps' stays at 469 while the epoch moves" in n for n in account.notes)
+
+
+def test_an_unnamed_count_that_restarts_under_epoch_headers_counts_within_the_epoch(tmp_path):
+    """A bar without a total (`100it [00:10, loss=1.8]`) under `Epoch N` headers: it restarts with
+    every epoch; as printed, the steps went back at each epoch (a false rollback each time)."""
+    text = "".join(f"Epoch {e}\n" + "".join(f"{b}it [00:10,  9.9it/s, loss={_loss(e * 3 + b // 100):.4f}]\n"
+                                            for b in (100, 200, 300)) for e in range(1, 5))
+    got, account = records_of(tmp_path, text)
+    assert [s for s, _ in got] == list(range(100, 1300, 100))
+    assert any("restarts at every epoch" in n and "(epoch - 1) x 300" in n for n in account.notes)

@@ -97,6 +97,11 @@ class Assembler:
         self.unit: int | None = None          # samples per step of a bar that counts samples
         self.sample_first: tuple | None = None   # (record, epochs done, total) of its 0 count
         self.counter_last: dict = {}          # total -> (epoch, value) of the last batch counter
+        # an unnamed or step-named counter under an epoch (see _epoch_counter): [epoch, last value,
+        # first epoch, largest value this epoch, a count from 0]
+        self.epoch_counter: list | None = None
+        self.step_beside_epoch: tuple[int | None, int] | None = None   # see _constant_step
+        self.step_stays = False
         self.bar_loop: tuple | None = None    # (printed keys, total) of the first bar record
         self.epoch_steps = True               # False once an epoch held two records
         self.block: dict | None = None        # metrics of the indented block under a step header
@@ -194,6 +199,9 @@ class Assembler:
                 return int(own), "epoch"      # an epoch and nothing finer: the epoch is the step
             return None, "order"
         value = int(float(nums[plan.step]))
+        if self.epoch is not None and not plan.counter and plan.step_total is None \
+                and self._constant_step(value, plan):
+            return self.epoch, "epoch"
         if self.epoch is None or plan.step_rank == 0:
             return value, "counter"
         done = self.epoch - (self.epoch_base or 0)
@@ -220,7 +228,48 @@ class Assembler:
             return self._restarting(value, plan, done)
         elif self.per_epoch is not None:
             return done * self.per_epoch + value, "counter"
-        return (value, "counter") if value >= done and not plan.counter else (None, "order")
+        if value < done or plan.counter:
+            return None, "order"
+        return self._epoch_counter(value, plan, done)
+
+    def _constant_step(self, value: int, plan: Plan) -> bool:
+        """A step-named count that does not move while the epoch printed beside it does (`Epoch 2
+        finished: steps 469, train_loss ...`: the batches of an epoch) counts no steps: the
+        records are numbered by the epoch, the first one too (it is still held back)."""
+        if self.step_stays:
+            return True
+        seen, self.step_beside_epoch = self.step_beside_epoch, (self.epoch, value)
+        if seen is None or seen[0] is None or seen[0] == self.epoch or seen[1] != value:
+            return False
+        self.step_stays = True
+        if self.pending is not None and self.made == 1 and self.pending.step == value:
+            self.pending.step = self.last_step = seen[0]
+            self._renumbered("epoch")
+        self.account.note(f"{plan.step_name!r} stays at {value:,} while the epoch moves (a count of an "
+                          "epoch's batches, or the batch it prints at): it numbers no steps; the records "
+                          "are numbered by the epoch")
+        return True
+
+    def _epoch_counter(self, value: int, plan: Plan, done: int) -> tuple[int | None, str]:
+        """A counter whose name does not say it counts within an epoch (a bar without a total,
+        `100it [00:10, loss=1.8]`, under `Epoch 2` headers), printed under an epoch: the count as
+        printed until the epoch moves; if it went down then, it restarts with every epoch and
+        counts within it (:meth:`_restarting`, its first epoch and largest count carried over),
+        else it is a global count."""
+        if self.restart is not None:
+            return self._restarting(value, plan, done)
+        seen = self.epoch_counter
+        if seen is None:
+            self.epoch_counter = [self.epoch, value, self.epoch, value, value == 0]
+        elif self.epoch != seen[0] and value < seen[1] and not self.counter_global:
+            self.restart = [seen[2], seen[0], seen[3], seen[4], 0]
+            return self._restarting(value, plan, done)
+        elif self.epoch != seen[0]:
+            self.counter_global = True        # it went on across the epoch: a global count
+            seen[0], seen[1] = self.epoch, value
+        else:
+            seen[1], seen[3], seen[4] = value, max(seen[3], value), seen[4] or value == 0
+        return value, "counter"
 
     def _sample_unit(self, value: int, total: int, plan: Plan, done: int) -> int:
         """The unit of a bar's count that counts samples, not batches (the PyTorch examples'
