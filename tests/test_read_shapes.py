@@ -562,3 +562,26 @@ def test_an_unnamed_count_that_restarts_under_epoch_headers_counts_within_the_ep
     got, account = records_of(tmp_path, text)
     assert [s for s, _ in got] == list(range(100, 1300, 100))
     assert any("restarts at every epoch" in n and "(epoch - 1) x 300" in n for n in account.notes)
+
+
+def test_a_total_named_after_the_loss_is_the_loss_not_a_term(tmp_path):
+    """`loss_cls .. loss_box .. loss_total ..`: the total is the loss; summed with its own terms,
+    the loss was twice what any line prints."""
+    got, account = records_of(tmp_path, "".join(f"iter {s} loss_cls {1 + 0.01 * s:.3f} loss_box 0.500 "
+                                                 f"loss_total {1.5 + 0.01 * s:.3f}\n" for s in range(1, 21)))
+    assert [(s, m["loss"]) for s, m in got] == [(s, round(1.5 + 0.01 * s, 3)) for s in range(1, 21)]
+    assert account.keys["loss"] == ["loss_total"]
+
+
+def test_a_perplexity_alone_is_read_as_its_log(tmp_path, capsys):
+    """The word-language-model example prints `ppl` and no loss: a perplexity is e^loss; its NaN is
+    the run's NaN. A lone `ppl: x` line with no counter of its own stays an evaluation's."""
+    text = "".join(f"| epoch 1 | {s * 200:5d}/ 2983 batches | lr 20.00 | ms/batch 30.0 | ppl "
+                   f"{'nan' if s > 9 else f'{math.exp(6 - 0.1 * s):8.2f}'}\n" for s in range(1, 14))
+    got, account = records_of(tmp_path, text)
+    assert [s for s, _ in got] == [200 * s for s in range(1, 14)]
+    assert math.isclose(got[0][1]["loss"], 5.9, abs_tol=1e-4) and math.isnan(got[9][1]["loss"])
+    assert account.keys["loss"] == ["log(ppl) (the log prints a perplexity, e^loss, and no loss)"]
+    lone, _ = records_of(tmp_path, "".join(f"step {s} loss {_loss(s):.4f}\n" for s in range(1, 11))
+                         + "***** Evaluating perplexity, Epoch 0/16 *****\nppl: 4998.29\n", name="lone.log")
+    assert [s for s, _ in lone] == list(range(1, 11))

@@ -34,6 +34,8 @@ concern them), or at once on an idle tick (:meth:`Assembler.flush`).
 """
 from __future__ import annotations
 
+import math
+
 from ... import keys
 from ...record import StepRecord
 from .account import ReadAccount
@@ -406,6 +408,10 @@ class Assembler:
                        for i, key, negative in plan.metrics}
         if plan.components:
             metrics[keys.LOSS] = _sum_of_terms(nums, plan.components)
+        elif plan.ppl_at is not None:
+            ppl = float(nums[plan.ppl_at])
+            if ppl > 0.0 or ppl != ppl:
+                metrics[keys.LOSS] = math.log(ppl) if ppl == ppl else ppl
         if plan.loss_at is not None:
             text = nums[plan.loss_at]
             if text[-1:] == "0" and "." in text and "e" not in text and "E" not in text:

@@ -53,7 +53,9 @@ UNNAMED = "(unnamed)"
 _KEY_WORDS = 5                # a longer name is prose ending in a key (_last_words)
 # How a line's loss was found, best first: a log that prints the loss itself anywhere takes no
 # statistic or sum of terms for it elsewhere (see Assembler.record).
-LOSS_KINDS = ("exact", "statistic", "terms")
+LOSS_KINDS = ("exact", "statistic", "terms", "perplexity")
+#: A training perplexity's names (a split word before them makes them an evaluation's).
+_PERPLEXITY = frozenset({"ppl", "perplexity"})
 # Words that make an unknown name a counter's (`n_updates`, `batch_idx`, `Update 12`): where
 # several numbers of a line increase from line to line, they break the tie (then an unnamed one).
 _COUNTER_WORDS = frozenset({"step", "steps", "iter", "iters", "iteration", "iterations", "it",
@@ -68,6 +70,7 @@ class Plan:
     metrics: tuple[tuple[int, str, bool], ...] = ()   # (number index, metric key, negative)
     ranks: tuple[int, ...] = ()      # the vocabulary rank of each metric's printed name
     components: tuple[tuple[int, bool], ...] = ()   # (index, negative) of the terms summed
+    ppl_at: int | None = None        # a perplexity where nothing else gives the loss: its log
     # into the loss where none is printed
     printed: tuple[tuple[str, str], ...] = ()   # (our key or "step", the name the line prints)
     step: int | None = None
@@ -129,6 +132,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
     eval_loss = summary = False
     named = []
     bar_label = None
+    ppl: int | None = None
     for i, (role, key, rank, name) in enumerate(roles):
         if name:
             named.append(name)
@@ -160,6 +164,8 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
             eval_loss = True
         elif role == "summary":
             summary = True
+        elif role == "other" and ppl is None and _PERPLEXITY.intersection(normalise_key(name).split()[-1:]):
+            ppl = i
     ordered = sorted(((i, k, neg) for k, (_, i, _, neg) in metrics.items()))
     last_value = max((i for i, _, _ in ordered), default=-1)
     if plan.epoch is not None:
@@ -214,6 +220,11 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
         plan.loss_kind = LOSS_KINDS[2]
         printed.append((keys.LOSS, " + ".join(roles[i][3] for i, _ in comps)
                         + (" (the sum of the terms printed)" if len(comps) > 1 else "")))
+    elif ppl is not None and plan.step is not None:
+        # a perplexity is e^(the mean cross-entropy): where a line with its own counter prints no
+        # loss, its log is (a lone `ppl: 4998` under `Evaluating perplexity` is an evaluation's)
+        plan.ppl_at, plan.loss_kind = ppl, LOSS_KINDS[3]
+        printed.append((keys.LOSS, f"log({roles[ppl][3]}) (the log prints a perplexity, e^loss, and no loss)"))
     if plan.step is not None:
         plan.step_name = roles[plan.step][3] or ("a bar's count" if plan.counter else UNNAMED)
         plan.after_bar = plan.counter and _after_bar(texts, plan.step, [i for i, _, _ in ordered])
@@ -463,7 +474,7 @@ def _kind(plan: Plan, texts, nums, roles, joined, summary, eval_context, eval_lo
         plan.kind = "eval"
         return plan
     plan.mixed = eval_loss and plan.loss_name in _SPLIT_QUALIFIED_LOSS
-    if not metrics and not plan.components:
+    if not metrics and not plan.components and plan.ppl_at is None:
         if any(v[:1] in "nNiI" for v in nums) and _NAN_WARNING.search(joined) \
                 and not _NO_NAN.search("".join(t + v for t, v in zip(texts, nums))):
             plan.kind = "nan"
@@ -479,7 +490,7 @@ def _kind(plan: Plan, texts, nums, roles, joined, summary, eval_context, eval_lo
     if "step=" in joined and "skipped=" in joined:
         plan.cumulative_skips = True          # the DeepSpeed engine's counts: global, cumulative
         plan.step_rank = 0
-    if not named_step and not plan.components \
+    if not named_step and not plan.components and plan.ppl_at is None \
             and not any(k in (keys.LOSS, keys.GRAD_NORM) for _, k, _ in metrics):
         plan.kind = "ignore"  # an LR or a scale with no step: a config echo, an epoch summary
     return plan

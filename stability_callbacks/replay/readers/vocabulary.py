@@ -111,8 +111,14 @@ def _classify(norm: str, raw: str, user: tuple) -> tuple[str, str | None, int]:
         # objective.
         if len(bare) == 1 and bare[0] == "loss":
             return "metric", keys.LOSS, 1
+        if len(bare) == 2 and "loss" in bare and _WHOLE_WORDS.intersection(bare):
+            return "metric", keys.LOSS, 1   # `loss_total`, `loss_sum`: the terms' total, no term
         return "component", keys.LOSS, 0
     return "other", None, 0
+
+
+#: Words that make `loss_<word>` the whole loss, not one of its terms.
+_WHOLE_WORDS = frozenset({"total", "sum", "overall", "all", "combined", "full"})
 
 
 def _is_loss_word(word: str) -> bool:
