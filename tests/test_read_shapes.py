@@ -585,3 +585,14 @@ def test_a_perplexity_alone_is_read_as_its_log(tmp_path, capsys):
     lone, _ = records_of(tmp_path, "".join(f"step {s} loss {_loss(s):.4f}\n" for s in range(1, 11))
                          + "***** Evaluating perplexity, Epoch 0/16 *****\nppl: 4998.29\n", name="lone.log")
     assert [s for s, _ in lone] == list(range(1, 11))
+
+
+def test_a_redraw_of_the_same_count_does_not_undo_its_nan(tmp_path):
+    """A bar redrawn at one count with another postfix: its last values count, but a NaN printed
+    at that count stays (before, the finite redraw after it erased the step's only NaN)."""
+    bar = " {n}%|#   | {n}/100 [00:0{t}<00:10,  9.9it/s, loss={x}]\n"
+    text = "".join(bar.format(n=n, t=n % 10, x=f"{_loss(n):.4f}") for n in range(1, 5))
+    text += bar.format(n=5, t=5, x="nan") + bar.format(n=5, t=6, x="2.3000")
+    text += "".join(bar.format(n=n, t=n % 10, x=f"{_loss(n):.4f}") for n in range(6, 9))
+    got, _ = records_of(tmp_path, text)
+    assert [s for s, _ in got] == list(range(1, 9)) and math.isnan(got[4][1]["loss"])

@@ -611,7 +611,7 @@ class Assembler:
         if self.cumulative_first is not None and self.cumulative_first[0] is None:
             self.cumulative_first = (prev, *self.cumulative_first[1:])
         if plan is not None and (plan.counter or self.reprinted):
-            prev.metrics.update(metrics)  # a progress bar redrawn: its last postfix counts
+            _redrawn(prev.metrics, metrics)   # a progress bar redrawn: its last postfix counts
         elif plan is not None and plan.components and self._noted_plan is not None \
                 and self._noted_plan.components and plan is not self._noted_plan \
                 and keys.LOSS in prev.metrics and keys.LOSS in metrics:
@@ -759,6 +759,15 @@ def _sum_of_terms(nums, terms) -> float:
             places = -1 if ("e" in text or "E" in text or not text[:1].isdigit()) else \
                 max(places, len(text) - dot - 1 if dot >= 0 else 0)
     return round(total, places) if places >= 0 and total == total and abs(total) != float("inf") else total
+
+
+def _redrawn(held: dict, again: dict) -> None:
+    """A step printed again (a progress bar redrawn): its last values count, but a value that was
+    NaN or infinite in any print of the step stays so (a redraw does not undo a NaN)."""
+    for k, v in again.items():
+        old = held.get(k)
+        if old is None or math.isfinite(old):
+            held[k] = v
 
 
 def _add(acc: list, value: float) -> None:
