@@ -165,6 +165,17 @@ def test_no_training_loss_read_exits_2_with_nothing_to_judge(capsys, tmp_path):
     code, out, err = _replay(capsys, log)
     assert code == 2 and out.startswith("read 39 steps (generic)")
     assert "no training loss was read and nothing else to judge (39 steps, keys: lr)" in err
+    assert "findings" not in out   # no summary of 0 findings before the refusal
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3])
+def test_a_log_of_one_or_two_steps_says_its_verdict_says_little(capsys, tmp_path, steps):
+    log = tmp_path / "short.log"
+    log.write_text("".join(f"step {s} | loss {2.3 - 0.1 * s:.2f}\n" for s in range(1, steps + 1)))
+    code, out, _ = _replay(capsys, log)
+    said = (f"note: only {steps} step{'s' * (steps != 1)} with a loss: too few to judge a spike or a trend "
+            "against (a NaN or Inf is still found): the findings below say little")
+    assert code == 0 and (said in out.splitlines()) == (steps < 3)
 
 
 def test_a_log_without_a_loss_is_judged_on_its_other_signals(capsys, tmp_path):

@@ -122,6 +122,10 @@ def run(args: ReplayOptions, config: Config) -> int:
     return 1 if any(f.severity == "critical" for f in replay.findings) else 0
 
 
+#: Fewer steps with a loss than this and a replay says that its verdict says little.
+MIN_JUDGED = 3
+
+
 class _Replay:
     """What a replay gathers (findings; records and LR phases for a report) and how it ends
     (skipped lines noted, ``--json``, the summary table, ``--report``): one way for both modes."""
@@ -167,7 +171,14 @@ class _Replay:
         """``replay``'s end: what was read and the JSON (:meth:`read_out`), the summary table
         with every warning-or-worse finding, the report."""
         summary_to = self.read_out(args)
-        forms = _advice_forms(args, self.account)
+        account = self.account
+        if account is not None and not account.with_loss and not account.signals:
+            return   # nothing to judge: no summary of 0 findings (nothing_to_judge says why)
+        if account is not None and account.with_loss < MIN_JUDGED:
+            print(f"note: only {account.with_loss} step{'s' * (account.with_loss != 1)} with a loss: too few to "
+                  "judge a spike or a trend against (a NaN or Inf is still found): the findings below say little",
+                  file=summary_to)
+        forms = _advice_forms(args, account)
         name = Path(args.path).name
         print_summary(self.findings, self.count, name, file=summary_to, advice_forms=forms)
         if args.report:
