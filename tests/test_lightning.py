@@ -207,13 +207,14 @@ def test_nan_halts_without_saving_damaged_weights(tmp_path, caplog):
     assert steps == list(range(1, fault))                            # nothing from step 35 on
     last = torch.load(tmp_path / "mc" / "last.ckpt", weights_only=False)
     assert last["global_step"] == fault - 1
-    # Every save noted once, with its step and its step-named file (the callback's own where it
-    # saved too), never as last.ckpt (save_last=True copies each save there): the advice names
-    # the step-named checkpoint just before the fault.
+    # Every save noted once, with its step and its step-named file (the callback's own, then
+    # ModelCheckpoint's, where both saved: a resume from either continues the run log), never as
+    # last.ckpt (save_last=True copies each save there): the advice names the step-named
+    # checkpoint just before the fault.
     noted = [(x["step"], Path(x["path"]).name) for x in runlog(tmp_path / "stability" / "runlog.jsonl")
              if x["type"] == "checkpoint"]
-    assert noted == [(s, f"stability-step={s}.ckpt" if s in dict(cb.saved) else f"epoch=0-step={s}.ckpt")
-                     for s in range(1, fault)]
+    assert noted == [(s, name) for s in range(1, fault) for name in
+                     ([f"stability-step={s}.ckpt"] if s in dict(cb.saved) else []) + [f"epoch=0-step={s}.ckpt"]]
     assert cb.run.control.rollback.details["checkpoint_step"] == fault - 1
     assert o.advice.startswith(f'trainer.fit(model, datamodule=dm, ckpt_path="{tmp_path / "mc"}/'
                                f'epoch=0-step={fault - 1}.ckpt") (step {fault - 1})')

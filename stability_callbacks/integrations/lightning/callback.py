@@ -66,7 +66,7 @@ class StabilityCallback(Callback, SessionAdapter):
         self._clip_patches: InstancePatches | None = None
         self._save_patches: InstancePatches | None = None
         self._own_save = False                     # the callback's own save is under way
-        self._noted_step: int | None = None        # the step of the last save noted
+        self._noted_step: int | None = None        # the step of the trainer's last save noted
         # Lightning reads the key at every hook call (its profiler's names): made once.
         self._state_key = self._generate_state_key(config=_config_id(self.config, monitor))
 
@@ -149,7 +149,9 @@ class StabilityCallback(Callback, SessionAdapter):
         ``ModelCheckpoint`` keeps only its latest save, privately. It saves through this method
         (its step-named file; with ``save_last=True``, then a copy as ``last.ckpt``, the same
         path at every save; ``save_last='link'`` only links), and so does a user's own call.
-        Only the first file of a step is noted (the step-named one, not ``last.ckpt`` after it);
+        Only the first file the trainer saves at a step is noted (the step-named one, not
+        ``last.ckpt`` after it; the callback's own save at that step is noted apart: a resume
+        from either continues the run log);
         a path saved again holds the newer step from then on (``Policy.note_checkpoint``), so an
         overwritten ``last.ckpt`` is never advised as an older step's checkpoint."""
         orig, self._save_patches = trainer.save_checkpoint, InstancePatches(trainer)
@@ -333,8 +335,7 @@ class StabilityCallback(Callback, SessionAdapter):
                     try:
                         self._own_save = True   # recorded here, with why (not by _note_saves)
                         trainer.save_checkpoint(path)
-                        self._noted_step = step
-                        s.record_save(step, path, why)
+                        s.record_save(step, path, why)   # (the trainer's own file at this step is noted too)
                     except OSError as e:
                         s.save_failed(step, e)
                     finally:
