@@ -42,6 +42,23 @@ def test_an_objective_running_away_below_zero_is_a_divergence_before_the_nan():
     assert div.threshold is None   # a fall: no threshold it rose above
 
 
+@pytest.mark.parametrize("xs, want", [
+    # 20 epochs that cross zero and fall 2 an epoch: its scale is where it stood before the
+    # crossing (1.0); its level 10x that below zero at epoch 19, a steady fall (no acceleration)
+    ([1.0, 0.7, 0.4, 0.1] + [-1.0 - 2 * i for i in range(16)], [(19, "divergence", "critical"),
+                                                               (19, "rollback_advice", "critical")]),
+    # ... and one that crosses zero and settles a few times its start below it: healthy
+    ([5.0, 3.0, 1.5, 0.5, -0.5, -1.2, -1.8, -2.2, -2.5, -2.7, -2.8, -2.9, -3.0, -3.0, -3.1], []),
+], ids=["runs away", "settles"])
+def test_a_short_log_crossing_zero_is_judged_on_its_scale_before_the_crossing(xs, want):
+    # before, the scale was the largest magnitude of the first 20 points: in a log this short,
+    # the run-away itself (and the magnitude rule waited for 20 points)
+    f, _ = run([StepRecord(e, {"loss": x}) for e, x in enumerate(xs, 1)])
+    assert found(f, min_severity="warning") == want
+    if want:
+        assert f[0].details["how"] == "magnitude" and f[0].details["start_scale"] == 1.0
+
+
 def nll_run(n, *, seed, noise, collapse_at=None):
     """A Gaussian-NLL regressor: from ~1.4 across zero to -1.2 (noise per step); from
     ``collapse_at`` its variance collapses and the loss falls 0.2 a step at a slowing pace."""

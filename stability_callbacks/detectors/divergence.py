@@ -94,7 +94,9 @@ class Divergence(Detector):
         self.faster = 0   # falls in a row, each larger than the one before
         self.faster_from: int | None = None   # ... after this point's step
         self.below = 0    # points in a row a third of runaway_factor below the level
-        self.start = [0, 0.0]   # the loss's own scale: [points, largest |loss|] of its first 20 non-zero points
+        # the loss's own scale: [points, largest |loss|, closed] of its first 20 non-zero points, or
+        # of those before it first went below zero (3 at least): where it stood before the fall
+        self.start = [0, 0.0, False]
         self.runaway = Latch()
 
     def _restart(self):
@@ -191,8 +193,9 @@ class Divergence(Detector):
         magnitude):
 
         - *magnitude*: its EW level (~20 points) is below zero, ``runaway_factor`` times the
-          largest magnitude of its first 20 non-zero points (where it stood before training
-          moved it), and the loss still below that level: a Gaussian NLL whose variance collapses
+          largest magnitude of its first 20 non-zero points, or of those before it first went
+          below zero (3 at least: in a short log the first 20 hold the fall itself), where it
+          stood before training moved it, and the loss still below that level: a Gaussian NLL whose variance collapses
           falls -1 -> -44 over 250 steps at a slowing pace, then NaN; a healthy one that crosses
           zero settles a few times its start below it;
         - *accelerating*: a point below zero, ``runaway_factor`` times its spread (the EW mean
@@ -214,9 +217,12 @@ class Divergence(Detector):
         else:
             self.faster, self.faster_from = 0, step   # they grow after this point, if at all
         start = self.start
-        if start[0] < 20 and x != 0.0:
+        if x < 0.0 and start[0] >= 3:
+            start[2] = True
+        if not start[2] and x != 0.0:
             start[0] += 1
             start[1] = max(start[1], abs(x))
+            start[2] = start[0] >= 20
         level, spread = self.level.mean, self.spread.mean
         warm = self.level.n >= self.window and spread > 0.0
         far = (level - x) / spread if warm else 0.0
@@ -227,12 +233,12 @@ class Divergence(Detector):
             self.spread.update(abs(x - level) if self.level.n > 1 else 0.0)
         self.below = self.below + 1 if far >= third else 0
         # back: its level within a third of that of its own scale, no point far below
-        back = far < third and (start[0] < 20 or level > -third * start[1])
+        back = far < third and (not start[2] or level > -third * start[1])
         if not warm or x >= 0.0:
             if back:   # re-armed (hot path: no call)
                 self.runaway.armed = True
             return []
-        deep = start[0] >= 20 and level < -self.runaway_factor * start[1] and x < level
+        deep = start[2] and level < -self.runaway_factor * start[1] and x < level
         speeding = far >= self.runaway_factor and (
             (self.faster >= 2 and self.below >= 2) or far >= 10 * self.runaway_factor)
         if not self.runaway.update(on=deep or speeding, off=back):
