@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import random
 
-from stability_callbacks import StepRecord
+from stability_callbacks import Monitor, StepRecord
 
 
 def healthy(n: int = 600, *, seed: int = 0, warmup: int = 50, noise: float = 0.01,
@@ -48,3 +48,20 @@ def two_stream_losses(logits, labels) -> dict:
         reduction="none").view(labels.shape[0], -1).mean(1)
     half = labels.shape[0] // 2
     return {"a": per_row[:half].mean(), "b": per_row[half:].mean()}
+
+
+def run(records, config=None):
+    """Every record through one Monitor (its requests done each step): the findings and the Monitor."""
+    m = Monitor(config)
+    out = []
+    for r in records:
+        out += m.update(r)
+        m.control.step_done()
+    return out, m
+
+
+def found(findings, *, min_severity="info"):
+    """``(step, kind, severity)`` of the findings at ``min_severity`` or above, warmup_end aside."""
+    order = {"info": 0, "warning": 1, "critical": 2}
+    return [(f.step, f.kind, f.severity) for f in findings
+            if f.kind != "warmup_end" and order[f.severity] >= order[min_severity]]

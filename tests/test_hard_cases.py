@@ -7,25 +7,10 @@ import math
 import random
 
 import pytest
-from streams import healthy
+from streams import found, healthy, run
 
 from stability_callbacks import Monitor, StepRecord
 from stability_callbacks.replay.readers import read_records
-
-
-def run(records, config=None):
-    m = Monitor(config)
-    out = []
-    for r in records:
-        out += m.update(r)
-        m.control.step_done()
-    return out, m
-
-
-def found(findings, *, min_severity="info"):
-    order = {"info": 0, "warning": 1, "critical": 2}
-    return [(f.step, f.kind, f.severity) for f in findings
-            if f.kind != "warmup_end" and order[f.severity] >= order[min_severity]]
 
 
 # -- divergence on the run's own time scales --------------------------------------------------------

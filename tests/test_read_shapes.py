@@ -45,6 +45,14 @@ def _replay(capsys, *argv) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+def _replay_json(capsys, path, *argv) -> tuple[int, str, list[dict]]:
+    """``replay PATH ARGV --json``: the exit code, standard output and the findings (the read
+    account, the first JSON line, left out)."""
+    out_json = path.parent / "f.jsonl"
+    code, out, _ = _replay(capsys, path, *argv, "--json", out_json)
+    return code, out, [json.loads(x) for x in out_json.read_text().splitlines()[1:]]
+
+
 # -- 1. a per-epoch history printed as bracketed arrays ------------------------------------------
 
 EPOCHS = 12
@@ -88,8 +96,7 @@ def test_a_nan_inside_a_history_is_found_at_its_epoch(tmp_path, capsys):
     history = dict(HISTORY, loss=HISTORY["loss"][:7] + [NAN] * 5)
     path = tmp_path / "h.log"
     path.write_text("\n".join(textwrap.wrap(str(history), 80)) + "\n")
-    code, out, _ = _replay(capsys, path, "--json", tmp_path / "f.jsonl")
-    found = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()[1:]]
+    code, out, found = _replay_json(capsys, path)
     nonfinite = next(f for f in found if f["kind"] == "nonfinite")
     assert code == 1 and nonfinite["step"] == 8
     assert "record number" not in nonfinite["message"] and "step_is_record_number" not in nonfinite["details"]
@@ -221,8 +228,7 @@ def test_a_counter_of_samples_numbers_steps_by_its_unit_and_says_so(tmp_path):
 def test_a_finding_at_a_step_of_samples_says_how_to_find_it(tmp_path, capsys):
     path = tmp_path / "mnist.log"
     path.write_text(_mnist(nan_at=(2, 500)))
-    code, out, _ = _replay(capsys, path, "--json", tmp_path / "f.jsonl")
-    found = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()[1:]]
+    code, out, found = _replay_json(capsys, path)
     nonfinite = next(f for f in found if f["kind"] == "nonfinite")
     assert code == 1 and nonfinite["step"] == 94 + 50
     assert nonfinite["message"].endswith("(step 144 is not printed by the log: its counter counts samples, "
@@ -318,8 +324,7 @@ def test_a_dict_glued_after_a_bar_is_numbered_by_what_the_bar_shows(tmp_path, ca
     path.write_text(_glued(30, 21, first))
     got = [(r.step, r.metrics["loss"]) for r in read_records(path)]
     _same([(s, {"loss": v}) for s, v in got], [(s, {"loss": NAN if s == 21 else _loss(s)}) for s in range(1, 31)])
-    code, out, _ = _replay(capsys, path, "--json", tmp_path / "f.jsonl")
-    found = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()[1:]]
+    code, out, found = _replay_json(capsys, path)
     assert code == 1 and next(f for f in found if f["kind"] == "nonfinite")["step"] == 21
     note = ("  note: records printed right after a progress bar's redraw are numbered by its count + 1 "
             "(the bar shows the batches done before the one they report)")
@@ -398,8 +403,7 @@ def test_a_finding_at_a_printed_step_carries_no_caveat_and_its_advice_names_the_
     body = "".join(f"epoch {e} loss: {'nan' if e == 40 else f'{_loss(e):.4f}'} lr: 0.001\n" for e in range(10, 50))
     path = tmp_path / "mixed.log"
     path.write_text(head + body)
-    code, out, _ = _replay(capsys, path, "--json", tmp_path / "f.jsonl")
-    found = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()[1:]]
+    code, out, found = _replay_json(capsys, path)
     nonfinite = next(f for f in found if f["kind"] == "nonfinite")
     assert code == 1 and nonfinite["step"] == 40
     assert "record" not in nonfinite["message"] and "step_is_record_number" not in nonfinite["details"]
@@ -412,8 +416,7 @@ def test_a_finding_in_a_part_numbered_by_order_says_how_that_part_was_numbered(t
     tail = "".join(f"loss: {'nan' if k == 5 else f'{_loss(40 + k):.4f}'}\n" for k in range(1, 11))
     path = tmp_path / "tail.log"
     path.write_text(head + tail)
-    code, out, _ = _replay(capsys, path, "--json", tmp_path / "f.jsonl")
-    found = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()[1:]]
+    code, out, found = _replay_json(capsys, path)
     nonfinite = next(f for f in found if f["kind"] == "nonfinite")
     assert nonfinite["step"] == 45 and nonfinite["details"]["step_is_record_number"] is True
     assert nonfinite["message"].endswith(
@@ -485,9 +488,8 @@ def test_rollback_advice_on_a_log_of_epochs_counts_epochs(tmp_path, capsys):
     path = tmp_path / "keras.log"
     path.write_text("".join(f"Epoch {e}/12\n1875/1875 - 5s - loss: {'nan' if e >= 7 else f'{_loss(e):.4f}'} "
                             f"- accuracy: 0.91\n" for e in range(1, 13)))
-    code, out, _ = _replay(capsys, path, "--advice", "all", "--json", tmp_path / "f.jsonl")
-    advice = next(json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()
-                  if '"rollback_advice"' in x)
+    code, out, found = _replay_json(capsys, path, "--advice", "all")
+    advice = next(f for f in found if f["kind"] == "rollback_advice")
     assert code == 1 and advice["step"] == 7 and advice["details"]["step_unit"] == "epoch"
     assert "skip the batches of epochs 7-7 (1 epoch)" in advice["message"] and " step" not in advice["message"]
     assert "    (the log's steps are epochs: a framework's command names optimizer steps, which the log does " \
@@ -535,8 +537,7 @@ def test_a_log_of_epochs_meets_the_step_horizon_with_each_epoch(tmp_path, capsys
     path = tmp_path / "epochs.log"
     path.write_text("".join(f"Epoch {e}/80\n469/469 - 3s - loss: {x} - accuracy: 0.1000\n"
                             for e, x in zip(epochs, losses)))
-    _replay(capsys, path, "--json", tmp_path / "f.jsonl")
-    found = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()[1:]]
+    code, out, found = _replay_json(capsys, path)
     assert [(f["step"], f["kind"]) for f in found if f["severity"] != "info"] == want
     if want:
         assert "the 2 epochs from epoch 4 to 5 (a horizon of at least 2 points, every point having printed the " \

@@ -34,6 +34,11 @@ _TAIL_PRIOR = 50
 _TAIL_DRAWS = 2.0
 
 
+def _tail_height(z: float) -> int:
+    """The highest of the tail's heights ``z`` σ reaches: 0 (3σ or below), 1 (6σ), 2 (12σ)."""
+    return (z >= _TAIL_SIGMAS[1]) + (z >= _TAIL_SIGMAS[2])
+
+
 def _rise(x: float, base: float) -> str:
     """How far above ``base`` ``x`` is, as a sentence part: ``24% above``, ``6834x``."""
     return f"{x / base:.4g}x" if x >= 10 * base else f"{x / base - 1:.0%} above"
@@ -425,8 +430,7 @@ class LossSpike(Detector):
     def _tail_seen(self, z: float) -> float:
         """How many points lately (``_tail_counts``' window) stood at the highest of 3, 6 and 12σ
         that ``z`` reaches, the ordinary points and the one-point blips (halved counts: a float)."""
-        k = sum(z >= h for h in _TAIL_SIGMAS[1:])
-        return self._tail_counts(self.base.n)[1 + k]
+        return self._tail_counts(self.base.n)[1 + _tail_height(z)]
 
     def _stay_needed(self, least: int, low: float) -> int:
         """How many points after the onset must stay up (none back), the lowest ``low`` σ above
@@ -441,7 +445,7 @@ class LossSpike(Detector):
         if self.base.cold:
             r = self._cold_tail()
         else:
-            k = sum(low >= h for h in _TAIL_SIGMAS[1:])   # 0: 3σ, 1: 6σ, 2: 12σ
+            k = _tail_height(low)
             t = self._tail_counts(self.base.n)
             r = (t[1 + k] + _GAUSS_TAILS[k] * _TAIL_PRIOR) / (max(self.base.n - t[0], 0.0) + _TAIL_PRIOR)
         if r <= _GAUSS_TAIL:

@@ -99,9 +99,6 @@ class Assembler:
         self.unit: int | None = None          # samples per step of a bar that counts samples
         self.sample_first: tuple | None = None   # (record, epochs done, total) of its 0 count
         self.counter_last: dict = {}          # total -> (epoch, value) of the last batch counter
-        # an unnamed or step-named counter under an epoch (see _epoch_counter): [epoch, last value,
-        # first epoch, largest value this epoch, a count from 0]
-        self.epoch_counter: list | None = None
         self.step_beside_epoch: tuple[int | None, int] | None = None   # see _constant_step
         self.step_stays = False
         self.bar_loop: tuple | None = None    # (printed keys, total) of the first bar record
@@ -208,7 +205,10 @@ class Assembler:
             return value, "counter"
         done = self.epoch - (self.epoch_base or 0)
         total = int(float(nums[plan.step_total])) if plan.step_total is not None else None
-        if plan.within_epoch:
+        # A count whose name does not say it counts within the epoch, with no total (a bar
+        # without one, `100it [.., loss=1.8]` under `Epoch 2`), is one too if it goes down when
+        # the epoch moves, and a global count if it goes on: the same test decides.
+        if plan.within_epoch or (total is None and self.per_epoch is None):
             last_epoch, last_value = self.counter_last.get(total, (None, 0))
             if last_epoch is not None and self.epoch > last_epoch and value > last_value:
                 self.counter_global = True    # it did not restart: a global count
@@ -230,9 +230,7 @@ class Assembler:
             return self._restarting(value, plan, done)
         elif self.per_epoch is not None:
             return done * self.per_epoch + value, "counter"
-        if value < done or plan.counter:
-            return None, "order"
-        return self._epoch_counter(value, plan, done)
+        return (value, "counter") if value >= done and not plan.counter else (None, "order")
 
     def _constant_step(self, value: int, plan: Plan) -> bool:
         """A step-named count that does not move while the epoch printed beside it does (`Epoch 2
@@ -251,27 +249,6 @@ class Assembler:
                           "epoch's batches, or the batch it prints at): it numbers no steps; the records "
                           "are numbered by the epoch")
         return True
-
-    def _epoch_counter(self, value: int, plan: Plan, done: int) -> tuple[int | None, str]:
-        """A counter whose name does not say it counts within an epoch (a bar without a total,
-        `100it [00:10, loss=1.8]`, under `Epoch 2` headers), printed under an epoch: the count as
-        printed until the epoch moves; if it went down then, it restarts with every epoch and
-        counts within it (:meth:`_restarting`, its first epoch and largest count carried over),
-        else it is a global count."""
-        if self.restart is not None:
-            return self._restarting(value, plan, done)
-        seen = self.epoch_counter
-        if seen is None:
-            self.epoch_counter = [self.epoch, value, self.epoch, value, value == 0]
-        elif self.epoch != seen[0] and value < seen[1] and not self.counter_global:
-            self.restart = [seen[2], seen[0], seen[3], seen[4], 0]
-            return self._restarting(value, plan, done)
-        elif self.epoch != seen[0]:
-            self.counter_global = True        # it went on across the epoch: a global count
-            seen[0], seen[1] = self.epoch, value
-        else:
-            seen[1], seen[3], seen[4] = value, max(seen[3], value), seen[4] or value == 0
-        return value, "counter"
 
     def _sample_unit(self, value: int, total: int, plan: Plan, done: int) -> int:
         """The unit of a bar's count that counts samples, not batches (the PyTorch examples'

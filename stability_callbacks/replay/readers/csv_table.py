@@ -105,6 +105,20 @@ def _tensorboard_export(path, header: list[str], line_no: int, tag_map, user) ->
              f"Value (the tag {tag!r} in the file's name)")]
 
 
+def _readable(rows, numbers: list[int], account: ReadAccount) -> Iterator[list[str]]:
+    """The CSV rows; one the csv module cannot read is counted in the account at its line
+    (``numbers[-1]``) and skipped."""
+    while True:
+        try:
+            row = next(rows, None)
+        except csv.Error as e:
+            account(numbers[-1], "", f"unreadable CSV row: {e}")
+            continue
+        if row is None:
+            return
+        yield row
+
+
 def _said(path, header: list[str], line_no: int, steps: list[int], metrics, account: ReadAccount,
           tag_map, user, wandb: bool) -> list[tuple[int, str, str]]:
     """The metric columns of a table of named columns, told to the account with its step column;
@@ -160,14 +174,7 @@ def _read(path, account: ReadAccount, lines, tag_map, user, wandb):
     metrics = _said(path, header, numbers[-1], steps, metrics, account, tag_map, user, wandb)
     last_step: int | None = None                     # the step and values of the row before
     last_values: dict = {}
-    while True:
-        try:
-            row = next(rows, None)
-        except csv.Error as e:
-            account(numbers[-1], "", f"unreadable CSV row: {e}")
-            continue
-        if row is None:
-            break
+    for row in _readable(rows, numbers, account):
         line_no = numbers[-1]
         if not row or not any(c.strip() for c in row):
             continue
@@ -221,14 +228,7 @@ def _by_the_rules(header: list[str], rows, numbers: list[int], account: ReadAcco
     reading = Reading(account, said or None, rows=True)
     read = 0
     templates: dict[tuple, list[str]] = {}
-    while True:
-        try:
-            row = next(rows, None)
-        except csv.Error as e:
-            account(numbers[-1], "", f"unreadable CSV row: {e}")
-            continue
-        if row is None:
-            break
+    for row in _readable(rows, numbers, account):
         cols, nums = [], []
         for i, cell in enumerate(row[:len(names)]):
             cell = cell.strip()
