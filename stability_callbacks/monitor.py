@@ -92,6 +92,8 @@ class Monitor:
         step = record.step
         if record.warmup_steps is not None and self.config.phase.warmup_steps is None:
             self.phase.declare_warmup(record.warmup_steps)   # a replayed run log's declared warmup
+        if record.num_outputs is not None:
+            self.set_num_outputs(record.num_outputs)         # ... and its model's output size
         # A segment's start_step is the step it resumes from (its checkpoint): the step before
         # its first record (docs/design.md, Run log; what the integrations write).
         if record.segment != self.segment and record.segment > self.segment:

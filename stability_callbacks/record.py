@@ -37,6 +37,8 @@ class StepRecord:
     #: The LR warmup declared for the run (a replayed run log's ``segment`` line carries it): the
     #: Monitor takes it as if the integration had declared it. Not a metric; not written back.
     warmup_steps: int | None = None
+    #: The model's output size a replayed run log declares (its ``model`` line), likewise.
+    num_outputs: int | None = None
 
     def get(self, key: str) -> float | None:
         return self.metrics.get(key)

@@ -103,6 +103,11 @@ class RunLog:
     def phase(self, warmup_steps: int) -> None:
         self._write({"type": "phase", "warmup_steps": warmup_steps}, flush=True)
 
+    def model(self, num_outputs: int) -> None:
+        """The model's output size (a live run reads it from its output layer): replay declares it
+        again, for not_learning's chance level."""
+        self._write({"type": "model", "num_outputs": num_outputs}, flush=True)
+
     def checkpoint(self, step: int, path: str | None) -> None:
         self._write({"type": "checkpoint", "step": step, "path": path}, flush=True)
 

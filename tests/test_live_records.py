@@ -62,6 +62,10 @@ def test_the_declared_warmup_is_in_the_run_log(runs):
         {"type": "phase", "warmup_steps": 201}]
     assert [x["warmup_steps"] for x in runs["hf-cosine-w10-b095"] if x["type"] == "phase"] == [11]
     assert [x["warmup_steps"] for x in runs["pl-constant-bf16"] if x["type"] == "phase"] == [11]
+    # ... and the model's output size, read from its output layer (GPT-2's vocabulary here)
+    for name in NAMES:
+        sizes = [x["num_outputs"] for x in runs[name] if x["type"] == "model"]
+        assert len(sizes) == 1 and sizes[0] >= 2, name
 
 
 def _as_it_happened(lines) -> list:

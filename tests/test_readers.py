@@ -196,6 +196,29 @@ def test_run_log_jsonl_reads_step_lines_in_file_order(tmp_path):
     assert math.isnan(recs[1].metrics["loss"]) and recs[1].metrics["grad_norm"] == math.inf
 
 
+def test_a_run_logs_model_line_declares_the_output_size_again_on_replay(tmp_path):
+    """A live run reads its model's output size (not_learning's chance level ln C) and writes a
+    `model` line; replayed, the Monitor is told it again: a run at chance is not learning, as live.
+    Without the line, replay cannot know C (only the flat rule is left)."""
+    from stability_callbacks import Monitor
+    from stability_callbacks.runlog import RunLog
+    ln10 = math.log(10)
+    for with_model in (True, False):
+        path = tmp_path / f"runlog-{with_model}.jsonl"
+        log = RunLog(path)
+        log.segment(0, 0, "start")
+        if with_model:
+            log.model(10)
+        for s in range(1, 201):   # at chance from its start (random labels)
+            log.step(StepRecord(s, {"loss": ln10 + 0.1 * math.exp(-s / 10) + 0.02 * math.sin(1.7 * s)}))
+        log.close()
+        recs = list(read_records(path))
+        assert recs[0].num_outputs == (10 if with_model else None) and recs[1].num_outputs is None
+        monitor = Monitor()
+        kinds = [(f.kind, f.details.get("rule")) for r in recs for f in monitor.update(r) if f.severity != "info"]
+        assert kinds == ([("not_learning", "chance")] if with_model else [])
+
+
 def test_partly_unreadable_file_reports_ignored_lines_and_replays_the_rest(tmp_path):
     path = tmp_path / "broken.jsonl"
     path.write_bytes(b'{"step": 1, "loss": 2.0}\n{"step": 2, "loss": \n\xff\xfe garbage\n'

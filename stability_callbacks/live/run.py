@@ -198,6 +198,9 @@ class LiveRun:
         chance level ln n, unless ``detectors.not_learning.num_outputs`` is configured."""
         if n:
             self.monitor.set_num_outputs(n)
+            if self.runlog:   # (a segment opened it) replay declares it again from there
+                with self._lock, self.guard("runlog"):
+                    self.runlog.model(n)
 
     def name_tensors(self, names: list[str | None]) -> None:
         """The parameter tensors' names in the optimizer's order (None where unknown): findings

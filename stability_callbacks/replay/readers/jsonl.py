@@ -2,8 +2,9 @@
 
 Run log: ``{"type": "step", "step": 7, "segment": 0, "metrics": {...}}`` lines become records in
 file order (stitching rollback segments is :mod:`stability_callbacks.replay.timeline`'s job);
-``finding`` / ``segment`` / ``checkpoint`` / ``action`` / ``phase`` lines are not steps (a ``phase`` line's
-declared ``warmup_steps`` rides on the next step record, for the Monitor: replay = live). Plain
+``finding`` / ``segment`` / ``checkpoint`` / ``action`` / ``phase`` / ``model`` lines are not steps (a
+``phase`` line's declared ``warmup_steps`` and a ``model`` line's ``num_outputs`` ride on the next
+step record, for the Monitor: replay = live). Plain
 objects (``{"step": 7, "loss": 2.5, "train/grad_norm": 0.3}``, LLaMA-Factory's ``trainer_log.jsonl``
 with ``current_steps``, nested ``{"train": {"loss": ...}}``) are read with the generic reader's
 keys and rules (:mod:`.generic`: evaluation lines are not steps, no step = numbered in order).
@@ -23,6 +24,7 @@ def read(path, *, account: ReadAccount, lines, user_keys=None, **_) -> Iterator[
     reading = Reading(account, user_keys, rows=True)
     run_log = False
     declared = None   # a phase line's declared warmup, handed to the next step record
+    outputs = None    # a model line's output size, likewise
     for line_no, text in lines:
         if text is None:
             yield from reading.flush()
@@ -47,6 +49,7 @@ def read(path, *, account: ReadAccount, lines, user_keys=None, **_) -> Iterator[
                     account(line_no, text, f"unreadable step line: {e!r}")
                     continue
                 rec.warmup_steps, declared = declared, None
+                rec.num_outputs, outputs = outputs, None
                 if not run_log:
                     run_log = True
                     account.numbered("counter", "step (our run log)")
@@ -57,6 +60,9 @@ def read(path, *, account: ReadAccount, lines, user_keys=None, **_) -> Iterator[
                 continue
             if kind == "phase":
                 declared = obj.get("warmup_steps") or declared
+                continue
+            if kind == "model":
+                outputs = obj.get("num_outputs") or outputs
                 continue
             if kind in ("finding", "segment", "checkpoint", "action"):
                 account.ignore(line_no, text, f"run-log {kind} line")
