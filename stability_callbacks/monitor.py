@@ -66,6 +66,9 @@ class Monitor:
         #: The records are epochs, nothing finer (a replayed log says so as it is read): a step
         #: horizon counted in optimizer steps is met by any epoch after the first.
         self.steps_are_epochs = False
+        #: ... or each step is a record's rank in the log (it prints no counter): the log's first
+        #: record need not be the run's first step.
+        self.steps_by_order = False
         self.success_seen = False
         self.phase_at_last_step: str | None = None
         #: The parameter tensors' names in the optimizer's order, when a live run knows them.
@@ -149,6 +152,26 @@ class Monitor:
                 f.phase = ctx.phase
             f.in_warmup_risk_window = ctx.in_risk_window
         self.phase_at_last_step = ctx.phase
+        return out
+
+    def end(self) -> list[Finding]:
+        """The end of a replayed log: what the detectors can say only of the whole of it
+        (:meth:`Detector.at_end`); a followed log or a live run may go on, and does not ask."""
+        if self.last_step is None:
+            return []
+        ctx = self._ctx
+        ctx.step, ctx.found = self.last_step, []
+        ctx.steps_are_epochs, ctx.steps_by_order = self.steps_are_epochs, self.steps_by_order
+        out = ctx.found
+        for d in self.detectors:
+            if d.name in self._broken:
+                continue
+            try:
+                out += d.at_end(ctx)
+            except Exception:   # a broken detector must not take the replay down
+                self._disable(d.name, self.last_step)
+        for f in out:
+            f.phase = f.phase or self.phase_at_last_step
         return out
 
     def _plan(self, shape: frozenset) -> _Plan:

@@ -35,14 +35,19 @@ def test_an_objective_running_away_below_zero_is_a_divergence_before_the_nan():
                                                                (19, "rollback_advice", "critical")]),
     # ... and one that crosses zero and settles a few times its start below it: healthy
     ([5.0, 3.0, 1.5, 0.5, -0.5, -1.2, -1.8, -2.2, -2.5, -2.7, -2.8, -2.9, -3.0, -3.0, -3.1], []),
-], ids=["runs away", "settles"])
+    # 6 epochs: fewer points than the spread needs, but a level of 3 tells the magnitude (its first
+    # 5 at -12.2 on average: 10x the 1.2 it stood at before the crossing, and the loss below that)
+    ([1.2, 0.8, 0.1, -3.0, -60.0, -2000.0], [(6, "divergence", "critical"), (6, "rollback_advice", "critical")]),
+    # ... and 6 that cross zero and stop at 3x: healthy
+    ([1.2, 0.8, 0.1, -1.5, -3.0, -3.4], []),
+], ids=["runs away", "settles", "runs away in 6", "settles in 6"])
 def test_a_short_log_crossing_zero_is_judged_on_its_scale_before_the_crossing(xs, want):
     # before, the scale was the largest magnitude of the first 20 points: in a log this short,
     # the run-away itself (and the magnitude rule waited for 20 points)
     f, _ = run([StepRecord(e, {"loss": x}) for e, x in enumerate(xs, 1)])
     assert found(f, min_severity="warning") == want
     if want:
-        assert f[0].details["how"] == "magnitude" and f[0].details["start_scale"] == 1.0
+        assert f[0].details["how"] == "magnitude" and f[0].details["start_scale"] == max(xs[:3])
 
 
 def nll_run(n, *, seed, noise, collapse_at=None):
@@ -294,6 +299,27 @@ def test_a_loss_at_chance_level_for_many_epochs_is_not_learning():
     f, _ = run(epochs(xs), {"detectors": {"not_learning": {"num_outputs": 1000}}})
     assert found(f) == [(54, "not_learning", "warning")]
     assert f[0].details["rule"] == "chance" and "ln 1000 = 6.908" in f[0].message
+
+
+def test_a_handful_of_flat_points_is_too_early_to_call_but_the_end_of_the_log_says_so():
+    # 10 points at 2.3026 numbered 1..10: fewer than 50 steps, so no warning; the end of the log
+    # says that it never moved, and what that means if each step is an epoch (an info)
+    xs = [2.3031, 2.3027, 2.3026, 2.3029, 2.3025, 2.3026, 2.3027, 2.3026, 2.3024, 2.3026]
+    f, m = run(epochs(xs))
+    assert found(f) == []
+    end = m.end()
+    assert [(x.step, x.kind, x.severity, x.onset_step) for x in end] == [(10, "not_learning", "info", 4)]
+    assert end[0].message.startswith("Too early to tell whether the run learns: the loss has not left its first "
+                                     "level: 2.303 over its first 3 points (to step 3), 2.303 on average over the "
+                                     "7 points from step 4 to the end of the log at step 10")
+    assert "That is 6 steps as the log numbers them, fewer than the 50 it takes to call" in end[0].message
+    assert end[0].details["too_few_steps"] is True and m.end() == []   # once
+    # a loss that falls over its handful, or a log numbered by its records' rank (an excerpt that
+    # need not start where the run did), ends with nothing
+    assert run(epochs([2.30, 2.10, 1.90, 1.75, 1.60, 1.50, 1.42, 1.35]))[1].end() == []
+    _, m = run(epochs(xs))
+    m.steps_by_order = True
+    assert m.end() == []
 
 
 def test_a_flat_loss_with_a_logged_interval_is_not_learning_from_its_first_point():

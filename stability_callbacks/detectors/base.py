@@ -35,6 +35,7 @@ class Context:
     loss_step_mean: float = 0.0             # ... and the mean change from one point to the next
     steps_are_epochs: bool = False          # the log numbers this record by epoch and nothing finer
                                             # (replay): one step is a pass over the data
+    steps_by_order: bool = False            # ... or by the record's rank in the log (replay; read at its end)
     tensor_names: list | None = None        # the parameter tensors' names in the optimizer's order (live)
     found: list[Finding] = field(default_factory=list)   # this step's findings so far (earlier detectors')
 
@@ -73,6 +74,11 @@ class Detector:
 
     def on_segment(self, start_step: int, reason: str) -> None:
         """A new run segment starts (resume / rollback). Default: nothing to do."""
+
+    def at_end(self, ctx: Context) -> list[Finding]:
+        """The end of a replayed log (``ctx.step``: its last step): what only the whole log can say.
+        Default: nothing."""
+        return []
 
     def state_dict(self) -> dict:
         out = {}

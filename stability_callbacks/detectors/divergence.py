@@ -234,12 +234,13 @@ class Divergence(Detector):
         self.below = self.below + 1 if far >= third else 0
         # back: its level within a third of that of its own scale, no point far below
         back = far < third and (not start[2] or level > -third * start[1])
-        if not warm or x >= 0.0:
+        if x >= 0.0 or self.level.n < 3:
             if back:   # re-armed (hot path: no call)
                 self.runaway.armed = True
             return []
+        # the magnitude needs no spread: a level of 3 points will do (a short log of epochs)
         deep = start[2] and level < -self.runaway_factor * start[1] and x < level
-        speeding = far >= self.runaway_factor and (
+        speeding = warm and far >= self.runaway_factor and (
             (self.faster >= 2 and self.below >= 2) or far >= 10 * self.runaway_factor)
         if not self.runaway.update(on=deep or speeding, off=back):
             return []

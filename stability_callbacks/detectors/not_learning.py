@@ -3,6 +3,7 @@ nothing moves the weights."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from .. import keys
 from ..record import Finding, StepRecord
@@ -219,16 +220,45 @@ class NotLearning(Detector):
         if (self.chance is not None and self.chance[1] >= self.horizon_samples
                 and (step - self.chance[0] >= self.horizon_steps or epochs)):
             return [self._finding(step, "chance", first, since, fell, se, c, epochs)]
-        if (not self.learned and self.start is not None and self.start[2] and -2 * need < fell < need / 2
-                and fell + self.z_threshold * se < need
-                and not self._falling(h, sigma)):
-            # the print hides what moves less than its last digit: its rounding (uniform over one
-            # digit, q/√12) is the least noise there is (looked up only here: a call is rare)
-            q = printed if printed is not None and 0.0 < printed < math.inf else printed_resolution(x)
-            se = max(se, q / x / _SQRT12 * math.sqrt(1.0 / f[0] + 1.0 / h[1]))
-            if fell + self.z_threshold * se < need:
-                return [self._finding(step, "flat", first, since, fell, se, c, epochs)]
+        flat_se = self._flat(fell, se, sigma, printed, x)
+        if flat_se is not None:
+            return [self._finding(step, "flat", first, since, fell, flat_se, c, epochs)]
         return []
+
+    def _flat(self, fell: float, se: float, sigma: float, printed: float | None, x: float) -> float | None:
+        """The flat rule's test on the horizon so far: the standard error it was judged with, or
+        None when the loss left its first level (or the run learned, or the log starts mid-run)."""
+        need = self._need
+        h = self.horizon
+        if (self.learned or h is None or self.start is None or not self.start[2] or not -2 * need < fell < need / 2
+                or fell + self.z_threshold * se >= need or self._falling(h, sigma)):
+            return None
+        # the print hides what moves less than its last digit: its rounding (uniform over one
+        # digit, q/√12) is the least noise there is (looked up only here: a call is rare)
+        q = printed if printed is not None and 0.0 < printed < math.inf else printed_resolution(x)
+        se = max(se, q / x / _SQRT12 * math.sqrt(1.0 / self.first[0] + 1.0 / h[1]))
+        return se if fell + self.z_threshold * se < need else None
+
+    def at_end(self, ctx: Context) -> list[Finding]:
+        """The end of a replayed log whose loss never left its first level over its horizon in
+        points, but over fewer than ``horizon_steps`` steps (a handful of records numbered 1, 2, 3):
+        too few optimizer steps to call, unless each step is an epoch or many batches, which the
+        numbers alone do not say. ``info``, saying both. Not for steps that are the records' ranks
+        (``ctx.steps_by_order``): such a log need not start where the run did."""
+        f, h = self.first, self.horizon
+        if (self.told or self.signed or ctx.steps_by_order or h is None or not f[0] or self.prev_log is None
+                or h[1] < (self.horizon_samples if not self._printed_still() else min(2, self.horizon_samples))):
+            return []
+        step = ctx.step
+        first, since = f[1] / f[0], h[2] / h[1]
+        fell = first - since
+        se = self._flat(fell, self.sigma * math.sqrt(1.0 / f[0] + 1.0 / h[1]), self.sigma, None,
+                        math.exp(self.prev_log))
+        if se is None:
+            return []
+        self.told = True
+        return [self._finding(step, "flat", first, since, fell, se, self.num_outputs or self.outputs, False,
+                              short=True)]
 
     def _printed_still(self) -> bool:
         """Every point so far the same value, as printed (no change between points at all): no
@@ -292,7 +322,7 @@ class NotLearning(Detector):
             rule="still", zero=s[4], past_startup=True)]
 
     def _finding(self, step: int, rule: str, first: float, since: float, fell: float, se: float,
-                 c: int | None, epochs: bool) -> Finding:
+                 c: int | None, epochs: bool, *, short: bool = False) -> Finding:
         f, h = self.first, self.horizon
         assert h is not None
         level, before = math.exp(since), math.exp(first)
@@ -322,16 +352,24 @@ class NotLearning(Detector):
                     f"{fmt(level)} on average over {span}, {fmt(before)} at its start.{chance}")
         else:
             what = (f"the loss has not left its first level: {fmt(before)} over its first {f[0]} points "
-                    f"(to {'epoch' if epochs else 'step'} {f[2]}), {fmt(level)} on average over {span}: "
+                    f"(to {'epoch' if epochs else 'step'} {f[2]}), {fmt(level)} on average over "
+                    f"{f'the {h[1]} points from step {h[0]} to the end of the log at step {step}' if short else span}: "
                     f"{abs(math.expm1(-fell)):.1%} {'lower' if fell > 0 else 'higher'}, and no downward trend, "
                     f"where against its noise a fall of {self.min_fall:.0%} would show.{chance}")
+        if short:   # the horizon in points, not in steps: say both readings
+            message = (f"Too early to tell whether the run learns: {what} That is {step - h[0]} steps as the log "
+                       f"numbers them, fewer than the {self.horizon_steps} it takes to call: if each is one "
+                       f"optimizer step, judge a longer log; if each is an epoch (or many batches), the run is "
+                       f"not learning. Usual causes then: {CAUSES}.")
+        else:
+            message = (f"The run is not learning: {what} Usual causes: {CAUSES}. Check the LR, which "
+                       f"parameters the optimizer updates, and a batch's inputs against its labels"
+                       + (" (a GAN's adversarial losses stay level by design: there this says nothing)."
+                          if rule == "flat" else "."))
+        extra: dict[str, Any] = {"too_few_steps": True} if short else {}
         return self.finding(
-            step, severity="warning", value=level, baseline=before,
-            threshold=before * (1 - self.min_fall), onset_step=h[0],
-            message=(f"The run is not learning: {what} Usual causes: {CAUSES}. Check the LR, which "
-                     f"parameters the optimizer updates, and a batch's inputs against its labels"
-                     + (" (a GAN's adversarial losses stay level by design: there this says nothing)."
-                        if rule == "flat" else ".")),
+            step, severity="info" if short else "warning", value=level, baseline=before,
+            threshold=before * (1 - self.min_fall), onset_step=h[0], message=message,
             rule=rule, fall=-math.expm1(-fell), fall_bound=-math.expm1(-(fell + self.z_threshold * se)),
             first_samples=f[0], horizon_samples=h[1], horizon_steps=step - h[0], chance_level=math.log(c) if c else None,
-            num_outputs=c, past_startup=True)
+            num_outputs=c, past_startup=True, **extra)

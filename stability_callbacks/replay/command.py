@@ -112,6 +112,7 @@ def run(args: ReplayOptions, config: Config) -> int:
     except (LogFormatError, OSError, ValueError) as e:
         print(f"error: {e}", file=err)
         return 2
+    replay.findings += monitor.end()
     try:
         replay.finish(args)
     except OutputError as e:
@@ -157,8 +158,9 @@ class _Replay:
         monitor, account = self.monitor, self.account
         for rec in stream:
             self.count += 1
-            if account is not None and "epoch" in account.numbering:   # a step there is an epoch
-                monitor.steps_are_epochs = account.counts_epochs(rec.step)
+            if account is not None and ("epoch" in account.numbering or "order" in account.numbering):
+                how = account.numbered_by(rec.step)   # a step there is an epoch, or a record's rank
+                monitor.steps_are_epochs, monitor.steps_by_order = how == "epoch", how == "order"
             found = observe(rec)
             self.findings += found
             if self.records is not None:

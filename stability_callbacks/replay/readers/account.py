@@ -210,8 +210,12 @@ class ReadAccount:
     def counts_epochs(self, step: int) -> bool:
         """Whether ``step`` is an epoch as the log prints it (the part it falls in prints nothing
         finer): one step there is a whole epoch's batches."""
+        return self.numbered_by(step) == "epoch"
+
+    def numbered_by(self, step: int) -> str | None:
+        """How the part of the log ``step`` falls in is numbered (``_LABELS``' keys), if known."""
         part = self._part_at(step)
-        return part is not None and part[0] == "epoch"
+        return part[0] if part is not None else None
 
     def _part_at(self, step: int) -> list | None:
         """The part of the log a step falls in: the last whose first step is at or before it."""
