@@ -282,6 +282,20 @@ def test_a_jump_the_loss_has_drawn_twice_lately_is_info_at_onset():
     assert spikes(run(recs)[0])[2:] == [(383, "loss_spike", "warning"), (600, "spike_recovered", "warning")]
 
 
+def test_a_jump_among_the_first_points_warns_at_once_only_beyond_the_noise_they_have_shown():
+    # a DCGAN's Loss_D + Loss_G every 50 iterations: +157% at its 20th point is an ordinary draw of
+    # a loss whose points jump by half from one to the next (a cold spike opens at +30% whatever the
+    # noise: the warning at once asks what the warm rule asks, 6σ of it)
+    gan = [1.895, 2.718, 3.895, 2.591, 1.413, 2.027, 3.921, 3.051, 1.599, 4.701, 2.108, 2.839, 5.068,
+           1.766, 3.347, 3.149, 2.176, 1.57, 2.577, 6.671, 2.242, 1.541]
+    every_50 = [StepRecord(50 * i, {"loss": x}) for i, x in enumerate(gan, 1)]
+    assert found(run(every_50)[0], min_severity="warning") == []
+    # ... while a language model's smooth first fall makes the same jump a warning at once
+    lm = [10.9 - 0.3 * i for i in range(19)] + [16.0, 5.3, 5.1]
+    every_50 = [StepRecord(50 * i, {"loss": x}) for i, x in enumerate(lm, 1)]
+    assert found(run(every_50)[0], min_severity="warning") == [(1000, "loss_spike", "warning")]
+
+
 # -- runs that never learn ----------------------------------------------------------------------------
 def epochs(values):
     return [StepRecord(e, {"loss": v}) for e, v in enumerate(values, 1)]

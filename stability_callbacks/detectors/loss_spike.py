@@ -301,8 +301,13 @@ class LossSpike(Detector):
                 # near the floor a warning at once must also undo a tenth of what training achieved
                 # (a classifier near zero: one hard batch is x5 its level and 4% of its start)
                 # and one or two points before it are no level to warn against at once
+                # and while cold (a rise of cold_start_rise opens it, whatever the noise), once
+                # enough points tell their noise, the warm rule's z_threshold σ of it (a GAN's
+                # summed losses jump +150% among their first 20 points as ordinary draws)
                 severity = "warning" if x - base >= self.large_rise * unit and n >= 3 and (
-                    unit == base or x - base >= _NEAR_FLOOR_WARN * self.peak) else "info"
+                    unit == base or x - base >= _NEAR_FLOOR_WARN * self.peak) and (
+                    not cold or len(b.seen) < COLD_TREND_SAMPLES
+                    or lx - f >= self.z_threshold * (falling or b.cold_noise())) else "info"
                 # a jump as high as the loss's own tail has lately drawn twice, each back at once
                 # (a diffusion loss over random timesteps, a detector's hard batches): a draw, not
                 # news; info, and a warning still if it stays (persistence weighs the same tail)
