@@ -499,3 +499,18 @@ def test_hf_and_lightning_end_the_same_lr_lambdas_warmup_at_the_same_step(tmp_pa
             for cb in (hf(False), hf(True), pl_cb)]
     assert ends == [[(11, 44)]] * 3
 
+
+
+def test_a_diffusion_loss_near_zero_counts_its_tail_in_the_units_its_rises_are_judged_in():
+    # a DDPM loss at batch size 1: each point one timestep's MSE, so its right tail is heavy; near
+    # zero its additive noise sets the floor a rise is measured against. Before, its tail was
+    # counted in σ of log(loss), where its ~10x draws are 4σ (none "as high" lately) while the
+    # rise was judged 11σ of the additive noise: a warning on a healthy run.
+    rng = random.Random(0)
+    xs = []
+    for s in range(1, 3001):
+        base = 0.03 + 0.2 * math.exp(-s / 150)
+        xs.append(base * (0.3 + 2.5 * (1 - rng.random()) ** 4) * rng.lognormvariate(0, 0.3))
+    f, _ = run([StepRecord(s, {"loss": x}) for s, x in enumerate(xs, 1)])
+    assert found(f, min_severity="warning") == []
+    assert len([x for x in f if x.kind == "loss_spike" and x.details.get("tail_draws")]) >= 1

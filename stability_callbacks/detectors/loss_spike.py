@@ -288,7 +288,12 @@ class LossSpike(Detector):
         else:
             thr = self._threshold(base, falling if falling is not None else scale, cold, falling is not None, floor)
             abnormal = x > thr
-        z = (lx - f) / scale if n >= 2 else 0.0
+        # σ above the level, in the units a rise is judged in: log(loss)'s, or, where the loss's
+        # additive noise sets the floor rises are measured against (it does not shrink with the
+        # loss), that noise's (a diffusion loss near zero: a 10x draw is 4σ of log(loss) but 11σ
+        # of the additive noise, and its right tail is measured as the rise is)
+        z = ((x - base) / step_noise if unit is floor and floor > self.floor and step_noise > 0.0
+             else (lx - f) / scale if n >= 2 else 0.0)
         prev_log, self.prev_log = self.prev_log, lx
         out: list[Finding] = []
         enters = False   # the point joins the baseline (and may be the loss's new largest value)
