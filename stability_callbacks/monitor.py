@@ -24,9 +24,10 @@ log = logging.getLogger("stability_callbacks")
 #: The detectors a record's keys feed: those before the main loss spike, it (if fed), those after.
 _Plan = tuple[tuple[Detector, ...], LossSpike | None, tuple[Detector, ...]]
 
-STATE_VERSION = 4   # 2: latches and EW means are statistics objects; streams are a detector;
+STATE_VERSION = 5   # 2: latches and EW means are statistics objects; streams are a detector;
                     # 3: baselines keep their bias and cold start, divergence its swing horizon;
-                    # 4: loss_spike keeps its right tail, not_learning its chance level per point
+                    # 4: loss_spike keeps its right tail, not_learning its chance level per point;
+                    # 5: divergence keeps its run of rising epochs
 
 class Monitor:
     """Feed it one :class:`StepRecord` per optimizer step; read findings and ``control``.
@@ -118,7 +119,9 @@ class Monitor:
         ctx = self._ctx
         ctx.step, ctx.phase, ctx.in_risk_window = step, phase.phase, window is not None and window[0] < step <= window[1]
         ctx.warmup_end_step = phase.warmup_end_step
-        ctx.in_startup = step <= self.policy.startup_steps or not self.success_seen
+        # the start-up is counted in optimizer steps: an epoch of a log that prints nothing finer is
+        # a whole pass over the data, far past them
+        ctx.in_startup = (step <= self.policy.startup_steps and not self.steps_are_epochs) or not self.success_seen
         ctx.steps_since_resume = step - self.resume_step if self.resume_step is not None else None
         ctx.tensor_names, ctx.found = self.tensor_names, out
         ctx.run_start = self.run_start

@@ -514,3 +514,29 @@ def test_a_diffusion_loss_near_zero_counts_its_tail_in_the_units_its_rises_are_j
     f, _ = run([StepRecord(s, {"loss": x}) for s, x in enumerate(xs, 1)])
     assert found(f, min_severity="warning") == []
     assert len([x for x in f if x.kind == "loss_spike" and x.details.get("tail_draws")]) >= 1
+
+
+def _epoch_run(xs, *, epochs=True):
+    m = Monitor()
+    m.steps_are_epochs = epochs   # as replay says of a log that prints nothing finer than the epoch
+    return [f for e, x in enumerate(xs, 1) for f in m.update(StepRecord(e, {"loss": x}))]
+
+
+@pytest.mark.parametrize("xs, want", [
+    # a Keras CIFAR-10 fit whose loss turns up at epoch 5 (TF 0.12): +11% over 4 epochs in a row
+    ([1.5869, 1.2171, 1.1202, 1.0933, 1.1043, 1.1402, 1.1855, 1.2136, 1.2371], [(8, "divergence", "warning")]),
+    # ... 4 rises in a row of +6% in all: within min_rise
+    ([1.5869, 1.2171, 1.1202, 1.0933, 1.1043, 1.1202, 1.1402, 1.1590, 1.1500], []),
+    # ... +14% but a fall between: no run of 4 rises
+    ([1.5869, 1.2171, 1.1202, 1.0933, 1.1402, 1.1855, 1.1700, 1.2136, 1.2471], []),
+], ids=["rises 4 epochs", "small rise", "broken rise"])
+def test_an_epoch_level_loss_rising_epoch_after_epoch_is_a_drift(xs, want):
+    # each point the mean of a whole pass (batch noise hardly moves it): no median of 7 needed,
+    # and a log of 9 epochs never fills one; the start-up is counted in optimizer steps, which
+    # epoch 4 is far past (before: the finding was info as a start-up's)
+    f = _epoch_run(xs)
+    assert found(f) == want
+    if want:
+        assert f[0].details["rule"] == "epochs" and f[0].onset_step == 4
+        assert "rose at each of its last 4 points, from 1.093 at epoch 4 to 1.214 at epoch 8 (+11%)" in f[0].message
+    assert found(_epoch_run(xs, epochs=False)) == []   # the same numbers as steps: too few to judge

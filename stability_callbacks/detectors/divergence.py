@@ -55,7 +55,8 @@ class Divergence(Detector):
     kind = "divergence"
     signals = (keys.LOSS,)
     _state = ("med", "noise", "step_change", "prev_log", "rise", "points", "swing", "horizon", "smooth", "grad_med",
-              "update_med", "at_low", "episode", "level", "spread", "prev", "fall", "faster", "faster_from", "below", "start", "runaway")
+              "update_med", "at_low", "episode", "level", "spread", "prev", "fall", "faster", "faster_from", "below", "start", "runaway",
+              "epochs")
 
     def __init__(self, *, window: int = 7, min_rise: float = 0.1, noise_sigmas: float = 4.0,
                  persist_samples: int = 4, max_horizon_samples: int = 500, growth_ratio: float = 1.5,
@@ -98,6 +99,8 @@ class Divergence(Detector):
         # of those before it first went below zero (3 at least): where it stood before the fall
         self.start = [0, 0.0, False]
         self.runaway = Latch()
+        # epochs rising: [the value the rises started from, its step, rises in a row, the last value, told]
+        self.epochs: list = [None, None, 0, None, False]
 
     def _restart(self):
         self.med = RollingMedian(self.window)
@@ -119,9 +122,10 @@ class Divergence(Detector):
         runaway = self._runaway(record.step, x)
         if runaway or x <= 0.0 or ctx.loss_signed:
             return runaway
+        rising = self._epochs_rising(record.step, x, ctx) if ctx.steps_are_epochs else []
         if ctx.loss_spike_open:
             self._restart()
-            return []
+            return rising
         lx = math.log(x)
         g = m.get(keys.GRAD_NORM)
         if g is not None and 0.0 < g < math.inf:
@@ -135,8 +139,8 @@ class Divergence(Detector):
             d = lx - prev
             self.noise.update(abs(d - self.step_change.mean) if self.step_change.n else 0.0)
             self.step_change.update(d)
-        if not self.med.full:
-            return []
+        if not self.med.full or rising or self.epochs[4]:   # an epoch rise said is said once
+            return rising
         med = self.med.median
         noise = self.noise.debiased / _SQRT2   # the mean absolute deviation of one point
         self.points += 1
@@ -261,6 +265,31 @@ class Divergence(Detector):
                      f"variance or log-variance) or lower the LR."),
             rule="runaway", how="accelerating" if speeding else "magnitude", spreads=far, spread=spread,
             start_scale=start[1], past_startup=True)]   # unmistakable, however early
+
+    def _epochs_rising(self, step: int, x: float, ctx: Context) -> list[Finding]:
+        """A replayed log whose steps are epochs (it prints nothing finer): each point is the mean
+        of a whole pass over the data, which batch noise hardly moves, so the median of 7 (blind to
+        one batch's blip) and the swings of data order are not needed — and a log of 9 epochs
+        never fills them. The loss rising at ``persist_samples`` points in a row, by more than
+        ``min_rise`` in all from where the rises began, is a drift: a warning, once per run of
+        rises (none while the LR warms up: a rise there is the warmup's)."""
+        e = self.epochs
+        prev, e[3] = e[3], x
+        if prev is None or x <= prev or ctx.phase in ("warmup", "rewarm"):
+            e[0], e[1], e[2], e[4] = x, step, 0, False
+            return []
+        e[2] += 1
+        if e[4] or e[2] < self.persist_samples or x < e[0] * (1.0 + self.min_rise):
+            return []
+        e[4] = True
+        return [self.finding(
+            step, severity="warning", value=x, baseline=e[0], threshold=e[0] * (1.0 + self.min_rise),
+            onset_step=e[1],
+            message=(f"The loss is drifting up without a spike: it rose at each of its last {e[2]} points, from {fmt(e[0])} "
+                     f"at epoch {e[1]} to {fmt(x)} at epoch {step} (+{x / e[0] - 1:.0%}); an epoch's mean over "
+                     f"the whole data set hardly moves by batch noise. Keep the last checkpoint from before epoch "
+                     f"{e[1]}; if it goes on rising, lower the LR (or check what changed at epoch {e[1]})."),
+            rule="epochs", rise=x / e[0] - 1, points_above=e[2])]
 
     def _now(self, med: RollingMedian) -> float | None:
         return med.median if med.window else None

@@ -88,7 +88,7 @@ def run(args: ReplayOptions, config: Config) -> int:
     """``stability-callbacks replay``: the exit code. ``config``: read once, at the command
     line's edge (``--config``, ``--set``)."""
     from ..monitor import Monitor
-    from .readers import FIFO_WAIT_S, LogFormatError, ReadAccount, compile_pattern, parse_keys, read_records
+    from .readers import FIFO_WAIT_S, LogFormatError, compile_pattern, parse_keys
 
     err = sys.stderr
     try:
@@ -104,15 +104,12 @@ def run(args: ReplayOptions, config: Config) -> int:
     if args.follow is not None:
         return _follow(args, args.follow, monitor, user_keys, pattern)
     replay = _Replay(monitor, keep=bool(args.report))
-    account = replay.account = ReadAccount(args.path, replay.ignore)
     try:
-        replay.feed(read_records(args.path, args.format, progress=err.isatty(), user_keys=user_keys,
-                                 pattern=pattern, account=account, fifo_wait_s=args.idle_exit_s or FIFO_WAIT_S),
-                    monitor.update)
+        replay.judge(args.path, args.format, progress=err.isatty(), user_keys=user_keys, pattern=pattern,
+                     fifo_wait_s=args.idle_exit_s or FIFO_WAIT_S)
     except (LogFormatError, OSError, ValueError) as e:
         print(f"error: {e}", file=err)
         return 2
-    replay.findings += monitor.end()
     try:
         replay.finish(args)
     except OutputError as e:
@@ -151,6 +148,16 @@ class _Replay:
               f"({account.records} steps, keys: {', '.join(account.keys) or 'none'}); "
               "name the loss the log prints with --keys loss=NAME", file=sys.stderr)
         return True
+
+    def judge(self, path, fmt: str = "auto", **read) -> None:
+        """The whole log at ``path`` through the Monitor as ``replay`` judges it: read with its
+        account (which tells the Monitor where steps are epochs or records' ranks), then the end
+        of the log (:meth:`Monitor.end`). ``read``: :func:`read_records`' other arguments."""
+        from .readers import ReadAccount, read_records
+
+        account = self.account = ReadAccount(path, self.ignore)
+        self.feed(read_records(path, fmt, account=account, **read), self.monitor.update)
+        self.findings += self.monitor.end()
 
     def feed(self, stream, observe, after=None) -> None:
         """Every record into ``observe`` (``Monitor.update`` or ``LiveRun.observe``);
@@ -414,6 +421,20 @@ def _no_loss_yet(first_keys: set[str]) -> None:
             "the log prints with --keys loss=NAME")
     print(f"note: no training loss read in the first {NO_LOSS_NOTE_AFTER} steps (keys: "
           f"{', '.join(sorted(first_keys)) or 'none'}); {said}", file=sys.stderr, flush=True)
+
+
+def judge_log(path, config: "Config | str | dict | None" = None, fmt: str = "auto") -> list[Finding]:
+    """A log's findings as ``replay`` judges them, printing nothing (tests, notebooks): read with
+    its account, fed to a :class:`~stability_callbacks.Monitor`, the end of the log asked, each
+    finding said of the log's own numbering (:func:`said_of`). Raises what ``read_records`` raises."""
+    from ..monitor import Monitor
+
+    replay = _Replay(Monitor(config), keep=False)
+    replay.judge(path, fmt)
+    account = replay.account
+    assert account is not None
+    account.records = replay.count
+    return [said_of(f, account) for f in replay.findings]
 
 
 def said_of(f: Finding, account: "ReadAccount") -> Finding:
