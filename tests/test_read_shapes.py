@@ -597,3 +597,145 @@ def test_a_redraw_of_the_same_count_does_not_undo_its_nan(tmp_path):
     text += "".join(bar.format(n=n, t=n % 10, x=f"{_loss(n):.4f}") for n in range(6, 9))
     got, _ = records_of(tmp_path, text)
     assert [s for s, _ in got] == list(range(1, 9)) and math.isnan(got[4][1]["loss"])
+
+
+# -- the third pass (issue 32's second held-out scoring) ---------------------------------------------
+# -- 1. `name value` with a negative value; a summary line after the records -------------------------
+
+def _falling(s: int) -> str:
+    return f"{0.52 - 0.05 * s:.4f}"    # a loss that runs away below zero from step 11
+
+
+NEGATIVE = [
+    # the counter unnamed (watched across its lines, signs folded), the loss above zero at first
+    ("a word before the counter", lambda s: f"train {s} loss {_falling(s)} reward {s / 10:.1f}"),
+    ("a bare counter between bars", lambda s: f"Ep 3 | {s} | loss {_falling(s)}"),
+    ("padded, a timestamp", lambda s: f"2024-05-01 10:00:{s % 60:02d} it {s:4d}  loss  {_falling(s):>8}  lr 1e-4"),
+    ("tabs", lambda s: f"{s}\tpolicy_loss\t{_falling(s)}\tvalue_loss\t0.1"),
+]
+
+
+@pytest.mark.parametrize("line", [m for _, m in NEGATIVE], ids=[n for n, _ in NEGATIVE])
+def test_a_negative_value_after_its_name_and_a_space_keeps_its_sign(tmp_path, line):
+    got, _ = records_of(tmp_path, "".join(line(s) + "\n" for s in range(1, 31)))
+    want = [(s, float(_falling(s)) + (0.1 if "value_loss" in line(1) else 0.0)) for s in range(1, 31)]
+    assert [(s, m["loss"]) for s, m in got] == [(s, pytest.approx(v)) for s, v in want]
+
+
+SUMMARY = "run summary (a line of another template that repeats the loss of the record before it, with no step or " \
+    "one behind it)"
+
+
+@pytest.mark.parametrize("summary, reason", [
+    ("[1] loss nan reward 0.0", SUMMARY), ("done: loss nan reward 0.0", SUMMARY),
+    ("final loss nan reward 0.0", "a statistic or terms of the loss (the log prints the loss itself)"),
+    ("Epoch 1 | loss nan | reward 0.0", "epoch summary or another loop (the log's records print a finer counter)")])
+def test_a_summary_line_after_the_records_is_no_record_going_back(tmp_path, capsys, summary, reason):
+    """An epoch's or run's summary, printed once after the records in another template, repeating
+    the last loss: read as a record, it went back to step 1 (a false resume) or on to a step no
+    batch was trained at, and its NaN was a second one ("nothing was trained before step 1")."""
+    text = "".join(f"train {s} loss {'nan' if s > 30 else _falling(s)} reward {s / 10:.1f}\n" for s in range(1, 36))
+    path = tmp_path / "rl.log"
+    path.write_text(text + summary + "\n")
+    got, account = records_of(tmp_path, text + summary + "\n")
+    assert [s for s, _ in got] == list(range(1, 36))
+    assert account.ignored == {reason: [1, 36]}
+    code, out, found = _replay_json(capsys, path)
+    assert code == 1 and [(f["step"], f["kind"]) for f in found] == [(31, "nonfinite"), (31, "rollback_advice")]
+
+
+def test_a_second_run_in_another_template_is_not_a_summary(tmp_path):
+    # a line of another template behind the last step that repeats no loss: a record, as before
+    text = "".join(f"train {s} loss {_falling(s)}\n" for s in range(1, 11)) + \
+        "".join(f"[{s}] loss {0.9 - 0.01 * s:.4f}\n" for s in range(1, 4))
+    got, _ = records_of(tmp_path, text)
+    assert [s for s, _ in got] == list(range(1, 11)) + [1, 2, 3]
+
+
+# -- 5. a training loss worded as an "evaluation metric" ---------------------------------------------
+
+def _epoch_loss(e: int) -> str:
+    return f"{2.0 / (e + 1) + 0.3:.4f}"
+
+
+WORDED_AS_EVALUATION = [
+    # the epoch in brackets, the split in the name
+    ("train-loss", lambda e: [f"[{e}] Evaluation metric train-loss: {_epoch_loss(e)}"], "Evaluation metric train-loss"),
+    # the split after the quoted name
+    ("on training set", lambda e: [f"Epoch[{e}] evaluation metric 'loss' on training set: {_epoch_loss(e)}"],
+     "loss on training set"),
+    # beside the validation split's line, which stays an evaluation
+    ("beside val", lambda e: [f"[{e}] Evaluation metric training_loss={_epoch_loss(e)}",
+                              f"[{e}] Evaluation metric val_loss={float(_epoch_loss(e)) + 0.1:.4f}"],
+     "Evaluation metric training_loss"),
+]
+
+
+@pytest.mark.parametrize("lines, said", [r[1:] for r in WORDED_AS_EVALUATION], ids=[r[0] for r in WORDED_AS_EVALUATION])
+def test_a_training_loss_worded_as_an_evaluation_metric_is_the_training_loss(tmp_path, lines, said):
+    text = "".join(line + "\n" for e in range(1, 11) for line in lines(e)) + "Final train-loss: 0.45\n"
+    got, account = records_of(tmp_path, text)
+    assert [(s, m["loss"]) for s, m in got] == [(e, float(_epoch_loss(e))) for e in range(1, 11)]
+    assert account.keys["loss"] == [said]
+    assert account.ignored.get("evaluation", [0])[0] == 10 * (len(lines(1)) - 1)   # the val lines
+
+
+@pytest.mark.parametrize("line", ["[{e}] Evaluation metric val-loss: {x}", "Epoch[{e}] evaluation metric 'loss' on "
+                                  "validation set: {x}", "[{e}] Test metric train-loss: {x}"])
+def test_an_evaluation_metric_of_another_split_stays_an_evaluation(tmp_path, line):
+    text = "".join(f"step {s} loss {_loss(s):.4f}\n" for s in range(1, 11)) + \
+        "".join(line.format(e=e, x=_epoch_loss(e)) + "\n" for e in range(1, 4))
+    got, account = records_of(tmp_path, text)
+    assert [s for s, _ in got] == list(range(1, 11)) and account.ignored["evaluation"][0] == 3
+
+
+# -- 2. several records on one line (text re-wrapped) -----------------------------------------------
+
+SEVERAL = "records read from lines that hold several (a template repeated within the line: text re-wrapped)"
+CUT = "records cut by a line's end, read with the next line"
+
+
+def _rewrapped(record, width: int | None, per_line: int = 2) -> str:
+    """Records of one template joined by spaces, wrapped at ``width`` (e-mail, a forum), or
+    ``per_line`` whole records to a line."""
+    records = [record(s) for s in range(1, 21)]
+    if width is None:
+        return "\n".join(" ".join(records[i:i + per_line]) for i in range(0, 20, per_line)) + "\n"
+    return textwrap.fill(" ".join(records), width) + "\n"
+
+
+REWRAPPED = [
+    ("named step, two a line", lambda s: f"step {10 * s} | loss {_loss(s):.4f} | lr 1e-4", None, 10 * 1),
+    ("named step, wrapped at 72", lambda s: f"step {10 * s} | loss {_loss(s):.4f} | lr 1e-4", 72, 10),
+    ("unnamed counter in brackets, wrapped at 60", lambda s: f"[{10 * s}] loss={_loss(s):.4f}", 60, 10),
+    ("Keras epochs, wrapped at 76", lambda s: f"Epoch {s}/20 - loss: {_loss(s):.4f} - acc: 0.{s:02d}", 76, 1),
+    ("a timestamp opens each record", lambda s: f"[2024-01-01 10:{s:02d}:00] it {s} loss {_loss(s):.4f}", 90, 1),
+]
+
+
+@pytest.mark.parametrize("record, width, unit", [r[1:] for r in REWRAPPED], ids=[r[0] for r in REWRAPPED])
+def test_every_record_of_a_line_that_holds_several_is_read_and_said(tmp_path, record, width, unit):
+    text = _rewrapped(record, width)
+    got, account = records_of(tmp_path, text)
+    assert [(s, m["loss"]) for s, m in got] == [(unit * s, round(_loss(s), 4)) for s in range(1, 21)]
+    said = {what: n for what, (n, _) in account.changed.items()}
+    # the records of lines that hold several are said; a record cut at a line's end is read with the next
+    assert said[SEVERAL] >= 20 - len(text.splitlines()) and (CUT in said) == (width is not None)
+    assert any(line.startswith("  records merged, split or dropped: ") for line in account.lines())
+
+
+def test_a_line_that_starts_inside_a_record_drops_that_part_and_says_so(tmp_path):
+    # an excerpt whose first line starts in the middle of a record (its step on no line)
+    text = "2.9500 | lr 1e-4 step 20 | loss 2.9000 | lr 1e-4 step 30 | loss 2.8500 | lr 1e-4\n" \
+        "step 40 | loss 2.8000 | lr 1e-4\n"
+    got, account = records_of(tmp_path, text)
+    assert [(s, m["loss"]) for s, m in got] == [(20, 2.9), (30, 2.85), (40, 2.8)]
+    assert account.changed["partial records dropped at a line's start (the line cuts the record's start, printed "
+                           "on no line)"] == [1, 1]
+
+
+@pytest.mark.parametrize("line", ["loss: 2.3 (2.4) | acc: 0.5 (0.6)", "step 10 | loss 2.3 | lr 1e-4 | step_time 0.5",
+                                  "Epoch 1/10 | batch 100/500 | loss 2.3", "it 5 loss 2.3 loss_cls 1.1 loss_box 1.2"])
+def test_a_line_of_one_record_is_not_split(tmp_path, line):
+    _, account = records_of(tmp_path, "".join(line.replace("2.3", f"{_loss(s):.4f}") + "\n" for s in range(5)))
+    assert not account.changed

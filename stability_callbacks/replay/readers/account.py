@@ -49,6 +49,7 @@ class ReadAccount:
         self.segments: list[list] = []               # [how, [names], first record, last record, first step]
         self.segment_how = ""
         self.ignored: dict[str, list[int]] = {}      # reason -> [count, first line]
+        self.changed: dict[str, list[int]] = {}      # records merged, split or dropped: why -> [count, first line]
         self.notes: list[str] = []
         self.signals: list[str] = []                 # what a log without a loss is judged on
         self.sample_unit = 0                         # samples per step, where a counter counts samples
@@ -128,6 +129,15 @@ class ReadAccount:
         else:
             seen[0] += 1
 
+    def change(self, line_no: int, what: str, n: int = 1) -> None:
+        """``n`` records were merged, split from one line or dropped, ``what`` says how and why
+        (``records read from lines that hold several ...``): the account says every one."""
+        seen = self.changed.get(what)
+        if seen is None:
+            self.changed[what] = [n, line_no]
+        else:
+            seen[0] += n
+
     def __call__(self, line_no: int, text: str, reason: str) -> None:
         """An unreadable line (the callback readers call)."""
         self.ignore(line_no, text, reason if reason.startswith(UNREADABLE) else f"{UNREADABLE}: {reason}")
@@ -150,7 +160,9 @@ class ReadAccount:
                                      "last_record": b} for how, names, a, b, _ in self.segments]
                 if len({how for how, *_ in self.segments}) > 1 else [],
                 "ignored_lines": {r: {"lines": c, "first_line": f} for r, (c, f) in self.ignored.items()},
-                "notes": list(self.notes)}
+                "notes": list(self.notes),
+                **({"records_changed": {r: {"records": c, "first_line": f} for r, (c, f) in self.changed.items()}}
+                   if self.changed else {})}
 
     def lines(self) -> list[str]:
         """The account as a few human lines (``replay`` prints them first)."""
@@ -163,6 +175,9 @@ class ReadAccount:
             parts = [f"{c:,} {r}" + (f" (first: line {f})" if f else "")
                      for r, (c, f) in sorted(self.ignored.items(), key=lambda kv: -kv[1][0])]
             out.append("  lines ignored: " + "; ".join(parts))
+        if self.changed:
+            out.append("  records merged, split or dropped: " + "; ".join(
+                f"{c:,} {r} (first: line {f})" for r, (c, f) in self.changed.items()))
         out += [f"  note: {n}" for n in self.notes]
         return out
 

@@ -53,7 +53,9 @@ SAME_LOSS = 1e-3
 
 #: Why a record line makes no record (the account counts them as ignored lines).
 DROPPED = ("epoch summary or another loop (the log's records print a finer counter)",
-           "a statistic or terms of the loss (the log prints the loss itself)")
+           "a statistic or terms of the loss (the log prints the loss itself)",
+           "run summary (a line of another template that repeats the loss of the record before it, "
+           "with no step or one behind it)")
 
 
 class Assembler:
@@ -67,6 +69,7 @@ class Assembler:
         self.pending: StepRecord | None = None
         self.made = 0                         # records made so far
         self.counted = False                  # a record was numbered by a counter it printed
+        self.counted_template = ""            # ... and the template of the last such record
         self.dropped = ""                     # why the last record line made no record
         self.bar_before_epoch = False         # a complete bar came before any epoch
         self.fraction: tuple = (None, None)   # the epoch fraction and plan of the last uncounted record
@@ -529,6 +532,9 @@ class Assembler:
                     self.last_step = self.pending_last_step
         elif plan is not None and plan.loss_name and self.loss_name is None:
             self.loss_name = plan.loss_name
+        if (step is None or (step < self.last_step and how == "counter")) and self._summary(plan, metrics):
+            self.dropped = DROPPED[2]
+            return []
         if step is None:
             step, how = self.last_step + 1, "order"
         if self.overflows:
@@ -553,12 +559,26 @@ class Assembler:
                 # (a part of the log numbered otherwise starts only where the plan or its
                 # numbering changes: the common record costs nothing more)
                 self._part(how, step_name)
-                self.counted = self.counted or (how in ("counter", "samples") and plan.step is not None)
+                if how in ("counter", "samples") and plan.step is not None:
+                    self.counted, self.counted_template = True, plan.merged
                 self._note(plan, how, step_name)
             if plan.mixed:
                 self.pending_undecided = self.loss_name is None
                 self.pending_loss_name = plan.loss_name
         return [prev] if prev is not None else []
+
+    def _summary(self, plan: Plan | None, metrics: dict) -> bool:
+        """Whether a line with no step, or one behind the last step, is a summary of the records,
+        no record (a record after the last, or a false resume): a line of another template than
+        the counted record before it (not a table's row: a re-logged step, :meth:`_relogged`), printing
+        the loss of the record before it again (`[1] loss -0.30`, `final loss -0.30` after
+        `40 loss -0.30`: an epoch's or the run's summary)."""
+        prev = self.pending
+        if plan is None or self.row or self.pending_how not in ("counter", "samples") or not plan.merged \
+                or plan.merged == self.counted_template or prev is None:
+            return False
+        loss, last = metrics.get(keys.LOSS), prev.metrics.get(keys.LOSS)
+        return loss is not None and last is not None and (loss == last or (loss != loss and last != last))
 
     def _bar_lag(self, count: int) -> int:
         """What to add to the count of the bar a record is printed right after (``2/6 [..]{'loss':

@@ -23,17 +23,21 @@ from __future__ import annotations
 
 import operator
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 from ... import keys
 from . import tokens
-from .vocabulary import MICRO_RANK, ITERATION_LIKE, STEP_MARKERS, classify, normalise_key
+from .vocabulary import EVALUATING, MICRO_RANK, ITERATION_LIKE, STEP_MARKERS, classify, normalise_key
 
 # A split named outside any key (`| valid | epoch 1 | loss 2.3`, `Validation: step 100 ...`),
 # not a key itself (litgpt's `val: n/a`) nor a file name (`eval.py:12`).
 _EVAL_CONTEXT = re.compile(r"\b(?:val|valid|validation|validating|eval|evaluation|evaluating|"
                            r"test|testing)\b(?!['\"]?\s*[:=]|\.py)", re.I)
+# `on training set` as a key: the name is printed before it (`'loss' on training set: 0.41`).
+_ON_TRAINING_ALONE = re.compile(r"(?:on|for|over) (?:the )?(?:train|training)(?: (?:set|data|dataset|split))?",
+                                re.I)
+_TRAINING = re.compile(r"\b(?:train|training)\b", re.I)
 _SPLIT_QUALIFIED_LOSS = frozenset({"train loss", "training loss", "loss train"})
 # `--lr 3e-4`, `Namespace(lr=...)`, `args.lr`: argument echoes, never metrics.
 _ARG_ECHO = ("--", "namespace(", "args.", "argument", "config")
@@ -93,6 +97,10 @@ class Plan:
     loss_rank: int = len(LOSS_KINDS)  # its index in LOSS_KINDS
     mixed: bool = False              # `train loss` beside `val loss`: see Assembler.emit
     parts: tuple = ()                # kind multi: ((first number, end, plan), ...)
+    head: int = 0                    # kind multi: numbers before the first record (its start cut)
+    tail: int | None = None          # kind multi: the first number of a record the line cuts
+    # (it goes on on the next line: text re-wrapped), the line's length where only the next
+    # record's name is cut off; None where the line ends with a record
     score: int = 0                   # how close to a record (for the error message)
     named: tuple[str, ...] = ()      # the keys it printed, for the error message
     match: Callable[[str], re.Match | None] | None = None   # the template's fullmatch, once used
@@ -105,6 +113,7 @@ class Plan:
     counters: tuple[tuple[int, str], ...] = ()   # (index, name) of integers that may be a counter: their behaviour
     # across the template's lines decides (:class:`~.generic.Template`); () once decided
     merged: str = ""                 # the template with whitespace runs and signs folded
+    signs: tuple[int, ...] = ()      # the numbers printed with a minus sign (see `signed`)
     outer: tuple[int, ...] = ()      # integers before the step that may count its epochs: one
     # that goes up when the step restarts does (Assembler._outer_step)
     after_bar: bool = False          # the values follow a progress bar's redraw on the line: a
@@ -123,7 +132,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
     ``Plan.counters`` for the caller to watch."""
     n = len(nums)
     joined = "#".join(texts)
-    plan = Plan()
+    plan = Plan(signs=tuple(i for i in range(n) if _negative(texts[i])))
     roles, eval_context = _roles(texts, nums, user, "{" in joined, hints)
     metrics: dict[str, tuple[int, int, str, bool]] = {}   # key -> (rank, index, name, negative)
     statistics: list[tuple[int, int, str]] = []   # (words beyond the loss, index, name)
@@ -144,11 +153,11 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
             role, key, rank, name = bar_label
             bar_label = None
         if role == "metric" and key is not None:
-            negative = texts[i].endswith("-") and not texts[i].endswith("--")
+            negative = _negative(texts[i])
             if key not in metrics or rank < metrics[key][0]:
                 metrics[key] = (rank, i, name, negative)
         elif role == "component":
-            comps.append((i, texts[i].endswith("-") and not texts[i].endswith("--")))
+            comps.append((i, _negative(texts[i])))
         elif role == "statistic" and key == keys.LOSS:
             statistics.append((len(normalise_key(name).split()), i, name))
         elif role == "step":
@@ -185,28 +194,19 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
                      and not (i + 1 < n and roles[i + 1][0] == "total")]
             if micro:
                 plan.micro = micro[0]
-        if split:
-            repeated = [i for p, i, nm in steps if nm == name and p == prio]
-            multi = _periodic(repeated, n)
-            if multi:
-                plan.kind = "multi"
-                made: dict[str, Plan] = {}    # glued records share their template: one plan
-                parts = []
-                for a, b in multi:
-                    sub = texts[a:b + 1]
-                    key = "\x00".join(sub)
-                    if key not in made:
-                        made[key] = make_plan(sub, nums[a:b], user, split=False)
-                    parts.append((a, b, made[key]))
-                plan.parts = tuple(parts)
-                return plan
+    if split and n >= 2:
+        repeated = _repeated(texts, nums, user)
+        if repeated is not None:
+            plan.kind = "multi"
+            plan.parts, plan.head, plan.tail = repeated
+            return plan
     if keys.LOSS in metrics:
         plan.loss_kind = LOSS_KINDS[0]
     elif statistics:
         # `Update 12: avg loss 1.234`: a statistic of the loss where the line prints no other
         # (the plainest name: `avg loss` over `avg box_loss`).
         i = min(statistics)[1]
-        metrics[keys.LOSS] = (1, i, roles[i][3], texts[i].endswith("-") and not texts[i].endswith("--"))
+        metrics[keys.LOSS] = (1, i, roles[i][3], _negative(texts[i]))
         ordered = sorted(((i, k, neg) for k, (_, i, _, neg) in metrics.items()))
         plan.loss_kind = LOSS_KINDS[1]
     plan.metrics = tuple(ordered)
@@ -258,6 +258,25 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
                               if role == "other" and nums[i].isdigit()
                               and not name.lower().startswith(_ARG_ECHO))
     return plan
+
+
+def _negative(before: str) -> bool:
+    """Whether the number after the text ``before`` is printed with a minus sign (``loss -0.5``,
+    ``loss: -0.5``; not a separator word: ``step 3 -- 0.5``)."""
+    return before.endswith("-") and not before.endswith("--")
+
+
+def signed(plan: Plan, signs: tuple[int, ...]) -> Plan:
+    """``plan`` for a line of its template whose numbers ``signs`` print a minus sign: a
+    template learned across its lines folds the signs (:func:`.tokens.fold`), so its plan, made
+    from its first line, carries that line's signs (a loss that went below zero later read as
+    above it). A copy, with no compiled match (the caller compiles the line's own)."""
+    if signs == plan.signs:
+        return plan
+    neg = set(signs)
+    metrics = tuple((i, k, i in neg) for i, k, _ in plan.metrics)
+    return replace(plan, signs=signs, metrics=metrics, components=tuple((i, i in neg) for i, _ in plan.components),
+                   match=None, values=None if any(n for _, _, n in metrics) else plan.values)
 
 
 def _after_bar(texts: list[str], step: int, values: list[int]) -> bool:
@@ -329,7 +348,9 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
             continue
         name = tokens.key_before(before, glued=i > 0)
         rest = before[:before.rfind(name)] if name else before
-        if _EVAL_CONTEXT.search(rest):
+        if _ON_TRAINING_ALONE.fullmatch(name):   # `evaluation metric 'loss' on training set: 0.41`
+            rest, name = _named_before(rest, name, i > 0)
+        if _EVAL_CONTEXT.search(rest) and not _training_named(rest, name):
             eval_context = True
         if name.startswith("-") or name.lower().startswith(_ARG_ECHO):
             roles.append(("other", None, 0, name))
@@ -356,6 +377,20 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
     _bare_counters(texts, nums, roles)
     _counter_in_prose(texts, nums, roles, user)
     return roles, eval_context
+
+
+def _named_before(rest: str, phrase: str, glued: bool) -> tuple[str, str]:
+    """``(text before the name, name)`` of a key that is a phrase about the split alone (``on
+    training set``): the name printed before it, with the phrase (``loss on training set``)."""
+    named = tokens.key_before(rest, glued=glued)
+    return (rest[:rest.rfind(named)], f"{named} {phrase}") if named else (rest, phrase)
+
+
+def _training_named(rest: str, name: str) -> bool:
+    """Whether the split words around a key only say it was evaluated, on the training split
+    (`[7] Evaluation metric train-loss:`): the training set's value, no evaluation's."""
+    return all(m.group(0).lower() in EVALUATING for m in _EVAL_CONTEXT.finditer(rest)) \
+        and bool(_TRAINING.search(rest) or _TRAINING.search(name))
 
 
 def _last_words(name: str, user) -> str:
@@ -496,17 +531,47 @@ def _kind(plan: Plan, texts, nums, roles, joined, summary, eval_context, eval_lo
     return plan
 
 
-def _periodic(positions: list[int], n: int) -> list[tuple[int, int]]:
-    """Several records glued on one line (lost newlines): the step name repeats at a fixed
-    period. The (first, end) number ranges of the records, or [] for one record. The last
-    record places the step within a record (the first may have lost its start)."""
-    if len(positions) < 2:
-        return []
-    period = positions[1] - positions[0]
-    if any(b - a != period for a, b in zip(positions, positions[1:])):
-        return []
-    offset = positions[-1] - (n - period)
-    if not 0 <= offset <= positions[0]:
-        offset = positions[0]
-    starts = [max(0, p - offset) for p in positions]
-    return list(zip(starts, starts[1:] + [n]))
+def _repeated(texts: list[str], nums: list[str], user) -> tuple[tuple, int, int | None] | None:
+    """Records of one template printed several times on one line (text re-wrapped by e-mail or
+    a forum: ``step 10 | loss 2.9 step 20 | loss 2.8 step``): ``(parts, head, tail)`` (see
+    :class:`Plan`), or None. The text between the numbers repeats with a period ``p`` (two
+    records at least, whitespace folded); a record starts where the line does when the line's
+    first words end the piece that separates records, else the line ends with a whole record
+    (its start was cut: the numbers before, ``head``, are dropped). A record must read as one:
+    a record plan with a loss. What the line cuts at its end (``tail``) is the next line's."""
+    n = len(nums)
+    folded = [" ".join(t.split()) for t in texts]
+    period = next((p for p in range(1, n - 1) if all(folded[k] == folded[k + p] for k in range(1, n - p))
+                   and _letters(folded[1:p + 1] if 2 * p <= n else folded[1:n - p])), 0)
+    if not period:
+        return None
+    starts = bool(folded[0]) and folded[period].endswith(folded[0])
+    first = 0 if starts else n % period
+    whole = (n - first) // period
+    end = first + whole * period
+    cut = folded[n] if end == n else ""
+    tail = end if end < n else n if _letters([cut]) and folded[period].startswith(cut) else None
+    if whole < 1 or (whole == 1 and not first and tail is None):
+        return None
+    sub = [texts[first + period] if first + period < n else folded[period]] \
+        + texts[first + 1:first + period] + [""]
+    made = make_plan(sub, nums[first:first + period], user, split=False)
+    if made.kind != "record" or not made.loss_kind:
+        return None
+    parts = [(a, a + period, made) for a in range(first, end, period)]
+    if tail is not None and tail < n and _read_upto(made) < n - tail and not _letters(folded[n:]):
+        parts.append((tail, n, made))   # the numbers it lacks (the next record's timestamp) read nothing
+        tail = None
+    return tuple(parts), first, tail
+
+
+def _read_upto(plan: Plan) -> int:
+    """The last index of a number a record plan reads."""
+    used = [i for i, _, _ in plan.metrics] + [i for i, _ in plan.components] + list(plan.outer) + [
+        i for i in (plan.step, plan.step_total, plan.epoch, plan.per_epoch, plan.micro, plan.ppl_at)
+        if i is not None]
+    return max(used, default=0)
+
+
+def _letters(pieces: list[str]) -> bool:
+    return any(c.isalpha() for piece in pieces for c in piece)
