@@ -739,3 +739,52 @@ def test_a_line_that_starts_inside_a_record_drops_that_part_and_says_so(tmp_path
 def test_a_line_of_one_record_is_not_split(tmp_path, line):
     _, account = records_of(tmp_path, "".join(line.replace("2.3", f"{_loss(s):.4f}") + "\n" for s in range(5)))
     assert not account.changed
+
+
+# -- 3. headerless space-aligned columns, an `a/b` epoch counter first --------------------------------
+
+def _columns(counter, first_column_rises: bool = False, loss_rises: bool = False) -> str:
+    """Train loss, train acc, val loss, val acc under a header an excerpt missed."""
+    out = ["Loading data...", "Model: 1.2M parameters"]
+    for e in range(1, 31):
+        loss = 0.5 + 0.06 * e if loss_rises else 2.3026 * math.exp(-e / 15) + 0.2
+        cols = [f"{loss:.4f}", f"{0.1 + e / 60:.4f}", f"{loss + 0.05:.4f}", f"{0.1135 + e / 70:.4f}"]
+        if first_column_rises:
+            cols = cols[1:2] + cols[:1] + cols[2:]
+        out.append(counter(e) + "   ".join(cols))
+    return "\n".join(out) + "\n"
+
+
+COLUMN_GUESSES = [
+    ("a/b first", lambda e: f"{e:3d}/50   ", False, "#3"),
+    ("Epoch a/b", lambda e: f"Epoch {e}/50   ", False, "#3"),
+    ("the accuracy first", lambda e: f"{e:3d}/50   ", True, "#4"),
+    ("a bare epoch, tabs", lambda e: f"{e}\t", False, "#2"),
+]
+
+
+@pytest.mark.parametrize("counter, acc_first, loss", [r[1:] for r in COLUMN_GUESSES], ids=[r[0] for r in COLUMN_GUESSES])
+def test_columns_with_no_names_are_read_by_a_guessed_loss_said_to_be_a_guess(tmp_path, counter, acc_first, loss):
+    text = _columns(counter, acc_first)
+    got, account = records_of(tmp_path, text.replace("   ", "\t") if "\t" in counter(1) else text)
+    want = [(e, round(2.3026 * math.exp(-e / 15) + 0.2, 4)) for e in range(1, 31)]
+    assert [(s, m["loss"]) for s, m in got] == want
+    assert account.keys["loss"][0].startswith(f"{loss} (the first unnamed number after the counter that falls like "
+                                              "a loss, of 4 unnamed numbers")
+    assert any(n.startswith("the log names no loss: the loss is a guess") for n in account.notes)
+
+
+def test_columns_none_of_which_falls_are_refused_with_suggestions_that_agree_and_read_the_log(tmp_path, capsys):
+    path = tmp_path / "cols.log"
+    path.write_text(_columns(lambda e: f"{e:3d}/50   ", loss_rises=True))
+    with pytest.raises(LogFormatError) as e:
+        read_records(path)
+    pasted = [line.strip() for line in str(e.value).splitlines() if line.strip().startswith("stability-callbacks ")]
+    assert len(pasted) == 2 and "--keys step=1,loss=3" in pasted[0] and "(?P<loss>" in pasted[1]
+    for command in pasted:
+        code = main(shlex.split(command)[1:] + ["--json", str(tmp_path / "r.jsonl")])
+        capsys.readouterr()
+        read = json.loads((tmp_path / "r.jsonl").read_text().splitlines()[0])
+        assert code in (0, 1) and read["steps"] == read["steps_with_loss"] == 30, command
+    # both read the same column: the first after the counter
+    assert [r.metrics["loss"] for r in read_records(path, user_keys={"1": "step", "3": "loss"})][:2] == [0.56, 0.62]

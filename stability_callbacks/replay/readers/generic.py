@@ -593,8 +593,8 @@ def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str,
     if guess is not None:
         pattern = guess.pattern
         account.note(f"the log names no loss: the loss is a guess, number {guess.names['loss'].split()[0]} of "
-                     f"its progress lines (first: line {guess.line_no}), the one that varies beside the "
-                     f"counter {guess.names['step']}; if it is no loss, name the loss with --keys")
+                     f"its progress lines (first: line {guess.line_no}), {guess.which.format(step=guess.names['step'])}"
+                     "; if it is no loss, name the loss with --keys")
     reader, asm = reading.reader, reading.asm
     record = asm.record
     histories = Histories(off=pattern is not None)

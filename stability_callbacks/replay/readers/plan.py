@@ -515,7 +515,8 @@ def _kind(plan: Plan, texts, nums, roles, joined, summary, eval_context, eval_lo
             plan.kind = "nan"
         elif eval_loss:
             plan.kind = "eval"        # `step 30 | val loss 2.5`: an evaluation at a step
-        elif plan.step is not None and plan.micro is None and roles[plan.step][3]:
+        elif plan.step is not None and plan.micro is None and roles[plan.step][3] \
+                and not roles[plan.step][3].startswith("#"):
             plan.kind = "header"      # OLMo's `[step=1/739328,epoch=0]`, composer's `[batch=1/20]:`
         elif (plan.epoch is not None or plan.per_epoch is not None) and plan.step is None:
             plan.kind = "epoch"       # `Epoch 2/10` above Keras' batch lines
