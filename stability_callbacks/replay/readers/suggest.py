@@ -166,11 +166,11 @@ def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
         return None
     # Columns with no names at all (`  1/50   2.3026   0.1000   2.2990   0.1135`, the header an
     # excerpt missed): the first after the counter that falls like a loss.
-    loss = next((i for i in unnamed if i > step and _falls(samples, i)), None)
-    if loss is None:
+    column = next((i for i in unnamed if i > step and _falls(samples, i)), None)
+    if column is None:
         return None
-    return Guess(re.compile(_pattern(texts, step, loss)),
-                 {"loss": f"#{loss + 1} ({GUESSED_COLUMN.format(n=len(unnamed))})", **said}, which=(
+    return Guess(re.compile(_pattern(texts, step, column)),
+                 {"loss": f"#{column + 1} ({GUESSED_COLUMN.format(n=len(unnamed))})", **said}, which=(
                      f"the first after the counter {{step}} that falls like a loss, of {len(unnamed)} unnamed numbers"))
 
 
