@@ -721,7 +721,7 @@ def test_every_record_of_a_line_that_holds_several_is_read_and_said(tmp_path, re
     said = {what: n for what, (n, _) in account.changed.items()}
     # the records of lines that hold several are said; a record cut at a line's end is read with the next
     assert said[SEVERAL] >= 20 - len(text.splitlines()) and (CUT in said) == (width is not None)
-    assert any(line.startswith("  records merged, split or dropped: ") for line in account.lines())
+    assert any(line.startswith("  records merged, split, dropped or marked: ") for line in account.lines())
 
 
 def test_a_line_that_starts_inside_a_record_drops_that_part_and_says_so(tmp_path):
@@ -788,3 +788,49 @@ def test_columns_none_of_which_falls_are_refused_with_suggestions_that_agree_and
         assert code in (0, 1) and read["steps"] == read["steps_with_loss"] == 30, command
     # both read the same column: the first after the counter
     assert [r.metrics["loss"] for r in read_records(path, user_keys={"1": "step", "3": "loss"})][:2] == [0.56, 0.62]
+
+
+# -- 8. a NaN printed as 0, announced by a warning line ------------------------------------------------
+
+NAN_READ = "records whose loss prints 0 read as NaN: a warning line beside them says the loss was not finite"
+SKIP_READ = ("records whose loss prints 0 marked skipped (skipped=1, no loss read): a warning line beside them says "
+             "the step was skipped")
+
+
+def _zero_with_warning(warning: str, after: bool, record=lambda s, x: f"step {s} loss {x:.4f} lr 1e-4") -> str:
+    out = []
+    for s in range(1, 41):
+        if s == 25 and not after:
+            out.append(warning)
+        out.append(record(s, 0.0 if s == 25 else 2.5 - 0.01 * s))
+        if s == 25 and after:
+            out.append(warning)
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("warning, after, said, finding", [
+    ("WARNING: non-finite loss, skipping batch", False, NAN_READ, "nonfinite"),
+    ("loss is nan, setting to 0", True, NAN_READ, "nonfinite"),
+    ("[W] step 25: loss became inf, replaced by 0", True, NAN_READ, "nonfinite"),
+    ("Skipping step: gradients contain inf", True, SKIP_READ, None),
+    ("Gradient overflow. Skipping step", False, SKIP_READ, None),
+], ids=["non-finite before", "nan after", "inf after, a step on it", "skip after", "overflow before"])
+def test_a_zero_loss_beside_a_warning_line_is_what_the_warning_says(tmp_path, capsys, warning, after, said, finding):
+    path = tmp_path / "w.log"
+    path.write_text(_zero_with_warning(warning, after))
+    got, account = records_of(tmp_path, path.read_text())
+    marked = dict(got)[25]
+    assert (math.isnan(marked["loss"]) if finding else "loss" not in marked)
+    assert marked.get("skipped") == (1.0 if "skip" in warning.lower() else None)
+    assert account.changed[said][0] == 1
+    code, out, found = _replay_json(capsys, path)
+    assert [(f["step"], f["kind"]) for f in found if f["severity"] != "info"] == (
+        [(25, "nonfinite"), (25, "rollback_advice")] if finding else [])
+    assert "stall" not in out
+
+
+def test_a_warning_beside_no_zero_loss_changes_nothing(tmp_path):
+    text = "".join(f"step {s} loss {2.5 - 0.01 * s:.4f}\n" + ("Skipping batch 3: bad sample\n" if s == 3 else "")
+                   for s in range(1, 9))
+    got, account = records_of(tmp_path, text)
+    assert all("skipped" not in m and m["loss"] > 2 for _, m in got) and not account.changed

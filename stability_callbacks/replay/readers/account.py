@@ -49,7 +49,7 @@ class ReadAccount:
         self.segments: list[list] = []               # [how, [names], first record, last record, first step]
         self.segment_how = ""
         self.ignored: dict[str, list[int]] = {}      # reason -> [count, first line]
-        self.changed: dict[str, list[int]] = {}      # records merged, split or dropped: why -> [count, first line]
+        self.changed: dict[str, list[int]] = {}      # records merged, split, dropped or marked: why -> [count, first line]
         self.notes: list[str] = []
         self.signals: list[str] = []                 # what a log without a loss is judged on
         self.sample_unit = 0                         # samples per step, where a counter counts samples
@@ -176,7 +176,7 @@ class ReadAccount:
                      for r, (c, f) in sorted(self.ignored.items(), key=lambda kv: -kv[1][0])]
             out.append("  lines ignored: " + "; ".join(parts))
         if self.changed:
-            out.append("  records merged, split or dropped: " + "; ".join(
+            out.append("  records merged, split, dropped or marked: " + "; ".join(
                 f"{c:,} {r} (first: line {f})" for r, (c, f) in self.changed.items()))
         out += [f"  note: {n}" for n in self.notes]
         return out

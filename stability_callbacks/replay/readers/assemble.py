@@ -51,6 +51,11 @@ SAMPLES_PRINTS = 8
 #: Two losses of one step this close (relative) are one value printed twice (ranks' rounding).
 SAME_LOSS = 1e-3
 
+#: What a warning line beside a record whose loss prints 0 does to it (Assembler.warning).
+WARNED = ("records whose loss prints 0 read as NaN: a warning line beside them says the loss was not finite",
+          "records whose loss prints 0 marked skipped (skipped=1, no loss read): a warning line beside them says "
+          "the step was skipped")
+
 #: Why a record line makes no record (the account counts them as ignored lines).
 DROPPED = ("epoch summary or another loop (the log's records print a finer counter)",
            "a statistic or terms of the loss (the log prints the loss itself)",
@@ -106,6 +111,7 @@ class Assembler:
         self.step_stays = False
         self.bar_loop: tuple | None = None    # (printed keys, total) of the first bar record
         self.epoch_steps = True               # False once an epoch held two records
+        self.warned: tuple[str, int] = ("", 0)   # a warning line's word on the next record, its line
         self.block: dict | None = None        # metrics of the indented block under a step header
         self.block_ranks: dict[str, int] = {}
         self.block_step: tuple = (None, "order", "")
@@ -542,6 +548,10 @@ class Assembler:
         prev = self.pending
         if prev is not None and prev.step == step and self._again(prev, step, metrics, plan, how):
             return []
+        if self.warned[0]:
+            if metrics.get(keys.LOSS) == 0.0:
+                self._warned(metrics, *self.warned)
+            self.warned = ("", 0)
         self.pending_last_step = self.last_step
         self.last_step = step
         rec = self.pending = StepRecord(step, metrics)
@@ -566,6 +576,28 @@ class Assembler:
                 self.pending_undecided = self.loss_name is None
                 self.pending_loss_name = plan.loss_name
         return [prev] if prev is not None else []
+
+    def warning(self, said: str, line_no: int) -> None:
+        """A warning line that says a step's loss was not finite or the step was skipped
+        (:func:`.plan.warning`) marks the record beside it whose loss prints 0 (a NaN replaced by a
+        printed zero, which read as a stall to zero): the one printed right before it, else the
+        next record, if its loss prints 0."""
+        rec = self.pending
+        if rec is not None and rec.metrics.get(keys.LOSS) == 0.0 and not self.warned[0]:
+            self._warned(rec.metrics, said, line_no)
+        elif rec is None or rec.metrics.get(keys.LOSS) == rec.metrics.get(keys.LOSS):
+            self.warned = (said, line_no)
+
+    def _warned(self, metrics: dict, said: str, line_no: int) -> None:
+        metrics.pop(keys.LOSS_RESOLUTION, None)
+        if "nan" in said:
+            metrics[keys.LOSS] = math.nan
+            self.account.change(line_no, WARNED[0])
+        else:
+            del metrics[keys.LOSS]
+            self.account.change(line_no, WARNED[1])
+        if "skip" in said:
+            metrics[keys.OVERFLOW_SKIPPED] = 1.0
 
     def _summary(self, plan: Plan | None, metrics: dict) -> bool:
         """Whether a line with no step, or one behind the last step, is a summary of the records,

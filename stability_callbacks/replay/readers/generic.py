@@ -29,7 +29,7 @@ from . import tokens
 from .account import ReadAccount
 from .assemble import Assembler
 from .history import Histories
-from .plan import LOSS_KINDS, Plan, choose_counter, make_plan, signed
+from .plan import LOSS_KINDS, Plan, choose_counter, make_plan, signed, warning
 from .source import segments, strip_prefix
 from .vocabulary import classify, normalise_key
 
@@ -542,6 +542,10 @@ class Reading:
         if asm.block is not None and (indent <= asm.block_indent or not seg.strip()):
             out += asm.close_block()      # the indented block under a step header ended
         asm.indent = indent
+        if plan is None or plan.kind in ("nan", "ignore"):
+            said = warning(seg) if seg.strip() else ""
+            if said:
+                asm.warning(said, line_no)
         if plan is None:
             if seg.strip():
                 account.ignore(line_no, seg, self.unmatched if _DIGIT(seg) else "no numbers")

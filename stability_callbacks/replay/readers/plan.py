@@ -48,6 +48,13 @@ _NAN_WARNING = re.compile(r"\bloss\b.*\b(?:is|are|was|were|became|got|detected|f
 _NO_NAN = re.compile(r"\b(?:no|not|never|without|zero)\b(?:\s+\w+){0,2}?\s+(?:nan|inf|infinity|non-?finite)\b",
                      re.I)
 _OVERFLOW = re.compile(r"overflow", re.I)
+# A warning that a step's loss was not finite, or that a step was skipped (`WARNING: non-finite
+# loss, skipping batch`, `loss is nan, setting to 0`, `skipping step 12: grad has inf`): it marks
+# the record beside it whose loss prints 0 (see Assembler.warning).
+_NONFINITE_LOSS = re.compile(r"\bloss\b.*\b(?:nan|inf|infinite|non-?finite|not finite)\b|"
+                             r"\b(?:nan|inf|infinite|non-?finite|not finite)\b.*\bloss\b", re.I)
+_SKIPPED = re.compile(r"\bskip(?:s|ping|ped)?\b(?:\s+\w+){0,3}?\s+(?:batch|step|update|iteration|iter)\b|"
+                      r"\b(?:batch|step|update|iteration|iter)\b(?:\s+\w+){0,3}?\s+skipped\b", re.I)
 # MindSpore's `overflow, still update, loss scale adjust to 1024.0`: the step was applied.
 _APPLIED = re.compile(r"\bstill updat|\bnot skip", re.I)
 _KEYLESS = 5                  # the rank of a bare leading counter
@@ -478,6 +485,16 @@ def _bare_counters(texts, nums, roles) -> None:
         roles[run - 1] = ("step", None, _KEYLESS, "")
         if run > 1:               # `333 154 Loss=..`, `1|12|Loss: ..`: an epoch, then the count
             roles[run - 2] = ("epoch", None, 0, "")
+
+
+def warning(line: str) -> str:
+    """What a warning line says of the step beside it: ``"nan"`` (its loss was not finite),
+    ``"skip"`` (it was skipped), both (``"nan skip"``), or ``""`` (none, or prose that says there
+    was none: ``no NaN found``)."""
+    if _NO_NAN.search(line):
+        return ""
+    said = ("nan " if _NONFINITE_LOSS.search(line) else "") + ("skip" if _SKIPPED.search(line) else "")
+    return said.strip()
 
 
 def _kind(plan: Plan, texts, nums, roles, joined, summary, eval_context, eval_loss) -> Plan:
