@@ -87,7 +87,8 @@ def test_a_history_printed_as_arrays_is_one_record_per_epoch(tmp_path, text):
     got, account = records_of(tmp_path, text)
     _same(got, [(e, {k: v for k, v in m.items()}) for e, m in HISTORY_RECORDS])
     said = account.lines()
-    assert "  steps numbered by the epoch (nothing finer is printed)" in said
+    assert "  steps numbered by the epoch (no count finer than the epoch moves from record to record: step N is " \
+        "epoch N)" in said
     assert any(line.startswith("  note: a history printed as arrays (line ") and line.endswith(
         f"): element k of each array is epoch k, {EPOCHS} epochs") for line in said), said
 
@@ -738,7 +739,7 @@ def test_a_line_that_starts_inside_a_record_drops_that_part_and_says_so(tmp_path
                                   "Epoch 1/10 | batch 100/500 | loss 2.3", "it 5 loss 2.3 loss_cls 1.1 loss_box 1.2"])
 def test_a_line_of_one_record_is_not_split(tmp_path, line):
     _, account = records_of(tmp_path, "".join(line.replace("2.3", f"{_loss(s):.4f}") + "\n" for s in range(5)))
-    assert not account.changed
+    assert SEVERAL not in account.changed
 
 
 # -- 3. headerless space-aligned columns, an `a/b` epoch counter first --------------------------------
@@ -834,3 +835,33 @@ def test_a_warning_beside_no_zero_loss_changes_nothing(tmp_path):
                    for s in range(1, 9))
     got, account = records_of(tmp_path, text)
     assert all("skipped" not in m and m["loss"] > 2 for _, m in got) and not account.changed
+
+
+# -- 4. the account says every merge ----------------------------------------------------------------
+
+@pytest.mark.parametrize("text, said, n", [
+    # two ranks print every step
+    ("".join(f"[rank{r}]: step {s} loss {_loss(s):.4f}\n" for s in range(1, 6) for r in (0, 1)),
+     "records merged into the one before: the same step printed again (ranks, repeats: their mean loss)", 5),
+    # a bar redrawn at one count
+    ("".join(f" {n}%|#   | {n}/100 [00:0{t}<00:10,  9.9it/s, loss={_loss(n + t):.4f}]\n" for n in (1, 2, 3) for t in (1, 2)),
+     "records merged into the one before: a progress bar redrawn at its count, or a record printed again in another "
+     "form (its last values kept)", 3),
+    # terms of one step on lines of their own
+    ("".join(f"discriminator loss at step {s}: 0.69\ngenerator loss at step {s}: 1.{s}\n" for s in range(1, 5)),
+     "records merged into the one before: terms of one step's loss on lines of their own (their sum)", 4),
+], ids=["ranks", "a bar redrawn", "terms"])
+def test_records_merged_into_one_are_counted_in_the_account(tmp_path, text, said, n):
+    got, account = records_of(tmp_path, text)
+    assert account.changed[said][0] == n
+    assert any(line.startswith("  records merged, split, dropped or marked: ") and f"{n} {said}" in line
+               for line in account.lines())
+
+
+def test_a_log_of_epochs_with_complete_bars_does_not_say_nothing_finer_is_printed(tmp_path):
+    got, account = records_of(tmp_path, "".join(f"Epoch {e}/5\n469/469 [====] - 3s - loss: {_loss(e):.4f}\n"
+                                                 for e in range(1, 6)))
+    assert [s for s, _ in got] == [1, 2, 3, 4, 5]
+    assert "  steps numbered by the epoch (no count finer than the epoch moves from record to record: step N is " \
+           "epoch N)" in account.lines()
+    assert "nothing finer" not in " ".join(account.lines())

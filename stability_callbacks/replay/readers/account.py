@@ -25,9 +25,11 @@ IgnoreCallback = Callable[[int, str, str], None]
 NUMBERINGS = {"counter": "the log", "order": "order of appearance", "epoch": "the epoch",
               "after": "the step after the last printed", "samples": "samples seen / unit"}
 _LABELS = {"counter": "the log's counter", "order": "order of appearance (the records print no counter "
-           "taken for the step: step N is the N-th record)", "epoch": "the epoch (nothing finer is printed)",
+           "taken for the step: step N is the N-th record)", "epoch": "the epoch (no count finer than the epoch moves from record to "
+           "record: step N is epoch N)",
            "after": "the step after the last one printed (overflow lines that print no step)",
            "samples": "the log's counter of samples seen, divided by {unit:,}"}
+_NO_STEPS = "which prints no step numbers"
 #: Parts of a log numbered differently that the account lists one by one.
 MAX_SEGMENTS = 8
 #: Reasons a line is ignored that the caller hears of line by line (a partly unreadable file).
@@ -55,7 +57,7 @@ class ReadAccount:
         self.sample_unit = 0                         # samples per step, where a counter counts samples
         self.sample_epoch = 0                        # ... and steps per epoch
         # Why records are numbered in order (a finding says so: step_caveat).
-        self.order_reason = "which prints no step numbers"
+        self.order_reason = _NO_STEPS
         self.first_unreadable: tuple[int, str] | None = None
 
     def saw(self, key: str, printed: str) -> None:
@@ -242,6 +244,9 @@ class ReadAccount:
         return found
 
     def _label(self, how: str) -> str:
+        if how == "order" and self.order_reason != _NO_STEPS:
+            # the records print a counter, not taken: say which and why (not "no counter")
+            return f"order of appearance (step N is the N-th record of the log, {self.order_reason})"
         return _LABELS[how].format(unit=self.sample_unit)
 
     @property

@@ -51,6 +51,13 @@ SAMPLES_PRINTS = 8
 #: Two losses of one step this close (relative) are one value printed twice (ranks' rounding).
 SAME_LOSS = 1e-3
 
+#: Why records were merged into one (the account counts them).
+MERGED = ("records merged into the one before: a progress bar redrawn at its count, or a record printed "
+          "again in another form (its last values kept)",
+          "records merged into the one before: terms of one step's loss on lines of their own (their sum)",
+          "records merged into the one before: the same step printed again (ranks, repeats: their mean loss)",
+          "records merged into one: micro-batches of one optimizer step (their mean loss)")
+
 #: What a warning line beside a record whose loss prints 0 does to it (Assembler.warning).
 WARNED = ("records whose loss prints 0 read as NaN: a warning line beside them says the loss was not finite",
           "records whose loss prints 0 marked skipped (skipped=1, no loss read): a warning line beside them says "
@@ -70,6 +77,7 @@ class Assembler:
     def __init__(self, account: ReadAccount | None = None):
         self.account = account if account is not None else ReadAccount("")
         self.indent = 0                       # the indentation of the line being fed
+        self.line_no = 0                      # ... and its number (what the account says)
         self.last_step = 0
         self.pending: StepRecord | None = None
         self.made = 0                         # records made so far
@@ -516,6 +524,8 @@ class Assembler:
         out = self.micro_metrics
         if self.micro[0]:
             out[keys.LOSS] = _mean(self.micro)
+            if self.micro[0] > 1:
+                self.account.change(self.line_no, MERGED[3], self.micro[0] - 1)
         self.micro, self.micro_metrics = [0, 0.0, 0.0, True], {}
         return self.emit(step, out, plan, how, self._printed_step(plan))
 
@@ -641,6 +651,7 @@ class Assembler:
             self.cumulative_first = (prev, *self.cumulative_first[1:])
         if plan is not None and (plan.counter or self.reprinted):
             _redrawn(prev.metrics, metrics)   # a progress bar redrawn: its last postfix counts
+            self.account.change(self.line_no, MERGED[0])
         elif plan is not None and plan.components and self._noted_plan is not None \
                 and self._noted_plan.components and plan is not self._noted_plan \
                 and keys.LOSS in prev.metrics and keys.LOSS in metrics:
@@ -650,8 +661,10 @@ class Assembler:
                 [repr(prev.metrics[keys.LOSS]), repr(metrics.pop(keys.LOSS))], ((0, False), (1, False)))
             for k, v in metrics.items():
                 prev.metrics.setdefault(k, v)
+            self.account.change(self.line_no, MERGED[1])
         else:
             self._repeat(prev, metrics)   # another rank, or a micro-batch of the step
+            self.account.change(self.line_no, MERGED[2])
         return True
 
     def _relogged(self, prev: StepRecord, metrics: dict) -> bool:

@@ -537,7 +537,7 @@ class Reading:
     def _feed(self, item: tuple) -> list[StepRecord]:
         line_no, seg, indent, nums, plan, watched, row = item
         asm, account = self.asm, self.account
-        asm.row = row
+        asm.row, asm.line_no = row, line_no
         out: list[StepRecord] = []
         if asm.block is not None and (indent <= asm.block_indent or not seg.strip()):
             out += asm.close_block()      # the indented block under a step header ended
@@ -620,6 +620,7 @@ def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str,
         m = last.match(text) if last is not None and last.match is not None \
             and asm.block is None and not reading.busy else None
         if m is not None and last is not None:
+            asm.line_no = line_no
             try:
                 out = record(m.groups(), last)
             except (ValueError, OverflowError) as e:
