@@ -525,7 +525,7 @@ class Assembler:
         if self.micro[0]:
             out[keys.LOSS] = _mean(self.micro)
             if self.micro[0] > 1:
-                self.account.change(self.line_no, MERGED[3], self.micro[0] - 1)
+                self.account.change(self.line_no, MERGED[3], int(self.micro[0]) - 1)
         self.micro, self.micro_metrics = [0, 0.0, 0.0, True], {}
         return self.emit(step, out, plan, how, self._printed_step(plan))
 
