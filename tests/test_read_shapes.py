@@ -865,3 +865,28 @@ def test_a_log_of_epochs_with_complete_bars_does_not_say_nothing_finer_is_printe
     assert "  steps numbered by the epoch (no count finer than the epoch moves from record to record: step N is " \
            "epoch N)" in account.lines()
     assert "nothing finer" not in " ".join(account.lines())
+
+
+# -- 9. a named counter within an epoch, no epoch length, restarting each epoch ------------------------
+
+@pytest.mark.parametrize("name", ["step", "it", "batch"])
+@pytest.mark.parametrize("where", ["header", "on the line"])
+def test_a_named_count_that_restarts_every_epoch_gives_not_learning_its_real_step_span(tmp_path, capsys, name, where):
+    """A loss at chance (it wavers, never falls) over 5 epochs of 10 prints, counted 10..100 in
+    every epoch: numbered in order (1..50), the horizon of not_learning (in steps) was never met."""
+    lines = []
+    for e in range(1, 6):
+        if where == "header":
+            lines.append(f"Epoch {e}")
+        for k, b in enumerate(range(10, 110, 10)):
+            prefix = "" if where == "header" else f"epoch {e} "
+            lines.append(f"{prefix}{name} {b} loss {2.3026 + 0.003 * math.sin(1.7 * (10 * e + k)):.4f}")
+    path = tmp_path / "flat.log"
+    path.write_text("\n".join(lines) + "\n")
+    got, account = records_of(tmp_path, path.read_text())
+    assert [s for s, _ in got] == [(e - 1) * 100 + b for e in range(1, 6) for b in range(10, 110, 10)]
+    assert f"  note: {name!r} restarts at every epoch and the log prints no epoch length: steps are (epoch - 1) x 100 " \
+           f"(the largest {name!r} of an epoch) + {name!r}" in account.lines()
+    code, out, found = _replay_json(capsys, path)
+    kinds = [(f["kind"], f["step"]) for f in found if f["severity"] != "info"]
+    assert [k for k, _ in kinds] == ["not_learning"] and kinds[0][1] > 50, kinds

@@ -297,16 +297,16 @@ class Assembler:
 
     def _restarting(self, value: int, plan: Plan, done: int) -> tuple[int | None, str]:
         """The step of a counter within an epoch whose length the log does not print, one way for
-        the whole log, decided at its first record: a count of batches (a bar's, or ``batch``)
-        or one below the epochs done (an excerpt from a late epoch: ``[37][0]``) numbers the
-        records in order; any other, ``(epoch - first epoch) x L + n``, L the largest count an
+        the whole log, decided at its first record: one below the epochs done (an excerpt from a
+        late epoch: ``[37][0]``) numbers the records in order; any other (``step``, ``iter``,
+        ``batch``, a bar's count), ``(epoch - first epoch) x L + n``, L the largest count an
         epoch showed (+ 1 where the counter counts from 0), learned at its first restart and
         grown at each epoch's end: until then the count as printed (the first epoch's offset is
         0). Never records by order after the counter's own numbers, or the reverse."""
         r = self.restart
         name = plan.step_name
         if r is None:
-            ordered = plan.counter or value < done
+            ordered = value < done
             r = self.restart = [None if ordered else self.epoch, self.epoch, 0, False, 0]
             if ordered:
                 self.account.note(f"{name!r} counts within an epoch and the log prints no epoch "
