@@ -890,3 +890,36 @@ def test_a_named_count_that_restarts_every_epoch_gives_not_learning_its_real_ste
     code, out, found = _replay_json(capsys, path)
     kinds = [(f["kind"], f["step"]) for f in found if f["severity"] != "info"]
     assert [k for k, _ in kinds] == ["not_learning"] and kinds[0][1] > 50, kinds
+
+
+# -- 7. a fit log cut inside an epoch ------------------------------------------------------------------
+
+def _fit_cut(bar, nan_last: bool = False) -> str:
+    """Keras' `fit`: epochs printed complete, then the last one in progress where the excerpt ends."""
+    out = []
+    for e in range(1, 6):
+        out += [f"Epoch {e}/10", bar(469, f"{2.3 - 0.2 * e:.4f}")]
+    out.append("Epoch 6/10")
+    out += [bar(k, "nan" if nan_last and k == 200 else f"{1.3 - 0.0001 * k:.4f}") for k in (1, 50, 120, 200)]
+    return "\n".join(out) + "\n"
+
+
+FIT_BARS = [
+    ("keras 3", lambda k, x: f"{k:3d}/469 ━━━━━━━━━━━━━━━━━━━━ 3s 6ms/step - accuracy: 0.6000 - loss: {x}"),
+    ("keras 2", lambda k, x: f"{k:3d}/469 [==============================] - ETA: 2s - loss: {x} - acc: 0.6"),
+]
+
+
+@pytest.mark.parametrize("bar", [b for _, b in FIT_BARS], ids=[n for n, _ in FIT_BARS])
+def test_a_fit_log_cut_inside_an_epoch_is_numbered_one_way(tmp_path, capsys, bar):
+    got, account = records_of(tmp_path, _fit_cut(bar))
+    assert [(s, m["loss"]) for s, m in got] == [(e, round(2.3 - 0.2 * e, 4)) for e in range(1, 6)] + [(6, 1.28)]
+    said = account.lines()
+    assert [line for line in said if line.startswith("  steps numbered")] == [
+        "  steps numbered by the epoch (no count finer than the epoch moves from record to record: step N is epoch N)"]
+    assert any(n.startswith("\"a bar's count\" stops below its total after epochs printed only complete") for n in
+               account.notes)
+    path = tmp_path / "cut.log"
+    path.write_text(_fit_cut(bar, nan_last=True))
+    code, out, found = _replay_json(capsys, path)
+    assert code == 1 and next(f for f in found if f["kind"] == "nonfinite")["step"] == 6

@@ -107,6 +107,7 @@ class Assembler:
         self.epoch_base: int | None = None
         self.per_epoch: int | None = None     # batches per epoch, where the log declares them
         self.fine_counter = False             # a bar below its total was printed
+        self.epoch_bars = False               # ... in the last epoch of a log numbered by epochs
         self.bar: tuple = (0, 0)              # (epochs done, total) of the last complete bar
         self.counter_global = False           # a batch counter went on across an epoch change
         self.counter_restarts = False         # ... or restarted, no epoch length printed
@@ -233,7 +234,11 @@ class Assembler:
             if self.counter_global and not (self.restart and self.restart[0] is None):
                 return value, "counter"
             unit = self._sample_unit(value, total, plan, done) if plan.counter and total is not None else 0
+            if plan.counter and self.epoch_bars:
+                return self.epoch, "epoch"    # a bar that stops inside the last epoch: see _cut_epoch
             if total is not None and value < total and not self.fine_counter:
+                if plan.counter and self._cut_epoch(plan):
+                    return self.epoch, "epoch"
                 self.fine_counter = True
                 self._renumber_bar()
             if plan.counter and total is not None and value == total and not self.fine_counter:
@@ -380,6 +385,20 @@ class Assembler:
         if at is None or not outs[at].isdigit() or not first[at].isdigit():
             return value
         return (int(outs[at]) - int(first[at])) * (total_of(nums, plan) or per) + value
+
+    def _cut_epoch(self, plan: Plan) -> bool:
+        """Whether a bar below its total, after records numbered by their epochs (complete bars
+        only, released already), is the last epoch's, in progress where the log ends or was cut
+        (Keras' `fit` excerpt): numbered by its epoch too, its redraws one record (its last
+        values), so the log keeps one numbering (before, the earlier epochs were steps 1, 2, 3
+        and the last ones batches since the start: 2345, 2395, ...)."""
+        if not (self.made >= 2 and self.pending_how == "epoch" and self.bar[1]):
+            return False
+        self.epoch_bars = True
+        self.account.note(f"{plan.step_name!r} stops below its total after epochs printed only complete: the "
+                          "log ends inside an epoch, whose records are numbered by the epoch too (one record, "
+                          "its last values), as the epochs before it")
+        return True
 
     def _renumber_bar(self) -> None:
         """The first bar below its total: the complete bar held back counts batches too."""
