@@ -923,3 +923,39 @@ def test_a_fit_log_cut_inside_an_epoch_is_numbered_one_way(tmp_path, capsys, bar
     path.write_text(_fit_cut(bar, nan_last=True))
     code, out, found = _replay_json(capsys, path)
     assert code == 1 and next(f for f in found if f["kind"] == "nonfinite")["step"] == 6
+
+
+# -- 6. multi-line epoch blocks: a header, a learning-rate line, the epoch's final bar ------------------
+
+def _epoch_blocks(header: str, redraws: bool = False) -> str:
+    out = []
+    for e in range(1, 8):
+        out += [header.format(e=e), f"Learning rate: {0.1 * 0.9 ** e:.6f}"]
+        final = f"100%|██████████| 469/469 [00:12<00:00, 38.1it/s, loss={2.3 - 0.2 * e:.4f}]"
+        out.append("\r".join([f" 21%|██        | 100/469 [00:03<00:09, 38.1it/s, loss={2.4 - 0.2 * e:.4f}]"] * redraws
+                             + [final]))
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("header, lr", [("Epoch {e}/20", True), ("[{e}/20]", True), ("===== Epoch {e} of 20", True),
+                                        # a header of one key and one value makes a block with the LR line
+                                        # below it (one line: the epoch's header, its LR not attached)
+                                        ("Epoch {e}", False), ("Starting epoch {e}", False)])
+def test_an_epoch_block_is_one_record_at_its_epoch_with_its_learning_rate(tmp_path, header, lr):
+    got, account = records_of(tmp_path, _epoch_blocks(header))
+    assert got == [(e, {"loss": round(2.3 - 0.2 * e, 4), **({"lr": round(0.1 * 0.9 ** e, 6)} if lr else {})})
+                   for e in range(1, 8)]
+    said = account.lines()
+    assert "  steps numbered by the epoch (no count finer than the epoch moves from record to record: step N is " \
+           "epoch N)" in said and not account.changed
+
+
+def test_an_epoch_block_whose_bar_is_redrawn_numbers_batches_and_says_how(tmp_path):
+    got, account = records_of(tmp_path, _epoch_blocks("Epoch {e}/20", redraws=True))
+    # the LR line goes into the first record of its epoch (the one printed after it)
+    assert [(s, m["loss"], m.get("lr")) for s, m in got] == [
+        (s, round(x, 4), lr) for e in range(1, 8)
+        for s, x, lr in (((e - 1) * 469 + 100, 2.4 - 0.2 * e, round(0.1 * 0.9 ** e, 6)),
+                         ((e - 1) * 469 + 469, 2.3 - 0.2 * e, None))]
+    assert "  note: \"a bar's count\" counts batches within an epoch of 469: steps are (epoch - 1) x 469 + " \
+           "\"a bar's count\"" in account.lines()

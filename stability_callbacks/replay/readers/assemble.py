@@ -121,6 +121,10 @@ class Assembler:
         self.bar_loop: tuple | None = None    # (printed keys, total) of the first bar record
         self.epoch_steps = True               # False once an epoch held two records
         self.warned: tuple[str, int] = ("", 0)   # a warning line's word on the next record, its line
+        self.beside: tuple | None = None      # (epoch, values) of a line of an epoch's values (see _in_epoch)
+        self.pending_epoch: int | None = None   # the epoch the held record was printed in
+        self.attached = False                 # the line fed was read into a record (no ignored line)
+        self.per_epoch_said = False           # the account heard of epoch x batches + batch
         self.block: dict | None = None        # metrics of the indented block under a step header
         self.block_ranks: dict[str, int] = {}
         self.block_step: tuple = (None, "order", "")
@@ -151,6 +155,9 @@ class Assembler:
                 rec.metrics[keys.LOSS] = float("nan")
         elif kind == "epoch" or (kind == "ignore" and plan.epoch is not None):
             self._epoch_context(nums, plan)   # (`Start Training ... Epoch 82/300, lr=0.05`)
+        elif kind == "ignore" and self.epoch is not None and plan.step is None and plan.metrics \
+                and all(k == keys.LR for _, k, _ in plan.metrics):
+            self._in_epoch(nums, plan)
         elif kind == "header":
             out = self.close_block()
             step, how = self._step_of(nums, plan)
@@ -164,6 +171,24 @@ class Assembler:
                 out += self.feed(nums[a:b], part)
             return out
         return []
+
+    def _in_epoch(self, nums, plan: Plan) -> None:
+        """A line of the learning rate alone, with no step, inside an epoch's lines (`Epoch 3/20`,
+        then `Learning rate: 0.0081`, then the epoch's bar): its value is the epoch's record's, the
+        one held if it is this epoch's (the line printed after it), else the next one."""
+        values = {k: (-float(nums[i]) if neg else float(nums[i])) for i, k, neg in plan.metrics}
+        rec = self.pending
+        if rec is not None and self.pending_epoch == self.epoch and not values.keys() & rec.metrics.keys():
+            rec.metrics.update(values)
+        else:
+            self.beside = (self.epoch, values)
+        names = [printed for key, printed in plan.printed if key != "step"]
+        for key, printed in plan.printed:
+            if key != "step":
+                self.account.saw(key, printed)
+        self.account.note(f"lines of the learning rate alone inside an epoch ({', '.join(map(repr, names))}) are "
+                          "read into that epoch's record")
+        self.attached = True
 
     def close_block(self) -> list[StepRecord]:
         """The record of the indented block under a step header, once the block has ended."""
@@ -248,6 +273,11 @@ class Assembler:
                 return done * -(-total // unit) + -(-value // unit), "samples"
             per_epoch = total if total is not None else self.per_epoch
             if per_epoch is not None:
+                if not self.per_epoch_said:
+                    self.per_epoch_said = True
+                    first = f"(epoch - {self.epoch_base})" if self.epoch_base else "epoch"
+                    self.account.note(f"{plan.step_name!r} counts batches within an epoch of {per_epoch:,}: steps are "
+                                      f"{first} x {per_epoch:,} + {plan.step_name!r}")
                 return done * per_epoch + value, "counter"
             return self._restarting(value, plan, done)
         elif self.per_epoch is not None:
@@ -577,6 +607,12 @@ class Assembler:
         prev = self.pending
         if prev is not None and prev.step == step and self._again(prev, step, metrics, plan, how):
             return []
+        if self.beside is not None:
+            if self.beside[0] == self.epoch:
+                for k, v in self.beside[1].items():
+                    metrics.setdefault(k, v)
+            self.beside = None
+        self.pending_epoch = self.epoch
         if self.warned[0]:
             if metrics.get(keys.LOSS) == 0.0:
                 self._warned(metrics, *self.warned)

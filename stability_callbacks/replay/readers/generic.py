@@ -559,7 +559,9 @@ class Reading:
         except (ValueError, OverflowError) as e:
             account(line_no, seg, f"unreadable number: {e}")
             return out
-        if plan.kind not in ("record", "multi") and not (asm.block is not None and plan.metrics):
+        if asm.attached:
+            asm.attached = False
+        elif plan.kind not in ("record", "multi") and not (asm.block is not None and plan.metrics):
             account.ignore(line_no, seg, _REASONS.get(plan.kind, "no training metric"))
         elif asm.dropped:
             account.ignore(line_no, seg, asm.dropped)

@@ -61,6 +61,7 @@ _KEYLESS = 5                  # the rank of a bare leading counter
 _LEARNED = 6                  # the rank of a counter found by what its numbers do (hints)
 _BAR = 9                      # the rank of a keyless `n/N` counter
 UNNAMED = "(unnamed)"
+_EACH = frozenset({"per", "each", "every"})
 _KEY_WORDS = 5                # a longer name is prose ending in a key (_last_words)
 # How a line's loss was found, best first: a log that prints the loss itself anywhere takes no
 # statistic or sum of terms for it elsewhere (see Assembler.record).
@@ -412,6 +413,10 @@ def _last_words(name: str, user) -> str:
             name = " ".join(words[last + 1:])
     if len(name) < 2 * _KEY_WORDS or sum(map(name.count, " /_-.")) < _KEY_WORDS \
             or len(normalise_key(name).split()) <= _KEY_WORDS:
+        words = name.split()
+        if len(words) > 1 and words[-2].lower() not in _EACH and classify(words[-1], user)[0] == "epoch" \
+                and classify(name, user)[0] == "other":
+            return words[-1]            # `Starting epoch 3`, `Begin epoch 3` (not `steps per epoch`)
         return name                     # (the counts first: most names are short)
     words = name.split()
     for k in range(1, min(_KEY_WORDS, len(words))):
@@ -527,6 +532,10 @@ def _kind(plan: Plan, texts, nums, roles, joined, summary, eval_context, eval_lo
         return plan
     plan.mixed = eval_loss and plan.loss_name in _SPLIT_QUALIFIED_LOSS
     if not metrics and not plan.components and plan.ppl_at is None:
+        if plan.counter and len(nums) == 2 and plan.step_total == 1 and not any(c.isalnum() for c in joined):
+            plan.epoch, plan.step, plan.step_total, plan.counter = plan.step, None, None, False
+            plan.kind = "epoch"       # `[3/20]` alone on its line, above an epoch's lines
+            return plan
         if any(v[:1] in "nNiI" for v in nums) and _NAN_WARNING.search(joined) \
                 and not _NO_NAN.search("".join(t + v for t, v in zip(texts, nums))):
             plan.kind = "nan"
