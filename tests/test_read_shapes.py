@@ -959,3 +959,9 @@ def test_an_epoch_block_whose_bar_is_redrawn_numbers_batches_and_says_how(tmp_pa
                          ((e - 1) * 469 + 469, 2.3 - 0.2 * e, None))]
     assert "  note: \"a bar's count\" counts batches within an epoch of 469: steps are (epoch - 1) x 469 + " \
            "\"a bar's count\"" in account.lines()
+
+
+def test_a_record_cut_by_the_end_of_the_log_is_dropped_and_said(tmp_path):
+    got, account = records_of(tmp_path, "step 10 | loss 2.9 | lr 1e-4 step 20 | loss 2.8 | lr 1e-4 step 30 | loss\n")
+    assert [(s, m["loss"]) for s, m in got] == [(10, 2.9), (20, 2.8)]
+    assert account.changed == {SEVERAL: [2, 1], "partial records dropped at a line's end (no line goes on with it)": [1, 1]}

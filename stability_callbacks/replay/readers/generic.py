@@ -409,6 +409,7 @@ class Reading:
         self.held: deque = deque()
         self.busy = False
         self.carry = ""                       # a record a line cut at its end (see _several)
+        self.carry_line = 0                   # ... and that line
         self.loss_wait: _LossWait | None = None
 
     def line(self, line_no: int, text: str) -> list[StepRecord]:
@@ -418,6 +419,7 @@ class Reading:
             carry, self.carry = self.carry, ""
             if text.strip():
                 text = carry + " " + text.lstrip(" \t")
+                self.account.change(self.carry_line, CUT_JOINED)
             else:
                 self.account.change(line_no, CUT_DROPPED)
         stripped = text.lstrip(" \t")
@@ -501,7 +503,7 @@ class Reading:
             self.account.change(line_no, HEAD_DROPPED)
         if plan.tail is not None:
             self.carry = "".join(texts[k] + nums[k] for k in range(plan.tail, len(nums))) + texts[-1]
-            self.account.change(line_no, CUT_JOINED)
+            self.carry_line = line_no
 
     def _loss_wait(self, plan: Plan, watched):
         """What a record line waits for (see :class:`_LossWait`): its template, or the log's
@@ -586,6 +588,9 @@ class Reading:
         return out + (self.asm.flush() if not self.held else [])
 
     def finish(self) -> list[StepRecord]:
+        if self.carry:                        # the log ends inside a record a line cut
+            self.carry = ""
+            self.account.change(self.carry_line, CUT_DROPPED)
         return self.flush(final=True) + self.asm.finish()
 
 
