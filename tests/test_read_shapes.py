@@ -965,3 +965,13 @@ def test_a_record_cut_by_the_end_of_the_log_is_dropped_and_said(tmp_path):
     got, account = records_of(tmp_path, "step 10 | loss 2.9 | lr 1e-4 step 20 | loss 2.8 | lr 1e-4 step 30 | loss\n")
     assert [(s, m["loss"]) for s, m in got] == [(10, 2.9), (20, 2.8)]
     assert account.changed == {SEVERAL: [2, 1], "partial records dropped at a line's end (no line goes on with it)": [1, 1]}
+
+
+def test_the_search_for_records_repeated_on_a_line_stays_linear(tmp_path):
+    # 20,000 numbers between the same piece, a name only at the end: no period is searched past 64
+    import time
+    path = tmp_path / "wide.log"
+    path.write_text(" | ".join(str(i) for i in range(20000)) + " | loss 2.3\n")
+    start = time.process_time()
+    list(read_records(path))
+    assert time.process_time() - start < 3.0      # 14 s before the bound

@@ -568,8 +568,9 @@ def _repeated(texts: list[str], nums: list[str], user) -> tuple[tuple, int, int 
     a record plan with a loss. What the line cuts at its end (``tail``) is the next line's."""
     n = len(nums)
     folded = [" ".join(t.split()) for t in texts]
-    period = next((p for p in range(1, n - 1) if all(folded[k] == folded[k + p] for k in range(1, n - p))
-                   and _letters(folded[1:p + 1] if 2 * p <= n else folded[1:n - p])), 0)
+    period = next((p for p in range(1, min(n - 1, _MAX_PERIOD + 1))
+                   if _letters(folded[1:p + 1] if 2 * p <= n else folded[1:n - p])
+                   and all(folded[k] == folded[k + p] for k in range(1, n - p))), 0)
     if not period:
         return None
     starts = bool(folded[0]) and folded[period].endswith(folded[0])
@@ -598,6 +599,11 @@ def _read_upto(plan: Plan) -> int:
         i for i in (plan.step, plan.step_total, plan.epoch, plan.per_epoch, plan.micro, plan.ppl_at)
         if i is not None]
     return max(used, default=0)
+
+
+#: The most numbers a record printed several times on one line may hold (the search for the
+#: period stays linear in the line: a few passes over its pieces).
+_MAX_PERIOD = 64
 
 
 def _letters(pieces: list[str]) -> bool:
