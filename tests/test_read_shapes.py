@@ -711,6 +711,10 @@ REWRAPPED = [
     ("unnamed counter in brackets, wrapped at 60", lambda s: f"[{10 * s}] loss={_loss(s):.4f}", 60, 10),
     ("Keras epochs, wrapped at 76", lambda s: f"Epoch {s}/20 - loss: {_loss(s):.4f} - acc: 0.{s:02d}", 76, 1),
     ("a timestamp opens each record", lambda s: f"[2024-01-01 10:{s:02d}:00] it {s} loss {_loss(s):.4f}", 90, 1),
+    ("nanoGPT, wrapped at 80", lambda s: f"iter {10 * s}: loss {_loss(s):.4f}, time 120.5ms, mfu 30.1%", 80, 10),
+    # HF's dicts wrapped at 100: a line holds one whole record and the next one's first value
+    ("dicts, wrapped at 100", lambda s: "{'loss': %.4f, 'grad_norm': 1.%02d, 'learning_rate': 5e-05, 'epoch': %.2f}"
+     % (_loss(s), s, s / 100), 100, 1),
 ]
 
 

@@ -568,12 +568,16 @@ def _repeated(texts: list[str], nums: list[str], user) -> tuple[tuple, int, int 
     a record plan with a loss. What the line cuts at its end (``tail``) is the next line's."""
     n = len(nums)
     folded = [" ".join(t.split()) for t in texts]
-    period = next((p for p in range(1, min(n - 1, _MAX_PERIOD + 1))
-                   if _letters(folded[1:p + 1] if 2 * p <= n else folded[1:n - p])
+    lead = _lead(folded[0])
+    named = next((k for k in range(1, n) if _letters(folded[k:k + 1])), n)   # the first piece with a name
+    # a period: the pieces between numbers repeat, and a name repeats (among the pieces compared,
+    # or the line's first words open the piece at the period: `{'loss':` and `} {'loss':`)
+    period = next((p for p in range(1, min(n, _MAX_PERIOD + 1))
+                   if (named < n - p or (_letters([lead]) and _lead(folded[p]) == lead))
                    and all(folded[k] == folded[k + p] for k in range(1, n - p))), 0)
     if not period:
         return None
-    starts = bool(folded[0]) and folded[period].endswith(folded[0])
+    starts = bool(folded[0]) and _lead(folded[period]) == lead
     first = 0 if starts else n % period
     whole = (n - first) // period
     end = first + whole * period
@@ -581,6 +585,8 @@ def _repeated(texts: list[str], nums: list[str], user) -> tuple[tuple, int, int 
     tail = end if end < n else n if _letters([cut]) and folded[period].startswith(cut) else None
     if whole < 1 or (whole == 1 and not first and tail is None):
         return None
+    if not starts and (whole < 2 or _letters(folded[n:])):
+        return None                     # cut at both ends: where a record starts is a guess
     sub = [texts[first + period] if first + period < n else folded[period]] \
         + texts[first + 1:first + period] + [""]
     made = make_plan(sub, nums[first:first + period], user, split=False)
@@ -604,6 +610,13 @@ def _read_upto(plan: Plan) -> int:
 #: The most numbers a record printed several times on one line may hold (the search for the
 #: period stays linear in the line: a few passes over its pieces).
 _MAX_PERIOD = 64
+_PUNCTUATION_LEAD = re.compile(r"^\W+")
+
+
+def _lead(piece: str) -> str:
+    """The words that open a record: a piece without the punctuation that closes the record
+    before it (``} {'loss':`` -> ``loss':``, ``% iter`` -> ``iter``)."""
+    return _PUNCTUATION_LEAD.sub("", piece)
 
 
 def _letters(pieces: list[str]) -> bool:
