@@ -740,6 +740,7 @@ def test_a_line_that_starts_inside_a_record_drops_that_part_and_says_so(tmp_path
 
 
 @pytest.mark.parametrize("line", ["loss: 2.3 (2.4) | acc: 0.5 (0.6)", "step 10 | loss 2.3 | lr 1e-4 | step_time 0.5",
+                                  "Loss: 2.3 (Loss: 2.4)",
                                   "Epoch 1/10 | batch 100/500 | loss 2.3", "it 5 loss 2.3 loss_cls 1.1 loss_box 1.2"])
 def test_a_line_of_one_record_is_not_split(tmp_path, line):
     _, account = records_of(tmp_path, "".join(line.replace("2.3", f"{_loss(s):.4f}") + "\n" for s in range(5)))

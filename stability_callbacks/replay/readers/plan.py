@@ -573,7 +573,7 @@ def _repeated(texts: list[str], nums: list[str], user) -> tuple[tuple, int, int 
     # a period: the pieces between numbers repeat, and a name repeats (among the pieces compared,
     # or the line's first words open the piece at the period: `{'loss':` and `} {'loss':`)
     period = next((p for p in range(1, min(n, _MAX_PERIOD + 1))
-                   if (named < n - p or (_letters([lead]) and _lead(folded[p]) == lead))
+                   if (named < n - p or (p > 1 and _letters([lead]) and _lead(folded[p]) == lead))
                    and all(folded[k] == folded[k + p] for k in range(1, n - p))), 0)
     if not period:
         return None
