@@ -122,7 +122,8 @@ class Assembler:
         self.epoch_steps = True               # False once an epoch held two records
         self.warned: tuple[str, int] = ("", 0)   # a warning line's word on the next record, its line
         self.beside: tuple | None = None      # (epoch, values) of a line of an epoch's values (see _in_epoch)
-        self.pending_epoch: int | None = None   # the epoch the held record was printed in
+        self.ahead = False                    # beside or warned is set (emit's one test)
+        self.epoch_made = 0                   # records made before the epoch at hand began
         self.attached = False                 # the line fed was read into a record (no ignored line)
         self.per_epoch_said = False           # the account heard of epoch x batches + batch
         self.block: dict | None = None        # metrics of the indented block under a step header
@@ -178,10 +179,10 @@ class Assembler:
         one held if it is this epoch's (the line printed after it), else the next one."""
         values = {k: (-float(nums[i]) if neg else float(nums[i])) for i, k, neg in plan.metrics}
         rec = self.pending
-        if rec is not None and self.pending_epoch == self.epoch and not values.keys() & rec.metrics.keys():
-            rec.metrics.update(values)
+        if rec is not None and self.made > self.epoch_made and not values.keys() & rec.metrics.keys():
+            rec.metrics.update(values)        # (the record held was printed in this epoch)
         else:
-            self.beside = (self.epoch, values)
+            self.beside, self.ahead = (self.epoch, values), True
         names = [printed for key, printed in plan.printed if key != "step"]
         for key, printed in plan.printed:
             if key != "step":
@@ -209,6 +210,8 @@ class Assembler:
             if not text.isdigit():
                 return                        # HF's epoch fraction is no counter
             first = self.epoch is None
+            if self.epoch != int(text):
+                self.epoch_made = self.made
             self.epoch = int(text)
             if self.epoch_base is None:       # Lightning counts epochs from 0, Keras from 1
                 self.epoch_base = min(self.epoch, 1)
@@ -607,16 +610,8 @@ class Assembler:
         prev = self.pending
         if prev is not None and prev.step == step and self._again(prev, step, metrics, plan, how):
             return []
-        if self.beside is not None:
-            if self.beside[0] == self.epoch:
-                for k, v in self.beside[1].items():
-                    metrics.setdefault(k, v)
-            self.beside = None
-        self.pending_epoch = self.epoch
-        if self.warned[0]:
-            if metrics.get(keys.LOSS) == 0.0:
-                self._warned(metrics, *self.warned)
-            self.warned = ("", 0)
+        if self.ahead:
+            self._ahead(metrics)
         self.pending_last_step = self.last_step
         self.last_step = step
         rec = self.pending = StepRecord(step, metrics)
@@ -642,6 +637,20 @@ class Assembler:
                 self.pending_loss_name = plan.loss_name
         return [prev] if prev is not None else []
 
+    def _ahead(self, metrics: dict) -> None:
+        """What lines before a record said of it: a learning-rate line of its epoch, a warning
+        line of a loss printed as 0 (:meth:`_in_epoch`, :meth:`warning`)."""
+        if self.beside is not None:
+            if self.beside[0] == self.epoch:
+                for k, v in self.beside[1].items():
+                    metrics.setdefault(k, v)
+            self.beside = None
+        if self.warned[0]:
+            if metrics.get(keys.LOSS) == 0.0:
+                self._warned(metrics, *self.warned)
+            self.warned = ("", 0)
+        self.ahead = False
+
     def warning(self, said: str, line_no: int) -> None:
         """A warning line that says a step's loss was not finite or the step was skipped
         (:func:`.plan.warning`) marks the record beside it whose loss prints 0 (a NaN replaced by a
@@ -651,7 +660,7 @@ class Assembler:
         if rec is not None and rec.metrics.get(keys.LOSS) == 0.0 and not self.warned[0]:
             self._warned(rec.metrics, said, line_no)
         elif rec is None or rec.metrics.get(keys.LOSS) == rec.metrics.get(keys.LOSS):
-            self.warned = (said, line_no)
+            self.warned, self.ahead = (said, line_no), True
 
     def _warned(self, metrics: dict, said: str, line_no: int) -> None:
         metrics.pop(keys.LOSS_RESOLUTION, None)
