@@ -42,24 +42,28 @@ def test_a_negative_value_after_its_name_and_a_space_keeps_its_sign(tmp_path, li
     assert [(s, m["loss"]) for s, m in got] == [(s, pytest.approx(v)) for s, v in want]
 
 
-SUMMARY = "run summary (a line of another template that repeats the loss of the record before it, with no step or " \
-    "one behind it)"
+SUMMARY = ("records merged into the one before: a summary in another template that prints its loss again, with no "
+           "step or one behind it (its other values kept where the record has none)")
 
 
 @pytest.mark.parametrize("summary, reason", [
-    ("[1] loss nan reward 0.0", SUMMARY), ("done: loss nan reward 0.0", SUMMARY),
-    ("final loss nan reward 0.0", "a statistic or terms of the loss (the log prints the loss itself)"),
-    ("Epoch 1 | loss nan | reward 0.0", "epoch summary or another loop (the log's records print a finer counter)")])
+    ("[1] loss nan lr 0.0 grad_norm 0.5", SUMMARY), ("done: loss nan lr 0.0", SUMMARY),
+    ("final loss nan lr 0.0", "a statistic or terms of the loss (the log prints the loss itself)"),
+    ("Epoch 1 | loss nan | lr 0.0", "epoch summary or another loop (the log's records print a finer counter)")])
 def test_a_summary_line_after_the_records_is_no_record_going_back(tmp_path, capsys, summary, reason):
     """An epoch's or run's summary, printed once after the records in another template, repeating
     the last loss: read as a record, it went back to step 1 (a false resume) or on to a step no
-    batch was trained at, and its NaN was a second one ("nothing was trained before step 1")."""
-    text = "".join(f"train {s} loss {'nan' if s > 30 else _falling(s)} reward {s / 10:.1f}\n" for s in range(1, 36))
+    batch was trained at, and its NaN was a second one ("nothing was trained before step 1").
+    Merged into the last record, it adds only what that record lacks."""
+    text = "".join(f"train {s} loss {'nan' if s > 30 else _falling(s)} lr {s / 1000:.3f}\n" for s in range(1, 36))
     path = tmp_path / "rl.log"
     path.write_text(text + summary + "\n")
     got, account = records_of(tmp_path, text + summary + "\n")
     assert [s for s, _ in got] == list(range(1, 36))
-    assert account.ignored == {reason: [1, 36]}
+    said = account.changed if reason == SUMMARY else account.ignored
+    assert said == {reason: [1, 36]}
+    last = got[-1][1]
+    assert last["lr"] == 0.035 and last.get("grad_norm") == (0.5 if "grad_norm" in summary else None)
     code, out, found = _replay_json(capsys, path)
     assert code == 1 and [(f["step"], f["kind"]) for f in found] == [(31, "nonfinite"), (31, "rollback_advice")]
 

@@ -56,7 +56,9 @@ MERGED = ("records merged into the one before: a progress bar redrawn at its cou
           "again in another form (its last values kept)",
           "records merged into the one before: terms of one step's loss on lines of their own (their sum)",
           "records merged into the one before: the same step printed again (ranks, repeats: their mean loss)",
-          "records merged into one: micro-batches of one optimizer step (their mean loss)")
+          "records merged into one: micro-batches of one optimizer step (their mean loss)",
+          "records merged into the one before: a summary in another template that prints its loss again, with "
+          "no step or one behind it (its other values kept where the record has none)")
 
 #: What a warning line beside a record whose loss prints 0 does to it (Assembler.warning).
 WARNED = ("records whose loss prints 0 read as NaN: a warning line beside them says the loss was not finite",
@@ -65,9 +67,7 @@ WARNED = ("records whose loss prints 0 read as NaN: a warning line beside them s
 
 #: Why a record line makes no record (the account counts them as ignored lines).
 DROPPED = ("epoch summary or another loop (the log's records print a finer counter)",
-           "a statistic or terms of the loss (the log prints the loss itself)",
-           "run summary (a line of another template that repeats the loss of the record before it, "
-           "with no step or one behind it)")
+           "a statistic or terms of the loss (the log prints the loss itself)")
 
 
 class Assembler:
@@ -472,7 +472,10 @@ class Assembler:
             text = nums[plan.step]             # (its loss printed as such: Plan.simple)
             return self.emit(int(text) if text.isdigit() else int(float(text)), metrics, plan,
                              "counter", plan.step_name)
-        if plan.loss_rank != self.loss_rank and not self._loss_of(plan, metrics):
+        if plan.loss_rank != self.loss_rank and (not self._loss_of(plan, metrics) or (
+                plan.step is None and self.counted and plan.loss_rank > self.loss_rank)):
+            # (a line with no step whose loss is a statistic or terms, in a log whose records
+            # print the loss and a counter: a summary, its other values no record after the last)
             self.dropped = DROPPED[1]
             return []
         if plan.counter and self._another_loop(plan, nums):
@@ -601,7 +604,10 @@ class Assembler:
         elif plan is not None and plan.loss_name and self.loss_name is None:
             self.loss_name = plan.loss_name
         if (step is None or (step < self.last_step and how == "counter")) and self._summary(plan, metrics):
-            self.dropped = DROPPED[2]
+            held = self.pending.metrics if self.pending is not None else {}
+            for k, v in metrics.items():      # (_summary: the record is held)
+                held.setdefault(k, v)
+            self.account.change(self.line_no, MERGED[4])
             return []
         if step is None:
             step, how = self.last_step + 1, "order"
@@ -674,11 +680,11 @@ class Assembler:
             metrics[keys.OVERFLOW_SKIPPED] = 1.0
 
     def _summary(self, plan: Plan | None, metrics: dict) -> bool:
-        """Whether a line with no step, or one behind the last step, is a summary of the records,
-        no record (a record after the last, or a false resume): a line of another template than
-        the counted record before it (not a table's row: a re-logged step, :meth:`_relogged`), printing
-        the loss of the record before it again (`[1] loss -0.30`, `final loss -0.30` after
-        `40 loss -0.30`: an epoch's or the run's summary)."""
+        """Whether a line with no step, or one behind the last step, is a summary of the record
+        held, merged into it (as a record of its own: one after the last, or a false resume): a
+        line of another template than the counted record held (not a table's row: a re-logged
+        step, :meth:`_relogged`) that prints its loss again (`[1] loss -0.30`, `done: loss -0.30`
+        after `40 loss -0.30`: an epoch's or the run's summary)."""
         prev = self.pending
         if plan is None or self.row or self.pending_how not in ("counter", "samples") or not plan.merged \
                 or plan.merged == self.counted_template or prev is None:
