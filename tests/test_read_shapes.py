@@ -17,40 +17,10 @@ import pytest
 from stability_callbacks.cli import main
 from stability_callbacks.replay.readers import LogFormatError, ReadAccount, read_records
 
-NAN = float("nan")
-
-
-def _loss(s: float) -> float:
-    return round(2.0 + 8.0 / math.sqrt(s + 1), 4)
-
-
-def records_of(tmp_path, text: str, name: str = "run.log"):
-    path = tmp_path / name
-    path.write_text(text)
-    account = ReadAccount(path)
-    got = [(r.step, {k: v for k, v in r.metrics.items() if k not in ("loss_resolution", "loss_window")})
-           for r in read_records(path, account=account)]
-    return got, account
-
-
-def _same(got, want):
-    assert [s for s, _ in got] == [s for s, _ in want]
-    for (_, g), (_, w) in zip(got, want):
-        assert g == pytest.approx(w, nan_ok=True)
-
-
-def _replay(capsys, *argv) -> tuple[int, str, str]:
-    code = main(["replay", *map(str, argv)])
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def _replay_json(capsys, path, *argv) -> tuple[int, str, list[dict]]:
-    """``replay PATH ARGV --json``: the exit code, standard output and the findings (the read
-    account, the first JSON line, left out)."""
-    out_json = path.parent / "f.jsonl"
-    code, out, _ = _replay(capsys, path, *argv, "--json", out_json)
-    return code, out, [json.loads(x) for x in out_json.read_text().splitlines()[1:]]
+from shapes import NAN, records_of
+from shapes import loss as _loss
+from shapes import replay_json as _replay_json
+from shapes import same as _same
 
 
 # -- 1. a per-epoch history printed as bracketed arrays ------------------------------------------
@@ -87,7 +57,8 @@ def test_a_history_printed_as_arrays_is_one_record_per_epoch(tmp_path, text):
     got, account = records_of(tmp_path, text)
     _same(got, [(e, {k: v for k, v in m.items()}) for e, m in HISTORY_RECORDS])
     said = account.lines()
-    assert "  steps numbered by the epoch (nothing finer is printed)" in said
+    assert "  steps numbered by the epoch (no count finer than the epoch moves from record to record: step N is " \
+        "epoch N)" in said
     assert any(line.startswith("  note: a history printed as arrays (line ") and line.endswith(
         f"): element k of each array is epoch k, {EPOCHS} epochs") for line in said), said
 

@@ -25,9 +25,11 @@ IgnoreCallback = Callable[[int, str, str], None]
 NUMBERINGS = {"counter": "the log", "order": "order of appearance", "epoch": "the epoch",
               "after": "the step after the last printed", "samples": "samples seen / unit"}
 _LABELS = {"counter": "the log's counter", "order": "order of appearance (the records print no counter "
-           "taken for the step: step N is the N-th record)", "epoch": "the epoch (nothing finer is printed)",
+           "taken for the step: step N is the N-th record)", "epoch": "the epoch (no count finer than the epoch moves from record to "
+           "record: step N is epoch N)",
            "after": "the step after the last one printed (overflow lines that print no step)",
            "samples": "the log's counter of samples seen, divided by {unit:,}"}
+_NO_STEPS = "which prints no step numbers"
 #: Parts of a log numbered differently that the account lists one by one.
 MAX_SEGMENTS = 8
 #: Reasons a line is ignored that the caller hears of line by line (a partly unreadable file).
@@ -49,12 +51,13 @@ class ReadAccount:
         self.segments: list[list] = []               # [how, [names], first record, last record, first step]
         self.segment_how = ""
         self.ignored: dict[str, list[int]] = {}      # reason -> [count, first line]
+        self.changed: dict[str, list[int]] = {}      # records merged, split, dropped or marked: why -> [count, first line]
         self.notes: list[str] = []
         self.signals: list[str] = []                 # what a log without a loss is judged on
         self.sample_unit = 0                         # samples per step, where a counter counts samples
         self.sample_epoch = 0                        # ... and steps per epoch
         # Why records are numbered in order (a finding says so: step_caveat).
-        self.order_reason = "which prints no step numbers"
+        self.order_reason = _NO_STEPS
         self.first_unreadable: tuple[int, str] | None = None
 
     def saw(self, key: str, printed: str) -> None:
@@ -128,6 +131,15 @@ class ReadAccount:
         else:
             seen[0] += 1
 
+    def change(self, line_no: int, what: str, n: int = 1) -> None:
+        """``n`` records were merged, split from one line or dropped, ``what`` says how and why
+        (``records read from lines that hold several ...``): the account says every one."""
+        seen = self.changed.get(what)
+        if seen is None:
+            self.changed[what] = [n, line_no]
+        else:
+            seen[0] += n
+
     def __call__(self, line_no: int, text: str, reason: str) -> None:
         """An unreadable line (the callback readers call)."""
         self.ignore(line_no, text, reason if reason.startswith(UNREADABLE) else f"{UNREADABLE}: {reason}")
@@ -150,7 +162,9 @@ class ReadAccount:
                                      "last_record": b} for how, names, a, b, _ in self.segments]
                 if len({how for how, *_ in self.segments}) > 1 else [],
                 "ignored_lines": {r: {"lines": c, "first_line": f} for r, (c, f) in self.ignored.items()},
-                "notes": list(self.notes)}
+                "notes": list(self.notes),
+                **({"records_changed": {r: {"records": c, "first_line": f} for r, (c, f) in self.changed.items()}}
+                   if self.changed else {})}
 
     def lines(self) -> list[str]:
         """The account as a few human lines (``replay`` prints them first)."""
@@ -163,6 +177,9 @@ class ReadAccount:
             parts = [f"{c:,} {r}" + (f" (first: line {f})" if f else "")
                      for r, (c, f) in sorted(self.ignored.items(), key=lambda kv: -kv[1][0])]
             out.append("  lines ignored: " + "; ".join(parts))
+        if self.changed:
+            out.append("  records merged, split, dropped or marked: " + "; ".join(
+                f"{c:,} {r} (first: line {f})" for r, (c, f) in self.changed.items()))
         out += [f"  note: {n}" for n in self.notes]
         return out
 
@@ -231,6 +248,9 @@ class ReadAccount:
         return found
 
     def _label(self, how: str) -> str:
+        if how == "order" and self.order_reason != _NO_STEPS:
+            # the records print a counter, not taken: say which and why (not "no counter")
+            return f"order of appearance (step N is the N-th record of the log, {self.order_reason})"
         return _LABELS[how].format(unit=self.sample_unit)
 
     @property

@@ -51,6 +51,20 @@ SAMPLES_PRINTS = 8
 #: Two losses of one step this close (relative) are one value printed twice (ranks' rounding).
 SAME_LOSS = 1e-3
 
+#: Why records were merged into one (the account counts them).
+MERGED = ("records merged into the one before: a progress bar redrawn at its count, or a record printed "
+          "again in another form (its last values kept)",
+          "records merged into the one before: terms of one step's loss on lines of their own (their sum)",
+          "records merged into the one before: the same step printed again (ranks, repeats: their mean loss)",
+          "records merged into one: micro-batches of one optimizer step (their mean loss)",
+          "records merged into the one before: a summary in another template that prints its loss again, with "
+          "no step or one behind it (its other values kept where the record has none)")
+
+#: What a warning line beside a record whose loss prints 0 does to it (Assembler.warning).
+WARNED = ("records whose loss prints 0 read as NaN: a warning line beside them says the loss was not finite",
+          "records whose loss prints 0 marked skipped (skipped=1, no loss read): a warning line beside them says "
+          "the step was skipped")
+
 #: Why a record line makes no record (the account counts them as ignored lines).
 DROPPED = ("epoch summary or another loop (the log's records print a finer counter)",
            "a statistic or terms of the loss (the log prints the loss itself)")
@@ -63,10 +77,12 @@ class Assembler:
     def __init__(self, account: ReadAccount | None = None):
         self.account = account if account is not None else ReadAccount("")
         self.indent = 0                       # the indentation of the line being fed
+        self.line_no = 0                      # ... and its number (what the account says)
         self.last_step = 0
         self.pending: StepRecord | None = None
         self.made = 0                         # records made so far
         self.counted = False                  # a record was numbered by a counter it printed
+        self.counted_template = ""            # ... and the template of the last such record
         self.dropped = ""                     # why the last record line made no record
         self.bar_before_epoch = False         # a complete bar came before any epoch
         self.fraction: tuple = (None, None)   # the epoch fraction and plan of the last uncounted record
@@ -91,6 +107,7 @@ class Assembler:
         self.epoch_base: int | None = None
         self.per_epoch: int | None = None     # batches per epoch, where the log declares them
         self.fine_counter = False             # a bar below its total was printed
+        self.epoch_bars = False               # ... in the last epoch of a log numbered by epochs
         self.bar: tuple = (0, 0)              # (epochs done, total) of the last complete bar
         self.counter_global = False           # a batch counter went on across an epoch change
         self.counter_restarts = False         # ... or restarted, no epoch length printed
@@ -103,6 +120,12 @@ class Assembler:
         self.step_stays = False
         self.bar_loop: tuple | None = None    # (printed keys, total) of the first bar record
         self.epoch_steps = True               # False once an epoch held two records
+        self.warned: tuple[str, int] = ("", 0)   # a warning line's word on the next record, its line
+        self.beside: tuple | None = None      # (epoch, values) of a line of an epoch's values (see _in_epoch)
+        self.ahead = False                    # beside or warned is set (emit's one test)
+        self.epoch_made = 0                   # records made before the epoch at hand began
+        self.attached = False                 # the line fed was read into a record (no ignored line)
+        self.per_epoch_said = False           # the account heard of epoch x batches + batch
         self.block: dict | None = None        # metrics of the indented block under a step header
         self.block_ranks: dict[str, int] = {}
         self.block_step: tuple = (None, "order", "")
@@ -133,6 +156,9 @@ class Assembler:
                 rec.metrics[keys.LOSS] = float("nan")
         elif kind == "epoch" or (kind == "ignore" and plan.epoch is not None):
             self._epoch_context(nums, plan)   # (`Start Training ... Epoch 82/300, lr=0.05`)
+        elif kind == "ignore" and self.epoch is not None and plan.step is None and plan.metrics \
+                and all(k == keys.LR for _, k, _ in plan.metrics):
+            self._in_epoch(nums, plan)
         elif kind == "header":
             out = self.close_block()
             step, how = self._step_of(nums, plan)
@@ -146,6 +172,24 @@ class Assembler:
                 out += self.feed(nums[a:b], part)
             return out
         return []
+
+    def _in_epoch(self, nums, plan: Plan) -> None:
+        """A line of the learning rate alone, with no step, inside an epoch's lines (`Epoch 3/20`,
+        then `Learning rate: 0.0081`, then the epoch's bar): its value is the epoch's record's, the
+        one held if it is this epoch's (the line printed after it), else the next one."""
+        values = {k: (-float(nums[i]) if neg else float(nums[i])) for i, k, neg in plan.metrics}
+        rec = self.pending
+        if rec is not None and self.made > self.epoch_made and not values.keys() & rec.metrics.keys():
+            rec.metrics.update(values)        # (the record held was printed in this epoch)
+        else:
+            self.beside, self.ahead = (self.epoch, values), True
+        names = [printed for key, printed in plan.printed if key != "step"]
+        for key, printed in plan.printed:
+            if key != "step":
+                self.account.saw(key, printed)
+        self.account.note(f"lines of the learning rate alone inside an epoch ({', '.join(map(repr, names))}) are "
+                          "read into that epoch's record")
+        self.attached = True
 
     def close_block(self) -> list[StepRecord]:
         """The record of the indented block under a step header, once the block has ended."""
@@ -166,6 +210,8 @@ class Assembler:
             if not text.isdigit():
                 return                        # HF's epoch fraction is no counter
             first = self.epoch is None
+            if self.epoch != int(text):
+                self.epoch_made = self.made
             self.epoch = int(text)
             if self.epoch_base is None:       # Lightning counts epochs from 0, Keras from 1
                 self.epoch_base = min(self.epoch, 1)
@@ -216,7 +262,11 @@ class Assembler:
             if self.counter_global and not (self.restart and self.restart[0] is None):
                 return value, "counter"
             unit = self._sample_unit(value, total, plan, done) if plan.counter and total is not None else 0
+            if plan.counter and self.epoch_bars:
+                return self.epoch, "epoch"    # a bar that stops inside the last epoch: see _cut_epoch
             if total is not None and value < total and not self.fine_counter:
+                if plan.counter and self._cut_epoch(plan):
+                    return self.epoch, "epoch"
                 self.fine_counter = True
                 self._renumber_bar()
             if plan.counter and total is not None and value == total and not self.fine_counter:
@@ -226,6 +276,11 @@ class Assembler:
                 return done * -(-total // unit) + -(-value // unit), "samples"
             per_epoch = total if total is not None else self.per_epoch
             if per_epoch is not None:
+                if not self.per_epoch_said:
+                    self.per_epoch_said = True
+                    first = f"(epoch - {self.epoch_base})" if self.epoch_base else "epoch"
+                    self.account.note(f"{plan.step_name!r} counts batches within an epoch of {per_epoch:,}: steps are "
+                                      f"{first} x {per_epoch:,} + {plan.step_name!r}")
                 return done * per_epoch + value, "counter"
             return self._restarting(value, plan, done)
         elif self.per_epoch is not None:
@@ -280,16 +335,16 @@ class Assembler:
 
     def _restarting(self, value: int, plan: Plan, done: int) -> tuple[int | None, str]:
         """The step of a counter within an epoch whose length the log does not print, one way for
-        the whole log, decided at its first record: a count of batches (a bar's, or ``batch``)
-        or one below the epochs done (an excerpt from a late epoch: ``[37][0]``) numbers the
-        records in order; any other, ``(epoch - first epoch) x L + n``, L the largest count an
+        the whole log, decided at its first record: one below the epochs done (an excerpt from a
+        late epoch: ``[37][0]``) numbers the records in order; any other (``step``, ``iter``,
+        ``batch``, a bar's count), ``(epoch - first epoch) x L + n``, L the largest count an
         epoch showed (+ 1 where the counter counts from 0), learned at its first restart and
         grown at each epoch's end: until then the count as printed (the first epoch's offset is
         0). Never records by order after the counter's own numbers, or the reverse."""
         r = self.restart
         name = plan.step_name
         if r is None:
-            ordered = plan.counter or value < done
+            ordered = value < done
             r = self.restart = [None if ordered else self.epoch, self.epoch, 0, False, 0]
             if ordered:
                 self.account.note(f"{name!r} counts within an epoch and the log prints no epoch "
@@ -364,6 +419,20 @@ class Assembler:
             return value
         return (int(outs[at]) - int(first[at])) * (total_of(nums, plan) or per) + value
 
+    def _cut_epoch(self, plan: Plan) -> bool:
+        """Whether a bar below its total, after records numbered by their epochs (complete bars
+        only, released already), is the last epoch's, in progress where the log ends or was cut
+        (Keras' `fit` excerpt): numbered by its epoch too, its redraws one record (its last
+        values), so the log keeps one numbering (before, the earlier epochs were steps 1, 2, 3
+        and the last ones batches since the start: 2345, 2395, ...)."""
+        if not (self.made >= 2 and self.pending_how == "epoch" and self.bar[1]):
+            return False
+        self.epoch_bars = True
+        self.account.note(f"{plan.step_name!r} stops below its total after epochs printed only complete: the "
+                          "log ends inside an epoch, whose records are numbered by the epoch too (one record, "
+                          "its last values), as the epochs before it")
+        return True
+
     def _renumber_bar(self) -> None:
         """The first bar below its total: the complete bar held back counts batches too."""
         if self.pending is not None and self.pending_how == "epoch":
@@ -403,7 +472,10 @@ class Assembler:
             text = nums[plan.step]             # (its loss printed as such: Plan.simple)
             return self.emit(int(text) if text.isdigit() else int(float(text)), metrics, plan,
                              "counter", plan.step_name)
-        if plan.loss_rank != self.loss_rank and not self._loss_of(plan, metrics):
+        if plan.loss_rank != self.loss_rank and (not self._loss_of(plan, metrics) or (
+                plan.step is None and self.counted and plan.loss_rank > self.loss_rank)):
+            # (a line with no step whose loss is a statistic or terms, in a log whose records
+            # print the loss and a counter: a summary, its other values no record after the last)
             self.dropped = DROPPED[1]
             return []
         if plan.counter and self._another_loop(plan, nums):
@@ -507,6 +579,8 @@ class Assembler:
         out = self.micro_metrics
         if self.micro[0]:
             out[keys.LOSS] = _mean(self.micro)
+            if self.micro[0] > 1:
+                self.account.change(self.line_no, MERGED[3], int(self.micro[0]) - 1)
         self.micro, self.micro_metrics = [0, 0.0, 0.0, True], {}
         return self.emit(step, out, plan, how, self._printed_step(plan))
 
@@ -529,6 +603,12 @@ class Assembler:
                     self.last_step = self.pending_last_step
         elif plan is not None and plan.loss_name and self.loss_name is None:
             self.loss_name = plan.loss_name
+        if (step is None or (step < self.last_step and how == "counter")) and self._summary(plan, metrics):
+            held = self.pending.metrics if self.pending is not None else {}
+            for k, v in metrics.items():      # (_summary: the record is held)
+                held.setdefault(k, v)
+            self.account.change(self.line_no, MERGED[4])
+            return []
         if step is None:
             step, how = self.last_step + 1, "order"
         if self.overflows:
@@ -536,6 +616,8 @@ class Assembler:
         prev = self.pending
         if prev is not None and prev.step == step and self._again(prev, step, metrics, plan, how):
             return []
+        if self.ahead:
+            self._ahead(metrics)
         self.pending_last_step = self.last_step
         self.last_step = step
         rec = self.pending = StepRecord(step, metrics)
@@ -553,12 +635,62 @@ class Assembler:
                 # (a part of the log numbered otherwise starts only where the plan or its
                 # numbering changes: the common record costs nothing more)
                 self._part(how, step_name)
-                self.counted = self.counted or (how in ("counter", "samples") and plan.step is not None)
+                if how in ("counter", "samples") and plan.step is not None:
+                    self.counted, self.counted_template = True, plan.merged
                 self._note(plan, how, step_name)
             if plan.mixed:
                 self.pending_undecided = self.loss_name is None
                 self.pending_loss_name = plan.loss_name
         return [prev] if prev is not None else []
+
+    def _ahead(self, metrics: dict) -> None:
+        """What lines before a record said of it: a learning-rate line of its epoch, a warning
+        line of a loss printed as 0 (:meth:`_in_epoch`, :meth:`warning`)."""
+        if self.beside is not None:
+            if self.beside[0] == self.epoch:
+                for k, v in self.beside[1].items():
+                    metrics.setdefault(k, v)
+            self.beside = None
+        if self.warned[0]:
+            if metrics.get(keys.LOSS) == 0.0:
+                self._warned(metrics, *self.warned)
+            self.warned = ("", 0)
+        self.ahead = False
+
+    def warning(self, said: str, line_no: int) -> None:
+        """A warning line that says a step's loss was not finite or the step was skipped
+        (:func:`.plan.warning`) marks the record beside it whose loss prints 0 (a NaN replaced by a
+        printed zero, which read as a stall to zero): the one printed right before it, else the
+        next record, if its loss prints 0."""
+        rec = self.pending
+        if rec is not None and rec.metrics.get(keys.LOSS) == 0.0 and not self.warned[0]:
+            self._warned(rec.metrics, said, line_no)
+        elif rec is None or rec.metrics.get(keys.LOSS) == rec.metrics.get(keys.LOSS):
+            self.warned, self.ahead = (said, line_no), True
+
+    def _warned(self, metrics: dict, said: str, line_no: int) -> None:
+        metrics.pop(keys.LOSS_RESOLUTION, None)
+        if "nan" in said:
+            metrics[keys.LOSS] = math.nan
+            self.account.change(line_no, WARNED[0])
+        else:
+            del metrics[keys.LOSS]
+            self.account.change(line_no, WARNED[1])
+        if "skip" in said:
+            metrics[keys.OVERFLOW_SKIPPED] = 1.0
+
+    def _summary(self, plan: Plan | None, metrics: dict) -> bool:
+        """Whether a line with no step, or one behind the last step, is a summary of the record
+        held, merged into it (as a record of its own: one after the last, or a false resume): a
+        line of another template than the counted record held (not a table's row: a re-logged
+        step, :meth:`_relogged`) that prints its loss again (`[1] loss -0.30`, `done: loss -0.30`
+        after `40 loss -0.30`: an epoch's or the run's summary)."""
+        prev = self.pending
+        if plan is None or self.row or self.pending_how not in ("counter", "samples") or not plan.merged \
+                or plan.merged == self.counted_template or prev is None:
+            return False
+        loss, last = metrics.get(keys.LOSS), prev.metrics.get(keys.LOSS)
+        return loss is not None and last is not None and (loss == last or (loss != loss and last != last))
 
     def _bar_lag(self, count: int) -> int:
         """What to add to the count of the bar a record is printed right after (``2/6 [..]{'loss':
@@ -589,6 +721,7 @@ class Assembler:
             self.cumulative_first = (prev, *self.cumulative_first[1:])
         if plan is not None and (plan.counter or self.reprinted):
             _redrawn(prev.metrics, metrics)   # a progress bar redrawn: its last postfix counts
+            self.account.change(self.line_no, MERGED[0])
         elif plan is not None and plan.components and self._noted_plan is not None \
                 and self._noted_plan.components and plan is not self._noted_plan \
                 and keys.LOSS in prev.metrics and keys.LOSS in metrics:
@@ -598,8 +731,10 @@ class Assembler:
                 [repr(prev.metrics[keys.LOSS]), repr(metrics.pop(keys.LOSS))], ((0, False), (1, False)))
             for k, v in metrics.items():
                 prev.metrics.setdefault(k, v)
+            self.account.change(self.line_no, MERGED[1])
         else:
             self._repeat(prev, metrics)   # another rank, or a micro-batch of the step
+            self.account.change(self.line_no, MERGED[2])
         return True
 
     def _relogged(self, prev: StepRecord, metrics: dict) -> bool:

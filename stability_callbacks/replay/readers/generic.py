@@ -29,7 +29,7 @@ from . import tokens
 from .account import ReadAccount
 from .assemble import Assembler
 from .history import Histories
-from .plan import LOSS_KINDS, Plan, choose_counter, make_plan
+from .plan import LOSS_KINDS, Plan, choose_counter, make_plan, signed, warning
 from .source import segments, strip_prefix
 from .vocabulary import classify, normalise_key
 
@@ -55,6 +55,10 @@ HOLD_MAX_LINES = 4096
 # A section row above one-key lines (stable-baselines3's `| train/ |`, `rollout/`).
 _SECTION = re.compile(r"^\|?\s*([A-Za-z][\w ]*?)\s*/\s*(?:\|\s*)*$")
 _AFTER_VALUE = " \t|,;"
+SEVERAL = "records read from lines that hold several (a template repeated within the line: text re-wrapped)"
+HEAD_DROPPED = "partial records dropped at a line's start (the line cuts the record's start, printed on no line)"
+CUT_JOINED = "records cut by a line's end, read with the next line"
+CUT_DROPPED = "partial records dropped at a line's end (no line goes on with it)"
 HISTORY_SUMMARY = "run summary (a history of the records above, printed as arrays)"
 _REASONS = {"eval": "evaluation", "summary": "run summary", "ignore": "no training metric",
             "overflow": "overflow (folded into the next record)", "epoch": "epoch header",
@@ -123,15 +127,14 @@ class LineReader:
             if len(_PLANS) >= MAX_TEMPLATES:
                 _PLANS.clear()
             plan = _PLANS[tkey] = make_plan(texts, nums, self.user)
-            if plan.counters or plan.outer:
-                plan.merged = tokens.fold(texts)
+            plan.merged = tokens.fold(texts)
         if plan.counters and self.learn:
             watched = self.templates.get(plan.merged)
             if watched is None:
                 watched = self.templates[plan.merged] = Template(texts, nums, plan)
             if not watched.settled:
                 return plan, watched
-            plan = watched.plan
+            plan = watched.for_line(plan)
         if plan.kind == "record":
             if plan.match is None and len(nums) <= _COMPILE_MAX_NUMBERS:
                 plan.match = re.compile(_TEMPLATE_NUMBER.join(
@@ -146,6 +149,7 @@ class LineReader:
         hints = watched.hints() or self._named_counter(watched)
         watched.plan = (make_plan(watched.texts, watched.nums, self.user, hints=hints)
                         if hints else watched.names_plan)
+        watched.plan.merged = watched.names_plan.merged
         watched.settled = True
         if hints:
             i = next(iter(hints))
@@ -230,7 +234,7 @@ class Template:
     """
 
     __slots__ = ("texts", "nums", "names_plan", "plan", "settled", "lines", "last", "ups", "dead",
-                 "epoch_last", "epoch_ups")
+                 "epoch_last", "epoch_ups", "_signed")
 
     def __init__(self, texts: list[str], nums: list[str], names_plan: Plan):
         self.texts, self.nums, self.names_plan = texts, nums, names_plan
@@ -243,6 +247,17 @@ class Template:
         self.dead = [False] * n
         self.epoch_last = -1
         self.epoch_ups = 0                    # lines whose epoch was up on the line before
+        self._signed: dict[tuple[int, ...], Plan] = {}
+
+    def for_line(self, own: Plan) -> Plan:
+        """The template's plan for one of its lines (``own``: that line's plan by names): with
+        that line's signs, not its first line's (:func:`.plan.signed`)."""
+        if own.signs == self.plan.signs:
+            return self.plan
+        got = self._signed.get(own.signs)
+        if got is None:
+            got = self._signed[own.signs] = signed(self.plan, own.signs)
+        return got
 
     def observe(self, nums) -> bool:
         """One more line of the template; True once its numbers have said enough (a number
@@ -393,11 +408,20 @@ class Reading:
         self.blocks = Blocks(self._heads) if blocks and pattern is None else None
         self.held: deque = deque()
         self.busy = False
+        self.carry = ""                       # a record a line cut at its end (see _several)
+        self.carry_line = 0                   # ... and that line
         self.loss_wait: _LossWait | None = None
 
     def line(self, line_no: int, text: str) -> list[StepRecord]:
         """One physical line: the records it completes."""
         text = strip_prefix(text)
+        if self.carry:
+            carry, self.carry = self.carry, ""
+            if text.strip():
+                text = carry + " " + text.lstrip(" \t")
+                self.account.change(self.carry_line, CUT_JOINED)
+            else:
+                self.account.change(line_no, CUT_DROPPED)
         stripped = text.lstrip(" \t")
         indent = len(text) - len(stripped)
         units: list[tuple] = []
@@ -417,7 +441,7 @@ class Reading:
         out: list[StepRecord] = []
         for unit in units:
             out += self._take(unit)
-        self.busy = bool(self.held) or bool(self.blocks and self.blocks.items)
+        self.busy = bool(self.held) or bool(self.blocks and self.blocks.items) or bool(self.carry)
         return out
 
     def lines(self, items: list) -> list[StepRecord]:
@@ -461,6 +485,8 @@ class Reading:
                 self.reader.decide(watched)
             if plan.kind == "record" and plan.loss_rank < len(LOSS_KINDS):
                 watched = self._loss_wait(plan, watched)
+            elif plan.kind == "multi":
+                self._several(line_no, texts, nums, plan)
         item = (line_no, seg, indent, nums, plan, watched, row)
         if not self.held and (watched is None or watched.settled):
             return self._feed(item)
@@ -468,6 +494,16 @@ class Reading:
         if len(self.held) > HOLD_MAX_LINES:
             self._settle(self.held[0][5])
         return self._release()
+
+    def _several(self, line_no: int, texts: list[str], nums: list[str], plan: Plan) -> None:
+        """A line that holds several records (:func:`.plan._repeated`): the account counts them,
+        and a record the line cuts at its end goes on on the next line (``carry``)."""
+        self.account.change(line_no, SEVERAL, len(plan.parts))
+        if plan.head:
+            self.account.change(line_no, HEAD_DROPPED)
+        if plan.tail is not None:
+            self.carry = "".join(texts[k] + nums[k] for k in range(plan.tail, len(nums))) + texts[-1]
+            self.carry_line = line_no
 
     def _loss_wait(self, plan: Plan, watched):
         """What a record line waits for (see :class:`_LossWait`): its template, or the log's
@@ -503,17 +539,21 @@ class Reading:
     def _feed(self, item: tuple) -> list[StepRecord]:
         line_no, seg, indent, nums, plan, watched, row = item
         asm, account = self.asm, self.account
-        asm.row = row
+        asm.row, asm.line_no = row, line_no
         out: list[StepRecord] = []
         if asm.block is not None and (indent <= asm.block_indent or not seg.strip()):
             out += asm.close_block()      # the indented block under a step header ended
         asm.indent = indent
+        if plan is None or plan.kind in ("nan", "ignore"):
+            said = warning(seg) if seg.strip() else ""
+            if said:
+                asm.warning(said, line_no)
         if plan is None:
             if seg.strip():
                 account.ignore(line_no, seg, self.unmatched if _DIGIT(seg) else "no numbers")
             return out
         if isinstance(watched, Template):
-            plan = watched.plan
+            plan = watched.for_line(plan)
             if plan.kind == "record":
                 self.reader.last = plan
         try:
@@ -521,7 +561,9 @@ class Reading:
         except (ValueError, OverflowError) as e:
             account(line_no, seg, f"unreadable number: {e}")
             return out
-        if plan.kind != "record" and not (asm.block is not None and plan.metrics):
+        if asm.attached:
+            asm.attached = False
+        elif plan.kind not in ("record", "multi") and not (asm.block is not None and plan.metrics):
             account.ignore(line_no, seg, _REASONS.get(plan.kind, "no training metric"))
         elif asm.dropped:
             account.ignore(line_no, seg, asm.dropped)
@@ -546,6 +588,9 @@ class Reading:
         return out + (self.asm.flush() if not self.held else [])
 
     def finish(self) -> list[StepRecord]:
+        if self.carry:                        # the log ends inside a record a line cut
+            self.carry = ""
+            self.account.change(self.carry_line, CUT_DROPPED)
         return self.flush(final=True) + self.asm.finish()
 
 
@@ -559,8 +604,8 @@ def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str,
     if guess is not None:
         pattern = guess.pattern
         account.note(f"the log names no loss: the loss is a guess, number {guess.names['loss'].split()[0]} of "
-                     f"its progress lines (first: line {guess.line_no}), the one that varies beside the "
-                     f"counter {guess.names['step']}; if it is no loss, name the loss with --keys")
+                     f"its progress lines (first: line {guess.line_no}), {guess.which.format(step=guess.names['step'])}"
+                     "; if it is no loss, name the loss with --keys")
     reader, asm = reading.reader, reading.asm
     record = asm.record
     histories = Histories(off=pattern is not None)
@@ -582,11 +627,15 @@ def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str,
         m = last.match(text) if last is not None and last.match is not None \
             and asm.block is None and not reading.busy else None
         if m is not None and last is not None:
+            asm.line_no = line_no
             try:
                 out = record(m.groups(), last)
             except (ValueError, OverflowError) as e:
                 account(line_no, text, f"unreadable number: {e}")
                 continue
+            if asm.dropped:
+                account.ignore(line_no, text, asm.dropped)
+                asm.dropped = ""
         else:
             out = reading.line(line_no, text)
         if out:

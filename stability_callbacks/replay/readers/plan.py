@@ -23,17 +23,21 @@ from __future__ import annotations
 
 import operator
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 from ... import keys
 from . import tokens
-from .vocabulary import MICRO_RANK, ITERATION_LIKE, STEP_MARKERS, classify, normalise_key
+from .vocabulary import EVALUATING, MICRO_RANK, ITERATION_LIKE, STEP_MARKERS, classify, normalise_key
 
 # A split named outside any key (`| valid | epoch 1 | loss 2.3`, `Validation: step 100 ...`),
 # not a key itself (litgpt's `val: n/a`) nor a file name (`eval.py:12`).
 _EVAL_CONTEXT = re.compile(r"\b(?:val|valid|validation|validating|eval|evaluation|evaluating|"
                            r"test|testing)\b(?!['\"]?\s*[:=]|\.py)", re.I)
+# `on training set` as a key: the name is printed before it (`'loss' on training set: 0.41`).
+_ON_TRAINING_ALONE = re.compile(r"(?:on|for|over) (?:the )?(?:train|training)(?: (?:set|data|dataset|split))?",
+                                re.I)
+_TRAINING = re.compile(r"\b(?:train|training)\b", re.I)
 _SPLIT_QUALIFIED_LOSS = frozenset({"train loss", "training loss", "loss train"})
 # `--lr 3e-4`, `Namespace(lr=...)`, `args.lr`: argument echoes, never metrics.
 _ARG_ECHO = ("--", "namespace(", "args.", "argument", "config")
@@ -44,12 +48,20 @@ _NAN_WARNING = re.compile(r"\bloss\b.*\b(?:is|are|was|were|became|got|detected|f
 _NO_NAN = re.compile(r"\b(?:no|not|never|without|zero)\b(?:\s+\w+){0,2}?\s+(?:nan|inf|infinity|non-?finite)\b",
                      re.I)
 _OVERFLOW = re.compile(r"overflow", re.I)
+# A warning that a step's loss was not finite, or that a step was skipped (`WARNING: non-finite
+# loss, skipping batch`, `loss is nan, setting to 0`, `skipping step 12: grad has inf`): it marks
+# the record beside it whose loss prints 0 (see Assembler.warning).
+_NONFINITE_LOSS = re.compile(r"\bloss\b.*\b(?:nan|inf|infinite|non-?finite|not finite)\b|"
+                             r"\b(?:nan|inf|infinite|non-?finite|not finite)\b.*\bloss\b", re.I)
+_SKIPPED = re.compile(r"\bskip(?:s|ping|ped)?\b(?:\s+\w+){0,3}?\s+(?:batch|step|update|iteration|iter)\b|"
+                      r"\b(?:batch|step|update|iteration|iter)\b(?:\s+\w+){0,3}?\s+skipped\b", re.I)
 # MindSpore's `overflow, still update, loss scale adjust to 1024.0`: the step was applied.
 _APPLIED = re.compile(r"\bstill updat|\bnot skip", re.I)
 _KEYLESS = 5                  # the rank of a bare leading counter
 _LEARNED = 6                  # the rank of a counter found by what its numbers do (hints)
 _BAR = 9                      # the rank of a keyless `n/N` counter
 UNNAMED = "(unnamed)"
+_EACH = frozenset({"per", "each", "every"})
 _KEY_WORDS = 5                # a longer name is prose ending in a key (_last_words)
 # How a line's loss was found, best first: a log that prints the loss itself anywhere takes no
 # statistic or sum of terms for it elsewhere (see Assembler.record).
@@ -93,6 +105,10 @@ class Plan:
     loss_rank: int = len(LOSS_KINDS)  # its index in LOSS_KINDS
     mixed: bool = False              # `train loss` beside `val loss`: see Assembler.emit
     parts: tuple = ()                # kind multi: ((first number, end, plan), ...)
+    head: int = 0                    # kind multi: numbers before the first record (its start cut)
+    tail: int | None = None          # kind multi: the first number of a record the line cuts
+    # (it goes on on the next line: text re-wrapped), the line's length where only the next
+    # record's name is cut off; None where the line ends with a record
     score: int = 0                   # how close to a record (for the error message)
     named: tuple[str, ...] = ()      # the keys it printed, for the error message
     match: Callable[[str], re.Match | None] | None = None   # the template's fullmatch, once used
@@ -105,6 +121,7 @@ class Plan:
     counters: tuple[tuple[int, str], ...] = ()   # (index, name) of integers that may be a counter: their behaviour
     # across the template's lines decides (:class:`~.generic.Template`); () once decided
     merged: str = ""                 # the template with whitespace runs and signs folded
+    signs: tuple[int, ...] = ()      # the numbers printed with a minus sign (see `signed`)
     outer: tuple[int, ...] = ()      # integers before the step that may count its epochs: one
     # that goes up when the step restarts does (Assembler._outer_step)
     after_bar: bool = False          # the values follow a progress bar's redraw on the line: a
@@ -123,7 +140,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
     ``Plan.counters`` for the caller to watch."""
     n = len(nums)
     joined = "#".join(texts)
-    plan = Plan()
+    plan = Plan(signs=tuple(i for i in range(n) if _negative(texts[i])))
     roles, eval_context = _roles(texts, nums, user, "{" in joined, hints)
     metrics: dict[str, tuple[int, int, str, bool]] = {}   # key -> (rank, index, name, negative)
     statistics: list[tuple[int, int, str]] = []   # (words beyond the loss, index, name)
@@ -144,11 +161,11 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
             role, key, rank, name = bar_label
             bar_label = None
         if role == "metric" and key is not None:
-            negative = texts[i].endswith("-") and not texts[i].endswith("--")
+            negative = _negative(texts[i])
             if key not in metrics or rank < metrics[key][0]:
                 metrics[key] = (rank, i, name, negative)
         elif role == "component":
-            comps.append((i, texts[i].endswith("-") and not texts[i].endswith("--")))
+            comps.append((i, _negative(texts[i])))
         elif role == "statistic" and key == keys.LOSS:
             statistics.append((len(normalise_key(name).split()), i, name))
         elif role == "step":
@@ -185,28 +202,19 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
                      and not (i + 1 < n and roles[i + 1][0] == "total")]
             if micro:
                 plan.micro = micro[0]
-        if split:
-            repeated = [i for p, i, nm in steps if nm == name and p == prio]
-            multi = _periodic(repeated, n)
-            if multi:
-                plan.kind = "multi"
-                made: dict[str, Plan] = {}    # glued records share their template: one plan
-                parts = []
-                for a, b in multi:
-                    sub = texts[a:b + 1]
-                    key = "\x00".join(sub)
-                    if key not in made:
-                        made[key] = make_plan(sub, nums[a:b], user, split=False)
-                    parts.append((a, b, made[key]))
-                plan.parts = tuple(parts)
-                return plan
+    if split and n >= 2:
+        repeated = _repeated(texts, nums, user)
+        if repeated is not None:
+            plan.kind = "multi"
+            plan.parts, plan.head, plan.tail = repeated
+            return plan
     if keys.LOSS in metrics:
         plan.loss_kind = LOSS_KINDS[0]
     elif statistics:
         # `Update 12: avg loss 1.234`: a statistic of the loss where the line prints no other
         # (the plainest name: `avg loss` over `avg box_loss`).
         i = min(statistics)[1]
-        metrics[keys.LOSS] = (1, i, roles[i][3], texts[i].endswith("-") and not texts[i].endswith("--"))
+        metrics[keys.LOSS] = (1, i, roles[i][3], _negative(texts[i]))
         ordered = sorted(((i, k, neg) for k, (_, i, _, neg) in metrics.items()))
         plan.loss_kind = LOSS_KINDS[1]
     plan.metrics = tuple(ordered)
@@ -258,6 +266,25 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
                               if role == "other" and nums[i].isdigit()
                               and not name.lower().startswith(_ARG_ECHO))
     return plan
+
+
+def _negative(before: str) -> bool:
+    """Whether the number after the text ``before`` is printed with a minus sign (``loss -0.5``,
+    ``loss: -0.5``; not a separator word: ``step 3 -- 0.5``)."""
+    return before.endswith("-") and not before.endswith("--")
+
+
+def signed(plan: Plan, signs: tuple[int, ...]) -> Plan:
+    """``plan`` for a line of its template whose numbers ``signs`` print a minus sign: a
+    template learned across its lines folds the signs (:func:`.tokens.fold`), so its plan, made
+    from its first line, carries that line's signs (a loss that went below zero later read as
+    above it). A copy, with no compiled match (the caller compiles the line's own)."""
+    if signs == plan.signs:
+        return plan
+    neg = set(signs)
+    metrics = tuple((i, k, i in neg) for i, k, _ in plan.metrics)
+    return replace(plan, signs=signs, metrics=metrics, components=tuple((i, i in neg) for i, _ in plan.components),
+                   match=None, values=None if any(n for _, _, n in metrics) else plan.values)
 
 
 def _after_bar(texts: list[str], step: int, values: list[int]) -> bool:
@@ -329,7 +356,9 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
             continue
         name = tokens.key_before(before, glued=i > 0)
         rest = before[:before.rfind(name)] if name else before
-        if _EVAL_CONTEXT.search(rest):
+        if _ON_TRAINING_ALONE.fullmatch(name):   # `evaluation metric 'loss' on training set: 0.41`
+            rest, name = _named_before(rest, name, i > 0)
+        if _EVAL_CONTEXT.search(rest) and not _training_named(rest, name):
             eval_context = True
         if name.startswith("-") or name.lower().startswith(_ARG_ECHO):
             roles.append(("other", None, 0, name))
@@ -358,6 +387,20 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
     return roles, eval_context
 
 
+def _named_before(rest: str, phrase: str, glued: bool) -> tuple[str, str]:
+    """``(text before the name, name)`` of a key that is a phrase about the split alone (``on
+    training set``): the name printed before it, with the phrase (``loss on training set``)."""
+    named = tokens.key_before(rest, glued=glued)
+    return (rest[:rest.rfind(named)], f"{named} {phrase}") if named else (rest, phrase)
+
+
+def _training_named(rest: str, name: str) -> bool:
+    """Whether the split words around a key only say it was evaluated, on the training split
+    (`[7] Evaluation metric train-loss:`): the training set's value, no evaluation's."""
+    return all(m.group(0).lower() in EVALUATING for m in _EVAL_CONTEXT.finditer(rest)) \
+        and bool(_TRAINING.search(rest) or _TRAINING.search(name))
+
+
 def _last_words(name: str, user) -> str:
     """A name longer than a key (prose before it: `Start Training /path/run_iter30k Epoch`):
     its shortest tail that names something (`Epoch`), else the whole. A file's path ends the
@@ -370,6 +413,10 @@ def _last_words(name: str, user) -> str:
             name = " ".join(words[last + 1:])
     if len(name) < 2 * _KEY_WORDS or sum(map(name.count, " /_-.")) < _KEY_WORDS \
             or len(normalise_key(name).split()) <= _KEY_WORDS:
+        words = name.split()
+        if len(words) > 1 and words[-2].lower() not in _EACH and classify(words[-1], user)[0] == "epoch" \
+                and classify(name, user)[0] == "other":
+            return words[-1]            # `Starting epoch 3`, `Begin epoch 3` (not `steps per epoch`)
         return name                     # (the counts first: most names are short)
     words = name.split()
     for k in range(1, min(_KEY_WORDS, len(words))):
@@ -445,6 +492,16 @@ def _bare_counters(texts, nums, roles) -> None:
             roles[run - 2] = ("epoch", None, 0, "")
 
 
+def warning(line: str) -> str:
+    """What a warning line says of the step beside it: ``"nan"`` (its loss was not finite),
+    ``"skip"`` (it was skipped), both (``"nan skip"``), or ``""`` (none, or prose that says there
+    was none: ``no NaN found``)."""
+    if _NO_NAN.search(line):
+        return ""
+    said = ("nan " if _NONFINITE_LOSS.search(line) else "") + ("skip" if _SKIPPED.search(line) else "")
+    return said.strip()
+
+
 def _kind(plan: Plan, texts, nums, roles, joined, summary, eval_context, eval_loss) -> Plan:
     metrics = plan.metrics
     if _OVERFLOW.search(joined):
@@ -475,12 +532,17 @@ def _kind(plan: Plan, texts, nums, roles, joined, summary, eval_context, eval_lo
         return plan
     plan.mixed = eval_loss and plan.loss_name in _SPLIT_QUALIFIED_LOSS
     if not metrics and not plan.components and plan.ppl_at is None:
+        if plan.counter and len(nums) == 2 and plan.step_total == 1 and not any(c.isalnum() for c in joined):
+            plan.epoch, plan.step, plan.step_total, plan.counter = plan.step, None, None, False
+            plan.kind = "epoch"       # `[3/20]` alone on its line, above an epoch's lines
+            return plan
         if any(v[:1] in "nNiI" for v in nums) and _NAN_WARNING.search(joined) \
                 and not _NO_NAN.search("".join(t + v for t, v in zip(texts, nums))):
             plan.kind = "nan"
         elif eval_loss:
             plan.kind = "eval"        # `step 30 | val loss 2.5`: an evaluation at a step
-        elif plan.step is not None and plan.micro is None and roles[plan.step][3]:
+        elif plan.step is not None and plan.micro is None and roles[plan.step][3] \
+                and not roles[plan.step][3].startswith("#"):
             plan.kind = "header"      # OLMo's `[step=1/739328,epoch=0]`, composer's `[batch=1/20]:`
         elif (plan.epoch is not None or plan.per_epoch is not None) and plan.step is None:
             plan.kind = "epoch"       # `Epoch 2/10` above Keras' batch lines
@@ -496,17 +558,66 @@ def _kind(plan: Plan, texts, nums, roles, joined, summary, eval_context, eval_lo
     return plan
 
 
-def _periodic(positions: list[int], n: int) -> list[tuple[int, int]]:
-    """Several records glued on one line (lost newlines): the step name repeats at a fixed
-    period. The (first, end) number ranges of the records, or [] for one record. The last
-    record places the step within a record (the first may have lost its start)."""
-    if len(positions) < 2:
-        return []
-    period = positions[1] - positions[0]
-    if any(b - a != period for a, b in zip(positions, positions[1:])):
-        return []
-    offset = positions[-1] - (n - period)
-    if not 0 <= offset <= positions[0]:
-        offset = positions[0]
-    starts = [max(0, p - offset) for p in positions]
-    return list(zip(starts, starts[1:] + [n]))
+def _repeated(texts: list[str], nums: list[str], user) -> tuple[tuple, int, int | None] | None:
+    """Records of one template printed several times on one line (text re-wrapped by e-mail or
+    a forum: ``step 10 | loss 2.9 step 20 | loss 2.8 step``): ``(parts, head, tail)`` (see
+    :class:`Plan`), or None. The text between the numbers repeats with a period ``p`` (two
+    records at least, whitespace folded); a record starts where the line does when the line's
+    first words end the piece that separates records, else the line ends with a whole record
+    (its start was cut: the numbers before, ``head``, are dropped). A record must read as one:
+    a record plan with a loss. What the line cuts at its end (``tail``) is the next line's."""
+    n = len(nums)
+    folded = [" ".join(t.split()) for t in texts]
+    lead = _lead(folded[0])
+    named = next((k for k in range(1, n) if _letters(folded[k:k + 1])), n)   # the first piece with a name
+    # a period: the pieces between numbers repeat, and a name repeats (among the pieces compared,
+    # or the line's first words open the piece at the period: `{'loss':` and `} {'loss':`)
+    period = next((p for p in range(1, min(n, _MAX_PERIOD + 1))
+                   if (named < n - p or (p > 1 and _letters([lead]) and _lead(folded[p]) == lead))
+                   and all(folded[k] == folded[k + p] for k in range(1, n - p))), 0)
+    if not period:
+        return None
+    starts = bool(folded[0]) and _lead(folded[period]) == lead
+    first = 0 if starts else n % period
+    whole = (n - first) // period
+    end = first + whole * period
+    cut = folded[n] if end == n else ""
+    tail = end if end < n else n if _letters([cut]) and folded[period].startswith(cut) else None
+    if whole < 1 or (whole == 1 and not first and tail is None):
+        return None
+    if not starts and (whole < 2 or _letters(folded[n:])):
+        return None                     # cut at both ends: where a record starts is a guess
+    sub = [texts[first + period] if first + period < n else folded[period]] \
+        + texts[first + 1:first + period] + [""]
+    made = make_plan(sub, nums[first:first + period], user, split=False)
+    if made.kind != "record" or not made.loss_kind:
+        return None
+    parts = [(a, a + period, made) for a in range(first, end, period)]
+    if tail is not None and tail < n and _read_upto(made) < n - tail and not _letters(folded[n:]):
+        parts.append((tail, n, made))   # the numbers it lacks (the next record's timestamp) read nothing
+        tail = None
+    return tuple(parts), first, tail
+
+
+def _read_upto(plan: Plan) -> int:
+    """The last index of a number a record plan reads."""
+    used = [i for i, _, _ in plan.metrics] + [i for i, _ in plan.components] + list(plan.outer) + [
+        i for i in (plan.step, plan.step_total, plan.epoch, plan.per_epoch, plan.micro, plan.ppl_at)
+        if i is not None]
+    return max(used, default=0)
+
+
+#: The most numbers a record printed several times on one line may hold (the search for the
+#: period stays linear in the line: a few passes over its pieces).
+_MAX_PERIOD = 64
+_PUNCTUATION_LEAD = re.compile(r"^\W+")
+
+
+def _lead(piece: str) -> str:
+    """The words that open a record: a piece without the punctuation that closes the record
+    before it (``} {'loss':`` -> ``loss':``, ``% iter`` -> ``iter``)."""
+    return _PUNCTUATION_LEAD.sub("", piece)
+
+
+def _letters(pieces: list[str]) -> bool:
+    return any(c.isalpha() for piece in pieces for c in piece)

@@ -130,9 +130,12 @@ class Guess:
     pattern: re.Pattern
     names: dict[str, str]
     line_no: int = 0
+    which: str = "the one that varies beside the counter {step}"
 
 
 GUESSED = "the unnamed number that varies beside the counter on the log's progress lines (a guess: the log names no loss)"
+GUESSED_COLUMN = ("the first unnamed number after the counter that falls like a loss, of {n} unnamed numbers on the "
+                  "log's progress lines (a guess: the log names none of them)")
 
 
 def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
@@ -149,18 +152,36 @@ def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
     unnamed = [i for i, (role, _, _, name) in enumerate(roles)
                if role not in ("noise", "total") and not name and not _unit(texts, i)
                and not all(s[i].isdigit() for s in samples if i < len(s))]
-    if not counters or len(unnamed) != 1 or _varying(roles, samples, texts) != unnamed:
-        return None
-    loss = unnamed[0]
-    try:
-        values = [float(s[loss]) for s in samples]
-    except ValueError:
-        return None
-    if not all(0 < v < float("inf") for v in values) or values[-1] > values[0]:
+    if not counters or not unnamed:
         return None
     step = counters[0]
-    return Guess(re.compile(_pattern(texts, step, loss)),
-                 {"loss": f"#{loss + 1} ({GUESSED})", "step": roles[step][3] or f"#{step + 1}"})
+    said = {"step": roles[step][3] or f"#{step + 1}"}
+    if len(unnamed) == 1 and _varying(roles, samples, texts) == unnamed:
+        if not _falls(samples, unnamed[0]):
+            return None
+        loss = unnamed[0]
+        return Guess(re.compile(_pattern(texts, step, loss)), {"loss": f"#{loss + 1} ({GUESSED})", **said})
+    if any(name for i, (role, _, _, name) in enumerate(roles)
+           if i != step and role not in ("noise", "total", "epoch", "step", "batch")):
+        return None
+    # Columns with no names at all (`  1/50   2.3026   0.1000   2.2990   0.1135`, the header an
+    # excerpt missed): the first after the counter that falls like a loss.
+    column = next((i for i in unnamed if i > step and _falls(samples, i)), None)
+    if column is None:
+        return None
+    return Guess(re.compile(_pattern(texts, step, column)),
+                 {"loss": f"#{column + 1} ({GUESSED_COLUMN.format(n=len(unnamed))})", **said}, which=(
+                     f"the first after the counter {{step}} that falls like a loss, of {len(unnamed)} unnamed numbers"))
+
+
+def _falls(samples: Sequence[Sequence[str]], i: int) -> bool:
+    """Whether number ``i`` of the sample lines moves like a loss: it varies, stays above 0 and
+    does not end above where it began (an accuracy, a time, a count climb)."""
+    try:
+        values = [float(s[i]) for s in samples]
+    except (ValueError, IndexError):
+        return False
+    return len(set(values)) > 1 and all(0 < v < float("inf") for v in values) and values[-1] <= values[0]
 
 
 def _loss(roles, nums, step, texts) -> int | None:

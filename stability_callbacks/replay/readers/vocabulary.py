@@ -87,7 +87,13 @@ def _classify(norm: str, raw: str, user: tuple) -> tuple[str, str | None, int]:
         return "other", None, 0
     words = norm.split()
     if any(WORD_ROLES.get(w) == "split" for w in words):
-        return "eval", "loss" if ("loss" in words or "ppl" in words) else None, 0
+        training = training_words(words)
+        if training is None:
+            return "eval", "loss" if ("loss" in words or "ppl" in words) else None, 0
+        norm, words = " ".join(training), training
+    elif _ON_TRAINING.search(norm):
+        words = training_words(words) or words
+        norm = " ".join(words)
     lossy = (len(words) <= _KEY_MAX_WORDS and any(_is_loss_word(w) for w in words)
              and not _SETTING_WORDS.intersection(words))
     got = _lookup(norm, words)
@@ -115,6 +121,28 @@ def _classify(norm: str, raw: str, user: tuple) -> tuple[str, str | None, int]:
             return "metric", keys.LOSS, 1   # `loss_total`, `loss_sum`: the terms' total, no term
         return "component", keys.LOSS, 0
     return "other", None, 0
+
+
+#: Split words that name the act of evaluating, not a split: with the training split named
+#: beside them (`Evaluation metric train-loss`, `evaluation metric 'loss' on training set`) the
+#: value is the training set's.
+EVALUATING = frozenset({"eval", "evaluation", "evaluating"})
+TRAINING = frozenset({"train", "training"})
+_ON_TRAINING = re.compile(r"\b(?:on|for|over) (?:the )?(?:train|training)(?: (?:set|data|dataset|split))?$")
+_METRIC_WORDS = frozenset({"metric", "metrics"})
+
+
+def training_words(words: list[str]) -> list[str] | None:
+    """The words of a name that names the training split beside words of evaluating (MXNet's
+    `Evaluation metric train-loss`, `loss on training set`): ``train`` and the name, without
+    the evaluating words; None where the name names another split (`val`, `test`) or no
+    training split (an evaluation's)."""
+    if not TRAINING.intersection(words) or any(WORD_ROLES.get(w) == "split" and w not in EVALUATING
+                                               for w in words):
+        return None
+    norm = _ON_TRAINING.sub("", " ".join(w for w in words if w not in EVALUATING and w not in _METRIC_WORDS))
+    rest = [w for w in norm.split() if w not in TRAINING]
+    return ["train", *rest] if rest else None
 
 
 #: Words that make `loss_<word>` the whole loss, not one of its terms.

@@ -1,0 +1,405 @@
+"""The shapes of issue 32's second held-out scoring that the third pass of the reader read
+(the scorer named only their classes; docs/replay.md, The third pass), each written here in that
+shape with variants: `name value` with a negative value and a summary line after the records,
+several records on one line, columns with no names, the account's word on merges, a training
+loss worded as an evaluation, epoch blocks over several lines, a fit log cut inside an epoch, a
+NaN printed as 0 beside a warning, and a named count that restarts every epoch."""
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import textwrap
+
+import pytest
+
+from shapes import records_of
+from shapes import loss as _loss
+from shapes import replay_json as _replay_json
+from stability_callbacks.cli import main
+from stability_callbacks.replay.readers import LogFormatError, read_records
+
+
+# -- 1. `name value` with a negative value; a summary line after the records -------------------------
+
+def _falling(s: int) -> str:
+    return f"{0.52 - 0.05 * s:.4f}"    # a loss that runs away below zero from step 11
+
+
+NEGATIVE = [
+    # the counter unnamed (watched across its lines, signs folded), the loss above zero at first
+    ("a word before the counter", lambda s: f"train {s} loss {_falling(s)} reward {s / 10:.1f}"),
+    ("a bare counter between bars", lambda s: f"Ep 3 | {s} | loss {_falling(s)}"),
+    ("padded, a timestamp", lambda s: f"2024-05-01 10:00:{s % 60:02d} it {s:4d}  loss  {_falling(s):>8}  lr 1e-4"),
+    ("tabs", lambda s: f"{s}\tpolicy_loss\t{_falling(s)}\tvalue_loss\t0.1"),
+]
+
+
+@pytest.mark.parametrize("line", [m for _, m in NEGATIVE], ids=[n for n, _ in NEGATIVE])
+def test_a_negative_value_after_its_name_and_a_space_keeps_its_sign(tmp_path, line):
+    got, _ = records_of(tmp_path, "".join(line(s) + "\n" for s in range(1, 31)))
+    want = [(s, float(_falling(s)) + (0.1 if "value_loss" in line(1) else 0.0)) for s in range(1, 31)]
+    assert [(s, m["loss"]) for s, m in got] == [(s, pytest.approx(v)) for s, v in want]
+
+
+SUMMARY = ("records merged into the one before: a summary in another template that prints its loss again, with no "
+           "step or one behind it (its other values kept where the record has none)")
+
+
+@pytest.mark.parametrize("summary, reason", [
+    ("[1] loss nan lr 0.0 grad_norm 0.5", SUMMARY), ("done: loss nan lr 0.0", SUMMARY),
+    ("final loss nan lr 0.0", "a statistic or terms of the loss (the log prints the loss itself)"),
+    ("Epoch 1 | loss nan | lr 0.0", "epoch summary or another loop (the log's records print a finer counter)")])
+def test_a_summary_line_after_the_records_is_no_record_going_back(tmp_path, capsys, summary, reason):
+    """An epoch's or run's summary, printed once after the records in another template, repeating
+    the last loss: read as a record, it went back to step 1 (a false resume) or on to a step no
+    batch was trained at, and its NaN was a second one ("nothing was trained before step 1").
+    Merged into the last record, it adds only what that record lacks."""
+    text = "".join(f"train {s} loss {'nan' if s > 30 else _falling(s)} lr {s / 1000:.3f}\n" for s in range(1, 36))
+    path = tmp_path / "rl.log"
+    path.write_text(text + summary + "\n")
+    got, account = records_of(tmp_path, text + summary + "\n")
+    assert [s for s, _ in got] == list(range(1, 36))
+    said = account.changed if reason == SUMMARY else account.ignored
+    assert said == {reason: [1, 36]}
+    last = got[-1][1]
+    assert last["lr"] == 0.035 and last.get("grad_norm") == (0.5 if "grad_norm" in summary else None)
+    code, out, found = _replay_json(capsys, path)
+    assert code == 1 and [(f["step"], f["kind"]) for f in found] == [(31, "nonfinite"), (31, "rollback_advice")]
+
+
+def test_a_second_run_in_another_template_is_not_a_summary(tmp_path):
+    # a line of another template behind the last step that repeats no loss: a record, as before
+    text = "".join(f"train {s} loss {_falling(s)}\n" for s in range(1, 11)) + \
+        "".join(f"[{s}] loss {0.9 - 0.01 * s:.4f}\n" for s in range(1, 4))
+    got, _ = records_of(tmp_path, text)
+    assert [s for s, _ in got] == list(range(1, 11)) + [1, 2, 3]
+
+
+# -- 5. a training loss worded as an "evaluation metric" ---------------------------------------------
+
+def _epoch_loss(e: int) -> str:
+    return f"{2.0 / (e + 1) + 0.3:.4f}"
+
+
+WORDED_AS_EVALUATION = [
+    # the epoch in brackets, the split in the name
+    ("train-loss", lambda e: [f"[{e}] Evaluation metric train-loss: {_epoch_loss(e)}"], "Evaluation metric train-loss"),
+    # the split after the quoted name
+    ("on training set", lambda e: [f"Epoch[{e}] evaluation metric 'loss' on training set: {_epoch_loss(e)}"],
+     "loss on training set"),
+    # beside the validation split's line, which stays an evaluation
+    ("beside val", lambda e: [f"[{e}] Evaluation metric training_loss={_epoch_loss(e)}",
+                              f"[{e}] Evaluation metric val_loss={float(_epoch_loss(e)) + 0.1:.4f}"],
+     "Evaluation metric training_loss"),
+]
+
+
+@pytest.mark.parametrize("lines, said", [r[1:] for r in WORDED_AS_EVALUATION], ids=[r[0] for r in WORDED_AS_EVALUATION])
+def test_a_training_loss_worded_as_an_evaluation_metric_is_the_training_loss(tmp_path, lines, said):
+    text = "".join(line + "\n" for e in range(1, 11) for line in lines(e)) + "Final train-loss: 0.45\n"
+    got, account = records_of(tmp_path, text)
+    assert [(s, m["loss"]) for s, m in got] == [(e, float(_epoch_loss(e))) for e in range(1, 11)]
+    assert account.keys["loss"] == [said]
+    assert account.ignored.get("evaluation", [0])[0] == 10 * (len(lines(1)) - 1)   # the val lines
+
+
+@pytest.mark.parametrize("line", ["[{e}] Evaluation metric val-loss: {x}", "Epoch[{e}] evaluation metric 'loss' on "
+                                  "validation set: {x}", "[{e}] Test metric train-loss: {x}"])
+def test_an_evaluation_metric_of_another_split_stays_an_evaluation(tmp_path, line):
+    text = "".join(f"step {s} loss {_loss(s):.4f}\n" for s in range(1, 11)) + \
+        "".join(line.format(e=e, x=_epoch_loss(e)) + "\n" for e in range(1, 4))
+    got, account = records_of(tmp_path, text)
+    assert [s for s, _ in got] == list(range(1, 11)) and account.ignored["evaluation"][0] == 3
+
+
+# -- 2. several records on one line (text re-wrapped) -----------------------------------------------
+
+SEVERAL = "records read from lines that hold several (a template repeated within the line: text re-wrapped)"
+CUT = "records cut by a line's end, read with the next line"
+
+
+def _rewrapped(record, width: int | None, per_line: int = 2) -> str:
+    """Records of one template joined by spaces, wrapped at ``width`` (e-mail, a forum), or
+    ``per_line`` whole records to a line."""
+    records = [record(s) for s in range(1, 21)]
+    if width is None:
+        return "\n".join(" ".join(records[i:i + per_line]) for i in range(0, 20, per_line)) + "\n"
+    return textwrap.fill(" ".join(records), width) + "\n"
+
+
+REWRAPPED = [
+    ("named step, two a line", lambda s: f"step {10 * s} | loss {_loss(s):.4f} | lr 1e-4", None, 10 * 1),
+    ("named step, wrapped at 72", lambda s: f"step {10 * s} | loss {_loss(s):.4f} | lr 1e-4", 72, 10),
+    ("unnamed counter in brackets, wrapped at 60", lambda s: f"[{10 * s}] loss={_loss(s):.4f}", 60, 10),
+    ("Keras epochs, wrapped at 76", lambda s: f"Epoch {s}/20 - loss: {_loss(s):.4f} - acc: 0.{s:02d}", 76, 1),
+    ("a timestamp opens each record", lambda s: f"[2024-01-01 10:{s:02d}:00] it {s} loss {_loss(s):.4f}", 90, 1),
+    ("nanoGPT, wrapped at 80", lambda s: f"iter {10 * s}: loss {_loss(s):.4f}, time 120.5ms, mfu 30.1%", 80, 10),
+    # HF's dicts wrapped at 100: a line holds one whole record and the next one's first value
+    ("dicts, wrapped at 100", lambda s: "{'loss': %.4f, 'grad_norm': 1.%02d, 'learning_rate': 5e-05, 'epoch': %.2f}"
+     % (_loss(s), s, s / 100), 100, 1),
+]
+
+
+@pytest.mark.parametrize("record, width, unit", [r[1:] for r in REWRAPPED], ids=[r[0] for r in REWRAPPED])
+def test_every_record_of_a_line_that_holds_several_is_read_and_said(tmp_path, record, width, unit):
+    text = _rewrapped(record, width)
+    got, account = records_of(tmp_path, text)
+    assert [(s, m["loss"]) for s, m in got] == [(unit * s, round(_loss(s), 4)) for s in range(1, 21)]
+    said = {what: n for what, (n, _) in account.changed.items()}
+    # the records of lines that hold several are said; a record cut at a line's end is read with the next
+    assert said[SEVERAL] >= 20 - len(text.splitlines()) and (CUT in said) == (width is not None)
+    assert any(line.startswith("  records merged, split, dropped or marked: ") for line in account.lines())
+
+
+def test_a_line_that_starts_inside_a_record_drops_that_part_and_says_so(tmp_path):
+    # an excerpt whose first line starts in the middle of a record (its step on no line)
+    text = "2.9500 | lr 1e-4 step 20 | loss 2.9000 | lr 1e-4 step 30 | loss 2.8500 | lr 1e-4\n" \
+        "step 40 | loss 2.8000 | lr 1e-4\n"
+    got, account = records_of(tmp_path, text)
+    assert [(s, m["loss"]) for s, m in got] == [(20, 2.9), (30, 2.85), (40, 2.8)]
+    assert account.changed["partial records dropped at a line's start (the line cuts the record's start, printed "
+                           "on no line)"] == [1, 1]
+
+
+@pytest.mark.parametrize("line", ["loss: 2.3 (2.4) | acc: 0.5 (0.6)", "step 10 | loss 2.3 | lr 1e-4 | step_time 0.5",
+                                  "Loss: 2.3 (Loss: 2.4)",
+                                  "Epoch 1/10 | batch 100/500 | loss 2.3", "it 5 loss 2.3 loss_cls 1.1 loss_box 1.2"])
+def test_a_line_of_one_record_is_not_split(tmp_path, line):
+    _, account = records_of(tmp_path, "".join(line.replace("2.3", f"{_loss(s):.4f}") + "\n" for s in range(5)))
+    assert SEVERAL not in account.changed
+
+
+# -- 3. headerless space-aligned columns, an `a/b` epoch counter first --------------------------------
+
+def _columns(counter, first_column_rises: bool = False, loss_rises: bool = False) -> str:
+    """Train loss, train acc, val loss, val acc under a header an excerpt missed."""
+    out = ["Loading data...", "Model: 1.2M parameters"]
+    for e in range(1, 31):
+        loss = 0.5 + 0.06 * e if loss_rises else 2.3026 * math.exp(-e / 15) + 0.2
+        cols = [f"{loss:.4f}", f"{0.1 + e / 60:.4f}", f"{loss + 0.05:.4f}", f"{0.1135 + e / 70:.4f}"]
+        if first_column_rises:
+            cols = cols[1:2] + cols[:1] + cols[2:]
+        out.append(counter(e) + "   ".join(cols))
+    return "\n".join(out) + "\n"
+
+
+COLUMN_GUESSES = [
+    ("a/b first", lambda e: f"{e:3d}/50   ", False, "#3"),
+    ("Epoch a/b", lambda e: f"Epoch {e}/50   ", False, "#3"),
+    ("the accuracy first", lambda e: f"{e:3d}/50   ", True, "#4"),
+    ("a bare epoch, tabs", lambda e: f"{e}\t", False, "#2"),
+]
+
+
+@pytest.mark.parametrize("counter, acc_first, loss", [r[1:] for r in COLUMN_GUESSES], ids=[r[0] for r in COLUMN_GUESSES])
+def test_columns_with_no_names_are_read_by_a_guessed_loss_said_to_be_a_guess(tmp_path, counter, acc_first, loss):
+    text = _columns(counter, acc_first)
+    got, account = records_of(tmp_path, text.replace("   ", "\t") if "\t" in counter(1) else text)
+    want = [(e, round(2.3026 * math.exp(-e / 15) + 0.2, 4)) for e in range(1, 31)]
+    assert [(s, m["loss"]) for s, m in got] == want
+    assert account.keys["loss"][0].startswith(f"{loss} (the first unnamed number after the counter that falls like "
+                                              "a loss, of 4 unnamed numbers")
+    assert any(n.startswith("the log names no loss: the loss is a guess") for n in account.notes)
+
+
+def test_columns_none_of_which_falls_are_refused_with_suggestions_that_agree_and_read_the_log(tmp_path, capsys):
+    path = tmp_path / "cols.log"
+    path.write_text(_columns(lambda e: f"{e:3d}/50   ", loss_rises=True))
+    with pytest.raises(LogFormatError) as e:
+        read_records(path)
+    pasted = [line.strip() for line in str(e.value).splitlines() if line.strip().startswith("stability-callbacks ")]
+    assert len(pasted) == 2 and "--keys step=1,loss=3" in pasted[0] and "(?P<loss>" in pasted[1]
+    for command in pasted:
+        code = main(shlex.split(command)[1:] + ["--json", str(tmp_path / "r.jsonl")])
+        capsys.readouterr()
+        read = json.loads((tmp_path / "r.jsonl").read_text().splitlines()[0])
+        assert code in (0, 1) and read["steps"] == read["steps_with_loss"] == 30, command
+    # both read the same column: the first after the counter
+    assert [r.metrics["loss"] for r in read_records(path, user_keys={"1": "step", "3": "loss"})][:2] == [0.56, 0.62]
+
+
+# -- 8. a NaN printed as 0, announced by a warning line ------------------------------------------------
+
+NAN_READ = "records whose loss prints 0 read as NaN: a warning line beside them says the loss was not finite"
+SKIP_READ = ("records whose loss prints 0 marked skipped (skipped=1, no loss read): a warning line beside them says "
+             "the step was skipped")
+
+
+def _zero_with_warning(warning: str, after: bool, record=lambda s, x: f"step {s} loss {x:.4f} lr 1e-4") -> str:
+    out = []
+    for s in range(1, 41):
+        if s == 25 and not after:
+            out.append(warning)
+        out.append(record(s, 0.0 if s == 25 else 2.5 - 0.01 * s))
+        if s == 25 and after:
+            out.append(warning)
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("warning, after, said, finding", [
+    ("WARNING: non-finite loss, skipping batch", False, NAN_READ, "nonfinite"),
+    ("loss is nan, setting to 0", True, NAN_READ, "nonfinite"),
+    ("[W] step 25: loss became inf, replaced by 0", True, NAN_READ, "nonfinite"),
+    ("Skipping step: gradients contain inf", True, SKIP_READ, None),
+    ("Gradient overflow. Skipping step", False, SKIP_READ, None),
+], ids=["non-finite before", "nan after", "inf after, a step on it", "skip after", "overflow before"])
+def test_a_zero_loss_beside_a_warning_line_is_what_the_warning_says(tmp_path, capsys, warning, after, said, finding):
+    path = tmp_path / "w.log"
+    path.write_text(_zero_with_warning(warning, after))
+    got, account = records_of(tmp_path, path.read_text())
+    marked = dict(got)[25]
+    assert (math.isnan(marked["loss"]) if finding else "loss" not in marked)
+    assert marked.get("skipped") == (1.0 if "skip" in warning.lower() else None)
+    assert account.changed[said][0] == 1
+    code, out, found = _replay_json(capsys, path)
+    assert [(f["step"], f["kind"]) for f in found if f["severity"] != "info"] == (
+        [(25, "nonfinite"), (25, "rollback_advice")] if finding else [])
+    assert "stall" not in out
+
+
+def test_a_warning_beside_no_zero_loss_changes_nothing(tmp_path):
+    text = "".join(f"step {s} loss {2.5 - 0.01 * s:.4f}\n" + ("Skipping batch 3: bad sample\n" if s == 3 else "")
+                   for s in range(1, 9))
+    got, account = records_of(tmp_path, text)
+    assert all("skipped" not in m and m["loss"] > 2 for _, m in got) and not account.changed
+
+
+# -- 4. the account says every merge ----------------------------------------------------------------
+
+@pytest.mark.parametrize("text, said, n", [
+    # two ranks print every step
+    ("".join(f"[rank{r}]: step {s} loss {_loss(s):.4f}\n" for s in range(1, 6) for r in (0, 1)),
+     "records merged into the one before: the same step printed again (ranks, repeats: their mean loss)", 5),
+    # a bar redrawn at one count
+    ("".join(f" {n}%|#   | {n}/100 [00:0{t}<00:10,  9.9it/s, loss={_loss(n + t):.4f}]\n" for n in (1, 2, 3) for t in (1, 2)),
+     "records merged into the one before: a progress bar redrawn at its count, or a record printed again in another "
+     "form (its last values kept)", 3),
+    # terms of one step on lines of their own
+    ("".join(f"discriminator loss at step {s}: 0.69\ngenerator loss at step {s}: 1.{s}\n" for s in range(1, 5)),
+     "records merged into the one before: terms of one step's loss on lines of their own (their sum)", 4),
+], ids=["ranks", "a bar redrawn", "terms"])
+def test_records_merged_into_one_are_counted_in_the_account(tmp_path, text, said, n):
+    got, account = records_of(tmp_path, text)
+    assert account.changed[said][0] == n
+    assert any(line.startswith("  records merged, split, dropped or marked: ") and f"{n} {said}" in line
+               for line in account.lines())
+
+
+def test_a_log_of_epochs_with_complete_bars_does_not_say_nothing_finer_is_printed(tmp_path):
+    got, account = records_of(tmp_path, "".join(f"Epoch {e}/5\n469/469 [====] - 3s - loss: {_loss(e):.4f}\n"
+                                                 for e in range(1, 6)))
+    assert [s for s, _ in got] == [1, 2, 3, 4, 5]
+    assert "  steps numbered by the epoch (no count finer than the epoch moves from record to record: step N is " \
+           "epoch N)" in account.lines()
+    assert "nothing finer" not in " ".join(account.lines())
+
+
+# -- 9. a named counter within an epoch, no epoch length, restarting each epoch ------------------------
+
+@pytest.mark.parametrize("name", ["step", "it", "batch"])
+@pytest.mark.parametrize("where", ["header", "on the line"])
+def test_a_named_count_that_restarts_every_epoch_gives_not_learning_its_real_step_span(tmp_path, capsys, name, where):
+    """A loss at chance (it wavers, never falls) over 5 epochs of 10 prints, counted 10..100 in
+    every epoch: numbered in order (1..50), the horizon of not_learning (in steps) was never met."""
+    lines = []
+    for e in range(1, 6):
+        if where == "header":
+            lines.append(f"Epoch {e}")
+        for k, b in enumerate(range(10, 110, 10)):
+            prefix = "" if where == "header" else f"epoch {e} "
+            lines.append(f"{prefix}{name} {b} loss {2.3026 + 0.003 * math.sin(1.7 * (10 * e + k)):.4f}")
+    path = tmp_path / "flat.log"
+    path.write_text("\n".join(lines) + "\n")
+    got, account = records_of(tmp_path, path.read_text())
+    assert [s for s, _ in got] == [(e - 1) * 100 + b for e in range(1, 6) for b in range(10, 110, 10)]
+    assert f"  note: {name!r} restarts at every epoch and the log prints no epoch length: steps are (epoch - 1) x 100 " \
+           f"(the largest {name!r} of an epoch) + {name!r}" in account.lines()
+    code, out, found = _replay_json(capsys, path)
+    kinds = [(f["kind"], f["step"]) for f in found if f["severity"] != "info"]
+    assert [k for k, _ in kinds] == ["not_learning"] and kinds[0][1] > 50, kinds
+
+
+# -- 7. a fit log cut inside an epoch ------------------------------------------------------------------
+
+def _fit_cut(bar, nan_last: bool = False) -> str:
+    """Keras' `fit`: epochs printed complete, then the last one in progress where the excerpt ends."""
+    out = []
+    for e in range(1, 6):
+        out += [f"Epoch {e}/10", bar(469, f"{2.3 - 0.2 * e:.4f}")]
+    out.append("Epoch 6/10")
+    out += [bar(k, "nan" if nan_last and k == 200 else f"{1.3 - 0.0001 * k:.4f}") for k in (1, 50, 120, 200)]
+    return "\n".join(out) + "\n"
+
+
+FIT_BARS = [
+    ("keras 3", lambda k, x: f"{k:3d}/469 ━━━━━━━━━━━━━━━━━━━━ 3s 6ms/step - accuracy: 0.6000 - loss: {x}"),
+    ("keras 2", lambda k, x: f"{k:3d}/469 [==============================] - ETA: 2s - loss: {x} - acc: 0.6"),
+]
+
+
+@pytest.mark.parametrize("bar", [b for _, b in FIT_BARS], ids=[n for n, _ in FIT_BARS])
+def test_a_fit_log_cut_inside_an_epoch_is_numbered_one_way(tmp_path, capsys, bar):
+    got, account = records_of(tmp_path, _fit_cut(bar))
+    assert [(s, m["loss"]) for s, m in got] == [(e, round(2.3 - 0.2 * e, 4)) for e in range(1, 6)] + [(6, 1.28)]
+    said = account.lines()
+    assert [line for line in said if line.startswith("  steps numbered")] == [
+        "  steps numbered by the epoch (no count finer than the epoch moves from record to record: step N is epoch N)"]
+    assert any(n.startswith("\"a bar's count\" stops below its total after epochs printed only complete") for n in
+               account.notes)
+    path = tmp_path / "cut.log"
+    path.write_text(_fit_cut(bar, nan_last=True))
+    code, out, found = _replay_json(capsys, path)
+    assert code == 1 and next(f for f in found if f["kind"] == "nonfinite")["step"] == 6
+
+
+# -- 6. multi-line epoch blocks: a header, a learning-rate line, the epoch's final bar ------------------
+
+def _epoch_blocks(header: str, redraws: bool = False) -> str:
+    out = []
+    for e in range(1, 8):
+        out += [header.format(e=e), f"Learning rate: {0.1 * 0.9 ** e:.6f}"]
+        final = f"100%|██████████| 469/469 [00:12<00:00, 38.1it/s, loss={2.3 - 0.2 * e:.4f}]"
+        out.append("\r".join([f" 21%|██        | 100/469 [00:03<00:09, 38.1it/s, loss={2.4 - 0.2 * e:.4f}]"] * redraws
+                             + [final]))
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("header, lr", [("Epoch {e}/20", True), ("[{e}/20]", True), ("===== Epoch {e} of 20", True),
+                                        # a header of one key and one value makes a block with the LR line
+                                        # below it (one line: the epoch's header, its LR not attached)
+                                        ("Epoch {e}", False), ("Starting epoch {e}", False)])
+def test_an_epoch_block_is_one_record_at_its_epoch_with_its_learning_rate(tmp_path, header, lr):
+    got, account = records_of(tmp_path, _epoch_blocks(header))
+    assert got == [(e, {"loss": round(2.3 - 0.2 * e, 4), **({"lr": round(0.1 * 0.9 ** e, 6)} if lr else {})})
+                   for e in range(1, 8)]
+    said = account.lines()
+    assert "  steps numbered by the epoch (no count finer than the epoch moves from record to record: step N is " \
+           "epoch N)" in said and not account.changed
+
+
+def test_an_epoch_block_whose_bar_is_redrawn_numbers_batches_and_says_how(tmp_path):
+    got, account = records_of(tmp_path, _epoch_blocks("Epoch {e}/20", redraws=True))
+    # the LR line goes into the first record of its epoch (the one printed after it)
+    assert [(s, m["loss"], m.get("lr")) for s, m in got] == [
+        (s, round(x, 4), lr) for e in range(1, 8)
+        for s, x, lr in (((e - 1) * 469 + 100, 2.4 - 0.2 * e, round(0.1 * 0.9 ** e, 6)),
+                         ((e - 1) * 469 + 469, 2.3 - 0.2 * e, None))]
+    assert "  note: \"a bar's count\" counts batches within an epoch of 469: steps are (epoch - 1) x 469 + " \
+           "\"a bar's count\"" in account.lines()
+
+
+def test_a_record_cut_by_the_end_of_the_log_is_dropped_and_said(tmp_path):
+    got, account = records_of(tmp_path, "step 10 | loss 2.9 | lr 1e-4 step 20 | loss 2.8 | lr 1e-4 step 30 | loss\n")
+    assert [(s, m["loss"]) for s, m in got] == [(10, 2.9), (20, 2.8)]
+    assert account.changed == {SEVERAL: [2, 1], "partial records dropped at a line's end (no line goes on with it)": [1, 1]}
+
+
+def test_the_search_for_records_repeated_on_a_line_stays_linear(tmp_path):
+    # 10,000 numbers between the same piece, a name only at the end: no period is searched past 64
+    import time
+    path = tmp_path / "wide.log"
+    path.write_text(" | ".join(str(i) for i in range(10000)) + " | loss 2.3\n")
+    start = time.process_time()
+    list(read_records(path))
+    assert time.process_time() - start < 1.5      # 0.3 s; 3.5 s before the bound
