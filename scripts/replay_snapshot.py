@@ -27,9 +27,10 @@ NOT_LOGS = {"README.md", "SOURCE", "LABELS"}
 
 def logs(data: Path) -> list[Path]:
     """Every file under ``data`` a user might replay (the expected-numbers CSVs of the field corpus
-    included: they are CSV logs too)."""
+    included: they are CSV logs too; the corpora's label and split files are not logs)."""
     return sorted(p for p in data.rglob("*") if p.is_file() and p.name.endswith(LOG_SUFFIXES)
-                  and p.name not in NOT_LOGS and "preflight" not in p.parts)
+                  and p.name not in NOT_LOGS and not p.name.startswith(("labels", "split."))
+                  and "preflight" not in p.parts)
 
 
 def replay_one(path: Path) -> dict:
