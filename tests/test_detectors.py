@@ -56,8 +56,18 @@ def test_slow_spike_warns_and_recovers_slowly():
     recs = scale(healthy(800), "loss", lambda s: 1 + 1.2 * math.exp(-(s - 300) / 100) if s >= 300 else 1.0)
     found = run(recs)
     assert kinds(found) == [(300, "loss_spike", "info"), (302, "loss_spike", "warning"),   # persisted 3 points
-                            (426, "spike_recovered", "warning")]                           # slow: > 100 steps
-    assert found[-1].details["speed"] == "slow" and found[-1].details["recovery_steps"] == 126
+                            (437, "spike_recovered", "warning")]                           # slow: > 100 steps
+    # back within a tenth of the rise in log(loss): +8.2% of the +120% (x2.2^0.1)
+    assert found[-1].details["speed"] == "slow" and found[-1].details["recovery_steps"] == 137
+
+
+def test_a_spike_of_orders_of_magnitude_is_not_back_while_it_stays_orders_of_magnitude_up():
+    # x1000, then x100 for good: a tenth of the rise measured in log(loss) is back within x2, so
+    # no "came back, no action needed" at x100 (before: a tenth of the rise in the loss's own
+    # units, 100x its level, counted as back)
+    recs = scale(healthy(800), "loss", lambda s: 1.0 if s < 300 else 1000.0 if s == 300 else 100.0)
+    found = [f for f in run(recs) if f.kind in ("spike_recovered", "spike_unrecovered")]
+    assert [(f.step, f.kind, f.severity) for f in found] == [(600, "spike_unrecovered", "critical")]
 
 
 def test_unrecovered_spike_is_critical_with_rollback_advice():

@@ -336,6 +336,22 @@ def test_a_handful_of_flat_points_is_too_early_to_call_but_the_end_of_the_log_sa
     assert m.end() == []
 
 
+def test_a_loss_that_falls_to_chance_during_the_warmup_and_stays_is_not_learning():
+    # a T5 built from its config starts above ln V (large init logits) and falls, during a 50-step
+    # warmup, to ln 128 = 4.852, a uniform guess over its outputs, and stays: the fall was no
+    # learning (before: the chance level was only judged for a loss that started at it)
+    rng = random.Random(0)
+    recs = [StepRecord(s, {"loss": math.log(128) + (9.0 - math.log(128)) * math.exp(-s / 12) + rng.gauss(0, 0.01),
+                           "lr": 1e-3 * min(1.0, s / 50)}) for s in range(1, 301)]
+    f, _ = run(recs, {"detectors": {"not_learning": {"num_outputs": 128}}})
+    assert found(f, min_severity="warning") == [(110, "not_learning", "warning")]
+    assert f[[x.kind for x in f].index("not_learning")].details["rule"] == "chance"
+    # ... one that goes on below it learned: nothing
+    recs = [StepRecord(s, {"loss": 2.0 + (9.0 - 2.0) * math.exp(-s / 30) + rng.gauss(0, 0.01),
+                           "lr": 1e-3 * min(1.0, s / 50)}) for s in range(1, 301)]
+    assert found(run(recs, {"detectors": {"not_learning": {"num_outputs": 128}}})[0], min_severity="warning") == []
+
+
 def test_a_flat_loss_with_a_logged_interval_is_not_learning_from_its_first_point():
     # an MLM pretraining log every 100 steps, loss flat at 7.1 (accuracy 0): the run's start is
     # the first record at the log's interval

@@ -71,7 +71,7 @@ def test_divergence_without_spike_on_the_52b_benchmark():
     # no level to warn against at once; start-up keeps both info)
     assert [(f.step, f.kind, f.severity) for f in findings] == [
         (3, "loss_spike", "info"), (4, "loss_spike", "info"), (8, "warmup_end", "info"),
-        (27, "spike_recovered", "info"), (44, "divergence", "critical"), (44, "rollback_advice", "critical")]
+        (28, "spike_recovered", "info"), (43, "divergence", "critical"), (43, "rollback_advice", "critical")]
 
 
 def test_sparse_healthy_log_stays_below_warning():

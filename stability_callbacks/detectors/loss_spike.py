@@ -96,8 +96,8 @@ class LossSpike(Detector):
     small as ``persist_samples`` - 1 Gaussian points 3σ up (:meth:`_stay_needed`; the tail is
     measured at 3, 6 and 12σ on the ordinary points and one-point blips). A slow recovery is a
     warning on the same evidence only.
-    Then exactly one of ``spike_recovered`` (back within ``recover_fraction`` of the rise or 3σ
-    of noise; ``fast`` when within ``fast_recovery_steps``) or ``spike_unrecovered`` (not back
+    Then exactly one of ``spike_recovered`` (back within ``recover_fraction`` of the rise, in
+    log(loss), or 3σ of noise; ``fast`` when within ``fast_recovery_steps``) or ``spike_unrecovered`` (not back
     after ``horizon_steps`` *and* ``horizon_samples`` logged points: critical). A healthy
     20k-step run has ~190 one-step blips: they stay ``info``.
 
@@ -333,7 +333,7 @@ class LossSpike(Detector):
             ep.peak = peak = max(ep.peak, x)
             ep.samples += 1
             ep.above += abnormal
-            back = x <= self._recovery_level(base0, peak)
+            back = x <= self._recovery_level(base0, peak, floor)
             if back:
                 took = step - onset
                 # gone by the next logged point is fast, however sparse the log; a slow one is a
@@ -367,7 +367,7 @@ class LossSpike(Detector):
                 elif step - onset >= self.horizon_steps and ep.samples >= self.horizon_samples:
                     out.append(self.finding(
                         step, kind="spike_unrecovered", severity="critical", value=x, baseline=base0,
-                        onset_step=onset, threshold=self._recovery_level(base0, peak),
+                        onset_step=onset, threshold=self._recovery_level(base0, peak, floor),
                         message=(f"{self._what()} has not recovered {step - onset} steps after the "
                                  f"spike at step {onset}: {fmt(x)} vs {fmt(base0)} before it (peak "
                                  f"{fmt(peak)}). Training more rarely fixes this: roll back to the last "
@@ -410,10 +410,16 @@ class LossSpike(Detector):
         self.floor_log = self.peak_floor_log = (math.log(self.floor) if self.floor > 0.0 and not self.signed
                                                 else -math.inf)
 
-    def _recovery_level(self, base0: float, peak: float) -> float:
-        """Back means within ``recover_fraction`` of the rise, or within the normal noise (3σ)."""
+    def _recovery_level(self, base0: float, peak: float, floor: float) -> float:
+        """Back means within ``recover_fraction`` of the rise as rises are measured — in log(loss),
+        in units of the level before (or of the floor, near it) — or within the normal noise (3σ).
+        A tenth of a rise to 1000x is back within 2x, not at 100x its level (a "came back, no
+        action needed" while the loss stayed two orders of magnitude up); a small rise is back
+        where a tenth of it is, as before (+50% is back at +4.1%, the tenth +5%)."""
         noise = base0 if self.base.cold else base0 * math.exp(3.0 * self.base.scale)
-        return max(base0 + self.recover_fraction * (peak - base0), noise)
+        unit = max(base0, floor)
+        return max(base0 + unit * math.expm1(self.recover_fraction * math.log1p(max(peak - base0, 0.0) / unit)),
+                   noise)
 
     def _before_episode(self) -> int:
         """While cold, how many of the points seen came before the open episode (all points enter

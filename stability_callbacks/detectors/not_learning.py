@@ -49,9 +49,9 @@ class NotLearning(Detector):
       its EW level (~10 points) within ``chance_tolerance`` (2%) of ln C for the horizon, in points
       and in steps (a learning model passes through the band, a GPT-2 at batch size 1 slowly; labels
       disconnected from the inputs hold a classifier 1% above it), provided the first level was
-      within ``chance_tolerance`` x 3 of it too (a cross-entropy over those C outputs starts there
-      from a random init; a loss that does not, an MSE, an ELBO, a fine-tune that starts below, is
-      not judged against it).
+      within ``chance_tolerance`` x 3 of it or above it (a cross-entropy over those C outputs
+      starts there from a random init, or above where the init's logits are large; a loss that
+      starts below, an MSE, an ELBO, a fine-tune, is not judged against it).
     - *still*: nothing moves the weights, the loss flat meanwhile: the LR, the update norm or
       the grad norm exactly 0 for ``still_samples`` points in a row after the warmup (the LR
       when it dropped there from a tenth of its peak or more, or was never set: a decay printed
@@ -114,14 +114,17 @@ class NotLearning(Detector):
         self.lr = [0.0, 0.0]   # the largest LR so far, and the last one above 0
 
     def _chance_log(self) -> float | None:
-        """log(ln C) when C is known and the first level started within 3 tolerances of it, else
-        None (derived, not state)."""
+        """log(ln C) when C is known and the first level started within 3 tolerances of it or
+        above it, else None (derived, not state): a cross-entropy over C outputs starts there from
+        a random init, or above it where the init's logits are large (a T5 built from its config
+        starts above ln V and can fall to it during the warmup, and stay: it learned nothing past a
+        uniform guess); a loss that starts below it (a fine-tune, an MSE) says nothing of chance."""
         c = self.num_outputs or self.outputs
         f = self.first
         if not c or not f[0]:
             return None
         chance = math.log(math.log(c))
-        return chance if abs(f[1] / f[0] - chance) <= 3 * self._tol else None
+        return chance if f[1] / f[0] - chance >= -3 * self._tol else None
 
     def declare_outputs(self, n: int | None) -> None:
         """The model's output size, from a live run (unless ``num_outputs`` is configured)."""
