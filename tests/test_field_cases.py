@@ -556,3 +556,31 @@ def test_an_epoch_level_loss_rising_epoch_after_epoch_is_a_drift(xs, want):
         assert f[0].details["rule"] == "epochs" and f[0].onset_step == 4
         assert "rose at each of its last 4 points, from 1.093 at epoch 4 to 1.214 at epoch 8 (+11%)" in f[0].message
     assert found(_epoch_run(xs, epochs=False)) == []   # the same numbers as steps: too few to judge
+
+
+def _near_zero_classifier(hard_grad):
+    """A classifier falling from 2.3 to ~1e-3, its grad norm with it (4 -> ~0.1); from step 600 a
+    hard batch every 45 steps: the loss x6 and the grad norm ``hard_grad``."""
+    rng = random.Random(0)
+    recs = []
+    for s in range(1, 1201):
+        loss = 2.3 * math.exp(-s / 80) + 1e-3
+        g = 4.0 * math.sqrt(loss / 2.3) * rng.lognormvariate(0, 0.2)
+        if s > 600 and s % 45 == 0:
+            loss, g = loss * 6, hard_grad
+        recs.append(StepRecord(s, {"loss": loss * rng.lognormvariate(0, 0.1), "grad_norm": g, "lr": 0.1}))
+    return run(recs)[0]
+
+
+def test_near_the_loss_floor_a_grad_norm_jump_within_its_earlier_range_is_a_hard_batch():
+    # one example a batch still gets wrong makes a gradient like those of the run's first steps:
+    # 30-100x the baseline near zero loss, repeated, but no higher than the grad norm stood before
+    # (before: "the optimizer state may be going bad" / "the weights are blowing up", warnings)
+    f = _near_zero_classifier(2.0)
+    assert found(f, min_severity="warning") == []
+    jumps = [x for x in f if x.kind == "grad_norm_spike"]
+    assert len(jumps) == 13 and all(x.details.get("near_floor") for x in jumps[2:])
+    assert "no higher than it stood earlier in the run" in jumps[2].message
+    # ... one far above anything it was before is still a jump by orders of magnitude: warnings
+    assert found(_near_zero_classifier(60.0), min_severity="warning")[:2] == [
+        (630, "grad_norm_spike", "warning"), (675, "grad_norm_spike", "warning")]

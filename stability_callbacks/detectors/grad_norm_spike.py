@@ -20,8 +20,12 @@ class GradNormSpike(Detector):
     onset within ``repeat_window_steps`` (healthy runs have pairs of blips; a train of them is
     an optimizer going bad), or when it is ``large_ratio`` × its baseline: a jump by orders of
     magnitude (rewards scaled x1000 in a policy gradient: the grad norm 1800x) is no blip,
-    whatever the loss does. Zero norms (a print artefact of some builds) and skipped fp16
-    steps are ignored. O(1); state: the baseline and 3 scalars.
+    whatever the loss does. Near the loss's floor (``loss_spike``'s: a classifier near zero
+    loss, its gradient the few examples a batch still gets wrong), a jump that stays within the
+    largest grad norm of the run's ordinary points (what it was before training fitted them) is
+    a hard batch, not the optimizer going bad nor the weights blowing up: info, said so.
+    Zero norms (a print artefact of some builds) and skipped fp16
+    steps are ignored. O(1); state: the baseline and 4 scalars.
 
     >>> d = GradNormSpike()
     >>> [f.kind for s, g in enumerate([1.0, 1.1, 20.0], 1)
@@ -32,7 +36,7 @@ class GradNormSpike(Detector):
     name = "grad_norm_spike"
     kind = "grad_norm_spike"
     signals = (keys.GRAD_NORM,)
-    _state = ("base", "open", "onsets")
+    _state = ("base", "open", "onsets", "peak")
 
     def __init__(self, *, baseline_alpha: float = 0.05, z_threshold: float = 6.0,
                  min_ratio: float = 2.0, cold_start_samples: int = 20, cold_start_ratio: float = 3.0,
@@ -50,6 +54,7 @@ class GradNormSpike(Detector):
         self.base = RobustLevel(positive("baseline_alpha", baseline_alpha))
         self.open = False
         self.onsets: list[int] = []   # recent onset steps, inside the repeat window
+        self.peak = 0.0                # the largest grad norm of the ordinary points
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
@@ -79,6 +84,8 @@ class GradNormSpike(Detector):
             return []
         if not abnormal:
             b.update_log(lg)
+            if g > self.peak:
+                self.peak = g
             return []
         self.open = True
         self.onsets = [s for s in self.onsets if record.step - s <= self.repeat_window_steps]
@@ -88,6 +95,15 @@ class GradNormSpike(Detector):
         base = b.baseline
         b.update_log(lg, flagged=True)
         large = ratio >= self.large_ratio
+        if (repeat or large) and g <= self.peak and ctx.loss_baseline is not None and \
+                ctx.loss_floor_log > math.log(ctx.loss_baseline):   # near the loss's floor: a hard batch
+            return [self.finding(
+                record.step, severity="info", value=g, baseline=base, threshold=base * self.min_ratio,
+                message=(f"Grad norm jumped to {fmt(g)} at step {record.step}, {ratio:.1f}x its baseline "
+                         f"{fmt(base)}, but no higher than it stood earlier in the run ({fmt(self.peak)}): the loss "
+                         f"is near its floor, where the few examples a batch still gets wrong make the gradient; "
+                         f"a hard batch, not the optimizer going bad."),
+                ratio=ratio, repeat_of=prev if repeat else None, near_floor=True)]
         tail = (f" It repeats ({len(self.onsets)} spikes since step {self.onsets[0]}): the optimizer state may be going bad; a "
                 f"checkpoint is being saved." if repeat else
                 " A jump by orders of magnitude is no blip: something upstream changed scale (the data, the "
