@@ -165,7 +165,7 @@ def test_rollback_advice_speaks_the_logs_framework_and_advice_all_gives_every_fo
 def test_the_end_of_a_short_flat_log_says_it_is_too_early_to_call_unless_its_steps_are_epochs(tmp_path):
     # 10 rows flat at 2.3026 under a step column: fewer than 50 steps, so only an info at the end
     # of the log, in the JSON and the table (exit 0); the same numbers printed with no counter
-    # (each step a record's rank: an excerpt need not start where the run did) end with nothing
+    # (each step a record's rank) say that an excerpt need not start where the run did
     xs = ["2.3031", "2.3027", "2.3026", "2.3029", "2.3025", "2.3026", "2.3027", "2.3026", "2.3024", "2.3026"]
     (tmp_path / "flat.csv").write_text("step,loss\n" + "".join(f"{i},{x}\n" for i, x in enumerate(xs, 1)))
     r = cli("replay", tmp_path / "flat.csv", "--json", "-")
@@ -175,4 +175,6 @@ def test_the_end_of_a_short_flat_log_says_it_is_too_early_to_call_unless_its_ste
     assert "if each is an epoch (or many batches), the run is not learning" in lines[0]["message"]
     (tmp_path / "flat.log").write_text("".join(f"loss: {x}\n" for x in xs))
     r = cli("replay", tmp_path / "flat.log", "--json", "-")
-    assert r.returncode == 0 and [json.loads(x)["kind"] for x in r.stdout.splitlines()[1:]] == [], r.stderr
+    _, *lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert r.returncode == 0 and [(f["step"], f["kind"], f["severity"]) for f in lines] == [(10, "not_learning", "info")]
+    assert "if the log starts where the run did: it prints no step numbers" in lines[0]["message"]

@@ -331,9 +331,11 @@ def test_a_handful_of_flat_points_is_too_early_to_call_but_the_end_of_the_log_sa
     # a loss that falls over its handful, or a log numbered by its records' rank (an excerpt that
     # need not start where the run did), ends with nothing
     assert run(epochs([2.30, 2.10, 1.90, 1.75, 1.60, 1.50, 1.42, 1.35]))[1].end() == []
+    # ... and a log numbered by its records' rank says that it holds only if the log starts where
+    # the run did (an excerpt from later cannot tell "never learned" from "converged")
     _, m = run(epochs(xs))
     m.steps_by_order = True
-    assert m.end() == []
+    assert "if the log starts where the run did" in m.end()[0].message
 
 
 def test_a_loss_that_falls_to_chance_during_the_warmup_and_stays_is_not_learning():
@@ -350,6 +352,22 @@ def test_a_loss_that_falls_to_chance_during_the_warmup_and_stays_is_not_learning
     recs = [StepRecord(s, {"loss": 2.0 + (9.0 - 2.0) * math.exp(-s / 30) + rng.gauss(0, 0.01),
                            "lr": 1e-3 * min(1.0, s / 50)}) for s in range(1, 301)]
     assert found(run(recs, {"detectors": {"not_learning": {"num_outputs": 128}}})[0], min_severity="warning") == []
+
+
+def test_a_few_records_with_the_lr_and_the_grad_norm_exactly_zero_end_saying_nothing_moved():
+    # 3 records, LR 0 and grad norm 0 on each, the loss at 2.3026: fewer than the 5 points the
+    # *still* rule asks, and an LR of 0 from the start reads as a warmup not yet begun; with the
+    # grad norm 0 too, nothing can move: the log's end says so (an info), and not for an LR that
+    # warms up while the grad norm prints 0.000 (some builds do, their loss moving)
+    recs = [StepRecord(s, {"loss": x, "lr": 0.0, "grad_norm": 0.0}) for s, x in enumerate([2.3026, 2.3026, 2.3027], 1)]
+    f, m = run(recs)
+    end = m.end()
+    assert found(f) == [] and [(x.step, x.kind, x.severity, x.onset_step) for x in end] == [(3, "not_learning", "info", 1)]
+    assert end[0].details["rule"] == "still" and end[0].details["too_few_steps"] is True
+    assert end[0].message.startswith("Too early to call, the log ending here: the grad norm has been exactly 0 "
+                                     "since step 1 (3 points up to step 3)")
+    warming = [StepRecord(s, {"loss": x, "lr": 1e-4 * s, "grad_norm": 0.0}) for s, x in enumerate([2.3026, 2.3026, 2.3027], 1)]
+    assert run(warming)[1].end() == []
 
 
 def test_a_flat_loss_with_a_logged_interval_is_not_learning_from_its_first_point():

@@ -243,16 +243,26 @@ class NotLearning(Detector):
         return se if fell + self.z_threshold * se < need else None
 
     def at_end(self, ctx: Context) -> list[Finding]:
-        """The end of a replayed log whose loss never left its first level over its horizon in
-        points, but over fewer than ``horizon_steps`` steps (a handful of records numbered 1, 2, 3):
-        too few optimizer steps to call, unless each step is an epoch or many batches, which the
-        numbers alone do not say. ``info``, saying both. Not for steps that are the records' ranks
-        (``ctx.steps_by_order``): such a log need not start where the run did."""
+        """The end of a replayed log too short to call (``info``, once, saying what it cannot tell):
+
+        - its loss never left its first level over its horizon in points, but over fewer than
+          ``horizon_steps`` steps (a handful of records numbered 1, 2, 3): too few optimizer steps
+          to call, unless each step is an epoch or many batches, which the numbers alone do not
+          say; a log that prints no step numbers (``ctx.steps_by_order``) may also not start where
+          the run did, and the message says so;
+        - or the LR, update norm or grad norm was exactly 0 on its last points (2 at least), fewer
+          than ``still_samples`` of them, the loss flat meanwhile: nothing moved the weights there."""
+        if self.told or self.signed:
+            return []
+        s = self.still
+        if s is not None and 2 <= s[1] < self.still_samples:
+            out = self._still_finding(ctx.step, s, short=True)
+            self.told = bool(out)
+            return out
         f, h = self.first, self.horizon
-        if (self.told or self.signed or ctx.steps_by_order or h is None or not f[0] or self.prev_log is None
+        if (h is None or not f[0] or self.prev_log is None
                 or h[1] < (self.horizon_samples if not self._printed_still() else min(2, self.horizon_samples))):
             return []
-        step = ctx.step
         first, since = f[1] / f[0], h[2] / h[1]
         fell = first - since
         se = self._flat(fell, self.sigma * math.sqrt(1.0 / f[0] + 1.0 / h[1]), self.sigma, None,
@@ -260,8 +270,8 @@ class NotLearning(Detector):
         if se is None:
             return []
         self.told = True
-        return [self._finding(step, "flat", first, since, fell, se, self.num_outputs or self.outputs, False,
-                              short=True)]
+        return [self._finding(ctx.step, "flat", first, since, fell, se, self.num_outputs or self.outputs, False,
+                              short=True, by_order=ctx.steps_by_order)]
 
     def _printed_still(self) -> bool:
         """Every point so far the same value, as printed (no change between points at all): no
@@ -284,21 +294,26 @@ class NotLearning(Detector):
         return slope < -self.trend_sigmas * sigma / math.sqrt(sxx)
 
     def _still(self, step: int, m, lx: float, warm: bool) -> list[Finding]:
-        """The LR, the update norm or the grad norm exactly 0 after the warmup, the loss flat
-        meanwhile."""
-        if not warm:
+        """The LR or the update norm exactly 0 after the warmup, or the grad norm exactly 0 from
+        the run's start — during a warmup too when the LR is exactly 0 as well (no gradient and no
+        step: nothing can move), the loss flat meanwhile."""
+        # a grad norm of 0 counts from the run's start only: some builds print 0.000 on every line
+        # (with an LR that warms up and a loss that moves: no call there during the warmup);
+        # an LR of 0 only when it dropped there (a decay to 0 at a schedule's end is no bug)
+        lr = m.get(keys.LR)
+        no_grad = (m.get(keys.GRAD_NORM) == 0.0 and self.start is not None and self.start[2]
+                   and (warm or lr == 0.0))
+        if not warm and not no_grad:
             self.still = None
             return []
-        # a grad norm of 0 counts from the run's start only: some builds print 0.000 on every line;
-        # an LR of 0 only when it dropped there (a decay to 0 at a schedule's end is no bug)
-        lr, zero = m.get(keys.LR), None
-        if lr is not None and lr > 0.0:
+        zero = None
+        if warm and lr is not None and lr > 0.0:
             self.lr[0], self.lr[1] = max(self.lr[0], lr), lr
-        elif lr == 0.0 and self.lr[1] >= 0.1 * self.lr[0]:
+        elif warm and lr == 0.0 and self.lr[1] >= 0.1 * self.lr[0]:
             zero = keys.LR
-        if zero is None and m.get(keys.GRAD_NORM) == 0.0 and self.start is not None and self.start[2]:
+        if zero is None and no_grad:
             zero = keys.GRAD_NORM   # before the update norm: 0 there says why the update is 0
-        if zero is None and m.get(keys.UPDATE_NORM) == 0.0:
+        if zero is None and warm and m.get(keys.UPDATE_NORM) == 0.0:
             zero = keys.UPDATE_NORM
         if zero is None:
             self.still = None
@@ -310,22 +325,32 @@ class NotLearning(Detector):
         s[2] += lx
         if s[1] < self.still_samples:
             return []
+        return self._still_finding(step, s, short=False)
+
+    def _still_finding(self, step: int, s: list, *, short: bool) -> list[Finding]:
+        """The *still* finding over ``s`` (``still``'s state), unless the loss fell meanwhile;
+        ``short``: at the end of a log, fewer points than the rule asks (an info saying so)."""
         fell = s[3] - s[2] / s[1]
         se = self.sigma * math.sqrt(1.0 / s[1] + 1.0)
         if fell >= max(-math.log1p(-self.min_fall), self.z_threshold * se):
             return []   # it falls: whatever is 0 here, something trains
         what = {keys.LR: "the LR", keys.UPDATE_NORM: "Adam's update norm", keys.GRAD_NORM: "the grad norm"}[s[4]]
         level = math.exp(s[2] / s[1])
+        since = (f"{what} has been exactly 0 since step {s[0]} ({s[1]} points up to step {step}), and the loss has "
+                 f"not fallen beyond its noise ({fmt(level)} on average, {fmt(math.exp(s[3]))} the point before): "
+                 f"nothing moves the weights")
+        message = (f"Too early to call, the log ending here: {since} — {s[1]} points, fewer than the "
+                   f"{self.still_samples} the rule asks. If the run went on so, it is not learning. Usual causes "
+                   f"then: {CAUSES}." if short else
+                   f"The run is not learning: {since}. Usual causes: {CAUSES}. Check the LR schedule, which "
+                   f"parameters require gradients and are in the optimizer, and that the loss reaches them.")
+        extra: dict[str, Any] = {"too_few_steps": True} if short else {}
         return [self.finding(
-            step, severity="warning", value=level, baseline=math.exp(s[3]), onset_step=s[0],
-            message=(f"The run is not learning: {what} has been exactly 0 since step {s[0]} ({s[1]} points up "
-                     f"to step {step}), and the loss is flat at {fmt(level)} ({fmt(math.exp(s[3]))} before): "
-                     f"nothing moves the weights. Usual causes: {CAUSES}. Check the LR schedule, which "
-                     f"parameters require gradients and are in the optimizer, and that the loss reaches them."),
-            rule="still", zero=s[4], past_startup=True)]
+            step, severity="info" if short else "warning", value=level, baseline=math.exp(s[3]), onset_step=s[0],
+            message=message, rule="still", zero=s[4], past_startup=True, **extra)]
 
     def _finding(self, step: int, rule: str, first: float, since: float, fell: float, se: float,
-                 c: int | None, epochs: bool, *, short: bool = False) -> Finding:
+                 c: int | None, epochs: bool, *, short: bool = False, by_order: bool = False) -> Finding:
         f, h = self.first, self.horizon
         assert h is not None
         level, before = math.exp(since), math.exp(first)
@@ -363,7 +388,10 @@ class NotLearning(Detector):
             message = (f"Too early to tell whether the run learns: {what} That is {step - h[0]} steps as the log "
                        f"numbers them, fewer than the {self.horizon_steps} it takes to call: if each is one "
                        f"optimizer step, judge a longer log; if each is an epoch (or many batches), the run is "
-                       f"not learning. Usual causes then: {CAUSES}.")
+                       f"not learning"
+                       + (" — if the log starts where the run did: it prints no step numbers, and an excerpt "
+                          "from later in a run cannot tell 'never learned' from 'learned, then converged'"
+                          if by_order else "") + f". Usual causes then: {CAUSES}.")
         else:
             message = (f"The run is not learning: {what} Usual causes: {CAUSES}. Check the LR, which "
                        f"parameters the optimizer updates, and a batch's inputs against its labels"
