@@ -108,7 +108,7 @@ def run(args: ReplayOptions, config: Config) -> int:
     try:
         replay.feed(read_records(args.path, args.format, progress=err.isatty(), user_keys=user_keys,
                                  pattern=pattern, account=account, fifo_wait_s=args.idle_exit_s or FIFO_WAIT_S),
-                    monitor.update)
+                    monitor.update, many=monitor.update_many)
     except (LogFormatError, OSError, ValueError) as e:
         print(f"error: {e}", file=err)
         return 2
@@ -125,6 +125,8 @@ def run(args: ReplayOptions, config: Config) -> int:
 
 #: Fewer steps with a loss than this and a replay says that its verdict says little.
 MIN_JUDGED = 3
+#: Records a replay hands the Monitor at a time (Monitor.update_many).
+FEED_BATCH = 256
 
 
 class _Replay:
@@ -152,15 +154,18 @@ class _Replay:
               "name the loss the log prints with --keys loss=NAME", file=sys.stderr)
         return True
 
-    def feed(self, stream, observe, after=None) -> None:
+    def feed(self, stream, observe, after=None, *, many=None) -> None:
         """Every record into ``observe`` (``Monitor.update`` or ``LiveRun.observe``);
-        ``after(record, found)`` returning True stops early (a halt)."""
-        monitor, account = self.monitor, self.account
+        ``after(record, found)`` returning True stops early (a halt). With ``many``
+        (``Monitor.update_many``: the same findings) and nothing asked of each record on its own
+        (no ``after``, no records kept for a report), they go to it in batches instead."""
+        if many is not None and after is None and self.records is None:
+            self._feed_batches(stream, many)
+            return
+        monitor = self.monitor
         for rec in stream:
             self.count += 1
-            if account is not None and ("epoch" in account.numbering or "order" in account.numbering):
-                how = account.numbered_by(rec.step)   # a step there is an epoch, or a record's rank
-                monitor.steps_are_epochs, monitor.steps_by_order = how == "epoch", how == "order"
+            monitor.steps_are_epochs, monitor.steps_by_order = self._numbering(rec)
             found = observe(rec)
             self.findings += found
             if self.records is not None:
@@ -168,6 +173,32 @@ class _Replay:
                 self.phases.append((rec.step, monitor.phase_at_last_step))
             if after is not None and after(rec, found):
                 break
+
+    def _feed_batches(self, stream, many) -> None:
+        """:meth:`feed` in batches of ``FEED_BATCH`` records; a batch ends early where the
+        numbering changes (the Monitor holds one for all the records it is given at once)."""
+        monitor = self.monitor
+        batch: list = []
+        try:
+            for rec in stream:
+                self.count += 1
+                numbering = self._numbering(rec)
+                if numbering != (monitor.steps_are_epochs, monitor.steps_by_order) or len(batch) == FEED_BATCH:
+                    pending, batch = batch, []
+                    self.findings += many(pending)
+                    monitor.steps_are_epochs, monitor.steps_by_order = numbering
+                batch.append(rec)
+        finally:   # what was read before a refusal is judged, as it is one record at a time
+            self.findings += many(batch)
+
+    def _numbering(self, rec) -> tuple[bool, bool]:
+        """Whether ``rec``'s step is an epoch, and whether it is a record's rank, as the account
+        knows it when the record is read (the Monitor's until the account says)."""
+        monitor, account = self.monitor, self.account
+        if account is not None and ("epoch" in account.numbering or "order" in account.numbering):
+            how = account.numbered_by(rec.step)   # a step there is an epoch, or a record's rank
+            return how == "epoch", how == "order"
+        return monitor.steps_are_epochs, monitor.steps_by_order
 
     def finish(self, args: ReplayOptions) -> None:
         """``replay``'s end: what was read and the JSON (:meth:`read_out`), the summary table
