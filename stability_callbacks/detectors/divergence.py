@@ -129,15 +129,16 @@ class Divergence(Detector):
         u = m.get(keys.UPDATE_NORM)
         if u is not None and 0.0 < u < math.inf:
             self.update_med.update(math.log(u))
-        self.med.update(lx)
+        rolling = self.med
+        rolling.update(lx)
         prev, self.prev_log = self.prev_log, lx
         if prev is not None:   # the noise, from the steps between points around their mean (the trend)
             d = lx - prev
             self.noise.update(abs(d - self.step_change.mean) if self.step_change.n else 0.0)
             self.step_change.update(d)
-        if not self.med.full:
+        if not rolling.full:
             return []
-        med = self.med.median
+        med = rolling.median
         noise = self.noise.debiased / _SQRT2   # the mean absolute deviation of one point
         self.points += 1
         h = self.horizon
@@ -149,7 +150,8 @@ class Divergence(Detector):
             log_rise = math.log1p(self.min_rise * math.exp(ctx.loss_floor_log - low))
         else:
             log_rise = self._log_min_rise
-        thr = max(log_rise, self.noise_sigmas * 1.25 * noise)
+        thr = self.noise_sigmas * 1.25 * noise
+        thr = thr if thr > log_rise else log_rise   # max(log_rise, thr), less a call
         fired = rise.update(level, record.step, thr)
         # The swings the run has shown: rises of half a threshold that came back, and how long.
         low = rise.low_value
