@@ -247,7 +247,8 @@ class Monitor:
     def _decide(self, record: StepRecord, ctx: Context, out: list[Finding], window) -> None:
         """A step's end, after the detectors: the policy's findings into ``out``, each finding's phase."""
         policy = self.policy
-        out += policy.review_skip(record, out, ctx, self.control, self._grad_norm_spike)
+        if policy.skip_step_on != "never":   # (review_skip has nothing to review otherwise)
+            out += policy.review_skip(record, out, ctx, self.control, self._grad_norm_spike)
         out += policy.decide(out, ctx, self.control, window)
         for f in out:
             if f.phase is None:
