@@ -143,6 +143,7 @@ class Monitor:
         out: list[Finding] = []
         run: list[StepRecord] = []
         plans: list[_Plan] = []
+        contexts, windows, begin = self._contexts, self._windows, self._begin
         for r in records:
             if (r.warmup_steps is not None or r.num_outputs is not None or r.segment > self.segment
                     or (self.last_step is not None and r.step <= self.last_step)):
@@ -152,13 +153,13 @@ class Monitor:
                 continue
             shape = frozenset(r.metrics)
             plan = self._plans.get(shape)
-            if plan is None or len(run) == _COLUMN_RUN:
+            k = len(run)
+            if plan is None or k == _COLUMN_RUN:
                 out += self._run_columns(run, plans)
-                run, plans = [], []
+                run, plans, k = [], [], 0
                 if plan is None:
                     plan = self._plan(shape)
-            ctx = self._contexts[len(run)]
-            self._windows[len(run)] = self._begin(r, ctx, [])
+            windows[k] = begin(r, contexts[k], [])
             run.append(r)
             plans.append(plan)
         out += self._run_columns(run, plans)

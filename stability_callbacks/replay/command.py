@@ -165,7 +165,9 @@ class _Replay:
         monitor = self.monitor
         for rec in stream:
             self.count += 1
-            monitor.steps_are_epochs, monitor.steps_by_order = self._numbering(rec)
+            numbering = self._numbering(rec)
+            if numbering is not None:
+                monitor.steps_are_epochs, monitor.steps_by_order = numbering
             found = observe(rec)
             self.findings += found
             if self.records is not None:
@@ -183,22 +185,25 @@ class _Replay:
             for rec in stream:
                 self.count += 1
                 numbering = self._numbering(rec)
-                if numbering != (monitor.steps_are_epochs, monitor.steps_by_order) or len(batch) == FEED_BATCH:
+                if numbering is not None and numbering != (monitor.steps_are_epochs, monitor.steps_by_order):
                     pending, batch = batch, []
                     self.findings += many(pending)
                     monitor.steps_are_epochs, monitor.steps_by_order = numbering
+                elif len(batch) == FEED_BATCH:
+                    pending, batch = batch, []
+                    self.findings += many(pending)
                 batch.append(rec)
         finally:   # what was read before a refusal is judged, as it is one record at a time
             self.findings += many(batch)
 
-    def _numbering(self, rec) -> tuple[bool, bool]:
+    def _numbering(self, rec) -> tuple[bool, bool] | None:
         """Whether ``rec``'s step is an epoch, and whether it is a record's rank, as the account
-        knows it when the record is read (the Monitor's until the account says)."""
-        monitor, account = self.monitor, self.account
-        if account is not None and ("epoch" in account.numbering or "order" in account.numbering):
-            how = account.numbered_by(rec.step)   # a step there is an epoch, or a record's rank
-            return how == "epoch", how == "order"
-        return monitor.steps_are_epochs, monitor.steps_by_order
+        knows it when the record is read; None while it numbers no step so (most logs)."""
+        account = self.account
+        if account is None or not ("epoch" in account.numbering or "order" in account.numbering):
+            return None
+        how = account.numbered_by(rec.step)   # a step there is an epoch, or a record's rank
+        return how == "epoch", how == "order"
 
     def finish(self, args: ReplayOptions) -> None:
         """``replay``'s end: what was read and the JSON (:meth:`read_out`), the summary table
