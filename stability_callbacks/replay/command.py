@@ -181,20 +181,23 @@ class _Replay:
         numbering changes (the Monitor holds one for all the records it is given at once)."""
         monitor = self.monitor
         batch: list = []
+
+        def judge() -> None:
+            nonlocal batch
+            pending, batch = batch, []
+            self.count += len(pending)
+            self.findings += many(pending)
         try:
             for rec in stream:
-                self.count += 1
                 numbering = self._numbering(rec)
                 if numbering is not None and numbering != (monitor.steps_are_epochs, monitor.steps_by_order):
-                    pending, batch = batch, []
-                    self.findings += many(pending)
+                    judge()
                     monitor.steps_are_epochs, monitor.steps_by_order = numbering
                 elif len(batch) == FEED_BATCH:
-                    pending, batch = batch, []
-                    self.findings += many(pending)
+                    judge()
                 batch.append(rec)
         finally:   # what was read before a refusal is judged, as it is one record at a time
-            self.findings += many(batch)
+            judge()
 
     def _numbering(self, rec) -> tuple[bool, bool] | None:
         """Whether ``rec``'s step is an epoch, and whether it is a record's rank, as the account
