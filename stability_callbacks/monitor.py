@@ -180,7 +180,8 @@ class Monitor:
         ctxs = self._contexts[:n]
         first = plans[0]
         columns: list[tuple[Detector, list[int] | None]]
-        if all(p is first for p in plans):   # one set of keys (most logs)
+        if all(p == first for p in plans):   # the same detectors at every step (most logs; two sets
+            # of keys may feed the same ones: a loss printed with and without its resolution)
             before, loss_spike, after = first
             columns = [(d, None) for d in before + ((loss_spike,) if loss_spike else ()) + after]
         else:

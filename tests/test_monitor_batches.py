@@ -18,11 +18,13 @@ DATA = Path(__file__).parent / "data"
 # sets of keys; rollbacks (steps going back) between runs; a run log's fp16 scale; an LR jump, a
 # level shift and a grad-norm spike, resumed from the middle on (RESUMED: a second segment, as a
 # resumed run's log has); a run log whose segment declares the warmup and the model's output size
-# (DECLARED: as a replayed run log's first record carries them)
+# (DECLARED: as a replayed run log's first record carries them); fp16 overflow steps whose records
+# feed other detectors than the rest (MIXED: a run of records with two plans)
 LOGS = ["real_logs/bs_tr8_104B_exp12_spike8740_diverge9027.log", "real_logs/mn_gpt2_1p5B_scaleup_20k.log",
         "field_logs/llm_llamafactory_two_ranks_duplicate_lines_sft.jsonl",
-        "live_runs/ds-z2-fp16-logwarmup.jsonl", "live_runs/pl-lr-x50.jsonl", "live_runs/hf-classifier.jsonl"]
-RESUMED, DECLARED = "live_runs/pl-lr-x50.jsonl", "live_runs/hf-classifier.jsonl"
+        "live_runs/ds-z2-fp16-logwarmup.jsonl", "live_runs/pl-lr-x50.jsonl", "live_runs/hf-classifier.jsonl",
+        "real_logs/dschat_opt1.3b_sft_fp16_periodic_overflow.csv"]
+RESUMED, DECLARED, MIXED = "live_runs/pl-lr-x50.jsonl", "live_runs/hf-classifier.jsonl", LOGS[-1]
 
 
 def _records(path: Path) -> list:
@@ -52,7 +54,7 @@ def _in_batches(path: Path, size: int) -> tuple[list[dict], Monitor]:
 def test_batches_find_what_one_record_at_a_time_finds(log):
     path = DATA / log
     want, one = _one_at_a_time(path)
-    assert want   # every log here has findings to compare
+    assert want or log == MIXED   # every log here has findings to compare (MIXED: a healthy one, its state)
     for size in (1, 7, 300, 10**6):
         got, many = _in_batches(path, size)
         assert got == want, size
@@ -64,6 +66,9 @@ def test_the_logs_cover_two_sets_of_keys_rollbacks_and_declarations():
     assert len(shapes) == 2   # a loss printed with fewer digits at some steps carries its resolution
     steps = [r.step for r in read_records(DATA / LOGS[2])]
     assert any(b <= a for a, b in zip(steps, steps[1:]))
+    plans = {tuple(d.name for d in m.detectors if d.wants(frozenset(r.metrics)))
+             for m in [Monitor()] for r in read_records(DATA / MIXED)}
+    assert len(plans) == 2
     for log in (RESUMED, DECLARED):
         assert _records(DATA / log) != list(read_records(DATA / log))
     assert "resume" in [f["kind"] for f in _one_at_a_time(DATA / RESUMED)[0]]
