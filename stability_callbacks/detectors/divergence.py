@@ -129,16 +129,15 @@ class Divergence(Detector):
         u = m.get(keys.UPDATE_NORM)
         if u is not None and 0.0 < u < math.inf:
             self.update_med.update(math.log(u))
-        rolling = self.med
-        rolling.update(lx)
+        self.med.update(lx)
         prev, self.prev_log = self.prev_log, lx
         if prev is not None:   # the noise, from the steps between points around their mean (the trend)
             d = lx - prev
             self.noise.update(abs(d - self.step_change.mean) if self.step_change.n else 0.0)
             self.step_change.update(d)
-        if not rolling.full:
+        if not self.med.full:
             return []
-        med = rolling.median
+        med = self.med.median
         noise = self.noise.debiased / _SQRT2   # the mean absolute deviation of one point
         self.points += 1
         h = self.horizon
