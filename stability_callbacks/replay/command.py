@@ -108,7 +108,7 @@ def run(args: ReplayOptions, config: Config) -> int:
     try:
         replay.feed(read_records(args.path, args.format, progress=err.isatty(), user_keys=user_keys,
                                  pattern=pattern, account=account, fifo_wait_s=args.idle_exit_s or FIFO_WAIT_S),
-                    monitor.update, many=monitor.update_many)
+                    monitor.update)
     except (LogFormatError, OSError, ValueError) as e:
         print(f"error: {e}", file=err)
         return 2
@@ -154,13 +154,13 @@ class _Replay:
               "name the loss the log prints with --keys loss=NAME", file=sys.stderr)
         return True
 
-    def feed(self, stream, observe, after=None, *, many=None) -> None:
+    def feed(self, stream, observe, after=None) -> None:
         """Every record into ``observe`` (``Monitor.update`` or ``LiveRun.observe``);
-        ``after(record, found)`` returning True stops early (a halt). With ``many``
-        (``Monitor.update_many``: the same findings) and nothing asked of each record on its own
-        (no ``after``, no records kept for a report), they go to it in batches instead."""
-        if many is not None and after is None and self.records is None:
-            self._feed_batches(stream, many)
+        ``after(record, found)`` returning True stops early (a halt). Into the Monitor's own
+        ``update`` with nothing asked of each record on its own (no ``after``, no records kept for
+        a report), they go in batches to ``Monitor.update_many`` instead: the same findings."""
+        if observe == self.monitor.update and after is None and self.records is None:
+            self._feed_batches(stream, self.monitor.update_many)
             return
         monitor = self.monitor
         for rec in stream:
