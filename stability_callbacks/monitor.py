@@ -193,13 +193,17 @@ class Monitor:
         for d, at in columns:
             self._column(d, run, ctxs, at)
         out: list[Finding] = []
-        windows = self._windows
+        windows, last = self._windows, n - 1
         for i, (r, ctx) in enumerate(zip(run, ctxs)):
-            self._decide(r, ctx, ctx.found, windows[i])
-            out += ctx.found
-        last = self._ctx   # where a later update() or end() carries on from: the last step's context
+            # A step where nothing was found changes nothing of the policy: it only sets the save
+            # interval on Control, which the next step the policy decides sets again, from that
+            # step alone (nothing reads Control within a batch): the run's last step is decided.
+            if ctx.found or i == last:
+                self._decide(r, ctx, ctx.found, windows[i])
+                out += ctx.found
+        carried = self._ctx   # where a later update() or end() carries on from: the last step's context
         for name in _CONTEXT_FIELDS:
-            setattr(last, name, getattr(ctxs[-1], name))
+            setattr(carried, name, getattr(ctxs[-1], name))
         return out
 
     def _column(self, d: Detector, run: list[StepRecord], ctxs: list[Context], idx: list[int] | None) -> None:
