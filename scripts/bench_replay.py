@@ -3,10 +3,12 @@
     python scripts/bench_replay.py [LOG] [--repeat N]
         Monitor.update steps/s on a real 20k-step log (records pre-read; reading timed apart).
 
-    python scripts/bench_replay.py [LOG] --code DIR [--code DIR ...] [--rounds N] [--records N]
+    python scripts/bench_replay.py [LOG] --code DIR [--code DIR ...] [--rounds N] [--records N] [--one-at-a-time]
         The same, µs per update in CPU seconds of a subprocess per checkout and round,
         interleaved (this checkout first): the median per checkout and its ratio to the first.
-        LOG may be a generated one (`--cli` writes them; `--records` reads its first N).
+        LOG may be a generated one (`--cli` writes them; `--records` reads its first N). The
+        records go in as replay feeds them (`Monitor.update_many`, 256 at a time, where the
+        checkout has it), or one at a time as a live run does (`--one-at-a-time`: `update`).
 
     python scripts/bench_replay.py --cli [--steps 1000000] [--formats megatron,generic,csv]
                                    [--code DIR ...] [--rounds 2] [--out DIR]
@@ -84,18 +86,21 @@ def monitor_only(log: str, repeat: int) -> dict:
 _MONITOR_CPU = ("import itertools, sys, time; from stability_callbacks import Monitor; "
                 "from stability_callbacks.replay.readers import read_records; "
                 "n = int(sys.argv[2]) or None; recs = list(itertools.islice(read_records(sys.argv[1]), n)); "
-                "m = Monitor(); t = time.process_time(); [m.update(r) for r in recs]; "
+                "m = Monitor(); many = getattr(m, 'update_many', None) if sys.argv[3] == 'batches' else None; "
+                "t = time.process_time(); "
+                "[m.update(r) for r in recs] if many is None else [many(recs[i:i + 256]) for i in range(0, len(recs), 256)]; "
                 "print((time.process_time() - t) / len(recs) * 1e6, len(recs))")
 
 
 def monitor_side_by_side(args) -> dict:
-    """Monitor.update alone, µs per update (CPU time), per checkout, interleaved round by round."""
+    """The Monitor alone, µs per update (CPU time), per checkout, interleaved round by round."""
     codes = [REPO] + [Path(c).resolve() for c in args.code]
     us: dict[str, list[float]] = {}
     steps = 0
     for _ in range(args.rounds):
         for code in codes:
-            r = subprocess.run([sys.executable, "-c", _MONITOR_CPU, str(Path(args.log).resolve()), str(args.records)],
+            how = "one" if args.one_at_a_time else "batches"
+            r = subprocess.run([sys.executable, "-c", _MONITOR_CPU, str(Path(args.log).resolve()), str(args.records), how],
                                cwd=code, env=dict(os.environ, PYTHONPATH=str(code)), capture_output=True, text=True)
             if r.returncode:
                 raise SystemExit(f"{code}: {r.stderr.strip().splitlines()[-1]}")
@@ -107,7 +112,8 @@ def monitor_side_by_side(args) -> dict:
         med = statistics.median(us[str(code)])
         rows.append({"code": str(code), "median_us_per_update": round(med, 2), "ratio_to_first": round(med / first, 3)})
         print(f"{code}: median {med:.2f} µs per update (CPU) of {len(us[str(code)])}, x{med / first:.2f}")
-    return {"log": Path(args.log).name, "steps": steps, "monitor": rows, "load_1min": os.getloadavg()[0]}
+    return {"log": Path(args.log).name, "steps": steps, "fed": "one at a time" if args.one_at_a_time else "in batches",
+            "monitor": rows, "load_1min": os.getloadavg()[0]}
 
 
 def write_logs(out: Path, steps: int, formats: list[str]) -> dict[str, Path]:
@@ -352,6 +358,8 @@ def main() -> None:
                     help="another checkout (its repository root) to time side by side")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--records", type=int, default=0, help="Monitor with --code: the log's first N records (0: all)")
+    ap.add_argument("--one-at-a-time", action="store_true",
+                    help="Monitor with --code: Monitor.update per record (a live run's way), not replay's batches")
     ap.add_argument("--out", default="out/bench_replay")
     args = ap.parse_args()
     result = (full_cli(args) if args.cli else linear(args) if args.linear else read_only(args)

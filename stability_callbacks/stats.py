@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import Iterable
 
 _NEVER = 1 << 62   # a count no stream reaches
 
@@ -233,14 +234,17 @@ class RobustLevel:
             self.level = lx
             return
         # The weight max(alpha, 1/n): a running mean of the first points, then exponential. Four
-        # baselines update on every record: the attributes are read once (locals are cheaper).
+        # baselines update on every record: the attributes are read once (locals are cheaper), and
+        # max(u, v) is written out as `v if v > u else u` (the same value, without a call).
         a = self.alpha if n >= self._alpha_from else 1.0 / n
-        level, trend, bias, damping = self.level, self.trend, self.bias, self.damping
-        pred = level + damping * trend
+        level, bias, mad = self.level, self.bias, self.mad
+        drift = self.damping * self.trend
+        pred = level + drift
         d = lx - pred - bias   # what the trend and its bias leave unexplained
         clipped = False
-        if flagged or n > 3:   # clipped to the band
-            band = self.clip_sigmas * max(1.25 * self.mad, self.min_scale)
+        if flagged or n > 3:   # clipped to the band: clip_sigmas x max(1.25 x mad, min_scale)
+            band, least = 1.25 * mad, self.min_scale
+            band = self.clip_sigmas * (least if least > band else band)
             if d > band:
                 d, clipped = band, True
             elif d < -band:
@@ -250,13 +254,13 @@ class RobustLevel:
         # the trend: an anomaly must not widen the band it is judged by. The trend learns only from
         # ordinary points, so a regime change does not wind it up into an overshoot.
         if n > 3 and not flagged and not clipped:   # a trend from 2-3 points is noise
-            self.trend = damping * trend + self.trend_alpha * (new - level - damping * trend)
+            self.trend = drift + self.trend_alpha * (new - level - drift)
         self.level = new
         if not flagged:
             if n > 3 and self.trend_alpha > 0.0:   # ... nor a bias (without a trend, the
                 # level itself is the EW mean the bias would repeat)
                 self.bias = bias + a * d
-            self.mad += a * (abs(d) - self.mad)
+            self.mad = mad + a * (abs(d) - mad)
 
     def _cold(self, lx: float) -> None:
         seen = self.seen
@@ -305,7 +309,7 @@ def _first_below(alpha: float) -> int:
     return n
 
 
-def _median(xs: list[float]) -> float:
+def _median(xs: Iterable[float]) -> float:
     s = sorted(xs)
     n = len(s)
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
@@ -339,7 +343,7 @@ class RollingMedian:
 
     @property
     def median(self) -> float:
-        return _median(list(self.window)) if self.window else math.nan
+        return _median(self.window) if self.window else math.nan
 
     def state_dict(self) -> list:
         return list(self.window)

@@ -153,7 +153,8 @@ class Divergence(Detector):
             log_rise = math.log1p(self.min_rise * math.exp(ctx.loss_floor_log - low))
         else:
             log_rise = self._log_min_rise
-        thr = max(log_rise, self.noise_sigmas * 1.25 * noise)
+        thr = self.noise_sigmas * 1.25 * noise
+        thr = thr if thr > log_rise else log_rise   # max(log_rise, thr), less a call
         fired = rise.update(level, record.step, thr)
         # The swings the run has shown: rises of half a threshold that came back, and how long.
         low = rise.low_value

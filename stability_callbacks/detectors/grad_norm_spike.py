@@ -65,7 +65,7 @@ class GradNormSpike(Detector):
         if b.n == 0:
             b.update(g)
             return []
-        f = b.forecast
+        f = b.level + b.damping * b.trend + b.bias   # b.forecast, less a call
         lg = math.log(g)
         ratio = g / math.exp(f)   # b.ratio(g); the forecast and the log are worked out once
         if b.n < self.cold_start_samples:

@@ -35,7 +35,7 @@ class _SustainedGrowth(Detector):
         v = m.get(self.signals[0])
         if v is None or not 0.0 < v < math.inf or (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0:
             return []
-        self.level.update(v)
+        self.level.update_log(math.log(v))   # .update(v), less a call
         if self.after_warmup and ctx.phase == "warmup":
             return []
         out = self._fast(record.step, v)

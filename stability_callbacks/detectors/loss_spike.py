@@ -276,7 +276,8 @@ class LossSpike(Detector):
                 if b.cold_fall() > 5.0 * noise * math.sqrt(2.0 / (len(b.seen) // 2)):
                     f, falling = b.level, noise
         base = math.exp(f)
-        scale = max(1.25 * b.mad, b.min_scale)
+        scale = 1.25 * b.mad
+        scale = b.min_scale if b.min_scale > scale else scale   # b.scale, less two calls
         self.baseline_before, self.noise_before = (None if cold else base), scale
         self.slope_before = b.damping * b.trend
         floor = self._floor_now(step_noise)

@@ -71,6 +71,8 @@ class LrAnomaly(Detector):
         if prev is None:
             self.last_change_step = record.step
             return []
+        if lr == prev:   # a ratio of 1.0, whose log is 0.0: no change (most steps), said without them
+            return []
         ratio = lr / prev
         if not 0.0 < ratio < math.inf:
             return []

@@ -195,7 +195,8 @@ class Stall(Detector):
         if x <= 0.0:
             self.positive = False
         else:
-            self.peak = max(self.peak, x)
+            if x > self.peak:   # max(peak, x)
+                self.peak = x
             self.recent.append(x)
             if len(self.recent) > self.recent_samples:
                 del self.recent[0]

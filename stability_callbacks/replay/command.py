@@ -122,6 +122,8 @@ def run(args: ReplayOptions, config: Config) -> int:
 
 #: Fewer steps with a loss than this and a replay says that its verdict says little.
 MIN_JUDGED = 3
+#: Records a replay hands the Monitor at a time (Monitor.update_many).
+FEED_BATCH = 256
 
 
 class _Replay:
@@ -161,13 +163,18 @@ class _Replay:
 
     def feed(self, stream, observe, after=None) -> None:
         """Every record into ``observe`` (``Monitor.update`` or ``LiveRun.observe``);
-        ``after(record, found)`` returning True stops early (a halt)."""
-        monitor, account = self.monitor, self.account
+        ``after(record, found)`` returning True stops early (a halt). Into the Monitor's own
+        ``update`` with nothing asked of each record on its own (no ``after``, no records kept for
+        a report), they go in batches to ``Monitor.update_many`` instead: the same findings."""
+        if observe == self.monitor.update and after is None and self.records is None:
+            self._feed_batches(stream, self.monitor.update_many)
+            return
+        monitor = self.monitor
         for rec in stream:
             self.count += 1
-            if account is not None and ("epoch" in account.numbering or "order" in account.numbering):
-                how = account.numbered_by(rec.step)   # a step there is an epoch, or a record's rank
-                monitor.steps_are_epochs, monitor.steps_by_order = how == "epoch", how == "order"
+            numbering = self._numbering(rec)
+            if numbering is not None:
+                monitor.steps_are_epochs, monitor.steps_by_order = numbering
             found = observe(rec)
             self.findings += found
             if self.records is not None:
@@ -175,6 +182,38 @@ class _Replay:
                 self.phases.append((rec.step, monitor.phase_at_last_step))
             if after is not None and after(rec, found):
                 break
+
+    def _feed_batches(self, stream, many) -> None:
+        """:meth:`feed` in batches of ``FEED_BATCH`` records; a batch ends early where the
+        numbering changes (the Monitor holds one for all the records it is given at once)."""
+        monitor = self.monitor
+        batch: list = []
+
+        def judge() -> None:
+            nonlocal batch
+            pending, batch = batch, []
+            self.count += len(pending)
+            self.findings += many(pending)
+        try:
+            for rec in stream:
+                numbering = self._numbering(rec)
+                if numbering is not None and numbering != (monitor.steps_are_epochs, monitor.steps_by_order):
+                    judge()
+                    monitor.steps_are_epochs, monitor.steps_by_order = numbering
+                elif len(batch) == FEED_BATCH:
+                    judge()
+                batch.append(rec)
+        finally:   # what was read before a refusal is judged, as it is one record at a time
+            judge()
+
+    def _numbering(self, rec) -> tuple[bool, bool] | None:
+        """Whether ``rec``'s step is an epoch, and whether it is a record's rank, as the account
+        knows it when the record is read; None while it numbers no step so (most logs)."""
+        account = self.account
+        if account is None or not ("epoch" in account.numbering or "order" in account.numbering):
+            return None
+        how = account.numbered_by(rec.step)   # a step there is an epoch, or a record's rank
+        return how == "epoch", how == "order"
 
     def finish(self, args: ReplayOptions) -> None:
         """``replay``'s end: what was read and the JSON (:meth:`read_out`), the summary table

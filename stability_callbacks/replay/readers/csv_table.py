@@ -174,20 +174,28 @@ def _read(path, account: ReadAccount, lines, tag_map, user, wandb):
     metrics = _said(path, header, numbers[-1], steps, metrics, account, tag_map, user, wandb)
     last_step: int | None = None                     # the step and values of the row before
     last_values: dict = {}
+    first_step = steps[0]
     for row in _readable(rows, numbers, account):
         line_no = numbers[-1]
-        if not row or not any(c.strip() for c in row):
+        # (the common row first, each shortcut the same answer: its first cell and its first step
+        # column filled, each value a plain float)
+        if not row or not (row[0].strip() or any(c.strip() for c in row)):
             continue
         try:
-            step_cell = next((row[i] for i in steps if i < len(row) and row[i].strip()), None)
+            step_cell = row[first_step] if first_step < len(row) and row[first_step].strip() else next(
+                (row[i] for i in steps if i < len(row) and row[i].strip()), None)
             if step_cell is None:
                 raise ValueError("no step")
             step = int(to_float(step_cell))
             values = {}
+            n = len(row)
             for i, key, _ in metrics:
-                cell = row[i].strip() if i < len(row) else ""
+                cell = row[i].strip() if i < n else ""
                 if cell:
-                    values[key] = to_float(cell)
+                    try:
+                        values[key] = float(cell)
+                    except ValueError:
+                        values[key] = to_float(cell)   # NaN, Infinity and their spellings
         except (ValueError, OverflowError) as e:
             account(line_no, ",".join(row), f"unreadable CSV row: {e}")
             continue
