@@ -105,7 +105,8 @@ class NotLearning(Detector):
         self.fast = EWMean(0.1, start="running")         # the level of the loss (for chance, still)
         self.horizon: list | None = None  # after the warmup: [first step, points, sum of log(loss),
                                           # sum of index x log(loss)]
-        self.still: list | None = None    # [first step, points, sum of log(loss), log level before]
+        self.still: list | None = None    # [first step, points, sum of log(loss), log level before, what is 0,
+                                          #  the last log(loss), falls in a row]
         self.chance: list | None = None   # [the step the level entered the chance band, points since]
         self.outputs: int | None = None   # C declared by a live run (num_outputs wins)
         self.signed = False
@@ -320,9 +321,11 @@ class NotLearning(Detector):
             return []
         s = self.still
         if s is None:   # the loss's level before: the point before (an EW level lags a falling loss)
-            s = self.still = [step, 0, 0.0, self.prev_before, zero]
+            s = self.still = [step, 0, 0.0, self.prev_before, zero, self.prev_before, 0]
         s[1] += 1
         s[2] += lx
+        s[6] = s[6] + 1 if lx < s[5] else 0   # falls in a row, each point below the one before
+        s[5] = lx
         if s[1] < self.still_samples:
             return []
         return self._still_finding(step, s, short=False)
@@ -332,8 +335,11 @@ class NotLearning(Detector):
         ``short``: at the end of a log, fewer points than the rule asks (an info saying so)."""
         fell = s[3] - s[2] / s[1]
         se = self.sigma * math.sqrt(1.0 / s[1] + 1.0)
-        if fell >= max(-math.log1p(-self.min_fall), self.z_threshold * se):
-            return []   # it falls: whatever is 0 here, something trains
+        if fell >= max(-math.log1p(-self.min_fall), self.z_threshold * se) or (fell > 0.0 and s[6] >= s[1]):
+            # it falls, beyond its noise or at every point (losses of unmoved weights are draws
+            # of one distribution: 5 falls in a row are a 1-in-120 chance): whatever prints 0
+            # here (some builds print a grad norm of 0.000 on every line), something trains
+            return []
         what = {keys.LR: "the LR", keys.UPDATE_NORM: "Adam's update norm", keys.GRAD_NORM: "the grad norm"}[s[4]]
         level = math.exp(s[2] / s[1])
         since = (f"{what} has been exactly 0 since step {s[0]} ({s[1]} points up to step {step}), and the loss has "
