@@ -370,6 +370,20 @@ def test_a_few_records_with_the_lr_and_the_grad_norm_exactly_zero_end_saying_not
     assert run(warming)[1].end() == []
 
 
+def test_a_grad_norm_printed_as_0_while_the_loss_falls_along_a_line_is_no_still_run():
+    # a DeepSpeed build prints grad norm 0.000 on every line; the loss jumps x3 at its start (its
+    # noise estimate wide for tens of points), then falls 18.7 -> 12.5 along a line: trained. The
+    # still rule asks the stretch for a trend beyond its own scatter (before: "not learning, the
+    # loss flat at 15.5 (19.81 before)", on a real 52B log)
+    xs = [12.44, 12.45, 41.0, 43.1, 38.1, 33.7, 31.2, 25.6, 22.1, 19.8, 18.7, 17.4, 15.8, 14.0, 12.5, 10.8, 12.0,
+          11.5, 11.2, 10.9, 10.7, 10.6, 10.4]
+    recs = [StepRecord(s, {"loss": x, "grad_norm": 0.0, "lr": min(1.5e-4, 1.875e-5 * s)}) for s, x in enumerate(xs, 1)]
+    assert [x for x in run(recs)[0] if x.kind == "not_learning"] == []
+    # ... while a flat loss with the grad norm 0 from the start is still the rule's (after the warmup)
+    flat = [StepRecord(s, {"loss": 2.3 + 0.01 * (s % 3), "grad_norm": 0.0, "lr": 1e-3}) for s in range(1, 40)]
+    assert [(x.step, x.details["rule"]) for x in run(flat)[0] if x.kind == "not_learning"] == [(5, "still")]
+
+
 def test_a_flat_loss_with_a_logged_interval_is_not_learning_from_its_first_point():
     # an MLM pretraining log every 100 steps, loss flat at 7.1 (accuracy 0): the run's start is
     # the first record at the log's interval

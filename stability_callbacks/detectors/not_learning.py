@@ -106,7 +106,7 @@ class NotLearning(Detector):
         self.horizon: list | None = None  # after the warmup: [first step, points, sum of log(loss),
                                           # sum of index x log(loss)]
         self.still: list | None = None    # [first step, points, sum of log(loss), log level before, what is 0,
-                                          #  the last log(loss), falls in a row]
+                                          #  sums of i x log(loss) and log(loss)^2]
         self.chance: list | None = None   # [the step the level entered the chance band, points since]
         self.outputs: int | None = None   # C declared by a live run (num_outputs wins)
         self.signed = False
@@ -321,24 +321,37 @@ class NotLearning(Detector):
             return []
         s = self.still
         if s is None:   # the loss's level before: the point before (an EW level lags a falling loss)
-            s = self.still = [step, 0, 0.0, self.prev_before, zero, self.prev_before, 0]
+            s = self.still = [step, 0, 0.0, self.prev_before, zero, 0.0, 0.0]
+        s[5] += s[1] * lx   # sums of i x y and y^2 (i = 0, 1, ...): the stretch's own trend
+        s[6] += lx * lx
         s[1] += 1
         s[2] += lx
-        s[6] = s[6] + 1 if lx < s[5] else 0   # falls in a row, each point below the one before
-        s[5] = lx
         if s[1] < self.still_samples:
             return []
         return self._still_finding(step, s, short=False)
+
+    def _trending(self, s: list) -> bool:
+        """The still stretch's log(loss) moves along a line beyond its own scatter around it (the
+        least-squares slope ``trend_sigmas`` standard errors from 0, or a perfect line that moves):
+        weights that nothing moves give draws of one distribution, with no trend."""
+        n, sy, sty, syy = s[1], s[2], s[5], s[6]
+        if n < 3:
+            return False
+        st, stt = n * (n - 1) / 2.0, (n - 1) * n * (2 * n - 1) / 6.0   # sums of i and i^2, i = 0..n-1
+        sxx, sxy = stt - st * st / n, sty - st * sy / n
+        slope = sxy / sxx
+        res = max(syy - sy * sy / n - slope * sxy, 0.0) / (n - 2)   # the scatter around the line
+        return abs(slope) > self.trend_sigmas * math.sqrt(res / sxx) and abs(slope) * (n - 1) > 1e-9
 
     def _still_finding(self, step: int, s: list, *, short: bool) -> list[Finding]:
         """The *still* finding over ``s`` (``still``'s state), unless the loss fell meanwhile;
         ``short``: at the end of a log, fewer points than the rule asks (an info saying so)."""
         fell = s[3] - s[2] / s[1]
         se = self.sigma * math.sqrt(1.0 / s[1] + 1.0)
-        if fell >= max(-math.log1p(-self.min_fall), self.z_threshold * se) or (fell > 0.0 and s[6] >= s[1]):
-            # it falls, beyond its noise or at every point (losses of unmoved weights are draws
-            # of one distribution: 5 falls in a row are a 1-in-120 chance): whatever prints 0
-            # here (some builds print a grad norm of 0.000 on every line), something trains
+        if fell >= max(-math.log1p(-self.min_fall), self.z_threshold * se) or self._trending(s):
+            # it falls beyond its noise, or it moves along a trend beyond the stretch's own scatter
+            # (losses of unmoved weights are draws of one distribution: no trend): whatever prints
+            # 0 here (some builds print a grad norm of 0.000 on every line), something trains
             return []
         what = {keys.LR: "the LR", keys.UPDATE_NORM: "Adam's update norm", keys.GRAD_NORM: "the grad norm"}[s[4]]
         level = math.exp(s[2] / s[1])
