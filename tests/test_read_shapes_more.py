@@ -243,7 +243,17 @@ def _zero_with_warning(warning: str, after: bool, record=lambda s, x: f"step {s}
     ("[W] step 25: loss became inf, replaced by 0", True, NAN_READ, "nonfinite"),
     ("Skipping step: gradients contain inf", True, SKIP_READ, None),
     ("Gradient overflow. Skipping step", False, SKIP_READ, None),
-], ids=["non-finite before", "nan after", "inf after, a step on it", "skip after", "overflow before"])
+    # the fourth pass: a line that says the loss was not finite AND that the step is skipped (the
+    # value printed in it, or no loss named) reads the zero as NaN, never as a skip alone
+    ("WARNING: non-finite loss (nan), skipping batch", True, NAN_READ, "nonfinite"),
+    ("WARNING: non-finite loss (nan), skipping batch", False, NAN_READ, "nonfinite"),
+    ("Loss is nan, skipping this step", False, NAN_READ, "nonfinite"),
+    ("Non-finite loss detected (inf); skipping batch", True, NAN_READ, "nonfinite"),
+    ("Loss: nan, skipping batch", True, NAN_READ, "nonfinite"),
+    ("NaN detected, skipping this batch", False, NAN_READ, "nonfinite"),
+], ids=["non-finite before", "nan after", "inf after, a step on it", "skip after", "overflow before",
+        "(nan) skipping after", "(nan) skipping before", "nan skipping before", "(inf) skipping after",
+        "Loss: nan skipping after", "no loss named before"])
 def test_a_zero_loss_beside_a_warning_line_is_what_the_warning_says(tmp_path, capsys, warning, after, said, finding):
     path = tmp_path / "w.log"
     path.write_text(_zero_with_warning(warning, after))
@@ -403,3 +413,39 @@ def test_the_search_for_records_repeated_on_a_line_stays_linear(tmp_path):
     start = time.process_time()
     list(read_records(path))
     assert time.process_time() - start < 1.5      # 0.3 s; 3.5 s before the bound
+
+
+# == the fourth pass (issue 32's third held-out scoring) ===============================================
+
+# -- 2. a classification report after an epoch table -------------------------------------------------
+
+REPORT = """
+              precision    recall  f1-score   support
+
+           0       0.91      0.88      0.89       980
+           1       0.95      0.97      0.96      1135
+           2       0.86      0.84      0.85      1032
+           3       0.83      0.85      0.84      1010
+
+    accuracy                           0.89      4157
+   macro avg       0.89      0.89      0.88      4157
+weighted avg       0.89      0.89      0.89      4157
+"""
+
+
+@pytest.mark.parametrize("header, row", [
+    ("", lambda e: f"{e:5d}  {1.2 * 0.8 ** e:.4f}  {1.3 * 0.82 ** e:.4f}  {0.6 + 0.03 * e:.4f}"),
+    ("", lambda e: f"{e:3d}/10  {1.2 * 0.8 ** e:.4f}  {0.6 + 0.03 * e:.4f}  {1.3 * 0.82 ** e:.4f}  {0.62 + 0.03 * e:.4f}"),
+    ("epoch train_loss val_loss val_acc\n", lambda e: f"{e} {1.2 * 0.8 ** e:.4f} {1.3 * 0.82 ** e:.4f} {0.6 + 0.03 * e:.4f}"),
+], ids=["unnamed columns", "unnamed, a/b counter", "a header"])
+def test_a_classification_report_after_the_epochs_is_no_training_record(tmp_path, capsys, header, row):
+    """sklearn's classification_report printed after the epochs: its rows (a class number, three
+    scores in [0, 1], the support) were read as records 0-9 after epoch 10 (a false resume) and
+    its `accuracy` lines as a step 87 (a guessed pattern's step inside `0.87`)."""
+    path = tmp_path / "fit.log"
+    path.write_text(header + "".join(row(e) + "\n" for e in range(1, 11)) + REPORT)
+    got, account = records_of(tmp_path, path.read_text())
+    assert [(s, m["loss"]) for s, m in got] == [(e, round(1.2 * 0.8 ** e, 4)) for e in range(1, 11)]
+    assert not account.changed
+    code, _, found = _replay_json(capsys, path)
+    assert code == 0 and found == []

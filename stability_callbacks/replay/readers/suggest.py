@@ -131,6 +131,7 @@ class Guess:
     names: dict[str, str]
     line_no: int = 0
     which: str = "the one that varies beside the counter {step}"
+    template: str = ""              # the progress lines' template (tokens.fold)
 
 
 GUESSED = "the unnamed number that varies beside the counter on the log's progress lines (a guess: the log names no loss)"
@@ -160,7 +161,8 @@ def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
         if not _falls(samples, unnamed[0]):
             return None
         loss = unnamed[0]
-        return Guess(re.compile(_pattern(texts, step, loss)), {"loss": f"#{loss + 1} ({GUESSED})", **said})
+        return Guess(re.compile(_pattern(texts, step, loss)), {"loss": f"#{loss + 1} ({GUESSED})", **said},
+                     template=tokens.fold(texts))
     if any(name for i, (role, _, _, name) in enumerate(roles)
            if i != step and role not in ("noise", "total", "epoch", "step", "batch")):
         return None
@@ -171,7 +173,8 @@ def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
         return None
     return Guess(re.compile(_pattern(texts, step, column)),
                  {"loss": f"#{column + 1} ({GUESSED_COLUMN.format(n=len(unnamed))})", **said}, which=(
-                     f"the first after the counter {{step}} that falls like a loss, of {len(unnamed)} unnamed numbers"))
+                     f"the first after the counter {{step}} that falls like a loss, of {len(unnamed)} unnamed numbers"),
+                 template=tokens.fold(texts))
 
 
 def _falls(samples: Sequence[Sequence[str]], i: int) -> bool:
