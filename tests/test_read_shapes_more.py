@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from shapes import records_of
+from shapes import NAN, records_of
 from shapes import loss as _loss
 from shapes import replay_json as _replay_json
 from stability_callbacks.cli import main
@@ -449,3 +449,33 @@ def test_a_classification_report_after_the_epochs_is_no_training_record(tmp_path
     assert not account.changed
     code, _, found = _replay_json(capsys, path)
     assert code == 0 and found == []
+
+
+# -- 3. HF Trainer dicts between progress bars that print the step -------------------------------------
+
+def _hf_bar(n: int, total: int = 1000) -> str:
+    pct = 100 * n // total
+    return f" {pct:3d}%|{'█' * (pct // 10):<10}| {n}/{total} [00:{n // 5 % 60:02d}<03:10,  5.00it/s]"
+
+
+def _hf_dict(n: int, nan_from: int) -> str:
+    return str({"loss": NAN if n >= nan_from else _loss(n), "grad_norm": 1.2, "learning_rate": 5e-05,
+                "epoch": round(n / 1000, 2)})
+
+
+@pytest.mark.parametrize("redraw", ["\n", "\r"], ids=["a bar a line", "redraws joined by \\r"])
+def test_a_trainer_dict_printed_after_a_bar_is_the_record_of_the_bar_s_count(tmp_path, capsys, redraw):
+    """HF's Trainer console: the bar redrawn every 10 steps, a dict printed every 50 right after
+    the bar's draw at that count. Before, the dicts were numbered 1, 2, 3, ... ('the records print
+    no counter') and a NaN at step 600 was dated step 12."""
+    text = "".join(redraw + _hf_bar(n) + (f"\n{_hf_dict(n, 600)}\n" if n % 50 == 0 else "")
+                   for n in range(10, 1001, 10))
+    path = tmp_path / "trainer.log"
+    path.write_text(text)
+    got, account = records_of(tmp_path, text)
+    assert [s for s, _ in got] == list(range(50, 1001, 50)) and got[0][1]["loss"] == _loss(50)
+    said = account.lines()
+    assert "  steps numbered by the log's counter: 'the count of the progress bar drawn on the line before'" in said
+    assert "print no counter" not in said
+    code, _, found = _replay_json(capsys, path)
+    assert code == 1 and [(f["step"], f["kind"]) for f in found][:2] == [(600, "nonfinite"), (600, "rollback_advice")]

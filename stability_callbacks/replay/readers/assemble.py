@@ -65,6 +65,9 @@ WARNED = ("records whose loss prints 0 read as NaN: a warning line beside them s
           "records whose loss prints 0 marked skipped (skipped=1, no loss read): a warning line beside them says "
           "the step was skipped")
 
+#: The step of a record printed on the line after a progress bar's redraw (Assembler.record).
+BAR_DRAWN = "the count of the progress bar drawn on the line before"
+
 #: Why a record line makes no record (the account counts them as ignored lines).
 DROPPED = ("epoch summary or another loop (the log's records print a finer counter)",
            "a statistic or terms of the loss (the log prints the loss itself)")
@@ -113,6 +116,7 @@ class Assembler:
         self.counter_restarts = False         # ... or restarted, no epoch length printed
         self.restart: list | None = None      # see _restarting
         self.bar_offset: int | None = None    # see _bar_lag
+        self.bar_drawn: tuple[int, int] = (-2, 0)   # (line, count) of the last bar drawn on a line of its own
         self.unit: int | None = None          # samples per step of a bar that counts samples
         self.sample_first: tuple | None = None   # (record, epochs done, total) of its 0 count
         self.counter_last: dict = {}          # total -> (epoch, value) of the last batch counter
@@ -484,6 +488,14 @@ class Assembler:
         step, how = self._step_of(nums, plan)
         if plan.after_bar and step is not None and how == "counter":
             step += self._bar_lag(step)
+        elif step is None and self.bar_drawn[0] >= self.line_no - 1 and self.bar_drawn[1] > self.last_step:
+            # a record with no counter printed on the line after a bar's redraw (HF's Trainer:
+            # `50/1000 [..]`, then `{'loss': ..}`): the bar's count
+            if self.bar_offset is None:
+                self.account.note("records that print no counter, printed on the line after a progress bar's redraw, "
+                                  "are numbered by its count (HF's Trainer draws its bar at the step, then prints "
+                                  "the step's logs)")
+            step, how = self.bar_drawn[1] + self._bar_lag(self.bar_drawn[1]), "counter"
         if how == "epoch" and not plan.counter and self.pending is not None \
                 and self.pending_how == "epoch" and self.pending.step == step:
             # Two records of one epoch and nothing finer: records are numbered in order.
@@ -502,7 +514,7 @@ class Assembler:
             self._cumulative(metrics, step)
         if plan.micro is not None and step is not None:
             return self._micro(step, metrics, plan, how)
-        return self.emit(step, metrics, plan, how, self._printed_step(plan))
+        return self.emit(step, metrics, plan, how, self._printed_step(plan) or (BAR_DRAWN if how == "counter" else ""))
 
     def loss_printed_as(self, plan: Plan) -> None:
         """The log prints its loss as ``plan`` does (a reader that saw it ahead says so)."""

@@ -564,6 +564,8 @@ class Reading:
             if seg.strip():
                 account.ignore(line_no, seg, self.unmatched if _DIGIT(seg) else "no numbers")
             return out
+        if plan.kind == "ignore" and plan.counter and plan.step is not None:
+            asm.bar_drawn = (line_no, int(nums[plan.step]))   # a record on the next line may be its step's
         if isinstance(watched, Template):
             plan = watched.for_line(plan)
             if plan.kind == "record":
