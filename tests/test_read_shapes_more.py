@@ -479,3 +479,31 @@ def test_a_trainer_dict_printed_after_a_bar_is_the_record_of_the_bar_s_count(tmp
     assert "print no counter" not in said
     code, _, found = _replay_json(capsys, path)
     assert code == 1 and [(f["step"], f["kind"]) for f in found][:2] == [(600, "nonfinite"), (600, "rollback_advice")]
+
+
+# -- 4. a progress bar redrawn twice per step -----------------------------------------------------------
+
+REDRAWN = ("records merged into the one before: a progress bar redrawn at its count, or a record printed again in "
+           "another form (its last values kept)")
+RANKS = "records merged into the one before: the same step printed again (ranks, repeats: their mean loss)"
+
+
+@pytest.mark.parametrize("bar", [
+    lambda n, x: f"Epoch 1:  {n // 2:3d}%|{'█' * (n // 20):<10}| {n}/200 [00:10<03:10,  5.00it/s, loss={x:.4f}]",
+    lambda n, x: f"Training: {n}/200 loss={x:.4f}",
+    lambda n, x: f"step {n}/200 | loss {x:.4f}",
+], ids=["tqdm postfix", "a count and its total", "a named count and its total"])
+def test_a_bar_drawn_twice_at_each_count_keeps_its_last_draw(tmp_path, bar):
+    """Drawn before and after the optimizer step: the two draws were one record whose loss was
+    their mean (a loss no line prints); a redraw keeps the bar's newest state."""
+    text = "".join(bar(n, _loss(n) + 0.3) + "\n" + bar(n, _loss(n)) + "\n" for n in range(1, 201))
+    got, account = records_of(tmp_path, text)
+    assert [(s, m["loss"]) for s, m in got] == [(n, _loss(n)) for n in range(1, 201)]
+    assert account.changed == {REDRAWN: [200, 2]}
+
+
+def test_ranks_printing_one_step_are_still_their_mean(tmp_path):
+    text = "".join(f"[rank{r}] step {n} | loss {_loss(n) + 0.01 * r:.4f}\n" for n in range(1, 41) for r in (0, 1))
+    got, account = records_of(tmp_path, text)
+    assert [(s, m["loss"]) for s, m in got] == [(n, pytest.approx(_loss(n) + 0.005)) for n in range(1, 41)]
+    assert account.changed == {RANKS: [40, 2]}

@@ -731,8 +731,8 @@ class Assembler:
             return False
         if self.cumulative_first is not None and self.cumulative_first[0] is None:
             self.cumulative_first = (prev, *self.cumulative_first[1:])
-        if plan is not None and (plan.counter or self.reprinted):
-            _redrawn(prev.metrics, metrics)   # a progress bar redrawn: its last postfix counts
+        if plan is not None and (plan.counter or plan.step_total is not None or self.reprinted):
+            _redrawn(prev.metrics, metrics)   # a progress bar redrawn (`n/N`): its last values count
             self.account.change(self.line_no, MERGED[0])
         elif plan is not None and plan.components and self._noted_plan is not None \
                 and self._noted_plan.components and plan is not self._noted_plan \
