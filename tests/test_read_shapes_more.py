@@ -507,3 +507,63 @@ def test_ranks_printing_one_step_are_still_their_mean(tmp_path):
     got, account = records_of(tmp_path, text)
     assert [(s, m["loss"]) for s, m in got] == [(n, pytest.approx(_loss(n) + 0.005)) for n in range(1, 41)]
     assert account.changed == {RANKS: [40, 2]}
+
+
+# -- 5. interval summaries that open with a constant count ----------------------------------------------
+
+def _rl_loss(n: int) -> float:
+    return NAN if n == 30 else round(0.5 + 2 / math.sqrt(n + 1), 4)
+
+
+STAYS_ORDER = ("  steps numbered by order of appearance (step N is the N-th record of the log, whose counter {name!r} "
+               "stays at {value:,} over its records with other losses: a rollout's length or an interval's size, no step)")
+
+
+@pytest.mark.parametrize("line, name, said", [
+    (lambda n: f"Iteration: 500 | Episode: {n} | loss: {_rl_loss(n):.4f}", "Episode", "'Iteration' stays at 500"),
+    (lambda n: f"[2048 steps] episode {n} policy_loss {_rl_loss(n):.4f} value_loss 0.5", "episode",
+     "'(unnamed)' stays at 2,048"),
+    (lambda n: f"Iteration: 500\n  episode: {n}\n  loss: {_rl_loss(n):.4f}\n  reward: {n * 0.5:.1f}", "episode",
+     "'Iteration' stays at 500"),
+    (lambda n: f"Episode 10 | steps 2048 | loss {_rl_loss(n):.4f} | reward {n * 0.7:.2f}", "", "'steps' 2048"),
+    (lambda n: f"Iteration: 500\n  loss: {_rl_loss(n):.4f}\n  reward: {n * 0.5:.1f}", "", "'Iteration' 500"),
+], ids=["a named count beside", "an unnamed count before", "a block", "no other counter", "a block, no other counter"])
+def test_a_count_that_stays_is_no_step(tmp_path, capsys, line, name, said):
+    """An RL summary that opens with a constant (the rollout's length): taken as the step, every
+    interval collapsed into one record, the mean of their losses. A count that goes up beside it
+    numbers the records; with none, they are numbered in order; the account says which."""
+    path = tmp_path / "rl.log"
+    path.write_text("".join(line(n) + "\n" for n in range(1, 51)))
+    got, account = records_of(tmp_path, path.read_text())
+    assert [s for s, _ in got] == list(range(1, 51)) and got[0][1]["loss"] == pytest.approx(_rl_loss(1) + (
+        0.5 if "value_loss" in line(1) else 0))
+    said_lines = account.lines()
+    if name:
+        assert f"  steps numbered by the log's counter: {name!r}" in said_lines
+        assert any(x.startswith(f"  note: {said.split(' stays')[0]} stays at") and f"the records are numbered by "
+                   f"{name!r}" in x for x in said_lines)
+    else:
+        old, value = said.split()
+        assert STAYS_ORDER.format(name=old.strip("'"), value=int(value)) in said_lines
+    assert not account.changed
+    code, _, found = _replay_json(capsys, path)
+    assert code == 1 and [(f["step"], f["kind"]) for f in found][:2] == [(30, "nonfinite"), (30, "rollback_advice")]
+
+
+# -- 6. a count within an epoch, no epoch length, the excerpt starting inside an epoch ------------------
+
+@pytest.mark.parametrize("record", ["batch {b} | loss {x:.4f}", "  iter {b}: loss={x:.4f}", "[{b:4d}] loss: {x:.4f}"],
+                         ids=["named", "named, indented", "unnamed"])
+def test_records_before_the_first_epoch_header_are_that_epoch_s_end(tmp_path, record):
+    """An excerpt that starts inside epoch 3 (batches 60-100, no header above them), then
+    `Epoch 4/10` and its batches 10-100: before, 60 ... 100 then 10 (a false resume); now the
+    records above the first header are the epoch before it, and its largest count the epoch's
+    length."""
+    lines = []
+    for e in range(3, 9):
+        lines += [f"Epoch {e}/10"] if e > 3 else []
+        lines += [record.format(b=b, x=_loss((e - 1) * 100 + b)) for b in range(10, 101, 10) if e > 3 or b >= 60]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [s for s, _ in got] == list(range(60, 610, 10))
+    assert any(x.startswith("  note: ") and "restarts at every epoch and the log prints no epoch length: steps are "
+               "(epoch - 3) x 100" in x for x in account.lines())

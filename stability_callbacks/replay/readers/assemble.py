@@ -35,6 +35,7 @@ concern them), or at once on an idle tick (:meth:`Assembler.flush`).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ... import keys
 from ...record import StepRecord
@@ -50,6 +51,10 @@ SAMPLES_PRINTS = 8
 
 #: Two losses of one step this close (relative) are one value printed twice (ranks' rounding).
 SAME_LOSS = 1e-3
+#: Lines of one template at its first step, with losses that differ, that make a count that stays:
+#: over the whole log (more than ranks print), or this many (more than micro-batches print) before it ends.
+STAYS = 8
+STAYS_HELD = 256
 
 #: Why records were merged into one (the account counts them).
 MERGED = ("records merged into the one before: a progress bar redrawn at its count, or a record printed "
@@ -77,6 +82,8 @@ class Assembler:
     """Turns interpreted lines into records (see the module docstring). ``feed`` returns the
     records that are final; ``flush`` releases the held-back one; ``finish`` the rest."""
 
+    # long: one line per piece of the assembler's state, each said beside it (the rules that
+    # read a log one line at a time keep what they saw here; grouped, their names would hide)
     def __init__(self, account: ReadAccount | None = None):
         self.account = account if account is not None else ReadAccount("")
         self.indent = 0                       # the indentation of the line being fed
@@ -117,6 +124,12 @@ class Assembler:
         self.restart: list | None = None      # see _restarting
         self.bar_offset: int | None = None    # see _bar_lag
         self.bar_drawn: tuple[int, int] = (-2, 0)   # (line, count) of the last bar drawn on a line of its own
+        self.nums: list[str] = []             # the numbers of the record line fed, and of the held record's
+        self.pending_nums: list[str] = []
+        self.stays: dict[int, Plan] = {}      # id(plan) -> the plan whose step stays: its moving counter's (_stays)
+        self.kept: list[dict] = []            # the records of one step printed again by its template (_keep)
+        self.released: list[StepRecord] = []  # ... made records after all (_stayed)
+        self.kept_plan: Plan | None = None
         self.unit: int | None = None          # samples per step of a bar that counts samples
         self.sample_first: tuple | None = None   # (record, epochs done, total) of its 0 count
         self.counter_last: dict = {}          # total -> (epoch, value) of the last batch counter
@@ -140,6 +153,7 @@ class Assembler:
         self._noted: set = set()
         self._noted_plan: Plan | None = None   # the plan noted last (the common case: again)
         self._noted_how = ""
+        self.noted_at = 0                     # the record the plan noted last made first
 
     # -- lines -------------------------------------------------------------------------------
 
@@ -350,6 +364,10 @@ class Assembler:
         if r is None:
             ordered = value < done
             r = self.restart = [None if ordered else self.epoch, self.epoch, 0, False, 0]
+            if self.made and self.pending_how == "counter" and value < self.last_step and self.epoch:
+                # records this count numbered before the log printed an epoch (an excerpt that
+                # starts inside one, above its next epoch's header): that epoch's, the one before
+                r[0], r[4] = self.epoch - 1, self.last_step
             if ordered:
                 self.account.note(f"{name!r} counts within an epoch and the log prints no epoch "
                                   "length: the records are numbered in order, for the whole log")
@@ -451,6 +469,9 @@ class Assembler:
 
     def record(self, nums, plan: Plan) -> list[StepRecord]:
         """The records a record line completes (the readers' fast path calls it directly)."""
+        if self.stays:
+            plan = self.stays.get(id(plan), plan)
+        self.nums = nums
         if plan.values is not None:
             metrics = dict(zip(plan.names, map(float, plan.values(nums))))
         else:
@@ -626,13 +647,19 @@ class Assembler:
         if self.overflows:
             self._fold_overflows(metrics, plan)
         prev = self.pending
-        if prev is not None and prev.step == step and self._again(prev, step, metrics, plan, how):
-            return []
+        if prev is not None and prev.step == step:
+            moved = self._stays(prev, plan, metrics) if how == "counter" and plan is not None and plan.others else None
+            if moved is not None:
+                step = moved
+            elif self._again(prev, step, metrics, plan, how):
+                out, self.released = self.released, []
+                return out
         if self.ahead:
             self._ahead(metrics)
         self.pending_last_step = self.last_step
         self.last_step = step
         rec = self.pending = StepRecord(step, metrics)
+        self.pending_nums = self.nums
         self.pending_how = how
         self.made += 1
         if self.repeat[0]:
@@ -745,9 +772,76 @@ class Assembler:
                 prev.metrics.setdefault(k, v)
             self.account.change(self.line_no, MERGED[1])
         else:
+            keep = plan is not None and plan is self._noted_plan and how == "counter" and self.noted_at == self.made
+            if keep:
+                self._keep(prev, metrics)
             self._repeat(prev, metrics)   # another rank, or a micro-batch of the step
             self.account.change(self.line_no, MERGED[2])
+            if keep and plan is not None and len(self.kept) > STAYS_HELD:
+                self._stayed(prev, plan)
         return True
+
+    def _keep(self, prev: StepRecord, metrics: dict) -> None:
+        """A copy of each line of the first step its template printed, printed again,
+        ``STAYS_HELD`` + 1 at most (with the plan, last)."""
+        if not self.kept or self.kept[0] is not prev.metrics:
+            self.kept = [prev.metrics, dict(prev.metrics)]
+            self.kept_plan = self._noted_plan
+        self.kept.append(dict(metrics))
+
+    def _stayed(self, prev: StepRecord, plan: Plan) -> None:
+        """Lines of one template at the first step it printed, with losses that differ, more than
+        ``STAYS_HELD``, or more than ``STAYS`` when the log ended with that step: no ranks or
+        micro-batches of a step, a count that stays (`Iteration: 500` over each interval, no
+        other counter beside it): each line is a record, numbered in order, from the held
+        record on."""
+        kept, self.kept = self.kept[1:], []
+        if len({m.get(keys.LOSS) for m in kept}) == 1:
+            return
+        base, n, value = self.pending_last_step, len(kept), prev.step
+        self.released = [StepRecord(base + 1 + k, m) for k, m in enumerate(kept[:-1])]
+        prev.step, prev.metrics = base + n, kept[-1]
+        self.account.renumbered(self.made, "order", base + 1)
+        self.pending_how, self.last_step, self.made = "order", base + n, self.made + n - 1
+        merged = self.account.changed[MERGED[2]]
+        merged[0] -= n - 1
+        if not merged[0]:
+            del self.account.changed[MERGED[2]]
+        self.repeat, self.repeated_steps = [0, 0.0, 0.0, True], self.repeated_steps - 1
+        self.stays[id(plan)] = replace(plan, step=None, step_name="", step_total=None, outer=(), others=(),
+                                       counter=False, simple=False, after_bar=False)
+        self._noted_plan = None
+        self.account.order_reason = (f"whose counter {plan.step_name!r} stays at {value:,} over its records with other "
+                                     "losses: a rollout's length or an interval's size, no step")
+
+    def _stays(self, prev: StepRecord, plan: Plan, metrics: dict) -> int | None:
+        """A step printed again by the next line of its template with another loss while another
+        named integer of the line went up (`Iteration: 500 | Episode: 3`: a rollout's length,
+        then the episode) is no step: that integer is, from the held record on (said in a note).
+        Ranks print one step with the same loss. The line's step, or None where the step did
+        not stay."""
+        a, b = prev.metrics.get(keys.LOSS), metrics.get(keys.LOSS)
+        if a is None or b is None or not abs(a - b) > SAME_LOSS * max(abs(a), abs(b)):
+            return None
+        now, before = self.nums, self.pending_nums
+        up, name = next(((i, n) for i, n in plan.others if i < len(now) and i < len(before) and now[i].isdigit()
+                         and before[i].isdigit() and int(now[i]) > int(before[i])), (None, ""))
+        if up is None or plan.step is None or plan is not self._noted_plan:
+            return None
+        old = plan.step_name
+        moved = self.stays[id(plan)] = replace(plan, step=up, step_name=name, step_total=None, outer=(), others=(),
+                                               counter=False, simple=False, after_bar=False)
+        prev.step = self.last_step = int(before[up])
+        names = self.account.numbering.get("counter", [])
+        if old in names:
+            names.remove(old)
+        self.account.restep(self.made, prev.step)
+        self.account.note(f"{old!r} stays at {int(before[plan.step]):,} from record to record (a rollout's length, "
+                          f"an interval's size): it numbers no steps; the records are numbered by {name!r}, the "
+                          "integer that goes up")
+        self._noted_plan = None
+        self.stays[id(moved)] = moved
+        return int(now[up])
 
     def _relogged(self, prev: StepRecord, metrics: dict) -> bool:
         """Whether a row of a table or a JSON line that prints a step again, with another loss,
@@ -787,7 +881,7 @@ class Assembler:
     def _note(self, plan: Plan, how: str, step_name: str = "") -> None:
         """The account learns each plan's printed names and numbering once (and the assembler
         how the log prints its loss: LOSS_KINDS)."""
-        self._noted_plan, self._noted_how = plan, how
+        self._noted_plan, self._noted_how, self.noted_at = plan, how, self.made
         self.loss_printed_as(plan)
         tag = (id(plan), how)
         if tag in self._noted:
@@ -835,16 +929,22 @@ class Assembler:
         for k, v in metrics.items():
             prev.metrics.setdefault(k, v)
 
-    def flush(self) -> list[StepRecord]:
-        """The held-back records (a followed file went idle: no warning is coming for them)."""
-        out = self.close_block()
+    def flush(self, final: bool = False) -> list[StepRecord]:
+        """The held-back records (a followed file went idle: no warning is coming for them;
+        ``final``: the log ended)."""
+        prev = self.pending
+        if final and prev is not None and len(self.kept) > STAYS and self.kept[0] is prev.metrics \
+                and self.kept_plan is not None:
+            self._stayed(prev, self.kept_plan)       # the log ended at its first step: it stays
+        out, self.released = self.released, []
+        out += self.close_block()
         if self.pending is not None:
             out.append(self.pending)
         self.pending = None
         return out
 
     def finish(self) -> list[StepRecord]:
-        out = self.flush()
+        out = self.flush(final=True)
         counted = self.account.counted
         for step, scale, skipped in self.overflows:    # overflow lines no record followed
             self.last_step = step if step is not None else self.last_step + 1

@@ -599,7 +599,7 @@ class Reading:
                 self._settle(waits)          # the best observed first: others may take its counter
         out += self._release()
         self.busy = bool(self.held)
-        return out + (self.asm.flush() if not self.held else [])
+        return out + (self.asm.flush(final) if not self.held else [])
 
     def finish(self) -> list[StepRecord]:
         if self.carry:                        # the log ends inside a record a line cut
