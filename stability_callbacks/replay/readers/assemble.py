@@ -63,7 +63,7 @@ MERGED = ("records merged into the one before: a progress bar redrawn at its cou
           "records merged into the one before: the same step printed again (ranks, repeats: their mean loss)",
           "records merged into one: micro-batches of one optimizer step (their mean loss)",
           "records merged into the one before: a summary in another template that prints its loss again, with "
-          "no step or one behind it (its other values kept where the record has none)")
+          "no step or one behind it (its other values, totals or means over the run, left out)")
 
 #: What a warning line beside a record whose loss prints 0 does to it (Assembler.warning).
 WARNED = ("records whose loss prints 0 read as NaN: a warning line beside them says the loss was not finite",
@@ -637,10 +637,7 @@ class Assembler:
         elif plan is not None and plan.loss_name and self.loss_name is None:
             self.loss_name = plan.loss_name
         if (step is None or (step < self.last_step and how == "counter")) and self._summary(plan, metrics):
-            held = self.pending.metrics if self.pending is not None else {}
-            for k, v in metrics.items():      # (_summary: the record is held)
-                held.setdefault(k, v)
-            self.account.change(self.line_no, MERGED[4])
+            self.account.change(self.line_no, MERGED[4])   # (it adds nothing the record does not print)
             return []
         if step is None:
             step, how = self.last_step + 1, "order"
