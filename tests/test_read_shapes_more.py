@@ -567,3 +567,30 @@ def test_records_before_the_first_epoch_header_are_that_epoch_s_end(tmp_path, re
     assert [s for s, _ in got] == list(range(60, 610, 10))
     assert any(x.startswith("  note: ") and "restarts at every epoch and the log prints no epoch length: steps are "
                "(epoch - 3) x 100" in x for x in account.lines())
+
+
+# -- 8. the loss printed only in prose, no counter ------------------------------------------------------
+
+@pytest.mark.parametrize("say", ["the training loss is {x}", "Loss went down to {x}", "After this round the loss was {x}, nice"],
+                         ids=["is", "went down to", "was, text after"])
+def test_a_loss_said_in_prose_on_many_lines_is_read_in_order(tmp_path, capsys, say):
+    """Refused before ('no per-step training metrics'); the number right after the word loss and
+    a verb, on lines that say it in the same words, numbered in order and said to be a guess."""
+    xs = [f"{_loss(n):.4f}" if n != 25 else "nan" for n in range(1, 41)]
+    path = tmp_path / "prose.log"
+    path.write_text("Starting training...\n" + "".join(say.format(x=x) + "\n" for x in xs) + "Done.\n")
+    got, account = records_of(tmp_path, path.read_text())
+    assert [(s, m["loss"]) for s, m in got] == [(n, pytest.approx(float(x), nan_ok=True)) for n, x in enumerate(xs, 1)]
+    said = account.lines()
+    assert "  steps numbered by order of appearance (the records print no counter taken for the step: step N is " \
+           "the N-th record)" in said
+    assert any(x.startswith("  note: the log prints the loss only in prose (") for x in said)
+    code, _, found = _replay_json(capsys, path)
+    assert code == 1 and [(f["step"], f["kind"]) for f in found][:1] == [(25, "nonfinite")]
+
+
+def test_a_loss_said_in_prose_twice_is_still_refused(tmp_path):
+    path = tmp_path / "prose.log"
+    path.write_text("the training loss is 2.31\nthe training loss is 2.05\n")
+    with pytest.raises(LogFormatError):
+        list(read_records(path))

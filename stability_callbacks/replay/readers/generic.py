@@ -617,7 +617,9 @@ def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str,
     reading = Reading(account, user_keys, pattern, blocks=True, guess=guess)
     if guess is not None:
         pattern = guess.pattern
-        account.note(f"the log names no loss: the loss is a guess, number {guess.names['loss'].split()[0]} of "
+        account.note(f"{guess.said} (first: line {guess.line_no}); if it is no loss, name the loss with --keys"
+                     if guess.said else
+                     f"the log names no loss: the loss is a guess, number {guess.names['loss'].split()[0]} of "
                      f"its progress lines (first: line {guess.line_no}), {guess.which.format(step=guess.names['step'])}"
                      "; if it is no loss, name the loss with --keys")
     reader, asm = reading.reader, reading.asm

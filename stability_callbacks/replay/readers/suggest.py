@@ -132,6 +132,7 @@ class Guess:
     line_no: int = 0
     which: str = "the one that varies beside the counter {step}"
     template: str = ""              # the progress lines' template (tokens.fold)
+    said: str = ""                  # the account's note, where it is not that of an unnamed number
 
 
 GUESSED = "the unnamed number that varies beside the counter on the log's progress lines (a guess: the log names no loss)"
@@ -148,6 +149,9 @@ def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
     suggestions that point at these lines)."""
     if len(samples) < 3:
         return None
+    prose = _prose_loss(texts, samples)
+    if prose is not None:
+        return prose
     roles = slot_roles(texts, list(samples[0]))
     counters = _rising(roles, samples, texts)
     unnamed = [i for i, (role, _, _, name) in enumerate(roles)
@@ -232,6 +236,27 @@ def _reads_keys(spec: str, line: str, loss: int) -> bool:
     except ValueError:
         return False
     return got is not None and got[1].kind == "record" and got[1].loss_at == loss
+
+
+# `the training loss is 2.31`, `Loss went down to 0.95`, `train loss now 1.2`: a number right
+# after the word "loss" and at most a few words that end in a verb or preposition of prose.
+_PROSE_LOSS = re.compile(r"\bloss(?:\s+\w+){0,2}?\s+(?:is|now|to|was|of|at)\s*$", re.I)
+PROSE = "the number after it, in prose on {n} lines or more, no counter: a guess"
+
+
+def _prose_loss(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
+    """The loss of lines that say it in prose with no counter (``the training loss is 2.31``,
+    printed again and again in the same words): the number right after the word ``loss`` and
+    a verb or preposition, where it varies across the lines and is no integer."""
+    for i in range(len(texts) - 1):
+        values = [s[i] for s in samples if i < len(s)]
+        if _PROSE_LOSS.search(texts[i]) and len(set(values)) > 1 and not all(v.isdigit() for v in values):
+            name = _key_part(texts[i]).strip()
+            return Guess(re.compile(_pattern(texts, None, i)), {"loss": f"{name!r} ({PROSE.format(n=len(samples))})"},
+                         template=tokens.fold(texts), said=(
+                             f"the log prints the loss only in prose ({name!r}, on {len(samples)} lines or more) and no "
+                             "counter: the loss is the number after it, a guess, and the records are numbered in order"))
+    return None
 
 
 def _pattern(texts: list[str], step: int | None, loss: int) -> str:
