@@ -594,3 +594,39 @@ def test_a_loss_said_in_prose_twice_is_still_refused(tmp_path):
     path.write_text("the training loss is 2.31\nthe training loss is 2.05\n")
     with pytest.raises(LogFormatError):
         list(read_records(path))
+
+
+# -- 9. refusal suggestions never name a banner's count --------------------------------------------------
+
+BANNERS = "Found 50000 images belonging to 10 classes.\nFound 10000 images belonging to 10 classes.\n" \
+          "Train on 60000 samples, validate on 10000 samples\n"
+
+
+@pytest.mark.parametrize("line, keys", [
+    (lambda n: f"{n * 1.5:.1f}s elapsed; value={_loss(n):.4f}", "--keys loss=value"),
+    (lambda n: f"J = {_loss(n):.4f}", "--keys loss=1"),
+], ids=["a named value after a time", "an unnamed value"])
+def test_a_refusal_suggests_the_template_whose_float_varies_not_a_banner(tmp_path, capsys, line, keys):
+    """Before, the suggestions named the count of `Found 50000 images ...` (printed once, no
+    float in it) as the loss; they name the template whose float varies, and read the log."""
+    path = tmp_path / "odd.log"
+    path.write_text(BANNERS + "".join(line(n) + "\n" for n in range(1, 30)))
+    with pytest.raises(LogFormatError) as e:
+        read_records(path)
+    pasted = [x.strip() for x in str(e.value).splitlines() if x.strip().startswith("stability-callbacks ")]
+    assert len(pasted) == 2 and keys in pasted[0] and "Found" not in " ".join(pasted)
+    # (a number named by its position is read on every line: the banners' counts too; the
+    # pattern reads the template alone)
+    for command in pasted if keys != "--keys loss=1" else pasted[1:]:
+        code = main(shlex.split(command)[1:] + ["--json", str(tmp_path / "r.jsonl")])
+        capsys.readouterr()
+        read = json.loads((tmp_path / "r.jsonl").read_text().splitlines()[0])
+        assert code in (0, 1) and read["steps_with_loss"] == 29, command
+
+
+def test_a_refusal_with_only_banners_suggests_nothing(tmp_path):
+    path = tmp_path / "odd.log"
+    path.write_text(BANNERS)
+    with pytest.raises(LogFormatError) as e:
+        read_records(path)
+    assert "stability-callbacks replay" not in str(e.value)

@@ -110,6 +110,13 @@ def _varying(roles, samples, texts) -> list[int]:
     return out
 
 
+def _float_varies(samples: Sequence[Sequence[str]]) -> bool:
+    """Whether a number that is no integer differs across a template's lines."""
+    return len(samples) > 1 and any(len({s[i] for s in samples if i < len(s)}) > 1 and
+                                    not all(s[i].isdigit() for s in samples if i < len(s))
+                                    for i in range(len(samples[0])))
+
+
 def progress(texts: list[str], samples: Sequence[Sequence[str]]) -> bool:
     """Whether a template's lines are progress lines: a counter that increases beside a value
     that varies (whatever their names: the lines a log reports its training with)."""
@@ -331,15 +338,17 @@ class ClosestLines:
 
     def _ranked(self) -> list[_Near]:
         return sorted(self.templates.values(),
-                      key=lambda n: (-progress(n.texts, n.samples), -n.score, n.lines[0][0]))
+                      key=lambda n: (-progress(n.texts, n.samples), -_float_varies(n.samples), -n.score, n.lines[0][0]))
 
     def lines(self) -> list[tuple[int, str, tuple]]:
         return [line for near in self._ranked() for line in near.lines][:self.size]
 
     def best(self) -> tuple[list[str], list[list[str]]] | None:
-        """The template of the closest line and its sample numbers."""
+        """The template of the closest line and its sample numbers, where a float varies across
+        its lines (a banner printed once, `Found 50000 images belonging to 10 classes`, or
+        counts alone hold no loss to suggest)."""
         ranked = self._ranked()
-        return (ranked[0].texts, ranked[0].samples) if ranked else None
+        return (ranked[0].texts, ranked[0].samples) if ranked and _float_varies(ranked[0].samples) else None
 
     def guess(self) -> Guess | None:
         """The loss of progress lines that name none (:func:`.suggest.guess`), or None."""
