@@ -3,7 +3,11 @@
 shape with variants: `name value` with a negative value and a summary line after the records,
 several records on one line, columns with no names, the account's word on merges, a training
 loss worded as an evaluation, epoch blocks over several lines, a fit log cut inside an epoch, a
-NaN printed as 0 beside a warning, and a named count that restarts every epoch."""
+NaN printed as 0 beside a warning, and a named count that restarts every epoch. Then the fourth
+pass's (the third held-out scoring's classes, docs/replay.md, The fourth pass): a warning that
+says the loss was not finite and the step skipped, a classification report after the epochs,
+trainer dicts between bars, a bar drawn twice per step, a count that stays, records above the
+first epoch header, the loss said in prose, and refusal suggestions beside banners."""
 from __future__ import annotations
 
 import json
