@@ -634,3 +634,15 @@ def test_a_refusal_with_only_banners_suggests_nothing(tmp_path):
     with pytest.raises(LogFormatError) as e:
         read_records(path)
     assert "stability-callbacks replay" not in str(e.value)
+
+
+def test_a_first_epoch_cut_short_does_not_set_the_epoch_length(tmp_path):
+    """The first epoch shown ends at batch 50 (the excerpt, or a resumed run's count), the others
+    at 100: before, epoch 2 was numbered 60-150 by a length of 50 and epoch 3 from 210 (a gap of
+    a length learned late); now each epoch after the first goes on from the one before, 100 long."""
+    text = "".join(f"Epoch {e} | batch {b} | loss {_loss((e - 1) * 100 + b):.4f}\n"
+                   for e in range(1, 7) for b in range(10, 101, 10) if e > 1 or b <= 50)
+    got, account = records_of(tmp_path, text)
+    assert [s for s, _ in got] == list(range(10, 560, 10))
+    assert "  note: 'batch' went to 100 in the first whole epoch, higher than in the first one shown (cut): the " \
+           "epochs after that are 100 long, each going on from the one before" in account.lines()

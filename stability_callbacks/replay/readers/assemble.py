@@ -355,19 +355,21 @@ class Assembler:
         """The step of a counter within an epoch whose length the log does not print, one way for
         the whole log, decided at its first record: one below the epochs done (an excerpt from a
         late epoch: ``[37][0]``) numbers the records in order; any other (``step``, ``iter``,
-        ``batch``, a bar's count), ``(epoch - first epoch) x L + n``, L the largest count an
-        epoch showed (+ 1 where the counter counts from 0), learned at its first restart and
-        grown at each epoch's end: until then the count as printed (the first epoch's offset is
-        0). Never records by order after the counter's own numbers, or the reverse."""
+        ``batch``, a bar's count), the steps of the epochs before + n: the first epoch shown as
+        printed (offset 0; it may be cut at its start), each later one L long, L the largest
+        count an epoch showed (+ 1 where the counter counts from 0), learned at its first
+        restart and grown at each epoch's end (`(epoch - first epoch) x L + n` where the first
+        epoch is whole). Never records by order after the counter's own numbers, or the reverse."""
         r = self.restart
         name = plan.step_name
         if r is None:
             ordered = value < done
-            r = self.restart = [None if ordered else self.epoch, self.epoch, 0, False, 0]
+            # [first epoch, epoch, its largest count, counts from 0, L, the epoch's offset, it is the first shown]
+            r = self.restart = [None if ordered else self.epoch, self.epoch, 0, False, 0, 0, True]
             if self.made and self.pending_how == "counter" and value < self.last_step and self.epoch:
                 # records this count numbered before the log printed an epoch (an excerpt that
                 # starts inside one, above its next epoch's header): that epoch's, the one before
-                r[0], r[4] = self.epoch - 1, self.last_step
+                r[0], r[4], r[5], r[6] = self.epoch - 1, self.last_step, self.last_step, False
             if ordered:
                 self.account.note(f"{name!r} counts within an epoch and the log prints no epoch "
                                   "length: the records are numbered in order, for the whole log")
@@ -377,17 +379,27 @@ class Assembler:
             return None, "order"
         r[3] = r[3] or value == 0
         if self.epoch != r[1]:
-            r[4] = max(r[4], r[2] + r[3])     # the epoch that ended: its length
-            r[1], r[2] = self.epoch, 0
-            if not self.counter_restarts:
-                self.counter_restarts = True
-                first = f"(epoch - {r[0]})" if r[0] else "epoch"
-                plus = ", + 1: it counts from 0" if r[3] else ""
-                self.account.note(f"{name!r} restarts at every epoch and the log prints no epoch length: "
-                                  f"steps are {first} x {r[4]:,} (the largest {name!r} of an epoch{plus}) "
-                                  f"+ {name!r}")
+            self._epoch_ended(r, name)
         r[2] = max(r[2], value)
-        return (self.epoch - r[0]) * r[4] + value, "counter"
+        return r[5] + value, "counter"
+
+    def _epoch_ended(self, r: list, name: str) -> None:
+        """The epoch of a restarting count ended (:meth:`_restarting`): the next one's offset."""
+        ended = r[2] + r[3]
+        grew = r[1] == r[0] + 1 and ended > r[4] > 0      # the first whole epoch, longer than the first shown
+        r[4] = max(r[4], ended)               # the epoch that ended: its length
+        r[5] += (ended if r[6] else r[4]) + max(0, self.epoch - r[1] - 1) * r[4]
+        r[1], r[2], r[6] = self.epoch, 0, False
+        if not self.counter_restarts:
+            self.counter_restarts = True
+            first = f"(epoch - {r[0]})" if r[0] else "epoch"
+            plus = ", + 1: it counts from 0" if r[3] else ""
+            self.account.note(f"{name!r} restarts at every epoch and the log prints no epoch length: "
+                              f"steps are {first} x {r[4]:,} (the largest {name!r} of an epoch{plus}) "
+                              f"+ {name!r}")
+        elif grew:
+            self.account.note(f"{name!r} went to {r[4]:,} in the first whole epoch, higher than in the first one "
+                              f"shown (cut): the epochs after that are {r[4]:,} long, each going on from the one before")
 
     def _another_loop(self, plan: Plan, nums) -> bool:
         """A progress bar with other keys and another total than the first bar that carried a
