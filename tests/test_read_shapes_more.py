@@ -272,6 +272,20 @@ def test_a_zero_loss_beside_a_warning_line_is_what_the_warning_says(tmp_path, ca
     assert "stall" not in out
 
 
+@pytest.mark.parametrize("line", [
+    "Epoch 1 Step 25: loss=nan (non-finite, skipping step)",
+    "[WARNING] step 25: loss = nan, skipping update\nEpoch 1 Step 25: loss=0.0000",
+], ids=["a record that says it skips", "a warning with the step, the record after"])
+def test_a_nan_printed_with_its_step_and_skipping_words_is_found_at_that_step(tmp_path, capsys, line):
+    # the record line says non-finite and skipping: still the step's record (never a warning that
+    # marks nothing: a wrong all-clear)
+    path = tmp_path / "w.log"
+    path.write_text("".join((line if s == 25 else f"Epoch 1 Step {s}: loss={2.5 - 0.01 * s:.4f}") + "\n"
+                            for s in range(1, 41)))
+    code, _, found = _replay_json(capsys, path)
+    assert code == 1 and [(f["step"], f["kind"]) for f in found] == [(25, "nonfinite"), (25, "rollback_advice")]
+
+
 def test_a_warning_beside_no_zero_loss_changes_nothing(tmp_path):
     text = "".join(f"step {s} loss {2.5 - 0.01 * s:.4f}\n" + ("Skipping batch 3: bad sample\n" if s == 3 else "")
                    for s in range(1, 9))

@@ -546,9 +546,10 @@ def _kind(plan: Plan, texts, nums, roles, joined, summary, eval_context, eval_lo
             plan.overflow_applied = bool(_APPLIED.search(joined))
             return plan
     values = [i for i, _, _ in metrics] + [i for i, _ in plan.components]
-    if values and all(nums[i].lstrip("+-")[:1] in "nNiI" for i in values) \
+    if values and plan.step is None and all(nums[i].lstrip("+-")[:1] in "nNiI" for i in values) \
             and warning("".join(t + v for t, v in zip(texts, nums)) + texts[-1]) == "nan skip":
         plan.kind = "nan"             # `WARNING: non-finite loss (nan), skipping batch`: no record
+        # (one that prints a step is that step's record: its NaN is read there)
         return plan
     named_step = plan.step is not None and not plan.counter
     if summary and not named_step:
