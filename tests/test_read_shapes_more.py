@@ -481,12 +481,13 @@ def _hf_dict(n: int, nan_from: int) -> str:
                 "epoch": round(n / 1000, 2)})
 
 
-@pytest.mark.parametrize("redraw", ["\n", "\r"], ids=["a bar a line", "redraws joined by \\r"])
-def test_a_trainer_dict_printed_after_a_bar_is_the_record_of_the_bar_s_count(tmp_path, capsys, redraw):
+@pytest.mark.parametrize("redraw, gap", [("\n", ""), ("\r", ""), ("\n", "\n")],
+                         ids=["a bar a line", "redraws joined by \\r", "a blank line between"])
+def test_a_trainer_dict_printed_after_a_bar_is_the_record_of_the_bar_s_count(tmp_path, capsys, redraw, gap):
     """HF's Trainer console: the bar redrawn every 10 steps, a dict printed every 50 right after
     the bar's draw at that count. Before, the dicts were numbered 1, 2, 3, ... ('the records print
     no counter') and a NaN at step 600 was dated step 12."""
-    text = "".join(redraw + _hf_bar(n) + (f"\n{_hf_dict(n, 600)}\n" if n % 50 == 0 else "")
+    text = "".join(redraw + _hf_bar(n) + (f"\n{gap}{_hf_dict(n, 600)}\n" if n % 50 == 0 else "")
                    for n in range(10, 1001, 10))
     path = tmp_path / "trainer.log"
     path.write_text(text)

@@ -656,7 +656,10 @@ class Assembler:
         if self.overflows:
             self._fold_overflows(metrics, plan)
         prev = self.pending
-        if prev is not None and prev.step == step:
+        if self.made == 1 and prev is not None and how == "counter" and self.pending_how == "order" \
+                and step > prev.step + 1:
+            self._before_first_step(prev, step)   # (a lone record, then the log's steps: the step before)
+        elif prev is not None and prev.step == step:
             moved = self._stays(prev, plan, metrics) if how == "counter" and plan is not None and plan.others else None
             if moved is not None:
                 step = moved

@@ -563,6 +563,8 @@ class Reading:
         if plan is None:
             if seg.strip():
                 account.ignore(line_no, seg, self.unmatched if _DIGIT(seg) else "no numbers")
+            elif asm.bar_drawn[0] == line_no - 1:
+                asm.bar_drawn = (line_no, asm.bar_drawn[1])     # (a blank line after a bar's draw)
             return out
         if plan.kind == "ignore" and plan.counter and plan.step is not None:
             asm.bar_drawn = (line_no, int(nums[plan.step]))   # a record on the next line may be its step's
