@@ -521,8 +521,11 @@ def test_a_bar_drawn_twice_at_each_count_keeps_its_last_draw(tmp_path, bar):
     assert account.changed == {REDRAWN: [200, 2]}
 
 
-def test_ranks_printing_one_step_are_still_their_mean(tmp_path):
-    text = "".join(f"[rank{r}] step {n} | loss {_loss(n) + 0.01 * r:.4f}\n" for n in range(1, 41) for r in (0, 1))
+@pytest.mark.parametrize("more", ["", " | tokens {t}", " | samples {t}"], ids=["loss alone", "tokens", "samples"])
+def test_ranks_printing_one_step_are_still_their_mean(tmp_path, more):
+    # (an amount that grows from rank to rank is no count of the loop: the step stays the step)
+    text = "".join(f"[rank{r}] step {n} | loss {_loss(n) + 0.01 * r:.4f}{more.format(t=8000 + 37 * r)}\n"
+                   for n in range(1, 41) for r in (0, 1))
     got, account = records_of(tmp_path, text)
     assert [(s, m["loss"]) for s, m in got] == [(n, pytest.approx(_loss(n) + 0.005)) for n in range(1, 41)]
     assert account.changed == {RANKS: [40, 2]}

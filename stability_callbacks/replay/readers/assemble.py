@@ -828,7 +828,7 @@ class Assembler:
 
     def _stays(self, prev: StepRecord, plan: Plan, metrics: dict) -> int | None:
         """A step printed again by the next line of its template with another loss while another
-        named integer of the line went up (`Iteration: 500 | Episode: 3`: a rollout's length,
+        integer named as a count of the loop (:data:`.plan._LOOP_COUNT`) went up (`Iteration: 500 | Episode: 3`: a rollout's length,
         then the episode) is no step: that integer is, from the held record on (said in a note).
         Ranks print one step with the same loss. The line's step, or None where the step did
         not stay."""

@@ -48,8 +48,10 @@ _NAN_WARNING = re.compile(r"\bloss\b.*\b(?:is|are|was|were|became|got|detected|f
 _NO_NAN = re.compile(r"\b(?:no|not|never|without|zero)\b(?:\s+\w+){0,2}?\s+(?:nan|inf|infinity|non-?finite)\b",
                      re.I)
 _OVERFLOW = re.compile(r"overflow", re.I)
-# an integer that numbers a process, not a step (`[rank1]`, `GPU 3`)
-_RANK = re.compile(r"rank|gpu|device|node|worker|proc|pid|cuda|xla|tpu|local", re.I)
+# a name of an integer that counts the loop (`Episode`, `update`, `iteration`), not a process
+# (`[rank1]`, `GPU 3`) or an amount that grows (`tokens`, `samples`)
+_LOOP_COUNT = re.compile(r"\b(?:episode|episodes|ep|iteration|iter|it|update|updates|round|generation|gen|rollout|"
+                         r"cycle|trial|game|batch|step|steps|epoch)\b", re.I)
 # A warning that a step's loss was not finite, or that a step was skipped (`WARNING: non-finite
 # loss, skipping batch`, `loss is nan, setting to 0`, `skipping step 12: grad has inf`): it marks
 # the record beside it whose loss prints 0 (see Assembler.warning).
@@ -267,7 +269,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
                            and nums[i].isdigit() and not roles[i][3].lower().startswith(_ARG_ECHO))
     if plan.kind == "record" and plan.step is not None:
         plan.others = tuple((i, roles[i][3]) for i in range(n) if i != plan.step and roles[i][0] == "other"
-                            and nums[i].isdigit() and roles[i][3] and not _RANK.search(roles[i][3]))
+                            and nums[i].isdigit() and _LOOP_COUNT.search(roles[i][3]))
     plan.simple = (plan.kind == "record" and plan.step is not None and plan.epoch is None
                    and not plan.outer and plan.loss_rank in (0, len(LOSS_KINDS))
                    and plan.per_epoch is None and plan.micro is None and not plan.cumulative_skips
