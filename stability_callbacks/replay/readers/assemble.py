@@ -126,7 +126,7 @@ class Assembler:
         self.bar_drawn: tuple[int, int] = (-2, 0)   # (line, count) of the last bar drawn on a line of its own
         self.nums: list[str] = []             # the numbers of the record line fed, and of the held record's
         self.pending_nums: list[str] = []
-        self.stays: dict[int, Plan] = {}      # id(plan) -> the plan whose step stays: its moving counter's (_stays)
+        self.stays: dict[int, tuple] = {}     # id(plan) -> (plan, the plan that numbers its lines: _stays, _stayed)
         self.kept: list[dict] = []            # the records of one step printed again by its template (_keep)
         self.released: list[StepRecord] = []  # ... made records after all (_stayed)
         self.kept_plan: Plan | None = None
@@ -482,7 +482,8 @@ class Assembler:
     def record(self, nums, plan: Plan) -> list[StepRecord]:
         """The records a record line completes (the readers' fast path calls it directly)."""
         if self.stays:
-            plan = self.stays.get(id(plan), plan)
+            got = self.stays.get(id(plan))
+            plan = got[1] if got is not None and got[0] is plan else plan
         self.nums = nums
         if plan.values is not None:
             metrics = dict(zip(plan.names, map(float, plan.values(nums))))
@@ -795,7 +796,7 @@ class Assembler:
 
     def _keep(self, prev: StepRecord, metrics: dict) -> None:
         """A copy of each line of the first step its template printed, printed again,
-        ``STAYS_HELD`` + 1 at most (with the plan, last)."""
+        ``STAYS_HELD`` + 1 at most (and the template's plan)."""
         if not self.kept or self.kept[0] is not prev.metrics:
             self.kept = [prev.metrics, dict(prev.metrics)]
             self.kept_plan = self._noted_plan
@@ -820,18 +821,18 @@ class Assembler:
         if not merged[0]:
             del self.account.changed[MERGED[2]]
         self.repeat, self.repeated_steps = [0, 0.0, 0.0, True], self.repeated_steps - 1
-        self.stays[id(plan)] = replace(plan, step=None, step_name="", step_total=None, outer=(), others=(),
-                                       counter=False, simple=False, after_bar=False)
+        self.stays[id(plan)] = (plan, replace(plan, step=None, step_name="", step_total=None, outer=(), others=(),
+                                              counter=False, simple=False, after_bar=False))
         self._noted_plan = None
         self.account.order_reason = (f"whose counter {plan.step_name!r} stays at {value:,} over its records with other "
                                      "losses: a rollout's length or an interval's size, no step")
 
     def _stays(self, prev: StepRecord, plan: Plan, metrics: dict) -> int | None:
         """A step printed again by the next line of its template with another loss while another
-        integer named as a count of the loop (:data:`.plan._LOOP_COUNT`) went up (`Iteration: 500 | Episode: 3`: a rollout's length,
-        then the episode) is no step: that integer is, from the held record on (said in a note).
-        Ranks print one step with the same loss. The line's step, or None where the step did
-        not stay."""
+        integer named as a count of the loop went up (`Iteration: 500 | Episode: 3`: a rollout's
+        length, then the episode; :data:`.plan._LOOP_COUNT`) is no step: that integer is, from
+        the held record on (said in a note). Ranks print one step with the same loss. The line's
+        step, or None where the step did not stay."""
         a, b = prev.metrics.get(keys.LOSS), metrics.get(keys.LOSS)
         if a is None or b is None or not abs(a - b) > SAME_LOSS * max(abs(a), abs(b)):
             return None
@@ -841,8 +842,8 @@ class Assembler:
         if up is None or plan.step is None or plan is not self._noted_plan:
             return None
         old = plan.step_name
-        moved = self.stays[id(plan)] = replace(plan, step=up, step_name=name, step_total=None, outer=(), others=(),
-                                               counter=False, simple=False, after_bar=False)
+        self.stays[id(plan)] = (plan, replace(plan, step=up, step_name=name, step_total=None, outer=(), others=(),
+                                              counter=False, simple=False, after_bar=False))
         prev.step = self.last_step = int(before[up])
         names = self.account.numbering.get("counter", [])
         if old in names:
@@ -852,7 +853,6 @@ class Assembler:
                           f"an interval's size): it numbers no steps; the records are numbered by {name!r}, the "
                           "integer that goes up")
         self._noted_plan = None
-        self.stays[id(moved)] = moved
         return int(now[up])
 
     def _relogged(self, prev: StepRecord, metrics: dict) -> bool:
