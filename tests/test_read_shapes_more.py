@@ -3,7 +3,11 @@
 shape with variants: `name value` with a negative value and a summary line after the records,
 several records on one line, columns with no names, the account's word on merges, a training
 loss worded as an evaluation, epoch blocks over several lines, a fit log cut inside an epoch, a
-NaN printed as 0 beside a warning, and a named count that restarts every epoch."""
+NaN printed as 0 beside a warning, and a named count that restarts every epoch. Then the fourth
+pass's (the third held-out scoring's classes, docs/replay.md, The fourth pass): a warning that
+says the loss was not finite and the step skipped, a classification report after the epochs,
+trainer dicts between bars, a bar drawn twice per step, a count that stays, records above the
+first epoch header, the loss said in prose, and refusal suggestions beside banners."""
 from __future__ import annotations
 
 import json
@@ -13,7 +17,7 @@ import textwrap
 
 import pytest
 
-from shapes import records_of
+from shapes import NAN, records_of
 from shapes import loss as _loss
 from shapes import replay_json as _replay_json
 from stability_callbacks.cli import main
@@ -43,7 +47,7 @@ def test_a_negative_value_after_its_name_and_a_space_keeps_its_sign(tmp_path, li
 
 
 SUMMARY = ("records merged into the one before: a summary in another template that prints its loss again, with no "
-           "step or one behind it (its other values kept where the record has none)")
+           "step or one behind it (its other values, totals or means over the run, left out)")
 
 
 @pytest.mark.parametrize("summary, reason", [
@@ -54,7 +58,7 @@ def test_a_summary_line_after_the_records_is_no_record_going_back(tmp_path, caps
     """An epoch's or run's summary, printed once after the records in another template, repeating
     the last loss: read as a record, it went back to step 1 (a false resume) or on to a step no
     batch was trained at, and its NaN was a second one ("nothing was trained before step 1").
-    Merged into the last record, it adds only what that record lacks."""
+    Merged into the last record, it adds nothing to it (its other numbers are the run's)."""
     text = "".join(f"train {s} loss {'nan' if s > 30 else _falling(s)} lr {s / 1000:.3f}\n" for s in range(1, 36))
     path = tmp_path / "rl.log"
     path.write_text(text + summary + "\n")
@@ -63,7 +67,7 @@ def test_a_summary_line_after_the_records_is_no_record_going_back(tmp_path, caps
     said = account.changed if reason == SUMMARY else account.ignored
     assert said == {reason: [1, 36]}
     last = got[-1][1]
-    assert last["lr"] == 0.035 and last.get("grad_norm") == (0.5 if "grad_norm" in summary else None)
+    assert last["lr"] == 0.035 and "grad_norm" not in last   # (the fourth pass: a summary adds no value)
     code, out, found = _replay_json(capsys, path)
     assert code == 1 and [(f["step"], f["kind"]) for f in found] == [(31, "nonfinite"), (31, "rollback_advice")]
 
@@ -243,7 +247,17 @@ def _zero_with_warning(warning: str, after: bool, record=lambda s, x: f"step {s}
     ("[W] step 25: loss became inf, replaced by 0", True, NAN_READ, "nonfinite"),
     ("Skipping step: gradients contain inf", True, SKIP_READ, None),
     ("Gradient overflow. Skipping step", False, SKIP_READ, None),
-], ids=["non-finite before", "nan after", "inf after, a step on it", "skip after", "overflow before"])
+    # the fourth pass: a line that says the loss was not finite AND that the step is skipped (the
+    # value printed in it, or no loss named) reads the zero as NaN, never as a skip alone
+    ("WARNING: non-finite loss (nan), skipping batch", True, NAN_READ, "nonfinite"),
+    ("WARNING: non-finite loss (nan), skipping batch", False, NAN_READ, "nonfinite"),
+    ("Loss is nan, skipping this step", False, NAN_READ, "nonfinite"),
+    ("Non-finite loss detected (inf); skipping batch", True, NAN_READ, "nonfinite"),
+    ("Loss: nan, skipping batch", True, NAN_READ, "nonfinite"),
+    ("NaN detected, skipping this batch", False, NAN_READ, "nonfinite"),
+], ids=["non-finite before", "nan after", "inf after, a step on it", "skip after", "overflow before",
+        "(nan) skipping after", "(nan) skipping before", "nan skipping before", "(inf) skipping after",
+        "Loss: nan skipping after", "no loss named before"])
 def test_a_zero_loss_beside_a_warning_line_is_what_the_warning_says(tmp_path, capsys, warning, after, said, finding):
     path = tmp_path / "w.log"
     path.write_text(_zero_with_warning(warning, after))
@@ -256,6 +270,20 @@ def test_a_zero_loss_beside_a_warning_line_is_what_the_warning_says(tmp_path, ca
     assert [(f["step"], f["kind"]) for f in found if f["severity"] != "info"] == (
         [(25, "nonfinite"), (25, "rollback_advice")] if finding else [])
     assert "stall" not in out
+
+
+@pytest.mark.parametrize("line", [
+    "Epoch 1 Step 25: loss=nan (non-finite, skipping step)",
+    "[WARNING] step 25: loss = nan, skipping update\nEpoch 1 Step 25: loss=0.0000",
+], ids=["a record that says it skips", "a warning with the step, the record after"])
+def test_a_nan_printed_with_its_step_and_skipping_words_is_found_at_that_step(tmp_path, capsys, line):
+    # the record line says non-finite and skipping: still the step's record (never a warning that
+    # marks nothing: a wrong all-clear)
+    path = tmp_path / "w.log"
+    path.write_text("".join((line if s == 25 else f"Epoch 1 Step {s}: loss={2.5 - 0.01 * s:.4f}") + "\n"
+                            for s in range(1, 41)))
+    code, _, found = _replay_json(capsys, path)
+    assert code == 1 and [(f["step"], f["kind"]) for f in found] == [(25, "nonfinite"), (25, "rollback_advice")]
 
 
 def test_a_warning_beside_no_zero_loss_changes_nothing(tmp_path):
@@ -403,3 +431,236 @@ def test_the_search_for_records_repeated_on_a_line_stays_linear(tmp_path):
     start = time.process_time()
     list(read_records(path))
     assert time.process_time() - start < 1.5      # 0.3 s; 3.5 s before the bound
+
+
+# == the fourth pass (issue 32's third held-out scoring) ===============================================
+
+# -- 2. a classification report after an epoch table -------------------------------------------------
+
+REPORT = """
+              precision    recall  f1-score   support
+
+           0       0.91      0.88      0.89       980
+           1       0.95      0.97      0.96      1135
+           2       0.86      0.84      0.85      1032
+           3       0.83      0.85      0.84      1010
+
+    accuracy                           0.89      4157
+   macro avg       0.89      0.89      0.88      4157
+weighted avg       0.89      0.89      0.89      4157
+"""
+
+
+@pytest.mark.parametrize("header, row", [
+    ("", lambda e: f"{e:5d}  {1.2 * 0.8 ** e:.4f}  {1.3 * 0.82 ** e:.4f}  {0.6 + 0.03 * e:.4f}"),
+    ("", lambda e: f"{e:3d}/10  {1.2 * 0.8 ** e:.4f}  {0.6 + 0.03 * e:.4f}  {1.3 * 0.82 ** e:.4f}  {0.62 + 0.03 * e:.4f}"),
+    ("epoch train_loss val_loss val_acc\n", lambda e: f"{e} {1.2 * 0.8 ** e:.4f} {1.3 * 0.82 ** e:.4f} {0.6 + 0.03 * e:.4f}"),
+], ids=["unnamed columns", "unnamed, a/b counter", "a header"])
+def test_a_classification_report_after_the_epochs_is_no_training_record(tmp_path, capsys, header, row):
+    """sklearn's classification_report printed after the epochs: its rows (a class number, three
+    scores in [0, 1], the support) were read as records 0-9 after epoch 10 (a false resume) and
+    its `accuracy` lines as a step 87 (a guessed pattern's step inside `0.87`)."""
+    path = tmp_path / "fit.log"
+    path.write_text(header + "".join(row(e) + "\n" for e in range(1, 11)) + REPORT)
+    got, account = records_of(tmp_path, path.read_text())
+    assert [(s, m["loss"]) for s, m in got] == [(e, round(1.2 * 0.8 ** e, 4)) for e in range(1, 11)]
+    assert not account.changed
+    code, _, found = _replay_json(capsys, path)
+    assert code == 0 and found == []
+
+
+# -- 3. HF Trainer dicts between progress bars that print the step -------------------------------------
+
+def _hf_bar(n: int, total: int = 1000) -> str:
+    pct = 100 * n // total
+    return f" {pct:3d}%|{'█' * (pct // 10):<10}| {n}/{total} [00:{n // 5 % 60:02d}<03:10,  5.00it/s]"
+
+
+def _hf_dict(n: int, nan_from: int) -> str:
+    return str({"loss": NAN if n >= nan_from else _loss(n), "grad_norm": 1.2, "learning_rate": 5e-05,
+                "epoch": round(n / 1000, 2)})
+
+
+@pytest.mark.parametrize("redraw, gap", [("\n", ""), ("\r", ""), ("\n", "\n")],
+                         ids=["a bar a line", "redraws joined by \\r", "a blank line between"])
+def test_a_trainer_dict_printed_after_a_bar_is_the_record_of_the_bar_s_count(tmp_path, capsys, redraw, gap):
+    """HF's Trainer console: the bar redrawn every 10 steps, a dict printed every 50 right after
+    the bar's draw at that count. Before, the dicts were numbered 1, 2, 3, ... ('the records print
+    no counter') and a NaN at step 600 was dated step 12."""
+    text = "".join(redraw + _hf_bar(n) + (f"\n{gap}{_hf_dict(n, 600)}\n" if n % 50 == 0 else "")
+                   for n in range(10, 1001, 10))
+    path = tmp_path / "trainer.log"
+    path.write_text(text)
+    got, account = records_of(tmp_path, text)
+    assert [s for s, _ in got] == list(range(50, 1001, 50)) and got[0][1]["loss"] == _loss(50)
+    said = account.lines()
+    assert "  steps numbered by the log's counter: 'the count of the progress bar drawn on the line before'" in said
+    assert "print no counter" not in said
+    code, _, found = _replay_json(capsys, path)
+    assert code == 1 and [(f["step"], f["kind"]) for f in found][:2] == [(600, "nonfinite"), (600, "rollback_advice")]
+
+
+# -- 4. a progress bar redrawn twice per step -----------------------------------------------------------
+
+REDRAWN = ("records merged into the one before: a progress bar redrawn at its count, or a record printed again in "
+           "another form (its last values kept)")
+RANKS = "records merged into the one before: the same step printed again (ranks, repeats: their mean loss)"
+
+
+@pytest.mark.parametrize("bar", [
+    lambda n, x: f"Epoch 1:  {n // 2:3d}%|{'█' * (n // 20):<10}| {n}/200 [00:10<03:10,  5.00it/s, loss={x:.4f}]",
+    lambda n, x: f"Training: {n}/200 loss={x:.4f}",
+    lambda n, x: f"step {n}/200 | loss {x:.4f}",
+], ids=["tqdm postfix", "a count and its total", "a named count and its total"])
+def test_a_bar_drawn_twice_at_each_count_keeps_its_last_draw(tmp_path, bar):
+    """Drawn before and after the optimizer step: the two draws were one record whose loss was
+    their mean (a loss no line prints); a redraw keeps the bar's newest state."""
+    text = "".join(bar(n, _loss(n) + 0.3) + "\n" + bar(n, _loss(n)) + "\n" for n in range(1, 201))
+    got, account = records_of(tmp_path, text)
+    assert [(s, m["loss"]) for s, m in got] == [(n, _loss(n)) for n in range(1, 201)]
+    assert account.changed == {REDRAWN: [200, 2]}
+
+
+@pytest.mark.parametrize("more", ["", " | tokens {t}", " | samples {t}"], ids=["loss alone", "tokens", "samples"])
+def test_ranks_printing_one_step_are_still_their_mean(tmp_path, more):
+    # (an amount that grows from rank to rank is no count of the loop: the step stays the step)
+    text = "".join(f"[rank{r}] step {n} | loss {_loss(n) + 0.01 * r:.4f}{more.format(t=8000 + 37 * r)}\n"
+                   for n in range(1, 41) for r in (0, 1))
+    got, account = records_of(tmp_path, text)
+    assert [(s, m["loss"]) for s, m in got] == [(n, pytest.approx(_loss(n) + 0.005)) for n in range(1, 41)]
+    assert account.changed == {RANKS: [40, 2]}
+
+
+# -- 5. interval summaries that open with a constant count ----------------------------------------------
+
+def _rl_loss(n: int) -> float:
+    return NAN if n == 30 else round(0.5 + 2 / math.sqrt(n + 1), 4)
+
+
+STAYS_ORDER = ("  steps numbered by order of appearance (step N is the N-th record of the log, whose counter {name!r} "
+               "stays at {value:,} over its records with other losses: a rollout's length or an interval's size, no step)")
+
+
+@pytest.mark.parametrize("line, name, said", [
+    (lambda n: f"Iteration: 500 | Episode: {n} | loss: {_rl_loss(n):.4f}", "Episode", "'Iteration' stays at 500"),
+    (lambda n: f"[2048 steps] episode {n} policy_loss {_rl_loss(n):.4f} value_loss 0.5", "episode",
+     "'(unnamed)' stays at 2,048"),
+    (lambda n: f"Iteration: 500\n  episode: {n}\n  loss: {_rl_loss(n):.4f}\n  reward: {n * 0.5:.1f}", "episode",
+     "'Iteration' stays at 500"),
+    (lambda n: f"Episode 10 | steps 2048 | loss {_rl_loss(n):.4f} | reward {n * 0.7:.2f}", "", "'steps' 2048"),
+    (lambda n: f"Iteration: 500\n  loss: {_rl_loss(n):.4f}\n  reward: {n * 0.5:.1f}", "", "'Iteration' 500"),
+], ids=["a named count beside", "an unnamed count before", "a block", "no other counter", "a block, no other counter"])
+def test_a_count_that_stays_is_no_step(tmp_path, capsys, line, name, said):
+    """An RL summary that opens with a constant (the rollout's length): taken as the step, every
+    interval collapsed into one record, the mean of their losses. A count that goes up beside it
+    numbers the records; with none, they are numbered in order; the account says which."""
+    path = tmp_path / "rl.log"
+    path.write_text("".join(line(n) + "\n" for n in range(1, 51)))
+    got, account = records_of(tmp_path, path.read_text())
+    assert [s for s, _ in got] == list(range(1, 51)) and got[0][1]["loss"] == pytest.approx(_rl_loss(1) + (
+        0.5 if "value_loss" in line(1) else 0))
+    said_lines = account.lines()
+    if name:
+        assert f"  steps numbered by the log's counter: {name!r}" in said_lines
+        assert any(x.startswith(f"  note: {said.split(' stays')[0]} stays at") and f"the records are numbered by "
+                   f"{name!r}" in x for x in said_lines)
+    else:
+        old, value = said.split()
+        assert STAYS_ORDER.format(name=old.strip("'"), value=int(value)) in said_lines
+    assert not account.changed
+    code, _, found = _replay_json(capsys, path)
+    assert code == 1 and [(f["step"], f["kind"]) for f in found][:2] == [(30, "nonfinite"), (30, "rollback_advice")]
+
+
+# -- 6. a count within an epoch, no epoch length, the excerpt starting inside an epoch ------------------
+
+@pytest.mark.parametrize("record", ["batch {b} | loss {x:.4f}", "  iter {b}: loss={x:.4f}", "[{b:4d}] loss: {x:.4f}"],
+                         ids=["named", "named, indented", "unnamed"])
+def test_records_before_the_first_epoch_header_are_that_epoch_s_end(tmp_path, record):
+    """An excerpt that starts inside epoch 3 (batches 60-100, no header above them), then
+    `Epoch 4/10` and its batches 10-100: before, 60 ... 100 then 10 (a false resume); now the
+    records above the first header are the epoch before it, and its largest count the epoch's
+    length."""
+    lines = []
+    for e in range(3, 9):
+        lines += [f"Epoch {e}/10"] if e > 3 else []
+        lines += [record.format(b=b, x=_loss((e - 1) * 100 + b)) for b in range(10, 101, 10) if e > 3 or b >= 60]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [s for s, _ in got] == list(range(60, 610, 10))
+    assert any(x.startswith("  note: ") and "restarts at every epoch and the log prints no epoch length: steps are "
+               "(epoch - 3) x 100" in x for x in account.lines())
+
+
+# -- 8. the loss printed only in prose, no counter ------------------------------------------------------
+
+@pytest.mark.parametrize("say", ["the training loss is {x}", "Loss went down to {x}", "After this round the loss was {x}, nice"],
+                         ids=["is", "went down to", "was, text after"])
+def test_a_loss_said_in_prose_on_many_lines_is_read_in_order(tmp_path, capsys, say):
+    """Refused before ('no per-step training metrics'); the number right after the word loss and
+    a verb, on lines that say it in the same words, numbered in order and said to be a guess."""
+    xs = [f"{_loss(n):.4f}" if n != 25 else "nan" for n in range(1, 41)]
+    path = tmp_path / "prose.log"
+    path.write_text("Starting training...\n" + "".join(say.format(x=x) + "\n" for x in xs) + "Done.\n")
+    got, account = records_of(tmp_path, path.read_text())
+    assert [(s, m["loss"]) for s, m in got] == [(n, pytest.approx(float(x), nan_ok=True)) for n, x in enumerate(xs, 1)]
+    said = account.lines()
+    assert "  steps numbered by order of appearance (the records print no counter taken for the step: step N is " \
+           "the N-th record)" in said
+    assert any(x.startswith("  note: the log prints the loss only in prose (") for x in said)
+    code, _, found = _replay_json(capsys, path)
+    assert code == 1 and [(f["step"], f["kind"]) for f in found][:1] == [(25, "nonfinite")]
+
+
+def test_a_loss_said_in_prose_twice_is_still_refused(tmp_path):
+    path = tmp_path / "prose.log"
+    path.write_text("the training loss is 2.31\nthe training loss is 2.05\n")
+    with pytest.raises(LogFormatError):
+        list(read_records(path))
+
+
+# -- 9. refusal suggestions never name a banner's count --------------------------------------------------
+
+BANNERS = "Found 50000 images belonging to 10 classes.\nFound 10000 images belonging to 10 classes.\n" \
+          "Train on 60000 samples, validate on 10000 samples\n"
+
+
+@pytest.mark.parametrize("line, keys", [
+    (lambda n: f"{n * 1.5:.1f}s elapsed; value={_loss(n):.4f}", "--keys loss=value"),
+    (lambda n: f"J = {_loss(n):.4f}", "--keys loss=1"),
+], ids=["a named value after a time", "an unnamed value"])
+def test_a_refusal_suggests_the_template_whose_float_varies_not_a_banner(tmp_path, capsys, line, keys):
+    """Before, the suggestions named the count of `Found 50000 images ...` (printed once, no
+    float in it) as the loss; they name the template whose float varies, and read the log."""
+    path = tmp_path / "odd.log"
+    path.write_text(BANNERS + "".join(line(n) + "\n" for n in range(1, 30)))
+    with pytest.raises(LogFormatError) as e:
+        read_records(path)
+    pasted = [x.strip() for x in str(e.value).splitlines() if x.strip().startswith("stability-callbacks ")]
+    assert len(pasted) == 2 and keys in pasted[0] and "Found" not in " ".join(pasted)
+    # (a number named by its position is read on every line: the banners' counts too; the
+    # pattern reads the template alone)
+    for command in pasted if keys != "--keys loss=1" else pasted[1:]:
+        code = main(shlex.split(command)[1:] + ["--json", str(tmp_path / "r.jsonl")])
+        capsys.readouterr()
+        read = json.loads((tmp_path / "r.jsonl").read_text().splitlines()[0])
+        assert code in (0, 1) and read["steps_with_loss"] == 29, command
+
+
+def test_a_refusal_with_only_banners_suggests_nothing(tmp_path):
+    path = tmp_path / "odd.log"
+    path.write_text(BANNERS)
+    with pytest.raises(LogFormatError) as e:
+        read_records(path)
+    assert "stability-callbacks replay" not in str(e.value)
+
+
+def test_a_first_epoch_cut_short_does_not_set_the_epoch_length(tmp_path):
+    """The first epoch shown ends at batch 50 (the excerpt, or a resumed run's count), the others
+    at 100: before, epoch 2 was numbered 60-150 by a length of 50 and epoch 3 from 210 (a gap of
+    a length learned late); now each epoch after the first goes on from the one before, 100 long."""
+    text = "".join(f"Epoch {e} | batch {b} | loss {_loss((e - 1) * 100 + b):.4f}\n"
+                   for e in range(1, 7) for b in range(10, 101, 10) if e > 1 or b <= 50)
+    got, account = records_of(tmp_path, text)
+    assert [s for s, _ in got] == list(range(10, 560, 10))
+    assert "  note: 'batch' went to 100 in the first whole epoch, higher than in the first one shown (cut): the " \
+           "epochs after that are 100 long, each going on from the one before" in account.lines()

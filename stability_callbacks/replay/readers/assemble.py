@@ -35,6 +35,7 @@ concern them), or at once on an idle tick (:meth:`Assembler.flush`).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ... import keys
 from ...record import StepRecord
@@ -50,6 +51,10 @@ SAMPLES_PRINTS = 8
 
 #: Two losses of one step this close (relative) are one value printed twice (ranks' rounding).
 SAME_LOSS = 1e-3
+#: Lines of one template at its first step, with losses that differ, that make a count that stays:
+#: over the whole log (more than ranks print), or this many (more than micro-batches print) before it ends.
+STAYS = 8
+STAYS_HELD = 256
 
 #: Why records were merged into one (the account counts them).
 MERGED = ("records merged into the one before: a progress bar redrawn at its count, or a record printed "
@@ -58,12 +63,15 @@ MERGED = ("records merged into the one before: a progress bar redrawn at its cou
           "records merged into the one before: the same step printed again (ranks, repeats: their mean loss)",
           "records merged into one: micro-batches of one optimizer step (their mean loss)",
           "records merged into the one before: a summary in another template that prints its loss again, with "
-          "no step or one behind it (its other values kept where the record has none)")
+          "no step or one behind it (its other values, totals or means over the run, left out)")
 
 #: What a warning line beside a record whose loss prints 0 does to it (Assembler.warning).
 WARNED = ("records whose loss prints 0 read as NaN: a warning line beside them says the loss was not finite",
           "records whose loss prints 0 marked skipped (skipped=1, no loss read): a warning line beside them says "
           "the step was skipped")
+
+#: The step of a record printed on the line after a progress bar's redraw (Assembler.record).
+BAR_DRAWN = "the count of the progress bar drawn on the line before"
 
 #: Why a record line makes no record (the account counts them as ignored lines).
 DROPPED = ("epoch summary or another loop (the log's records print a finer counter)",
@@ -74,6 +82,8 @@ class Assembler:
     """Turns interpreted lines into records (see the module docstring). ``feed`` returns the
     records that are final; ``flush`` releases the held-back one; ``finish`` the rest."""
 
+    # long: one line per piece of the assembler's state, each said beside it (the rules that
+    # read a log one line at a time keep what they saw here; grouped, their names would hide)
     def __init__(self, account: ReadAccount | None = None):
         self.account = account if account is not None else ReadAccount("")
         self.indent = 0                       # the indentation of the line being fed
@@ -113,6 +123,13 @@ class Assembler:
         self.counter_restarts = False         # ... or restarted, no epoch length printed
         self.restart: list | None = None      # see _restarting
         self.bar_offset: int | None = None    # see _bar_lag
+        self.bar_drawn: tuple[int, int] = (-2, 0)   # (line, count) of the last bar drawn on a line of its own
+        self.nums: list[str] = []             # the numbers of the record line fed, and of the held record's
+        self.pending_nums: list[str] = []
+        self.stays: dict[int, tuple] = {}     # id(plan) -> (plan, the plan that numbers its lines: _stays, _stayed)
+        self.kept: list[dict] = []            # the records of one step printed again by its template (_keep)
+        self.released: list[StepRecord] = []  # ... made records after all (_stayed)
+        self.kept_plan: Plan | None = None
         self.unit: int | None = None          # samples per step of a bar that counts samples
         self.sample_first: tuple | None = None   # (record, epochs done, total) of its 0 count
         self.counter_last: dict = {}          # total -> (epoch, value) of the last batch counter
@@ -136,6 +153,7 @@ class Assembler:
         self._noted: set = set()
         self._noted_plan: Plan | None = None   # the plan noted last (the common case: again)
         self._noted_how = ""
+        self.noted_at = 0                     # the record the plan noted last made first
 
     # -- lines -------------------------------------------------------------------------------
 
@@ -337,15 +355,21 @@ class Assembler:
         """The step of a counter within an epoch whose length the log does not print, one way for
         the whole log, decided at its first record: one below the epochs done (an excerpt from a
         late epoch: ``[37][0]``) numbers the records in order; any other (``step``, ``iter``,
-        ``batch``, a bar's count), ``(epoch - first epoch) x L + n``, L the largest count an
-        epoch showed (+ 1 where the counter counts from 0), learned at its first restart and
-        grown at each epoch's end: until then the count as printed (the first epoch's offset is
-        0). Never records by order after the counter's own numbers, or the reverse."""
+        ``batch``, a bar's count), the steps of the epochs before + n: the first epoch shown as
+        printed (offset 0; it may be cut at its start), each later one L long, L the largest
+        count an epoch showed (+ 1 where the counter counts from 0), learned at its first
+        restart and grown at each epoch's end (`(epoch - first epoch) x L + n` where the first
+        epoch is whole). Never records by order after the counter's own numbers, or the reverse."""
         r = self.restart
         name = plan.step_name
         if r is None:
             ordered = value < done
-            r = self.restart = [None if ordered else self.epoch, self.epoch, 0, False, 0]
+            # [first epoch, epoch, its largest count, counts from 0, L, the epoch's offset, it is the first shown]
+            r = self.restart = [None if ordered else self.epoch, self.epoch, 0, False, 0, 0, True]
+            if self.made and self.pending_how == "counter" and value < self.last_step and self.epoch:
+                # records this count numbered before the log printed an epoch (an excerpt that
+                # starts inside one, above its next epoch's header): that epoch's, the one before
+                r[0], r[4], r[5], r[6] = self.epoch - 1, self.last_step, self.last_step, False
             if ordered:
                 self.account.note(f"{name!r} counts within an epoch and the log prints no epoch "
                                   "length: the records are numbered in order, for the whole log")
@@ -355,17 +379,27 @@ class Assembler:
             return None, "order"
         r[3] = r[3] or value == 0
         if self.epoch != r[1]:
-            r[4] = max(r[4], r[2] + r[3])     # the epoch that ended: its length
-            r[1], r[2] = self.epoch, 0
-            if not self.counter_restarts:
-                self.counter_restarts = True
-                first = f"(epoch - {r[0]})" if r[0] else "epoch"
-                plus = ", + 1: it counts from 0" if r[3] else ""
-                self.account.note(f"{name!r} restarts at every epoch and the log prints no epoch length: "
-                                  f"steps are {first} x {r[4]:,} (the largest {name!r} of an epoch{plus}) "
-                                  f"+ {name!r}")
+            self._epoch_ended(r, name)
         r[2] = max(r[2], value)
-        return (self.epoch - r[0]) * r[4] + value, "counter"
+        return r[5] + value, "counter"
+
+    def _epoch_ended(self, r: list, name: str) -> None:
+        """The epoch of a restarting count ended (:meth:`_restarting`): the next one's offset."""
+        ended = r[2] + r[3]
+        grew = r[1] == r[0] + 1 and ended > r[4] > 0      # the first whole epoch, longer than the first shown
+        r[4] = max(r[4], ended)               # the epoch that ended: its length
+        r[5] += (ended if r[6] else r[4]) + max(0, self.epoch - r[1] - 1) * r[4]
+        r[1], r[2], r[6] = self.epoch, 0, False
+        if not self.counter_restarts:
+            self.counter_restarts = True
+            first = f"(epoch - {r[0]})" if r[0] else "epoch"
+            plus = ", + 1: it counts from 0" if r[3] else ""
+            self.account.note(f"{name!r} restarts at every epoch and the log prints no epoch length: "
+                              f"steps are {first} x {r[4]:,} (the largest {name!r} of an epoch{plus}) "
+                              f"+ {name!r}")
+        elif grew:
+            self.account.note(f"{name!r} went to {r[4]:,} in the first whole epoch, higher than in the first one "
+                              f"shown (cut): the epochs after that are {r[4]:,} long, each going on from the one before")
 
     def _another_loop(self, plan: Plan, nums) -> bool:
         """A progress bar with other keys and another total than the first bar that carried a
@@ -447,6 +481,10 @@ class Assembler:
 
     def record(self, nums, plan: Plan) -> list[StepRecord]:
         """The records a record line completes (the readers' fast path calls it directly)."""
+        if self.stays:
+            got = self.stays.get(id(plan))
+            plan = got[1] if got is not None and got[0] is plan else plan
+        self.nums = nums
         if plan.values is not None:
             metrics = dict(zip(plan.names, map(float, plan.values(nums))))
         else:
@@ -484,6 +522,14 @@ class Assembler:
         step, how = self._step_of(nums, plan)
         if plan.after_bar and step is not None and how == "counter":
             step += self._bar_lag(step)
+        elif step is None and self.bar_drawn[0] >= self.line_no - 1 and self.bar_drawn[1] > self.last_step:
+            # a record with no counter printed on the line after a bar's redraw (HF's Trainer:
+            # `50/1000 [..]`, then `{'loss': ..}`): the bar's count
+            if self.bar_offset is None:
+                self.account.note("records that print no counter, printed on the line after a progress bar's redraw, "
+                                  "are numbered by its count (HF's Trainer draws its bar at the step, then prints "
+                                  "the step's logs)")
+            step, how = self.bar_drawn[1] + self._bar_lag(self.bar_drawn[1]), "counter"
         if how == "epoch" and not plan.counter and self.pending is not None \
                 and self.pending_how == "epoch" and self.pending.step == step:
             # Two records of one epoch and nothing finer: records are numbered in order.
@@ -502,7 +548,7 @@ class Assembler:
             self._cumulative(metrics, step)
         if plan.micro is not None and step is not None:
             return self._micro(step, metrics, plan, how)
-        return self.emit(step, metrics, plan, how, self._printed_step(plan))
+        return self.emit(step, metrics, plan, how, self._printed_step(plan) or (BAR_DRAWN if how == "counter" else ""))
 
     def loss_printed_as(self, plan: Plan) -> None:
         """The log prints its loss as ``plan`` does (a reader that saw it ahead says so)."""
@@ -604,23 +650,29 @@ class Assembler:
         elif plan is not None and plan.loss_name and self.loss_name is None:
             self.loss_name = plan.loss_name
         if (step is None or (step < self.last_step and how == "counter")) and self._summary(plan, metrics):
-            held = self.pending.metrics if self.pending is not None else {}
-            for k, v in metrics.items():      # (_summary: the record is held)
-                held.setdefault(k, v)
-            self.account.change(self.line_no, MERGED[4])
+            self.account.change(self.line_no, MERGED[4])   # (it adds nothing the record does not print)
             return []
         if step is None:
             step, how = self.last_step + 1, "order"
         if self.overflows:
             self._fold_overflows(metrics, plan)
         prev = self.pending
-        if prev is not None and prev.step == step and self._again(prev, step, metrics, plan, how):
-            return []
+        if self.made == 1 and prev is not None and how == "counter" and self.pending_how == "order" \
+                and step > prev.step + 1:
+            self._before_first_step(prev, step)   # (a lone record, then the log's steps: the step before)
+        elif prev is not None and prev.step == step:
+            moved = self._stays(prev, plan, metrics) if how == "counter" and plan is not None and plan.others else None
+            if moved is not None:
+                step = moved
+            elif self._again(prev, step, metrics, plan, how):
+                out, self.released = self.released, []
+                return out
         if self.ahead:
             self._ahead(metrics)
         self.pending_last_step = self.last_step
         self.last_step = step
         rec = self.pending = StepRecord(step, metrics)
+        self.pending_nums = self.nums
         self.pending_how = how
         self.made += 1
         if self.repeat[0]:
@@ -719,8 +771,8 @@ class Assembler:
             return False
         if self.cumulative_first is not None and self.cumulative_first[0] is None:
             self.cumulative_first = (prev, *self.cumulative_first[1:])
-        if plan is not None and (plan.counter or self.reprinted):
-            _redrawn(prev.metrics, metrics)   # a progress bar redrawn: its last postfix counts
+        if plan is not None and (plan.counter or plan.step_total is not None or self.reprinted):
+            _redrawn(prev.metrics, metrics)   # a progress bar redrawn (`n/N`): its last values count
             self.account.change(self.line_no, MERGED[0])
         elif plan is not None and plan.components and self._noted_plan is not None \
                 and self._noted_plan.components and plan is not self._noted_plan \
@@ -733,9 +785,75 @@ class Assembler:
                 prev.metrics.setdefault(k, v)
             self.account.change(self.line_no, MERGED[1])
         else:
+            keep = plan is not None and plan is self._noted_plan and how == "counter" and self.noted_at == self.made
+            if keep:
+                self._keep(prev, metrics)
             self._repeat(prev, metrics)   # another rank, or a micro-batch of the step
             self.account.change(self.line_no, MERGED[2])
+            if keep and plan is not None and len(self.kept) > STAYS_HELD:
+                self._stayed(prev, plan)
         return True
+
+    def _keep(self, prev: StepRecord, metrics: dict) -> None:
+        """A copy of each line of the first step its template printed, printed again,
+        ``STAYS_HELD`` + 1 at most (and the template's plan)."""
+        if not self.kept or self.kept[0] is not prev.metrics:
+            self.kept = [prev.metrics, dict(prev.metrics)]
+            self.kept_plan = self._noted_plan
+        self.kept.append(dict(metrics))
+
+    def _stayed(self, prev: StepRecord, plan: Plan) -> None:
+        """Lines of one template at the first step it printed, with losses that differ, more than
+        ``STAYS_HELD``, or more than ``STAYS`` when the log ended with that step: no ranks or
+        micro-batches of a step, a count that stays (`Iteration: 500` over each interval, no
+        other counter beside it): each line is a record, numbered in order, from the held
+        record on."""
+        kept, self.kept = self.kept[1:], []
+        if len({m.get(keys.LOSS) for m in kept}) == 1:
+            return
+        base, n, value = self.pending_last_step, len(kept), prev.step
+        self.released = [StepRecord(base + 1 + k, m) for k, m in enumerate(kept[:-1])]
+        prev.step, prev.metrics = base + n, kept[-1]
+        self.account.renumbered(self.made, "order", base + 1)
+        self.pending_how, self.last_step, self.made = "order", base + n, self.made + n - 1
+        merged = self.account.changed[MERGED[2]]
+        merged[0] -= n - 1
+        if not merged[0]:
+            del self.account.changed[MERGED[2]]
+        self.repeat, self.repeated_steps = [0, 0.0, 0.0, True], self.repeated_steps - 1
+        self.stays[id(plan)] = (plan, replace(plan, step=None, step_name="", step_total=None, outer=(), others=(),
+                                              counter=False, simple=False, after_bar=False))
+        self._noted_plan = None
+        self.account.order_reason = (f"whose counter {plan.step_name!r} stays at {value:,} over its records with other "
+                                     "losses: a rollout's length or an interval's size, no step")
+
+    def _stays(self, prev: StepRecord, plan: Plan, metrics: dict) -> int | None:
+        """A step printed again by the next line of its template with another loss while another
+        integer named as a count of the loop went up (`Iteration: 500 | Episode: 3`: a rollout's
+        length, then the episode; :data:`.plan._LOOP_COUNT`) is no step: that integer is, from
+        the held record on (said in a note). Ranks print one step with the same loss. The line's
+        step, or None where the step did not stay."""
+        a, b = prev.metrics.get(keys.LOSS), metrics.get(keys.LOSS)
+        if a is None or b is None or not abs(a - b) > SAME_LOSS * max(abs(a), abs(b)):
+            return None
+        now, before = self.nums, self.pending_nums
+        up, name = next(((i, n) for i, n in plan.others if i < len(now) and i < len(before) and now[i].isdigit()
+                         and before[i].isdigit() and int(now[i]) > int(before[i])), (None, ""))
+        if up is None or plan.step is None or plan is not self._noted_plan:
+            return None
+        old = plan.step_name
+        self.stays[id(plan)] = (plan, replace(plan, step=up, step_name=name, step_total=None, outer=(), others=(),
+                                              counter=False, simple=False, after_bar=False))
+        prev.step = self.last_step = int(before[up])
+        names = self.account.numbering.get("counter", [])
+        if old in names:
+            names.remove(old)
+        self.account.restep(self.made, prev.step)
+        self.account.note(f"{old!r} stays at {int(before[plan.step]):,} from record to record (a rollout's length, "
+                          f"an interval's size): it numbers no steps; the records are numbered by {name!r}, the "
+                          "integer that goes up")
+        self._noted_plan = None
+        return int(now[up])
 
     def _relogged(self, prev: StepRecord, metrics: dict) -> bool:
         """Whether a row of a table or a JSON line that prints a step again, with another loss,
@@ -775,7 +893,7 @@ class Assembler:
     def _note(self, plan: Plan, how: str, step_name: str = "") -> None:
         """The account learns each plan's printed names and numbering once (and the assembler
         how the log prints its loss: LOSS_KINDS)."""
-        self._noted_plan, self._noted_how = plan, how
+        self._noted_plan, self._noted_how, self.noted_at = plan, how, self.made
         self.loss_printed_as(plan)
         tag = (id(plan), how)
         if tag in self._noted:
@@ -823,16 +941,22 @@ class Assembler:
         for k, v in metrics.items():
             prev.metrics.setdefault(k, v)
 
-    def flush(self) -> list[StepRecord]:
-        """The held-back records (a followed file went idle: no warning is coming for them)."""
-        out = self.close_block()
+    def flush(self, final: bool = False) -> list[StepRecord]:
+        """The held-back records (a followed file went idle: no warning is coming for them;
+        ``final``: the log ended)."""
+        prev = self.pending
+        if final and prev is not None and len(self.kept) > STAYS and self.kept[0] is prev.metrics \
+                and self.kept_plan is not None:
+            self._stayed(prev, self.kept_plan)       # the log ended at its first step: it stays
+        out, self.released = self.released, []
+        out += self.close_block()
         if self.pending is not None:
             out.append(self.pending)
         self.pending = None
         return out
 
     def finish(self) -> list[StepRecord]:
-        out = self.flush()
+        out = self.flush(final=True)
         counted = self.account.counted
         for step, scale, skipped in self.overflows:    # overflow lines no record followed
             self.last_step = step if step is not None else self.last_step + 1

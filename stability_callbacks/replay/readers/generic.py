@@ -29,7 +29,7 @@ from . import tokens
 from .account import ReadAccount
 from .assemble import Assembler
 from .history import Histories
-from .plan import LOSS_KINDS, Plan, choose_counter, make_plan, signed, warning
+from .plan import LOSS_KINDS, Plan, choose_counter, make_plan, report_row, signed, warning
 from .source import segments, strip_prefix
 from .vocabulary import classify, normalise_key
 
@@ -84,6 +84,7 @@ class LineReader:
         self.learn = learn
         self.last: Plan | None = None
         self.table: tuple[list[str], list[int], bool] | None = None   # header, key columns, pipes
+        self.table_width = 0                  # the cells of the table's first row
         self.templates: dict[str, Template] = {}      # this log's templates that were watched
         self.row = False                              # the last line tokenized was a table's row
         self.counter_names: set[str] = set()          # the names of the counters they showed
@@ -179,7 +180,7 @@ class LineReader:
         counters = [i for i, (r, _) in enumerate(roles) if r in ("step", "epoch")]
         losses = [i for i, (r, k) in enumerate(roles) if k == "loss" and r in ("metric", "component")]
         if counters and losses:
-            self.table = (cells, counters + losses, "|" in tokens.pipes(line))
+            self.table, self.table_width = (cells, counters + losses, "|" in tokens.pipes(line)), 0
 
     def _table_row(self, line: str) -> str | None:
         """A table row as ``name: value | ...``, or None when the line is no row of it."""
@@ -191,6 +192,10 @@ class LineReader:
         if any(not cells[i][:1].isdigit() and cells[i][:2] != "-0" and cells[i][:1] != "-"
                and cells[i].lower() != "nan" for i in key_cols):
             return None
+        if not self.table_width:
+            self.table_width = len(cells)
+        elif len(cells) != self.table_width and report_row(cells):
+            return None                   # a report after the table (a classification report's rows)
         return " | ".join(f"{name}: {cell.rstrip(':')}" for name, cell in zip(names, cells)
                           if cell[:1].isdigit() or cell[:1] == "-" or cell.lower() == "nan")
 
@@ -405,6 +410,7 @@ class Reading:
         self.unmatched = ("no numbers" if pattern is None else "not matched by --pattern" if guess is None
                           else "no progress line (the lines the loss is guessed from)")
         self.asm = Assembler(account)
+        self.guessed = guess.template if guess is not None else ""
         self.blocks = Blocks(self._heads) if blocks and pattern is None else None
         self.held: deque = deque()
         self.busy = False
@@ -477,7 +483,7 @@ class Reading:
         watched: Template | _LossWait | None = None
         if self.reader.pattern is not None and texts is not None:
             got = self.reader.parse(seg)
-            if got is not None:
+            if got is not None and not (self.guessed and self.asm.made and self._report(seg)):
                 nums, plan = got
         elif texts is not None:
             plan, watched = self.reader.interpret(texts, nums)
@@ -494,6 +500,12 @@ class Reading:
         if len(self.held) > HOLD_MAX_LINES:
             self._settle(self.held[0][5])
         return self._release()
+
+    def _report(self, seg: str) -> bool:
+        """A line of a report after the records, in another template than the progress lines the
+        loss is guessed from (:func:`.plan.report_row`): no progress line."""
+        texts, nums = tokens.split(seg)
+        return report_row(nums) and tokens.fold(texts) != self.guessed
 
     def _several(self, line_no: int, texts: list[str], nums: list[str], plan: Plan) -> None:
         """A line that holds several records (:func:`.plan._repeated`): the account counts them,
@@ -551,7 +563,11 @@ class Reading:
         if plan is None:
             if seg.strip():
                 account.ignore(line_no, seg, self.unmatched if _DIGIT(seg) else "no numbers")
+            elif asm.bar_drawn[0] == line_no - 1:
+                asm.bar_drawn = (line_no, asm.bar_drawn[1])     # (a blank line after a bar's draw)
             return out
+        if plan.kind == "ignore" and plan.counter and plan.step is not None:
+            asm.bar_drawn = (line_no, int(nums[plan.step]))   # a record on the next line may be its step's
         if isinstance(watched, Template):
             plan = watched.for_line(plan)
             if plan.kind == "record":
@@ -585,7 +601,7 @@ class Reading:
                 self._settle(waits)          # the best observed first: others may take its counter
         out += self._release()
         self.busy = bool(self.held)
-        return out + (self.asm.flush() if not self.held else [])
+        return out + (self.asm.flush(final) if not self.held else [])
 
     def finish(self) -> list[StepRecord]:
         if self.carry:                        # the log ends inside a record a line cut
@@ -603,7 +619,9 @@ def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str,
     reading = Reading(account, user_keys, pattern, blocks=True, guess=guess)
     if guess is not None:
         pattern = guess.pattern
-        account.note(f"the log names no loss: the loss is a guess, number {guess.names['loss'].split()[0]} of "
+        account.note(f"{guess.said} (first: line {guess.line_no}); if it is no loss, name the loss with --keys"
+                     if guess.said else
+                     f"the log names no loss: the loss is a guess, number {guess.names['loss'].split()[0]} of "
                      f"its progress lines (first: line {guess.line_no}), {guess.which.format(step=guess.names['step'])}"
                      "; if it is no loss, name the loss with --keys")
     reader, asm = reading.reader, reading.asm

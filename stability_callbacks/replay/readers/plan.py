@@ -48,6 +48,10 @@ _NAN_WARNING = re.compile(r"\bloss\b.*\b(?:is|are|was|were|became|got|detected|f
 _NO_NAN = re.compile(r"\b(?:no|not|never|without|zero)\b(?:\s+\w+){0,2}?\s+(?:nan|inf|infinity|non-?finite)\b",
                      re.I)
 _OVERFLOW = re.compile(r"overflow", re.I)
+# a name of an integer that counts the loop (`Episode`, `update`, `iteration`), not a process
+# (`[rank1]`, `GPU 3`) or an amount that grows (`tokens`, `samples`)
+_LOOP_COUNT = re.compile(r"\b(?:episode|episodes|ep|iteration|iter|it|update|updates|round|generation|gen|rollout|"
+                         r"cycle|trial|game|batch|step|steps|epoch)\b", re.I)
 # A warning that a step's loss was not finite, or that a step was skipped (`WARNING: non-finite
 # loss, skipping batch`, `loss is nan, setting to 0`, `skipping step 12: grad has inf`): it marks
 # the record beside it whose loss prints 0 (see Assembler.warning).
@@ -55,6 +59,10 @@ _NONFINITE_LOSS = re.compile(r"\bloss\b.*\b(?:nan|inf|infinite|non-?finite|not f
                              r"\b(?:nan|inf|infinite|non-?finite|not finite)\b.*\bloss\b", re.I)
 _SKIPPED = re.compile(r"\bskip(?:s|ping|ped)?\b(?:\s+\w+){0,3}?\s+(?:batch|step|update|iteration|iter)\b|"
                       r"\b(?:batch|step|update|iteration|iter)\b(?:\s+\w+){0,3}?\s+skipped\b", re.I)
+# A value said not finite with no loss named (`NaN detected, skipping this batch`) is the loss's,
+# unless the line blames the gradients or the loss scale (an fp16 overflow skip).
+_NONFINITE = re.compile(r"\b(?:nan|inf|infinite|non-?finite|not finite)\b", re.I)
+_GRADIENTS = re.compile(r"\bgrad|\boverflow|\bscale", re.I)
 # MindSpore's `overflow, still update, loss scale adjust to 1024.0`: the step was applied.
 _APPLIED = re.compile(r"\bstill updat|\bnot skip", re.I)
 _KEYLESS = 5                  # the rank of a bare leading counter
@@ -126,6 +134,8 @@ class Plan:
     # that goes up when the step restarts does (Assembler._outer_step)
     after_bar: bool = False          # the values follow a progress bar's redraw on the line: a
     # record printed by the loop's body while the bar shows the batches done before it
+    others: tuple[tuple[int, str], ...] = ()   # (index, name) of the other integers beside the step
+    # that may count instead (a step that stays: Assembler._stays)
 
 
 # long: one pass over a template's roles, then the step, the loss and the kind placed on the
@@ -257,6 +267,9 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
     if plan.kind == "record" and plan.step is not None and plan.epoch is None:
         plan.outer = tuple(i for i in range(plan.step) if roles[i][0] == "other"
                            and nums[i].isdigit() and not roles[i][3].lower().startswith(_ARG_ECHO))
+    if plan.kind == "record" and plan.step is not None:
+        plan.others = tuple((i, roles[i][3]) for i in range(n) if i != plan.step and roles[i][0] == "other"
+                            and nums[i].isdigit() and _LOOP_COUNT.search(roles[i][3]))
     plan.simple = (plan.kind == "record" and plan.step is not None and plan.epoch is None
                    and not plan.outer and plan.loss_rank in (0, len(LOSS_KINDS))
                    and plan.per_epoch is None and plan.micro is None and not plan.cumulative_skips
@@ -492,13 +505,24 @@ def _bare_counters(texts, nums, roles) -> None:
             roles[run - 2] = ("epoch", None, 0, "")
 
 
+def report_row(nums) -> bool:
+    """A row of a report printed after training (sklearn's ``classification_report``: ``   3
+    0.83  0.85  0.84  1010``, ``macro avg  0.87  0.87  0.87  10000``): scores in [0, 1], a
+    count of samples last (the support), a class number first or none."""
+    if len(nums) < 2 or not nums[-1].isdigit() or int(nums[-1]) < 10:
+        return False
+    scores = nums[1:-1] if nums[0].isdigit() else nums[:-1]
+    return bool(scores) and all("." in v and 0.0 <= float(v) <= 1.0 for v in scores)
+
+
 def warning(line: str) -> str:
     """What a warning line says of the step beside it: ``"nan"`` (its loss was not finite),
     ``"skip"`` (it was skipped), both (``"nan skip"``), or ``""`` (none, or prose that says there
     was none: ``no NaN found``)."""
     if _NO_NAN.search(line):
         return ""
-    said = ("nan " if _NONFINITE_LOSS.search(line) else "") + ("skip" if _SKIPPED.search(line) else "")
+    nan = _NONFINITE_LOSS.search(line) or (_NONFINITE.search(line) and not _GRADIENTS.search(line))
+    said = ("nan " if nan else "") + ("skip" if _SKIPPED.search(line) else "")
     return said.strip()
 
 
@@ -523,6 +547,12 @@ def _kind(plan: Plan, texts, nums, roles, joined, summary, eval_context, eval_lo
             plan.kind = "overflow"
             plan.overflow_applied = bool(_APPLIED.search(joined))
             return plan
+    values = [i for i, _, _ in metrics] + [i for i, _ in plan.components]
+    if values and plan.step is None and all(nums[i].lstrip("+-")[:1] in "nNiI" for i in values) \
+            and warning("".join(t + v for t, v in zip(texts, nums)) + texts[-1]) == "nan skip":
+        plan.kind = "nan"             # `WARNING: non-finite loss (nan), skipping batch`: no record
+        # (one that prints a step is that step's record: its NaN is read there)
+        return plan
     named_step = plan.step is not None and not plan.counter
     if summary and not named_step:
         plan.kind = "summary"     # a run summary (HF's `train_runtime`, a best loss), not a step

@@ -110,6 +110,13 @@ def _varying(roles, samples, texts) -> list[int]:
     return out
 
 
+def _float_varies(samples: Sequence[Sequence[str]]) -> bool:
+    """Whether a number that is no integer differs across a template's lines."""
+    return len(samples) > 1 and any(len({s[i] for s in samples if i < len(s)}) > 1 and
+                                    not all(s[i].isdigit() for s in samples if i < len(s))
+                                    for i in range(len(samples[0])))
+
+
 def progress(texts: list[str], samples: Sequence[Sequence[str]]) -> bool:
     """Whether a template's lines are progress lines: a counter that increases beside a value
     that varies (whatever their names: the lines a log reports its training with)."""
@@ -131,6 +138,8 @@ class Guess:
     names: dict[str, str]
     line_no: int = 0
     which: str = "the one that varies beside the counter {step}"
+    template: str = ""              # the progress lines' template (tokens.fold)
+    said: str = ""                  # the account's note, where it is not that of an unnamed number
 
 
 GUESSED = "the unnamed number that varies beside the counter on the log's progress lines (a guess: the log names no loss)"
@@ -147,6 +156,9 @@ def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
     suggestions that point at these lines)."""
     if len(samples) < 3:
         return None
+    prose = _prose_loss(texts, samples)
+    if prose is not None:
+        return prose
     roles = slot_roles(texts, list(samples[0]))
     counters = _rising(roles, samples, texts)
     unnamed = [i for i, (role, _, _, name) in enumerate(roles)
@@ -160,7 +172,8 @@ def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
         if not _falls(samples, unnamed[0]):
             return None
         loss = unnamed[0]
-        return Guess(re.compile(_pattern(texts, step, loss)), {"loss": f"#{loss + 1} ({GUESSED})", **said})
+        return Guess(re.compile(_pattern(texts, step, loss)), {"loss": f"#{loss + 1} ({GUESSED})", **said},
+                     template=tokens.fold(texts))
     if any(name for i, (role, _, _, name) in enumerate(roles)
            if i != step and role not in ("noise", "total", "epoch", "step", "batch")):
         return None
@@ -171,7 +184,8 @@ def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
         return None
     return Guess(re.compile(_pattern(texts, step, column)),
                  {"loss": f"#{column + 1} ({GUESSED_COLUMN.format(n=len(unnamed))})", **said}, which=(
-                     f"the first after the counter {{step}} that falls like a loss, of {len(unnamed)} unnamed numbers"))
+                     f"the first after the counter {{step}} that falls like a loss, of {len(unnamed)} unnamed numbers"),
+                 template=tokens.fold(texts))
 
 
 def _falls(samples: Sequence[Sequence[str]], i: int) -> bool:
@@ -229,6 +243,27 @@ def _reads_keys(spec: str, line: str, loss: int) -> bool:
     except ValueError:
         return False
     return got is not None and got[1].kind == "record" and got[1].loss_at == loss
+
+
+# `the training loss is 2.31`, `Loss went down to 0.95`, `train loss now 1.2`: a number right
+# after the word "loss" and at most a few words that end in a verb or preposition of prose.
+_PROSE_LOSS = re.compile(r"\bloss(?:\s+\w+){0,2}?\s+(?:is|now|to|was|of|at)\s*$", re.I)
+PROSE = "the number after it, in prose on {n} lines or more, no counter: a guess"
+
+
+def _prose_loss(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
+    """The loss of lines that say it in prose with no counter (``the training loss is 2.31``,
+    printed again and again in the same words): the number right after the word ``loss`` and
+    a verb or preposition, where it varies across the lines and is no integer."""
+    for i in range(len(texts) - 1):
+        values = [s[i] for s in samples if i < len(s)]
+        if _PROSE_LOSS.search(texts[i]) and len(set(values)) > 1 and not all(v.isdigit() for v in values):
+            name = _key_part(texts[i]).strip()
+            return Guess(re.compile(_pattern(texts, None, i)), {"loss": f"{name!r} ({PROSE.format(n=len(samples))})"},
+                         template=tokens.fold(texts), said=(
+                             f"the log prints the loss only in prose ({name!r}, on {len(samples)} lines or more) and no "
+                             "counter: the loss is the number after it, a guess, and the records are numbered in order"))
+    return None
 
 
 def _pattern(texts: list[str], step: int | None, loss: int) -> str:
@@ -303,15 +338,17 @@ class ClosestLines:
 
     def _ranked(self) -> list[_Near]:
         return sorted(self.templates.values(),
-                      key=lambda n: (-progress(n.texts, n.samples), -n.score, n.lines[0][0]))
+                      key=lambda n: (-progress(n.texts, n.samples), -_float_varies(n.samples), -n.score, n.lines[0][0]))
 
     def lines(self) -> list[tuple[int, str, tuple]]:
         return [line for near in self._ranked() for line in near.lines][:self.size]
 
     def best(self) -> tuple[list[str], list[list[str]]] | None:
-        """The template of the closest line and its sample numbers."""
+        """The template of the closest line and its sample numbers, where a float varies across
+        its lines (a banner printed once, `Found 50000 images belonging to 10 classes`, or
+        counts alone hold no loss to suggest)."""
         ranked = self._ranked()
-        return (ranked[0].texts, ranked[0].samples) if ranked else None
+        return (ranked[0].texts, ranked[0].samples) if ranked and _float_varies(ranked[0].samples) else None
 
     def guess(self) -> Guess | None:
         """The loss of progress lines that name none (:func:`.suggest.guess`), or None."""
