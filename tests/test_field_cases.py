@@ -50,6 +50,15 @@ def test_a_short_log_crossing_zero_is_judged_on_its_scale_before_the_crossing(xs
         assert f[0].details["how"] == "magnitude" and f[0].details["start_scale"] == max(xs[:3])
 
 
+def test_a_likelihood_below_zero_from_its_start_keeps_its_first_points_as_its_scale():
+    # a flow's NLL from -0.1 settling at -3.1: below zero from its first point, so there is no
+    # crossing to take its scale before; its first 20 points give it (before: the first 3, 0.21,
+    # and a healthy run was "falling without bound" at step 70, critical)
+    rng = random.Random(0)
+    xs = [-0.1 - 3 * (1 - math.exp(-t / 40)) + rng.gauss(0, 0.05) for t in range(300)]
+    assert found(run([StepRecord(s, {"loss": x}) for s, x in enumerate(xs, 1)])[0], min_severity="warning") == []
+
+
 def nll_run(n, *, seed, noise, collapse_at=None):
     """A Gaussian-NLL regressor: from ~1.4 across zero to -1.2 (noise per step); from
     ``collapse_at`` its variance collapses and the loss falls 0.2 a step at a slowing pace."""

@@ -95,9 +95,11 @@ class Divergence(Detector):
         self.faster = 0   # falls in a row, each larger than the one before
         self.faster_from: int | None = None   # ... after this point's step
         self.below = 0    # points in a row a third of runaway_factor below the level
-        # the loss's own scale: [points, largest |loss|, closed] of its first 20 non-zero points, or
-        # of those before it first went below zero (3 at least): where it stood before the fall
-        self.start = [0, 0.0, False]
+        # the loss's own scale: [points, largest |loss|, closed, all above zero] of its first 20
+        # non-zero points, or of those before it first went below zero (3 at least, every one above
+        # it: a loss below zero from its start has no crossing to close on): where it stood before
+        # the fall
+        self.start = [0, 0.0, False, True]
         self.runaway = Latch()
         # epochs rising: [the value the rises started from, its step, rises in a row, the last value, told]
         self.epochs: list = [None, None, 0, None, False]
@@ -199,7 +201,8 @@ class Divergence(Detector):
 
         - *magnitude*: its EW level (~20 points) is below zero, ``runaway_factor`` times the
           largest magnitude of its first 20 non-zero points, or of those before it first went
-          below zero (3 at least: in a short log the first 20 hold the fall itself), where it
+          below zero (3 at least, all above it: in a short log the first 20 hold the fall itself;
+          a loss below zero from its start keeps its first 20), where it
           stood before training moved it, and the loss still below that level: a Gaussian NLL whose variance collapses
           falls -1 -> -44 over 250 steps at a slowing pace, then NaN; a healthy one that crosses
           zero settles a few times its start below it;
@@ -222,12 +225,13 @@ class Divergence(Detector):
         else:
             self.faster, self.faster_from = 0, step   # they grow after this point, if at all
         start = self.start
-        if x < 0.0 and start[0] >= 3:
+        if x < 0.0 and start[0] >= 3 and start[3]:   # it crossed zero after 3 points above it
             start[2] = True
         if not start[2] and x != 0.0:
             start[0] += 1
             start[1] = max(start[1], abs(x))
             start[2] = start[0] >= 20
+            start[3] = start[3] and x > 0.0
         level, spread = self.level.mean, self.spread.mean
         warm = self.level.n >= self.window and spread > 0.0
         far = (level - x) / spread if warm else 0.0
