@@ -275,16 +275,18 @@ class Divergence(Detector):
         """A replayed log whose steps are epochs (it prints nothing finer): each point is the mean
         of a whole pass over the data, which batch noise hardly moves, so the median of 7 (blind to
         one batch's blip) and the swings of data order are not needed — and a log of 9 epochs
-        never fills them. The loss rising at ``persist_samples`` points in a row, by more than
-        ``min_rise`` in all from where the rises began, is a drift: a warning, once per run of
-        rises (none while the LR warms up: a rise there is the warmup's)."""
+        never fills them. The loss rising at more than ``persist_samples`` points in a row (5: six
+        points in rising order are a 1-in-720 draw of a flat noisy level, and a 40-epoch log holds
+        35 such windows), by more than ``min_rise`` in all from where the rises began, is a drift:
+        a warning, once per run of rises (none while the LR warms up: a rise there is the
+        warmup's)."""
         e = self.epochs
         prev, e[3] = e[3], x
         if prev is None or x <= prev or ctx.phase in ("warmup", "rewarm"):
             e[0], e[1], e[2], e[4] = x, step, 0, False
             return []
         e[2] += 1
-        if e[4] or e[2] < self.persist_samples or x < e[0] * (1.0 + self.min_rise):
+        if e[4] or e[2] <= self.persist_samples or x < e[0] * (1.0 + self.min_rise):
             return []
         e[4] = True
         return [self.finding(
