@@ -332,7 +332,9 @@ class NotLearning(Detector):
 
     def _trending(self, s: list) -> bool:
         """The still stretch's log(loss) moves along a line beyond its own scatter around it (the
-        least-squares slope ``trend_sigmas`` standard errors from 0, or a perfect line that moves):
+        least-squares slope ``z_threshold`` standard errors from 0 — a t of 3 with 3 degrees of
+        freedom, 1 in 17 for draws of one distribution, checked again at every point —, or a
+        perfect line that moves):
         weights that nothing moves give draws of one distribution, with no trend."""
         n, sy, sty, syy = s[1], s[2], s[5], s[6]
         if n < 3:
@@ -341,7 +343,7 @@ class NotLearning(Detector):
         sxx, sxy = stt - st * st / n, sty - st * sy / n
         slope = sxy / sxx
         res = max(syy - sy * sy / n - slope * sxy, 0.0) / (n - 2)   # the scatter around the line
-        return abs(slope) > self.trend_sigmas * math.sqrt(res / sxx) and abs(slope) * (n - 1) > 1e-9
+        return abs(slope) > self.z_threshold * math.sqrt(res / sxx) and abs(slope) * (n - 1) > 1e-9
 
     def _still_finding(self, step: int, s: list, *, short: bool) -> list[Finding]:
         """The *still* finding over ``s`` (``still``'s state), unless the loss fell meanwhile;
