@@ -28,7 +28,8 @@ _Plan = tuple[tuple[Detector, ...], LossSpike | None, tuple[Detector, ...]]
 STATE_VERSION = 5   # 2: latches and EW means are statistics objects; streams are a detector;
                     # 3: baselines keep their bias and cold start, divergence its swing horizon;
                     # 4: loss_spike keeps its right tail, not_learning its chance level per point;
-                    # 5: divergence keeps its run of rising epochs
+                    # 5: divergence keeps its run of rising epochs and where its scale closes,
+                    # not_learning its still stretch's trend, grad_norm_spike its ordinary peak
 
 #: The records :meth:`Monitor.update_many` runs one detector at a time over, at most: long enough
 #: for a detector's code to stay hot, short enough for their contexts to stay in the cache.

@@ -293,7 +293,7 @@ class LossSpike(Detector):
         # additive noise sets the floor rises are measured against (it does not shrink with the
         # loss), that noise's (a diffusion loss near zero: a 10x draw is 4σ of log(loss) but 11σ
         # of the additive noise, and its right tail is measured as the rise is)
-        z = ((x - base) / step_noise if unit is floor and floor > self.floor and step_noise > 0.0
+        z = ((x - base) / step_noise if base <= floor and floor > self.floor and step_noise > 0.0
              else (lx - f) / scale if n >= 2 else 0.0)
         prev_log, self.prev_log = self.prev_log, lx
         out: list[Finding] = []

@@ -209,8 +209,7 @@ class NotLearning(Detector):
                 self.chance = [step, 1]
             else:
                 self.chance[1] += 1
-        if (step - h[0] < self.horizon_steps and not epochs) or h[1] < (
-                self.horizon_samples if not self._printed_still() else min(2, self.horizon_samples)):
+        if (step - h[0] < self.horizon_steps and not epochs) or h[1] < self._horizon_points():
             return []
         fell = first - since
         sigma = self.sigma
@@ -261,8 +260,7 @@ class NotLearning(Detector):
             self.told = bool(out)
             return out
         f, h = self.first, self.horizon
-        if (h is None or not f[0] or self.prev_log is None
-                or h[1] < (self.horizon_samples if not self._printed_still() else min(2, self.horizon_samples))):
+        if h is None or not f[0] or self.prev_log is None or h[1] < self._horizon_points():
             return []
         first, since = f[1] / f[0], h[2] / h[1]
         fell = first - since
@@ -273,6 +271,11 @@ class NotLearning(Detector):
         self.told = True
         return [self._finding(ctx.step, "flat", first, since, fell, se, self.num_outputs or self.outputs, False,
                               short=True, by_order=ctx.steps_by_order)]
+
+    def _horizon_points(self) -> int:
+        """The points the horizon needs: ``horizon_samples``, or 2 while every point printed the
+        same value (:meth:`_printed_still`)."""
+        return self.horizon_samples if not self._printed_still() else min(2, self.horizon_samples)
 
     def _printed_still(self) -> bool:
         """Every point so far the same value, as printed (no change between points at all): no
@@ -286,12 +289,10 @@ class NotLearning(Detector):
         log(loss) against the point's index, ``trend_sigmas`` standard errors below 0): a slow
         learner (a 7B continued pre-training, -1% a hundred steps) is learning, however little it
         has fallen yet."""
-        n, sy, sty = h[1], h[2], h[3]
-        st, stt = n * (n - 1) / 2.0, (n - 1) * n * (2 * n - 1) / 6.0   # sums of i and i^2, i = 0..n-1
-        sxx = stt - st * st / n
-        if n < 3 or sxx <= 0.0 or sigma <= 0.0:
+        n = h[1]
+        if n < 3 or sigma <= 0.0:
             return False
-        slope = (sty - st * sy / n) / sxx
+        slope, sxx, _ = _line(n, h[2], h[3])
         return slope < -self.trend_sigmas * sigma / math.sqrt(sxx)
 
     def _still(self, step: int, m, lx: float, warm: bool) -> list[Finding]:
@@ -336,13 +337,11 @@ class NotLearning(Detector):
         freedom, 1 in 17 for draws of one distribution, checked again at every point —, or a
         perfect line that moves):
         weights that nothing moves give draws of one distribution, with no trend."""
-        n, sy, sty, syy = s[1], s[2], s[5], s[6]
+        n, sy = s[1], s[2]
         if n < 3:
             return False
-        st, stt = n * (n - 1) / 2.0, (n - 1) * n * (2 * n - 1) / 6.0   # sums of i and i^2, i = 0..n-1
-        sxx, sxy = stt - st * st / n, sty - st * sy / n
-        slope = sxy / sxx
-        res = max(syy - sy * sy / n - slope * sxy, 0.0) / (n - 2)   # the scatter around the line
+        slope, sxx, sxy = _line(n, sy, s[5])
+        res = max(s[6] - sy * sy / n - slope * sxy, 0.0) / (n - 2)   # the scatter around the line
         return abs(slope) > self.z_threshold * math.sqrt(res / sxx) and abs(slope) * (n - 1) > 1e-9
 
     def _still_finding(self, step: int, s: list, *, short: bool) -> list[Finding]:
@@ -390,8 +389,8 @@ class NotLearning(Detector):
             chance = ""
         # what was counted: points and steps both (a log numbered by samples seen makes 50 steps
         # two batches; each point is at least one optimizer step)
-        least = (f"{self.horizon_samples} points" if not self._printed_still() else
-                 f"{min(2, self.horizon_samples)} points, every point having printed the same value,")
+        least = f"{self._horizon_points()} points" + (
+            ", every point having printed the same value," if self._printed_still() else "")
         span = (f"the {h[1]} epochs from epoch {h[0]} to {step} (a horizon of at least {least.rstrip(',')}; the log's "
                 f"steps are epochs, each a pass over the data)" if epochs else
                 f"the {h[1]} points from step {h[0]} to {step} (a horizon of at least {least} and "
@@ -425,3 +424,11 @@ class NotLearning(Detector):
             rule=rule, fall=-math.expm1(-fell), fall_bound=-math.expm1(-(fell + self.z_threshold * se)),
             first_samples=f[0], horizon_samples=h[1], horizon_steps=step - h[0], chance_level=math.log(c) if c else None,
             num_outputs=c, past_startup=True, **extra)
+
+
+def _line(n: int, sy: float, sty: float) -> tuple[float, float, float]:
+    """The least-squares line of ``n`` points y_i against their index i = 0..n-1, from the sums of
+    y and i x y: its slope, the spread of the indices (Σ(i - ī)²) and Σ(i - ī)(y - ȳ)."""
+    st, stt = n * (n - 1) / 2.0, (n - 1) * n * (2 * n - 1) / 6.0   # sums of i and i^2
+    sxx, sxy = stt - st * st / n, sty - st * sy / n
+    return sxy / sxx, sxx, sxy
