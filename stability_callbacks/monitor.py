@@ -25,11 +25,12 @@ log = logging.getLogger("stability_callbacks")
 #: The detectors a record's keys feed: those before the main loss spike, it (if fed), those after.
 _Plan = tuple[tuple[Detector, ...], LossSpike | None, tuple[Detector, ...]]
 
-STATE_VERSION = 5   # 2: latches and EW means are statistics objects; streams are a detector;
+STATE_VERSION = 6   # 2: latches and EW means are statistics objects; streams are a detector;
                     # 3: baselines keep their bias and cold start, divergence its swing horizon;
                     # 4: loss_spike keeps its right tail, not_learning its chance level per point;
                     # 5: divergence keeps its run of rising epochs and where its scale closes,
                     # not_learning its still stretch's trend, grad_norm_spike its ordinary peak
+                    # 6: second_moment_surge keeps the loss over its post-peak windows
 
 #: The records :meth:`Monitor.update_many` runs one detector at a time over, at most: long enough
 #: for a detector's code to stay hot, short enough for their contexts to stay in the cache.
@@ -100,6 +101,14 @@ class Monitor:
         for d in self.detectors:
             if isinstance(d, NotLearning):
                 d.declare_outputs(n)
+
+    def declare_objective(self) -> None:
+        """The loss is an objective whose level moves with its targets, not towards a floor (an
+        actor-critic's, whose value term regresses on returns that grow as the policy improves):
+        judged from now on as a loss that went below zero is (:class:`LossSpike`'s additive scale),
+        its level rules standing aside. A replayed log whose names say so declares it."""
+        if self._loss_spike is not None:
+            self._loss_spike.declare_objective()
 
     def update(self, record: StepRecord) -> list[Finding]:
         out: list[Finding] = []

@@ -14,6 +14,37 @@ from stability_callbacks.detectors import Context, Divergence, NotLearning
 
 
 # -- losses of any sign ------------------------------------------------------------------------------
+def _actor_critic_csv(path, *, value_column: bool, nan_at: int | None = None) -> None:
+    """An A2C's summed loss (policy + 0.5 x value) as a healthy CartPole run prints it: the value
+    term regresses on returns that grow from ~20 to ~200 as the policy improves, so the loss grows
+    ~x30 over the run, each update ~x2 up or down (lognormal, σ 0.6: one rollout's returns)."""
+    rng = random.Random(7)
+    rows = ["step,loss,policy_loss" + (",value_loss" if value_column else "")]
+    for s in range(1, 1201):
+        value = 0.5 * (20.0 * (1 + 9 * s / 1200)) ** 2 / 10 * math.exp(rng.gauss(0, 0.6))
+        policy = rng.gauss(0, 0.05 * math.sqrt(value))
+        loss = math.nan if s == nan_at else policy + 0.5 * value
+        rows.append(f"{s},{loss:.4f},{policy:.4f}" + (f",{value:.4f}" if value_column else ""))
+    path.write_text("\n".join(rows) + "\n")
+
+
+def test_an_actor_critics_loss_growing_with_its_returns_is_no_divergence(tmp_path):
+    from stability_callbacks.replay.command import judge_log
+    # read as any loss, its growth is a divergence (or a spike): the numbers alone cannot tell
+    bare = tmp_path / "bare.csv"
+    _actor_critic_csv(bare, value_column=False)
+    assert [(f.step, f.kind, f.severity) for f in judge_log(bare) if f.severity != "info"] == [
+        (366, "divergence", "critical"), (366, "rollback_advice", "critical")]
+    # the log names its critic's term: the loss is an objective whose level moves with the
+    # returns, judged as one of any sign: quiet, and said in the account
+    named = tmp_path / "a2c.csv"
+    _actor_critic_csv(named, value_column=True)
+    assert [(f.step, f.kind, f.severity) for f in judge_log(named) if f.severity != "info"] == []
+    # ... and a NaN there is still found at its step
+    _actor_critic_csv(named, value_column=True, nan_at=900)
+    assert [(f.step, f.kind) for f in judge_log(named) if f.severity == "critical"][:1] == [(900, "nonfinite")]
+
+
 AUTOENCODER = [37.2, 35.1, 33.0, 31.4, 29.9, 27.5, 22.0, 10.3, -15.8, -92.4, -801.0, math.nan]
 
 
@@ -345,6 +376,31 @@ def test_a_handful_of_flat_points_is_too_early_to_call_but_the_end_of_the_log_sa
     _, m = run(epochs(xs))
     m.steps_by_order = True
     assert "if the log starts where the run did" in m.end()[0].message
+
+
+def test_a_flat_excerpt_from_mid_run_ends_saying_what_it_cannot_tell():
+    # 8 points at 2.31 from step 4000, every 10 steps: a log that starts after the run did. No
+    # warning (an excerpt cannot tell "never learned" from "learned, then converged"), but not a
+    # silent all-clear either: the end of the log says what it shows and what it cannot tell
+    xs = [2.31, 2.30, 2.32, 2.31, 2.30, 2.31, 2.32, 2.31]
+    recs = [StepRecord(4000 + 10 * i, {"loss": x}) for i, x in enumerate(xs)]
+    f, m = run(recs)
+    end = m.end()
+    assert found(f) == [] and [(x.step, x.kind, x.severity, x.onset_step) for x in end] == [
+        (4070, "not_learning", "info", 4030)]
+    assert end[0].details == {**end[0].details, "rule": "flat", "mid_run": True, "too_few_steps": True}
+    assert end[0].message.startswith("Cannot tell whether the run learns: the loss has not left its first level: "
+                                     "2.31 over its first 3 points (to step 4020)")
+    assert "This log starts at step 4000, after the run did, its horizon only 40 steps" in end[0].message
+    # a long flat excerpt (70 points over 700 steps) is still an excerpt: info, never a warning
+    recs = [StepRecord(4000 + 10 * i, {"loss": xs[i % 8]}) for i in range(70)]
+    f, m = run(recs)
+    end = m.end()
+    assert found(f) == [] and [(x.step, x.severity, x.details.get("mid_run"), x.details.get("too_few_steps"))
+                               for x in end] == [(4690, "info", True, None)]
+    # the same excerpt falling ends with nothing
+    falling = [StepRecord(4000 + 10 * i, {"loss": 2.31 * 0.97 ** i}) for i in range(8)]
+    assert run(falling)[1].end() == []
 
 
 def test_a_loss_that_falls_to_chance_during_the_warmup_and_stays_is_not_learning():

@@ -88,6 +88,23 @@ def test_gradients_growing_after_warmup_are_caught():
     assert found(run(late)) == []
 
 
+@pytest.mark.parametrize("fall, severity, escalated", [(0.004, "info", False), (0.0, "warning", True)],
+                         ids=["loss-falling", "loss-flat"])
+def test_gradients_growing_while_the_loss_falls_are_watched_not_warned(fall, severity, escalated):
+    # A slow seq2seq leaving its plateau: the gradients grow from their post-warmup low while the
+    # loss falls (0.4% a step: -8% between the 20-step windows). The loss contradicts an
+    # instability: info, no escalation. The same gradients under a flat loss: the warning.
+    recs = adam_run(400, **RISING)
+    for r in recs:
+        r.metrics["loss"] = 3.0 * (1 - fall) ** r.step
+    f = run(recs)
+    assert found(f) == [(63, "second_moment_surge", severity)] + (
+        [(63, "warmup_instability", "warning")] if escalated else [])
+    surge = f[-2] if escalated else f[-1]
+    assert ("The loss fell meanwhile" in surge.message) == (not escalated)
+    assert surge.details["loss_now"] < surge.details["loss_then"] * 0.95 or escalated
+
+
 def test_gradients_that_grew_during_warmup_are_not_a_post_peak_rise():
     # Grad norm x3 over a 100-step warmup, then flat (the healthy WSD run of the live suite had
     # its grad norm rise during warmup, then +9%). exp_avg_sq, even bias-corrected, is the mean

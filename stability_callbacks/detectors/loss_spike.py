@@ -18,6 +18,9 @@ _NEAR_FLOOR_WARN = 0.1
 #: Below zero, a jump of this many times z_threshold σ (600σ) is orders of magnitude past the
 #: loss's own noise: a warning, whatever the sign.
 _ORDERS = 100.0
+#: An objective of any sign too new to know its noise: a jump of 10 times the largest magnitude it
+#: had is said (info).
+_COLD_ORDER = 10.0
 #: The loss's right tail is measured at these heights above its level (in σ: 3σ is what "not
 #: back" is measured by), each against the chance of a Gaussian point there.
 _TAIL_SIGMAS = (3.0, 6.0, 12.0)
@@ -137,8 +140,8 @@ class LossSpike(Detector):
     name = "loss_spike"
     kind = "loss_spike"
     kinds = ("loss_spike", "spike_recovered", "spike_unrecovered")
-    _state = ("base", "episode", "prev_step", "prev_z", "prev_log", "peak", "signed", "prev_x", "prev_in",
-              "steps", "step_dev", "tail")
+    _state = ("base", "episode", "prev_step", "prev_z", "prev_log", "peak", "signed", "declared", "prev_x",
+              "prev_in", "steps", "step_dev", "tail")
     #: Other loss detectors (resume spike, falsely low loss) judge against this baseline.
     baseline_before: float | None = None
     noise_before: float = 0.0
@@ -180,6 +183,7 @@ class LossSpike(Detector):
         self.prev_log: float | None = None   # log of the previous point (the one-step rise)
         self.peak = 0.0          # the largest loss so far: what "near its floor" is measured by
         self.signed = False
+        self.declared = False   # ... because the run said its loss is an objective (declare_objective)
         self.floor = 0.0         # floor_fraction x peak (derived), and its log for the other detectors
         self.floor_log = -math.inf
         self.peak_floor_log = -math.inf
@@ -525,6 +529,13 @@ class LossSpike(Detector):
             rise=rise, **({"floor": unit} if unit > base else {}), **extra)
 
     # -- objectives that go below zero: an additive scale, info only -----------------------------
+    def declare_objective(self) -> None:
+        """The loss is an objective with no floor to be relative to (an actor-critic's), though
+        it may never go below zero: judged as one that did, from now on."""
+        if not self.signed:
+            self._become_signed()
+        self.declared = True
+
     def _become_signed(self) -> None:
         self.signed, self.episode = True, None
         self._new_peak(0.0)
@@ -533,6 +544,7 @@ class LossSpike(Detector):
 
     def _update_signed(self, step: int, x: float) -> list[Finding]:
         self.baseline_before, self.noise_before, self.slope_before = None, 0.0, 0.0
+        before = self.peak
         if abs(x) > self.peak:
             self._new_peak(abs(x))
         b = self.base
@@ -541,6 +553,21 @@ class LossSpike(Detector):
             self.prev_step, self.prev_z = step, 0.0
             return []
         f = b.forecast
+        if (self.declared and f > 0.0 and b.n < self.cold_start_samples and self.episode is None
+                and x - f >= _COLD_ORDER * max(f, before)):
+            # a declared objective, positive so far, with too few points for its noise, and an order
+            # of magnitude past anything it had been: an episode (info), the baseline left as it was
+            # (one that went below zero on its own has no magnitude to be past: it hovers around 0)
+            self.episode = SpikeEpisode(step, f, x, warned=True, warm=False)
+            self.prev_step, self.prev_z = step, 0.0
+            most = max(f, before)
+            return [self.finding(
+                step, severity="info", value=x, baseline=f, threshold=f + _COLD_ORDER * most, onset_step=step,
+                message=(f"{self._what()} jumped to {fmt(x)} at step {step} from {fmt(f)}: a rise of "
+                         f"{(x - f) / most:.0f}x the largest magnitude it had had ({fmt(most)}), with too few "
+                         f"points before it to know its noise; as an objective of any sign it is only "
+                         f"reported: watching."),
+                additive=True, cold=True)]
         # The noise floor: 0.1% of the largest magnitude seen, as log(loss) is floored at 0.1%.
         scale = max(1.25 * b.mad, b.min_scale * self.peak)
         z = (x - f) / scale

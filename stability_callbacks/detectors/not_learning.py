@@ -143,7 +143,7 @@ class NotLearning(Detector):
         if x is None or not math.isfinite(x) or self.told:
             return []
         step = record.step
-        if x <= 0.0:
+        if x <= 0.0 or ctx.loss_signed:   # below zero, or declared an objective of any sign
             self.signed = True
         if self.signed:
             return []
@@ -228,12 +228,15 @@ class NotLearning(Detector):
             return [self._finding(step, "flat", first, since, fell, flat_se, c, epochs)]
         return []
 
-    def _flat(self, fell: float, se: float, sigma: float, printed: float | None, x: float) -> float | None:
+    def _flat(self, fell: float, se: float, sigma: float, printed: float | None, x: float, *,
+              from_start: bool = True) -> float | None:
         """The flat rule's test on the horizon so far: the standard error it was judged with, or
-        None when the loss left its first level (or the run learned, or the log starts mid-run)."""
+        None when the loss left its first level (or the run learned, or, ``from_start``, the log
+        starts mid-run)."""
         need = self._need
         h = self.horizon
-        if (self.learned or h is None or self.start is None or not self.start[2] or not -2 * need < fell < need / 2
+        if (self.learned or h is None or self.start is None or (from_start and not self.start[2])
+                or not -2 * need < fell < need / 2
                 or fell + self.z_threshold * se >= need or self._falling(h, sigma)):
             return None
         # the print hides what moves less than its last digit: its rounding (uniform over one
@@ -250,6 +253,9 @@ class NotLearning(Detector):
           to call, unless each step is an epoch or many batches, which the numbers alone do not
           say; a log that prints no step numbers (``ctx.steps_by_order``) may also not start where
           the run did, and the message says so;
+        - or a log that starts after the run did (its first record is not at its own interval
+          from 0) whose loss never left its first level: an excerpt cannot tell "never learned"
+          from "learned, then converged", and says so (``details.mid_run``), however long it is;
         - or the LR, update norm or grad norm was exactly 0 on its last points (2 at least), fewer
           than ``still_samples`` of them, the loss flat meanwhile: nothing moved the weights there."""
         if self.told or self.signed:
@@ -264,13 +270,15 @@ class NotLearning(Detector):
             return []
         first, since = f[1] / f[0], h[2] / h[1]
         fell = first - since
+        mid_run = self.start is not None and not self.start[2]
         se = self._flat(fell, self.sigma * math.sqrt(1.0 / f[0] + 1.0 / h[1]), self.sigma, None,
-                        math.exp(self.prev_log))
+                        math.exp(self.prev_log), from_start=not mid_run)
         if se is None:
             return []
         self.told = True
-        return [self._finding(ctx.step, "flat", first, since, fell, se, self.num_outputs or self.outputs, False,
-                              short=True, by_order=ctx.steps_by_order)]
+        short = ctx.step - h[0] < self.horizon_steps   # an excerpt may be long enough, and still mid-run
+        return [self._finding(ctx.step, "flat", first, since, fell, se, self.num_outputs or self.outputs,
+                              ctx.steps_are_epochs, short=short, by_order=ctx.steps_by_order, mid_run=mid_run)]
 
     def _horizon_points(self) -> int:
         """The points the horizon needs: ``horizon_samples``, or 2 while every point printed the
@@ -370,7 +378,8 @@ class NotLearning(Detector):
             message=message, rule="still", zero=s[4], past_startup=True, **extra)]
 
     def _finding(self, step: int, rule: str, first: float, since: float, fell: float, se: float,
-                 c: int | None, epochs: bool, *, short: bool = False, by_order: bool = False) -> Finding:
+                 c: int | None, epochs: bool, *, short: bool = False, by_order: bool = False,
+                 mid_run: bool = False) -> Finding:
         f, h = self.first, self.horizon
         assert h is not None
         level, before = math.exp(since), math.exp(first)
@@ -404,7 +413,16 @@ class NotLearning(Detector):
                     f"{f'the {h[1]} points from step {h[0]} to the end of the log at step {step}' if short else span}: "
                     f"{abs(math.expm1(-fell)):.1%} {'lower' if fell > 0 else 'higher'}, and no downward trend, "
                     f"where against its noise a fall of {self.min_fall:.0%} would show.{chance}")
-        if short:   # the horizon in points, not in steps: say both readings
+        if mid_run:   # an excerpt from later in a run: what it shows, and what it cannot tell
+            start = self.start[0] if self.start is not None else h[0]
+            few = (f", its horizon only {step - h[0]} steps as the log numbers them (fewer than the "
+                   f"{self.horizon_steps} it takes to call)" if short and not epochs else "")
+            message = (f"Cannot tell whether the run learns: {what} This log starts at "
+                       f"{'epoch' if epochs else 'step'} {start}, after the run did{few}, and an excerpt from "
+                       f"later in a run cannot tell 'never learned' from 'learned, then converged': if the "
+                       f"loss sat at this level from the run's start for long, the run is not learning. "
+                       f"Usual causes then: {CAUSES}.")
+        elif short:   # the horizon in points, not in steps: say both readings
             message = (f"Too early to tell whether the run learns: {what} That is {step - h[0]} steps as the log "
                        f"numbers them, fewer than the {self.horizon_steps} it takes to call: if each is one "
                        f"optimizer step, judge a longer log; if each is an epoch (or many batches), the run is "
@@ -417,9 +435,9 @@ class NotLearning(Detector):
                        f"parameters the optimizer updates, and a batch's inputs against its labels"
                        + (" (a GAN's adversarial losses stay level by design: there this says nothing)."
                           if rule == "flat" else "."))
-        extra: dict[str, Any] = {"too_few_steps": True} if short else {}
+        extra: dict[str, Any] = {**({"mid_run": True} if mid_run else {}), **({"too_few_steps": True} if short else {})}
         return self.finding(
-            step, severity="info" if short else "warning", value=level, baseline=before,
+            step, severity="info" if short or mid_run else "warning", value=level, baseline=before,
             threshold=before * (1 - self.min_fall), onset_step=h[0], message=message,
             rule=rule, fall=-math.expm1(-fell), fall_bound=-math.expm1(-(fell + self.z_threshold * se)),
             first_samples=f[0], horizon_samples=h[1], horizon_steps=step - h[0], chance_level=math.log(c) if c else None,

@@ -1,10 +1,12 @@
 """Adam's second moment (exp_avg_sq) abnormal: a jump, or still rising after the LR peak."""
 from __future__ import annotations
 
+import math
+
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import Latch, RobustLevel, bias_correction, finite_positive
-from .base import Context, Detector, fmt, positive, positive_int
+from .base import Context, Detector, check, fmt, positive, positive_int
 
 #: torch's Adam/AdamW default, assumed when the record does not say (replayed logs never do).
 DEFAULT_BETA2 = 0.999
@@ -21,7 +23,10 @@ class SecondMomentSurge(Detector):
       where we have the highest risk of divergence"; still rising there means the gradients are
       growing while the LR is at its highest). Later, a healthy run's gradients may well grow
       (the live suite's unclipped tiny models: x2-3 over hundreds of steps): a sustained rise is
-      ``grad_norm_growth``'s call then.
+      ``grad_norm_growth``'s call then. The loss confirms it: a rise while the loss fell by
+      ``min_fall`` or more between the two windows is ``info`` (a slow seq2seq's gradients grow
+      from their post-warmup low as it leaves its plateau and learns); a spike that follows
+      inside the risk window is escalated all the same. Without a loss it stays a warning.
 
     Why bias-corrected: ``exp_avg_sq`` is an EMA of g² that starts at 0, so after ``t`` steps it
     holds only ``1 − beta2^t`` of its weight: with beta2 = 0.999 the raw value keeps rising for
@@ -45,23 +50,24 @@ class SecondMomentSurge(Detector):
 
     Warning, one per episode (the jump re-arms once neither statistic is above its ratio; the
     post-peak rise fires once per run, and not for a window in which a jump was reported).
-    O(1); state: 2 baselines, 7 scalars.
+    O(1); state: 2 baselines, 10 scalars.
     """
 
     name = "second_moment_surge"
     kind = "second_moment_surge"
     signals = (keys.ADAM_V_MAX, keys.ADAM_V_L1)
     _state = ("base_max", "base_mean", "at_peak", "at_peak_window", "anchor", "jump", "jump_step",
-              "post_peak")
+              "post_peak", "loss_window", "at_peak_loss")
 
     def __init__(self, *, jump_ratio: float = 4.0, max_jump_ratio: float = 10.0,
                  post_peak_rise: float = 2.0, warm_samples: int = 10, baseline_alpha: float = 0.05,
-                 window_steps: int = 20):
+                 window_steps: int = 20, min_fall: float = 0.05):
         self.jump_ratio = positive("jump_ratio", jump_ratio)
         self.max_jump_ratio = positive("max_jump_ratio", max_jump_ratio)
         self.post_peak_rise = positive("post_peak_rise", post_peak_rise)
         self.warm_samples = positive_int("warm_samples", warm_samples)
         self.window_steps = positive_int("window_steps", window_steps)
+        self.min_fall = check("min_fall", min_fall, isinstance(min_fall, (int, float)) and 0 < min_fall < 1, "in (0, 1)")
         self.base_max = RobustLevel(positive("baseline_alpha", baseline_alpha))
         self.base_mean = RobustLevel(baseline_alpha)
         self.at_peak: float | None = None       # mean g² over the first window after the warmup ended
@@ -70,6 +76,8 @@ class SecondMomentSurge(Detector):
         self.jump = Latch()        # re-armed once neither statistic is above its jump ratio
         self.jump_step: int | None = None   # the last jump reported
         self.post_peak = Latch()   # once per run
+        self.loss_window = [0.0, 0]             # the loss since the anchor: [sum, points]
+        self.at_peak_loss: float | None = None  # the loss's mean over the first window after the peak
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
@@ -105,36 +113,51 @@ class SecondMomentSurge(Detector):
         end = ctx.warmup_end_step
         if (vraw is not None and known_beta2 is not None and 0.0 < beta2 < 1.0 and end is not None
                 and record.step > end):
-            out += self._post_peak(record.step, t, vraw, beta2, end, bool(out) or not ctx.in_risk_window)
+            out += self._post_peak(record.step, t, vraw, beta2, end, bool(out) or not ctx.in_risk_window,
+                                   m.get(keys.LOSS))
         return out
 
-    def _post_peak(self, step: int, t: float, vraw: float, beta2: float, end: int, quiet: bool) -> list[Finding]:
+    def _post_peak(self, step: int, t: float, vraw: float, beta2: float, end: int, quiet: bool,
+                   loss: float | None) -> list[Finding]:
         """Advance the windows; judge the one ending here unless ``quiet`` (a jump reported at
         this step, or outside the risk window)."""
-        a = self.anchor
+        a, lw = self.anchor, self.loss_window
         if a is None or t <= a[1]:   # the first point after the peak (or the optimizer restarted)
-            self.anchor = [step, t, vraw]
+            self.anchor, self.loss_window = [step, t, vraw], [0.0, 0]
             return []
+        if loss is not None and math.isfinite(loss):
+            lw[0], lw[1] = lw[0] + loss, lw[1] + 1
         a_step, a_t, a_v = a
         if step - a_step < self.window_steps:
             return []
         decay = beta2 ** (t - a_t)
         g2 = (vraw - decay * a_v) / (1.0 - decay)   # mean g² over the updates since the anchor
-        self.anchor = [step, t, vraw]
+        loss_mean = lw[0] / lw[1] if lw[1] else None
+        self.anchor, self.loss_window = [step, t, vraw], [0.0, 0]
         if self.at_peak is None:
-            self.at_peak, self.at_peak_window = g2, [a_step + 1, step]
+            self.at_peak, self.at_peak_window, self.at_peak_loss = g2, [a_step + 1, step], loss_mean
             return []
         rising = (g2 >= self.at_peak * self.post_peak_rise and self.at_peak > 0.0 and not quiet
                   and (self.jump_step is None or self.jump_step <= a_step))
         if not self.post_peak.update(on=rising):
             return []
         first, last = self.at_peak_window or (end, end)
+        ref = self.at_peak_loss
+        learning = (ref is not None and loss_mean is not None
+                    and ref - loss_mean >= self.min_fall * abs(ref))   # the loss fell meanwhile
+        said = (f"The gradients are still growing right after the LR peak: their mean square (from "
+                f"Adam's exp_avg_sq, beta2={beta2:g}) over steps {a_step + 1}-{step} is "
+                f"{g2 / self.at_peak:.1f}x what it was over steps {first}-{last}, "
+                f"right after the warmup ended (step {end}).")
+        if learning:
+            message = (f"{said} The loss fell meanwhile (mean {fmt(ref)} then, {fmt(loss_mean)} now): a "
+                       f"model that is learning often grows its gradients, so this is only watched; a "
+                       f"spike inside the warmup-end risk window will be escalated.")
+        else:
+            message = (f"{said} In BigScience's 104B runs this preceded the glitches; consider a lower "
+                       f"peak LR or beta2=0.95.")
         return [self.finding(
-            step, severity="warning", signal=keys.ADAM_V_L1, value=g2, baseline=self.at_peak,
-            threshold=self.at_peak * self.post_peak_rise,
-            message=(f"The gradients are still growing right after the LR peak: their mean square (from "
-                     f"Adam's exp_avg_sq, beta2={beta2:g}) over steps {a_step + 1}-{step} is "
-                     f"{g2 / self.at_peak:.1f}x what it was over steps {first}-{last}, "
-                     f"right after the warmup ended (step {end}). In BigScience's 104B runs this "
-                     f"preceded the glitches; consider a lower peak LR or beta2=0.95."),
-            rule="post_peak_rise", beta2=beta2, adam_step=t, window=[a_step + 1, step])]
+            step, severity="info" if learning else "warning", signal=keys.ADAM_V_L1, value=g2,
+            baseline=self.at_peak, threshold=self.at_peak * self.post_peak_rise, message=message,
+            rule="post_peak_rise", beta2=beta2, adam_step=t, window=[a_step + 1, step],
+            loss_then=ref, loss_now=loss_mean)]

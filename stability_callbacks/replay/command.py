@@ -158,7 +158,10 @@ class _Replay:
         from .readers import ReadAccount, read_records
 
         account = self.account = ReadAccount(path, self.ignore)
-        self.feed(read_records(path, fmt, account=account, **read), self.monitor.update)
+        records = read_records(path, fmt, account=account, **read)
+        if account.objective is not None:   # known from the log's first lines, before its records
+            self.monitor.declare_objective()
+        self.feed(records, self.monitor.update)
         self.findings += self.monitor.end()
 
     def feed(self, stream, observe, after=None) -> None:
@@ -374,6 +377,8 @@ def _follow(args: ReplayOptions, follow: FollowOptions, monitor, user_keys, patt
         try:
             stream = read_records(args.path, args.format, user_keys=user_keys, pattern=pattern,
                                   lines=lines(), account=replay.account)
+            if replay.account is not None and replay.account.objective is not None:
+                run.monitor.declare_objective()
             replay.feed(stream, observe, after=after)
         except (LogFormatError, OSError, ValueError) as e:
             refused = e

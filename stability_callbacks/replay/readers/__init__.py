@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import re
-from itertools import chain
+from itertools import chain, islice
 from typing import Callable, Iterable, Iterator, Mapping
 
 from ... import keys
@@ -31,6 +31,7 @@ from .account import ReadAccount
 from .sniff import DETECT_MAX_LINES, SETTLE_S, NoRecords, detect_lines
 from .source import FIFO_WAIT_S, LogFormatError, Source
 from .user_keys import compile_pattern, parse_keys
+from .vocabulary import value_term
 
 __all__ = ["FIFO_WAIT_S", "FORMATS", "JUDGED_WITHOUT_LOSS", "LogFormatError", "NoRecords", "ReadAccount", "detect_format",
            "read_records", "parse_keys", "compile_pattern", "DETECT_MAX_LINES", "SETTLE_S"]
@@ -135,7 +136,7 @@ def read_records(path, format: str = "auto", tag_map: Mapping[str, str | None] |
         fmt = "tensorboard"
     elif not followed:
         lines = Source(p, fifo_wait_s=fifo_wait_s, on_ignore=account).lines(progress=progress)
-    guess = None
+    guess = consumed = None
     if fmt == "auto" and not pattern:
         # The user's names (--keys) skip the formats with semantics of their own; JSON and
         # tables are still told apart (a CSV column is named by its header or its position).
@@ -148,6 +149,11 @@ def read_records(path, format: str = "auto", tag_map: Mapping[str, str | None] |
         lines = chain(consumed, lines)               # type: ignore[arg-type]
     elif fmt == "auto":
         fmt = "generic"
+    if lines is not None:
+        if not followed and consumed is None:   # a file: its head is read anyway, first
+            consumed = list(islice(lines, DETECT_MAX_LINES))
+            lines = chain(consumed, lines)
+        account.value_term(value_term(text for _, text in consumed or ()))
     if followed and fmt not in LINE_READERS:
         raise ValueError(f"format {fmt} cannot be followed (one of {', '.join(LINE_READERS)})")
     account.format = fmt

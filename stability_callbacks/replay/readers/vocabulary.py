@@ -19,7 +19,7 @@ import json
 import re
 from functools import lru_cache
 from importlib import resources
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from ... import keys
 
@@ -40,6 +40,13 @@ PREFIXES = frozenset(_DATA["prefixes"])
 STEP_MARKERS: tuple[str, ...] = tuple(_DATA["step_markers"])
 _CJK_WORDS: dict[str, str] = {k: f" {v} " for k, v in _DATA["cjk"].items()}
 _CJK = re.compile("|".join(sorted(_CJK_WORDS, key=len, reverse=True)))
+_SEP = r"[ _/.\-]?"
+_VALUE = "|".join(re.escape(w).replace(r"\ ", _SEP) for w in sorted(_DATA["value_terms"], key=len, reverse=True))
+#: A critic's term printed as a name (``value_terms`` of vocabulary.json): ``value_loss``,
+#: ``critic/vf_loss``, ``qf1_loss``, ``td_error``, ``ppo/loss/value`` (after `loss`, only with a
+#: slash: "the loss value is nan" is prose); a letter on either side makes it another word
+#: (``ValueError`` is no name, ``myvalue_loss`` is none of these).
+_VALUE_TERM = re.compile(rf"(?<![a-z0-9])(?:(?:{_VALUE}){_SEP}loss|td{_SEP}error|loss/value)(?![a-z])")
 # A longer name is prose around a number (`the loss values start being reported as nan`).
 _KEY_MAX_WORDS = 4
 # Words that make a name with `loss` in it a setting, not a value of the objective
@@ -180,4 +187,20 @@ def _lookup(norm: str, words: list[str]) -> tuple[str, str | None, int] | None:
         got = ENTRIES.get(" ".join(words[i:]))
         if got is not None:
             return got
+    return None
+
+
+def value_term(texts: Iterable[str]) -> str | None:
+    """The first critic's term named in ``texts`` (a log's first lines), as printed, or None: a
+    loss printed beside one is an actor-critic's objective (:meth:`Monitor.declare_objective`).
+
+    >>> value_term(["| train/value_loss | 81.2 |"]), value_term(["ppo/loss/value: 3.1"])
+    ('value_loss', 'loss/value')
+    >>> value_term(["ValueError: loss is nan", "loss: 2.31 value: 4"]) is None
+    True
+    """
+    for text in texts:
+        m = _VALUE_TERM.search(text.lower())
+        if m is not None:
+            return text[m.start():m.end()]
     return None
