@@ -103,10 +103,11 @@ class Monitor:
                 d.declare_outputs(n)
 
     def declare_objective(self) -> None:
-        """The loss is an objective whose level moves with its targets, not towards a floor (an
-        actor-critic's, whose value term regresses on returns that grow as the policy improves):
-        judged from now on as a loss that went below zero is (:class:`LossSpike`'s additive scale),
-        its level rules standing aside. A replayed log whose names say so declares it."""
+        """The loss is an objective whose level moves with its targets, not towards a floor (a
+        reinforcement learner's, built from returns that grow as the policy improves: a critic's
+        regression on them, a TD error, a return-weighted policy term): judged from now on as a
+        loss that went below zero is (:class:`LossSpike`'s additive scale), its level rules
+        standing aside. A replayed log whose names say so declares it."""
         if self._loss_spike is not None:
             self._loss_spike.declare_objective()
 

@@ -48,6 +48,9 @@ _READERS: dict[str, Callable[..., Iterator[StepRecord]]] = {
 #: overflow skips, the grad norm.
 JUDGED_WITHOUT_LOSS = (keys.GRAD_NORM, keys.LOSS_SCALE, keys.OVERFLOW_SKIPPED)
 # Readers of ``(line_no, text)`` lines (a followed file: a ``None`` line is an idle tick).
+#: The first lines a log's names are looked for in, beyond the records (a reinforcement
+#: learner's: :func:`.vocabulary.value_term`).
+NAMES_HEAD_LINES = 500
 LINE_READERS = ("generic", "megatron", "fairseq", "caffe", "jsonl", "csv")
 
 # Other names for the same readers: the formats the generic reader reads without semantics of
@@ -150,10 +153,14 @@ def read_records(path, format: str = "auto", tag_map: Mapping[str, str | None] |
     elif fmt == "auto":
         fmt = "generic"
     if lines is not None:
-        if not followed and consumed is None:   # a file: its head is read anyway, first
-            consumed = list(islice(lines, DETECT_MAX_LINES))
-            lines = chain(consumed, lines)
-        account.value_term(value_term(text for _, text in consumed or ()))
+        # A reinforcement learner's names in the first lines (detection may stop short of them);
+        # a followed log, a pipe or a FIFO is not waited on for more lines than detection read.
+        if followed or not os.path.isfile(p):
+            head = list(islice(consumed or (), NAMES_HEAD_LINES))
+        else:
+            head = list(islice(lines, NAMES_HEAD_LINES))   # after what detection read, if any
+            lines = chain(head, lines)
+        account.value_term(value_term(text for _, text in head))
     if followed and fmt not in LINE_READERS:
         raise ValueError(f"format {fmt} cannot be followed (one of {', '.join(LINE_READERS)})")
     account.format = fmt

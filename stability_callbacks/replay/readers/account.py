@@ -59,7 +59,8 @@ class ReadAccount:
         # Why records are numbered in order (a finding says so: step_caveat).
         self.order_reason = _NO_STEPS
         self.first_unreadable: tuple[int, str] | None = None
-        #: A critic's term the log names (``value_loss``): its loss is an actor-critic's objective.
+        #: A reinforcement learner's name the log prints (``value_loss``, ``ep_rew_mean``): its
+        #: loss is an objective built from returns.
         self.objective: str | None = None
 
     def saw(self, key: str, printed: str) -> None:
@@ -68,13 +69,14 @@ class ReadAccount:
             names.append(printed)
 
     def value_term(self, printed: str | None) -> None:
-        """The log names a critic's term (``printed``, from its first lines; None: it names
-        none): its loss is an actor-critic's objective, judged as one of any sign."""
+        """The log prints a reinforcement learner's name (``printed``, from its first lines; None:
+        it prints none): its loss is an objective built from returns, judged as one of any sign."""
         self.objective = printed
         if printed is not None:
-            self.note(f"the log prints a critic's term ({printed!r}): its loss is an actor-critic's objective, "
-                      f"whose level moves with the returns, so it is judged as an objective of any sign "
-                      f"(NaN, jumps of orders of magnitude, the grad norm), not against a level it should keep")
+            self.note(f"the log prints a reinforcement learner's name ({printed!r}): its loss is built from "
+                      f"returns, whose scale moves as the policy improves, so it is judged as an objective of "
+                      f"any sign (NaN, jumps of orders of magnitude, the grad norm), not against a level it "
+                      f"should keep")
 
     def numbered(self, how: str, name: str = "") -> None:
         names = self.numbering.setdefault(how, [])

@@ -42,11 +42,13 @@ _CJK_WORDS: dict[str, str] = {k: f" {v} " for k, v in _DATA["cjk"].items()}
 _CJK = re.compile("|".join(sorted(_CJK_WORDS, key=len, reverse=True)))
 _SEP = r"[ _/.\-]?"
 _VALUE = "|".join(re.escape(w).replace(r"\ ", _SEP) for w in sorted(_DATA["value_terms"], key=len, reverse=True))
-#: A critic's term printed as a name (``value_terms`` of vocabulary.json): ``value_loss``,
-#: ``critic/vf_loss``, ``qf1_loss``, ``td_error``, ``ppo/loss/value`` (after `loss`, only with a
-#: slash: "the loss value is nan" is prose); a letter on either side makes it another word
-#: (``ValueError`` is no name, ``myvalue_loss`` is none of these).
-_VALUE_TERM = re.compile(rf"(?<![a-z0-9])(?:(?:{_VALUE}){_SEP}loss|td{_SEP}error|loss/value)(?![a-z])")
+#: A reinforcement learner's name: a critic's term (``value_terms`` of vocabulary.json:
+#: ``value_loss``, ``critic/vf_loss``, ``qf1_loss``, ``td_error``, ``ppo/loss/value``; after
+#: `loss`, only with a slash: "the loss value is nan" is prose) or an episode's statistic
+#: (``episode_terms``: ``ep_rew_mean``, ``charts/episodic_return``); a letter on either side
+#: makes it another word (``ValueError`` is no name, ``myvalue_loss`` is none of these).
+_EPISODE = "|".join(re.escape(w).replace(r"\ ", _SEP) for w in sorted(_DATA["episode_terms"], key=len, reverse=True))
+_VALUE_TERM = re.compile(rf"(?<![a-z0-9])(?:(?:{_VALUE}){_SEP}loss|td{_SEP}error|loss/value|{_EPISODE})(?![a-z])")
 # A longer name is prose around a number (`the loss values start being reported as nan`).
 _KEY_MAX_WORDS = 4
 # Words that make a name with `loss` in it a setting, not a value of the objective
@@ -191,12 +193,15 @@ def _lookup(norm: str, words: list[str]) -> tuple[str, str | None, int] | None:
 
 
 def value_term(texts: Iterable[str]) -> str | None:
-    """The first critic's term named in ``texts`` (a log's first lines), as printed, or None: a
-    loss printed beside one is an actor-critic's objective (:meth:`Monitor.declare_objective`).
+    """The first reinforcement learner's name in ``texts`` (a log's first lines: a critic's
+    term, an episode's statistic), as printed, or None: a loss printed beside one is built from
+    returns, an objective whose level moves with them (:meth:`Monitor.declare_objective`).
 
     >>> value_term(["| train/value_loss | 81.2 |"]), value_term(["ppo/loss/value: 3.1"])
     ('value_loss', 'loss/value')
-    >>> value_term(["ValueError: loss is nan", "loss: 2.31 value: 4"]) is None
+    >>> value_term(["|    ep_rew_mean      | 22.4 |"]), value_term(["charts/episodic_return=9"])
+    ('ep_rew_mean', 'episodic_return')
+    >>> value_term(["ValueError: loss is nan", "loss: 2.31 value: 4", "rewards/chosen: 0.3"]) is None
     True
     """
     for text in texts:
