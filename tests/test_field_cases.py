@@ -28,6 +28,39 @@ def _actor_critic_csv(path, *, value_column: bool, nan_at: int | None = None) ->
     path.write_text("\n".join(rows) + "\n")
 
 
+def _td_losses(seed: int) -> list[StepRecord]:
+    """A DQN's TD loss every 100 steps: lognormal draws (σ 1.2: one replay batch's TD errors)
+    on a scale that grows with the Q-values."""
+    rng = random.Random(seed)
+    return [StepRecord(100 * s, {"loss": 0.05 * (1 + s / 100) * math.exp(rng.gauss(0, 1.2))}) for s in range(1, 600)]
+
+
+def test_a_reinforcement_learners_loss_is_declared_an_objective_by_its_config():
+    # read as any loss, a healthy DQN's TD loss gets loss_spike warnings; configured as an
+    # objective (detectors.loss_spike.objective: a live run's way to say so), it is quiet
+    f, _ = run(_td_losses(4))
+    assert found(f, min_severity="warning") == [(500, "loss_spike", "warning"), (1300, "loss_spike", "warning"),
+                                                (3300, "loss_spike", "warning")]
+    f, m = run(_td_losses(4), {"detectors": {"loss_spike": {"objective": True}}})
+    assert found(f, min_severity="warning") == [] and next(d for d in m.detectors if d.name == "loss_spike").signed
+    # ... and a NaN still is what it is
+    recs = _td_losses(4)
+    recs[300].metrics["loss"] = math.nan
+    f, _ = run(recs, {"detectors": {"loss_spike": {"objective": True}}})
+    assert found(f, min_severity="critical")[:1] == [(30100, "nonfinite", "critical")]
+
+
+def test_a_cold_start_point_below_one_already_printed_is_no_warning_at_once():
+    # the first points (every 100 steps, past the start-up) span x16 (0.156, 0.0095, 0.0228): a
+    # 4th at 0.081, 3.6x their median but below the first, is a spike's onset (info), not a
+    # warning; above every point seen it is one
+    head = [0.1563, 0.0095, 0.0228]
+    for x, severity in ((0.0811, "info"), (0.2, "warning")):
+        f, _ = run([StepRecord(100 * s, {"loss": v}) for s, v in enumerate(head + [x, 0.02], 1)])
+        assert [(y.step, y.kind, y.severity) for y in f] == [(400, "loss_spike", severity),
+                                                              (500, "spike_recovered", "info")]
+
+
 def test_an_actor_critics_loss_growing_with_its_returns_is_no_divergence(tmp_path):
     from stability_callbacks.replay.command import judge_log
     # read as any loss, its growth is a divergence (or a spike): the numbers alone cannot tell

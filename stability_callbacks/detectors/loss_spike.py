@@ -157,7 +157,8 @@ class LossSpike(Detector):
                  cold_start_rise: float = 0.3, max_threshold_rise: float = 1.0,
                  large_rise: float = 1.5, persist_samples: int = 3,
                  recover_fraction: float = 0.1, fast_recovery_steps: int = 100,
-                 horizon_steps: int = 300, horizon_samples: int = 10, floor_fraction: float = 0.01):
+                 horizon_steps: int = 300, horizon_samples: int = 10, floor_fraction: float = 0.01,
+                 objective: bool = False):
         self.signals = (signal,)
         self.baseline_alpha = check("baseline_alpha", baseline_alpha, 0 < baseline_alpha <= 1, "in (0, 1]")
         self.z_threshold = positive("z_threshold", z_threshold)
@@ -198,6 +199,8 @@ class LossSpike(Detector):
         # stood that high]. A heavy right tail (a diffusion loss over random timesteps) is far
         # above a Gaussian's there.
         self.tail = [float(self.cold_start_samples), 0.0, 0.0, 0.0]
+        if check("objective", objective, isinstance(objective, bool), "true or false"):
+            self.declare_objective()   # configured: a reinforcement learner's loss from step 1
 
     @property
     def open(self) -> bool:
@@ -313,11 +316,14 @@ class LossSpike(Detector):
                 # and one or two points before it are no level to warn against at once
                 # and while cold (a rise of cold_start_rise opens it, whatever the noise), once
                 # enough points tell their noise, the warm rule's z_threshold σ of it (a GAN's
-                # summed losses jump +150% among their first 20 points as ordinary draws)
+                # summed losses jump +150% among their first 20 points as ordinary draws); before
+                # that, it must stand above every point seen (a value the run already printed is
+                # no news at once: a TD loss's first points span x16; if it stays or grows, the
+                # escalation warns: a QLoRA run back from 1.43 to 10, below its first 15.5)
                 severity = "warning" if x - base >= self.large_rise * unit and n >= 3 and (
                     unit == base or x - base >= _NEAR_FLOOR_WARN * self.peak) and (
-                    not cold or len(b.seen) < COLD_TREND_SAMPLES
-                    or lx - f >= self.z_threshold * (falling or b.cold_noise())) else "info"
+                    not cold or (lx > max(b.seen) if len(b.seen) < COLD_TREND_SAMPLES
+                                 else lx - f >= self.z_threshold * (falling or b.cold_noise()))) else "info"
                 # a jump as high as the loss's own tail has lately drawn twice, each back at once
                 # (a diffusion loss over random timesteps, a detector's hard batches): a draw, not
                 # news; info, and a warning still if it stays (persistence weighs the same tail)
