@@ -2,7 +2,9 @@
 on a real training subprocess, with a halt, a stop file, a command and a Slack alert to a real
 local HTTP server."""
 import json
+import math
 import os
+import random
 import re
 import subprocess
 import sys
@@ -361,6 +363,25 @@ def test_follow_of_a_log_without_step_numbers_says_so_in_every_finding_once(tmp_
     found = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()][1:]
     assert all(f["details"]["step_is_record_number"] and f["message"].count("of the log, which prints no step numbers") == 1
                for f in found)
+
+
+def test_follow_of_a_reinforcement_learners_log_judges_its_loss_as_an_objective(tmp_path):
+    """A log whose first lines name a critic's term (`value_loss`): an A2C's summed loss grows
+    x30 with the returns; the follower is told before the first record, as replay is: no
+    divergence, and the account's note says why. Without the name it is a divergence."""
+    rng = random.Random(7)
+    rows = [(s, 0.5 * (20.0 * (1 + 9 * s / 1200)) ** 2 / 10 * math.exp(rng.gauss(0, 0.6))) for s in range(1, 1201)]
+    log = tmp_path / "train.log"
+    log.write_text("".join(f"step {s} | loss {x / 2:.4f} | value_loss {x:.4f}\n" for s, x in rows))
+    r = _follow(log, "--idle-exit-s", 0.5, "--json", tmp_path / "f.jsonl")
+    assert r.returncode == 0, r.stderr
+    account, *found = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()]
+    assert [f["kind"] for f in found if f["severity"] != "info"] == []
+    assert any("reinforcement learner's name ('value_loss')" in n for n in account["notes"])
+    log.write_text("".join(f"step {s} | loss {x / 2:.4f}\n" for s, x in rows))
+    r = _follow(log, "--idle-exit-s", 0.5, "--json", tmp_path / "g.jsonl")
+    found = [json.loads(x) for x in (tmp_path / "g.jsonl").read_text().splitlines()][1:]
+    assert [(f["step"], f["kind"]) for f in found if f["severity"] == "critical"][:1] == [(299, "divergence")]
 
 
 # ---------------------------------------------------------------------------------------------
