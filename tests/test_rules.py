@@ -152,6 +152,19 @@ def test_a_constant_lr_that_jumps_is_an_anomaly_and_a_step_schedule_is_not():
     assert found(run(cosine)) == []
 
 
+def test_a_warm_restart_back_to_the_earlier_peak_is_said_not_warned():
+    # CosineAnnealingWarmRestarts, 200-step cycles from 1e-3 to 1e-5: each cycle's first step
+    # goes back to the peak (x99): info, saying what a restart is; a jump above the earlier peak
+    # is no restart (the warning)
+    def sgdr(s):
+        return 1e-5 + 0.5 * (1e-3 - 1e-5) * (1 + math.cos(math.pi * ((s - 1) % 200) / 200))
+    f = run(_lr_run(sgdr, n=900))
+    assert found(f) == [(s, "lr_anomaly", "info") for s in (201, 401, 601, 801)]
+    assert f[0].details["restart"] is True and "warm restarts" in f[0].message
+    above = run(_lr_run(lambda s: sgdr(s) * (3 if s > 400 else 1), n=900))
+    assert found(above)[:2] == [(201, "lr_anomaly", "info"), (401, "lr_anomaly", "warning")]
+
+
 # -- the loss scale ---------------------------------------------------------------------------------
 def test_bf16_megatron_prints_loss_scale_one_and_is_healthy():
     recs = list(read_records(CASES / "megatron_bf16_constant_scale.log"))

@@ -6,7 +6,7 @@ import math
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import EWMean, Latch
-from .base import Context, Detector, fmt, positive
+from .base import Context, Detector, fmt, positive, positive_int
 from .stall import printed_resolution
 
 
@@ -23,6 +23,11 @@ class LrAnomaly(Detector):
     (a constant LR that jumps x50). One warning per discontinuity: the steps of a ramp that
     follows it (a restarted warmup) are not warned again, until the LR moves like the schedule.
 
+    A rise back to the LR's own earlier peak (within ``min_change``), or below it, is how a
+    schedule with warm restarts (SGDR, cosine with restarts) begins its next cycle: ``info``,
+    saying so — unless it comes within ``resume_steps`` of a resume, where it is the scheduler
+    starting over (the warning). Above the earlier peak it is no restart: the warning.
+
     After a resume the LR must continue the schedule (a resume that lost the scheduler state
     restarts it: that is the warning) — unless the optimizer restarted too: Adam's step count back
     at 1 (``adam/step``) is a deliberate fresh start, weights only, whose schedule starts over
@@ -38,10 +43,12 @@ class LrAnomaly(Detector):
     name = "lr_anomaly"
     kind = "lr_anomaly"
     signals = (keys.LR,)
-    _state = ("prev", "prev_step", "last_change_step", "typical", "latch", "resumed")
+    _state = ("prev", "prev_step", "last_change_step", "typical", "latch", "resumed", "peak")
 
-    def __init__(self, *, min_change: float = 0.02, ratio: float = 10.0, alpha: float = 0.1):
+    def __init__(self, *, min_change: float = 0.02, ratio: float = 10.0, alpha: float = 0.1,
+                 resume_steps: int = 10):
         self.min_change = positive("min_change", min_change)
+        self.resume_steps = positive_int("resume_steps", resume_steps)
         self.ratio = positive("ratio", ratio)
         self.alpha = positive("alpha", alpha)
         self.prev: float | None = None
@@ -50,6 +57,7 @@ class LrAnomaly(Detector):
         self.typical = EWMean(self.alpha, start="running")   # per-step log change of the schedule
         self.latch = Latch()      # re-armed by a change like the schedule's
         self.resumed = False      # a resume segment began; its first record not seen yet
+        self.peak = 0.0           # the largest LR so far (a warm restart goes back to it)
 
     def on_segment(self, start_step: int, reason: str) -> None:
         if reason == "rollback":
@@ -66,8 +74,10 @@ class LrAnomaly(Detector):
         lr = record.metrics.get(keys.LR)
         if lr is None or not (0.0 < lr < math.inf):
             return []
-        prev, prev_step = self.prev, self.prev_step
+        prev, prev_step, peak = self.prev, self.prev_step, self.peak
         self.prev, self.prev_step = lr, record.step
+        if lr > peak:
+            self.peak = lr
         if prev is None:
             self.last_change_step = record.step
             return []
@@ -92,6 +102,16 @@ class LrAnomaly(Detector):
             return []
         if not self.latch.update(on=True):
             return []
+        since_resume = ctx.steps_since_resume
+        if lr > prev and lr <= peak * (1.0 + self.min_change) and not (
+                since_resume is not None and since_resume <= self.resume_steps):
+            return [self.finding(
+                record.step, severity="info", value=lr, baseline=prev,
+                message=(f"The learning rate went back up from {fmt(prev)} at step {prev_step} to {fmt(lr)} at "
+                         f"step {record.step}, {'its earlier peak' if lr >= peak * (1.0 - self.min_change) else f'below its earlier peak {fmt(peak)}'}: "
+                         f"a schedule with warm restarts (SGDR, cosine with restarts) starts its next "
+                         f"cycle so; if yours has none, the scheduler started over: check it."),
+                change=lr / prev - 1, restart=True, peak=peak)]
         return [self.finding(
             record.step, severity="warning", value=lr, baseline=prev,
             message=(f"The learning rate jumped from {fmt(prev)} at step {prev_step} to {fmt(lr)} at "
