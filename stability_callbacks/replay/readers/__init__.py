@@ -47,10 +47,10 @@ _READERS: dict[str, Callable[..., Iterator[StepRecord]]] = {
 #: What a log without a training loss is judged on (replay says so first): the fp16 loss scale,
 #: overflow skips, the grad norm.
 JUDGED_WITHOUT_LOSS = (keys.GRAD_NORM, keys.LOSS_SCALE, keys.OVERFLOW_SKIPPED)
-# Readers of ``(line_no, text)`` lines (a followed file: a ``None`` line is an idle tick).
 #: The first lines a log's names are looked for in, beyond the records (a reinforcement
 #: learner's: :func:`.vocabulary.value_term`).
 NAMES_HEAD_LINES = 500
+# Readers of ``(line_no, text)`` lines (a followed file: a ``None`` line is an idle tick).
 LINE_READERS = ("generic", "megatron", "fairseq", "caffe", "jsonl", "csv")
 
 # Other names for the same readers: the formats the generic reader reads without semantics of
@@ -160,7 +160,7 @@ def read_records(path, format: str = "auto", tag_map: Mapping[str, str | None] |
         else:
             head = list(islice(lines, NAMES_HEAD_LINES))   # after what detection read, if any
             lines = chain(head, lines)
-        account.value_term(value_term(text for _, text in head))
+        account.value_term(value_term(text for _, text in head if text is not None))
     if followed and fmt not in LINE_READERS:
         raise ValueError(f"format {fmt} cannot be followed (one of {', '.join(LINE_READERS)})")
     account.format = fmt
