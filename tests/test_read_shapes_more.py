@@ -664,3 +664,17 @@ def test_a_first_epoch_cut_short_does_not_set_the_epoch_length(tmp_path):
     assert [s for s, _ in got] == list(range(10, 560, 10))
     assert "  note: 'batch' went to 100 in the first whole epoch, higher than in the first one shown (cut): the " \
            "epochs after that are 100 long, each going on from the one before" in account.lines()
+
+
+def test_a_progress_bar_counting_in_decimals_between_records_is_no_crash(tmp_path):
+    # logging lines with a bar of decimal counts (`1.5/90.0`, a unit-scaled tqdm) between the
+    # records: the bar is no record and its count no step; the records read as printed
+    lines = []
+    for i in range(1, 31):
+        lines.append(f"2024-01-01 10:00:{i:02d} INFO Training: {i * 100 // 30:>3d}%|#####     | {i * 1.5:.1f}/45.0 "
+                     f"[00:10<00:10, 5.00it/s]")
+        if i % 5 == 0:
+            lines.append(f"2024-01-01 10:00:{i:02d} INFO step {i} loss {2.3 - 0.01 * i:.4f}")
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert got == [(i, {"loss": pytest.approx(2.3 - 0.01 * i)}) for i in range(5, 31, 5)]
+    assert account.unreadable == 0

@@ -567,7 +567,8 @@ class Reading:
                 asm.bar_drawn = (line_no, asm.bar_drawn[1])     # (a blank line after a bar's draw)
             return out
         if plan.kind == "ignore" and plan.counter and plan.step is not None:
-            asm.bar_drawn = (line_no, int(nums[plan.step]))   # a record on the next line may be its step's
+            asm.bar_drawn = (line_no, int(float(nums[plan.step])))   # a record on the next line may be its
+            # step's (a bar may count in decimals: `1.5/90.0`)
         if isinstance(watched, Template):
             plan = watched.for_line(plan)
             if plan.kind == "record":
@@ -655,7 +656,11 @@ def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str,
                 account.ignore(line_no, text, asm.dropped)
                 asm.dropped = ""
         else:
-            out = reading.line(line_no, text)
+            try:
+                out = reading.line(line_no, text)
+            except (ValueError, OverflowError) as e:   # a number no rule expected: this line only, said
+                account(line_no, text, f"unreadable number: {e}")
+                continue
         if out:
             yield from out
     yield from reading.lines(histories.end())
