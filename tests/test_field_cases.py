@@ -181,13 +181,31 @@ def test_a_loss_scale_halving_to_its_floor_warns_then_is_critical():
 
 
 def test_a_loss_scale_reaching_its_floor_inside_the_first_steps_is_critical():
-    # no skipped column: the scale halves from step 6 and reaches 4 at step 19, the crash follows
+    # no skipped column: the scale halves from step 6 and reaches the floor, 1, at step 21, the
+    # crash follows. Inside the start-up this is the scaler's search, which may go on below 1 (a
+    # floor lower than the one assumed) and grow back; it ends with the start-up at the floor
+    # (no step known to have gone through): a search that failed
     recs = [StepRecord(s, {"loss": 3.0 + 0.01 * math.sin(s), "loss_scale": max(2.0 ** (16 - max(s - 5, 0)), 1.0)})
             for s in range(1, 25)]
     f, _ = run(recs)
-    assert found(f, min_severity="warning") == [(19, "loss_scale_collapse", "critical"),
-                                                (19, "rollback_advice", "critical")]
+    assert found(f, min_severity="warning") == [(21, "loss_scale_collapse", "critical"),
+                                                (21, "rollback_advice", "critical")]
     assert f[0].details["past_startup"] and "startup_severity" not in f[0].details
+    # ... and one that stops at the floor with its steps skipped: critical as soon as it stays
+    recs = [StepRecord(s, {"loss_scale": max(2.0 ** (16 - s), 1.0), "skipped": 1.0}) for s in range(1, 20)]
+    assert found(run(recs)[0], min_severity="critical")[:1] == [(17, "loss_scale_collapse", "critical")]
+
+
+def test_a_start_up_search_below_the_floor_assumed_that_grows_back_is_healthy():
+    # fairseq-like (floor 1e-4): the search halves on skipped steps from 2^16 to 0.25, a step goes
+    # through there, and the scale doubles every 20 clean steps: no collapse, from the log (the
+    # skipped steps seen) or as numbers (only the records with a loss: the first at 0.25, rising)
+    search = [StepRecord(s, {"loss_scale": 2.0 ** (16 - s), "skipped": 1.0}) for s in range(1, 19)]
+    rng = random.Random(0)
+    train = [StepRecord(s, {"loss": 3.0 * math.exp(-s / 300) + 1.0 + 0.01 * rng.gauss(0, 1),
+                            "loss_scale": 0.25 * 2.0 ** ((s - 19) // 20), "skipped": 0.0}) for s in range(19, 400)]
+    assert found(run(search + train)[0], min_severity="warning") == []
+    assert found(run(train)[0], min_severity="warning") == []
 
 
 # -- a recovered spike ------------------------------------------------------------------------------

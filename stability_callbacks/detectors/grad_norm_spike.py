@@ -104,8 +104,8 @@ class GradNormSpike(Detector):
                          f"is near its floor, where the few examples a batch still gets wrong make the gradient; "
                          f"a hard batch, not the optimizer going bad."),
                 ratio=ratio, repeat_of=prev if repeat else None, near_floor=True)]
-        tail = (f" It repeats ({len(self.onsets)} spikes since step {self.onsets[0]}): the optimizer state may be going bad; a "
-                f"checkpoint is being saved." if repeat else
+        tail = (f" It repeats ({len(self.onsets)} spikes since step {self.onsets[0]}): the optimizer state may be going bad: "
+                f"keep a checkpoint from before the first." if repeat else
                 " A jump by orders of magnitude is no blip: something upstream changed scale (the data, the "
                 "rewards, the loss's weighting) or the weights are blowing up; check the step's batch." if large else
                 " Isolated grad-norm spikes are common; a loss spike often follows within a few steps.")

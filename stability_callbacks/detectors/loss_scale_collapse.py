@@ -32,14 +32,18 @@ class LossScaleCollapse(Detector):
 
     The *zero*, *pinned* and *floor* findings are unmistakable however early (``past_startup``):
     a scale at its minimum is a run that cannot train, and a start-up search that ends there
-    has failed.
+    has failed. *Floor* asks the scale to have fallen there or to overflow there: one that ended
+    its search below the floor assumed and trains there, or grows back, has a lower floor.
 
     A scale that never moves and never skips is not a dynamic scaler at all: bf16 Megatron and
     static-scale runs print ``loss scale: 1.0`` on every line, and that is silent (a step skipped
     for overflow, even one, shows a scaler at work: a log excerpt may begin in a cascade). The
-    start-up search (halving from 2^32 on every step) meets the *zero*, *pinned* and *floor*
-    rules — a search that halved down to the floor found no scale at which the gradients fit,
-    so it has failed (apex, which has no floor, goes on to 1e-202) — but not *halvings*. The
+    start-up search (halving from 2^32 on every step) meets the *zero* and *pinned* rules, and
+    *floor* when it stops at the floor and stays (its scaler can go no lower), when the start-up
+    ends with the scale at the floor and no step known to have gone through, or when a replayed
+    log ends in it there (apex, which has no floor, goes on to 1e-202) — not while it passes
+    below the floor assumed (fairseq's is 1e-4: it may find its scale at 0.25 and grow back) —
+    and never *halvings*. The
     search ends at its first successful step (``skipped`` 0; at the latest with the Monitor's
     start-up, a log excerpt beginning mid-run is no search): halvings after
     that count, however early (apex halving on ten iterations in a row after steps went through
@@ -99,20 +103,29 @@ class LossScaleCollapse(Detector):
         # a scale that moved, or a step skipped for overflow: a dynamic scaler at work
         self.moved = self.moved or (self.last is not None and not same) or (skipped is not None and skipped >= 1)
         self.pinned = self.pinned + int(skipped) if skipped is not None and overflowed and same else 0
+        ended = False   # the search ended with the start-up, no step known to have gone through
         if self.searching and (not ctx.in_startup or (skipped is not None and skipped == 0.0)):
             self.searching = False   # a step went through (the search found its scale), or the run's start-up is over
+            ended = skipped is None or skipped != 0.0
         self.last, self.last_step = s, step
         if s == 0.0:
             return self._fire(step, s, "zero", ctx, on=True)
         if self.pinned >= self.pinned_skips:
             return self._fire(step, s, "pinned", ctx, on=True)
         ls = self._log2[1] if s == self._log2[0] else self._remember_log2(s)
+        if self.searching:
+            # The search halves by design. One that fails stops at the floor and stays there (its
+            # scaler can go no lower: DeepSpeed then exits) or never ends (apex: the floor, once
+            # the start-up is over); one that passes below the floor assumed has a lower one
+            # (fairseq: 1e-4) and may yet find its scale and grow back.
+            at_floor = self.moved and same and ls <= self._log2_min
+            return self._fire(step, s, "floor", ctx, on=at_floor, off=not at_floor)
+        if ended and self.moved and ls <= self._log2_min:   # a search that ended at the floor failed
+            return self._fire(step, s, "floor", ctx, on=True)
         near_floor = self.moved and ls - self._log2_min <= self.floor_halvings
-        if self.searching:   # the search halves by design; one that reached the floor has failed
-            return self._fire(step, s, "floor", ctx, on=near_floor, off=not near_floor)
-        if ls == self.peak and not near_floor:   # at its peak, off its floor (most steps): no halving
-            self.peak_step = step                # to count, nothing to report, both latches re-armed
-            self.latch.armed = self.warned.armed = True
+        if ls == self.peak and not (near_floor and overflowed):   # at its peak, not overflowing at its
+            self.peak_step = step                # floor (most steps): no halving to count, nothing to
+            self.latch.armed = self.warned.armed = True   # report, both latches re-armed
             return []
         if self.peak is not None and self.peak_step is not None:
             decay = (step - self.peak_step) // self.peak_decay_steps
@@ -122,9 +135,12 @@ class LossScaleCollapse(Detector):
         if self.peak is None or ls >= self.peak:
             self.peak, self.peak_step = ls, step
         drop = self.peak - ls
-        # near the floor by repeated halvings (or at it): one halving of a scale that has sat at 8
-        # for an epoch, to 4, is a scaler at work (a fairseq reference log)
-        near_floor = near_floor and (ls <= self._log2_min or drop >= self.floor_halvings)
+        # near the floor by repeated halvings, or at it having fallen there or overflowing there:
+        # one halving of a scale that has sat at 8 for an epoch, to 4, is a scaler at work (a
+        # fairseq reference log); a scale that ended its search below the floor assumed, and
+        # trains there or grows back, is a scaler whose floor is lower (fairseq's 1e-4)
+        near_floor = near_floor and ((ls <= self._log2_min and (overflowed or drop >= 1))
+                                     or drop >= self.floor_halvings)
         rule = "halvings" if drop >= self.min_halvings else "floor"
         off = drop < self.min_halvings / 2 and not near_floor
         if drop >= self.min_halvings or near_floor:
@@ -140,6 +156,17 @@ class LossScaleCollapse(Detector):
         elif off:
             self.warned.armed = True
         return out
+
+    def at_end(self, ctx: Context) -> list[Finding]:
+        """The end of a replayed log still in the search, its scale within ``floor_halvings`` of
+        the floor or below it: no step went through, and none will (an excerpt of overflow lines
+        halving to 0.5, or to 1e-202): the search failed."""
+        s = self.last
+        if not self.searching or s is None or s <= 0.0 or not self.moved:
+            return []
+        if math.log2(s) - self._log2_min > self.floor_halvings:
+            return []
+        return self._fire(ctx.step, s, "floor", ctx, on=True)
 
     def _remember_log2(self, s: float) -> float:
         """log2 of a new scale (a scale stays the same for hundreds of steps); derived, not state."""
@@ -167,7 +194,7 @@ class LossScaleCollapse(Detector):
             return [self.finding(
                 step, severity="warning", value=s, baseline=peak, threshold=peak / 2 ** self.warn_halvings,
                 onset_step=self.peak_step,
-                message=(f"{what} A checkpoint is being saved while the weights are good; if it goes on "
+                message=(f"{what} Keep a checkpoint from now, while the weights are good; if it goes on "
                          f"halving, consider bf16 or a lower LR."),
                 rule=rule, halvings=peak_log2 - math.log2(s),
                 pinned_skips=self.pinned, past_startup=not self.searching)]

@@ -41,23 +41,33 @@ class OverflowBurst(Detector):
             return []
         if ctx.in_startup and not self.search_failed:
             self.search_failed = any(f.kind == "loss_scale_collapse" for f in ctx.found)
+        return self._count(record.step, k, ctx.in_startup, record.metrics.get(keys.LOSS_SCALE))
+
+    def at_end(self, ctx: Context) -> list[Finding]:
+        """The end of a replayed log whose start-up search ``loss_scale_collapse`` found failed
+        only there (the log ends while it still halves): its skips were a burst all along."""
+        if self.search_failed or not self.recent or not any(f.kind == "loss_scale_collapse" for f in ctx.found):
+            return []
+        self.search_failed = True
+        return self._count(ctx.step, 0.0, False, None)
+
+    def _count(self, step: int, k: float, in_startup: bool, scale: float | None) -> list[Finding]:
         if k == 0.0 and not self.recent:   # no skip now nor in the window: nothing to count
             self.latch.armed = True        # re-armed, as by a window without a skip (hot path: no call)
             return []
-        step = record.step
         recent = [e for e in self.recent if step - e[0] < self.window_steps]
         if k > 0:
-            recent.append([step, k, ctx.in_startup])
+            recent.append([step, k, in_startup])
         self.recent = recent
         total = sum(c for _, c, st in recent if not st or self.search_failed)
         if not self.latch.update(on=total >= self.min_skips, off=total == 0):
             return []
         first = int(next(s for s, _, st in recent if not st or self.search_failed))
-        scale = record.metrics.get(keys.LOSS_SCALE)
         scale_txt = f" (loss scale now {scale:g})" if scale is not None and scale > 0 else ""
         return [self.finding(
             step, severity="warning", value=total, threshold=self.min_skips, onset_step=first,
-            message=(f"{int(total)} optimizer steps were skipped for fp16 overflow between steps "
-                     f"{first} and {step}{scale_txt}. Gradients are overflowing: a loss spike or a "
-                     f"loss-scale collapse often follows. A checkpoint is being saved."),
+            message=(f"{int(total)} optimizer steps were skipped for fp16 overflow "
+                     f"{f'between steps {first} and {step}' if first < step else f'in the interval logged at step {step}'}"
+                     f"{scale_txt}. Gradients are overflowing: a loss spike or a "
+                     f"loss-scale collapse often follows."),
             skips=total)]

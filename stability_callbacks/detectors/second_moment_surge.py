@@ -108,7 +108,7 @@ class SecondMomentSurge(Detector):
                 value=v, baseline=b,
                 message=(f"Adam's second moment surged at step {record.step}: exp_avg_sq {label} "
                          f"{fmt(v)} (bias-corrected) is {r:.1f}x its baseline {fmt(b)}. Gradients "
-                         f"have grown sharply; a loss spike often follows. A checkpoint is being saved."),
+                         f"have grown sharply; a loss spike often follows."),
                 rule="jump", statistic=label, ratio=r))
         end = ctx.warmup_end_step
         if (vraw is not None and known_beta2 is not None and 0.0 < beta2 < 1.0 and end is not None
