@@ -678,3 +678,19 @@ def test_a_progress_bar_counting_in_decimals_between_records_is_no_crash(tmp_pat
     got, account = records_of(tmp_path, "\n".join(lines) + "\n")
     assert got == [(i, {"loss": pytest.approx(2.3 - 0.01 * i)}) for i in range(5, 31, 5)]
     assert account.unreadable == 0
+
+
+def test_a_loss_named_after_its_function_is_the_loss_where_no_other_is_printed(tmp_path):
+    # one metric per line, train and eval split, the loss named after its function (no word
+    # `loss`): `train/mse` is the loss; beside a printed `loss`, the printed loss wins
+    lines = []
+    for i in range(1, 21):
+        lines += [f"step {i * 10}: train/mse {2.0 - 0.05 * i:.4f}", f"step {i * 10}: train/mae {1.0 - 0.02 * i:.4f}"]
+        if i % 5 == 0:
+            lines.append(f"step {i * 10}: eval/mse {2.2 - 0.05 * i:.4f}")
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert got == [(i * 10, {"loss": pytest.approx(2.0 - 0.05 * i)}) for i in range(1, 21)]
+    assert account.keys == {"loss": ["train/mse"]}
+    got, account = records_of(tmp_path, "".join(f"[{i}] loss {3.0 - 0.1 * i:.3f} nll {2.0 - 0.05 * i:.3f}\n"
+                                                 for i in range(1, 21)))
+    assert [m["loss"] for _, m in got] == [pytest.approx(3.0 - 0.1 * i) for i in range(1, 21)]
