@@ -694,3 +694,17 @@ def test_a_loss_named_after_its_function_is_the_loss_where_no_other_is_printed(t
     got, account = records_of(tmp_path, "".join(f"[{i}] loss {3.0 - 0.1 * i:.3f} nll {2.0 - 0.05 * i:.3f}\n"
                                                  for i in range(1, 21)))
     assert [m["loss"] for _, m in got] == [pytest.approx(3.0 - 0.1 * i) for i in range(1, 21)]
+
+
+def test_printed_loss_tensors_are_read_as_their_values(tmp_path):
+    # a training loop's print(loss): `tensor(x, grad_fn=<NllLossBackward0>)` on its own line is the
+    # loss (what backward() is called on), numbered by order; a NaN there is found
+    lines = [f"tensor({'nan' if i > 30 else f'{2.3 - 0.02 * i:.4f}'}, grad_fn=<NllLossBackward0>)" for i in range(1, 41)]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [s for s, _ in got] == list(range(1, 41)) and account.keys == {"loss": ["tensor_with_grad_fn"]}
+    assert [m["loss"] for _, m in got][:2] == [pytest.approx(2.28), pytest.approx(2.26)]
+    assert all(math.isnan(m["loss"]) for _, m in got[30:])
+    # a named value printed as a tensor is that value
+    got, _ = records_of(tmp_path, "".join(f"Epoch 1, batch {i}, loss: tensor({2.3 - 0.02 * i:.4f}, device='cuda:0', "
+                                          f"grad_fn=<NllLossBackward0>)\n" for i in range(1, 21)))
+    assert got == [(i, {"loss": pytest.approx(2.3 - 0.02 * i)}) for i in range(1, 21)]

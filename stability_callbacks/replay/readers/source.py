@@ -371,7 +371,31 @@ def strip_prefix(line: str) -> str:
     ('0 train 10.93', '12 | loss 2.5', '   loss=2')
     """
     m = _LINE_PREFIX.match(line)
-    return line[m.end():] if m else line
+    line = line[m.end():] if m else line
+    return _untensor(line) if "tensor(" in line else line
+
+
+#: A torch scalar tensor as ``print`` shows it: ``tensor(2.3026, device='cuda:0',
+#: grad_fn=<NllLossBackward0>)``, ``tensor([0.5])``: its value, and whether it carries a grad_fn.
+_TENSOR = re.compile(r"\btensor\(\[?\s*([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))\s*\]?((?:,[^()]*)?)\)")
+#: The name a bare printed tensor with a grad_fn gets (vocabulary.json: the loss, below a printed one).
+GRAD_TENSOR = "tensor_with_grad_fn"
+
+
+def _untensor(line: str) -> str:
+    """``loss: tensor(2.3, grad_fn=<...>)`` -> ``loss: 2.3``; a line that is only such a tensor
+    with a grad_fn (a training loop's ``print(loss)``: what backward() is called on) ->
+    ``tensor_with_grad_fn 2.3``.
+
+    >>> _untensor("loss: tensor(2.3026, device='cuda:0', grad_fn=<NllLossBackward0>)")
+    'loss: 2.3026'
+    >>> _untensor("tensor(nan, grad_fn=<DivBackward0>)"), _untensor("acc tensor([0.93])")
+    ('tensor_with_grad_fn nan', 'acc 0.93')
+    """
+    m = _TENSOR.search(line)
+    if m is not None and "grad_fn" in m.group(2) and not line[:m.start()].strip() and not line[m.end():].strip():
+        return f"{GRAD_TENSOR} {m.group(1)}"
+    return _TENSOR.sub(r"\1", line)
 
 
 def segments(line: str) -> list[str]:
