@@ -708,3 +708,15 @@ def test_printed_loss_tensors_are_read_as_their_values(tmp_path):
     got, _ = records_of(tmp_path, "".join(f"Epoch 1, batch {i}, loss: tensor({2.3 - 0.02 * i:.4f}, device='cuda:0', "
                                           f"grad_fn=<NllLossBackward0>)\n" for i in range(1, 21)))
     assert got == [(i, {"loss": pytest.approx(2.3 - 0.02 * i)}) for i in range(1, 21)]
+
+
+def test_a_guessed_column_is_read_where_the_account_says_it_is(tmp_path):
+    # headerless columns `epoch  batch  loss  aux  lr`, no names: the guess (loss #3, step #2)
+    # is anchored at the line's start, so the records hold those columns, not the first two
+    # (an unanchored pattern read the epoch as the step and the batch count as the loss)
+    rows = [f"  {1 + i // 10:>3d}  {(i % 10 + 1) * 100:>6d}    {2.3 - 0.02 * i:.4f}    {1.3 - 0.01 * i:.4f}   0.0010"
+            for i in range(40)]
+    got, account = records_of(tmp_path, "\n".join(rows) + "\n")
+    assert got[:3] == [(100, {"loss": pytest.approx(2.3)}), (200, {"loss": pytest.approx(2.28)}),
+                       (300, {"loss": pytest.approx(2.26)})]
+    assert account.keys["loss"][0].startswith("#3 ") and account.numbering == {"counter": ["#2"]}

@@ -273,8 +273,16 @@ def _pattern(texts: list[str], step: int | None, loss: int) -> str:
     first = min(i for i in (step, loss) if i is not None)
     last = max(i for i in (step, loss) if i is not None)
     parts = []
+    if first > 0 and not re.search(r"[A-Za-z_]", texts[first]):
+        # no key before the first number wanted (columns): anchored at the line's start, the
+        # numbers before it skipped by count (unanchored, `\s+(\d+)\s+(x)` would take the
+        # first two columns, whichever they are)
+        parts.append(r"^\s*")
+        first = 0
     for i in range(first, last + 1):
-        piece = texts[i].rstrip("-+") if i > first else _key_part(texts[i].rstrip("-+"))
+        piece = texts[i].rstrip("-+") if i > first or parts else _key_part(texts[i].rstrip("-+"))
+        if i == 0 and parts:
+            piece = piece.lstrip()
         parts.append(_SPACE.sub(r"\\s+", re.escape(piece)))
         parts.append(r"(?P<step>\d+)" if i == step else f"(?P<loss>{_VALUE})" if i == loss else _VALUE)
     return "".join(parts)
