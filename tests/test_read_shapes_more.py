@@ -720,3 +720,20 @@ def test_a_guessed_column_is_read_where_the_account_says_it_is(tmp_path):
     assert got[:3] == [(100, {"loss": pytest.approx(2.3)}), (200, {"loss": pytest.approx(2.28)}),
                        (300, {"loss": pytest.approx(2.26)})]
     assert account.keys["loss"][0].startswith("#3 ") and account.numbering == {"counter": ["#2"]}
+
+
+def test_a_summary_dict_at_a_records_step_is_no_repeat_of_it(tmp_path):
+    # logging lines of JSON: interval dicts, and after each epoch a summary dict of another form
+    # at the last interval's step with the epoch's mean loss: the interval's loss stays as
+    # printed (not a mean with the summary's), and the summary lines are said, not read
+    lines, s = [], 0
+    for e in range(1, 4):
+        for _ in range(10):
+            s += 10
+            lines.append(f'2024-01-01 10:00:00,000 - train - INFO - {{"epoch": {e}, "iter": {s}, '
+                         f'"loss": {2.3 - 0.01 * s:.4f}, "lr": 0.001}}')
+        lines.append(f'2024-01-01 10:00:00,000 - train - INFO - {{"mode": "train", "epoch": {e}, "iter": {s}, '
+                     f'"loss": {2.4 - 0.01 * s:.4f}, "time": 100.0}}')
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert got == [(s, {"loss": pytest.approx(2.3 - 0.01 * s), "lr": 0.001}) for s in range(10, 301, 10)]
+    assert account.ignored == {"a summary at a record's step (another form, another loss)": [3, 11]}

@@ -784,6 +784,8 @@ class Assembler:
             for k, v in metrics.items():
                 prev.metrics.setdefault(k, v)
             self.account.change(self.line_no, MERGED[1])
+        elif self._summary_of(prev, metrics, plan):
+            pass   # consumed: the step's record stays as its own lines printed it
         else:
             keep = plan is not None and plan is self._noted_plan and how == "counter" and self.noted_at == self.made
             if keep:
@@ -854,6 +856,22 @@ class Assembler:
                           "integer that goes up")
         self._noted_plan = None
         return int(now[up])
+
+    def _summary_of(self, prev: StepRecord, metrics: dict, plan: Plan | None) -> bool:
+        """Whether a line printing the held record's step is a summary of it (an epoch's dict
+        between the interval dicts): another form than the record's lines (another template;
+        not a term of the objective on a line of its own), another loss, in a log whose steps
+        are printed once each. Ranks and micro-batches print a step in one form, and a resumed
+        run re-logs it in the form it logged it (:meth:`_relogged`). Ignored, and said."""
+        held = self._noted_plan
+        if plan is None or held is None or plan is held:
+            return False
+        a, b = prev.metrics.get(keys.LOSS), metrics.get(keys.LOSS)
+        if a is None or b is None or a == b or (a != a and b != b) \
+                or abs(a - b) <= SAME_LOSS * max(abs(a), abs(b)) or 2 * self.repeated_steps >= self.made - 1:
+            return False
+        self.account.ignore(self.line_no, "", "a summary at a record's step (another form, another loss)")
+        return True
 
     def _relogged(self, prev: StepRecord, metrics: dict) -> bool:
         """Whether a row of a table or a JSON line that prints a step again, with another loss,
