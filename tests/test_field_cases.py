@@ -709,6 +709,15 @@ def test_an_epoch_level_loss_rising_epoch_after_epoch_is_a_drift(xs, want):
     assert found(_epoch_run(xs, epochs=False)) == []   # the same numbers as steps: too few to judge
 
 
+def test_an_epoch_level_drift_that_grows_an_order_of_magnitude_is_critical():
+    # the rises said as a drift at epoch 10 (x3.2 from epoch 5) go on to x32 at epoch 12: the
+    # loss is exploding, once (it was one warning and never more)
+    xs = [2.0, 1.6, 1.4, 1.3, 1.25, 1.3, 1.5, 1.9, 2.6, 4.0, 9.0, 40.0, 300.0, 5000.0]
+    f = [x for x in _epoch_run(xs) if x.kind == "divergence"]
+    assert [(x.step, x.severity) for x in f] == [(10, "warning"), (12, "critical")]
+    assert f[1].details["exploding"] and "from 1.25 at epoch 5 to 40 at epoch 12 (32x)" in f[1].message
+
+
 def _near_zero_classifier(hard_grad):
     """A classifier falling from 2.3 to ~1e-3, its grad norm with it (4 -> ~0.1); from step 600 a
     hard batch every 45 steps: the loss x6 and the grad norm ``hard_grad``."""

@@ -101,8 +101,9 @@ class Divergence(Detector):
         # the fall
         self.start = [0, 0.0, False, True]
         self.runaway = Latch()
-        # epochs rising: [the value the rises started from, its step, rises in a row, the last value, told]
-        self.epochs: list = [None, None, 0, None, False]
+        # epochs rising: [the value the rises started from, its step, rises in a row, the last value, told,
+        #                 told it exploded]
+        self.epochs: list = [None, None, 0, None, False, False]
 
     def _restart(self):
         self.med = RollingMedian(self.window)
@@ -283,9 +284,19 @@ class Divergence(Detector):
         e = self.epochs
         prev, e[3] = e[3], x
         if prev is None or x <= prev or ctx.phase in ("warmup", "rewarm"):
-            e[0], e[1], e[2], e[4] = x, step, 0, False
+            e[0], e[1], e[2], e[4], e[5] = x, step, 0, False, False
             return []
         e[2] += 1
+        if e[4] and not e[5] and x >= e[0] * self.runaway_factor:
+            e[5] = True   # the drift said has grown an order of magnitude: exploding
+            return [self.finding(
+                step, severity="critical", value=x, baseline=e[0], threshold=e[0] * self.runaway_factor,
+                onset_step=e[1],
+                message=(f"The loss is exploding: it rose at each of its last {e[2]} epochs, from {fmt(e[0])} at "
+                         f"epoch {e[1]} to {fmt(x)} at epoch {step} ({x / e[0]:.3g}x), an order of magnitude "
+                         f"and more. Training on will not bring it back: roll back to a checkpoint from before "
+                         f"epoch {e[1]} and lower the LR."),
+                rule="epochs", rise=x / e[0] - 1, points_above=e[2], exploding=True)]
         if e[4] or e[2] <= self.persist_samples or x < e[0] * (1.0 + self.min_rise):
             return []
         e[4] = True
