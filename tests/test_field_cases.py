@@ -744,3 +744,21 @@ def test_near_the_loss_floor_a_grad_norm_jump_within_its_earlier_range_is_a_hard
     # ... one far above anything it was before is still a jump by orders of magnitude: warnings
     assert found(_near_zero_classifier(60.0), min_severity="warning")[:2] == [
         (630, "grad_norm_spike", "warning"), (675, "grad_norm_spike", "warning")]
+
+
+def test_a_jump_that_never_came_back_before_the_log_ended_is_a_warning_at_its_end():
+    # a few records with no step numbers (by order: inside the start-up, where the policy makes a
+    # spike info): the loss x11 at record 6 and up to the end. The end of the log says it had not
+    # come back (a warning, not demoted); back at once, nothing at the end
+    xs = [2.3, 2.25, 2.2, 2.18, 2.15, 25.0, 24.0, 26.0]
+    m = Monitor()
+    m.steps_by_order = True
+    f = [x for s, v in enumerate(xs, 1) for x in m.update(StepRecord(s, {"loss": v}))]
+    end = m.end()
+    assert found(f) == [(6, "loss_spike", "info")]
+    assert [(x.step, x.kind, x.severity, x.onset_step) for x in end] == [(8, "loss_spike", "warning", 6)]
+    assert "had not come back when the log ended at step 8: its 3 points from the jump on stayed up" in end[0].message
+    back = Monitor()
+    for s, v in enumerate(xs[:6] + [2.1, 2.1], 1):
+        back.update(StepRecord(s, {"loss": v}))
+    assert back.end() == []

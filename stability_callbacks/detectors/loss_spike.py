@@ -534,6 +534,28 @@ class LossSpike(Detector):
                        f"to a checkpoint before step {onset}."),
             rise=rise, **({"floor": unit} if unit > base else {}), **extra)
 
+    def at_end(self, ctx: Context) -> list[Finding]:
+        """The end of a replayed log with a spike open and not yet a warning, the loss still up
+        by ``large_rise`` on every point since its onset (2 at least): it had not come back when the
+        log ended (a few points that jump x10 and stay: a cold start cannot call it stayed, the
+        log's end can) — or warned inside the start-up, where the policy made it info, the log
+        ending there. A warning; a loss below zero (an additive episode) is only reported."""
+        ep = self.episode
+        if ep is None or (ep.warned and not ctx.in_startup) or self.signed or ep.samples < 2 or self.prev_x is None:
+            return []
+        least = ep.baseline * (1.0 + self.large_rise)
+        if self.prev_x < least or (ep.low is not None and ep.low <= 0.0):
+            return []
+        ep.warned = True
+        return [self.finding(
+            ctx.step, severity="warning", value=self.prev_x, baseline=ep.baseline, threshold=least,
+            onset_step=ep.onset,
+            message=(f"{self._what()} jumped at step {ep.onset} and had not come back when the log ended at step "
+                     f"{ctx.step}: its {ep.samples} points from the jump on stayed up, the last {fmt(self.prev_x)} vs "
+                     f"{fmt(ep.baseline)} before it (peak {fmt(ep.peak)}). If the run went on like this, roll back "
+                     f"to a checkpoint before step {ep.onset}."),
+            stayed_to_end=True, peak=ep.peak)]
+
     # -- objectives that go below zero: an additive scale, info only -----------------------------
     def declare_objective(self) -> None:
         """The loss is an objective with no floor to be relative to (an actor-critic's), though
