@@ -210,7 +210,8 @@ class Monitor:
             # A step where nothing was found changes nothing of the policy: it only sets the save
             # interval on Control, which the next step the policy decides sets again, from that
             # step alone (nothing reads Control within a batch): the run's last step is decided.
-            if ctx.found or i == last:
+            # While saves are blocked by damage, each step is (the loss may be back: saves resume).
+            if ctx.found or i == last or self.policy.damage is not None:
                 self._decide(r, ctx, ctx.found, windows[i])
                 out += ctx.found
         carried = self._ctx   # where a later update() or end() carries on from: the last step's context
@@ -253,6 +254,7 @@ class Monitor:
             self.success_seen = skipped is None or skipped == 0 or (loss is not None and math.isfinite(loss))
         window = phase.risk_window
         ctx.step, ctx.phase, ctx.in_risk_window = step, phase.phase, window is not None and window[0] < step <= window[1]
+        ctx.loss = m.get(keys.LOSS)
         ctx.warmup_end_step = phase.warmup_end_step
         # the start-up is counted in optimizer steps: an epoch of a log that prints nothing finer is
         # a whole pass over the data, far past them

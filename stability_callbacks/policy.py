@@ -27,7 +27,7 @@ from .record import Finding, StepRecord, severity_rank
 DAMAGE_KINDS = frozenset({"nonfinite", "divergence", "spike_unrecovered", "loss_scale_collapse"})
 #: Events, not instabilities: never escalated, never a reason to save (nor is a run not learning:
 #: its weights are worth no more checkpoints).
-EVENT_KINDS = frozenset({"warmup_end", "warmup_instability", "resume", "preflight", "rollback_advice",
+EVENT_KINDS = frozenset({"warmup_end", "warmup_instability", "resume", "preflight", "rollback_advice", "saves_resumed",
                          "step_skipped", "auto_rollback", "not_learning"})
 #: ``skip_step_on``: never; non-finite grad norms; non-finite or extreme outliers.
 SKIP_STEP_ON = ("never", "nonfinite", "grad_outlier")
@@ -97,7 +97,9 @@ def save_interval_before(onset: int, cap: int) -> int | None:
     nice = [m * 10 ** k for k in range(len(str(onset))) for m in (1, 2, 5)]
     return min(cap, max(x for x in nice if x < onset))
 _MAX_LEADS = 16
-_SINCE_ROLLBACKS = ("skips", "data_skips")   # state keys a checkpoint from before them lacks
+_SINCE_ROLLBACKS = ("skips", "data_skips")
+#: Points in a row at the loss's level from before a damage finding that resume the saves.
+RESTORED_POINTS = 10   # state keys a checkpoint from before them lacks
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,7 +171,7 @@ class Policy:
     """
 
     _state = ("bump_until", "escalation", "lr_jump_step", "leads", "checkpoints", "last_save_request",
-              "skips", "data_skips")
+              "skips", "data_skips", "damage")
 
     def __init__(self, *, halt_on: str = "never", save_on: str = "warning",
                  bump_save_interval_to: int = 300, bump_duration_steps: int = 1000,
@@ -198,6 +200,9 @@ class Policy:
         self.bump_until: int | None = None
         self.escalation: list | None = None   # [step, severity, onset] of the last warmup_instability
         self.lr_jump_step: int | None = None   # the last lr_anomaly
+        #: The damage that stopped the saves: [the loss's level before it, points back at it in a
+        #: row since, the finding's step] (None: none, or no level to come back to)
+        self.damage: list | None = None
         self.last_save_request: int | None = None
         self.leads: list = []          # [[step, kind], ...] recent leading-signal onsets (a precursor's: + what moved)
         self.checkpoints: list = []    # [[step, path, good], ...] newest last
@@ -297,10 +302,11 @@ class Policy:
         back to (:meth:`_advise_on_damage`); a halt or an automatic rollback
         (:meth:`_halt_or_roll_back`); a save (:meth:`_request_save`); the stop
         (:meth:`_request_stop`). ``control.alerts``: every finding of the step."""
-        if not findings:   # the ordinary step: only the save interval can change
+        if not findings:   # the ordinary step: only the save interval (and the saves blocked) can change
             self._set_interval(ctx, control, risk_window)
-            control.alerts = []
-            return []
+            restored = self._restore(ctx, control) if self.damage is not None else []
+            control.alerts = restored
+            return restored
         for f in findings:
             self._demote_in_startup(f, ctx)
             self._note_lead(f, ctx)
@@ -311,7 +317,8 @@ class Policy:
         escalation = self._escalate_and_bump(findings, ctx, risk_window)
         if escalation is not None:
             extra.append(escalation)
-        extra += self._advise_on_damage(findings, ctx, control)
+        extra += self._advise_on_damage(findings, ctx, control) or (
+            self._restore(ctx, control) if self.damage is not None else [])
         halting, no_rollback, added = self._halt_or_roll_back(findings + extra, ctx, control)
         extra += added
         every = findings + extra
@@ -379,7 +386,34 @@ class Policy:
             return []
         control.state_is_good = False
         control.rollback = self._rollback_advice(ctx.step, damaged[0], ctx)
+        base = damaged[0].baseline if damaged[0].baseline is not None else ctx.loss_baseline
+        self.damage = [base, 0, ctx.step] if base is not None and math.isfinite(base) and base > 0.0 else None
         return [control.rollback]
+
+    def _restore(self, ctx: Context, control: Control) -> list[Finding]:
+        """The saves blocked by a damage finding resume once the loss is back at its level from
+        before it, ``RESTORED_POINTS`` points in a row at or below it (+10%): the weights give the
+        loss they gave before, so nothing the loss can show is damaged (a GAN's summed losses
+        swinging back after a rise called a divergence; a NaN the scaler skipped). A saved
+        checkpoint is then a good one again; an ``info`` says so."""
+        d = self.damage
+        x = ctx.loss
+        if d is None or control.state_is_good:
+            self.damage = None
+            return []
+        d[1] = d[1] + 1 if x is not None and math.isfinite(x) and x <= d[0] * 1.1 else 0
+        if d[1] < RESTORED_POINTS:
+            return []
+        self.damage = None
+        control.state_is_good = True
+        control.rollback = None
+        return [Finding(
+            step=ctx.step, kind="saves_resumed", severity="info", signal=keys.LOSS, value=x, baseline=d[0],
+            onset_step=d[2],
+            message=(f"The loss is back at its level from before step {d[2]}: {RESTORED_POINTS} points in a row at "
+                     f"or below {d[0] * 1.1:.4g} (it was {d[0]:.4g}), the last {x:.4g} at step {ctx.step}. "
+                     f"Nothing the loss shows is damaged any more: saves resume (they had stopped at step {d[2]})."),
+            details={"points": RESTORED_POINTS})]
 
     def _halt_or_roll_back(self, seen: list[Finding], ctx: Context,
                            control: Control) -> tuple[bool, str | None, list[Finding]]:

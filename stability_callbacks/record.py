@@ -14,7 +14,7 @@ KINDS = (
     "param_norm_growth", "second_moment_surge", "overflow_burst", "loss_scale_collapse",
     "lr_anomaly", "warmup_end", "warmup_instability", "resume", "resume_spike",
     "data_repetition", "preflight", "rollback_advice", "crash", "hang", "hang_resolved",
-    "step_skipped", "auto_rollback", "precursor", "not_learning",
+    "step_skipped", "auto_rollback", "precursor", "not_learning", "saves_resumed",
 )
 
 

@@ -148,8 +148,11 @@ def test_nonfinite_once_per_episode():
         r.metrics["loss"] = math.nan
     recs[350].metrics["grad_norm"] = math.inf
     found = kinds(run(recs))
+    # the loss back at its level for 10 steps after each: saves resume (the policy's info), and
+    # the next damage is advised on again
     assert found == [(300, "nonfinite", "critical"), (300, "rollback_advice", "critical"),
-                     (351, "nonfinite", "critical")]
+                     (315, "saves_resumed", "info"), (351, "nonfinite", "critical"),
+                     (351, "rollback_advice", "critical"), (361, "saves_resumed", "info")]
 
 
 def test_grad_norm_spike_isolated_then_repeating():
@@ -191,7 +194,8 @@ def test_overflow_burst_and_loss_scale_collapse():
         r.metrics.update(skipped=1.0 if skip else 0.0, loss_scale=scale_)
     # three halvings in a row: a warning (with the burst of skips); six: critical
     assert kinds(run(recs)) == [(402, "loss_scale_collapse", "warning"), (402, "overflow_burst", "warning"),
-                                (405, "loss_scale_collapse", "critical"), (405, "rollback_advice", "critical")]
+                                (405, "loss_scale_collapse", "critical"), (405, "rollback_advice", "critical"),
+                                (415, "saves_resumed", "info")]
 
 
 def test_startup_scale_search_and_periodic_overflow_are_healthy():

@@ -134,7 +134,8 @@ def test_halvings_after_the_start_up_search_ended_are_a_collapse():
         recs.append(StepRecord(s, {"loss": 3.0 - s / 100, "loss_scale": scale, "skipped": float(skip)}))
     f, _ = run(recs)
     assert found(f) == [(10, "loss_scale_collapse", "warning"), (10, "overflow_burst", "info"),
-                        (13, "loss_scale_collapse", "critical"), (13, "rollback_advice", "critical")]
+                        (13, "loss_scale_collapse", "critical"), (13, "rollback_advice", "critical"),
+                        (23, "saves_resumed", "info")]
     assert [x.details["rule"] for x in f if x.kind == "loss_scale_collapse"] == ["falling", "halvings"]
     assert all(x.details["past_startup"] for x in f if x.kind == "loss_scale_collapse")
     # the search alone (skips from the first step, then steps going through) stays silent

@@ -283,7 +283,8 @@ def test_a_nan_printed_with_its_step_and_skipping_words_is_found_at_that_step(tm
     path.write_text("".join((line if s == 25 else f"Epoch 1 Step {s}: loss={2.5 - 0.01 * s:.4f}") + "\n"
                             for s in range(1, 41)))
     code, _, found = _replay_json(capsys, path)
-    assert code == 1 and [(f["step"], f["kind"]) for f in found] == [(25, "nonfinite"), (25, "rollback_advice")]
+    assert code == 1 and [(f["step"], f["kind"]) for f in found] == [(25, "nonfinite"), (25, "rollback_advice"),
+                                                                     (35, "saves_resumed")]
 
 
 def test_a_warning_beside_no_zero_loss_changes_nothing(tmp_path):

@@ -22,6 +22,7 @@ class Context:
     run_start: int | None = None            # the run's first step when it began from nothing (its first
                                             # record, at step 0 or 1): no checkpoint can precede it
     steps_since_resume: int | None = None   # None: no resume in this run (or long ago)
+    loss: float | None = None               # the step's loss, as the record has it (the policy's)
     loss_spike_open: bool = False           # set by LossSpike for the detectors after it
     loss_spike_onset: int | None = None     # onset of the open loss-spike episode, if any
     loss_baseline: float | None = None      # LossSpike's baseline before this point (warm only)
