@@ -306,8 +306,9 @@ class Stall(Detector):
                     f"{prev / x:.3g}x lower in {step - (prev_step or step - 1)} step(s).")
         return self.finding(
             step, severity="critical", value=x, baseline=prev, onset_step=step,
-            message=(f"{what} A cross-entropy-like loss cannot fall to zero, or by a factor of "
-                     f"{1 / self.zero_from:.0f} per step, by learning: the loss was masked to 0 (a batch "
+            message=(f"{what} A loss that was positive on every point before (a cross-entropy, a regression's "
+                     f"error on real data) does not fall to zero, or by a factor of {1 / self.zero_from:.0f} in a "
+                     f"step, by learning: the loss was masked to 0 (a batch "
                      f"without label tokens), the targets leak into the inputs, it was zeroed after an "
                      f"fp16 overflow, or the loss path broke. (If this objective can be 0 — RL losses "
                      f"such as GRPO print 0.0 — ignore this.) Check the batch, the labels and the "
