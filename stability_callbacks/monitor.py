@@ -248,6 +248,7 @@ class Monitor:
         self.last_step = step
         m = record.metrics
         phase = self.phase
+        phase.epochs = self.steps_are_epochs
         out += phase.update(step, m.get(keys.LR))
         if not self.success_seen:
             skipped, loss = m.get(keys.OVERFLOW_SKIPPED), m.get(keys.LOSS)

@@ -51,6 +51,9 @@ class PhaseTracker:
         self.prev_step: int | None = None
         self.rising_samples = 0
         self.flat = 0
+        #: The steps are epochs (a replayed log that prints nothing finer; the Monitor says so):
+        #: the messages count epochs (derived, not state).
+        self.epochs = False
         self.last_rise_step: int | None = None
         self.decayed = False
         self.first_lr_step: int | None = None   # the step of the first LR seen
@@ -147,12 +150,13 @@ class PhaseTracker:
             self.phase = "peak"
         what = "LR re-warmup" if rewarm else "LR warmup"
         lr_txt = f" at LR {lr:.3g}" if lr else ""
+        unit = "epoch" if self.epochs else "step"
         return Finding(
             step=end_step, kind="warmup_end", severity="info", signal="lr", value=lr,
-            message=(f"{what} ended at step {end_step}{lr_txt} after {length} steps. Steps "
+            message=(f"{what} ended at {unit} {end_step}{lr_txt} after {length} {unit}s. {unit.capitalize()}s "
                      f"{end_step + 1}-{self.risk_window_end} are the risk window where large runs "
-                     f"glitched right after warmup (BigScience tr8-104B): checkpoints come more "
-                     f"often until then and any instability is escalated."),
+                     f"glitched right after warmup (BigScience tr8-104B): any instability there is "
+                     f"escalated, and a live run saves more often until then."),
             details={"warmup_steps": length, "risk_window_end_step": self.risk_window_end,
                      "rewarm": rewarm})
 

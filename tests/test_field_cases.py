@@ -762,3 +762,15 @@ def test_a_jump_that_never_came_back_before_the_log_ended_is_a_warning_at_its_en
     for s, v in enumerate(xs[:6] + [2.1, 2.1], 1):
         back.update(StepRecord(s, {"loss": v}))
     assert back.end() == []
+
+
+def test_the_warmup_of_an_epoch_level_log_is_counted_in_epochs():
+    # a log that prints nothing finer than the epoch: its warmup's end is said in epochs, and
+    # the message claims no save a replay does not make
+    m = Monitor()
+    m.steps_are_epochs = True
+    f = [x for e in range(1, 21) for x in m.update(StepRecord(e, {"loss": 2.0 - 0.05 * e, "lr": 1e-3 * min(e, 5) / 5}))]
+    end = [x for x in f if x.kind == "warmup_end"]
+    assert [x.step for x in end] == [5]
+    assert end[0].message.startswith("LR warmup ended at epoch 5 at LR 0.001 after 5 epochs. Epochs 6-20 are")
+    assert "a live run saves more often" in end[0].message
