@@ -774,3 +774,21 @@ def test_the_warmup_of_an_epoch_level_log_is_counted_in_epochs():
     assert [x.step for x in end] == [5]
     assert end[0].message.startswith("LR warmup ended at epoch 5 at LR 0.001 after 5 epochs. Epochs 6-20 are")
     assert "a live run saves more often" in end[0].message
+
+
+def test_a_recovery_that_is_not_back_at_the_level_says_so_and_claims_nothing():
+    # a classifier near 1e-3 spikes to 5 and comes down to ~0.017, 15x its level: within what a
+    # loss near its floor allows (back, as rises are measured there), but not at its level: the
+    # message says so and does not say "no action needed"
+    rng = random.Random(0)
+    recs = []
+    for s in range(1, 400):
+        x = (2.3 * math.exp(-s / 30) + 1e-3) * rng.lognormvariate(0, 0.1)
+        x = 5.0 if 300 <= s <= 303 else x * 15 if s > 303 else x
+        recs.append(StepRecord(s, {"loss": x}))
+    f, _ = run(recs)
+    back = [x for x in f if x.kind == "spike_recovered"]
+    assert [(x.step, x.details["at_level"]) for x in back] == [(304, False)]
+    assert "came down from its peak 5 to" in back[0].message and "still 15.7x its level before" in back[0].message
+    assert "No action needed" not in back[0].message
+    assert found(f, min_severity="warning")[-1] == (337, "level_shift", "warning")

@@ -345,6 +345,7 @@ class LossSpike(Detector):
             ep.samples += 1
             ep.above += abnormal
             back = x <= self._recovery_level(base0, peak, floor)
+            unit_is_base = base0 >= floor
             if back:
                 took = step - onset
                 # gone by the next logged point is fast, however sparse the log; a slow one is a
@@ -352,14 +353,21 @@ class LossSpike(Detector):
                 # between the onset and now may be independent draws of a noisy loss)
                 speed = "fast" if took <= self.fast_recovery_steps or ep.samples <= 2 else "slow"
                 slow = speed == "slow" and ep.warm and ep.samples - 2 >= self._stay_needed(1, ep.low or 0.0)
+                at_level = x <= base0 * (1.0 + self.min_rise) or x <= base0   # at its level, as printed
+                said = (f"{self._what()} came back at step {step}: {fmt(x)} vs {fmt(base0)} before the spike "
+                        f"(peak {fmt(peak)}), {took} step{'s' * (took != 1)} after its onset at step {onset} "
+                        f"({speed} recovery). No action needed"
+                        + ("." if speed == "fast" else "; keep an eye on the next spikes.")) if at_level else (
+                        f"{self._what()} {f'came down from its peak {fmt(peak)} to' if x < peak else 'is at'} "
+                        f"{fmt(x)} at step {step}, {took} "
+                        f"step{'s' * (took != 1)} after the spike at step {onset}: still {x / base0:.3g}x its level "
+                        f"before ({fmt(base0)}), though within what {'its noise' if unit_is_base else 'a loss near its floor'} "
+                        f"allows; watch that it goes on falling, and roll back to a checkpoint before step {onset} "
+                        f"if it settles there.")
                 out.append(self.finding(
                     step, kind="spike_recovered", severity="warning" if slow else "info",
-                    value=x, baseline=base0, onset_step=onset,
-                    message=(f"{self._what()} came back at step {step}: {fmt(x)} vs {fmt(base0)} "
-                             f"before the spike (peak {fmt(peak)}), {took} step{'s' * (took != 1)} after its onset at "
-                             f"step {onset} ({speed} recovery). No action needed"
-                             + ("." if speed == "fast" else "; keep an eye on the next spikes.")),
-                    recovery_steps=took, speed=speed, peak=peak))
+                    value=x, baseline=base0, onset_step=onset, message=said,
+                    recovery_steps=took, speed=speed, peak=peak, at_level=at_level))
                 if ep.samples == 2 and ep.warm:   # a one-point blip: a draw from the loss's tail
                     self.tail[0] -= 1.0           # (a point the baseline does not count)
                     self._tail_point(ep.z, self.base.n + 1)
