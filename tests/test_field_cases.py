@@ -792,3 +792,16 @@ def test_a_recovery_that_is_not_back_at_the_level_says_so_and_claims_nothing():
     assert "came down from its peak 5 to" in back[0].message and "still 15.7x its level before" in back[0].message
     assert "No action needed" not in back[0].message
     assert found(f, min_severity="warning")[-1] == (337, "level_shift", "warning")
+
+
+def test_a_reinforcement_learners_loss_blowing_up_past_its_early_scale_is_a_warning():
+    # declared an objective (its level moves with the returns), it may grow x30 on a healthy run;
+    # x1000 past the largest magnitude of its first 20 points is the critic blowing up: a warning,
+    # once, and its spikes before are said as a declared objective's, not as "below zero"
+    rng = random.Random(0)
+    recs = [StepRecord(s, {"loss": math.exp(rng.gauss(0, 0.5)) * (1 if s < 150 else math.exp((s - 150) / 8))})
+            for s in range(1, 300)]
+    f, _ = run(recs, {"detectors": {"loss_spike": {"objective": True}}})
+    assert found(f, min_severity="warning") == [(213, "loss_spike", "warning")]
+    assert "1.51e+03x the largest magnitude of its first 20 points" in f[-1].message
+    assert all("below zero" not in x.message for x in f) and "reinforcement learner's loss" in f[0].message

@@ -21,6 +21,8 @@ _ORDERS = 100.0
 #: An objective of any sign too new to know its noise: a jump of 10 times the largest magnitude it
 #: had is said (info).
 _COLD_ORDER = 10.0
+#: A declared objective this many times the largest magnitude of its first points: a warning.
+_EARLY_ORDERS = 1000.0
 #: The loss's right tail is measured at these heights above its level (in σ: 3σ is what "not
 #: back" is measured by), each against the chance of a Gaussian point there.
 _TAIL_SIGMAS = (3.0, 6.0, 12.0)
@@ -140,8 +142,8 @@ class LossSpike(Detector):
     name = "loss_spike"
     kind = "loss_spike"
     kinds = ("loss_spike", "spike_recovered", "spike_unrecovered")
-    _state = ("base", "episode", "prev_step", "prev_z", "prev_log", "peak", "signed", "declared", "prev_x",
-              "prev_in", "steps", "step_dev", "tail")
+    _state = ("base", "episode", "prev_step", "prev_z", "prev_log", "peak", "signed", "declared", "early",
+              "prev_x", "prev_in", "steps", "step_dev", "tail")
     #: Other loss detectors (resume spike, falsely low loss) judge against this baseline.
     baseline_before: float | None = None
     noise_before: float = 0.0
@@ -185,6 +187,8 @@ class LossSpike(Detector):
         self.peak = 0.0          # the largest loss so far: what "near its floor" is measured by
         self.signed = False
         self.declared = False   # ... because the run said its loss is an objective (declare_objective)
+        self.early = [0, 0.0, False]   # a declared objective's early scale: [points, largest magnitude,
+                                       # told it grew orders of magnitude past it]
         self.floor = 0.0         # floor_fraction x peak (derived), and its log for the other detectors
         self.floor_log = -math.inf
         self.peak_floor_log = -math.inf
@@ -572,6 +576,28 @@ class LossSpike(Detector):
             self._become_signed()
         self.declared = True
 
+    def _grown_past_early(self, step: int, x: float) -> list[Finding]:
+        """A declared objective (a reinforcement learner's loss, whose scale moves with its
+        returns) at ``_EARLY_ORDERS`` (1000) times the largest magnitude of its first
+        ``cold_start_samples`` points: past anything growing returns explain (a critic's loss
+        grows with their square: returns x10 make it x100), orders of magnitude past its own scale
+        (a critic blowing up): a warning, once."""
+        e = self.early
+        if e[0] < self.cold_start_samples:
+            if x != 0.0:
+                e[0], e[1] = e[0] + 1, max(e[1], abs(x))
+            return []
+        if e[2] or e[1] <= 0.0 or abs(x) < _EARLY_ORDERS * e[1]:
+            return []
+        e[2] = True
+        return [self.finding(
+            step, severity="warning", value=x, baseline=e[1], threshold=_EARLY_ORDERS * e[1], onset_step=step,
+            message=(f"{self._what()} reached {fmt(x)} at step {step}, {abs(x) / e[1]:.3g}x the largest magnitude of its "
+                     f"first {e[0]} points ({fmt(e[1])}): an objective whose scale moves with its returns does not grow "
+                     f"by three orders of magnitude as they do — the critic (or the values it fits) is blowing up. "
+                     f"Check the rewards' scale and the value targets, and roll back to a checkpoint from before it."),
+            additive=True, orders=abs(x) / e[1])]
+
     def _become_signed(self) -> None:
         self.signed, self.episode = True, None
         self._new_peak(0.0)
@@ -589,6 +615,10 @@ class LossSpike(Detector):
             self.prev_step, self.prev_z = step, 0.0
             return []
         f = b.forecast
+        grown = self._grown_past_early(step, x) if self.declared else []
+        if grown:
+            self.prev_step, self.prev_z = step, 0.0
+            return grown
         if (self.declared and f > 0.0 and b.n < self.cold_start_samples and self.episode is None
                 and x - f >= _COLD_ORDER * max(f, before)):
             # a declared objective, positive so far, with too few points for its noise, and an order
@@ -615,8 +645,10 @@ class LossSpike(Detector):
                 large = z >= _ORDERS * self.z_threshold   # orders of magnitude past its noise
                 what = ("That is orders of magnitude past its own noise: something changed its scale (the "
                         "rewards, the data, a term's weight) or the weights are blowing up; check the step's "
-                        "batch." if large else "It has gone below zero (an RL-style objective), so it is judged "
-                        "on an additive scale and only reported: watching.")
+                        "batch." if large else ("It is an objective whose scale moves with its returns (a "
+                        "reinforcement learner's loss)" if self.declared else "It has gone below zero (a likelihood, "
+                        "an RL objective: a loss with no floor at zero)") + ", so it is judged on an additive scale "
+                        "and only reported: watching.")
                 out.append(self.finding(
                     step, severity="warning" if large else "info", value=x, baseline=f,
                     threshold=f + self.z_threshold * scale, onset_step=step,
