@@ -738,3 +738,12 @@ def test_a_summary_dict_at_a_records_step_is_no_repeat_of_it(tmp_path):
     got, account = records_of(tmp_path, "\n".join(lines) + "\n")
     assert got == [(s, {"loss": pytest.approx(2.3 - 0.01 * s), "lr": 0.001}) for s in range(10, 301, 10)]
     assert account.ignored == {"a summary at a record's step (another form, another loss)": [3, 11]}
+
+
+def test_a_grad_norm_printed_as_grad_or_a_nabla_is_the_grad_norm(tmp_path):
+    got, account = records_of(tmp_path, "".join(f"step {i} loss {2.0 - 0.01 * i:.3f} ‖∇‖ {1.0 + 0.01 * i:.3f}\n"
+                                                 for i in range(1, 11)))
+    assert got[0] == (1, {"loss": pytest.approx(1.99), "grad_norm": pytest.approx(1.01)})
+    got, _ = records_of(tmp_path, "".join(f"step {i} | loss {2.0 - 0.01 * i:.3f} | grad {1.0 + 0.01 * i:.3f} | "
+                                          f"grad_norm {3.0:.1f}\n" for i in range(1, 11)))
+    assert got[0][1]["grad_norm"] == 3.0   # a printed grad norm wins
