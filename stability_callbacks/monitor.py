@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 from . import keys
 from .config import Config
 from .control import Control
-from .detectors import Context, Detector, GradNormSpike, LossSpike, NotLearning
+from .detectors import Context, Detector, GradNormSpike, LossSpike, NotLearning, Stall
 from .phase import PhaseTracker
 from .policy import Policy
 from .record import Finding, StepRecord
@@ -110,6 +110,13 @@ class Monitor:
         standing aside. A replayed log whose names say so declares it."""
         if self._loss_spike is not None:
             self._loss_spike.declare_objective()
+
+    def declare_cross_entropy(self, printed: str) -> None:
+        """The loss is a cross-entropy, never below zero (a replayed log names it so: ``printed``):
+        a value below zero is the loss computed wrong (:class:`Stall`'s *impossible* rule)."""
+        for d in self.detectors:
+            if isinstance(d, Stall):
+                d.declare_cross_entropy(printed)
 
     def update(self, record: StepRecord) -> list[Finding]:
         out: list[Finding] = []

@@ -747,3 +747,18 @@ def test_a_grad_norm_printed_as_grad_or_a_nabla_is_the_grad_norm(tmp_path):
     got, _ = records_of(tmp_path, "".join(f"step {i} | loss {2.0 - 0.01 * i:.3f} | grad {1.0 + 0.01 * i:.3f} | "
                                           f"grad_norm {3.0:.1f}\n" for i in range(1, 11)))
     assert got[0][1]["grad_norm"] == 3.0   # a printed grad norm wins
+
+
+def test_a_loss_printed_as_a_cross_entropy_below_zero_is_an_impossible_value(tmp_path, capsys):
+    # a cross-entropy is never below zero: printed negative from its first step and falling (an
+    # NLLLoss fed probabilities), it is the loss computed wrong: critical at once, from the name
+    path = tmp_path / "run.log"
+    path.write_text("".join(f"step {s} ce_loss {-0.1 * s - 0.05:.4f}\n" for s in range(1, 30)))
+    code, _, found = _replay_json(capsys, path)
+    assert code == 1 and [(f["step"], f["kind"], f["details"]["rule"]) for f in found if f["severity"] == "critical"][:1] == [
+        (1, "stall", "impossible")]
+    assert "printed as 'ce_loss' (a cross-entropy, which is never below zero)" in found[0]["message"]
+    # the same numbers under a name that says nothing of it (a likelihood may be below zero): no such call
+    path.write_text("".join(f"step {s} nll {-0.1 * s - 0.05:.4f}\n" for s in range(1, 30)))
+    _, _, found = _replay_json(capsys, path)
+    assert all(f["details"].get("rule") != "impossible" for f in found)

@@ -109,7 +109,7 @@ class Stall(Detector):
     signals = (keys.LOSS,)
     _state = ("last", "last_step", "before", "run_start", "count", "need", "latch", "positive", "peak",
               "seen", "seen_count", "period", "run", "repeats", "evidence", "repeat_latch", "last_spiked",
-              "zero_since", "zero_told", "recent")
+              "zero_since", "zero_told", "recent", "cross_entropy")
 
     def __init__(self, *, num_samples: int = 16, min_samples: int = 3, noise_floor: float = 1e-3,
                  false_alarm_rate: float = 1e-6, zero_from: float = 0.01, max_period_samples: int = 64,
@@ -123,6 +123,9 @@ class Stall(Detector):
                                       isinstance(false_alarm_rate, float) and 0 < false_alarm_rate < 1, "in (0, 1)")
         self.zero_from = check("zero_from", zero_from, isinstance(zero_from, (int, float)) and 0 < zero_from <= 1,
                                "in (0, 1]")
+        #: The loss is printed as a cross-entropy (a replayed log names it so), which is never
+        #: below zero: [its printed name, told]; None: not known to be one.
+        self.cross_entropy: list | None = None
         self.last: float | None = None        # the previous finite loss, and its step
         self.last_step: int | None = None
         self.before: float | None = None      # the value before the current run of repeats
@@ -155,6 +158,9 @@ class Stall(Detector):
         if x is None or not math.isfinite(x):   # missing or NaN/Inf: nonfinite's business
             return []
         prev, step = self.last, record.step
+        if x < 0.0 and self.cross_entropy is not None and not self.cross_entropy[1]:
+            self.cross_entropy[1] = True
+            return [self._impossible(step, x)]
         if x == 0.0 and (prev is None or self.zero_since is not None):
             if prev is None:
                 self.zero_since = step
@@ -297,6 +303,21 @@ class Stall(Detector):
                      f"or a loss that ignores the model). Stop and inspect the gradients and the last "
                      f"batches."),
             rule="frozen", samples=self.count, needed=self.need)
+
+    def declare_cross_entropy(self, printed: str) -> None:
+        """The loss is a cross-entropy (``printed``: its name in the log), never below zero."""
+        if self.cross_entropy is None:
+            self.cross_entropy = [printed, False]
+
+    def _impossible(self, step: int, x: float) -> Finding:
+        assert self.cross_entropy is not None
+        return self.finding(
+            step, severity="critical", value=x, onset_step=step,
+            message=(f"The loss, printed as {self.cross_entropy[0]!r} (a cross-entropy, which is never below "
+                     f"zero), is {fmt(x)} at step {step}: it is computed wrong — NLLLoss fed probabilities "
+                     f"instead of log-probabilities, a log of values above 1, or targets that are not a "
+                     f"distribution — and says nothing of training until that is fixed."),
+            rule="impossible", past_startup=True)
 
     def _zero(self, step: int, x: float, prev: float, prev_step: int | None) -> Finding:
         if x == 0.0:

@@ -161,7 +161,7 @@ class _Replay:
         records = read_records(path, fmt, account=account, **read)
         if account.objective is not None:   # known from the log's first lines, before its records
             self.monitor.declare_objective()
-        self.feed(records, self.monitor.update)
+        self.feed(told_of_names(records, account, self.monitor), self.monitor.update)
         self.findings += self.monitor.end()
 
     def feed(self, stream, observe, after=None) -> None:
@@ -379,7 +379,7 @@ def _follow(args: ReplayOptions, follow: FollowOptions, monitor, user_keys, patt
                                   lines=lines(), account=replay.account)
             if replay.account is not None and replay.account.objective is not None:
                 run.monitor.declare_objective()
-            replay.feed(stream, observe, after=after)
+            replay.feed(told_of_names(stream, replay.account, run.monitor), observe, after=after)
         except (LogFormatError, OSError, ValueError) as e:
             refused = e
         except KeyboardInterrupt:          # a second Ctrl-C or SIGTERM: at once
@@ -465,6 +465,21 @@ def _no_loss_yet(first_keys: set[str]) -> None:
             "the log prints with --keys loss=NAME")
     print(f"note: no training loss read in the first {NO_LOSS_NOTE_AFTER} steps (keys: "
           f"{', '.join(sorted(first_keys)) or 'none'}); {said}", file=sys.stderr, flush=True)
+
+
+def told_of_names(records, account, monitor):
+    """``records``, the Monitor told at the first what the loss's printed name says of it (a
+    cross-entropy is never below zero), once the reader has named it."""
+    from .readers.vocabulary import cross_entropy_name
+
+    told = False
+    for rec in records:
+        if not told and account is not None and "loss" in account.keys:
+            told = True
+            name = cross_entropy_name(account.keys["loss"])
+            if name is not None:
+                monitor.declare_cross_entropy(name)
+        yield rec
 
 
 def judge_log(path, config: "Config | str | dict | None" = None, fmt: str = "auto") -> list[Finding]:

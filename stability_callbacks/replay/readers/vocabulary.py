@@ -209,3 +209,26 @@ def value_term(texts: Iterable[str]) -> str | None:
         if m is not None:
             return text[m.start():m.end()]
     return None
+
+
+#: Words of a loss that is a cross-entropy, never below zero (a Gaussian NLL is not one).
+_CROSS_ENTROPY = frozenset({"crossentropy", "crossentropyloss", "xent", "ce", "bce", "bcewithlogits",
+                            "bcewithlogitsloss", "bceloss"})
+
+
+def cross_entropy_name(names: Iterable[str]) -> str | None:
+    """The printed name of a loss that is a cross-entropy, among the names the loss was read
+    from (one name, not a sum of terms), or None.
+
+    >>> cross_entropy_name(["train/CrossEntropyLoss"]), cross_entropy_name(["ce_loss"]), cross_entropy_name(["loss"])
+    ('train/CrossEntropyLoss', 'ce_loss', None)
+    >>> cross_entropy_name(["cross_entropy"]), cross_entropy_name(["nll"]), cross_entropy_name(["ce + kl (the sum)"])
+    ('cross_entropy', None, None)
+    """
+    for name in names:
+        if "+" in name:
+            continue
+        norm = normalise_key(name)
+        if _CROSS_ENTROPY.intersection(norm.split()) or "cross entropy" in norm:
+            return name
+    return None
