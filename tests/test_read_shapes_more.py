@@ -762,3 +762,13 @@ def test_a_loss_printed_as_a_cross_entropy_below_zero_is_an_impossible_value(tmp
     path.write_text("".join(f"step {s} nll {-0.1 * s - 0.05:.4f}\n" for s in range(1, 30)))
     _, _, found = _replay_json(capsys, path)
     assert all(f["details"].get("rule") != "impossible" for f in found)
+
+
+def test_identical_lines_of_several_hosts_interleaved_are_copies_not_resumes(tmp_path):
+    # two hosts print the same lines in blocks of 10 steps: the step goes back to a step read
+    # before, with the same values: a copy, dropped and said, not a run going back (a resume)
+    rows = [f"step {s} loss {2.3 - 0.02 * s:.4f} lr 0.001" for blk in range(3) for _ in range(2)
+            for s in range(blk * 10 + 1, blk * 10 + 11)]
+    got, account = records_of(tmp_path, "\n".join(rows) + "\n")
+    assert [s for s, _ in got] == list(range(1, 31))
+    assert account.changed[next(k for k in account.changed if k.startswith("records dropped: a copy"))][0] >= 20

@@ -65,6 +65,12 @@ MERGED = ("records merged into the one before: a progress bar redrawn at its cou
           "records merged into the one before: a summary in another template that prints its loss again, with "
           "no step or one behind it (its other values, totals or means over the run, left out)")
 
+#: Records dropped as copies of records read before (Assembler.emit).
+COPIED = ("records dropped: a copy of a record read before, its step and values the same (another host or "
+          "rank printing the same lines, interleaved)")
+#: How many records back a copy is looked for.
+COPIES_KEPT = 1024
+
 #: What a warning line beside a record whose loss prints 0 does to it (Assembler.warning).
 WARNED = ("records whose loss prints 0 read as NaN: a warning line beside them says the loss was not finite",
           "records whose loss prints 0 marked skipped (skipped=1, no loss read): a warning line beside them says "
@@ -129,6 +135,7 @@ class Assembler:
         self.stays: dict[int, tuple] = {}     # id(plan) -> (plan, the plan that numbers its lines: _stays, _stayed)
         self.kept: list[dict] = []            # the records of one step printed again by its template (_keep)
         self.released: list[StepRecord] = []  # ... made records after all (_stayed)
+        self.copies: dict[int, dict] = {}      # the last COPIES_KEPT records' metrics by step (copies)
         self.kept_plan: Plan | None = None
         self.unit: int | None = None          # samples per step of a bar that counts samples
         self.sample_first: tuple | None = None   # (record, epochs done, total) of its 0 count
@@ -654,6 +661,9 @@ class Assembler:
             return []
         if step is None:
             step, how = self.last_step + 1, "order"
+        elif how == "counter" and step < self.last_step and self.copies.get(step) == metrics:
+            self.account.change(self.line_no, COPIED)   # a step gone back to, printed the same: a copy
+            return []
         if self.overflows:
             self._fold_overflows(metrics, plan)
         prev = self.pending
@@ -672,6 +682,10 @@ class Assembler:
         self.pending_last_step = self.last_step
         self.last_step = step
         rec = self.pending = StepRecord(step, metrics)
+        copies = self.copies
+        copies[step] = metrics
+        if len(copies) > COPIES_KEPT:
+            del copies[next(iter(copies))]
         self.pending_nums = self.nums
         self.pending_how = how
         self.made += 1
