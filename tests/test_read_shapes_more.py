@@ -772,3 +772,12 @@ def test_identical_lines_of_several_hosts_interleaved_are_copies_not_resumes(tmp
     got, account = records_of(tmp_path, "\n".join(rows) + "\n")
     assert [s for s, _ in got] == list(range(1, 31))
     assert account.changed[next(k for k in account.changed if k.startswith("records dropped: a copy"))][0] >= 20
+
+
+@pytest.mark.parametrize("form", ["Loss [{s}]: {x:.4f}", "loss@{s} = {x:.4f}", "loss({s}): {x:.4f}",
+                                  "train loss {s} {x:.4f}"])
+def test_an_index_between_a_name_and_its_value_is_the_step_not_the_loss(tmp_path, form):
+    # the loss's name, an unlabelled integer that counts, then the value: the integer is the step
+    # (a loss printed as an integer right before its own value is none)
+    got, account = records_of(tmp_path, "".join(form.format(s=10 * s, x=2.3 - 0.02 * s) + "\n" for s in range(1, 21)))
+    assert got[:2] == [(10, {"loss": pytest.approx(2.28)}), (20, {"loss": pytest.approx(2.26)})]

@@ -395,9 +395,35 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
         elif role == "eval" and key is None and nums[i].isdigit() and _counts_a_split(name):
             eval_context = True   # `test epoch: 1, loss: ..`, `Test: [ 0/30] .. Loss: ..`
         roles.append((role, key, rank, name))   # counts epochs (`Epoch: [e][b/N]` names it)
+    _index_after_name(texts, nums, roles)
     _bare_counters(texts, nums, roles)
     _counter_in_prose(texts, nums, roles, user)
     return roles, eval_context
+
+
+#: The text between a name's index and its value: brackets, `@`, `=`, `:`, spaces.
+_INDEX_GAP = re.compile(r"[\]\)]?\s*[:=]?\s*")
+
+
+def _index_after_name(texts, nums, roles) -> None:
+    """A metric's name, then an integer, then an unnamed number with a fraction (``Loss [100]:
+    2.31``, ``loss@100 = 2.31``, ``loss(100): 2.31``, ``train loss 100 2.31``): the integer is an
+    index — a step, the caller watches whether it counts — and the name is the value's, which a
+    loss printed as an integer right before its own value never is."""
+    n = len(nums)
+    for i in range(n - 1):
+        role, key, rank, name = roles[i]
+        nxt = roles[i + 1]
+        if not (name and nums[i].isdigit() and nxt[0] == "other" and not nxt[3]
+                and not nums[i + 1].lstrip("-+").isdigit() and _INDEX_GAP.fullmatch(texts[i + 1])
+                and (texts[i].rstrip()[-1:] in ("[", "(", "@") or texts[i][-1:].isalnum() or texts[i][-1:] == " ")):
+            continue
+        if role == "metric" and key is not None:
+            roles[i], roles[i + 1] = ("other", None, 0, ""), (role, key, rank, name)
+        elif role == "step" and rank == _LEARNED:   # the index, learned a step: the name is the value's
+            named = classify(name)
+            if named[0] == "metric" and named[1] is not None:
+                roles[i], roles[i + 1] = ("step", None, _LEARNED, ""), (*named, name)
 
 
 def _named_before(rest: str, phrase: str, glued: bool) -> tuple[str, str]:
