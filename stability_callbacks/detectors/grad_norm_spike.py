@@ -51,7 +51,9 @@ class GradNormSpike(Detector):
         self.repeat_window_steps = positive_int("repeat_window_steps", repeat_window_steps)
         self.repeat_count = positive_int("repeat_count", repeat_count)
         self.large_ratio = positive("large_ratio", large_ratio)
-        self.base = RobustLevel(positive("baseline_alpha", baseline_alpha))
+        # cold, the level is the median (then a Theil-Sen line) of every point seen: a heavy-tailed
+        # grad norm's high draws, judged abnormal against one low first point, kept the level there
+        self.base = RobustLevel(positive("baseline_alpha", baseline_alpha), cold_start_samples=self.cold_start_samples)
         self.open = False
         self.onsets: list[int] = []   # recent onset steps, inside the repeat window
         self.peak = 0.0                # the largest grad norm of the ordinary points
@@ -89,7 +91,8 @@ class GradNormSpike(Detector):
             return []
         self.open = True
         self.onsets = [s for s in self.onsets if record.step - s <= self.repeat_window_steps]
-        self.onsets.append(record.step)
+        if not b.cold:   # a train of spikes counts warm ones: cold, the noise is not known yet
+            self.onsets.append(record.step)
         repeat = len(self.onsets) >= self.repeat_count
         prev = self.onsets[-2] if len(self.onsets) > 1 else None
         base = b.baseline
