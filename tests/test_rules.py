@@ -222,7 +222,7 @@ def test_deepspeed_cascade_to_its_floor_is_a_collapse():
         (383, {"loss_scale": 2.0, "skipped": 1.0})]
     f = [f for f in run(recs) if f.kind == "loss_scale_collapse"]
     assert [(x.step, x.severity, x.details["rule"]) for x in f] == [(382, "critical", "floor")]
-    assert "collapsed to 4 at step 382, 2 halvings below 16 at step 380" in f[0].message
+    assert "collapsed to 4 at step 382, 2 halvings below its recent peak (16, a level that decays" in f[0].message
 
 
 def test_fairseq_cascade_against_fairseq_floor():

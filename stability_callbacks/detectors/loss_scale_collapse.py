@@ -168,6 +168,12 @@ class LossScaleCollapse(Detector):
             return []
         return self._fire(ctx.step, s, "floor", ctx, on=True)
 
+    def _peak_said(self, peak: float) -> str:
+        """The recent peak as a sentence says it: a level the scale came down from, which decays one
+        halving per ``peak_decay_steps`` steps (so a long run's periodic halvings never add up): not
+        always a value the log printed."""
+        return f"{peak:g}, a level that decays one halving per {self.peak_decay_steps} steps"
+
     def _remember_log2(self, s: float) -> float:
         """log2 of a new scale (a scale stays the same for hundreds of steps); derived, not state."""
         self._log2 = (s, math.log2(s))
@@ -188,7 +194,7 @@ class LossScaleCollapse(Detector):
         elif rule == "falling":
             assert peak_log2 is not None and peak is not None   # the rule is judged against the peak
             what = (f"The fp16 loss scale has halved to {s:g} at step {step}, "
-                    f"{_halvings(peak_log2 - math.log2(s))} below {peak:g} at step {self.peak_step}: "
+                    f"{_halvings(peak_log2 - math.log2(s))} below its recent peak ({self._peak_said(peak)}): "
                     f"the scaler keeps finding overflows. At {self.min_scale:g} DeepSpeed/Megatron stop the "
                     f"run or skip every step.")
             return [self.finding(
@@ -200,10 +206,10 @@ class LossScaleCollapse(Detector):
                 pinned_skips=self.pinned, past_startup=not self.searching)]
         else:
             what = (f"The fp16 loss scale collapsed to {s:g} at step {step}"
-                    + (f", {_halvings(peak_log2 - math.log2(s))} below {peak:g} at step {self.peak_step}"
+                    + (f", {_halvings(peak_log2 - math.log2(s))} below its recent peak ({self._peak_said(peak)})"
                        if peak_log2 is not None else "")
                     + f"; at {self.min_scale:g} DeepSpeed/Megatron stop the run or skip every step.")
-        at_peak = f" (the scale was {peak:g} at step {self.peak_step})" if peak is not None else ""
+        at_peak = f" (before step {self.peak_step})" if peak is not None else ""
         return [self.finding(
             step, severity="critical", value=s, baseline=peak,
             threshold=peak / 2 ** self.min_halvings if peak is not None else None,
