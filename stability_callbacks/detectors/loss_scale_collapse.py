@@ -207,7 +207,7 @@ class LossScaleCollapse(Detector):
         else:
             what = (f"The fp16 loss scale collapsed to {s:g} at step {step}"
                     + (f", {_halvings(peak_log2 - math.log2(s))} below its recent peak ({self._peak_said(peak)})"
-                       if peak_log2 is not None else "")
+                       if peak_log2 is not None and peak is not None else "")
                     + f"; at {self.min_scale:g} DeepSpeed/Megatron stop the run or skip every step.")
         at_peak = f" (before step {self.peak_step})" if peak is not None else ""
         return [self.finding(
