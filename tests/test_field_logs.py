@@ -41,9 +41,6 @@ _MID_RUN = ("`not_learning`'s flat rule judges only a log that starts at the run
 _DETECTOR = "a detector's call on a log read right"
 #: name -> (the violations it has today, why).
 LABEL_MISSES = {
-    "cls_lasagne_mnist_cnn_stuck_at_chance": (
-        ["expected {'kind': 'not_learning', 'step_min': 1, 'step_max': 6}"],
-        "the loss still falls towards chance (2.47 -> 2.30) over its 6 epochs, and replay does not know the class count (`detectors.not_learning.num_outputs`)"),
     "cls_skipnet_imagenet_loss_nan_prec_avg_lines": (
         ["expected {'kind': 'nonfinite', 'step_min': 24026, 'step_max': 24026}"],
         "the NaN is found, at 19022: " + _EPOCH_BASE),
@@ -52,15 +49,9 @@ LABEL_MISSES = {
         _DETECTOR + ": a creep of a few % over 10 epoch points is within the median's swing"),
     "nmt_marian_streaming_data_bouncy_cost": (
         ["expected {'kind': 'loss_spike|spike_recovered', 'step_min': 16000, 'step_max': 16000}"], _DETECTOR),
-    "nmt_opennmt_py_epoch_batch_xent_bounces": (
-        ["expected {'kind': 'loss_spike|divergence|not_learning', 'step_min': 12900, 'step_max': 13400}"],
-        _MID_RUN + "; no spike or divergence fires on its bounces"),
     "rl_llamafactory_dpo_pairwise_loss_at_ln2_warmup": (
         ["expected {'kind': 'not_learning', 'step_min': 100, 'step_max': 202}"],
         "the excerpt lies inside the LR warmup, which `not_learning` waits out"),
-    "speech_espnet_library_loop_acc_not_improving": (
-        ["expected {'kind': 'not_learning', 'step_min': 57, 'step_max': 69}"],
-        _MID_RUN),
     "speech_wav2vec2_hf_table_loss_flat_wer1": (
         ["expected {'kind': 'not_learning', 'step_min': 400, 'step_max': 1200}"],
         "3 logged points: too few for `not_learning`'s horizon"),

@@ -271,14 +271,39 @@ class NotLearning(Detector):
         first, since = f[1] / f[0], h[2] / h[1]
         fell = first - since
         mid_run = self.start is not None and not self.start[2]
-        se = self._flat(fell, self.sigma * math.sqrt(1.0 / f[0] + 1.0 / h[1]), self.sigma, None,
-                        math.exp(self.prev_log), from_start=not mid_run)
-        if se is None:
-            return []
-        self.told = True
+        raw = self.sigma * math.sqrt(1.0 / f[0] + 1.0 / h[1])
+        se = self._flat(fell, raw, self.sigma, None, math.exp(self.prev_log), from_start=not mid_run)
         short = ctx.step - h[0] < self.horizon_steps   # an excerpt may be long enough, and still mid-run
+        if se is None:
+            return self._undecided(ctx, first, since, fell, raw, short, mid_run)
+        self.told = True
         return [self._finding(ctx.step, "flat", first, since, fell, se, self.num_outputs or self.outputs,
                               ctx.steps_are_epochs, short=short, by_order=ctx.steps_by_order, mid_run=mid_run)]
+
+    def _undecided(self, ctx: Context, first: float, since: float, fell: float, se: float, short: bool,
+                   mid_run: bool) -> list[Finding]:
+        """The end of a short log, or of an excerpt from mid-run, whose loss neither fell by
+        ``min_fall`` beyond its noise nor showed flat within it: an ``info`` that says it cannot
+        tell, with what it measured — not a silent all-clear (a short run flat at the class prior,
+        too noisy to call)."""
+        h = self.horizon
+        if (h is None or self.learned or not (short or mid_run) or self.start is None
+                or fell - self.z_threshold * se > self._need or self._falling(h, self.sigma)):
+            return []
+        self.told = True
+        unit = "epoch" if ctx.steps_are_epochs else "step"
+        why = ("an excerpt from mid-run" if mid_run else f"{ctx.step - self.start[0]} {unit}s")
+        return [self.finding(
+            ctx.step, severity="info", value=math.exp(since), baseline=math.exp(first), onset_step=h[0],
+            message=(f"Cannot tell whether the run learns from this log: from {fmt(math.exp(first))} over its first "
+                     f"{self.first[0]} points to {fmt(math.exp(since))} on average over the {h[1]} after them "
+                     f"({'down' if fell > 0 else 'up'} {abs(math.expm1(-fell)):.1%}), its noise hides whether it fell by "
+                     f"{self.min_fall:.0%} (±"
+                     f"{-math.expm1(-self.z_threshold * se):.0%} at {self.z_threshold:g}σ), and {why} is too little "
+                     f"to call. If it stays there in a longer log, the run is not learning; usual causes then: "
+                     f"{CAUSES}."),
+            rule="undecided", fall=-math.expm1(-fell), fall_bound=-math.expm1(-(fell + self.z_threshold * se)),
+            mid_run=mid_run, too_few_steps=short)]
 
     def _horizon_points(self) -> int:
         """The points the horizon needs: ``horizon_samples``, or 2 while every point printed the

@@ -35,6 +35,9 @@ except ImportError:  # pragma: no cover - torch built without distributed
 
 __all__ = ["PackedSteps", "Block", "SLOTS", "REDUCE_OPS", "world_size"]
 
+#: A float32's relative resolution: the last digit of a live loss (the device buffer's dtype).
+_FLOAT32_ULP = 2.0 ** -23
+
 REDUCE_OPS = ("sum", "mean", "max", "min")
 
 
@@ -271,6 +274,12 @@ class PackedSteps:
             value = _reduce(vals, op)
             metrics[name] = slot.finish(value) if slot is not None and slot.finish else value
         metrics.update(p.host)   # host values are global already (and win over device copies)
+        loss = metrics.get(keys.LOSS)
+        if loss is not None and loss != 0.0 and math.isfinite(loss) and keys.LOSS_RESOLUTION not in metrics:
+            # a live loss is no print: it carries a float32's digits (a loss computed in bf16 lies
+            # on a coarser grid, which stall reads from its values): a round value repeated is
+            # frozen, not a coarse print (a triplet loss pinned at its margin, 1.0 three times)
+            metrics[keys.LOSS_RESOLUTION] = abs(loss) * _FLOAT32_ULP
         return StepRecord(p.step, metrics)
 
 
