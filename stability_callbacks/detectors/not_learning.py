@@ -283,11 +283,11 @@ class NotLearning(Detector):
     def _undecided(self, ctx: Context, first: float, since: float, fell: float, se: float, short: bool,
                    mid_run: bool) -> list[Finding]:
         """The end of a short log, or of an excerpt from mid-run, whose loss neither fell by
-        ``min_fall`` beyond its noise nor showed flat within it: an ``info`` that says it cannot
-        tell, with what it measured — not a silent all-clear (a short run flat at the class prior,
-        too noisy to call)."""
+        ``min_fall`` beyond its noise nor showed flat within it (nor rose: divergence's and the
+        spikes' to say): an ``info`` that says it cannot tell, with what it measured — not a
+        silent all-clear (a short run flat at the class prior, too noisy to call)."""
         h = self.horizon
-        if (h is None or self.learned or not (short or mid_run) or self.start is None
+        if (h is None or self.learned or not (short or mid_run) or self.start is None or fell <= -2 * self._need
                 or fell - self.z_threshold * se > self._need or self._falling(h, self.sigma)):
             return []
         self.told = True

@@ -89,10 +89,10 @@ class LiveSession:
     >>> s = LiveSession(LiveRun(config={"actions": {}}, run_dir=tempfile.mkdtemp()))
     >>> s.start(0, "start")
     >>> for step in range(1, 4):
-    ...     s.add_micro_batch(loss=torch.tensor(2.0), input_ids=torch.arange(8).view(2, 4))
+    ...     s.add_micro_batch(loss=torch.tensor(2.0 + step / 8), input_ids=torch.arange(8).view(2, 4))
     ...     pairs = s.end_step(step)
     >>> [(r.step, r.metrics["loss"]) for r, _ in pairs], len(s.finished_at_s)
-    ([(3, 2.0)], 3)
+    ([(3, 2.375)], 3)
     >>> s.requests(3)
     (None, False)
     >>> s.close()
