@@ -472,14 +472,16 @@ def told_of_names(records, account, monitor):
     cross-entropy is never below zero), once the reader has named it."""
     from .readers.vocabulary import cross_entropy_name
 
-    told = False
-    for rec in records:
-        if not told and account is not None and "loss" in account.keys:
-            told = True
+    records = iter(records)
+    for rec in records:   # until the reader has named the loss (its first record, mostly)
+        if account is not None and "loss" in account.keys:
             name = cross_entropy_name(account.keys["loss"])
             if name is not None:
                 monitor.declare_cross_entropy(name)
+            yield rec
+            break
         yield rec
+    yield from records   # the rest as they come
 
 
 def judge_log(path, config: "Config | str | dict | None" = None, fmt: str = "auto") -> list[Finding]:

@@ -135,7 +135,7 @@ class Assembler:
         self.stays: dict[int, tuple] = {}     # id(plan) -> (plan, the plan that numbers its lines: _stays, _stayed)
         self.kept: list[dict] = []            # the records of one step printed again by its template (_keep)
         self.released: list[StepRecord] = []  # ... made records after all (_stayed)
-        self.copies: dict[int, dict] = {}      # the last COPIES_KEPT records' metrics by step (copies)
+        self.copies: dict[int, dict] = {}      # the last records' metrics by step (copies), pruned in bulk
         self.kept_plan: Plan | None = None
         self.unit: int | None = None          # samples per step of a bar that counts samples
         self.sample_first: tuple | None = None   # (record, epochs done, total) of its 0 count
@@ -684,8 +684,8 @@ class Assembler:
         rec = self.pending = StepRecord(step, metrics)
         copies = self.copies
         copies[step] = metrics
-        if len(copies) > COPIES_KEPT:
-            del copies[next(iter(copies))]
+        if len(copies) > 2 * COPIES_KEPT:   # amortized O(1): the last COPIES_KEPT kept, in bulk
+            self.copies = dict(list(copies.items())[-COPIES_KEPT:])
         self.pending_nums = self.nums
         self.pending_how = how
         self.made += 1
