@@ -97,9 +97,11 @@ def save_interval_before(onset: int, cap: int) -> int | None:
     nice = [m * 10 ** k for k in range(len(str(onset))) for m in (1, 2, 5)]
     return min(cap, max(x for x in nice if x < onset))
 _MAX_LEADS = 16
-_SINCE_ROLLBACKS = ("skips", "data_skips")
-#: Points in a row at the loss's level from before a damage finding that resume the saves.
-RESTORED_POINTS = 10   # state keys a checkpoint from before them lacks
+_SINCE_ROLLBACKS = ("skips", "data_skips")   # state keys a checkpoint from before them lacks
+#: Points in a row at the loss's level from before a damage finding (within RESTORED_MARGIN of
+#: it, or below) that resume the saves.
+RESTORED_POINTS = 10
+RESTORED_MARGIN = 0.1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -392,7 +394,7 @@ class Policy:
 
     def _restore(self, ctx: Context, control: Control) -> list[Finding]:
         """The saves blocked by a damage finding resume once the loss is back at its level from
-        before it, ``RESTORED_POINTS`` points in a row at or below it (+10%): the weights give the
+        before it, ``RESTORED_POINTS`` points in a row at or below it (+``RESTORED_MARGIN``): the weights give the
         loss they gave before, so nothing the loss can show is damaged (a GAN's summed losses
         swinging back after a rise called a divergence; a NaN the scaler skipped). A saved
         checkpoint is then a good one again; an ``info`` says so."""
@@ -401,7 +403,8 @@ class Policy:
         if d is None or control.state_is_good:
             self.damage = None
             return []
-        d[1] = d[1] + 1 if x is not None and math.isfinite(x) and x <= d[0] * 1.1 else 0
+        level = d[0] * (1.0 + RESTORED_MARGIN)
+        d[1] = d[1] + 1 if x is not None and math.isfinite(x) and x <= level else 0
         if d[1] < RESTORED_POINTS:
             return []
         self.damage = None
@@ -411,7 +414,7 @@ class Policy:
             step=ctx.step, kind="saves_resumed", severity="info", signal=keys.LOSS, value=x, baseline=d[0],
             onset_step=d[2],
             message=(f"The loss is back at its level from before step {d[2]}: {RESTORED_POINTS} points in a row at "
-                     f"or below {d[0] * 1.1:.4g} (it was {d[0]:.4g}), the last {x:.4g} at step {ctx.step}. "
+                     f"or below {fmt(level)} (it was {fmt(d[0])}), the last {fmt(x)} at step {ctx.step}. "
                      f"Nothing the loss shows is damaged any more: saves resume (they had stopped at step {d[2]})."),
             details={"points": RESTORED_POINTS})]
 

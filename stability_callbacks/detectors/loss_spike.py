@@ -349,7 +349,6 @@ class LossSpike(Detector):
             ep.samples += 1
             ep.above += abnormal
             back = x <= self._recovery_level(base0, peak, floor)
-            unit_is_base = base0 >= floor
             if back:
                 took = step - onset
                 # gone by the next logged point is fast, however sparse the log; a slow one is a
@@ -357,7 +356,7 @@ class LossSpike(Detector):
                 # between the onset and now may be independent draws of a noisy loss)
                 speed = "fast" if took <= self.fast_recovery_steps or ep.samples <= 2 else "slow"
                 slow = speed == "slow" and ep.warm and ep.samples - 2 >= self._stay_needed(1, ep.low or 0.0)
-                at_level = x <= base0 * (1.0 + self.min_rise) or x <= base0   # at its level, as printed
+                at_level = x <= base0 * (1.0 + self.min_rise)   # at its level, within the least rise that counts
                 said = (f"{self._what()} came back at step {step}: {fmt(x)} vs {fmt(base0)} before the spike "
                         f"(peak {fmt(peak)}), {took} step{'s' * (took != 1)} after its onset at step {onset} "
                         f"({speed} recovery). No action needed"
@@ -365,7 +364,7 @@ class LossSpike(Detector):
                         f"{self._what()} {f'came down from its peak {fmt(peak)} to' if x < peak else 'is at'} "
                         f"{fmt(x)} at step {step}, {took} "
                         f"step{'s' * (took != 1)} after the spike at step {onset}: still {x / base0:.3g}x its level "
-                        f"before ({fmt(base0)}), though within what {'its noise' if unit_is_base else 'a loss near its floor'} "
+                        f"before ({fmt(base0)}), though within what {'its noise' if base0 >= floor else 'a loss near its floor'} "
                         f"allows; watch that it goes on falling, and roll back to a checkpoint before step {onset} "
                         f"if it settles there.")
                 out.append(self.finding(

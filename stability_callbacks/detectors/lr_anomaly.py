@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from .. import keys
 from ..record import Finding, StepRecord
@@ -103,19 +104,19 @@ class LrAnomaly(Detector):
         if not self.latch.update(on=True):
             return []
         since_resume = ctx.steps_since_resume
-        if lr > prev and lr <= peak * (1.0 + self.min_change) and not (
-                since_resume is not None and since_resume <= self.resume_steps):
-            return [self.finding(
-                record.step, severity="info", value=lr, baseline=prev,
-                message=(f"The learning rate went back up from {fmt(prev)} at step {prev_step} to {fmt(lr)} at "
-                         f"step {record.step}, {'its earlier peak' if lr >= peak * (1.0 - self.min_change) else f'below its earlier peak {fmt(peak)}'}: "
-                         f"a schedule with warm restarts (SGDR, cosine with restarts) starts its next "
-                         f"cycle so; if yours has none, the scheduler started over: check it."),
-                change=lr / prev - 1, restart=True, peak=peak)]
-        return [self.finding(
-            record.step, severity="warning", value=lr, baseline=prev,
-            message=(f"The learning rate jumped from {fmt(prev)} at step {prev_step} to {fmt(lr)} at "
-                     f"step {record.step} ({lr / prev - 1:+.1%}), unlike the schedule so far. If this "
-                     f"follows a resume, the scheduler state was not restored (or was overridden): "
-                     f"check the LR schedule against the checkpoint."),
-            change=lr / prev - 1)]
+        restart = lr > prev and lr <= peak * (1.0 + self.min_change) and not (
+            since_resume is not None and since_resume <= self.resume_steps)
+        if restart:   # back to its earlier peak, or below: a warm restart's next cycle
+            where = "its earlier peak" if lr >= peak * (1.0 - self.min_change) else f"below its earlier peak {fmt(peak)}"
+            message = (f"The learning rate went back up from {fmt(prev)} at step {prev_step} to {fmt(lr)} at "
+                       f"step {record.step}, {where}: a schedule with warm restarts (SGDR, cosine with "
+                       f"restarts) starts its next cycle so; if yours has none, the scheduler started over: "
+                       f"check it.")
+        else:
+            message = (f"The learning rate jumped from {fmt(prev)} at step {prev_step} to {fmt(lr)} at "
+                       f"step {record.step} ({lr / prev - 1:+.1%}), unlike the schedule so far. If this "
+                       f"follows a resume, the scheduler state was not restored (or was overridden): "
+                       f"check the LR schedule against the checkpoint.")
+        said: dict[str, Any] = {"restart": True, "peak": peak} if restart else {}
+        return [self.finding(record.step, severity="info" if restart else "warning", value=lr, baseline=prev,
+                             message=message, change=lr / prev - 1, **said)]
