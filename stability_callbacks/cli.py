@@ -109,8 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   "grad_norm, lr, loss_scale, skipped and THEIRS a printed name or the "
                                   "number's position on the line or CSV row, from 1 (e.g. --keys "
                                   "step=iter,loss=train_loss; --keys step=1,loss=2); overrides every rule")
-    p.add_argument("--pattern", help="a regular expression whose named groups (step, loss, grad_norm, lr, "
-                                     "loss_scale, skipped) read each line, e.g. 'ep (?P<step>\\d+) err (?P<loss>\\S+)'")
+    p.add_argument("--pattern", help="a regular expression whose named groups (step, epoch, loss, grad_norm, "
+                                     "lr, loss_scale, skipped) read each line, e.g. 'ep (?P<step>\\d+) err (?P<loss>\\S+)'")
     p.add_argument("--follow", action="store_true",
                    help="tail the log as it grows (sidecar mode): run log, alerts and halts as live; ends when "
                         "--pid ends, after --idle-exit-s, on a halt (exit 3), on SIGTERM or Ctrl-C, with a "

@@ -781,3 +781,40 @@ def test_an_index_between_a_name_and_its_value_is_the_step_not_the_loss(tmp_path
     # (a loss printed as an integer right before its own value is none)
     got, account = records_of(tmp_path, "".join(form.format(s=10 * s, x=2.3 - 0.02 * s) + "\n" for s in range(1, 21)))
     assert got[:2] == [(10, {"loss": pytest.approx(2.28)}), (20, {"loss": pytest.approx(2.26)})]
+
+
+@pytest.mark.parametrize("per_epoch", [3, 10])
+def test_a_headerless_tables_epoch_column_counts_the_restarting_iterations_beside_it(tmp_path, per_epoch):
+    # `epoch  iter  loss` with no header: the iteration column restarts when the epoch column
+    # goes up by one; steps are epoch x iteration (the epoch's length: the largest iteration
+    # printed), whether the sampled lines show the epoch moving (short epochs) or not
+    rows, want = [], []
+    for e in range(1, 5):
+        for k in range(1, per_epoch + 1):
+            s = (e - 1) * per_epoch * 10 + k * 10
+            rows.append(f"{e:5d} {k * 10:6d} {2.3 - 0.004 * s:10.4f}")
+            want.append((s, pytest.approx(2.3 - 0.004 * s)))
+    got, account = records_of(tmp_path, "\n".join(rows) + "\n")
+    assert [(s, m["loss"]) for s, m in got] == want
+    assert account.numbering == {"counter": ["#2"]}
+    assert any(n.startswith("steps are epoch x iteration: the number before '#2' counts epochs") and
+               f"{per_epoch * 10} iterations each (the largest '#2' printed before it restarts" in n
+               for n in account.notes)
+
+
+def test_a_headerless_tables_finest_counter_is_the_step(tmp_path):
+    # `epoch  step  loss` with a global step and epochs of 2 rows: both columns count up, the
+    # step moves on every row
+    rows = [f"{1 + i // 2:4d} {(i + 1) * 50:7d} {2.3 - 0.01 * i:9.4f}" for i in range(30)]
+    got, account = records_of(tmp_path, "\n".join(rows) + "\n")
+    assert [s for s, _ in got] == [(i + 1) * 50 for i in range(30)] and account.numbering == {"counter": ["#2"]}
+
+
+def test_a_counter_that_goes_back_elsewhere_than_its_start_is_a_resume_not_an_epoch(tmp_path):
+    # the column before the step goes up by one as the step goes back to 60, not to its first
+    # value: no epoch (a resume from a checkpoint, said as such by the detectors)
+    rows = [f"{1:3d} {s:6d} {2.3 - 0.01 * s:8.4f}" for s in range(10, 101, 10)]
+    rows += [f"2 {s:6d} {2.35 - 0.01 * s:8.4f}" for s in range(60, 201, 10)]
+    got, account = records_of(tmp_path, "\n".join(rows) + "\n")
+    assert [s for s, _ in got][9:12] == [100, 60, 70]
+    assert not any(n.startswith("steps are epoch x iteration") for n in account.notes)

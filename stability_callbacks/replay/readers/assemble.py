@@ -438,27 +438,32 @@ class Assembler:
     def _outer_step(self, nums, plan: Plan, value: int) -> int:
         """The step of a line whose counter restarts when an integer before it goes up (timm's
         `Train: 1 [  0/73 (  1%)]`): epoch x iteration, ``(epoch - first epoch) x N + n``, N the
-        counter's printed total (without one, an epoch's length is unknown: the counter is
-        taken as printed). Until the restart the counter is taken as printed."""
+        counter's printed total. Without one (a table's columns, ``1 100 2.30`` then ``2 10
+        1.95``), only a restart to the counter's first value as the integer goes up by one counts
+        an epoch (a resume goes back to a checkpoint's step, and a clock's hour may tick), and N
+        is the largest count printed before it. Until the restart the counter is taken as printed."""
         outs = [nums[i] for i in plan.outer]
         state = self.outer.get(plan.merged)
         if state is None:
-            self.outer[plan.merged] = [value, outs, None, outs, 0]
+            self.outer[plan.merged] = [value, outs, None, outs, 0, value]
             return value
-        last, last_outs, at, first, per = state
-        if at is None and value < last and total_of(nums, plan):
-            at = next((j for j, (a, b) in enumerate(zip(last_outs, outs))
-                       if a.isdigit() and b.isdigit() and int(b) > int(a)), None)
+        last, last_outs, at, first, per, start = state
+        total = total_of(nums, plan)
+        if at is None and value < last:
+            at = next((j for j, (a, b) in enumerate(zip(last_outs, outs)) if a.isdigit() and b.isdigit()
+                       and (int(b) > int(a) if total else int(b) == int(a) + 1 and value <= start)), None)
             if at is not None:
-                per = total_of(nums, plan) or last
+                per = total or last
                 state[2], state[4] = at, per
                 name = plan.step_name
+                each = f"{per:,} iterations each" if total else \
+                    f"{per:,} iterations each (the largest {name!r} printed before it restarts: the log prints no total)"
                 self.account.note(f"steps are epoch x iteration: the number before {name!r} counts "
-                                  f"epochs (it goes up when {name!r} restarts), {per:,} iterations each")
+                                  f"epochs (it goes up when {name!r} restarts), {each}")
         state[0], state[1] = value, outs
         if at is None or not outs[at].isdigit() or not first[at].isdigit():
             return value
-        return (int(outs[at]) - int(first[at])) * (total_of(nums, plan) or per) + value
+        return (int(outs[at]) - int(first[at])) * (total or per) + value
 
     def _cut_epoch(self, plan: Plan) -> bool:
         """Whether a bar below its total, after records numbered by their epochs (complete bars

@@ -206,11 +206,14 @@ class LineReader:
         nums: list[str] = []
         metrics: list[tuple[int, str, bool]] = []
         step = None
+        outer: tuple[int, ...] = ()
         for name, value in m.groupdict().items():
             if value is None:
                 continue
             if name == "step":
                 step = len(nums)
+            elif name == "epoch":
+                outer = (len(nums),)      # counts the step's epochs if it goes up as the step restarts
             else:
                 metrics.append((len(nums), name, False))
             nums.append(value.strip())
@@ -219,7 +222,8 @@ class LineReader:
         printed = tuple((k, said.get(k, f"(?P<{k}>)")) for _, k, _ in metrics) + (
             (("step", said.get("step", "(?P<step>)")),) if step is not None else ())
         return nums, Plan(metrics=tuple(metrics), step=step, loss_at=loss_at, printed=printed,
-                          loss_kind="exact" if loss_at is not None else "", step_name=said.get("step", ""))
+                          loss_kind="exact" if loss_at is not None else "", step_name=said.get("step", ""),
+                          outer=outer if step is not None else ())
 
 
 class Template:
@@ -273,6 +277,7 @@ class Template:
             epoch = int(nums[at])
             self.epoch_ups += not first and epoch > self.epoch_last
             self.epoch_last = epoch
+        went_up = -1                          # the first counter up on this line (its index)
         for j, (i, _) in enumerate(self.names_plan.counters):
             text = nums[i]
             if self.dead[j] or not text.isdigit():
@@ -282,8 +287,10 @@ class Template:
             if not first:
                 if value > self.last[j]:
                     self.ups[j] += 1
-                elif value < self.last[j]:
-                    self.dead[j] = True
+                    went_up = j if went_up < 0 else went_up
+                elif value < self.last[j] and not 0 <= went_up < j:
+                    self.dead[j] = True       # down, and no counter before it up: no counter
+                    # (one that restarts as a counter before it goes up counts that one's epochs)
             self.last[j] = value
         self.lines += 1
         rose = any(u and not d for d, u in zip(self.dead, self.ups))
@@ -296,7 +303,8 @@ class Template:
             return {}
         rising = [c for c, dead, ups in zip(self.names_plan.counters, self.dead, self.ups)
                   if ups and not dead]
-        return {choose_counter(rising): "step"} if rising else {}
+        ups = {c[0]: u for c, dead, u in zip(self.names_plan.counters, self.dead, self.ups) if u and not dead}
+        return {choose_counter(rising, ups): "step"} if rising else {}
 
 
 class _LossWait:

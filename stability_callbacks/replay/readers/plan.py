@@ -310,14 +310,17 @@ def _after_bar(texts: list[str], step: int, values: list[int]) -> bool:
     return any("]" in texts[k] for k in range(step + 1, first + 1))
 
 
-def choose_counter(plan_roles: list[tuple[int, str]]) -> int:
+def choose_counter(plan_roles: list[tuple[int, str]], ups: Mapping[int, int] | None = None) -> int:
     """The step among integers that all increase from line to line (``(index, printed name)``):
     a name of a counter's words first (``n_updates``, ``batch_idx``), then any other name
-    (Marian's ``Up. 14000``), then an unnamed one; the leftmost of equals."""
+    (Marian's ``Up. 14000``), then an unnamed one; of unnamed ones, the one that went up on most
+    lines (``ups``: {index: lines}; a table's `epoch  iter` columns: the iteration); the
+    leftmost of equals."""
     def rank(item):
         i, name = item
         words = set(normalise_key(name).split())
-        return (0 if words & _COUNTER_WORDS else 1 if name else 2), i
+        kind = 0 if words & _COUNTER_WORDS else 1 if name else 2
+        return kind, -(ups or {}).get(i, 0) if kind == 2 else 0, i
     return min(plan_roles, key=rank)[0]
 
 

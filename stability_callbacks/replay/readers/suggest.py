@@ -79,17 +79,45 @@ def _step(roles, samples, texts) -> int | None:
 
 
 def _rising(roles, samples, texts) -> list[int]:
-    """The integers that increase across the sample lines (strictly or with repeats), not a
-    unit's (``47s``, ``6%``)."""
-    out = []
+    """The integers that count across the sample lines: they increase (strictly or with
+    repeats), or restart only where an integer before them goes up (an epoch's iterations in
+    a table's columns: ``1 10 2.30``, ..., ``2 10 1.95``); not a unit's (``47s``, ``6%``)."""
+    ints: dict[int, list[int]] = {}
     for i, (role, _, _, _) in enumerate(roles):
         values = [s[i] for s in samples if i < len(s)]
-        if role in ("noise", "total") or _unit(texts, i) or not all(v.isdigit() for v in values):
+        if role not in ("noise", "total") and not _unit(texts, i) and len(values) > 1 \
+                and all(v.isdigit() for v in values):
+            ints[i] = [int(v) for v in values]
+    out = []
+    for i, seq in ints.items():
+        if not any(b > a for a, b in zip(seq, seq[1:])):
             continue
-        ints = [int(v) for v in values]
-        if len(ints) > 1 and ints[-1] > ints[0] and all(b >= a for a, b in zip(ints, ints[1:])):
+        falls = [j for j, (a, b) in enumerate(zip(seq, seq[1:])) if b < a]
+        if all(any(k < i and other[j + 1] > other[j] for k, other in ints.items()) for j in falls):
             out.append(i)
     return out
+
+
+def _finest(counters: list[int], samples) -> int:
+    """Of the integers that count, the one that moves on most lines (``epoch, step``: the step;
+    ``epoch, iter``: the iteration, which restarts), the first on a tie."""
+    def moves(i):
+        values = [s[i] for s in samples if i < len(s)]
+        return sum(a != b for a, b in zip(values, values[1:])), -i
+    return max(counters, key=moves)
+
+
+def _outer(roles, samples, texts, step: int) -> int | None:
+    """The nearest integer before the step that never goes down across the sample lines: it may
+    count the step's epochs (``Assembler._outer_step`` decides when the step restarts)."""
+    for i in range(step - 1, -1, -1):
+        values = [s[i] for s in samples if i < len(s)]
+        if roles[i][0] in ("noise", "total") or _unit(texts, i) or not all(v.isdigit() for v in values):
+            continue
+        ints = [int(v) for v in values]
+        if all(b >= a for a, b in zip(ints, ints[1:])):
+            return i
+    return None
 
 
 def _unit(texts, i: int) -> bool:
@@ -166,13 +194,14 @@ def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
                and not all(s[i].isdigit() for s in samples if i < len(s))]
     if not counters or not unnamed:
         return None
-    step = counters[0]
+    step = _finest(counters, samples)
+    epoch = _outer(roles, samples, texts, step)
     said = {"step": roles[step][3] or f"#{step + 1}"}
     if len(unnamed) == 1 and _varying(roles, samples, texts) == unnamed:
         if not _falls(samples, unnamed[0]):
             return None
         loss = unnamed[0]
-        return Guess(re.compile(_pattern(texts, step, loss)), {"loss": f"#{loss + 1} ({GUESSED})", **said},
+        return Guess(re.compile(_pattern(texts, step, loss, epoch)), {"loss": f"#{loss + 1} ({GUESSED})", **said},
                      template=tokens.fold(texts))
     if any(name for i, (role, _, _, name) in enumerate(roles)
            if i != step and role not in ("noise", "total", "epoch", "step", "batch")):
@@ -182,7 +211,7 @@ def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
     column = next((i for i in unnamed if i > step and _falls(samples, i)), None)
     if column is None:
         return None
-    return Guess(re.compile(_pattern(texts, step, column)),
+    return Guess(re.compile(_pattern(texts, step, column, epoch)),
                  {"loss": f"#{column + 1} ({GUESSED_COLUMN.format(n=len(unnamed))})", **said}, which=(
                      f"the first after the counter {{step}} that falls like a loss, of {len(unnamed)} unnamed numbers"),
                  template=tokens.fold(texts))
@@ -266,12 +295,12 @@ def _prose_loss(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | N
     return None
 
 
-def _pattern(texts: list[str], step: int | None, loss: int) -> str:
+def _pattern(texts: list[str], step: int | None, loss: int, epoch: int | None = None) -> str:
     """A regular expression for the template's lines from the first number wanted to the last:
     the text between numbers as printed (any run of spaces for a space; signs belong to the
-    numbers), the step and loss as named groups."""
-    first = min(i for i in (step, loss) if i is not None)
-    last = max(i for i in (step, loss) if i is not None)
+    numbers), the step, the loss and an integer that may count epochs as named groups."""
+    wanted = [i for i in (step, loss, epoch) if i is not None]
+    first, last = min(wanted), max(wanted)
     parts = []
     if first > 0 and not re.search(r"[A-Za-z_]", texts[first]):
         # no key before the first number wanted (columns): anchored at the line's start, the
@@ -279,12 +308,13 @@ def _pattern(texts: list[str], step: int | None, loss: int) -> str:
         # first two columns, whichever they are)
         parts.append(r"^\s*")
         first = 0
+    groups = {step: r"(?P<step>\d+)", loss: f"(?P<loss>{_VALUE})", epoch: r"(?P<epoch>\d+)"}
     for i in range(first, last + 1):
         piece = texts[i].rstrip("-+") if i > first or parts else _key_part(texts[i].rstrip("-+"))
         if i == 0 and parts:
             piece = piece.lstrip()
         parts.append(_SPACE.sub(r"\\s+", re.escape(piece)))
-        parts.append(r"(?P<step>\d+)" if i == step else f"(?P<loss>{_VALUE})" if i == loss else _VALUE)
+        parts.append(groups.get(i, _VALUE))
     return "".join(parts)
 
 

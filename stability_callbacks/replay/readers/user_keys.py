@@ -41,8 +41,8 @@ def compile_pattern(text: str) -> re.Pattern:
     except re.error as e:
         raise ValueError(f"--pattern: not a regular expression: {e}") from e
     names = set(pat.groupindex)
-    bad = sorted(n for n in names if n != "step" and not keys.is_known(n))
-    if bad or not names - {"step"}:
-        raise ValueError(f"--pattern: named groups must be step and metric keys "
+    bad = sorted(n for n in names if n not in ("step", "epoch") and not keys.is_known(n))
+    if bad or not names - {"step", "epoch"}:
+        raise ValueError(f"--pattern: named groups must be step, epoch and metric keys "
                          f"({', '.join(keys.ALL)}); got {sorted(names) or 'none'}")
     return pat
