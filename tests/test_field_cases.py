@@ -834,3 +834,30 @@ def test_a_short_noisy_log_that_neither_fell_nor_showed_flat_ends_saying_it_cann
     for s in range(1, 31):
         falling.update(StepRecord(s, {"loss": 2.0 * math.exp(-s / 10) * math.exp(rng.gauss(0, 0.15))}))
     assert falling.end() == []
+
+
+def test_a_level_that_holds_under_noise_larger_than_a_batchs_says_nothing_of_learning():
+    # a diffusion fine-tune's step loss: 1000 steps at 0.1 with points scattered ±120% (σ 0.8 in
+    # log(loss): the noise level each batch draws), an LR warmup of 200 steps (the first level: its
+    # mean), no fall within what that noise lets 800 points show: no finding; the same level at a
+    # classifier's noise (σ 0.02) is not learning (a warning 50 steps after the warmup)
+    rng = random.Random(3)
+
+    def nl(sigma):
+        m = Monitor()
+        out = [f for s in range(1, 1001) for f in m.update(StepRecord(s, {
+            "loss": 0.1 * math.exp(rng.gauss(0, sigma)), "lr": 1e-5 * min(1.0, s / 200)}))]
+        return [f for f in out + m.end() if f.kind == "not_learning"]
+
+    assert nl(0.8) == []   # (a warning at step 606 before: the recent σ dipped)
+    assert [(f.severity, f.details["rule"]) for f in nl(0.02)] == [("warning", "flat")]
+    # ±50% a point (σ 0.4) over a warmup of 2,000 steps and 10,000 after: long enough for a fall of
+    # 5% to show, and none did; the level holds, but at a batch's noise: an info at the end that says
+    # so, never the flat warning
+    m, rng = Monitor(), random.Random(5)
+    out = [f for s in range(1, 12001) for f in m.update(StepRecord(s, {
+        "loss": 0.1 * math.exp(rng.gauss(0, 0.4)), "lr": 1e-5 * min(1.0, s / 2000)}))]
+    said = [f for f in out + m.end() if f.kind == "not_learning"]
+    assert [(f.step, f.severity, f.details["rule"]) for f in said] == [(12000, "info", "undecided")]
+    assert "its points scatter by ±" in said[0].message and "a fine-tune" in said[0].message
+    assert [(f.severity, f.details["rule"]) for f in nl(0.02)] == [("warning", "flat")]

@@ -38,7 +38,10 @@ class NotLearning(Detector):
       below the print's rounding: its last digit / √12) below ``min_fall`` — a fall of that size
       would have shown and there is none —, and the horizon's points show no downward trend beyond
       their noise (a slow learner, a 7B model's continued pre-training at -1% per hundred steps, is
-      learning). A fall beyond ``min_fall`` by as much, from the first level or from the run's first
+      learning). Not where one point's σ exceeds ``max_noise`` (0.3 in log(loss), ±35%): each point
+      then says more of the batch drawn than of the model (a diffusion loss at random noise levels,
+      a fine-tune at batch size 1), and a level that holds is what a trained model shows too; the
+      log's end says it cannot tell (``info``). A fall beyond ``min_fall`` by as much, from the first level or from the run's first
       ``first_samples`` points (a loss that fell during the warmup learned there), ends the judging:
       the run learned. Only from the run's start (the first record at the log's own interval: a step
       ≤ 2 x the gap to the second, or step 1 of a live run): an excerpt from mid-run cannot tell
@@ -64,7 +67,7 @@ class NotLearning(Detector):
     have (ln 2 or above, within 3 x ``chance_tolerance``); below it (a regression's MSE) it says
     nothing of chance. A GAN's summed adversarial losses stay flat by
     design: the message says so, and ``detectors.not_learning: false`` turns it off for them.
-    O(1) per update; state: 22 scalars.
+    O(1) per update; state: 24 scalars.
 
     >>> d = NotLearning()
     >>> [(f.step, f.details["rule"]) for s in range(1, 60)
@@ -75,18 +78,20 @@ class NotLearning(Detector):
     name = "not_learning"
     kind = "not_learning"
     signals = (keys.LOSS,)
-    _state = ("start", "first", "noise_mean", "noise_dev", "prev_log", "fast", "horizon", "still", "chance",
+    _state = ("start", "first", "noise_mean", "noise_dev", "noise_long", "prev_log", "fast", "horizon", "still", "chance",
               "outputs", "signed", "learned", "told", "lr")
 
     def __init__(self, *, first_samples: int = 3, horizon_samples: int = 3, horizon_steps: int = 50,
                  min_fall: float = 0.05, z_threshold: float = 3.0, still_samples: int = 5,
-                 chance_tolerance: float = 0.02, num_outputs: int | None = None, trend_sigmas: float = 2.0):
+                 chance_tolerance: float = 0.02, num_outputs: int | None = None, trend_sigmas: float = 2.0,
+                 max_noise: float = 0.3):
         self.first_samples = positive_int("first_samples", first_samples)
         self.horizon_samples = positive_int("horizon_samples", horizon_samples)
         self.horizon_steps = positive_int("horizon_steps", horizon_steps)
         self.min_fall = check("min_fall", min_fall, isinstance(min_fall, (int, float)) and 0 < min_fall < 1, "in (0, 1)")
         self.z_threshold = positive("z_threshold", z_threshold)
         self.trend_sigmas = positive("trend_sigmas", trend_sigmas)
+        self.max_noise = positive("max_noise", max_noise)
         self.still_samples = positive_int("still_samples", still_samples)
         self.chance_tolerance = check("chance_tolerance", chance_tolerance, isinstance(chance_tolerance, (int, float))
                                       and 0 < chance_tolerance < 1, "in (0, 1)")
@@ -100,6 +105,7 @@ class NotLearning(Detector):
                                           # sum over the first first_samples of them]
         self.noise_mean = EWMean(0.1, start="running")   # the change of log(loss) between points
         self.noise_dev = EWMean(0.1, start="running")    # ... its absolute deviation around that
+        self.noise_long = EWMean(0.001, start="running")  # ... the same over ~1,000 points
         self.prev_log: float | None = None
         self.prev_before = 0.0   # the log(loss) of the point before this one (derived, not state)
         self.fast = EWMean(0.1, start="running")         # the level of the loss (for chance, still)
@@ -136,6 +142,13 @@ class NotLearning(Detector):
     def sigma(self) -> float:
         """The σ of one point's log(loss), from the changes between successive points."""
         return _HALF_SQRT_PI * self.noise_dev.mean
+
+    def _noise(self) -> float:
+        """The σ the flat rule judges with: the recent one (:attr:`sigma`, ~10 points), or the
+        run's own over ~1,000 points where that is larger — a noisy loss's recent σ dips now and
+        then below its own, and a rule checked at every point would call a level flat in such a
+        dip (a diffusion loss at random noise levels, ±100% a point, called not learning)."""
+        return _HALF_SQRT_PI * max(self.noise_dev.mean, self.noise_long.mean)
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
@@ -182,7 +195,9 @@ class NotLearning(Detector):
         self.prev_before = prev if prev is not None else lx
         if prev is not None:
             d = lx - prev
-            self.noise_dev.update(abs(d - self.noise_mean.mean) if self.noise_mean.n else 0.0)
+            dev = abs(d - self.noise_mean.mean) if self.noise_mean.n else 0.0
+            self.noise_dev.update(dev)
+            self.noise_long.update(dev)
             self.noise_mean.update(d)
         self.fast.update(lx)
 
@@ -212,7 +227,7 @@ class NotLearning(Detector):
         if (step - h[0] < self.horizon_steps and not epochs) or h[1] < self._horizon_points():
             return []
         fell = first - since
-        sigma = self.sigma
+        sigma = self._noise()
         se = sigma * math.sqrt(1.0 / f[0] + 1.0 / h[1])
         need = self._need
         k = self.first_samples   # the very start: a loss that fell during a warmup learned there
@@ -236,7 +251,7 @@ class NotLearning(Detector):
         need = self._need
         h = self.horizon
         if (self.learned or h is None or self.start is None or (from_start and not self.start[2])
-                or not -2 * need < fell < need / 2
+                or sigma > self.max_noise or not -2 * need < fell < need / 2
                 or fell + self.z_threshold * se >= need or self._falling(h, sigma)):
             return None
         # the print hides what moves less than its last digit: its rounding (uniform over one
@@ -271,8 +286,8 @@ class NotLearning(Detector):
         first, since = f[1] / f[0], h[2] / h[1]
         fell = first - since
         mid_run = self.start is not None and not self.start[2]
-        raw = self.sigma * math.sqrt(1.0 / f[0] + 1.0 / h[1])
-        se = self._flat(fell, raw, self.sigma, None, math.exp(self.prev_log), from_start=not mid_run)
+        raw = self._noise() * math.sqrt(1.0 / f[0] + 1.0 / h[1])
+        se = self._flat(fell, raw, self._noise(), None, math.exp(self.prev_log), from_start=not mid_run)
         short = ctx.step - h[0] < self.horizon_steps   # an excerpt may be long enough, and still mid-run
         if se is None:
             return self._undecided(ctx, first, since, fell, raw, short, mid_run)
@@ -287,23 +302,33 @@ class NotLearning(Detector):
         spikes' to say): an ``info`` that says it cannot tell, with what it measured — not a
         silent all-clear (a short run flat at the class prior, too noisy to call)."""
         h = self.horizon
-        if (h is None or self.learned or not (short or mid_run) or self.start is None or fell <= -2 * self._need
-                or fell - self.z_threshold * se > self._need or self._falling(h, self.sigma)):
+        # a level that holds within the noise a horizon this long allows, the noise a batch's
+        sigma = self._noise()
+        noisy = sigma > self.max_noise and fell + self.z_threshold * se < self._need
+        if (h is None or self.learned or not (short or mid_run or noisy) or self.start is None or fell <= -2 * self._need
+                or fell - self.z_threshold * se > self._need or self._falling(h, sigma)):
             return []
         self.told = True
         unit = "epoch" if ctx.steps_are_epochs else "step"
-        why = ("an excerpt from mid-run" if mid_run else f"{ctx.step - self.start[0]} {unit}s")
+        why = ("an excerpt from mid-run" if mid_run else f"{ctx.step - self.start[0]} {unit}s" if short else "")
+        measured = (f"from {fmt(math.exp(first))} over its first {self.first[0]} points to {fmt(math.exp(since))} on "
+                    f"average over the {h[1]} after them ({'down' if fell > 0 else 'up'} {abs(math.expm1(-fell)):.1%})")
+        if why:
+            said = (f"Cannot tell whether the run learns from this log: {measured}, its noise hides whether it fell by "
+                    f"{self.min_fall:.0%} (±{-math.expm1(-self.z_threshold * se):.0%} at {self.z_threshold:g}σ), and "
+                    f"{why} is too little to call. If it stays there in a longer log, the run is not learning; usual "
+                    f"causes then: {CAUSES}.")
+        else:   # long enough, and level within its noise, but that noise is the batch's, not the model's
+            said = (f"Cannot tell whether the run learns from its loss's level: {measured}, but its points scatter "
+                    f"by ±{math.expm1(sigma):.0%} from one to the next (more than ±{math.expm1(self.max_noise):.0%}): "
+                    f"each says more of the batch drawn than of the model, as a diffusion loss at random noise "
+                    f"levels does, and a level that holds is what a model trained already (a fine-tune) shows too. "
+                    f"Judge it by a held-out metric or samples; if those do not improve either, usual causes: {CAUSES}.")
         return [self.finding(
             ctx.step, severity="info", value=math.exp(since), baseline=math.exp(first), onset_step=h[0],
-            message=(f"Cannot tell whether the run learns from this log: from {fmt(math.exp(first))} over its first "
-                     f"{self.first[0]} points to {fmt(math.exp(since))} on average over the {h[1]} after them "
-                     f"({'down' if fell > 0 else 'up'} {abs(math.expm1(-fell)):.1%}), its noise hides whether it fell by "
-                     f"{self.min_fall:.0%} (±"
-                     f"{-math.expm1(-self.z_threshold * se):.0%} at {self.z_threshold:g}σ), and {why} is too little "
-                     f"to call. If it stays there in a longer log, the run is not learning; usual causes then: "
-                     f"{CAUSES}."),
+            message=said,
             rule="undecided", fall=-math.expm1(-fell), fall_bound=-math.expm1(-(fell + self.z_threshold * se)),
-            mid_run=mid_run, too_few_steps=short)]
+            noise=sigma, mid_run=mid_run, too_few_steps=short)]
 
     def _horizon_points(self) -> int:
         """The points the horizon needs: ``horizon_samples``, or 2 while every point printed the
@@ -465,7 +490,7 @@ class NotLearning(Detector):
             step, severity="info" if short or mid_run else "warning", value=level, baseline=before,
             threshold=before * (1 - self.min_fall), onset_step=h[0], message=message,
             rule=rule, fall=-math.expm1(-fell), fall_bound=-math.expm1(-(fell + self.z_threshold * se)),
-            first_samples=f[0], horizon_samples=h[1], horizon_steps=step - h[0], chance_level=math.log(c) if c else None,
+            noise=self._noise(), first_samples=f[0], horizon_samples=h[1], horizon_steps=step - h[0], chance_level=math.log(c) if c else None,
             num_outputs=c, past_startup=True, **extra)
 
 
