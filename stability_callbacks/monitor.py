@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 from . import keys
 from .config import Config
 from .control import Control
-from .detectors import Context, Detector, GradNormSpike, LossSpike, NotLearning, Stall
+from .detectors import Context, Detector, GradNormGrowth, GradNormSpike, LossSpike, NotLearning, Stall
 from .phase import PhaseTracker
 from .policy import Policy
 from .record import Finding, StepRecord
@@ -111,6 +111,18 @@ class Monitor:
         standing aside. A replayed log whose names say so declares it."""
         if self._loss_spike is not None:
             self._loss_spike.declare_objective()
+
+    def declare_game(self) -> None:
+        """The loss is players' losses pulling against each other (a GAN's discriminator and
+        generator, each stepped by its own optimizer): an objective of any sign
+        (:meth:`declare_objective`), and a grad norm that grows steadily as one player sharpens
+        against the other is the game's, not a sharp valley (:class:`GradNormGrowth`: info; a jump
+        by orders of magnitude still warns). A replayed log whose loss sums such terms, and a live
+        run with several optimizers, declare it."""
+        self.declare_objective()
+        for d in self.detectors:
+            if isinstance(d, GradNormGrowth):
+                d.game = True
 
     def declare_cross_entropy(self, printed: str) -> None:
         """The loss is a cross-entropy, never below zero (a replayed log names it so: ``printed``):

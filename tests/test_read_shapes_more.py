@@ -818,3 +818,22 @@ def test_a_counter_that_goes_back_elsewhere_than_its_start_is_a_resume_not_an_ep
     got, account = records_of(tmp_path, "\n".join(rows) + "\n")
     assert [s for s, _ in got][9:12] == [100, 60, 70]
     assert not any(n.startswith("steps are epoch x iteration") for n in account.notes)
+
+
+def test_a_gans_summed_discriminator_and_generator_terms_are_judged_as_an_objective(tmp_path, capsys):
+    # DCGAN's prints: the players swing, then the discriminator wins and the generator's loss
+    # climbs x4 (a game, not a run going wrong: before, critical divergences at steps 47 and 136,
+    # not_learning and level_shift warnings); its NaN is still found
+    lines = []
+    for i in range(1, 301):
+        d = 0.5 + 0.05 * math.sin(i / 3)
+        g = 1.0 + 3.0 * min(max(i - 100, 0), 100) / 100 + 0.1 * math.sin(i / 7)
+        lines.append(f"[{i // 100}/5][{i % 100}/100]\tLoss_D: {d:.4f}\tLoss_G: {g:.4f}\tD(x): 0.71\tD(G(z)): 0.2 / 0.1")
+    path = tmp_path / "dcgan.log"
+    path.write_text("\n".join(lines) + "\n")
+    code, out, found = _replay_json(capsys, path)
+    assert "the loss is a discriminator's and a generator's terms summed (Loss_D + Loss_G)" in out
+    assert code == 0 and [f for f in found if f["severity"] != "info"] == []
+    path.write_text("\n".join(lines[:250] + [lines[250].replace("Loss_G: ", "Loss_G: nan #")]) + "\n")
+    code, _, found = _replay_json(capsys, path)
+    assert ("nonfinite", "critical") in [(f["kind"], f["severity"]) for f in found]

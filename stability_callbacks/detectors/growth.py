@@ -80,7 +80,7 @@ class GradNormGrowth(_SustainedGrowth):
     what = "The grad norm"
     advice = ("The run may be climbing the walls of a sharp valley; consider a lower LR or a faster "
               "LR decay, and keep recent checkpoints.")
-    _state = _SustainedGrowth._state + ("climb_from", "climb_step", "climb", "last")
+    _state = _SustainedGrowth._state + ("climb_from", "climb_step", "climb", "last", "game")
 
     def __init__(self, *, min_growth: float = 2.0, persist_samples: int = 50, alpha: float = 0.02,
                  startup_steps: int = 200, false_alarm_rate: float = 1e-6):
@@ -97,6 +97,19 @@ class GradNormGrowth(_SustainedGrowth):
         self.climb_step: int | None = None
         self.climb = 0                          # the points of the run so far
         self.last: float | None = None
+        self.game = False   # declared (Monitor.declare_game): players' gradients grow as they sharpen
+
+    def _growth(self, step: int, now: float, lo: float, low_step: int | None, growth: float,
+                **details) -> Finding:
+        f = super()._growth(step, now, lo, low_step, growth, **details)
+        if self.game:   # a generator's gradients grow as its discriminator sharpens: the game's own
+            f.severity = "info"
+            f.message = (f"{self.what} has grown steadily from {fmt(lo)} at step {low_step} to {fmt(now)} at step "
+                         f"{step} ({growth:.1f}x). The loss is players' losses pulling against each other (a GAN's): "
+                         f"one player's gradients grow as the other sharpens, so this alone says little; a jump by "
+                         f"orders of magnitude would (grad_norm_spike).")
+            f.details["game"] = True
+        return f
 
     def _fast(self, step: int, v: float) -> list[Finding]:
         last, self.last = self.last, v

@@ -193,6 +193,14 @@ class LiveRun:
         if warmup_steps and self.config.phase.warmup_steps is None:
             self.monitor.set_warmup_steps(warmup_steps)
 
+    def declare_game(self, optimizers: int) -> None:
+        """Several optimizers, each stepping its own player (a GAN): the loss is judged as a game's
+        (:meth:`~stability_callbacks.Monitor.declare_game`), and the run's log says so once."""
+        self.monitor.declare_game()
+        log.info("stability: the run steps %d optimizers (a GAN's players, each on its own loss): the loss is "
+                 "judged as players' losses pulling against each other, an objective of any sign (NaN, jumps "
+                 "of orders of magnitude), not against a level it should keep or fall to", optimizers)
+
     def declare_outputs(self, n: int | None) -> None:
         """The model's output size (a live run reads it from its output layer): not_learning's
         chance level ln n, unless ``detectors.not_learning.num_outputs`` is configured."""

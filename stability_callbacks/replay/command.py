@@ -469,8 +469,9 @@ def _no_loss_yet(first_keys: set[str]) -> None:
 
 def told_of_names(records, account, monitor):
     """``records``, the Monitor told at the first what the loss's printed name says of it (a
-    cross-entropy is never below zero), once the reader has named it."""
-    from .readers.vocabulary import cross_entropy_name
+    cross-entropy is never below zero; a GAN's discriminator and generator terms summed are no
+    objective anyone minimises), once the reader has named it."""
+    from .readers.vocabulary import adversarial, cross_entropy_name
 
     records = iter(records)
     for rec in records:   # until the reader has named the loss (its first record, mostly)
@@ -478,6 +479,12 @@ def told_of_names(records, account, monitor):
             name = cross_entropy_name(account.keys["loss"])
             if name is not None:
                 monitor.declare_cross_entropy(name)
+            game = adversarial(account.keys["loss"]) if account.objective is None else None
+            if game is not None:
+                monitor.declare_game()
+                account.note(f"the loss is a discriminator's and a generator's terms summed ({game}): two players "
+                             f"pulling against each other, so it is judged as an objective of any sign (NaN, jumps "
+                             f"of orders of magnitude, the grad norm), not against a level it should keep or fall to")
             yield rec
             break
         yield rec

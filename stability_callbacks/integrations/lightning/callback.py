@@ -223,6 +223,8 @@ class StabilityCallback(Callback, SessionAdapter):
             if scheds and scheds[0].interval == "step" and scheds[0].frequency == 1:
                 # stepped after every optimizer step, as HF's: its warmup is read (else: from the LR)
                 s.declare_warmup(scheduler_warmup(scheds[0].scheduler, total)[0])
+            if len(trainer.optimizers) > 1:   # a GAN's players, each stepped on its own loss
+                s.declare_game(len(trainer.optimizers))
             ckpt = None if trainer.ckpt_path is None else os.fspath(trainer.ckpt_path)
             self._begin(trainer.global_step, reason, checkpoint=ckpt, model=pl_module,
                         optimizer=trainer.optimizers[0] if trainer.optimizers else None,

@@ -176,6 +176,12 @@ class LiveSession:
         ``scheduler_steps + 1`` (HF's ``warmup_steps=10``: step 11; step 10 still runs at 9/10)."""
         self.run.declare_warmup(scheduler_steps + 1 if scheduler_steps else None)
 
+    def declare_game(self, optimizers: int) -> None:
+        """The run steps ``optimizers`` optimizers, each on its own player's loss (a GAN's
+        discriminator and generator): the loss it reports is theirs pulling against each other
+        (:meth:`~stability_callbacks.Monitor.declare_game`)."""
+        self.run.declare_game(optimizers)
+
     def start(self, step: int, reason: str, *, checkpoint: str | None = None, model=None,
               optimizer=None, scheduler=None, **facts) -> None:
         """A segment begins (``start``, ``resume``, ``rollback``; ``checkpoint``: the one loaded,

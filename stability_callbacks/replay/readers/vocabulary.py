@@ -211,6 +211,30 @@ def value_term(texts: Iterable[str]) -> str | None:
     return None
 
 
+#: Words that name a discriminator's and a generator's term (``Loss_D``, ``errG``, ``d_loss``,
+#: CycleGAN's ``D_A`` / ``G_A``, ``disc_loss``, ``gen_loss``).
+_PLAYERS = (frozenset({"d", "disc", "discriminator", "errd", "lossd", "dloss", "netd"}),
+            frozenset({"g", "gen", "generator", "errg", "lossg", "gloss", "netg"}))
+
+
+def adversarial(names: Iterable[str]) -> str | None:
+    """The printed loss, where it is the sum of a discriminator's and a generator's terms (a
+    GAN's: two players whose losses pull against each other, their sum no objective anyone
+    minimises), or None.
+
+    >>> adversarial(["Loss_D + Loss_G (the sum of the terms printed)"]), adversarial(["D_A + G_A + cycle_A (...)"])
+    ('Loss_D + Loss_G', 'D_A + G_A + cycle_A')
+    >>> adversarial(["loss"]), adversarial(["box_loss + cls_loss (the sum of the terms printed)"])
+    (None, None)
+    """
+    for name in names:
+        terms = name.split(" (")[0]
+        parts = [set(normalise_key(t).split()) for t in terms.split(" + ")]
+        if len(parts) > 1 and all(any(p & words for p in parts) for words in _PLAYERS):
+            return terms
+    return None
+
+
 #: Words of a loss that is a cross-entropy, never below zero (a Gaussian NLL is not one).
 _CROSS_ENTROPY = frozenset({"crossentropy", "crossentropyloss", "xent", "ce", "bce", "bcewithlogits",
                             "bcewithlogitsloss", "bceloss"})
