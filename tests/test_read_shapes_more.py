@@ -837,3 +837,16 @@ def test_a_gans_summed_discriminator_and_generator_terms_are_judged_as_an_object
     path.write_text("\n".join(lines[:250] + [lines[250].replace("Loss_G: ", "Loss_G: nan #")]) + "\n")
     code, _, found = _replay_json(capsys, path)
     assert ("nonfinite", "critical") in [(f["kind"], f["severity"]) for f in found]
+
+
+def test_train_and_valid_lines_under_an_epochs_header_are_numbered_by_it(tmp_path):
+    # `=== Epoch 3/20 ===`, then `train: loss=..` and `valid: loss=..`: the split that opens a line
+    # labels it (before, the valid lines were read as records and every record numbered in order);
+    # `val: n/a` later on a line stays a value of its own (litgpt)
+    lines = []
+    for e in range(1, 21):
+        lines += [f"=== Epoch {e}/20 ===", f"train: loss={2.3 - 0.05 * e:.4f} acc=0.5",
+                  f"valid: loss={2.5 - 0.04 * e:.4f} acc=0.5"]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert got == [(e, {"loss": pytest.approx(2.3 - 0.05 * e)}) for e in range(1, 21)]
+    assert account.numbering == {"epoch": []} and account.ignored["evaluation"] == [20, 3]

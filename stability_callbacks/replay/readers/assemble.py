@@ -267,6 +267,8 @@ class Assembler:
             own = nums[plan.epoch] if plan.epoch is not None else ""
             if own.isdigit() and self.epoch_steps:
                 return int(own), "epoch"      # an epoch and nothing finer: the epoch is the step
+            if not own and self.epoch is not None and self.epoch_steps:
+                return self.epoch, "epoch"    # under an epoch's header (`=== Epoch 3/20 ===`)
             return None, "order"
         value = int(float(nums[plan.step]))
         if self.epoch is not None and not plan.counter and plan.step_total is None \

@@ -34,6 +34,9 @@ from .vocabulary import EVALUATING, MICRO_RANK, ITERATION_LIKE, STEP_MARKERS, cl
 # not a key itself (litgpt's `val: n/a`) nor a file name (`eval.py:12`).
 _EVAL_CONTEXT = re.compile(r"\b(?:val|valid|validation|validating|eval|evaluation|evaluating|"
                            r"test|testing)\b(?!['\"]?\s*[:=]|\.py)", re.I)
+# ... and a split that labels the line it opens (`valid: loss=3.2 acc=0.5`, `[Test]: loss 0.4`):
+# `val: n/a` later on a line is a value of its own.
+_EVAL_LABEL = re.compile(r"\W*(?:val|valid|validation|eval|evaluation|test|testing)\W*:\s*", re.I)
 # `on training set` as a key: the name is printed before it (`'loss' on training set: 0.41`).
 _ON_TRAINING_ALONE = re.compile(r"(?:on|for|over) (?:the )?(?:train|training)(?: (?:set|data|dataset|split))?",
                                 re.I)
@@ -374,7 +377,8 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
         rest = before[:before.rfind(name)] if name else before
         if _ON_TRAINING_ALONE.fullmatch(name):   # `evaluation metric 'loss' on training set: 0.41`
             rest, name = _named_before(rest, name, i > 0)
-        if _EVAL_CONTEXT.search(rest) and not _training_named(rest, name):
+        if (_EVAL_CONTEXT.search(rest) or (i == 0 and _EVAL_LABEL.fullmatch(rest))) \
+                and not _training_named(rest, name):
             eval_context = True
         if name.startswith("-") or name.lower().startswith(_ARG_ECHO):
             roles.append(("other", None, 0, name))
