@@ -850,3 +850,18 @@ def test_train_and_valid_lines_under_an_epochs_header_are_numbered_by_it(tmp_pat
     got, account = records_of(tmp_path, "\n".join(lines) + "\n")
     assert got == [(e, {"loss": pytest.approx(2.3 - 0.05 * e)}) for e in range(1, 21)]
     assert account.numbering == {"epoch": []} and account.ignored["evaluation"] == [20, 3]
+
+
+def test_an_epochs_complete_bar_and_its_total_on_another_line_are_one_record(tmp_path):
+    # each epoch: the bar at 100% with its running loss, then the epoch's total over 50 batches
+    # on a line of its own: one record per epoch, the bar's (before: both read as records,
+    # numbered alternately by epoch and by order, 39 parts, false spikes between the scales)
+    lines = []
+    for e in range(1, 21):
+        loss = 2.3 - 0.1 * e
+        lines += [f"Epoch {e}: 100%|██████████| 50/50 [00:02<00:00, 24.1it/s, loss={loss:.3f}]",
+                  f"Epoch {e} - train loss: {loss * 50:.2f} - time 2.1s"]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert got == [(e, {"loss": pytest.approx(2.3 - 0.1 * e)}) for e in range(1, 21)]
+    assert account.numbering == {"epoch": []}
+    assert account.ignored == {"a summary at a record's step (another form, another loss)": [2, 20]}

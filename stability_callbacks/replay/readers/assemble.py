@@ -546,6 +546,8 @@ class Assembler:
             step, how = self.bar_drawn[1] + self._bar_lag(self.bar_drawn[1]), "counter"
         if how == "epoch" and not plan.counter and self.pending is not None \
                 and self.pending_how == "epoch" and self.pending.step == step:
+            if self._summary_of(self.pending, metrics, plan, by_epoch=True):
+                return []   # the epoch's record printed again in another form, on another scale
             # Two records of one epoch and nothing finer: records are numbered in order.
             self.epoch_steps = False
             self.pending.step = self.last_step = self.pending_last_step + 1
@@ -878,18 +880,21 @@ class Assembler:
         self._noted_plan = None
         return int(now[up])
 
-    def _summary_of(self, prev: StepRecord, metrics: dict, plan: Plan | None) -> bool:
+    def _summary_of(self, prev: StepRecord, metrics: dict, plan: Plan | None, by_epoch: bool = False) -> bool:
         """Whether a line printing the held record's step is a summary of it (an epoch's dict
         between the interval dicts): another form than the record's lines (another template;
         not a term of the objective on a line of its own), another loss, in a log whose steps
         are printed once each. Ranks and micro-batches print a step in one form, and a resumed
-        run re-logs it in the form it logged it (:meth:`_relogged`). Ignored, and said."""
+        run re-logs it in the form it logged it (:meth:`_relogged`). ``by_epoch``: both lines
+        numbered by their epoch (a complete bar's running loss, then the epoch's total on its own
+        line): nothing to repeat across ranks there, from the log's first epoch. Ignored, and said."""
         held = self._noted_plan
-        if plan is None or held is None or plan is held:
-            return False
+        if plan is None or held is None or plan is held or plan.printed == held.printed:
+            return False   # (lines that print the same names, their spaces or a bar's drawing aside: one form)
         a, b = prev.metrics.get(keys.LOSS), metrics.get(keys.LOSS)
         if a is None or b is None or a == b or (a != a and b != b) \
-                or abs(a - b) <= SAME_LOSS * max(abs(a), abs(b)) or 2 * self.repeated_steps >= self.made - 1:
+                or abs(a - b) <= SAME_LOSS * max(abs(a), abs(b)) \
+                or (not by_epoch and 2 * self.repeated_steps >= self.made - 1):
             return False
         self.account.ignore(self.line_no, "", "a summary at a record's step (another form, another loss)")
         return True
