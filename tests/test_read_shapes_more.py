@@ -864,4 +864,4 @@ def test_an_epochs_complete_bar_and_its_total_on_another_line_are_one_record(tmp
     got, account = records_of(tmp_path, "\n".join(lines) + "\n")
     assert got == [(e, {"loss": pytest.approx(2.3 - 0.1 * e)}) for e in range(1, 21)]
     assert account.numbering == {"epoch": []}
-    assert account.ignored == {"a summary at a record's step (another form, another loss)": [2, 20]}
+    assert account.ignored == {"a summary at a record's step (another form, another loss)": [20, 2]}
