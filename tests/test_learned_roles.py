@@ -129,7 +129,7 @@ def test_shapes_read_without_flags(tmp_path, text, want):
     # ultralytics' results.csv: padded cells, the loss only as terms, evaluation columns.
     ("results.csv", "   epoch,   train/box_loss,   train/cls_loss,   metrics/mAP50(B),   val/box_loss,   lr/pg0\n"
      + "".join(f"   {e},   1.2{e},   2.0{e},   0.3,   1.3,   0.001\n" for e in (1, 2, 3)),
-     [(e, {"loss": round(float(f"1.2{e}") + float(f"2.0{e}"), 2)}) for e in (1, 2, 3)]),
+     [(e, {"loss": round(float(f"1.2{e}") + float(f"2.0{e}"), 2), "lr": 0.001}) for e in (1, 2, 3)]),
     # timm's summary.csv: one row per epoch, the evaluation loss beside the training loss.
     ("summary.csv", "epoch,train_loss,eval_loss,eval_top1,lr\n" + "".join(f"{e},{_loss(e)},2.5,50.0,0.001\n" for e in range(3)),
      [(e, {"loss": _loss(e), "lr": 0.001}) for e in range(3)]),

@@ -865,3 +865,13 @@ def test_an_epochs_complete_bar_and_its_total_on_another_line_are_one_record(tmp
     assert got == [(e, {"loss": pytest.approx(2.3 - 0.1 * e)}) for e in range(1, 21)]
     assert account.numbering == {"epoch": []}
     assert account.ignored == {"a summary at a record's step (another form, another loss)": [20, 2]}
+
+
+@pytest.mark.parametrize("name", ["lr_group0", "lr/pg0", "lr_0", "learning_rate_0", "lr_backbone"])
+def test_a_parameter_groups_lr_is_the_lr(tmp_path, name):
+    # one LR per parameter group, by index or by part (YOLO's `lr/pg0`): the first printed is
+    # the LR (a setting, `lr_decay`, `lr_min`, is not)
+    lines = [f"step {s} | loss {2.3 - 0.01 * s:.4f} | {name} {1e-3 * min(1, s / 10):.2e} | lr_decay 0.1"
+             for s in range(1, 31)]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert account.keys == {"loss": ["loss"], "lr": [name]} and got[0][1]["lr"] == pytest.approx(1e-4)

@@ -120,6 +120,8 @@ def _classify(norm: str, raw: str, user: tuple) -> tuple[str, str | None, int]:
     bare = [w for w in words if w not in PREFIXES] or words
     if bare[0] == "lr" and len(bare) > 1 and "lr-" in raw.lower():
         return "metric", keys.LR, 1       # Lightning / composer LR monitors: `lr-AdamW/pg1`
+    if bare[0] in ("lr", "learning") and len(bare) > 1 and all(_LR_PART.fullmatch(w) for w in bare[1:]):
+        return "metric", keys.LR, 1       # a parameter group's LR: `lr_group0`, `lr/pg1`, `lr_backbone`
     if lossy:
         # A name with a loss word that the vocabulary does not know: `Loss` under any prefix is
         # the loss; with other words (`box_loss`, `loss_cls`, `Loss_D`, `lossG`) a term of the
@@ -130,6 +132,13 @@ def _classify(norm: str, raw: str, user: tuple) -> tuple[str, str | None, int]:
             return "metric", keys.LOSS, 1   # `loss_total`, `loss_sum`: the terms' total, no term
         return "component", keys.LOSS, 0
     return "other", None, 0
+
+
+#: What follows `lr` in the name of one parameter group's LR (`lr_group0`, `lr/pg1`, `lr_0`,
+#: `lr (group 0)`, `learning_rate_1`, `lr_backbone`, `lr_head`); never a setting (`lr_decay`,
+#: `lr_min`, `lr_warmup`, `lr_scale`).
+_LR_PART = re.compile(r"rate|(?:pg|group|groups|param|params|g)?\d*|backbone|head|heads|encoder|decoder|base|"
+                      r"body|neck|classifier|embed|embeddings|model|net")
 
 
 #: Split words that name the act of evaluating, not a split: with the training split named
