@@ -875,3 +875,16 @@ def test_a_parameter_groups_lr_is_the_lr(tmp_path, name):
              for s in range(1, 31)]
     got, account = records_of(tmp_path, "\n".join(lines) + "\n")
     assert account.keys == {"loss": ["loss"], "lr": [name]} and got[0][1]["lr"] == pytest.approx(1e-4)
+
+
+@pytest.mark.parametrize("name", ["e/b:", "Epoch/Iter", "ep/it ="])
+def test_a_name_of_two_counters_over_two_numbers_is_an_epoch_and_its_batch(tmp_path, name):
+    # `e/b: 2/30`: the name's parts name the value's, an epoch and a batch within it (before: a
+    # count and its total, every record of an epoch merged into one, a NaN dated to its epoch)
+    lines = [f"{name} {e}/{b} loss: {2.3 - 0.001 * (e * 100 + b):.4f}" for e in (1, 2, 3) for b in range(10, 101, 10)]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [s for s, _ in got] == [(e - 1) * 100 + b for e in (1, 2, 3) for b in range(10, 101, 10)]
+    assert account.numbering == {"counter": [name.split("/")[1].rstrip(":= ")]}
+    # a count and its total under a name of both stays a count (`global_step/max_steps`)
+    got, _ = records_of(tmp_path, "".join(f"iter/total {s}/500 loss: {2.3 - 0.001 * s:.4f}\n" for s in range(10, 301, 10)))
+    assert [s for s, _ in got] == list(range(10, 301, 10))

@@ -353,6 +353,7 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
     prefixes = tokens.paths(texts) if nested else None
     roles: list[tuple[str, str | None, int, str]] = []
     eval_context = False
+    inner, inner_name = -1, ""   # the number after `a/` the name's second part names (`e/b`): a batch
     for i in range(n):
         before, g = befores[i], glued[i]
         if user:
@@ -371,7 +372,7 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
             roles.append(("noise", None, 0, ""))
             continue
         if i > 0 and before.strip() == "/" and not is_noise[i - 1]:
-            roles.append(("total", None, 0, ""))
+            roles.append(("batch", None, 0, inner_name) if i == inner else ("total", None, 0, ""))
             continue
         name = tokens.key_before(before, glued=i > 0)
         rest = before[:before.rfind(name)] if name else before
@@ -391,6 +392,9 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
         has_total = i + 1 < n and texts[i + 1].strip() == "/" and not is_noise[i + 1]
         if role == "other" and normalise_key(name) == "total" and tokens.in_loss_group(texts, i):
             role, key, rank = "metric", keys.LOSS, 1     # `[Losses: x 0.1, cls 0.2, total 0.3]`
+        elif role == "other" and has_total and "/" in name and _pair_of_counters(name, user):
+            role, key, rank = "epoch", None, 0   # `e/b: 3/120`, `Epoch/Iter 3/120`: the name's parts
+            inner, inner_name = i + 1, name.rsplit("/", 1)[1]   # name the value's: an epoch, its batch
         elif role == "other" and has_total and "/" in name:
             role, key, rank = classify(name.split("/")[0], user)   # "global_step/max_steps": "601/2161"
         elif role in ("metric", "component", "other") and prefixes and prefixes[i] and name \
@@ -410,6 +414,24 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
 
 #: The text between a name's index and its value: brackets, `@`, `=`, `:`, spaces.
 _INDEX_GAP = re.compile(r"[\]\)]?\s*[:=]?\s*")
+
+
+#: Short names of an epoch and of a batch or iteration within it (`e/b`, `ep/it`).
+_EPOCH_ABBREV = frozenset({"e", "ep"})
+_BATCH_ABBREV = frozenset({"b", "i", "it", "itr", "bt"})
+
+
+def _pair_of_counters(name: str, user) -> bool:
+    """Whether a name ``X/Y`` printed before ``x/y`` names an epoch and a batch within it
+    (``e/b``, ``Epoch/Iter``, ``ep/step``) rather than a count and its total (``global_step/max_steps``,
+    ``iter/total``): each part of the name names its number."""
+    parts = name.rsplit(None, 1)[-1].split("/")
+    if len(parts) != 2:
+        return False
+    first, second = (normalise_key(p) for p in parts)
+    epoch = first in _EPOCH_ABBREV or classify(first, user)[0] == "epoch"
+    batch = second in _BATCH_ABBREV or classify(second, user)[0] in ("step", "batch")
+    return epoch and batch
 
 
 def _index_after_name(texts, nums, roles) -> None:
