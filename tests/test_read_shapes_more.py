@@ -888,3 +888,12 @@ def test_a_name_of_two_counters_over_two_numbers_is_an_epoch_and_its_batch(tmp_p
     # a count and its total under a name of both stays a count (`global_step/max_steps`)
     got, _ = records_of(tmp_path, "".join(f"iter/total {s}/500 loss: {2.3 - 0.001 * s:.4f}\n" for s in range(10, 301, 10)))
     assert [s for s, _ in got] == list(range(10, 301, 10))
+
+
+def test_headerless_columns_whose_loss_is_nan_on_every_line_are_read_as_a_guess(tmp_path):
+    # `  12   nan   nan   0.12`: no column falls like a loss; one NaN on every line is a loss gone
+    # non-finite, the first after the counter (before: refused, the NaN missed)
+    text = "".join(f"{s:4d}   nan   nan   0.{s:02d}\n" for s in range(1, 30))
+    got, account = records_of(tmp_path, text)
+    assert [s for s, _ in got] == list(range(1, 30)) and all(math.isnan(m["loss"]) for _, m in got)
+    assert account.keys["loss"][0].startswith("#2 (the first unnamed number after the counter that is NaN or Inf")

@@ -25,6 +25,7 @@ Cost: a few plans and one regular expression per refused log. State: none.
 """
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -171,6 +172,8 @@ class Guess:
 
 
 GUESSED = "the unnamed number that varies beside the counter on the log's progress lines (a guess: the log names no loss)"
+GUESSED_NAN = ("the first unnamed number after the counter that is NaN or Inf on every line, of {n} unnamed "
+               "numbers on the log's progress lines (a guess: the log names none, and none falls like a loss)")
 GUESSED_COLUMN = ("the first unnamed number after the counter that falls like a loss, of {n} unnamed numbers on the "
                   "log's progress lines (a guess: the log names none of them)")
 
@@ -210,11 +213,28 @@ def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
     # excerpt missed): the first after the counter that falls like a loss.
     column = next((i for i in unnamed if i > step and _falls(samples, i)), None)
     if column is None:
-        return None
+        # none falls: a column not finite on every line (`  12   nan   nan   0.12`) is a loss gone
+        # NaN, the first after the counter (a guess said as such; an accuracy or a time prints numbers)
+        column = next((i for i in unnamed if i > step and _non_finite(samples, i)), None)
+        if column is None:
+            return None
+        return Guess(re.compile(_pattern(texts, step, column, epoch)),
+                     {"loss": f"#{column + 1} ({GUESSED_NAN.format(n=len(unnamed))})", **said}, which=(
+                         f"the first after the counter {{step}} that is not finite on every line, of {len(unnamed)} "
+                         f"unnamed numbers (no number of them falls like a loss)"),
+                     template=tokens.fold(texts))
     return Guess(re.compile(_pattern(texts, step, column, epoch)),
                  {"loss": f"#{column + 1} ({GUESSED_COLUMN.format(n=len(unnamed))})", **said}, which=(
                      f"the first after the counter {{step}} that falls like a loss, of {len(unnamed)} unnamed numbers"),
                  template=tokens.fold(texts))
+
+
+def _non_finite(samples: Sequence[Sequence[str]], i: int) -> bool:
+    """Whether number ``i`` of the sample lines is NaN or Inf on every one."""
+    try:
+        return all(not math.isfinite(float(s[i])) for s in samples)
+    except (ValueError, IndexError):
+        return False
 
 
 def _falls(samples: Sequence[Sequence[str]], i: int) -> bool:
