@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from . import keys
 from .control import Control, DataSkips, RollbackRequest
-from .detectors.base import Context, check, fmt, positive_int
+from .detectors.base import Context, check, count, fmt, positive_int
 from .params import in_interval, int_at_least, is_number, one_of
 from .record import Finding, StepRecord, severity_rank
 
@@ -544,10 +544,10 @@ class Policy:
         trigger, onset, own = d["trigger"], f.onset_step, d["spike_onset_step"]
         window = f"the risk window (steps {start + 1}-{end}) where BigScience's 104B runs glitched"
         if f.step <= end:
-            head = (f"{trigger} at step {f.step} came {f.step - start} steps after the LR warmup ended "
+            head = (f"{trigger} at step {f.step} came {count(f.step - start)} after the LR warmup ended "
                     f"(step {start}), inside {window}.")
         else:   # the upgrade of an episode that began inside the window
-            head = (f"{trigger} at step {f.step}: the episode began at step {onset}, {onset - start} steps "
+            head = (f"{trigger} at step {f.step}: the episode began at step {onset}, {count(onset - start)} "
                     f"after the LR warmup ended (step {start}), inside {window}.")
         acts = []
         if control.saves_carried_out is False:
@@ -670,7 +670,7 @@ class Policy:
             message=(f"Rolling back automatically (attempt {r.attempt} of {r.max_attempts}): "
                      f"{advice.details['trigger']} at step {r.step}. Training goes back to the "
                      f"checkpoint of step {r.checkpoint_step}{where}; the data of steps {first}-{last} "
-                     f"({last - first + 1} steps{margin}) is skipped on every rank{lr}. The detectors "
+                     f"({count(last - first + 1)}{margin}) is skipped on every rank{lr}. The detectors "
                      f"restart from that checkpoint's state; the abandoned steps stay in the run log "
                      f"as a superseded branch (stability-callbacks timeline)."),
             details={"checkpoint_step": r.checkpoint_step, "checkpoint_path": r.checkpoint_path,

@@ -861,3 +861,19 @@ def test_a_level_that_holds_under_noise_larger_than_a_batchs_says_nothing_of_lea
     assert [(f.step, f.severity, f.details["rule"]) for f in said] == [(12000, "info", "undecided")]
     assert "its points scatter by ±" in said[0].message and "a fine-tune" in said[0].message
     assert [(f.severity, f.details["rule"]) for f in nl(0.02)] == [("warning", "flat")]
+
+
+def test_a_chance_level_is_said_only_of_a_loss_that_started_at_it():
+    # a siamese net's BCE (0.693 flat: not learning) whose last Linear is a 64-wide embedding:
+    # ln 64 says nothing of a loss that started at 0.69 (before: "the chance level of its 64
+    # outputs is ln 64 = 4.159" in the warning); a cross-entropy over 10 outputs at 2.303 is at it
+    def said(outputs, level):
+        m = Monitor()
+        m.set_num_outputs(outputs)
+        out = [f for s in range(1, 80) for f in m.update(StepRecord(s, {"loss": level + 0.001 * (s % 3)}))]
+        return [f for f in out if f.kind == "not_learning"]
+    binary = said(64, 0.693)
+    assert [f.severity for f in binary] == ["warning"] and "ln 64" not in binary[0].message
+    assert binary[0].details["chance_level"] is None and binary[0].details["num_outputs"] == 64
+    ten = said(10, 2.303)
+    assert [f.details["rule"] for f in ten] == ["chance"] and "ln 10 = 2.303" in ten[0].message

@@ -468,7 +468,7 @@ def test_keys_and_pattern_flags_are_checked():
         parse_keys("lossy=x")
     with pytest.raises(ValueError, match=r"--keys: 'step' is not OURS=THEIRS"):
         parse_keys("step")
-    with pytest.raises(ValueError, match=r"--pattern: named groups must be step and metric keys"):
+    with pytest.raises(ValueError, match=r"--pattern: named groups must be step, epoch and metric keys"):
         compile_pattern(r"(?P<stp>\d+) (?P<loss>\S+)")
     with pytest.raises(ValueError, match=r"--pattern: not a regular expression"):
         compile_pattern(r"(?P<step>\d+")

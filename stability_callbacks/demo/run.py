@@ -21,6 +21,7 @@ import os
 import shutil
 from pathlib import Path
 
+from ..detectors.base import count
 from ..record import severity_rank
 from .terminal import DemoOutcome, LiveDisplay, LocalSlackInbox
 
@@ -180,8 +181,8 @@ def _summary(console, o: DemoOutcome) -> int:
     if first is not None and peak is not None:
         lead, at = peak[1] - first.step, f"the loss peak at step {peak[1]} ({peak[0]:.4g})"
         say(f"Caught [bold]{first.kind}[/] at step {first.step}, " + (
-            f"{_steps(lead)} before {at}." if lead > 0 else
-            f"at {at} itself: the first step it was visible." if lead == 0 else f"{_steps(-lead)} after {at}."))
+            f"{count(lead)} before {at}." if lead > 0 else
+            f"at {at} itself: the first step it was visible." if lead == 0 else f"{count(-lead)} after {at}."))
     if o.fault_steps:
         line = f"The planted fault covers steps {o.fault_steps[0]}-{o.fault_steps[-1]}"
         if o.halted_at is not None:
@@ -208,9 +209,6 @@ def _summary(console, o: DemoOutcome) -> int:
     say(f"Report: {o.report_html}  and  {o.report_png}")
     return 0 if _met_expectations(console, o, serious) else 1
 
-
-def _steps(n: int) -> str:
-    return f"{n} step" if n == 1 else f"{n} steps"
 
 
 def _met_expectations(console, o: DemoOutcome, serious: list) -> bool:

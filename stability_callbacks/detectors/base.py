@@ -111,6 +111,11 @@ def _f(v):
     return None if v is None else float(v)
 
 
+def count(n: int, noun: str = "step") -> str:
+    """``n`` and its noun, singular for one: ``count(1)`` is "1 step", ``count(3, "epoch")`` "3 epochs"."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def fmt(x: float | None) -> str:
     """A number for a sentence: 3 significant digits, scientific when huge or tiny."""
     if x is None:

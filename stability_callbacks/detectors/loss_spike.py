@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import COLD_TREND_SAMPLES, EWMean, RobustLevel
-from .base import Context, Detector, check, fmt, positive, positive_int
+from .base import Context, Detector, check, count, fmt, positive, positive_int
 
 
 _SQRT2 = math.sqrt(2.0)   # the σ of a difference of two noisy points, in σ
@@ -358,12 +358,12 @@ class LossSpike(Detector):
                 slow = speed == "slow" and ep.warm and ep.samples - 2 >= self._stay_needed(1, ep.low or 0.0)
                 at_level = x <= base0 * (1.0 + self.min_rise)   # at its level, within the least rise that counts
                 said = (f"{self._what()} came back at step {step}: {fmt(x)} vs {fmt(base0)} before the spike "
-                        f"(peak {fmt(peak)}), {took} step{'s' * (took != 1)} after its onset at step {onset} "
+                        f"(peak {fmt(peak)}), {count(took)} after its onset at step {onset} "
                         f"({speed} recovery). No action needed"
                         + ("." if speed == "fast" else "; keep an eye on the next spikes.")) if at_level else (
                         f"{self._what()} {f'came down from its peak {fmt(peak)} to' if x < peak else 'is at'} "
-                        f"{fmt(x)} at step {step}, {took} "
-                        f"step{'s' * (took != 1)} after the spike at step {onset}: still {x / base0:.3g}x its level "
+                        f"{fmt(x)} at step {step}, {count(took)} "
+                        f"after the spike at step {onset}: still {x / base0:.3g}x its level "
                         f"before ({fmt(base0)}), though within what {'its noise' if base0 >= floor else 'a loss near its floor'} "
                         f"allows; watch that it goes on falling, and roll back to a checkpoint before step {onset} "
                         f"if it settles there.")
@@ -390,7 +390,7 @@ class LossSpike(Detector):
                     out.append(self.finding(
                         step, kind="spike_unrecovered", severity="critical", value=x, baseline=base0,
                         onset_step=onset, threshold=self._recovery_level(base0, peak, floor),
-                        message=(f"{self._what()} has not recovered {step - onset} steps after the "
+                        message=(f"{self._what()} has not recovered {count(step - onset)} after the "
                                  f"spike at step {onset}: {fmt(x)} vs {fmt(base0)} before it (peak "
                                  f"{fmt(peak)}). Training more rarely fixes this: roll back to the last "
                                  f"checkpoint before step {onset} and skip the batches since "
@@ -665,7 +665,7 @@ class LossSpike(Detector):
                     step, kind="spike_recovered", severity="info", value=x, baseline=ep.baseline,
                     onset_step=ep.onset,
                     message=(f"{self._what()} came back at step {step}: {fmt(x)} vs {fmt(ep.baseline)} "
-                             f"before the jump at step {ep.onset} (peak {fmt(ep.peak)}), {took} steps "
+                             f"before the jump at step {ep.onset} (peak {fmt(ep.peak)}), {count(took)} "
                              f"later. No action needed."),
                     recovery_steps=took, speed=speed, peak=ep.peak, additive=True))
                 self.episode = None

@@ -8,7 +8,7 @@ from typing import Any
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import EWMean
-from .base import Context, Detector, check, fmt, positive, positive_int
+from .base import Context, Detector, check, count, fmt, positive, positive_int
 from .stall import printed_resolution
 
 _HALF_SQRT_PI = 0.5 * math.sqrt(math.pi)
@@ -433,7 +433,11 @@ class NotLearning(Detector):
         f, h = self.first, self.horizon
         assert h is not None
         level, before = math.exp(since), math.exp(first)
-        if c:
+        if c and self._chance_log() is None:
+            # the model's output size is known, but the loss did not start near ln C: no
+            # cross-entropy over those outputs (a BCE over an embedding, an MSE): nothing of chance
+            chance = ""
+        elif c:
             at = (f"ln {c} = {fmt(math.log(c))}, the chance level of a cross-entropy over the model's "
                   f"{c} outputs")
             chance = (f" It sits at {at} since step {self.chance[0]} ({self.chance[1]} points)."
@@ -465,7 +469,7 @@ class NotLearning(Detector):
                     f"where against its noise a fall of {self.min_fall:.0%} would show.{chance}")
         if mid_run:   # an excerpt from later in a run: what it shows, and what it cannot tell
             start = self.start[0] if self.start is not None else h[0]
-            few = (f", its horizon only {step - h[0]} steps as the log numbers them (fewer than the "
+            few = (f", its horizon only {count(step - h[0])} as the log numbers them (fewer than the "
                    f"{self.horizon_steps} it takes to call)" if short and not epochs else "")
             message = (f"Cannot tell whether the run learns: {what} This log starts at "
                        f"{'epoch' if epochs else 'step'} {start}, after the run did{few}, and an excerpt from "
@@ -473,7 +477,7 @@ class NotLearning(Detector):
                        f"loss sat at this level from the run's start for long, the run is not learning. "
                        f"Usual causes then: {CAUSES}.")
         elif short:   # the horizon in points, not in steps: say both readings
-            message = (f"Too early to tell whether the run learns: {what} That is {step - h[0]} steps as the log "
+            message = (f"Too early to tell whether the run learns: {what} That is {count(step - h[0])} as the log "
                        f"numbers them, fewer than the {self.horizon_steps} it takes to call: if each is one "
                        f"optimizer step, judge a longer log; if each is an epoch (or many batches), the run is "
                        f"not learning"
@@ -490,7 +494,8 @@ class NotLearning(Detector):
             step, severity="info" if short or mid_run else "warning", value=level, baseline=before,
             threshold=before * (1 - self.min_fall), onset_step=h[0], message=message,
             rule=rule, fall=-math.expm1(-fell), fall_bound=-math.expm1(-(fell + self.z_threshold * se)),
-            noise=self._noise(), first_samples=f[0], horizon_samples=h[1], horizon_steps=step - h[0], chance_level=math.log(c) if c else None,
+            noise=self._noise(), first_samples=f[0], horizon_samples=h[1], horizon_steps=step - h[0],
+            chance_level=math.log(c) if c and self._chance_log() is not None else None,
             num_outputs=c, past_startup=True, **extra)
 
 

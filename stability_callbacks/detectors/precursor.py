@@ -7,7 +7,7 @@ import math
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import RobustLevel, bias_correction, finite_positive
-from .base import Context, Detector, check, fmt, positive, positive_int
+from .base import Context, Detector, check, count, fmt, positive, positive_int
 
 #: torch's Adam/AdamW default beta1, assumed when the record does not say.
 DEFAULT_BETA1 = 0.9
@@ -139,7 +139,7 @@ class Precursor(Detector):
             step, severity="warning", signal=signal, value=value, baseline=baseline, threshold=threshold,
             onset_step=onset,
             message=(f"The optimizer moved before the loss, and the loss or the grad norm followed: {what} at step "
-                     f"{onset}, then {moved}, {gap} step{'s' * (gap != 1)} later. The episode began at step {onset}: "
+                     f"{onset}, then {moved}, {count(gap)} later. The episode began at step {onset}: "
                      f"keep a checkpoint from before it at hand."),
             rule=rule, ratio=ratio, lead=what, confirmed_by=by.kind if by is not None else "loss_spike",
             confirmed=True)]

@@ -6,7 +6,7 @@ import math
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import EWMean
-from .base import Context, Detector, check, fmt, positive, positive_int
+from .base import Context, Detector, check, count, fmt, positive, positive_int
 
 
 class SuddenDrop(Detector):
@@ -93,7 +93,7 @@ class SuddenDrop(Detector):
         pace = (f"after falling only {-math.expm1(before):.0%} over the {w} points before" if before < 0
                 else f"after no fall at all over the {w} points before")
         if since_resume is not None and resumed:
-            what = (f"{since_resume} steps after the resume at step {record.step - since_resume}: "
+            what = (f"{count(since_resume)} after the resume at step {record.step - since_resume}: "
                     f"a resumed run that suddenly does better is usually re-reading data it memorised "
                     f"(the data loader restarted from the beginning). Check the data-loader/sampler state "
                     f"before training on.")

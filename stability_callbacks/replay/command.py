@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config import Config, ConfigError
+from ..detectors.base import count
 from ..record import Finding, severity_rank
 
 if TYPE_CHECKING:
@@ -226,7 +227,7 @@ class _Replay:
         if account is not None and not account.with_loss and not account.signals:
             return   # nothing to judge: no summary of 0 findings (nothing_to_judge says why)
         if account is not None and account.with_loss < MIN_JUDGED:
-            print(f"note: only {account.with_loss} step{'s' * (account.with_loss != 1)} with a loss: too few to "
+            print(f"note: only {count(account.with_loss)} with a loss: too few to "
                   "judge a spike or a trend against (a NaN or Inf is still found): the findings below say little",
                   file=summary_to)
         forms = _advice_forms(args, account)
@@ -591,7 +592,7 @@ def print_summary(findings: list[Finding], num_records: int, name: str, *, file=
 
     console = Console(file=file or sys.stdout, width=120, highlight=False, soft_wrap=False)
     # The heading on a line of its own: as the table's title, rich wraps it to the table's width.
-    console.print(f"{name}: {num_records:,} steps, {len(findings)} findings")
+    console.print(f"{name}: {count(num_records)}, {count(len(findings), 'finding')}")
     table = Table()
     for col in ("kind", "severity", "count", "first step", "last step"):
         table.add_column(col)

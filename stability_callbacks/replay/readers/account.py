@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
+from ...detectors.base import count
+
 logger = logging.getLogger(__name__)
 
 IgnoreCallback = Callable[[int, str, str], None]
@@ -181,7 +183,7 @@ class ReadAccount:
 
     def lines(self) -> list[str]:
         """The account as a few human lines (``replay`` prints them first)."""
-        out = [f"read {self.records:,} steps ({self.format or 'unknown format'})"]
+        out = [f"read {count(self.records)} ({self.format or 'unknown format'})"]
         if self.keys:
             out.append("  keys: " + ", ".join(f"{k} <- {' | '.join(repr(n) for n in v)}"
                                              for k, v in self.keys.items()))

@@ -378,9 +378,7 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
         rest = before[:before.rfind(name)] if name else before
         if _ON_TRAINING_ALONE.fullmatch(name):   # `evaluation metric 'loss' on training set: 0.41`
             rest, name = _named_before(rest, name, i > 0)
-        if (_EVAL_CONTEXT.search(rest) or (i == 0 and _EVAL_LABEL.fullmatch(rest))) \
-                and not _training_named(rest, name):
-            eval_context = True
+        eval_context = eval_context or _evaluation_named(rest, name, i == 0)
         if name.startswith("-") or name.lower().startswith(_ARG_ECHO):
             roles.append(("other", None, 0, name))
             continue
@@ -392,11 +390,8 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
         has_total = i + 1 < n and texts[i + 1].strip() == "/" and not is_noise[i + 1]
         if role == "other" and normalise_key(name) == "total" and tokens.in_loss_group(texts, i):
             role, key, rank = "metric", keys.LOSS, 1     # `[Losses: x 0.1, cls 0.2, total 0.3]`
-        elif role == "other" and has_total and "/" in name and _pair_of_counters(name, user):
-            role, key, rank = "epoch", None, 0   # `e/b: 3/120`, `Epoch/Iter 3/120`: the name's parts
-            inner, inner_name = i + 1, name.rsplit("/", 1)[1]   # name the value's: an epoch, its batch
-        elif role == "other" and has_total and "/" in name:
-            role, key, rank = classify(name.split("/")[0], user)   # "global_step/max_steps": "601/2161"
+        elif role == "other" and has_total and "/" in name:   # `global_step/max_steps: 601/2161`, `e/b: 3/120`
+            (role, key, rank), inner, inner_name = _slash_named(name, i, user)
         elif role in ("metric", "component", "other") and prefixes and prefixes[i] and name \
                 and classify(prefixes[i], user)[0] == "eval":
             role, key = "eval", None
@@ -421,17 +416,18 @@ _EPOCH_ABBREV = frozenset({"e", "ep"})
 _BATCH_ABBREV = frozenset({"b", "i", "it", "itr", "bt"})
 
 
-def _pair_of_counters(name: str, user) -> bool:
-    """Whether a name ``X/Y`` printed before ``x/y`` names an epoch and a batch within it
-    (``e/b``, ``Epoch/Iter``, ``ep/step``) rather than a count and its total (``global_step/max_steps``,
-    ``iter/total``): each part of the name names its number."""
+def _slash_named(name: str, i: int, user) -> tuple[tuple[str, str | None, int], int, str]:
+    """The role of number ``i`` printed as ``x/y`` under a name ``X/Y``, the number its second
+    part names (-1: none) and that part: an epoch and a batch within it where the parts name two
+    counters (``e/b``, ``Epoch/Iter``, ``ep/step``: each part names its number), else the first
+    part's role and a count's total after it (``global_step/max_steps``, ``iter/total``)."""
     parts = name.rsplit(None, 1)[-1].split("/")
-    if len(parts) != 2:
-        return False
-    first, second = (normalise_key(p) for p in parts)
-    epoch = first in _EPOCH_ABBREV or classify(first, user)[0] == "epoch"
-    batch = second in _BATCH_ABBREV or classify(second, user)[0] in ("step", "batch")
-    return epoch and batch
+    if len(parts) == 2:
+        first, second = (normalise_key(p) for p in parts)
+        if (first in _EPOCH_ABBREV or classify(first, user)[0] == "epoch") and \
+                (second in _BATCH_ABBREV or classify(second, user)[0] in ("step", "batch")):
+            return ("epoch", None, 0), i + 1, name.rsplit("/", 1)[1]
+    return classify(name.split("/")[0], user), -1, ""
 
 
 def _index_after_name(texts, nums, roles) -> None:
@@ -460,6 +456,13 @@ def _named_before(rest: str, phrase: str, glued: bool) -> tuple[str, str]:
     training set``): the name printed before it, with the phrase (``loss on training set``)."""
     named = tokens.key_before(rest, glued=glued)
     return (rest[:rest.rfind(named)], f"{named} {phrase}") if named else (rest, phrase)
+
+
+def _evaluation_named(rest: str, name: str, opens_line: bool) -> bool:
+    """Whether the text before a number's name names an evaluation split around it (`val loss`,
+    `Test: [ 0/30] .. Loss`), or opens the line with one as its label (`valid: loss=3.2`)."""
+    return bool(_EVAL_CONTEXT.search(rest) or (opens_line and _EVAL_LABEL.fullmatch(rest))) \
+        and not _training_named(rest, name)
 
 
 def _training_named(rest: str, name: str) -> bool:
