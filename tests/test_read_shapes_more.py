@@ -897,3 +897,23 @@ def test_headerless_columns_whose_loss_is_nan_on_every_line_are_read_as_a_guess(
     got, account = records_of(tmp_path, text)
     assert [s for s, _ in got] == list(range(1, 30)) and all(math.isnan(m["loss"]) for _, m in got)
     assert account.keys["loss"][0].startswith("#2 (the first unnamed number after the counter that is NaN or Inf")
+
+
+@pytest.mark.parametrize("line", [
+    "epoch {e} | train {t:.4f} | valid {v:.4f}",            # a split and no metric: a guess, said
+    "Epoch {e}, train/val loss = {t:.4f} / {v:.4f}",        # a name of two splits over two numbers
+])
+def test_a_training_splits_value_beside_an_evaluations_is_the_loss(tmp_path, line):
+    # before: refused, no metric named; the evaluation's value is never read
+    text = "".join(line.format(e=e, t=2.3 - 0.05 * e, v=2.4 - 0.04 * e) + "\n" for e in range(1, 31))
+    got, account = records_of(tmp_path, text)
+    assert got == [(e, {"loss": pytest.approx(2.3 - 0.05 * e)}) for e in range(1, 31)]
+    assert account.numbering == {"epoch": []}
+
+
+def test_a_parameter_groups_index_in_its_keys_parentheses_stays_in_the_key(tmp_path):
+    # OLMo-core: `optim/LR (group 0)=2e-05` (before: the key cut at the 0, the LR lost)
+    text = "".join(f"[step={s}/100] train/CE loss={2.3 - 0.01 * s:.4f} optim/LR (group 0)={1e-5 * s:.6f}\n"
+                   for s in range(1, 31))
+    got, account = records_of(tmp_path, text)
+    assert account.keys["lr"] and got[1] == (2, {"loss": pytest.approx(2.28), "lr": pytest.approx(2e-5)})

@@ -143,17 +143,14 @@ HELD_OUT_LABELS = [lab for lab in ALL_LABELS if lab["name"] in HELD_OUT]
 
 #: The held-out part as first (and only) scored, at the end of issue 26 (docs/cli.md, Measured
 #: generality): 44 of 46 parse exactly, 43 meet their labels. name -> why it does not parse to
-#: its CSV. Never fixed by a rule for the file: a later change to the rules needs a new
+#: its CSV (none now). The two held-out logs did not parse to their CSVs: build-nanogpt's log.txt (`N train
+#: X` / `N val X`: the loss under a split word alone) and OLMo-core's console (`optim/LR (group 0)=x`:
+#: the tokenizer cut the key at its group's index). Both read since rules written for other shapes
+#: (2026-11-29: a value named only by the training split beside evaluation splits, `epoch 3 | train
+#: 0.52 | valid 0.61`; a parameter group's index inside its key's parentheses): spent files, they
+#: measure nothing. Never fixed by a rule for the file: a later change to the rules needs a new
 #: held-out batch (split.json).
-HELD_OUT_PARSE_MISSES = {
-    "b_build_nanogpt_logtxt_first95_healthy": (
-        "build-nanogpt's log.txt prints `N train X` / `N val X`: the loss under a split word "
-        "alone, no loss name; the vocabulary has no such name (the rule of issue 15 that read "
-        "it fired for this file only and was dropped): no records, exit 2"),
-    "f_olmo_core_gen_console_ce_loss_nan_300": (
-        "OLMo-core's `optim/LR (group 0)=x` puts a number inside the parenthesis of its key: "
-        "the tokenizer cuts the key at that number and the LR is lost (loss and grad norm read)"),
-}
+HELD_OUT_PARSE_MISSES: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("label", HELD_OUT_LABELS, ids=[lab["name"] for lab in HELD_OUT_LABELS])
@@ -169,18 +166,14 @@ def test_held_out_log_reads_as_first_scored(label):
 
 @pytest.mark.parametrize("label", HELD_OUT_LABELS, ids=[lab["name"] for lab in HELD_OUT_LABELS])
 def test_held_out_log_meets_its_labels_as_first_scored(label):
-    if label["name"] == "b_build_nanogpt_logtxt_first95_healthy":
-        with pytest.raises(LogFormatError, match="unknown log format"):
-            read_records(WILD / label["log"])
-        return
     findings = judge_log(WILD / label["log"])
     assert violations(label, findings) == KNOWN_MISSES.get(label["name"], ([], None))[0]
 
 
 def test_the_known_misses_are_few_and_labelled():
     assert set(KNOWN_MISSES) <= {lab["name"] for lab in ALL_LABELS} and len(ALL_LABELS) == 149
-    assert len(KNOWN_MISSES) == 7 and len(HELD_OUT_PARSE_MISSES) == 2
-    assert set(HELD_OUT_PARSE_MISSES) <= HELD_OUT and len(HELD_OUT_LABELS) == 46
+    assert len(KNOWN_MISSES) == 7 and HELD_OUT_PARSE_MISSES == {}
+    assert len(HELD_OUT_LABELS) == 46
     assert all(reason for _, reason in KNOWN_MISSES.values())
 
 

@@ -221,9 +221,11 @@ class LineReader:
         said = self.names
         printed = tuple((k, said.get(k, f"(?P<{k}>)")) for _, k, _ in metrics) + (
             (("step", said.get("step", "(?P<step>)")),) if step is not None else ())
+        # an epoch group without a step numbers the records by their epochs
         return nums, Plan(metrics=tuple(metrics), step=step, loss_at=loss_at, printed=printed,
                           loss_kind="exact" if loss_at is not None else "", step_name=said.get("step", ""),
-                          outer=outer if step is not None else ())
+                          outer=outer if step is not None else (),
+                          epoch=outer[0] if outer and step is None else None)
 
 
 class Template:

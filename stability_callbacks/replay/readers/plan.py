@@ -353,7 +353,7 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
     prefixes = tokens.paths(texts) if nested else None
     roles: list[tuple[str, str | None, int, str]] = []
     eval_context = False
-    inner, inner_name = -1, ""   # the number after `a/` the name's second part names (`e/b`): a batch
+    inner, inner_role = -1, ("total", None, 0, "")   # the number after `a/` a name's second part names
     for i in range(n):
         before, g = befores[i], glued[i]
         if user:
@@ -372,7 +372,7 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
             roles.append(("noise", None, 0, ""))
             continue
         if i > 0 and before.strip() == "/" and not is_noise[i - 1]:
-            roles.append(("batch", None, 0, inner_name) if i == inner else ("total", None, 0, ""))
+            roles.append(inner_role if i == inner else ("total", None, 0, ""))
             continue
         name = tokens.key_before(before, glued=i > 0)
         rest = before[:before.rfind(name)] if name else before
@@ -390,8 +390,8 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
         has_total = i + 1 < n and texts[i + 1].strip() == "/" and not is_noise[i + 1]
         if role == "other" and normalise_key(name) == "total" and tokens.in_loss_group(texts, i):
             role, key, rank = "metric", keys.LOSS, 1     # `[Losses: x 0.1, cls 0.2, total 0.3]`
-        elif role == "other" and has_total and "/" in name:   # `global_step/max_steps: 601/2161`, `e/b: 3/120`
-            (role, key, rank), inner, inner_name = _slash_named(name, i, user)
+        elif role in ("other", "eval") and has_total and "/" in name:   # `global_step/max_steps: 601/2161`, `e/b: 3/120`
+            (role, key, rank), inner, inner_role = _slash_named(name, i, user)
         elif role in ("metric", "component", "other") and prefixes and prefixes[i] and name \
                 and classify(prefixes[i], user)[0] == "eval":
             role, key = "eval", None
@@ -411,23 +411,33 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
 _INDEX_GAP = re.compile(r"[\]\)]?\s*[:=]?\s*")
 
 
+#: A training split's and an evaluation split's words (`train/val loss`).
+_TRAIN_WORDS = frozenset({"train", "training", "trn"})
+_SPLIT_WORDS = frozenset({"val", "valid", "validation", "eval", "test", "dev"})
 #: Short names of an epoch and of a batch or iteration within it (`e/b`, `ep/it`).
 _EPOCH_ABBREV = frozenset({"e", "ep"})
 _BATCH_ABBREV = frozenset({"b", "i", "it", "itr", "bt"})
 
 
-def _slash_named(name: str, i: int, user) -> tuple[tuple[str, str | None, int], int, str]:
-    """The role of number ``i`` printed as ``x/y`` under a name ``X/Y``, the number its second
-    part names (-1: none) and that part: an epoch and a batch within it where the parts name two
-    counters (``e/b``, ``Epoch/Iter``, ``ep/step``: each part names its number), else the first
-    part's role and a count's total after it (``global_step/max_steps``, ``iter/total``)."""
-    parts = name.rsplit(None, 1)[-1].split("/")
+def _slash_named(name: str, i: int, user) -> tuple[tuple[str, str | None, int], int, tuple]:
+    """The role of number ``i`` printed as ``x/y`` under a name with a slash, the number its
+    second part names (-1: none: a count's total) and that number's role. Each part of the
+    name names its number where the parts are two counters (``e/b: 3/120``, ``Epoch/Iter``:
+    an epoch and a batch within it) or two splits (``train/val loss = 2.2 / 2.3``: the training
+    loss and an evaluation's); else the first part names the number and a total follows
+    (``global_step/max_steps: 601/2161``, ``iter/total``)."""
+    words = name.split()
+    at = next((k for k, w in enumerate(words) if "/" in w), None)
+    parts = words[at].split("/") if at is not None else []
     if len(parts) == 2:
         first, second = (normalise_key(p) for p in parts)
-        if (first in _EPOCH_ABBREV or classify(first, user)[0] == "epoch") and \
+        if at == len(words) - 1 and (first in _EPOCH_ABBREV or classify(first, user)[0] == "epoch") and \
                 (second in _BATCH_ABBREV or classify(second, user)[0] in ("step", "batch")):
-            return ("epoch", None, 0), i + 1, name.rsplit("/", 1)[1]
-    return classify(name.split("/")[0], user), -1, ""
+            return ("epoch", None, 0), i + 1, ("batch", None, 0, parts[1])
+        rest = " ".join(words[:at] + words[at + 1:])
+        if rest and first in _TRAIN_WORDS and second in _SPLIT_WORDS:
+            return classify(f"{parts[0]} {rest}", user), i + 1, ("eval", classify(rest, user)[1], 0, f"{parts[1]} {rest}")
+    return classify(name.split("/")[0], user), -1, ("total", None, 0, "")
 
 
 def _index_after_name(texts, nums, roles) -> None:

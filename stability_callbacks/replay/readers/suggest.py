@@ -174,6 +174,7 @@ class Guess:
 GUESSED = "the unnamed number that varies beside the counter on the log's progress lines (a guess: the log names no loss)"
 GUESSED_NAN = ("the first unnamed number after the counter that is NaN or Inf on every line, of {n} unnamed "
                "numbers on the log's progress lines (a guess: the log names none, and none falls like a loss)")
+GUESSED_SPLIT = "a split, no metric, on the log's progress lines: a guess that it is the training loss, as it falls like one"
 GUESSED_COLUMN = ("the first unnamed number after the counter that falls like a loss, of {n} unnamed numbers on the "
                   "log's progress lines (a guess: the log names none of them)")
 
@@ -195,11 +196,21 @@ def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
     unnamed = [i for i, (role, _, _, name) in enumerate(roles)
                if role not in ("noise", "total") and not name and not _unit(texts, i)
                and not all(s[i].isdigit() for s in samples if i < len(s))]
-    if not counters or not unnamed:
+    if not counters:
         return None
     step = _finest(counters, samples)
     epoch = _outer(roles, samples, texts, step)
     said = {"step": roles[step][3] or f"#{step + 1}"}
+    split = _split_loss(roles, samples, step)
+    if split is not None:   # (a counter named as an epoch numbers the records by their epochs)
+        return Guess(re.compile(_pattern(texts, step, split, epoch) if roles[step][0] != "epoch"
+                                else _pattern(texts, None, split, step)),
+                     {"loss": f"{roles[split][3]} ({GUESSED_SPLIT})", **said}, said=(
+                         f"the log names no loss: the loss is a guess, the number named only {roles[split][3]!r} (a "
+                         f"split, no metric) on its progress lines, beside {said['step']!r}, as it falls like a loss"),
+                     template=tokens.fold(texts))
+    if not unnamed:
+        return None
     if len(unnamed) == 1 and _varying(roles, samples, texts) == unnamed:
         if not _falls(samples, unnamed[0]):
             return None
@@ -227,6 +238,23 @@ def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
                  {"loss": f"#{column + 1} ({GUESSED_COLUMN.format(n=len(unnamed))})", **said}, which=(
                      f"the first after the counter {{step}} that falls like a loss, of {len(unnamed)} unnamed numbers"),
                  template=tokens.fold(texts))
+
+
+_TRAIN_SPLIT = frozenset({"train", "training", "trn"})
+_EVAL_SPLIT = frozenset({"val", "valid", "validation", "eval", "test", "dev"})
+
+
+def _split_loss(roles, samples, step: int) -> int | None:
+    """The number named only by the training split (``epoch 3 | train 0.52 | valid 0.61``: a
+    split and no metric, beside ones named only by an evaluation split), where it falls like a
+    loss and every other name on the line is a counter's or an evaluation split's; else None."""
+    names = {i: normalise_key(name) for i, (role, _, _, name) in enumerate(roles)
+             if name and i != step and role not in ("noise", "total", "epoch", "step", "batch")}
+    train = [i for i, n in names.items() if n in _TRAIN_SPLIT]
+    if len(train) != 1 or any(n not in _TRAIN_SPLIT | _EVAL_SPLIT for n in names.values()):
+        return None
+    i = train[0]
+    return i if not all(s[i].isdigit() for s in samples) and _falls(samples, i) else None
 
 
 def _non_finite(samples: Sequence[Sequence[str]], i: int) -> bool:

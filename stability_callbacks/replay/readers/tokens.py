@@ -20,9 +20,12 @@ import re
 # template does not change with it), and the non-finite words, which only lines that contain
 # them pay for. `nanxxx` (PaddleOCR) and `nanms` are NaNs with text glued on; `INFO` is no inf.
 NUM = r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
-_SPLIT = re.compile(f"({NUM})").split
+# A parameter group's index inside its key's parentheses (OLMo-core's `optim/LR (group 0)=2e-05`)
+# is the key's, not a number of the line.
+_IN_KEY = r"(?<!\(group )"
+_SPLIT = re.compile(f"{_IN_KEY}({NUM})").split
 _SPLIT_NONFINITE = re.compile(
-    rf"({NUM}|(?<![A-Za-z])(?:nan|NaN|NAN|(?:[Ii]nfinity|inf|Inf|INF)(?![A-Za-z])))").split
+    rf"{_IN_KEY}({NUM}|(?<![A-Za-z])(?:nan|NaN|NAN|(?:[Ii]nfinity|inf|Inf|INF)(?![A-Za-z])))").split
 _NONFINITE_HINT = re.compile(r"nan|NaN|NAN|[Ii]nfinity|inf|Inf|INF").search
 
 _GLUED_BEFORE = {"ep": "epoch", "epoch": "epoch", "it": "it", "iter": "iter",
