@@ -6,7 +6,7 @@ import math
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import Latch
-from .base import Context, Detector, check, fmt, positive, positive_int
+from .base import Context, Detector, check, count, fmt, positive, positive_int
 
 
 def half_precision_grid(x: float, before: float | None) -> float:
@@ -324,7 +324,7 @@ class Stall(Detector):
             what = f"The loss fell from {fmt(prev)} at step {prev_step} to exactly 0.0 at step {step}."
         else:
             what = (f"The loss fell from {fmt(prev)} at step {prev_step} to {fmt(x)} at step {step}: "
-                    f"{prev / x:.3g}x lower in {step - (prev_step or step - 1)} step(s).")
+                    f"{prev / x:.3g}x lower in {count(step - (prev_step or step - 1))}.")
         return self.finding(
             step, severity="critical", value=x, baseline=prev, onset_step=step,
             message=(f"{what} A loss that was positive on every point before (a cross-entropy, a regression's "
