@@ -877,3 +877,19 @@ def test_a_chance_level_is_said_only_of_a_loss_that_started_at_it():
     assert binary[0].details["chance_level"] is None and binary[0].details["num_outputs"] == 64
     ten = said(10, 2.303)
     assert [f.details["rule"] for f in ten] == ["chance"] and "ln 10 = 2.303" in ten[0].message
+
+
+def test_a_loss_jump_by_orders_of_magnitude_warns_even_in_the_start_up():
+    # an LR far too high reached early in the warmup: 1.45 -> 30 -> 900 -> 9000 within the first
+    # 20 steps, then back near its level; the start-up makes the onset info, but x100 and more is
+    # no start-up transient: a warning when it gets there (before: info only, then "recovered")
+    m = Monitor()
+    xs = [2.3, 2.1, 1.9, 1.7, 1.6, 1.5, 1.45, 30.0, 900.0, 9000.0, 5000.0, 800.0, 100.0, 20.0, 5.0, 3.0]
+    out = [f for s, x in enumerate(xs, 1) for f in m.update(StepRecord(s, {"loss": x, "lr": 1e-3 * min(1, s / 50)}))]
+    assert [(f.step, f.kind, f.severity) for f in out if f.kind != "warmup_end"] == [
+        (8, "loss_spike", "info"), (9, "loss_spike", "warning"), (16, "spike_recovered", "info")]
+    assert "Orders of magnitude" in out[1].message and out[1].details["orders"]
+    # x17 in the start-up stays info (a start-up transient may do that)
+    m = Monitor()
+    out = [f for s, x in enumerate(xs[:8] + [3.0] * 5, 1) for f in m.update(StepRecord(s, {"loss": x}))]
+    assert [(f.kind, f.severity) for f in out if f.kind == "loss_spike"] == [("loss_spike", "info")]

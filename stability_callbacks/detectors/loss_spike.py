@@ -18,6 +18,10 @@ _NEAR_FLOOR_WARN = 0.1
 #: Below zero, a jump of this many times z_threshold σ (600σ) is orders of magnitude past the
 #: loss's own noise: a warning, whatever the sign.
 _ORDERS = 100.0
+#: A loss above zero this many times its level at once is orders of magnitude past anything noise,
+#: a start-up or an LR warmup explains (an LR far too high reached in the warmup: x1e4): a warning,
+#: however early (``past_startup``), however cold its baseline.
+_ORDERS_RATIO = 100.0
 #: An objective of any sign too new to know its noise: a jump of 10 times the largest magnitude it
 #: had is said (info).
 _COLD_ORDER = 10.0
@@ -64,6 +68,7 @@ class SpikeEpisode:
     scale: float = 0.0     # a cold falling start's noise σ at the onset (judged by it while open)
     z: float = 0.0         # the onset's height above the level, in σ
     low: float | None = None   # the lowest height of the points since, in σ (none back)
+    orders: bool = False   # told it reached _ORDERS_RATIO x its baseline (a warning past any start-up)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -334,8 +339,10 @@ class LossSpike(Detector):
                 tail = self._tail_seen(z) if severity == "warning" and not cold else 0.0
                 if tail >= _TAIL_DRAWS:
                     severity = "info"
+                if _orders(x, unit):   # (near its floor, against the floor: a hard batch is x500 its level)
+                    severity = "warning"
                 self.episode = SpikeEpisode(onset, base, x, warned=severity == "warning", warm=not cold,
-                                            scale=falling or 0.0, z=z)
+                                            scale=falling or 0.0, z=z, orders=bool(_orders(x, unit)))
                 out.append(self._onset_finding(step, x, base, thr, onset, severity, unit, tail))
             else:
                 enters = True
@@ -378,11 +385,14 @@ class LossSpike(Detector):
                 enters = True
             else:
                 ep.low = z if ep.low is None else min(ep.low, z)
-                if not ep.warned and abnormal and (
-                        grew or ep.samples - 1 >= self._stay_needed(self.persist_samples - 1, ep.low)):
-                    # Only a point above the threshold says the spike is still there (or larger).
-                    ep.warned = True
-                    out.append(self._escalation_finding(step, x, thr, ep, grew))
+                if (not ep.warned and abnormal and (
+                        grew or ep.samples - 1 >= self._stay_needed(self.persist_samples - 1, ep.low))) or (
+                        not ep.orders and _orders(x, max(base0, floor))):
+                    # Only a point above the threshold says the spike is still there (or larger);
+                    # one that grew orders of magnitude is told so once, whatever was said before
+                    # (a start-up's warning is said as info)
+                    ep.warned, ep.orders = True, bool(_orders(x, max(base0, floor)))
+                    out.append(self._escalation_finding(step, x, thr, ep, grew or ep.orders))
                 if step - onset >= self.horizon_steps and not ep.warm:
                     # Judged against a cold baseline: no verdict; the loss's level is where it is now.
                     self._restart_at(x)
@@ -511,7 +521,9 @@ class LossSpike(Detector):
         onset, base0 = ep.onset, ep.baseline
         if grew:
             what = (f"{self._what()} spike that began at step {onset} grew: {fmt(x)} at step {step}, "
-                    f"{_rise(x, base0)} {fmt(base0)} before it (threshold {fmt(thr)}).")
+                    f"{_rise(x, base0)} {fmt(base0)} before it (threshold {fmt(thr)})."
+                    + (" Orders of magnitude: no start-up transient, noise or LR warmup does that (an LR far "
+                       "too high does)." if ep.orders else ""))
         else:
             what = (f"{self._what()} spike that began at step {onset} persists: {fmt(x)} at step {step} "
                     f"vs {fmt(base0)} before it (threshold {fmt(thr)}); {ep.above} of its {ep.samples} "
@@ -519,7 +531,8 @@ class LossSpike(Detector):
         return self.finding(
             step, severity="warning", value=x, baseline=base0, threshold=thr, onset_step=onset,
             message=(f"{what} If it does not come back, roll back to a checkpoint before step {onset}."),
-            escalated=True, persisted_samples=ep.samples, above_samples=ep.above, grew=grew)
+            escalated=True, persisted_samples=ep.samples, above_samples=ep.above, grew=grew,
+            **({"past_startup": True, "orders": True} if ep.orders else {}))
 
     def _onset_finding(self, step, x, base, thr, onset, severity, unit, tail: float = 0.0) -> Finding:
         rise = x / base - 1
@@ -543,7 +556,7 @@ class LossSpike(Detector):
                         if tail >= _TAIL_DRAWS else "")
                      + f" Most spikes recover within ~100 steps; watching. If it persists, roll back "
                        f"to a checkpoint before step {onset}."),
-            rise=rise, **({"floor": unit} if unit > base else {}), **extra)
+            rise=rise, **({"floor": unit} if unit > base else {}), **extra, **_orders(x, unit))
 
     def at_end(self, ctx: Context) -> list[Finding]:
         """The end of a replayed log with a spike open and not yet a warning, the loss still up
@@ -676,3 +689,10 @@ class LossSpike(Detector):
                 self.base.update_log(x)
         self.prev_step, self.prev_z = step, z
         return out
+
+
+def _orders(x: float, base: float) -> dict[str, Any]:
+    """A finding's details where the loss is ``_ORDERS_RATIO`` times its level or more: past any
+    start-up (the policy keeps its severity: a jump by orders of magnitude is no start-up
+    transient)."""
+    return {"past_startup": True, "orders": True} if base > 0.0 and x >= _ORDERS_RATIO * base else {}
