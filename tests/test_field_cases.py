@@ -893,3 +893,31 @@ def test_a_loss_jump_by_orders_of_magnitude_warns_even_in_the_start_up():
     m = Monitor()
     out = [f for s, x in enumerate(xs[:8] + [3.0] * 5, 1) for f in m.update(StepRecord(s, {"loss": x}))]
     assert [(f.kind, f.severity) for f in out if f.kind == "loss_spike"] == [("loss_spike", "info")]
+
+
+def test_a_single_logit_sitting_at_ln_2_is_at_chance():
+    # every parameter frozen but the output bias: a binary classifier's loss noisy around ln 2,
+    # its grad norm small and not zero (before: nothing, C = 1 was no output size); an MSE on
+    # one output that starts at 1.0 and passes through 0.69 says nothing of chance
+    rng = random.Random(4)
+
+    def nl(first, level):
+        m = Monitor()
+        m.set_num_outputs(1)
+        out = [f for s in range(1, 120) for f in m.update(StepRecord(s, {
+            "loss": (first if s <= 3 else level) * math.exp(rng.gauss(0, 0.01)), "grad_norm": 0.01}))]
+        return [f for f in out if f.kind == "not_learning"]
+    binary = nl(0.6931, 0.6931)
+    assert [(f.severity, f.details["rule"]) for f in binary] == [("warning", "chance")]
+    assert "ln 2 = 0.6931, the chance level of a cross-entropy over the model's single output" in binary[0].message
+    assert nl(1.0, 0.6931) == []
+
+
+def test_a_binary_cross_entropy_named_so_is_judged_against_ln_2(tmp_path):
+    # replayed: a loss named a BCE is a binary cross-entropy (chance ln 2 where it starts there);
+    # one far above ln 2 gets no "uniform guess over ~1100 classes" remark
+    from stability_callbacks.replay.command import judge_log
+    log = tmp_path / "bce.log"
+    log.write_text("".join(f"step {s} | bce_loss {7.0 + 0.001 * (s % 3):.4f}\n" for s in range(1, 80)))
+    said = [f for f in judge_log(log) if f.kind == "not_learning"]
+    assert [f.severity for f in said] == ["warning"] and "classes" not in said[0].message

@@ -125,17 +125,22 @@ class NotLearning(Detector):
         above it, else None (derived, not state): a cross-entropy over C outputs starts there from
         a random init, or above it where the init's logits are large (a T5 built from its config
         starts above ln V and can fall to it during the warmup, and stay: it learned nothing past a
-        uniform guess); a loss that starts below it (a fine-tune, an MSE) says nothing of chance."""
+        uniform guess); a loss that starts below it (a fine-tune, an MSE) says nothing of chance.
+        A single output (C = 1) is a binary classifier's logit where its loss starts within 3
+        tolerances of ln 2, a binary cross-entropy's chance level (not above it: an MSE on one
+        output starts anywhere)."""
         c = self.num_outputs or self.outputs
         f = self.first
         if not c or not f[0]:
             return None
-        chance = math.log(math.log(c))
-        return chance if f[1] / f[0] - chance >= -3 * self._tol else None
+        chance = math.log(math.log(max(c, 2)))
+        start = f[1] / f[0] - chance
+        return chance if (abs(start) if c == 1 else -start) <= 3 * self._tol else None
 
     def declare_outputs(self, n: int | None) -> None:
-        """The model's output size, from a live run (unless ``num_outputs`` is configured)."""
-        if n is not None and n >= 2:
+        """The model's output size, from a live run (unless ``num_outputs`` is configured); 1: a
+        single logit, judged against ln 2 where the loss starts there."""
+        if n is not None and n >= 1:
             self.outputs = int(n)
 
     @property
@@ -438,11 +443,12 @@ class NotLearning(Detector):
             # cross-entropy over those outputs (a BCE over an embedding, an MSE): nothing of chance
             chance = ""
         elif c:
-            at = (f"ln {c} = {fmt(math.log(c))}, the chance level of a cross-entropy over the model's "
-                  f"{c} outputs")
+            outputs = "single output, a binary cross-entropy's" if c == 1 else f"{c} outputs"
+            at = (f"ln {max(c, 2)} = {fmt(math.log(max(c, 2)))}, the chance level of a cross-entropy over the "
+                  f"model's {outputs}")
             chance = (f" It sits at {at} since step {self.chance[0]} ({self.chance[1]} points)."
                       if rule == "chance" and self.chance is not None else
-                      f" (The chance level of its {c} outputs is ln {c} = {fmt(math.log(c))}.)")
+                      f" (The chance level of its {outputs} is ln {max(c, 2)} = {fmt(math.log(max(c, 2)))}.)")
         elif level >= _LN2 * math.exp(-3 * self._tol):   # a level a cross-entropy at chance can have
             guess = (f", and this level is that of a uniform guess over ~{max(math.exp(level), 2.0):.3g} "
                      f"classes" if level < 25 else "")
@@ -495,7 +501,7 @@ class NotLearning(Detector):
             threshold=before * (1 - self.min_fall), onset_step=h[0], message=message,
             rule=rule, fall=-math.expm1(-fell), fall_bound=-math.expm1(-(fell + self.z_threshold * se)),
             noise=self._noise(), first_samples=f[0], horizon_samples=h[1], horizon_steps=step - h[0],
-            chance_level=math.log(c) if c and self._chance_log() is not None else None,
+            chance_level=math.log(max(c, 2)) if c and self._chance_log() is not None else None,
             num_outputs=c, past_startup=True, **extra)
 
 

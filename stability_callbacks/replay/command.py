@@ -472,7 +472,7 @@ def told_of_names(records, account, monitor):
     """``records``, the Monitor told at the first what the loss's printed name says of it (a
     cross-entropy is never below zero; a GAN's discriminator and generator terms summed are no
     objective anyone minimises), once the reader has named it."""
-    from .readers.vocabulary import adversarial, cross_entropy_name
+    from .readers.vocabulary import adversarial, binary_name, cross_entropy_name
 
     records = iter(records)
     for rec in records:   # until the reader has named the loss (its first record, mostly)
@@ -480,6 +480,8 @@ def told_of_names(records, account, monitor):
             name = cross_entropy_name(account.keys["loss"])
             if name is not None:
                 monitor.declare_cross_entropy(name)
+                if binary_name(name):   # a binary cross-entropy: its chance level is ln 2, where it starts
+                    monitor.set_num_outputs(1)
             game = adversarial(account.keys["loss"]) if account.objective is None else None
             if game is not None:
                 monitor.declare_game()

@@ -540,4 +540,4 @@ def output_size(model) -> int | None:
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
         head = linears[-1] if linears else None
     n = getattr(head, "out_features", None)
-    return n if isinstance(n, int) and n >= 2 else None
+    return n if isinstance(n, int) and n >= 1 else None   # 1: a binary classifier's single logit

@@ -244,6 +244,16 @@ def adversarial(names: Iterable[str]) -> str | None:
     return None
 
 
+def binary_name(name: str) -> bool:
+    """Whether a cross-entropy's printed name says it is binary (one logit per example).
+
+    >>> binary_name("train/bce_loss"), binary_name("BCEWithLogitsLoss"), binary_name("binary_crossentropy"), binary_name("ce")
+    (True, True, True, False)
+    """
+    words = set(normalise_key(name).split())
+    return bool(words & {"bce", "bcewithlogits", "bcewithlogitsloss", "bceloss", "binary", "binarycrossentropy"})
+
+
 #: Words of a loss that is a cross-entropy, never below zero (a Gaussian NLL is not one).
 _CROSS_ENTROPY = frozenset({"crossentropy", "crossentropyloss", "xent", "ce", "bce", "bcewithlogits",
                             "bcewithlogitsloss", "bceloss"})
