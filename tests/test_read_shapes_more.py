@@ -917,3 +917,18 @@ def test_a_parameter_groups_index_in_its_keys_parentheses_stays_in_the_key(tmp_p
                    for s in range(1, 31))
     got, account = records_of(tmp_path, text)
     assert account.keys["lr"] and got[1] == (2, {"loss": pytest.approx(2.28), "lr": pytest.approx(2e-5)})
+
+
+def test_an_epochs_loss_printed_again_under_another_name_is_one_record(tmp_path):
+    # `Epoch 3: loss 0.52 acc 0.9`, then `Train loss: 0.52` (no counter): one record per epoch,
+    # its NaN at its epoch (before: both lines records, numbered in order, the NaN at record 39)
+    lines = []
+    for e in range(1, 30):
+        loss = f"{2.3 - 0.05 * e:.4f}" if e < 20 else "nan"
+        lines += [f"Epoch {e}: loss {loss} acc 0.{e:02d}", f"Train loss: {loss}"]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [s for s, _ in got] == list(range(1, 30)) and math.isnan(got[19][1]["loss"])
+    assert account.numbering == {"epoch": []}
+    assert account.changed == {"records merged into the one before: a summary in another template that prints its "
+                               "loss again, with no step or one behind it (its other values, totals or means over "
+                               "the run, left out)": [29, 2]}

@@ -548,6 +548,8 @@ class Assembler:
                 and self.pending_how == "epoch" and self.pending.step == step:
             if self._summary_of(self.pending, metrics, plan, by_epoch=True):
                 return []   # the epoch's record printed again in another form, on another scale
+            if self._reprinted(self.pending, metrics, plan):
+                return []   # ... or with the same loss under another name: one record
             # Two records of one epoch and nothing finer: records are numbered in order.
             self.epoch_steps = False
             self.pending.step = self.last_step = self.pending_last_step + 1
@@ -897,6 +899,18 @@ class Assembler:
                 or (not by_epoch and 2 * self.repeated_steps >= self.made - 1):
             return False
         self.account.ignore(self.line_no, "", "a summary at a record's step (another form, another loss)")
+        return True
+
+    def _reprinted(self, prev: StepRecord, metrics: dict, plan: Plan) -> bool:
+        """Whether a line numbered by the held record's epoch prints its loss again, the same value
+        under another name (`Epoch 3: loss 0.52 acc 0.9`, then `Train loss: 0.52`): one record (the
+        held one), said."""
+        held = self._noted_plan
+        a, b = prev.metrics.get(keys.LOSS), metrics.get(keys.LOSS)
+        if held is None or plan is held or plan.printed == held.printed or a is None or b is None \
+                or not (a == b or (a != a and b != b)):
+            return False
+        self.account.change(self.line_no, MERGED[4])
         return True
 
     def _relogged(self, prev: StepRecord, metrics: dict) -> bool:
