@@ -932,3 +932,17 @@ def test_an_epochs_loss_printed_again_under_another_name_is_one_record(tmp_path)
     assert account.changed == {"records merged into the one before: a summary in another template that prints its "
                                "loss again, with no step or one behind it (its other values, totals or means over "
                                "the run, left out)": [29, 2]}
+
+
+def test_a_column_that_sums_the_ones_before_it_is_the_loss(tmp_path):
+    # YOLOv5's rows under `Epoch gpu_mem box obj cls total labels img_size`: no name beside any
+    # number; `total` is box + obj + cls on every row, the loss (before: the box term read)
+    lines = []
+    for e in range(30):
+        box, obj, cls = 0.1 - 0.002 * e, 0.05 - 0.001 * e, 0.03 - 0.0005 * e
+        lines += ["     Epoch   gpu_mem       box       obj       cls     total    labels  img_size",
+                  f"    {e}/299     3.23G   {box:.5f}   {obj:.5f}   {cls:.5f}   {box + obj + cls:.5f}       214       "
+                  f"640: 100%|##########| 8/8 [00:04<00:00,  1.65it/s]"]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [(s, m["loss"]) for s, m in got][:2] == [(0, pytest.approx(0.18)), (1, pytest.approx(0.1765))]
+    assert account.keys["loss"][0].startswith("#7 (the unnamed number that is the sum of the 3 right before it")

@@ -57,6 +57,11 @@ def commands(path: str, texts: list[str], samples: Sequence[Sequence[str]]) -> l
     roles = slot_roles(texts, nums)
     step = _step(roles, samples, texts)
     loss = _loss(roles, nums, step, texts)
+    if loss is not None and not roles[loss][3]:   # unnamed: a column that sums the ones before it first
+        total = _total_column(samples, [i for i, r in enumerate(roles) if not r[3] and r[0] not in ("noise", "total")
+                                        and i != step and not _unit(texts, i)
+                                        and not all(s[i].isdigit() for s in samples if i < len(s))])
+        loss = total[0] if total is not None else loss
     if loss is None:
         return []
     line = "".join(t + n for t, n in zip(texts, nums + [""]))
@@ -175,6 +180,8 @@ GUESSED = "the unnamed number that varies beside the counter on the log's progre
 GUESSED_NAN = ("the first unnamed number after the counter that is NaN or Inf on every line, of {n} unnamed "
                "numbers on the log's progress lines (a guess: the log names none, and none falls like a loss)")
 GUESSED_SPLIT = "a split, no metric, on the log's progress lines: a guess that it is the training loss, as it falls like one"
+GUESSED_TOTAL = ("the unnamed number that is the sum of the {m} right before it on every line, of {n} unnamed "
+                 "numbers on the log's progress lines (a guess: a loss's total over its terms; the log names none)")
 GUESSED_COLUMN = ("the first unnamed number after the counter that falls like a loss, of {n} unnamed numbers on the "
                   "log's progress lines (a guess: the log names none of them)")
 
@@ -221,7 +228,15 @@ def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
            if i != step and role not in ("noise", "total", "epoch", "step", "batch")):
         return None
     # Columns with no names at all (`  1/50   2.3026   0.1000   2.2990   0.1135`, the header an
-    # excerpt missed): the first after the counter that falls like a loss.
+    # excerpt missed): a column that is the sum of those right before it on every line (YOLOv5's
+    # `box obj cls total`: the loss's total over its terms), else the first after the counter that
+    # falls like a loss.
+    total = _total_column(samples, [i for i in unnamed if i > step])
+    if total is not None:
+        return Guess(re.compile(_pattern(texts, step, total[0], epoch)),
+                     {"loss": f"#{total[0] + 1} ({GUESSED_TOTAL.format(m=total[1], n=len(unnamed))})", **said},
+                     which=f"the sum of the {total[1]} unnamed numbers right before it on every line, of {len(unnamed)}",
+                     template=tokens.fold(texts))
     column = next((i for i in unnamed if i > step and _falls(samples, i)), None)
     if column is None:
         # none falls: a column not finite on every line (`  12   nan   nan   0.12`) is a loss gone
@@ -255,6 +270,27 @@ def _split_loss(roles, samples, step: int) -> int | None:
         return None
     i = train[0]
     return i if not all(s[i].isdigit() for s in samples) and _falls(samples, i) else None
+
+
+def _total_column(samples: Sequence[Sequence[str]], columns: list[int]) -> tuple[int, int] | None:
+    """``(column, m)``: the first of ``columns`` whose number is the sum of the ``m`` (2 or more)
+    columns right before it on every sample line, to the digits printed; None where none is."""
+    try:
+        rows = [[float(s[i]) for i in columns] for s in samples]
+        digits = [max(_decimals(s[i]) for s in samples) for i in columns]
+    except (ValueError, IndexError):
+        return None
+    for k in range(2, len(columns)):
+        for m in range(k, 1, -1):
+            if all(abs(r[k] - sum(r[k - m:k])) <= m * 10.0 ** -min(digits[k - m:k + 1]) for r in rows) \
+                    and any(r[k] for r in rows):
+                return columns[k], m
+    return None
+
+
+def _decimals(text: str) -> int:
+    """The digits a number is printed with after its point (``0.1177``: 4)."""
+    return len(text) - text.index(".") - 1 if "." in text and "e" not in text.lower() else 0
 
 
 def _non_finite(samples: Sequence[Sequence[str]], i: int) -> bool:
