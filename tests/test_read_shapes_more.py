@@ -946,3 +946,16 @@ def test_a_column_that_sums_the_ones_before_it_is_the_loss(tmp_path):
     got, account = records_of(tmp_path, "\n".join(lines) + "\n")
     assert [(s, m["loss"]) for s, m in got][:2] == [(0, pytest.approx(0.18)), (1, pytest.approx(0.1765))]
     assert account.keys["loss"][0].startswith("#7 (the unnamed number that is the sum of the 3 right before it")
+
+
+def test_loss_slash_names_without_a_loss_are_its_terms(tmp_path):
+    # an actor-critic's `loss/pi` and `loss/v` blocks, no `loss` printed: its terms, summed (before:
+    # read as per-stream losses of a loss never printed, and refused); the value term's inf is found
+    lines = []
+    for it in range(1, 30):
+        lines += [f"----- iteration {it} -----", f"loss/pi: -0.0{it % 9}",
+                  f"loss/v: {'inf' if it >= 20 else f'{5.0 - 0.1 * it:.4f}'}", ""]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert account.keys["loss"] == ["loss/pi + loss/v (the sum of the terms printed)"]
+    assert [s for s, _ in got] == list(range(1, 30)) and got[0][1]["loss"] == pytest.approx(4.89)
+    assert math.isinf(got[19][1]["loss"])

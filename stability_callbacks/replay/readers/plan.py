@@ -221,6 +221,14 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
             plan.kind = "multi"
             plan.parts, plan.head, plan.tail = repeated
             return plan
+    if keys.LOSS not in metrics and not comps:
+        # `loss/pi: 0.01  loss/v: 3.2` with no loss: not streams of a loss the line prints (ours,
+        # per data set, come beside it) but its terms (an actor-critic's policy and value losses)
+        comps = [(i, neg) for k, (_, i, _, neg) in sorted(metrics.items(), key=lambda kv: kv[1][1])
+                 if k.startswith(keys.LOSS_STREAM_PREFIX)]
+        for k in [k for k in metrics if k.startswith(keys.LOSS_STREAM_PREFIX)]:
+            del metrics[k]
+        ordered = sorted(((i, k, neg) for k, (_, i, _, neg) in metrics.items()))
     if keys.LOSS in metrics:
         plan.loss_kind = LOSS_KINDS[0]
     elif statistics:
