@@ -586,7 +586,7 @@ class Reading:
         try:
             out += asm.feed(nums, plan)
         except (ValueError, OverflowError) as e:
-            account(line_no, seg, f"unreadable number: {e}")
+            account(line_no, seg, _unreadable(e))
             return out
         if asm.attached:
             asm.attached = False
@@ -619,6 +619,19 @@ class Reading:
             self.carry = ""
             self.account.change(self.carry_line, CUT_DROPPED)
         return self.flush(final=True) + self.asm.finish()
+
+
+def _unreadable(e: Exception) -> str:
+    """Why a line's number could not be read, in the reader's words rather than Python's (a NaN, an
+    inf or a decimal where the line's form reads a count).
+
+    >>> _unreadable(ValueError("cannot convert float NaN to integer"))
+    "unreadable number: NaN where this line's form reads a count (a step, an epoch, a total)"
+    """
+    text = str(e)
+    quoted = re.search(r"'([^']*)'", text)
+    what = quoted.group(1) if quoted else "NaN" if "NaN" in text else "inf" if "infinity" in text else "a value"
+    return f"unreadable number: {what} where this line's form reads a count (a step, an epoch, a total)"
 
 
 def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str, str] | None = None,
@@ -660,7 +673,7 @@ def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str,
             try:
                 out = record(m.groups(), last)
             except (ValueError, OverflowError) as e:
-                account(line_no, text, f"unreadable number: {e}")
+                account(line_no, text, _unreadable(e))
                 continue
             if asm.dropped:
                 account.ignore(line_no, text, asm.dropped)
@@ -669,7 +682,7 @@ def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str,
             try:
                 out = reading.line(line_no, text)
             except (ValueError, OverflowError) as e:   # a number no rule expected: this line only, said
-                account(line_no, text, f"unreadable number: {e}")
+                account(line_no, text, _unreadable(e))
                 continue
         if out:
             yield from out
