@@ -345,8 +345,9 @@ class Preflight:
 
     def _warmup(self, facts: PreflightFacts) -> list[Finding]:
         w, total = facts.warmup_steps, facts.total_steps
-        if w is None:
-            return []
+        name = (facts.optimizer or "").lower()
+        if w is None or (name and not any(a in name for a in _ADAPTIVE)):
+            return []   # the reason given is Adam's second moment: plain SGD has none
         large = self.is_large(facts)
         severity = "warning" if large else "info"
         need = self.min_warmup_steps
@@ -370,6 +371,11 @@ class Preflight:
                    f"still noisy that early. Warm up over ≥ {need} steps.")
             return [_finding("warmup_steps", severity, msg, float(w), float(need), float(need), details)]
         return []
+
+
+#: Optimizers that scale steps by a running second moment (or sign: Lion), whose first steps a
+#: warmup steadies; the warmup note is theirs.
+_ADAPTIVE = ("adam", "lamb", "adafactor", "rmsprop", "adagrad", "adadelta", "lion", "sophia", "nadam", "radam")
 
 
 def audit(facts: PreflightFacts, **thresholds: Any) -> list[Finding]:

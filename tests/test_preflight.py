@@ -98,6 +98,9 @@ def test_warmup_missing_short_and_fine():
     # small models: a note, not a warning; unknown warmup: nothing
     assert signals(audit(PreflightFacts(hidden_size=256, warmup_steps=0))) == [("warmup_steps", "info")]
     assert audit(PreflightFacts(**large, total_steps=1000)) == []
+    # the reason is Adam's second moment: plain SGD gets no note; AdamW and an unknown optimizer do
+    assert audit(PreflightFacts(hidden_size=256, warmup_steps=0, optimizer="SGD")) == []
+    assert signals(audit(PreflightFacts(hidden_size=256, warmup_steps=0, optimizer="AdamW"))) == [("warmup_steps", "info")]
 
 
 def test_precision_and_attention_scale():
