@@ -921,3 +921,15 @@ def test_a_binary_cross_entropy_named_so_is_judged_against_ln_2(tmp_path):
     log.write_text("".join(f"step {s} | bce_loss {7.0 + 0.001 * (s % 3):.4f}\n" for s in range(1, 80)))
     said = [f for f in judge_log(log) if f.kind == "not_learning"]
     assert [f.severity for f in said] == ["warning"] and "classes" not in said[0].message
+
+
+def test_a_cold_start_spike_comes_back_only_to_the_level_the_loss_had_reached():
+    # a young falling curve 2.3 -> 1.45, a spike, then 1.9: the cold baseline (the first points'
+    # median, 1.7) lags the fall; 1.9 is 1.31x where the loss stood before the spike, no "came back,
+    # no action needed" (before: said at 1.9, as within 1.7's least rise)
+    m = Monitor()
+    xs = [2.3, 2.1, 1.9, 1.7, 1.6, 1.5, 1.45, 30.0, 1.9, 1.9, 1.9]
+    out = [f for s, x in enumerate(xs, 1) for f in m.update(StepRecord(s, {"loss": x}))]
+    back = [f for f in out if f.kind == "spike_recovered"]
+    assert [(f.step, f.details["at_level"]) for f in back] == [(9, False)]
+    assert "still 1.31x its level before (1.45)" in back[0].message and "No action needed" not in back[0].message

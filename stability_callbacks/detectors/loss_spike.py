@@ -69,6 +69,7 @@ class SpikeEpisode:
     z: float = 0.0         # the onset's height above the level, in σ
     low: float | None = None   # the lowest height of the points since, in σ (none back)
     orders: bool = False   # told it reached _ORDERS_RATIO x its baseline (a warning past any start-up)
+    before: float = 0.0    # the loss at the point before the onset (a cold start's baseline lags a fall)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -342,7 +343,8 @@ class LossSpike(Detector):
                 if _orders(x, unit):   # (near its floor, against the floor: a hard batch is x500 its level)
                     severity = "warning"
                 self.episode = SpikeEpisode(onset, base, x, warned=severity == "warning", warm=not cold,
-                                            scale=falling or 0.0, z=z, orders=bool(_orders(x, unit)))
+                                            scale=falling or 0.0, z=z, orders=bool(_orders(x, unit)),
+                                            before=self.prev_x or 0.0)
                 out.append(self._onset_finding(step, x, base, thr, onset, severity, unit, tail))
             else:
                 enters = True
@@ -363,15 +365,18 @@ class LossSpike(Detector):
                 # between the onset and now may be independent draws of a noisy loss)
                 speed = "fast" if took <= self.fast_recovery_steps or ep.samples <= 2 else "slow"
                 slow = speed == "slow" and ep.warm and ep.samples - 2 >= self._stay_needed(1, ep.low or 0.0)
-                at_level = x <= base0 * (1.0 + self.min_rise)   # at its level, within the least rise that counts
-                said = (f"{self._what()} came back at step {step}: {fmt(x)} vs {fmt(base0)} before the spike "
+                # at its level, within the least rise that counts; a cold start's baseline (the median
+                # of a young, falling curve) lags the level the loss had reached: back only to that
+                level = min(base0, ep.before) if not ep.warm and ep.before > 0.0 else base0
+                at_level = x <= level * (1.0 + self.min_rise)
+                said = (f"{self._what()} came back at step {step}: {fmt(x)} vs {fmt(level)} before the spike "
                         f"(peak {fmt(peak)}), {count(took)} after its onset at step {onset} "
                         f"({speed} recovery). No action needed"
                         + ("." if speed == "fast" else "; keep an eye on the next spikes.")) if at_level else (
                         f"{self._what()} {f'came down from its peak {fmt(peak)} to' if x < peak else 'is at'} "
                         f"{fmt(x)} at step {step}, {count(took)} "
-                        f"after the spike at step {onset}: still {x / base0:.3g}x its level "
-                        f"before ({fmt(base0)}), though within what {'its noise' if base0 >= floor else 'a loss near its floor'} "
+                        f"after the spike at step {onset}: still {x / level:.3g}x its level "
+                        f"before ({fmt(level)}), though within what {'its noise' if level >= floor else 'a loss near its floor'} "
                         f"allows; watch that it goes on falling, and roll back to a checkpoint before step {onset} "
                         f"if it settles there.")
                 out.append(self.finding(
