@@ -117,11 +117,12 @@ class Monitor:
         generator, each stepped by its own optimizer): an objective of any sign
         (:meth:`declare_objective`), and a grad norm that grows steadily as one player sharpens
         against the other is the game's, not a sharp valley (:class:`GradNormGrowth`: info; a jump
-        by orders of magnitude still warns). A replayed log whose loss sums such terms, and a live
-        run with several optimizers, declare it."""
+        by orders of magnitude still warns); a player's term exactly 0 on point after point is
+        one that has won outright (:class:`Stall`'s *player* rule). A replayed log whose loss sums
+        such terms, and a live run with several optimizers, declare it."""
         self.declare_objective()
         for d in self.detectors:
-            if isinstance(d, GradNormGrowth):
+            if isinstance(d, (GradNormGrowth, Stall)):
                 d.game = True
 
     def declare_cross_entropy(self, printed: str) -> None:

@@ -959,3 +959,17 @@ def test_loss_slash_names_without_a_loss_are_its_terms(tmp_path):
     assert account.keys["loss"] == ["loss/pi + loss/v (the sum of the terms printed)"]
     assert [s for s, _ in got] == list(range(1, 30)) and got[0][1]["loss"] == pytest.approx(4.89)
     assert math.isinf(got[19][1]["loss"])
+
+
+def test_a_gan_player_at_exactly_zero_has_won_outright(tmp_path, capsys):
+    # DCGAN prints with the discriminator's loss 0.0000 on every line: the game has collapsed (a
+    # warning at the 5th such point); a player at 0 once and back is no finding
+    lines = [f"[{e}/50][{b}/100] Loss_D: 0.0000 Loss_G: {27.63 + 0.01 * math.sin(1.7 * (e * 100 + b)):.4f} D(x): 1.0000"
+             for e in range(3) for b in range(0, 100, 10)]
+    path = tmp_path / "gan.log"
+    path.write_text("\n".join(lines) + "\n")
+    code, _, found = _replay_json(capsys, path)
+    assert [(f["step"], f["kind"], f["severity"], f["details"]["rule"]) for f in found] == [(40, "stall", "warning", "player")]
+    path.write_text("".join(f"[0/50][{b}/100] Loss_D: {0.0 if b == 30 else 0.5 + 0.01 * (b % 3):.4f} "
+                            f"Loss_G: {1.2 + 0.01 * (b % 5):.4f}\n" for b in range(0, 100, 5)))
+    assert _replay_json(capsys, path)[2] == []

@@ -109,7 +109,7 @@ class Stall(Detector):
     signals = (keys.LOSS,)
     _state = ("last", "last_step", "before", "run_start", "count", "need", "latch", "positive", "peak",
               "seen", "seen_count", "period", "run", "repeats", "evidence", "repeat_latch", "last_spiked",
-              "zero_since", "zero_told", "recent", "cross_entropy")
+              "zero_since", "zero_told", "recent", "cross_entropy", "game", "player")
 
     def __init__(self, *, num_samples: int = 16, min_samples: int = 3, noise_floor: float = 1e-3,
                  false_alarm_rate: float = 1e-6, zero_from: float = 0.01, max_period_samples: int = 64,
@@ -151,12 +151,18 @@ class Stall(Detector):
         self.recent_samples = positive_int("recent_samples", recent_samples)
         self.recent: list[float] = []         # the last recent_samples positive losses, oldest first
         self._prune_at = 4 * self.max_period_samples
+        self.game = False                     # declared a game's players (Monitor.declare_game)
+        self.player: list = [None, 0, False]  # [first step, points, told] of a term exactly 0 in a row
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
         x = m.get(keys.LOSS)
         if x is None or not math.isfinite(x):   # missing or NaN/Inf: nonfinite's business
             return []
+        if self.game and keys.LOSS_TERMS_ZERO in m:
+            won = self._player_won(record.step, m[keys.LOSS_TERMS_ZERO])
+            if won:
+                return won
         prev, step = self.last, record.step
         if x < 0.0 and self.cross_entropy is not None and not self.cross_entropy[1]:
             self.cross_entropy[1] = True
@@ -303,6 +309,29 @@ class Stall(Detector):
                      f"or a loss that ignores the model). Stop and inspect the gradients and the last "
                      f"batches."),
             rule="frozen", samples=self.count, needed=self.need)
+
+    def _player_won(self, step: int, zeros: float) -> list[Finding]:
+        """*player*: in a game (a GAN's summed terms), a term exactly 0 on ``min_samples`` + 2
+        points in a row: one player has won outright (a discriminator at 0 gives the generator no
+        useful gradient). A warning, once per run of such points."""
+        p = self.player
+        if not zeros:
+            p[0], p[1], p[2] = None, 0, False
+            return []
+        p[0] = step if p[0] is None else p[0]
+        p[1] += 1
+        if p[2] or p[1] < self.min_samples + 2:
+            return []
+        p[2] = True
+        return [self.finding(
+            step, severity="warning", value=0.0, onset_step=p[0],
+            message=(f"A player of the game has won outright: one of the loss's terms has been exactly 0 on every "
+                     f"point since step {p[0]} ({count(p[1], 'point')} up to step {step}). A discriminator whose loss "
+                     f"is 0 tells real from generated perfectly, and the generator gets no useful gradient: the "
+                     f"game has collapsed. Roll back to a checkpoint before step {p[0]} and weaken the "
+                     f"discriminator (a lower LR, label smoothing or input noise) or use a non-saturating or "
+                     f"Wasserstein loss."),
+            rule="player", points=p[1], past_startup=True)]
 
     def declare_cross_entropy(self, printed: str) -> None:
         """The loss is a cross-entropy (``printed``: its name in the log), never below zero."""

@@ -506,6 +506,8 @@ class Assembler:
                        for i, key, negative in plan.metrics}
         if plan.components:
             metrics[keys.LOSS] = _sum_of_terms(nums, plan.components)
+            if len(plan.components) > 1:   # a term exactly 0 (a GAN's player that has won outright)
+                metrics[keys.LOSS_TERMS_ZERO] = float(sum(float(nums[i]) == 0.0 for i, _ in plan.components))
         elif plan.ppl_at is not None:
             ppl = float(nums[plan.ppl_at])
             if ppl > 0.0 or ppl != ppl:
@@ -586,6 +588,7 @@ class Assembler:
             metrics.pop(keys.LOSS, None)
             metrics.pop(keys.LOSS_RESOLUTION, None)
             metrics.pop(keys.LOSS_WINDOW, None)
+            metrics.pop(keys.LOSS_TERMS_ZERO, None)
             self.account.note(f"lines that print only {LOSS_KINDS[plan.loss_rank]} of the loss are "
                               f"not read as the loss: the log prints {self.loss_printed!r}")
         return bool(metrics)
