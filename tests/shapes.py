@@ -23,7 +23,7 @@ def records_of(tmp_path, text: str, name: str = "run.log"):
     path = tmp_path / name
     path.write_text(text)
     account = ReadAccount(path)
-    got = [(r.step, {k: v for k, v in r.metrics.items() if k not in ("loss_resolution", "loss_window")})
+    got = [(r.step, {k: v for k, v in r.metrics.items() if k not in ("loss_resolution", "loss_window", "loss_terms_zero")})
            for r in read_records(path, account=account)]
     return got, account
 

@@ -47,7 +47,7 @@ def expected_rows(csv_path: Path) -> tuple[list[str], list[dict[str, str]]]:
 def assert_same(records: list[StepRecord], csv_path: Path, allowed_extra=()):
     """Every record's step and every metric of the CSV: NaN == NaN, empty cell = key absent.
     ``loss_resolution`` (the printed digits a float loses: ``1.000000``) and ``loss_window`` (a
-    window median: ``loss: 6.9733 (6.9704)``) may come with any log."""
+    window median: ``loss: 6.9733 (6.9704)``) and ``loss_terms_zero`` (a sum's terms at 0) may come with any log."""
     columns, rows = expected_rows(csv_path)
     assert [r.step for r in records] == [int(row["step"]) for row in rows]
     for rec, row in zip(records, rows):
@@ -59,7 +59,8 @@ def assert_same(records: list[StepRecord], csv_path: Path, allowed_extra=()):
             want, got = float(cell), rec.metrics.get(col)
             assert got is not None, (rec.step, col)
             assert got == want or (math.isnan(want) and math.isnan(got)), (rec.step, col, got, want)
-        assert set(rec.metrics) - set(columns) <= {*allowed_extra, "loss_resolution", "loss_window"}, (rec.step, rec.metrics)
+        assert set(rec.metrics) - set(columns) <= {*allowed_extra, "loss_resolution", "loss_window", "loss_terms_zero"}, (
+            rec.step, rec.metrics)
 
 
 @pytest.mark.parametrize("log", REAL_LOGS, ids=lambda p: p.stem)

@@ -159,8 +159,8 @@ class Stall(Detector):
         x = m.get(keys.LOSS)
         if x is None or not math.isfinite(x):   # missing or NaN/Inf: nonfinite's business
             return []
-        if self.game and keys.LOSS_TERMS_ZERO in m:
-            won = self._player_won(record.step, m[keys.LOSS_TERMS_ZERO])
+        if self.game:
+            won = self._player_won(record.step, m.get(keys.LOSS_TERMS_ZERO, 0.0))
             if won:
                 return won
         prev, step = self.last, record.step

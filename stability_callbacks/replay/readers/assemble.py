@@ -506,8 +506,9 @@ class Assembler:
                        for i, key, negative in plan.metrics}
         if plan.components:
             metrics[keys.LOSS] = _sum_of_terms(nums, plan.components)
-            if len(plan.components) > 1:   # a term exactly 0 (a GAN's player that has won outright)
-                metrics[keys.LOSS_TERMS_ZERO] = float(sum(float(nums[i]) == 0.0 for i, _ in plan.components))
+            zeros = sum(float(nums[i]) == 0.0 for i, _ in plan.components) if len(plan.components) > 1 else 0
+            if zeros:   # a term exactly 0 (a GAN's player that has won outright)
+                metrics[keys.LOSS_TERMS_ZERO] = float(zeros)
         elif plan.ppl_at is not None:
             ppl = float(nums[plan.ppl_at])
             if ppl > 0.0 or ppl != ppl:
