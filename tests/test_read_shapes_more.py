@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import shlex
 import textwrap
 
@@ -973,3 +974,26 @@ def test_a_gan_player_at_exactly_zero_has_won_outright(tmp_path, capsys):
     path.write_text("".join(f"[0/50][{b}/100] Loss_D: {0.0 if b == 30 else 0.5 + 0.01 * (b % 3):.4f} "
                             f"Loss_G: {1.2 + 0.01 * (b % 5):.4f}\n" for b in range(0, 100, 5)))
     assert _replay_json(capsys, path)[2] == []
+
+
+def test_a_running_loss_under_epoch_headers_is_one_record_per_epoch(tmp_path, capsys):
+    # `running loss: x` ten times per `Epoch e/30`, the accumulator of the epoch so far: it restarts
+    # with each epoch (its first values one batch's, noisy), so its last value, the epoch's mean, is
+    # the point (before: 300 records numbered in order, the restarts' sawtooth a spike and a
+    # divergence warning on a healthy classifier near its floor)
+    rng = random.Random(7)
+    lines = []
+    for e in range(1, 31):
+        total, level = 0.0, 0.5 * math.exp(-e / 3) + 0.01
+        lines.append(f"Epoch {e}/30")
+        for b in range(1, 51):
+            total += level * math.exp(rng.gauss(0, 1.0))
+            if b % 5 == 0:
+                lines.append(f"running loss: {total / b:.5f}")
+    path = tmp_path / "run.log"
+    path.write_text("\n".join(lines) + "\n")
+    got, account = records_of(tmp_path, path.read_text())
+    assert [s for s, _ in got] == list(range(1, 31)) and got[0][1]["loss"] == float(lines[10].split()[-1])
+    assert account.numbering == {"epoch": []}
+    code, _, found = _replay_json(capsys, path)
+    assert [f for f in found if f["severity"] != "info"] == []

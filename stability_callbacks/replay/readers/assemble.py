@@ -63,7 +63,9 @@ MERGED = ("records merged into the one before: a progress bar redrawn at its cou
           "records merged into the one before: the same step printed again (ranks, repeats: their mean loss)",
           "records merged into one: micro-batches of one optimizer step (their mean loss)",
           "records merged into the one before: a summary in another template that prints its loss again, with "
-          "no step or one behind it (its other values, totals or means over the run, left out)")
+          "no step or one behind it (its other values, totals or means over the run, left out)",
+          "records merged into the one before: a running statistic of the loss printed again within its epoch "
+          "(it restarts with the epoch: its last value, the epoch's mean, kept)")
 
 #: Records dropped as copies of records read before (Assembler.emit).
 COPIED = ("records dropped: a copy of a record read before, its step and values the same (another host or "
@@ -553,6 +555,12 @@ class Assembler:
                 return []   # the epoch's record printed again in another form, on another scale
             if self._reprinted(self.pending, metrics, plan):
                 return []   # ... or with the same loss under another name: one record
+            if plan.loss_kind == LOSS_KINDS[1] and plan is self._noted_plan:
+                # a running statistic printed again within its epoch (`running loss` under `Epoch 3/30`):
+                # cumulative, it restarts with the epoch; its last value, the epoch's mean, is the point
+                _redrawn(self.pending.metrics, metrics)
+                self.account.change(self.line_no, MERGED[5])
+                return []
             # Two records of one epoch and nothing finer: records are numbered in order.
             self.epoch_steps = False
             self.pending.step = self.last_step = self.pending_last_step + 1
