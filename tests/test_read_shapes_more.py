@@ -997,3 +997,17 @@ def test_a_running_loss_under_epoch_headers_is_one_record_per_epoch(tmp_path, ca
     assert account.numbering == {"epoch": []}
     code, _, found = _replay_json(capsys, path)
     assert [f for f in found if f["severity"] != "info"] == []
+
+
+def test_an_epochs_length_is_found_from_prints_on_a_grid_of_the_whole_run(tmp_path):
+    # epochs of 391 iterations, the loss printed every 50 optimizer steps of the run: epoch 1 at
+    # 50..350, epoch 2 at 9, 59, .. (step 400, 450): the epoch is 350 + 50 - 9 = 391 long and the
+    # steps fall on the run's grid (before: 350, the largest print, every later step off)
+    lines = []
+    for s in range(50, 1601, 50):
+        e, it = (s - 1) // 391 + 1, (s - 1) % 391 + 1
+        lines.append(f"Epoch {e} | iter {it} | loss {2.3 - 0.001 * s:.4f}")
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [s for s, _ in got] == list(range(50, 1601, 50))
+    assert any("x 391 (its largest print + the gap between prints (50) - the next epoch's first" in n
+               for n in account.notes)

@@ -375,8 +375,9 @@ class Assembler:
         name = plan.step_name
         if r is None:
             ordered = value < done
-            # [first epoch, epoch, its largest count, counts from 0, L, the epoch's offset, it is the first shown]
-            r = self.restart = [None if ordered else self.epoch, self.epoch, 0, False, 0, 0, True]
+            # [first epoch, epoch, its largest count, counts from 0, L, the epoch's offset, it is the first
+            #  shown, the gap between its prints, L found from where the prints fall]
+            r = self.restart = [None if ordered else self.epoch, self.epoch, 0, False, 0, 0, True, 0, False]
             if self.made and self.pending_how == "counter" and value < self.last_step and self.epoch:
                 # records this count numbered before the log printed an epoch (an excerpt that
                 # starts inside one, above its next epoch's header): that epoch's, the one before
@@ -390,24 +391,34 @@ class Assembler:
             return None, "order"
         r[3] = r[3] or value == 0
         if self.epoch != r[1]:
-            self._epoch_ended(r, name)
+            self._epoch_ended(r, name, value)
+        elif value > r[2] > 0:   # the gap between prints, while every one is the same (-1: not so)
+            r[7] = value - r[2] if r[7] in (0, value - r[2]) else -1
         r[2] = max(r[2], value)
         return r[5] + value, "counter"
 
-    def _epoch_ended(self, r: list, name: str) -> None:
-        """The epoch of a restarting count ended (:meth:`_restarting`): the next one's offset."""
-        ended = r[2] + r[3]
+    def _epoch_ended(self, r: list, name: str, first: int) -> None:
+        """The epoch of a restarting count ended (:meth:`_restarting`): the next one's offset. Where
+        the count is printed every ``gap`` optimizer steps of the whole run, not of the epoch (the
+        next epoch's ``first`` print comes before one gap: 350, then 9 with a gap of 50), the epoch
+        was ``largest + gap - first`` long (391), not its largest print."""
+        gap = r[7]
+        grid = gap > 0 and not r[3] and 0 < first < gap
+        r[7] = 0   # the next epoch's gaps are its own
+        ended = r[2] + gap - first if grid else r[2] + r[3]
+        r[8] = r[8] or grid
         grew = r[1] == r[0] + 1 and ended > r[4] > 0      # the first whole epoch, longer than the first shown
         r[4] = max(r[4], ended)               # the epoch that ended: its length
         r[5] += (ended if r[6] else r[4]) + max(0, self.epoch - r[1] - 1) * r[4]
         r[1], r[2], r[6] = self.epoch, 0, False
         if not self.counter_restarts:
             self.counter_restarts = True
-            first = f"(epoch - {r[0]})" if r[0] else "epoch"
+            lead = f"(epoch - {r[0]})" if r[0] else "epoch"
             plus = ", + 1: it counts from 0" if r[3] else ""
+            how = (f"its largest print + the gap between prints ({gap:,}) - the next epoch's first: printed every "
+                   f"{gap:,} steps of the run" if r[8] else f"the largest {name!r} of an epoch{plus}")
             self.account.note(f"{name!r} restarts at every epoch and the log prints no epoch length: "
-                              f"steps are {first} x {r[4]:,} (the largest {name!r} of an epoch{plus}) "
-                              f"+ {name!r}")
+                              f"steps are {lead} x {r[4]:,} ({how}) + {name!r}")
         elif grew:
             self.account.note(f"{name!r} went to {r[4]:,} in the first whole epoch, higher than in the first one "
                               f"shown (cut): the epochs after that are {r[4]:,} long, each going on from the one before")
