@@ -1011,3 +1011,10 @@ def test_an_epochs_length_is_found_from_prints_on_a_grid_of_the_whole_run(tmp_pa
     assert [s for s, _ in got] == list(range(50, 1601, 50))
     assert any("x 391 (its largest print + the gap between prints (50) - the next epoch's first" in n
                for n in account.notes)
+
+
+@pytest.mark.parametrize("name", ["L.r.", "lrate", "learn.rate"])
+def test_an_abbreviated_lr_is_the_lr(tmp_path, name):
+    lines = [f"Up. {s * 100} : Cost {2.3 - 0.01 * s:.4f} : {name} {1e-4 * min(1, s / 5):.4e}" for s in range(1, 21)]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert account.keys["lr"] == [name] and got[0][1]["lr"] == pytest.approx(2e-5)
