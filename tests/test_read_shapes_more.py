@@ -1018,3 +1018,13 @@ def test_an_abbreviated_lr_is_the_lr(tmp_path, name):
     lines = [f"Up. {s * 100} : Cost {2.3 - 0.01 * s:.4f} : {name} {1e-4 * min(1, s / 5):.4e}" for s in range(1, 21)]
     got, account = records_of(tmp_path, "\n".join(lines) + "\n")
     assert account.keys["lr"] == [name] and got[0][1]["lr"] == pytest.approx(2e-5)
+
+
+def test_a_line_of_evaluation_values_under_an_epoch_is_said_as_an_evaluation(tmp_path):
+    # `Epoch 3: val_acc 0.91 val_f1 0.5` between training lines: an evaluation, not an epoch header
+    lines = []
+    for e in range(1, 6):
+        lines += [f"Epoch {e} step {b} loss {2.3 - 0.01 * (e * 40 + b):.4f}" for b in (10, 20, 30, 40)]
+        lines.append(f"Epoch {e}: val_acc 0.{e:02d} val_f1 0.5")
+    _, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert account.ignored == {"evaluation": [5, 5]}

@@ -645,8 +645,10 @@ def _kind(plan: Plan, texts, nums, roles, joined, summary, eval_context, eval_lo
         if any(v[:1] in "nNiI" for v in nums) and _NAN_WARNING.search(joined) \
                 and not _NO_NAN.search("".join(t + v for t, v in zip(texts, nums))):
             plan.kind = "nan"
-        elif eval_loss:
-            plan.kind = "eval"        # `step 30 | val loss 2.5`: an evaluation at a step
+        elif eval_loss or (any(r[0] == "eval" for r in roles)
+                           and not any(normalise_key(r[3]) in _TRAIN_WORDS for r in roles)):
+            plan.kind = "eval"        # `step 30 | val loss 2.5`, `Epoch 3: val_acc 0.91`: an evaluation
+            # (beside a value named by the training split alone, `train 0.52 | valid 0.61`: no)
         elif plan.step is not None and plan.micro is None and roles[plan.step][3] \
                 and not roles[plan.step][3].startswith("#"):
             plan.kind = "header"      # OLMo's `[step=1/739328,epoch=0]`, composer's `[batch=1/20]:`
