@@ -562,15 +562,7 @@ class Assembler:
             step, how = self.bar_drawn[1] + self._bar_lag(self.bar_drawn[1]), "counter"
         if how == "epoch" and not plan.counter and self.pending is not None \
                 and self.pending_how == "epoch" and self.pending.step == step:
-            if self._summary_of(self.pending, metrics, plan, by_epoch=True):
-                return []   # the epoch's record printed again in another form, on another scale
-            if self._reprinted(self.pending, metrics, plan):
-                return []   # ... or with the same loss under another name: one record
-            if plan.loss_kind == LOSS_KINDS[1] and plan is self._noted_plan:
-                # a running statistic printed again within its epoch (`running loss` under `Epoch 3/30`):
-                # cumulative, it restarts with the epoch; its last value, the epoch's mean, is the point
-                _redrawn(self.pending.metrics, metrics)
-                self.account.change(self.line_no, MERGED[5])
+            if self._again_in_epoch(self.pending, metrics, plan):
                 return []
             # Two records of one epoch and nothing finer: records are numbered in order.
             self.epoch_steps = False
@@ -923,6 +915,20 @@ class Assembler:
             return False
         self.account.ignore(self.line_no, "", "a summary at a record's step (another form, another loss)")
         return True
+
+    def _again_in_epoch(self, prev: StepRecord, metrics: dict, plan: Plan) -> bool:
+        """Whether a second line numbered by the held record's epoch (nothing finer) is that record
+        printed again, merged or ignored (said): in another form on another scale (a summary), the
+        same loss under another name, or a running statistic printed again within its epoch
+        (`running loss` under `Epoch 3/30`: cumulative, it restarts with the epoch; its last value,
+        the epoch's mean, is the point). False: a record of its own."""
+        if self._summary_of(prev, metrics, plan, by_epoch=True) or self._reprinted(prev, metrics, plan):
+            return True
+        if plan.loss_kind == LOSS_KINDS[1] and plan is self._noted_plan:
+            _redrawn(prev.metrics, metrics)
+            self.account.change(self.line_no, MERGED[5])
+            return True
+        return False
 
     def _reprinted(self, prev: StepRecord, metrics: dict, plan: Plan) -> bool:
         """Whether a line numbered by the held record's epoch prints its loss again, the same value
