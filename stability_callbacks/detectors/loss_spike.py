@@ -533,11 +533,11 @@ class LossSpike(Detector):
             what = (f"{self._what()} spike that began at step {onset} persists: {fmt(x)} at step {step} "
                     f"vs {fmt(base0)} before it (threshold {fmt(thr)}); {ep.above} of its {ep.samples} "
                     f"points so far were above the threshold, none back to the level before it.")
+        orders: dict[str, Any] = {"past_startup": True, "orders": True} if ep.orders else {}
         return self.finding(
             step, severity="warning", value=x, baseline=base0, threshold=thr, onset_step=onset,
             message=(f"{what} If it does not come back, roll back to a checkpoint before step {onset}."),
-            escalated=True, persisted_samples=ep.samples, above_samples=ep.above, grew=grew,
-            **({"past_startup": True, "orders": True} if ep.orders else {}))
+            escalated=True, persisted_samples=ep.samples, above_samples=ep.above, grew=grew, **orders)
 
     def _onset_finding(self, step, x, base, thr, onset, severity, unit, tail: float = 0.0) -> Finding:
         rise = x / base - 1

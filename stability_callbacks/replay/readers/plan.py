@@ -437,7 +437,7 @@ def _slash_named(name: str, i: int, user) -> tuple[tuple[str, str | None, int], 
     words = name.split()
     at = next((k for k, w in enumerate(words) if "/" in w), None)
     parts = words[at].split("/") if at is not None else []
-    if len(parts) == 2:
+    if at is not None and len(parts) == 2:
         first, second = (normalise_key(p) for p in parts)
         if at == len(words) - 1 and (first in _EPOCH_ABBREV or classify(first, user)[0] == "epoch") and \
                 (second in _BATCH_ABBREV or classify(second, user)[0] in ("step", "batch")):
