@@ -231,28 +231,25 @@ def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
     # excerpt missed): a column that is the sum of those right before it on every line (YOLOv5's
     # `box obj cls total`: the loss's total over its terms), else the first after the counter that
     # falls like a loss.
+    n = len(unnamed)
+
+    def column(i: int, what: str, which: str) -> Guess:
+        return Guess(re.compile(_pattern(texts, step, i, epoch)), {"loss": f"#{i + 1} ({what})", **said},
+                     which=which, template=tokens.fold(texts))
     total = _total_column(samples, [i for i in unnamed if i > step])
     if total is not None:
-        return Guess(re.compile(_pattern(texts, step, total[0], epoch)),
-                     {"loss": f"#{total[0] + 1} ({GUESSED_TOTAL.format(m=total[1], n=len(unnamed))})", **said},
-                     which=f"the sum of the {total[1]} unnamed numbers right before it on every line, of {len(unnamed)}",
-                     template=tokens.fold(texts))
-    column = next((i for i in unnamed if i > step and _falls(samples, i)), None)
-    if column is None:
-        # none falls: a column not finite on every line (`  12   nan   nan   0.12`) is a loss gone
-        # NaN, the first after the counter (a guess said as such; an accuracy or a time prints numbers)
-        column = next((i for i in unnamed if i > step and _non_finite(samples, i)), None)
-        if column is None:
-            return None
-        return Guess(re.compile(_pattern(texts, step, column, epoch)),
-                     {"loss": f"#{column + 1} ({GUESSED_NAN.format(n=len(unnamed))})", **said}, which=(
-                         f"the first after the counter {{step}} that is not finite on every line, of {len(unnamed)} "
-                         f"unnamed numbers (no number of them falls like a loss)"),
-                     template=tokens.fold(texts))
-    return Guess(re.compile(_pattern(texts, step, column, epoch)),
-                 {"loss": f"#{column + 1} ({GUESSED_COLUMN.format(n=len(unnamed))})", **said}, which=(
-                     f"the first after the counter {{step}} that falls like a loss, of {len(unnamed)} unnamed numbers"),
-                 template=tokens.fold(texts))
+        return column(total[0], GUESSED_TOTAL.format(m=total[1], n=n),
+                      f"the sum of the {total[1]} unnamed numbers right before it on every line, of {n}")
+    falls = next((i for i in unnamed if i > step and _falls(samples, i)), None)
+    if falls is not None:
+        return column(falls, GUESSED_COLUMN.format(n=n),
+                      f"the first after the counter {{step}} that falls like a loss, of {n} unnamed numbers")
+    # none falls: a column not finite on every line (`  12   nan   nan   0.12`) is a loss gone NaN,
+    # the first after the counter (a guess said as such; an accuracy or a time prints numbers)
+    nan = next((i for i in unnamed if i > step and _non_finite(samples, i)), None)
+    return None if nan is None else column(nan, GUESSED_NAN.format(n=n), (
+        f"the first after the counter {{step}} that is not finite on every line, of {n} unnamed numbers (no "
+        f"number of them falls like a loss)"))
 
 
 _TRAIN_SPLIT = frozenset({"train", "training", "trn"})
