@@ -119,7 +119,7 @@ class Monitor:
         against the other is the game's, not a sharp valley (:class:`GradNormGrowth`: info; a jump
         by orders of magnitude still warns); a player's term exactly 0 on point after point is
         one that has won outright (:class:`Stall`'s *player* rule). A replayed log whose loss sums
-        such terms, and a live run with several optimizers, declare it."""
+        such terms, and a live run whose optimizers each step on a loss of its own, declare it."""
         self.declare_objective()
         for d in self.detectors:
             if isinstance(d, (GradNormGrowth, Stall)):

@@ -630,3 +630,39 @@ def test_a_gan_stepping_two_optimizers_is_judged_as_a_game(tmp_path, caplog):
     assert "the run steps 2 optimizers (a GAN's players" in caplog.text
     assert [(f.kind, f.severity) for f in cb.findings if f.severity != "info"] == []
     assert [f.details.get("game") for f in cb.findings if f.kind == "grad_norm_growth"] == [True]
+
+
+class TwoOptimizersOneLoss(pl.LightningModule):
+    """Two optimizers over the body's and the head's parameters (Muon beside AdamW, say), stepped
+    on one loss with one backward: no game."""
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.body, self.head = torch.nn.Linear(4, 16), torch.nn.Linear(16, 3)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(self.head(torch.relu(self.body(x))), y)
+        for opt in self.optimizers():
+            opt.zero_grad()
+        self.manual_backward(loss)
+        for opt in self.optimizers():
+            opt.step()
+        return {"loss": loss.detach()}
+
+    def configure_optimizers(self):
+        return [torch.optim.SGD(self.body.parameters(), 0.1), torch.optim.Adam(self.head.parameters(), 1e-3)]
+
+
+def test_two_optimizers_on_one_loss_are_no_game(tmp_path, caplog):
+    torch.manual_seed(0)
+    x = torch.randn(512, 4)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long()), batch_size=32)
+    cb = StabilityCallback(run_dir=tmp_path / "stability")
+    trainer = pl.Trainer(max_steps=40, callbacks=[cb], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    with caplog.at_level(logging.INFO, logger="stability_callbacks"):
+        trainer.fit(TwoOptimizersOneLoss(), loader)
+    assert "optimizers (a GAN's players" not in caplog.text and cb.findings is not None
+    assert not cb.session.run.monitor._loss_spike.declared

@@ -67,6 +67,9 @@ class StabilityCallback(Callback, SessionAdapter):
         self._save_patches: InstancePatches | None = None
         self._own_save = False                     # the callback's own save is under way
         self._noted_step: int | None = None        # the step of the trainer's last save noted
+        # backward passes in the first training batch, and whether a game was decided on: several
+        # optimizers each stepped on its own loss (a GAN's players) call backward more than once
+        self._backwards, self._game_decided = 0, False
         # Lightning reads the key at every hook call (its profiler's names): made once.
         self._state_key = self._generate_state_key(config=_config_id(self.config, monitor))
 
@@ -223,8 +226,7 @@ class StabilityCallback(Callback, SessionAdapter):
             if scheds and scheds[0].interval == "step" and scheds[0].frequency == 1:
                 # stepped after every optimizer step, as HF's: its warmup is read (else: from the LR)
                 s.declare_warmup(scheduler_warmup(scheds[0].scheduler, total)[0])
-            if len(trainer.optimizers) > 1:   # a GAN's players, each stepped on its own loss
-                s.declare_game(len(trainer.optimizers))
+            self._backwards, self._game_decided = 0, len(trainer.optimizers) < 2
             ckpt = None if trainer.ckpt_path is None else os.fspath(trainer.ckpt_path)
             self._begin(trainer.global_step, reason, checkpoint=ckpt, model=pl_module,
                         optimizer=trainer.optimizers[0] if trainer.optimizers else None,
@@ -269,10 +271,19 @@ class StabilityCallback(Callback, SessionAdapter):
             if scaler is not None and s.skip is not None:   # the scaler's own skip carries it out
                 s.skip.merge_into_scaler(scaler, optimizer)
 
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        self._backwards += 1
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._off():
             return
         s = self.session
+        if not self._game_decided:
+            # several optimizers, each stepped on its own loss in one batch (a GAN's discriminator,
+            # then its generator): a game; one loss for all (Muon beside AdamW) is none
+            self._game_decided = True
+            if self._backwards > 1:
+                s.declare_game(len(trainer.optimizers))
         s.add_micro_batch(loss=outputs.get("loss") if isinstance(outputs, dict) else outputs,
                           input_ids=batch.get("input_ids") if isinstance(batch, dict) else None, batch=batch)
         if isinstance(outputs, dict):
