@@ -566,6 +566,7 @@ class Assembler:
                 return []
             # Two records of one epoch and nothing finer: records are numbered in order.
             self.epoch_steps = False
+            self.account.order_reason = "whose records print no counter finer than their epoch"
             self.pending.step = self.last_step = self.pending_last_step + 1
             self._renumbered("order")
             step, how = None, "order"
