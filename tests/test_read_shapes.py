@@ -433,8 +433,8 @@ def _bars_under_epoch_headers() -> str:
     (_bars_under_epoch_headers(), [8100, 8150, 8151, 8152], "  steps numbered by the log's counter: \"a bar's count\""),
     # an epoch printed on every line that never moves numbers nothing: the records are in order
     ("".join(f"training loss(epoch 0): part_loss: 0.5, total_loss: {_loss(s):.3f}\n" for s in range(4)),
-     [1, 2, 3, 4], "  steps numbered by order of appearance (the records print no counter taken for the step: "
-                   "step N is the N-th record)"),
+     [1, 2, 3, 4], "  steps numbered by order of appearance (step N is the N-th record of the log, whose records "
+                   "print no counter finer than their epoch)"),
 ], ids=["complete bar, then a header", "an epoch that never moves"])
 def test_a_numbering_first_tried_and_given_up_is_not_said(tmp_path, text, want, said):
     got, account = records_of(tmp_path, text)
