@@ -53,13 +53,18 @@ class _SustainedGrowth(Detector):
         return []
 
     def _growth(self, step: int, now: float, lo: float, low_step: int | None, growth: float,
-                **details) -> Finding:
+                severity: str = "warning", advice: str = "", **details) -> Finding:
         return self.finding(
-            step, severity="warning", value=now, baseline=lo,
+            step, severity=severity, value=now, baseline=lo,
             threshold=lo * (1 + self.min_growth), onset_step=low_step,
             message=(f"{self.what} has grown steadily from {fmt(lo)} at step {low_step} to "
-                     f"{fmt(now)} at step {step} ({growth:.1f}x). {self.advice}"),
+                     f"{fmt(now)} at step {step} ({growth:.1f}x). {advice or self.advice}"),
             growth=growth, **details)
+
+
+#: What a grad norm's steady growth says where the loss is a game's (Monitor.declare_game).
+_GAME = ("The loss is players' losses pulling against each other (a GAN's): one player's gradients grow as the "
+         "other sharpens, so this alone says little; a jump by orders of magnitude would (grad_norm_spike).")
 
 
 class GradNormGrowth(_SustainedGrowth):
@@ -100,16 +105,10 @@ class GradNormGrowth(_SustainedGrowth):
         self.game = False   # declared (Monitor.declare_game): players' gradients grow as they sharpen
 
     def _growth(self, step: int, now: float, lo: float, low_step: int | None, growth: float,
-                **details) -> Finding:
-        f = super()._growth(step, now, lo, low_step, growth, **details)
+                severity: str = "warning", advice: str = "", **details) -> Finding:
         if self.game:   # a generator's gradients grow as its discriminator sharpens: the game's own
-            f.severity = "info"
-            f.message = (f"{self.what} has grown steadily from {fmt(lo)} at step {low_step} to {fmt(now)} at step "
-                         f"{step} ({growth:.1f}x). The loss is players' losses pulling against each other (a GAN's): "
-                         f"one player's gradients grow as the other sharpens, so this alone says little; a jump by "
-                         f"orders of magnitude would (grad_norm_spike).")
-            f.details["game"] = True
-        return f
+            severity, advice, details["game"] = "info", _GAME, True
+        return super()._growth(step, now, lo, low_step, growth, severity, advice, **details)
 
     def _fast(self, step: int, v: float) -> list[Finding]:
         last, self.last = self.last, v

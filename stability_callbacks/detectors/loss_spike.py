@@ -22,6 +22,7 @@ _ORDERS = 100.0
 #: a start-up or an LR warmup explains (an LR far too high reached in the warmup: x1e4): a warning,
 #: however early (``past_startup``), however cold its baseline.
 _ORDERS_RATIO = 100.0
+_ORDERS_DETAILS: dict[str, Any] = {"past_startup": True, "orders": True}
 #: An objective of any sign too new to know its noise: a jump of 10 times the largest magnitude it
 #: had is said (info).
 _COLD_ORDER = 10.0
@@ -340,12 +341,11 @@ class LossSpike(Detector):
                 tail = self._tail_seen(z) if severity == "warning" and not cold else 0.0
                 if tail >= _TAIL_DRAWS:
                     severity = "info"
-                if _orders(x, unit):   # (near its floor, against the floor: a hard batch is x500 its level)
-                    severity = "warning"
+                orders = _by_orders(x, unit)   # (near its floor, against the floor: a hard batch is x500 its level)
+                severity = "warning" if orders else severity
                 self.episode = SpikeEpisode(onset, base, x, warned=severity == "warning", warm=not cold,
-                                            scale=falling or 0.0, z=z, orders=bool(_orders(x, unit)),
-                                            before=self.prev_x or 0.0)
-                out.append(self._onset_finding(step, x, base, thr, onset, severity, unit, tail))
+                                            scale=falling or 0.0, z=z, orders=orders, before=self.prev_x or 0.0)
+                out.append(self._onset_finding(step, x, base, thr, onset, severity, unit, tail, orders))
             else:
                 enters = True
                 if z > 3.0 and not cold:   # the loss's own right tail, from its ordinary points
@@ -390,14 +390,14 @@ class LossSpike(Detector):
                 enters = True
             else:
                 ep.low = z if ep.low is None else min(ep.low, z)
-                if (not ep.warned and abnormal and (
-                        grew or ep.samples - 1 >= self._stay_needed(self.persist_samples - 1, ep.low))) or (
-                        not ep.orders and _orders(x, max(base0, floor))):
+                orders = not ep.orders and _by_orders(x, max(base0, floor))
+                if orders or (not ep.warned and abnormal and (
+                        grew or ep.samples - 1 >= self._stay_needed(self.persist_samples - 1, ep.low))):
                     # Only a point above the threshold says the spike is still there (or larger);
                     # one that grew orders of magnitude is told so once, whatever was said before
                     # (a start-up's warning is said as info)
-                    ep.warned, ep.orders = True, bool(_orders(x, max(base0, floor)))
-                    out.append(self._escalation_finding(step, x, thr, ep, grew or ep.orders))
+                    ep.warned, ep.orders = True, orders
+                    out.append(self._escalation_finding(step, x, thr, ep, grew or orders))
                 if step - onset >= self.horizon_steps and not ep.warm:
                     # Judged against a cold baseline: no verdict; the loss's level is where it is now.
                     self._restart_at(x)
@@ -533,13 +533,14 @@ class LossSpike(Detector):
             what = (f"{self._what()} spike that began at step {onset} persists: {fmt(x)} at step {step} "
                     f"vs {fmt(base0)} before it (threshold {fmt(thr)}); {ep.above} of its {ep.samples} "
                     f"points so far were above the threshold, none back to the level before it.")
-        orders: dict[str, Any] = {"past_startup": True, "orders": True} if ep.orders else {}
         return self.finding(
             step, severity="warning", value=x, baseline=base0, threshold=thr, onset_step=onset,
             message=(f"{what} If it does not come back, roll back to a checkpoint before step {onset}."),
-            escalated=True, persisted_samples=ep.samples, above_samples=ep.above, grew=grew, **orders)
+            escalated=True, persisted_samples=ep.samples, above_samples=ep.above, grew=grew,
+            **(_ORDERS_DETAILS if ep.orders else {}))
 
-    def _onset_finding(self, step, x, base, thr, onset, severity, unit, tail: float = 0.0) -> Finding:
+    def _onset_finding(self, step, x, base, thr, onset, severity, unit, tail: float = 0.0,
+                       orders: bool = False) -> Finding:
         rise = x / base - 1
         extra: dict[str, Any] = {"tail_draws": round(tail, 1)} if tail >= _TAIL_DRAWS else {}
         if unit <= base:
@@ -561,7 +562,7 @@ class LossSpike(Detector):
                         if tail >= _TAIL_DRAWS else "")
                      + f" Most spikes recover within ~100 steps; watching. If it persists, roll back "
                        f"to a checkpoint before step {onset}."),
-            rise=rise, **({"floor": unit} if unit > base else {}), **extra, **_orders(x, unit))
+            rise=rise, **({"floor": unit} if unit > base else {}), **extra, **(_ORDERS_DETAILS if orders else {}))
 
     def at_end(self, ctx: Context) -> list[Finding]:
         """The end of a replayed log with a spike open and not yet a warning, the loss still up
@@ -696,8 +697,7 @@ class LossSpike(Detector):
         return out
 
 
-def _orders(x: float, base: float) -> dict[str, Any]:
-    """A finding's details where the loss is ``_ORDERS_RATIO`` times its level or more: past any
-    start-up (the policy keeps its severity: a jump by orders of magnitude is no start-up
-    transient)."""
-    return {"past_startup": True, "orders": True} if base > 0.0 and x >= _ORDERS_RATIO * base else {}
+def _by_orders(x: float, level: float) -> bool:
+    """Whether the loss is ``_ORDERS_RATIO`` times its level or more: past any start-up (its
+    finding carries :data:`_ORDERS_DETAILS`: the policy keeps its severity)."""
+    return level > 0.0 and x >= _ORDERS_RATIO * level

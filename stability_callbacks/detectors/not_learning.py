@@ -291,8 +291,9 @@ class NotLearning(Detector):
         first, since = f[1] / f[0], h[2] / h[1]
         fell = first - since
         mid_run = self.start is not None and not self.start[2]
-        raw = self._noise() * math.sqrt(1.0 / f[0] + 1.0 / h[1])
-        se = self._flat(fell, raw, self._noise(), None, math.exp(self.prev_log), from_start=not mid_run)
+        sigma = self._noise()
+        raw = sigma * math.sqrt(1.0 / f[0] + 1.0 / h[1])
+        se = self._flat(fell, raw, sigma, None, math.exp(self.prev_log), from_start=not mid_run)
         short = ctx.step - h[0] < self.horizon_steps   # an excerpt may be long enough, and still mid-run
         if se is None:
             return self._undecided(ctx, first, since, fell, raw, short, mid_run)
@@ -315,7 +316,7 @@ class NotLearning(Detector):
             return []
         self.told = True
         unit = "epoch" if ctx.steps_are_epochs else "step"
-        why = ("an excerpt from mid-run" if mid_run else f"{ctx.step - self.start[0]} {unit}s" if short else "")
+        why = ("an excerpt from mid-run" if mid_run else count(ctx.step - self.start[0], unit) if short else "")
         measured = (f"from {fmt(math.exp(first))} over its first {self.first[0]} points to {fmt(math.exp(since))} on "
                     f"average over the {h[1]} after them ({'down' if fell > 0 else 'up'} {abs(math.expm1(-fell)):.1%})")
         if why:
@@ -443,12 +444,13 @@ class NotLearning(Detector):
             # cross-entropy over those outputs (a BCE over an embedding, an MSE): nothing of chance
             chance = ""
         elif c:
+            classes = max(c, 2)   # a single output: a binary classifier's logit
             outputs = "single output, a binary cross-entropy's" if c == 1 else f"{c} outputs"
-            at = (f"ln {max(c, 2)} = {fmt(math.log(max(c, 2)))}, the chance level of a cross-entropy over the "
+            at = (f"ln {classes} = {fmt(math.log(classes))}, the chance level of a cross-entropy over the "
                   f"model's {outputs}")
             chance = (f" It sits at {at} since step {self.chance[0]} ({self.chance[1]} points)."
                       if rule == "chance" and self.chance is not None else
-                      f" (The chance level of its {outputs} is ln {max(c, 2)} = {fmt(math.log(max(c, 2)))}.)")
+                      f" (The chance level of its {outputs} is ln {classes} = {fmt(math.log(classes))}.)")
         elif level >= _LN2 * math.exp(-3 * self._tol):   # a level a cross-entropy at chance can have
             guess = (f", and this level is that of a uniform guess over ~{max(math.exp(level), 2.0):.3g} "
                      f"classes" if level < 25 else "")
@@ -501,7 +503,7 @@ class NotLearning(Detector):
             threshold=before * (1 - self.min_fall), onset_step=h[0], message=message,
             rule=rule, fall=-math.expm1(-fell), fall_bound=-math.expm1(-(fell + self.z_threshold * se)),
             noise=self._noise(), first_samples=f[0], horizon_samples=h[1], horizon_steps=step - h[0],
-            chance_level=math.log(max(c, 2)) if c and self._chance_log() is not None else None,
+            chance_level=math.exp(chance_log) if (chance_log := self._chance_log()) is not None else None,
             num_outputs=c, past_startup=True, **extra)
 
 

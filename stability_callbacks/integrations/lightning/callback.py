@@ -272,7 +272,8 @@ class StabilityCallback(Callback, SessionAdapter):
                 s.skip.merge_into_scaler(scaler, optimizer)
 
     def on_before_backward(self, trainer, pl_module, loss) -> None:
-        self._backwards += 1
+        if not self._game_decided:
+            self._backwards += 1
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._off():

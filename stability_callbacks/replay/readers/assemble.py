@@ -906,9 +906,8 @@ class Assembler:
         run re-logs it in the form it logged it (:meth:`_relogged`). ``by_epoch``: both lines
         numbered by their epoch (a complete bar's running loss, then the epoch's total on its own
         line): nothing to repeat across ranks there, from the log's first epoch. Ignored, and said."""
-        held = self._noted_plan
-        if plan is None or held is None or plan is held or plan.printed == held.printed:
-            return False   # (lines that print the same names, their spaces or a bar's drawing aside: one form)
+        if not self._another_form(plan):
+            return False
         a, b = prev.metrics.get(keys.LOSS), metrics.get(keys.LOSS)
         if a is None or b is None or a == b or (a != a and b != b) \
                 or abs(a - b) <= SAME_LOSS * max(abs(a), abs(b)) \
@@ -935,13 +934,17 @@ class Assembler:
         """Whether a line numbered by the held record's epoch prints its loss again, the same value
         under another name (`Epoch 3: loss 0.52 acc 0.9`, then `Train loss: 0.52`): one record (the
         held one), said."""
-        held = self._noted_plan
         a, b = prev.metrics.get(keys.LOSS), metrics.get(keys.LOSS)
-        if held is None or plan is held or plan.printed == held.printed or a is None or b is None \
-                or not (a == b or (a != a and b != b)):
+        if not self._another_form(plan) or a is None or b is None or not (a == b or (a != a and b != b)):
             return False
         self.account.change(self.line_no, MERGED[4])
         return True
+
+    def _another_form(self, plan: Plan | None) -> bool:
+        """Whether ``plan`` prints the held record in another form than its own line: other names
+        (lines that print the same names, their spaces or a bar's drawing aside, are one form)."""
+        held = self._noted_plan
+        return plan is not None and held is not None and plan is not held and plan.printed != held.printed
 
     def _relogged(self, prev: StepRecord, metrics: dict) -> bool:
         """Whether a row of a table or a JSON line that prints a step again, with another loss,

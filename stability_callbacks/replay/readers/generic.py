@@ -303,10 +303,8 @@ class Template:
         the line's epoch went up on every line: nothing finer is needed)."""
         if self.lines > 1 and self.epoch_ups == self.lines - 1:
             return {}
-        rising = [c for c, dead, ups in zip(self.names_plan.counters, self.dead, self.ups)
-                  if ups and not dead]
-        ups = {c[0]: u for c, dead, u in zip(self.names_plan.counters, self.dead, self.ups) if u and not dead}
-        return {choose_counter(rising, ups): "step"} if rising else {}
+        ups = {c: u for c, dead, u in zip(self.names_plan.counters, self.dead, self.ups) if u and not dead}
+        return {choose_counter(list(ups), {i: u for (i, _), u in ups.items()}): "step"} if ups else {}
 
 
 class _LossWait:

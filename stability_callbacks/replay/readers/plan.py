@@ -28,7 +28,8 @@ from typing import Any, Callable, Mapping
 
 from ... import keys
 from . import tokens
-from .vocabulary import EVALUATING, MICRO_RANK, ITERATION_LIKE, STEP_MARKERS, classify, normalise_key
+from .vocabulary import (EVAL_SPLITS, EVALUATING, ITERATION_LIKE, MICRO_RANK, STEP_MARKERS, TRAIN_SPLITS, classify,
+                         normalise_key)
 
 # A split named outside any key (`| valid | epoch 1 | loss 2.3`, `Validation: step 100 ...`),
 # not a key itself (litgpt's `val: n/a`) nor a file name (`eval.py:12`).
@@ -419,9 +420,6 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
 _INDEX_GAP = re.compile(r"[\]\)]?\s*[:=]?\s*")
 
 
-#: A training split's and an evaluation split's words (`train/val loss`).
-_TRAIN_WORDS = frozenset({"train", "training", "trn"})
-_SPLIT_WORDS = frozenset({"val", "valid", "validation", "eval", "test", "dev"})
 #: Short names of an epoch and of a batch or iteration within it (`e/b`, `ep/it`).
 _EPOCH_ABBREV = frozenset({"e", "ep"})
 _BATCH_ABBREV = frozenset({"b", "i", "it", "itr", "bt"})
@@ -443,7 +441,7 @@ def _slash_named(name: str, i: int, user) -> tuple[tuple[str, str | None, int], 
                 (second in _BATCH_ABBREV or classify(second, user)[0] in ("step", "batch")):
             return ("epoch", None, 0), i + 1, ("batch", None, 0, parts[1])
         rest = " ".join(words[:at] + words[at + 1:])
-        if rest and first in _TRAIN_WORDS and second in _SPLIT_WORDS:
+        if rest and first in TRAIN_SPLITS and second in EVAL_SPLITS:
             return classify(f"{parts[0]} {rest}", user), i + 1, ("eval", classify(rest, user)[1], 0, f"{parts[1]} {rest}")
     return classify(name.split("/")[0], user), -1, ("total", None, 0, "")
 
@@ -646,7 +644,7 @@ def _kind(plan: Plan, texts, nums, roles, joined, summary, eval_context, eval_lo
                 and not _NO_NAN.search("".join(t + v for t, v in zip(texts, nums))):
             plan.kind = "nan"
         elif eval_loss or (any(r[0] == "eval" for r in roles)
-                           and not any(normalise_key(r[3]) in _TRAIN_WORDS for r in roles)):
+                           and not any(normalise_key(r[3]) in TRAIN_SPLITS for r in roles)):
             plan.kind = "eval"        # `step 30 | val loss 2.5`, `Epoch 3: val_acc 0.91`: an evaluation
             # (beside a value named by the training split alone, `train 0.52 | valid 0.61`: no)
         elif plan.step is not None and plan.micro is None and roles[plan.step][3] \

@@ -35,7 +35,7 @@ from ... import keys
 from . import tokens
 from .plan import Plan, slot_roles
 from .user_keys import parse_keys
-from .vocabulary import normalise_key
+from .vocabulary import EVAL_SPLITS, TRAIN_SPLITS, normalise_key
 
 PROGRAM = "stability-callbacks replay"
 _VALUE = r"[-+]?(?:\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|nan|NaN|NAN|inf|Inf|INF)"
@@ -252,18 +252,14 @@ def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
         f"number of them falls like a loss)"))
 
 
-_TRAIN_SPLIT = frozenset({"train", "training", "trn"})
-_EVAL_SPLIT = frozenset({"val", "valid", "validation", "eval", "test", "dev"})
-
-
 def _split_loss(roles, samples, step: int) -> int | None:
     """The number named only by the training split (``epoch 3 | train 0.52 | valid 0.61``: a
     split and no metric, beside ones named only by an evaluation split), where it falls like a
     loss and every other name on the line is a counter's or an evaluation split's; else None."""
     names = {i: normalise_key(name) for i, (role, _, _, name) in enumerate(roles)
              if name and i != step and role not in ("noise", "total", "epoch", "step", "batch")}
-    train = [i for i, n in names.items() if n in _TRAIN_SPLIT]
-    if len(train) != 1 or any(n not in _TRAIN_SPLIT | _EVAL_SPLIT for n in names.values()):
+    train = [i for i, n in names.items() if n in TRAIN_SPLITS]
+    if len(train) != 1 or any(n not in TRAIN_SPLITS | EVAL_SPLITS for n in names.values()):
         return None
     i = train[0]
     return i if not all(s[i].isdigit() for s in samples) and _falls(samples, i) else None

@@ -146,6 +146,9 @@ _LR_PART = re.compile(r"rate|(?:pg|group|groups|param|params|g)?\d*|backbone|hea
 #: value is the training set's.
 EVALUATING = frozenset({"eval", "evaluation", "evaluating"})
 TRAINING = frozenset({"train", "training"})
+#: A split named alone, as a value's whole name (`train 0.52 | valid 0.61`, `train/val loss`).
+TRAIN_SPLITS = TRAINING | {"trn"}
+EVAL_SPLITS = frozenset({"val", "valid", "validation", "eval", "test", "dev"})
 _ON_TRAINING = re.compile(r"\b(?:on|for|over) (?:the )?(?:train|training)(?: (?:set|data|dataset|split))?$")
 _METRIC_WORDS = frozenset({"metric", "metrics"})
 
@@ -250,13 +253,13 @@ def binary_name(name: str) -> bool:
     >>> binary_name("train/bce_loss"), binary_name("BCEWithLogitsLoss"), binary_name("binary_crossentropy"), binary_name("ce")
     (True, True, True, False)
     """
-    words = set(normalise_key(name).split())
-    return bool(words & {"bce", "bcewithlogits", "bcewithlogitsloss", "bceloss", "binary", "binarycrossentropy"})
+    return bool(_BINARY_CE.union(("binary", "binarycrossentropy")).intersection(normalise_key(name).split()))
 
 
-#: Words of a loss that is a cross-entropy, never below zero (a Gaussian NLL is not one).
-_CROSS_ENTROPY = frozenset({"crossentropy", "crossentropyloss", "xent", "ce", "bce", "bcewithlogits",
-                            "bcewithlogitsloss", "bceloss"})
+#: Words of a loss that is a cross-entropy, never below zero (a Gaussian NLL is not one); the
+#: binary ones first.
+_BINARY_CE = frozenset({"bce", "bcewithlogits", "bcewithlogitsloss", "bceloss"})
+_CROSS_ENTROPY = _BINARY_CE | {"crossentropy", "crossentropyloss", "xent", "ce"}
 
 
 def cross_entropy_name(names: Iterable[str]) -> str | None:
