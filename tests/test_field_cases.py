@@ -909,7 +909,7 @@ def test_a_single_logit_sitting_at_ln_2_is_at_chance():
         return [f for f in out if f.kind == "not_learning"]
     binary = nl(0.6931, 0.6931)
     assert [(f.severity, f.details["rule"]) for f in binary] == [("warning", "chance")]
-    assert "ln 2 = 0.6931, the chance level of a cross-entropy over the model's single output" in binary[0].message
+    assert "ln 2 = 0.6931, the chance level of a binary cross-entropy on the model's single output, since" in binary[0].message
     assert nl(1.0, 0.6931) == []
 
 

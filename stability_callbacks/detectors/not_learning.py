@@ -445,12 +445,12 @@ class NotLearning(Detector):
             chance = ""
         elif c:
             classes = max(c, 2)   # a single output: a binary classifier's logit
-            outputs = "single output, a binary cross-entropy's" if c == 1 else f"{c} outputs"
-            at = (f"ln {classes} = {fmt(math.log(classes))}, the chance level of a cross-entropy over the "
-                  f"model's {outputs}")
-            chance = (f" It sits at {at} since step {self.chance[0]} ({self.chance[1]} points)."
-                      if rule == "chance" and self.chance is not None else
-                      f" (The chance level of its {outputs} is ln {classes} = {fmt(math.log(classes))}.)")
+            of = ("a binary cross-entropy on the model's single output" if c == 1 else
+                  f"a cross-entropy over the model's {c} outputs")
+            at = f"ln {classes} = {fmt(math.log(classes))}, the chance level of {of}"
+            chance = (f" It sits at {at}, since step {self.chance[0]} ({self.chance[1]} points)."
+                      if rule == "chance" and self.chance is not None else f" (The chance level of {of} is "
+                      f"ln {classes} = {fmt(math.log(classes))}.)")
         elif level >= _LN2 * math.exp(-3 * self._tol):   # a level a cross-entropy at chance can have
             guess = (f", and this level is that of a uniform guess over ~{max(math.exp(level), 2.0):.3g} "
                      f"classes" if level < 25 else "")
