@@ -1028,3 +1028,19 @@ def test_a_line_of_evaluation_values_under_an_epoch_is_said_as_an_evaluation(tmp
         lines.append(f"Epoch {e}: val_acc 0.{e:02d} val_f1 0.5")
     _, account = records_of(tmp_path, "\n".join(lines) + "\n")
     assert account.ignored == {"evaluation": [5, 5]}
+
+
+@pytest.mark.parametrize("fmt, loss_key", [
+    ("Epoch {e}: {t:.1f}s - {tr:.4f} (train) - {va:.4f} (val)", "train"),
+    ("epoch {e:3d} | {tr:.4f} train loss | {va:.4f} valid loss | {acc:.3f} acc", "train loss"),
+])
+def test_names_printed_after_their_values_name_them(tmp_path, fmt, loss_key):
+    # each name after its value, up to a field separator (before: the first log refused, the
+    # second read its valid loss as the training loss, every name one number late); a unit after
+    # a number (`12.3s`, `12.3 s`) names nothing
+    lines = [fmt.format(e=e, t=12.3 + e / 10, tr=2.3 * math.exp(-e / 8) + 0.3, va=2.4 * math.exp(-e / 8) + 0.35,
+                        acc=0.5 + e / 100) for e in range(1, 25)]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [s for s, _ in got] == list(range(1, 25))
+    assert [r["loss"] for _, r in got] == [float(f"{2.3 * math.exp(-e / 8) + 0.3:.4f}") for e in range(1, 25)]
+    assert account.keys["loss"][0].startswith(loss_key)

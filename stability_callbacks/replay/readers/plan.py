@@ -359,6 +359,8 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
         if glued[i]:
             is_noise[i] = False
     befores = tokens.befores(texts, nums, is_noise, glued)
+    tokens.names_after(texts, befores, [bool(g) or is_noise[i] or any(
+        c.isalpha() for c in tokens.key_before(befores[i], glued=i > 0)) for i, g in enumerate(glued)])
     prefixes = tokens.paths(texts) if nested else None
     roles: list[tuple[str, str | None, int, str]] = []
     eval_context = False

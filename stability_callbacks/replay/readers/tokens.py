@@ -212,6 +212,54 @@ def befores(texts: list[str], nums: list[str], is_noise: list[bool],
     return out
 
 
+#: Words printed after a number that are its unit, not its name (`12.3 s`, `0.5 GB`).
+_UNIT_WORDS = frozenset({"s", "sec", "secs", "second", "seconds", "ms", "us", "min", "mins", "minutes", "h",
+                         "hr", "hours", "it/s", "s/it", "samples/s", "tokens/s", "tok/s", "img/s", "b", "kb",
+                         "mb", "gb", "kib", "mib", "gib", "tb", "samples", "tokens", "steps", "epochs", "iters",
+                         "it", "remaining", "left", "elapsed", "eta"})
+_NAME_AFTER = re.compile(r"\s*\(?([A-Za-z][\w./-]*(?: [A-Za-z][\w./-]*){0,3})\)?\s*")
+_AFTER_NAME_CUT = re.compile(r"\s-\s|[|,;\t]")
+
+
+def names_after(texts: list[str], befores: list[str], has_key: list[bool]) -> None:
+    """A line that prints each name after its value (``2.31 train loss | 2.40 valid loss | 0.53
+    acc``, ``Epoch 3: 12.3s - 2.21 (train) - 2.30 (val)``): where the line ends with a name
+    and a number with no key of its own is followed, up to a field separator, by a name alone
+    (not a unit: ``12.3 s``), that name is the number's, and the next number's key is read
+    from what follows the separator. ``befores`` (the text each key is read from) is changed
+    in place; ``has_key[i]``: number ``i`` has a key printed before it, or a name glued."""
+    n = len(befores)
+    if n < 2 or not _after_name(texts[n], last=True):
+        return
+    taken = False
+    for i in range(n):
+        if has_key[i] and not taken:
+            continue
+        taken = False
+        piece = texts[i + 1]
+        if not piece[:1].isspace() and piece[:1] != "(":
+            continue
+        name = _after_name(piece, last=i == n - 1)
+        if name:
+            befores[i] = f" {name[0]}: "
+            if i + 1 < n:
+                befores[i + 1] = name[1]
+                taken = True
+
+
+def _after_name(piece: str, last: bool) -> tuple[str, str] | None:
+    """``(name, the text after its separator)`` of a piece after a number that is a name alone
+    up to a field separator (or the line's end, ``last``), else None."""
+    cut = _AFTER_NAME_CUT.search(piece)
+    head, rest = (piece[:cut.start()], piece[cut.start():]) if cut else (piece, "")
+    if not last and cut is None:
+        return None
+    m = _NAME_AFTER.fullmatch(head)
+    if m is None or m.group(1).lower() in _UNIT_WORDS or any(c.isalpha() for c in rest):
+        return None
+    return m.group(1), rest
+
+
 def in_loss_group(texts: list[str], i: int) -> bool:
     """Whether number ``i`` sits in a bracketed group named for losses (``[Losses: ... total``).
     Reads back from number ``i`` to the group's opening bracket only."""
