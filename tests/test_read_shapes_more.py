@@ -1044,3 +1044,20 @@ def test_names_printed_after_their_values_name_them(tmp_path, fmt, loss_key):
     assert [s for s, _ in got] == list(range(1, 25))
     assert [r["loss"] for _, r in got] == [float(f"{2.3 * math.exp(-e / 8) + 0.3:.4f}") for e in range(1, 25)]
     assert account.keys["loss"][0].startswith(loss_key)
+
+
+@pytest.mark.parametrize("wrap", [
+    "tf.Tensor({v}, shape=(), dtype=float32)", "<tf.Tensor: shape=(), dtype=float32, numpy={v}>",
+    "Array({v}, dtype=float32)", "np.float32({v})",
+    "Tensor(shape=[1], dtype=float32, place=Place(gpu:0), stop_gradient=True, [{v}])",
+])
+def test_a_frameworks_printed_scalar_is_its_value(tmp_path, wrap):
+    # TF, JAX, NumPy 2 and Paddle print a scalar wrapped (`loss: tf.Tensor(2.3, shape=(), ..)`): the
+    # key before the wrapper names the value in it (before: only torch's `tensor(..)` was read; the
+    # others gave no loss, or the dtype's 32 for one)
+    values = [2.3 * math.exp(-e / 8) + 0.3 for e in range(1, 21)] + [math.nan]
+    lines = [f"Epoch {e} - loss: {wrap.format(v=f'{v:.4f}')} - acc: {wrap.format(v='0.5')}"
+             for e, v in enumerate(values, 1)]
+    got, _ = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [s for s, _ in got] == list(range(1, 22))
+    assert [r["loss"] for _, r in got][:20] == [float(f"{v:.4f}") for v in values[:20]] and math.isnan(got[20][1]["loss"])

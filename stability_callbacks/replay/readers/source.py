@@ -372,30 +372,48 @@ def strip_prefix(line: str) -> str:
     """
     m = _LINE_PREFIX.match(line)
     line = line[m.end():] if m else line
-    return _untensor(line) if "tensor(" in line else line
+    return _untensor(line) if "(" in line and _WRAPPED_HINT(line) else line
 
 
-#: A torch scalar tensor as ``print`` shows it: ``tensor(2.3026, device='cuda:0',
-#: grad_fn=<NllLossBackward0>)``, ``tensor([0.5])``: its value, and whether it carries a grad_fn.
-_TENSOR = re.compile(r"\btensor\(\[?\s*([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))\s*\]?((?:,[^()]*)?)\)")
+#: A scalar as a framework's ``print`` shows it, wrapped: torch's ``tensor(2.3026, device='cuda:0',
+#: grad_fn=<NllLossBackward0>)``, ``tensor([0.5])``; TF's ``tf.Tensor(2.3, shape=(), dtype=float32)``
+#: and ``<tf.Tensor: shape=(), dtype=float32, numpy=2.3>``; JAX's ``Array(2.3, dtype=float32)``
+#: (``DeviceArray`` before it); NumPy 2's ``np.float32(2.3)``; Paddle's ``Tensor(shape=[1],
+#: dtype=float32, place=Place(gpu:0), stop_gradient=True, [2.30])``; MindSpore's ``Tensor(shape=[],
+#: dtype=Float32, value= 2.3)``. The wrapper is the value's print, not a field of the line: the key
+#: before it names the value inside; group 1 is the value, group 2 what follows it (a grad_fn).
+_VALUE = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf|NaN|Inf))"
+_ARGS = r"(?:[^()]|\([^()]*\))*"
+_TENSOR = re.compile(
+    rf"\b(?:tensor|tf\.Tensor|Tensor|Array|DeviceArray|np\.float\d+|numpy\.float\d+)\(\[?\s*{_VALUE}\s*\]?((?:,{_ARGS})?)\)"
+    rf"|\bTensor\(shape=\[[^\]]*\],(?:[^()\[\]]|\([^()]*\))*(?:value=\s*{_VALUE}\s*|\[\s*{_VALUE}\s*\])\)"
+    rf"|<tf\.Tensor:[^<>]*?numpy=\s*{_VALUE}\s*>")
+_WRAPPED_HINT = re.compile(r"ensor[(:]|rray\(|\.float\d").search
 #: The name a bare printed tensor with a grad_fn gets (vocabulary.json: the loss, below a printed one).
 GRAD_TENSOR = "tensor_with_grad_fn"
 
 
 def _untensor(line: str) -> str:
-    """``loss: tensor(2.3, grad_fn=<...>)`` -> ``loss: 2.3``; a line that is only such a tensor
-    with a grad_fn (a training loop's ``print(loss)``: what backward() is called on) ->
-    ``tensor_with_grad_fn 2.3``.
+    """``loss: tensor(2.3, grad_fn=<...>)`` -> ``loss: 2.3`` (each wrapper of :data:`_TENSOR`); a
+    line that is only such a tensor with a grad_fn (a training loop's ``print(loss)``: what
+    backward() is called on) -> ``tensor_with_grad_fn 2.3``.
 
     >>> _untensor("loss: tensor(2.3026, device='cuda:0', grad_fn=<NllLossBackward0>)")
     'loss: 2.3026'
     >>> _untensor("tensor(nan, grad_fn=<DivBackward0>)"), _untensor("acc tensor([0.93])")
     ('tensor_with_grad_fn nan', 'acc 0.93')
+    >>> _untensor("step 3 loss=tf.Tensor(2.3, shape=(), dtype=float32) acc=<tf.Tensor: shape=(), dtype=float32, numpy=0.5>")
+    'step 3 loss=2.3 acc=0.5'
+    >>> _untensor("step 3 loss: Array(2.3, dtype=float32) lr: np.float64(0.001)")
+    'step 3 loss: 2.3 lr: 0.001'
+    >>> _untensor("loss: Tensor(shape=[1], dtype=float32, place=Place(gpu:0), stop_gradient=True, [2.30])")
+    'loss: 2.30'
     """
     m = _TENSOR.search(line)
-    if m is not None and "grad_fn" in m.group(2) and not line[:m.start()].strip() and not line[m.end():].strip():
+    if m is not None and m.group(2) and "grad_fn" in m.group(2) and not line[:m.start()].strip() \
+            and not line[m.end():].strip():
         return f"{GRAD_TENSOR} {m.group(1)}"
-    return _TENSOR.sub(r"\1", line)
+    return _TENSOR.sub(lambda m: next(g for g in (m.group(1), m.group(3), m.group(4), m.group(5)) if g), line)
 
 
 def segments(line: str) -> list[str]:
