@@ -1061,3 +1061,16 @@ def test_a_frameworks_printed_scalar_is_its_value(tmp_path, wrap):
     got, _ = records_of(tmp_path, "\n".join(lines) + "\n")
     assert [s for s, _ in got] == list(range(1, 22))
     assert [r["loss"] for _, r in got][:20] == [float(f"{v:.4f}") for v in values[:20]] and math.isnan(got[20][1]["loss"])
+
+
+def test_records_after_a_bar_that_restarts_are_numbered_in_order(tmp_path):
+    # `Training: 100/100 [..]`, then `loss: x` with no counter, epoch after epoch: the bar counts
+    # a pass's batches, not the run's steps (before: the first record at step 100, the next ones
+    # 101, 102.. "in order", one account for two numberings)
+    lines = []
+    for e in range(1, 9):
+        lines += [f"Training: {b}%|██████| {b}/100 [00:0{e}<00:00, 9.9it/s]" for b in (25, 50, 75, 100)]
+        lines.append(f"loss: {2.3 * math.exp(-e / 4) + 0.3:.4f} acc: 0.{e}")
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [s for s, _ in got] == list(range(1, 9)) and account.numbering == {"order": []}
+    assert "a progress bar whose count restarts" in account.order_reason

@@ -131,6 +131,7 @@ class Assembler:
         self.counter_restarts = False         # ... or restarted, no epoch length printed
         self.restart: list | None = None      # see _restarting
         self.bar_offset: int | None = None    # see _bar_lag
+        self.bar_step = 0   # the step of the last record a bar's count numbered (-1: the bar restarts: none)
         self.bar_drawn: tuple[int, int] = (-2, 0)   # (line, count) of the last bar drawn on a line of its own
         self.nums: list[str] = []             # the numbers of the record line fed, and of the held record's
         self.pending_nums: list[str] = []
@@ -552,7 +553,20 @@ class Assembler:
         step, how = self._step_of(nums, plan)
         if plan.after_bar and step is not None and how == "counter":
             step += self._bar_lag(step)
-        elif step is None and self.bar_drawn[0] >= self.line_no - 1 and self.bar_drawn[1] > self.last_step:
+        elif step is None and self.bar_drawn[0] >= self.line_no - 1 and self.bar_drawn[1] <= self.last_step \
+                and self.pending is not None and self.pending.step == self.bar_step and self.pending_how == "counter":
+            # ... and the bar restarted below the record it numbered: it counts the batches of a
+            # pass over the data (an epoch), not the run's steps; each record a pass's summary,
+            # numbered in order, the one it numbered too (before: that one at the bar's count,
+            # the next ones in order after it, and the account said "in order" of all of them)
+            self.bar_step = -1
+            self.account.order_reason = ("each printed after a progress bar whose count restarts (the bar counts the "
+                                         "batches of a pass over the data, not the run's steps)")
+            self.pending.step = self.last_step = self.pending_last_step + 1
+            self._renumbered("order")
+            step, how = None, "order"
+        elif step is None and self.bar_drawn[0] >= self.line_no - 1 and self.bar_drawn[1] > self.last_step \
+                and self.bar_step != -1:
             # a record with no counter printed on the line after a bar's redraw (HF's Trainer:
             # `50/1000 [..]`, then `{'loss': ..}`): the bar's count
             if self.bar_offset is None:
@@ -560,6 +574,7 @@ class Assembler:
                                   "are numbered by its count (HF's Trainer draws its bar at the step, then prints "
                                   "the step's logs)")
             step, how = self.bar_drawn[1] + self._bar_lag(self.bar_drawn[1]), "counter"
+            self.bar_step = step
         if how == "epoch" and not plan.counter and self.pending is not None \
                 and self.pending_how == "epoch" and self.pending.step == step:
             if self._again_in_epoch(self.pending, metrics, plan):
