@@ -229,8 +229,8 @@ def test_every_suggestion_reads_the_log_when_pasted(tmp_path, capsys, name, text
 def test_a_followed_log_waits_for_its_counter_through_idle_ticks():
     # `replay --follow`: an idle tick between every line releases nothing a watched template
     # holds (its counter is learned from three lines), and the end of the log settles the rest.
-    lines = [item for s in (12, 13, 14, 15) for item in ((s, f"Update {s}: avg loss {_loss(s)}"), (s, None))]
+    lines = [item for s in (12, 13, 14, 15) for item in ((s, f"Round {s}: avg loss {_loss(s)}"), (s, None))]
     got = [(r.step, r.metrics["loss"]) for r in read_records("run.log", "generic", lines=iter(lines))]
     assert got == [(s, _loss(s)) for s in (12, 13, 14, 15)]
-    lines = [(1, "Update 12: avg loss 2.5"), (1, None)]
+    lines = [(1, "Round 12: avg loss 2.5"), (1, None)]
     assert [r.step for r in read_records("run.log", "generic", lines=iter(lines))] == [1]

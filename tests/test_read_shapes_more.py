@@ -1074,3 +1074,18 @@ def test_records_after_a_bar_that_restarts_are_numbered_in_order(tmp_path):
     got, account = records_of(tmp_path, "\n".join(lines) + "\n")
     assert [s for s, _ in got] == list(range(1, 9)) and account.numbering == {"order": []}
     assert "a progress bar whose count restarts" in account.order_reason
+
+
+@pytest.mark.parametrize("fmt, name", [
+    ("step: {m}/800 optimizer_step: {s} loss: {v:.4f}", "optimizer_step"),
+    ("Iteration {m} (update {s}): loss={v:.4f}", "update"),
+    ("micro_step {m} | step {s} | loss {v:.4f}", "step"),
+])
+def test_the_optimizers_count_numbers_the_records_beside_a_micro_batch_count(tmp_path, fmt, name):
+    # a count of micro-batches beside the optimizer's: the optimizer's numbers the records, the
+    # first line its own step where every line steps (before: `step` or `Iteration` taken for
+    # the optimizer_step / update count, and the first line merged into the second)
+    lines = [fmt.format(m=4 * s, s=s, v=2.3 * math.exp(-s / 80) + 0.5) for s in range(1, 200)]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [s for s, _ in got] == list(range(1, 200)) and account.numbering == {"counter": [name]}
+    assert got[0][1]["loss"] == float(f"{2.3 * math.exp(-1 / 80) + 0.5:.4f}")

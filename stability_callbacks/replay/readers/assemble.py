@@ -159,6 +159,7 @@ class Assembler:
         self.block_indent = -1
         self.micro = [0, 0.0, 0.0, True]      # micro-batch losses of one optimizer step
         self.micro_step: int | None = None
+        self.micro_lone: tuple[int, dict] | None = None   # the log's first line, until the second shows its step
         self.micro_metrics: dict[str, float] = {}
         self._noted: set = set()
         self._noted_plan: Plan | None = None   # the plan noted last (the common case: again)
@@ -662,22 +663,38 @@ class Assembler:
         # litgpt counts the optimizer step on the micro-batch that takes it: a record is the
         # micro-batches since the previous step, at the new step number; micro-batches after
         # the last optimizer step of the log make none.
-        loss = metrics.pop(keys.LOSS, None)
-        metrics.pop(keys.LOSS_RESOLUTION, None)   # their mean is not printed
-        if loss is not None:
-            _add(self.micro, loss)
-        self.micro_metrics.update(metrics)
+        # The log's first line waits for the second to show whether lines repeat a step: where
+        # that one steps too, every line is an optimizer step of its own, the first one included
+        # (before: the first merged into the second as its micro-batch).
+        out_first: list[StepRecord] = []
+        lone, self.micro_lone = self.micro_lone, None
+        if lone is not None and not plan.marker and step > lone[0]:
+            out_first = self.emit(lone[0], lone[1], plan, how, self._printed_step(plan))
+        elif lone is not None:
+            self._micro_add(lone[1])
+        if self.micro_step is None and not plan.marker:
+            self.micro_step, self.micro_lone = step, (step, metrics)
+            return []
+        self._micro_add(metrics)
         stepped = plan.marker or (self.micro_step is not None and step > self.micro_step)
         self.micro_step = step
         if not stepped:
-            return []
+            return out_first
         out = self.micro_metrics
         if self.micro[0]:
             out[keys.LOSS] = _mean(self.micro)
             if self.micro[0] > 1:
                 self.account.change(self.line_no, MERGED[3], int(self.micro[0]) - 1)
         self.micro, self.micro_metrics = [0, 0.0, 0.0, True], {}
-        return self.emit(step, out, plan, how, self._printed_step(plan))
+        return out_first + self.emit(step, out, plan, how, self._printed_step(plan))
+
+    def _micro_add(self, metrics: dict) -> None:
+        """A micro-batch's line into the optimizer step's record being made."""
+        loss = metrics.pop(keys.LOSS, None)
+        metrics.pop(keys.LOSS_RESOLUTION, None)   # their mean is not printed
+        if loss is not None:
+            _add(self.micro, loss)
+        self.micro_metrics.update(metrics)
 
     # -- records -----------------------------------------------------------------------------
 
