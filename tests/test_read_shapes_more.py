@@ -1089,3 +1089,20 @@ def test_the_optimizers_count_numbers_the_records_beside_a_micro_batch_count(tmp
     got, account = records_of(tmp_path, "\n".join(lines) + "\n")
     assert [s for s, _ in got] == list(range(1, 200)) and account.numbering == {"counter": [name]}
     assert got[0][1]["loss"] == float(f"{2.3 * math.exp(-1 / 80) + 0.5:.4f}")
+
+
+@pytest.mark.parametrize("fmt, said, value", [
+    ("step {s} loss: [{a:.4f}, {b:.4f}, {c:.4f}] lr: 0.001", "loss[1] + loss[2] + loss[3] (the sum of the terms printed)",
+     lambda a, b, c: a + b + c),
+    ("step {s} losses = tensor([{t:.4f}, {a:.4f}, {b:.4f}], device='cuda:0')", "losses[1] (the sum of the others in "
+     "its array)", lambda a, b, c: a + b),
+])
+def test_a_loss_printed_as_an_array_is_its_total_or_the_sum_of_its_terms(tmp_path, fmt, said, value):
+    # (before: the array's first number taken for the loss, whatever it was, and torch's
+    # `tensor([..])` of several numbers not read)
+    rows = [(s, *(round(v * (2.3 * math.exp(-s / 300) + 0.5), 4) for v in (0.5, 0.3, 0.1))) for s in range(10, 300, 10)]
+    lines = [fmt.format(s=s, a=a, b=b, c=c, t=round(a + b, 4)) for s, a, b, c in rows]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [s for s, _ in got] == [r[0] for r in rows]
+    assert [r["loss"] for _, r in got] == pytest.approx([value(a, b, c) for _, a, b, c in rows])
+    assert account.keys["loss"] == [said]

@@ -413,6 +413,7 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
             eval_context = True   # `test epoch: 1, loss: ..`, `Test: [ 0/30] .. Loss: ..`
         roles.append((role, key, rank, name))   # counts epochs (`Epoch: [e][b/N]` names it)
     _index_after_name(texts, nums, roles)
+    _loss_array(texts, nums, roles)
     _bare_counters(texts, nums, roles)
     _counter_in_prose(texts, nums, roles, user)
     return roles, eval_context
@@ -467,6 +468,39 @@ def _index_after_name(texts, nums, roles) -> None:
             named = classify(name)
             if named[0] == "metric" and named[1] is not None:
                 roles[i], roles[i + 1] = ("step", None, _LEARNED, ""), (*named, name)
+
+
+_ARRAY_SEPARATOR = re.compile(r"\s*,?\s*-?")
+
+
+def _loss_array(texts, nums, roles) -> None:
+    """The loss printed as an array (``loss: [0.52, 0.31, 0.11]``, torch's ``tensor([..])``
+    unwrapped): its terms, unnamed. Where the first or the last is the sum of the others, within
+    the print's rounding (``[total, cls, box]``, YOLO's ``box obj cls total``), that one is the
+    loss; else the loss is their sum, said as such (``loss[1] + loss[2] + loss[3]``), as for
+    any terms printed without their total."""
+    n = len(nums)
+    for i in range(n - 1):
+        role, key, rank, name = roles[i]
+        if key != keys.LOSS or role not in ("metric", "component") or not texts[i].rstrip(" -").endswith(("[", "(")):
+            continue
+        last = i
+        while last + 1 < n and roles[last + 1][0] == "other" and not roles[last + 1][3] \
+                and _ARRAY_SEPARATOR.fullmatch(texts[last + 1]):
+            last += 1
+        if last == i or not texts[last + 1].lstrip().startswith(("]", ")")):
+            continue
+        members = range(i, last + 1)
+        values = [-float(nums[k]) if _negative(texts[k]) else float(nums[k]) for k in members]
+        slack = sum(0.5 * 10.0 ** -len(nums[k].partition(".")[2]) if "e" not in nums[k].lower() else 1e-6 * abs(v)
+                    for k, v in zip(members, values))
+        total = (i if abs(values[0] - sum(values[1:])) <= slack else
+                 last if abs(values[-1] - sum(values[:-1])) <= slack else None)
+        for k in members:
+            said = f"{name}[{k - i + 1}]" + (" (the sum of the others in its array)" if k == total else "")
+            roles[k] = (("component", keys.LOSS, 0, said) if total is None else
+                        ("metric", keys.LOSS, min(rank, 1), said) if k == total else ("other", None, 0, said))
+        return
 
 
 def _named_before(rest: str, phrase: str, glued: bool) -> tuple[str, str]:

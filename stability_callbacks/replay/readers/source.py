@@ -380,14 +380,17 @@ def strip_prefix(line: str) -> str:
 #: and ``<tf.Tensor: shape=(), dtype=float32, numpy=2.3>``; JAX's ``Array(2.3, dtype=float32)``
 #: (``DeviceArray`` before it); NumPy 2's ``np.float32(2.3)``; Paddle's ``Tensor(shape=[1],
 #: dtype=float32, place=Place(gpu:0), stop_gradient=True, [2.30])``; MindSpore's ``Tensor(shape=[],
-#: dtype=Float32, value= 2.3)``. The wrapper is the value's print, not a field of the line: the key
-#: before it names the value inside; group 1 is the value, group 2 what follows it (a grad_fn).
-_VALUE = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf|NaN|Inf))"
+#: dtype=Float32, value= 2.3)``; an array of them (``tensor([0.5, 0.3])``: ``[0.5, 0.3]``). The wrapper
+#: is the value's print, not a field of the line: the key before it names the value inside (group
+#: ``rest``: what follows a value, a grad_fn).
+_VALUE = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf|NaN|Inf)"
 _ARGS = r"(?:[^()]|\([^()]*\))*"
 _TENSOR = re.compile(
-    rf"\b(?:tensor|tf\.Tensor|Tensor|Array|DeviceArray|np\.float\d+|numpy\.float\d+)\(\[?\s*{_VALUE}\s*\]?((?:,{_ARGS})?)\)"
-    rf"|\bTensor\(shape=\[[^\]]*\],(?:[^()\[\]]|\([^()]*\))*(?:value=\s*{_VALUE}\s*|\[\s*{_VALUE}\s*\])\)"
-    rf"|<tf\.Tensor:[^<>]*?numpy=\s*{_VALUE}\s*>")
+    rf"\b(?:tensor|tf\.Tensor|Array|DeviceArray|array)\((?P<a>\[[^\[\]()]*,[^\[\]()]*\])(?:,{_ARGS})?\)"
+    rf"|\b(?:tensor|tf\.Tensor|Tensor|Array|DeviceArray|np\.float\d+|numpy\.float\d+)\(\[?\s*(?P<v>{_VALUE})\s*\]?"
+    rf"(?P<rest>(?:,{_ARGS})?)\)"
+    rf"|\bTensor\(shape=\[[^\]]*\],(?:[^()\[\]]|\([^()]*\))*(?:value=\s*(?P<m>{_VALUE})\s*|\[\s*(?P<p>{_VALUE})\s*\])\)"
+    rf"|<tf\.Tensor:[^<>]*?numpy=\s*(?P<t>{_VALUE})\s*>")
 _WRAPPED_HINT = re.compile(r"ensor[(:]|rray\(|\.float\d").search
 #: The name a bare printed tensor with a grad_fn gets (vocabulary.json: the loss, below a printed one).
 GRAD_TENSOR = "tensor_with_grad_fn"
@@ -408,12 +411,14 @@ def _untensor(line: str) -> str:
     'step 3 loss: 2.3 lr: 0.001'
     >>> _untensor("loss: Tensor(shape=[1], dtype=float32, place=Place(gpu:0), stop_gradient=True, [2.30])")
     'loss: 2.30'
+    >>> _untensor("losses = tensor([0.52, 0.31, 0.11], device='cuda:0')")
+    'losses = [0.52, 0.31, 0.11]'
     """
     m = _TENSOR.search(line)
-    if m is not None and m.group(2) and "grad_fn" in m.group(2) and not line[:m.start()].strip() \
+    if m is not None and m.group("rest") and "grad_fn" in m.group("rest") and not line[:m.start()].strip() \
             and not line[m.end():].strip():
-        return f"{GRAD_TENSOR} {m.group(1)}"
-    return _TENSOR.sub(lambda m: next(g for g in (m.group(1), m.group(3), m.group(4), m.group(5)) if g), line)
+        return f"{GRAD_TENSOR} {m.group('v')}"
+    return _TENSOR.sub(lambda m: next(g for g in m.group("a", "v", "m", "p", "t") if g), line)
 
 
 def segments(line: str) -> list[str]:
