@@ -1106,3 +1106,24 @@ def test_a_loss_printed_as_an_array_is_its_total_or_the_sum_of_its_terms(tmp_pat
     assert [s for s, _ in got] == [r[0] for r in rows]
     assert [r["loss"] for _, r in got] == pytest.approx([value(a, b, c) for _, a, b, c in rows])
     assert account.keys["loss"] == [said]
+
+
+def test_a_statistics_summary_per_key_is_its_mean(tmp_path):
+    # StyleGAN2/3's stats.jsonl: `"Loss/G/loss": {"num": 64, "mean": 1.2, "std": 0.3}`: the mean is
+    # the value its key names, the others its statistics; a wall-clock `timestamp` is no step
+    # (before: the loss 'mean', a statistic, numbered by the timestamp)
+    rows = [json.dumps({"Loss/G/loss": {"num": 64, "mean": 1.2 + 0.01 * (k % 3), "std": 0.3},
+                        "Loss/D/loss": {"num": 64, "mean": 0.6 + 0.01 * (k % 2), "std": 0.1},
+                        "Progress/kimg": {"num": 1, "mean": k * 4.0}, "Progress/tick": {"num": 1, "mean": k},
+                        "timestamp": 1600000000 + 7 * k}) for k in range(1, 30)]
+    got, account = records_of(tmp_path, "\n".join(rows) + "\n", "stats.jsonl")
+    assert [s for s, _ in got] == list(range(1, 30)) and account.numbering == {"counter": ["Progress/tick"]}
+    assert account.keys["loss"] == ["Loss/G/loss + Loss/D/loss (the sum of the terms printed)"]
+    assert got[0][1]["loss"] == pytest.approx(1.21 + 0.61)
+
+
+def test_olmo_cores_optim_prefix_names_the_lr(tmp_path):
+    lines = [f"[step={s}/1000] train/CrossEntropyLoss={2.3 - 0.001 * s:.4f} optim/learning_rate_group0="
+             f"{4e-4 * min(1, s / 100):.4e} optim/total_grad_norm=0.5" for s in range(1, 40)]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert account.keys["lr"] == ["optim/learning_rate_group0"] and got[0][1]["lr"] == pytest.approx(4e-6)

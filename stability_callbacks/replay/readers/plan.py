@@ -362,6 +362,7 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
     tokens.names_after(texts, befores, [bool(g) or is_noise[i] or any(
         c.isalpha() for c in tokens.key_before(befores[i], glued=i > 0)) for i, g in enumerate(glued)])
     prefixes = tokens.paths(texts) if nested else None
+    stats_dicts = nested and _STATS_DICT.search("".join(texts)) is not None
     roles: list[tuple[str, str | None, int, str]] = []
     eval_context = False
     inner, inner_role = -1, ("total", None, 0, "")   # the number after `a/` a name's second part names
@@ -374,6 +375,8 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
                 continue
         if hints and i in hints:
             name = tokens.key_before(before, glued=i > 0) if not g else g
+            if stats_dicts and prefixes and prefixes[i] and name in _MEAN_FIELDS:
+                name = prefixes[i]   # (a statistic's summary: see below)
             roles.append(("step", None, _LEARNED, name))
             continue
         if g:
@@ -396,6 +399,15 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
         if len(name) == 1 and not before.rstrip(" \t").endswith(":"):
             name = ""             # one letter is a key only as `s:12`, `L: 0.0058` (llm.c, SparK)
         name = _last_words(name, user)
+        if prefixes and prefixes[i] and name in _STATISTIC_FIELDS and stats_dicts:
+            # `"Loss/G/loss": {"num": 64, "mean": 1.2, "std": 0.3}` (StyleGAN's stats.jsonl): the
+            # mean is the value the enclosing key names, the others its statistics
+            if name in _MEAN_FIELDS:
+                name, full = prefixes[i], prefixes[i]
+                roles.append((*classify(full, user), name))
+            else:
+                roles.append(("other", None, 0, f"{prefixes[i]}/{name}"))
+            continue
         full = f"{prefixes[i]}/{name}" if prefixes and prefixes[i] and name else name
         role, key, rank = classify(full, user)
         has_total = i + 1 < n and texts[i + 1].strip() == "/" and not is_noise[i + 1]
@@ -417,6 +429,13 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
     _bare_counters(texts, nums, roles)
     _counter_in_prose(texts, nums, roles, user)
     return roles, eval_context
+
+
+#: The fields of a statistic's summary printed as a dict (``{"num": 64, "mean": 1.2, "std": 0.3}``),
+#: and those that are its value.
+_STATISTIC_FIELDS = frozenset({"num", "count", "n", "mean", "avg", "std", "min", "max", "sum", "value"})
+_MEAN_FIELDS = frozenset({"mean", "avg", "value"})
+_STATS_DICT = re.compile(r"""\{\s*["']?(?:num|count|n)["']?\s*:\s*,\s*["']?(?:mean|avg)["']?\s*:""")   # (the numbers cut out)
 
 
 #: The text between a name's index and its value: brackets, `@`, `=`, `:`, spaces.
