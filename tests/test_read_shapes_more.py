@@ -1127,3 +1127,27 @@ def test_olmo_cores_optim_prefix_names_the_lr(tmp_path):
              f"{4e-4 * min(1, s / 100):.4e} optim/total_grad_norm=0.5" for s in range(1, 40)]
     got, account = records_of(tmp_path, "\n".join(lines) + "\n")
     assert account.keys["lr"] == ["optim/learning_rate_group0"] and got[0][1]["lr"] == pytest.approx(4e-6)
+
+
+def test_a_step_with_its_total_that_restarts_with_the_epoch_counts_the_epochs_batches(tmp_path, capsys):
+    # the PyTorch tutorials' `Epoch [2/5], Step [100/600], Loss: 2.2951` (before: the steps went
+    # back at every epoch, read as 4 resumes); a global count beside its epoch stays as printed
+    lines = [f"Epoch [{e}/5], Step [{b}/600], Loss: {2.3 * math.exp(-(e * 600 + b) / 1000) + 0.5:.4f}"
+             for e in range(1, 6) for b in range(100, 601, 100)]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [s for s, _ in got] == list(range(100, 3001, 100))
+    assert any("'Step' restarts as the epoch moves (from epoch 2)" in n for n in account.notes)
+    path = tmp_path / "run.log"
+    path.write_text("\n".join(lines) + "\n")
+    assert _replay_json(capsys, path)[2] == []
+    lines = [f"Epoch {1 + (s - 1) // 100}/3 | Step {s}/300 | loss {2.3 - 0.001 * s:.4f}" for s in range(10, 301, 10)]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [s for s, _ in got] == list(range(10, 301, 10)) and not account.notes
+
+
+def test_a_gans_players_named_by_their_letters_are_its_terms(tmp_path):
+    # `Iter: 100, D: 0.51, G:1.52` (before: refused, no loss named)
+    lines = [f"Iter: {s}, D: {0.5 + 0.01 * (s % 7):.4}, G:{1.5 + 0.01 * (s % 5):.4}" for s in range(0, 2000, 50)]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [s for s, _ in got] == list(range(0, 2000, 50))
+    assert account.keys["loss"] == ["D + G (the sum of the terms printed)"]

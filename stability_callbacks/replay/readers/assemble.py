@@ -131,6 +131,7 @@ class Assembler:
         self.counter_restarts = False         # ... or restarted, no epoch length printed
         self.restart: list | None = None      # see _restarting
         self.bar_offset: int | None = None    # see _bar_lag
+        self.step_restarts = False   # a step-named count with a total restarted as the epoch moved
         self.bar_step = 0   # the step of the last record a bar's count numbered (-1: the bar restarts: none)
         self.bar_drawn: tuple[int, int] = (-2, 0)   # (line, count) of the last bar drawn on a line of its own
         self.nums: list[str] = []             # the numbers of the record line fed, and of the held record's
@@ -316,7 +317,25 @@ class Assembler:
             return self._restarting(value, plan, done)
         elif self.per_epoch is not None:
             return done * self.per_epoch + value, "counter"
+        if total is not None and plan.epoch is not None and not plan.counter:
+            return self._named_restart(value, total, done, plan), "counter"
         return (value, "counter") if value >= done and not plan.counter else (None, "order")
+
+    def _named_restart(self, value: int, total: int, done: int, plan: Plan) -> int:
+        """A step-named count with its total beside the epoch (``Epoch [2/5], Step [100/600]``):
+        the run's own count (``Epoch 3/10 | Step 12000/40000``) until it goes down as the epoch
+        moves; from then on it counts the epoch's batches: steps are epochs done x its total +
+        the count (the records before the restart, of the log's first epoch, keep their count)."""
+        last_epoch, last_value = self.counter_last.get(total, (None, 0))
+        self.counter_last[total] = (self.epoch, value)
+        if not self.step_restarts and last_epoch is not None and self.epoch is not None \
+                and self.epoch > last_epoch and value < last_value:
+            self.step_restarts = True
+            first = f"(epoch - {self.epoch_base})" if self.epoch_base else "epoch"
+            self.account.note(f"{plan.step_name!r} restarts as the epoch moves (from epoch {self.epoch}): it counts "
+                              f"batches within an epoch of {total:,}: steps are {first} x {total:,} + "
+                              f"{plan.step_name!r}")
+        return done * total + value if self.step_restarts else value
 
     def _constant_step(self, value: int, plan: Plan) -> bool:
         """A step-named count that does not move while the epoch printed beside it does (`Epoch 2

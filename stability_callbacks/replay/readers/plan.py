@@ -426,6 +426,7 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
         roles.append((role, key, rank, name))   # counts epochs (`Epoch: [e][b/N]` names it)
     _index_after_name(texts, nums, roles)
     _loss_array(texts, nums, roles)
+    _players(roles)
     _bare_counters(texts, nums, roles)
     _counter_in_prose(texts, nums, roles, user)
     return roles, eval_context
@@ -487,6 +488,17 @@ def _index_after_name(texts, nums, roles) -> None:
             named = classify(name)
             if named[0] == "metric" and named[1] is not None:
                 roles[i], roles[i + 1] = ("step", None, _LEARNED, ""), (*named, name)
+
+
+def _players(roles) -> None:
+    """A GAN's two players named by their letters alone (``Iter: 100, D: 0.51, G: 1.52``): both
+    printed and no loss named, each is a term of the loss (a discriminator's and a generator's),
+    as ``D_loss`` and ``G_loss`` are; one letter alone names nothing."""
+    at = {name.upper(): i for i, (role, _, _, name) in enumerate(roles) if role == "other" and name in ("D", "d", "G", "g")}
+    if len(at) == 2 and set(at) == {"D", "G"} and not any(key == keys.LOSS for _, key, _, _ in roles):
+        # (not beside a loss the line names: DCGAN's `Loss_D: .. Loss_G: .. D(x): 0.8 D(G(z)): 0.2`)
+        for i in at.values():
+            roles[i] = ("component", keys.LOSS, 0, roles[i][3])
 
 
 _ARRAY_SEPARATOR = re.compile(r"\s*,?\s*-?")
