@@ -1151,3 +1151,24 @@ def test_a_gans_players_named_by_their_letters_are_its_terms(tmp_path):
     got, account = records_of(tmp_path, "\n".join(lines) + "\n")
     assert [s for s, _ in got] == list(range(0, 2000, 50))
     assert account.keys["loss"] == ["D + G (the sum of the terms printed)"]
+
+
+def test_a_record_wrapped_across_lines_is_read_joined(tmp_path):
+    # a pasted HF dict wrapped at 60 columns, and a key cut from its value at a line's end (before:
+    # the learning rate on the second line lost, and the dict's tail read as a line of its own)
+    import textwrap
+    lines = []
+    for s in range(10, 300, 10):
+        lines += textwrap.wrap(f"{{'loss': {2.3 - 0.001 * s:.4f}, 'grad_norm': 1.5, 'learning_rate': "
+                               f"{1e-5 * (1 - s / 600):.4e}, 'epoch': {s / 600:.2f}}}", 60)
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert len(got) == 29 and got[0][1]["lr"] == pytest.approx(float(f"{1e-5 * (1 - 10 / 600):.4e}"))
+    assert "lines wrapped inside a record" in " ".join(account.lines())
+    lines = [x for s in range(10, 300, 10) for x in (f"step: {s} | loss: {2.3 - 0.001 * s:.4f} | lr:",
+                                                        f"    {1e-5 * (1 - s / 600):.4e} | tokens/s: 12345.6")]
+    got, _ = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [s for s, _ in got] == list(range(10, 300, 10)) and all("lr" in r for _, r in got)
+    # a header that ends with `:` and a pretty-printed dict's `{` wrap nothing
+    got, _ = records_of(tmp_path, "Run:\n" + "".join(f"{{'loss': {2.3 - 0.01 * s:.4f}, 'epoch': {s / 10}}}\n"
+                                                     for s in range(1, 20)))
+    assert [s for s, _ in got] == list(range(1, 20))

@@ -59,6 +59,31 @@ SEVERAL = "records read from lines that hold several (a template repeated within
 HEAD_DROPPED = "partial records dropped at a line's start (the line cuts the record's start, printed on no line)"
 CUT_JOINED = "records cut by a line's end, read with the next line"
 CUT_DROPPED = "partial records dropped at a line's end (no line goes on with it)"
+WRAPPED_JOINED = "lines wrapped inside a record (a dict left open, a key with its value on the next line), read joined"
+#: Lines a wrapped record may span beyond its first.
+_WRAP_JOINS = 3
+_KEY_CUT = re.compile(r"[A-Za-z_)\]'\"]\s*[:=]\s*$")
+#: A field's value, then a separator, then the key a wrap cut from its value (`loss 2.7 | lr:`).
+_FIELD_BEFORE_KEY = re.compile(r"\d\s*(?:[|,;]|\s-\s|\s{2,})\s*([A-Za-z_][\w/ .-]*?)\s*[:=]\s*$")
+
+
+def _open_braces(text: str) -> int:
+    """The braces a line leaves open (``{'loss': 2.7, 'grad_norm': 1.9,``: 1), negative where it
+    closes more than it opens."""
+    return text.count("{") - text.count("}") if "{" in text or "}" in text else 0
+
+
+def _wraps(text: str) -> bool:
+    """Whether a line stops inside a record a wrap cut (an e-mail or terminal wrap of a pasted
+    log): a dict it opens and does not close (``{'loss': 2.7, 'grad_norm': 1.9,``), or a key
+    whose value is not on it, a metric's or a counter's (``loss 2.7 | lr:``); the next line goes
+    on with it."""
+    if not _DIGIT(text):
+        return False                   # (prose, a header `Run:`, a pretty-printed JSON's `{`: no record)
+    if _open_braces(text) > 0:
+        return _DIGIT(text, text.rfind("{")) is not None   # values in the dict it leaves open
+    m = _FIELD_BEFORE_KEY.search(text) if _KEY_CUT.search(text) else None
+    return m is not None and classify(m.group(1))[0] in ("metric", "step", "component", "epoch", "statistic")
 HISTORY_SUMMARY = "run summary (a history of the records above, printed as arrays)"
 _REASONS = {"eval": "evaluation", "summary": "run summary", "ignore": "no training metric",
             "overflow": "overflow (folded into the next record)", "epoch": "epoch header",
@@ -423,12 +448,35 @@ class Reading:
         self.held: deque = deque()
         self.busy = False
         self.carry = ""                       # a record a line cut at its end (see _several)
+        self.wrapped: tuple[int, str, int] | None = None   # a line wrapped inside a record: (line, text, joins)
         self.carry_line = 0                   # ... and that line
         self.loss_wait: _LossWait | None = None
 
     def line(self, line_no: int, text: str) -> list[StepRecord]:
         """One physical line: the records it completes."""
         text = strip_prefix(text)
+        out: list[StepRecord] = []
+        if self.wrapped is not None:                 # a line wrapped inside a record (see _wraps)
+            first, held, joins = self.wrapped
+            self.wrapped = None
+            whole = f"{held} {text.strip()}"
+            if text.strip() and (held[-1] in ":=" or _open_braces(whole) >= 0):
+                self.account.change(first, WRAPPED_JOINED)
+                line_no, text = first, whole
+                if joins < _WRAP_JOINS and _wraps(text):
+                    self.wrapped = (first, text, joins + 1)
+                    self.busy = True
+                    return []
+            else:
+                out += self._one(first, held)        # no continuation: the line as it was
+        elif _wraps(text):
+            self.wrapped = (line_no, text.rstrip(), 1)
+            self.busy = True
+            return []
+        return out + self._one(line_no, text)
+
+    def _one(self, line_no: int, text: str) -> list[StepRecord]:
+        """One line, after joining what a wrap cut."""
         if self.carry:
             carry, self.carry = self.carry, ""
             if text.strip():
@@ -455,7 +503,8 @@ class Reading:
         out: list[StepRecord] = []
         for unit in units:
             out += self._take(unit)
-        self.busy = bool(self.held) or bool(self.blocks and self.blocks.items) or bool(self.carry)
+        self.busy = bool(self.held) or bool(self.blocks and self.blocks.items) or bool(self.carry) \
+            or self.wrapped is not None
         return out
 
     def lines(self, items: list) -> list[StepRecord]:
@@ -600,8 +649,12 @@ class Reading:
         held back for a warning that did not come). Lines behind a template still watched keep
         waiting for its lines, unless ``final`` (the log ended): then every template takes the
         plan its lines so far show, the best observed first."""
-        units = self.blocks.end() if self.blocks is not None else []
         out: list[StepRecord] = []
+        if self.wrapped is not None:                 # no next line came to go on with it
+            first, held, _ = self.wrapped
+            self.wrapped = None
+            out += self._one(first, held)
+        units = self.blocks.end() if self.blocks is not None else []
         for unit in units:
             out += self._take(unit)
         if final:
