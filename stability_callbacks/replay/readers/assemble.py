@@ -573,28 +573,8 @@ class Assembler:
         step, how = self._step_of(nums, plan)
         if plan.after_bar and step is not None and how == "counter":
             step += self._bar_lag(step)
-        elif step is None and self.bar_drawn[0] >= self.line_no - 1 and self.bar_drawn[1] <= self.last_step \
-                and self.pending is not None and self.pending.step == self.bar_step and self.pending_how == "counter":
-            # ... and the bar restarted below the record it numbered: it counts the batches of a
-            # pass over the data (an epoch), not the run's steps; each record a pass's summary,
-            # numbered in order, the one it numbered too (before: that one at the bar's count,
-            # the next ones in order after it, and the account said "in order" of all of them)
-            self.bar_step = -1
-            self.account.order_reason = ("each printed after a progress bar whose count restarts (the bar counts the "
-                                         "batches of a pass over the data, not the run's steps)")
-            self.pending.step = self.last_step = self.pending_last_step + 1
-            self._renumbered("order")
-            step, how = None, "order"
-        elif step is None and self.bar_drawn[0] >= self.line_no - 1 and self.bar_drawn[1] > self.last_step \
-                and self.bar_step != -1:
-            # a record with no counter printed on the line after a bar's redraw (HF's Trainer:
-            # `50/1000 [..]`, then `{'loss': ..}`): the bar's count
-            if self.bar_offset is None:
-                self.account.note("records that print no counter, printed on the line after a progress bar's redraw, "
-                                  "are numbered by its count (HF's Trainer draws its bar at the step, then prints "
-                                  "the step's logs)")
-            step, how = self.bar_drawn[1] + self._bar_lag(self.bar_drawn[1]), "counter"
-            self.bar_step = step
+        elif step is None and self.bar_drawn[0] >= self.line_no - 1:
+            step, how = self._by_bar()
         if how == "epoch" and not plan.counter and self.pending is not None \
                 and self.pending_how == "epoch" and self.pending.step == step:
             if self._again_in_epoch(self.pending, metrics, plan):
@@ -617,6 +597,31 @@ class Assembler:
         if plan.micro is not None and step is not None:
             return self._micro(step, metrics, plan, how)
         return self.emit(step, metrics, plan, how, self._printed_step(plan) or (BAR_DRAWN if how == "counter" else ""))
+
+    def _by_bar(self) -> tuple[int | None, str]:
+        """The step of a record with no counter printed on the line after a bar's redraw (HF's
+        Trainer: `50/1000 [..]`, then `{'loss': ..}`): the bar's count, or in order where the
+        bar restarted below the record it numbered."""
+        if self.bar_drawn[1] <= self.last_step and self.pending is not None \
+                and self.pending.step == self.bar_step and self.pending_how == "counter":
+            # the bar restarted: it counts the batches of a pass over the data (an epoch), not
+            # the run's steps; each record a pass's summary, numbered in order, the one it
+            # numbered too (before: that one at the bar's count, the next ones in order after
+            # it, and the account said "in order" of all of them)
+            self.bar_step = -1
+            self.account.order_reason = ("each printed after a progress bar whose count restarts (the bar counts the "
+                                         "batches of a pass over the data, not the run's steps)")
+            self.pending.step = self.last_step = self.pending_last_step + 1
+            self._renumbered("order")
+            return None, "order"
+        if self.bar_drawn[1] <= self.last_step or self.bar_step == -1:
+            return None, "order"
+        if self.bar_offset is None:
+            self.account.note("records that print no counter, printed on the line after a progress bar's redraw, "
+                              "are numbered by its count (HF's Trainer draws its bar at the step, then prints "
+                              "the step's logs)")
+        self.bar_step = self.bar_drawn[1] + self._bar_lag(self.bar_drawn[1])
+        return self.bar_step, "counter"
 
     def loss_printed_as(self, plan: Plan) -> None:
         """The log prints its loss as ``plan`` does (a reader that saw it ahead says so)."""

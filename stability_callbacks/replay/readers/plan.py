@@ -353,14 +353,7 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
     """``(role, our key, rank, printed name)`` of every number, and whether a split is named
     around the keys. The user's names and positions (``--keys``) come before every rule."""
     n = len(nums)
-    is_noise = tokens.noise(texts, nums)
-    glued = tokens.glued_names(texts, nums)
-    for i in range(n):
-        if glued[i]:
-            is_noise[i] = False
-    befores = tokens.befores(texts, nums, is_noise, glued)
-    tokens.names_after(texts, befores, [bool(g) or is_noise[i] or any(
-        c.isalpha() for c in tokens.key_before(befores[i], glued=i > 0)) for i, g in enumerate(glued)])
+    is_noise, glued, befores = _pieces(texts, nums)
     prefixes = tokens.paths(texts) if nested else None
     stats_dicts = nested and _STATS_DICT.search("".join(texts)) is not None
     roles: list[tuple[str, str | None, int, str]] = []
@@ -368,16 +361,14 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
     inner, inner_role = -1, ("total", None, 0, "")   # the number after `a/` a name's second part names
     for i in range(n):
         before, g = befores[i], glued[i]
-        if user:
-            said = _user_role(user, i, before, prefixes[i] if prefixes else "")
-            if said is not None:
-                roles.append(said)
-                continue
-        if hints and i in hints:
-            name = tokens.key_before(before, glued=i > 0) if not g else g
-            if stats_dicts and prefixes and prefixes[i] and name in _MEAN_FIELDS:
-                name = prefixes[i]   # (a statistic's summary: see below)
-            roles.append(("step", None, _LEARNED, name))
+        said = _user_role(user, i, before, prefixes[i] if prefixes else "") if user else None
+        if said is not None:
+            roles.append(said)
+            continue
+        if hints and i in hints:   # (a statistic's summary's mean: the name of its key, see below)
+            name = g or tokens.key_before(before, glued=i > 0)
+            roles.append(("step", None, _LEARNED, prefixes[i] if stats_dicts and prefixes and name in _MEAN_FIELDS
+                          else name))
             continue
         if g:
             roles.append((*classify(g, user), g))
@@ -399,14 +390,8 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
         if len(name) == 1 and not before.rstrip(" \t").endswith(":"):
             name = ""             # one letter is a key only as `s:12`, `L: 0.0058` (llm.c, SparK)
         name = _last_words(name, user)
-        if prefixes and prefixes[i] and name in _STATISTIC_FIELDS and stats_dicts:
-            # `"Loss/G/loss": {"num": 64, "mean": 1.2, "std": 0.3}` (StyleGAN's stats.jsonl): the
-            # mean is the value the enclosing key names, the others its statistics
-            if name in _MEAN_FIELDS:
-                name, full = prefixes[i], prefixes[i]
-                roles.append((*classify(full, user), name))
-            else:
-                roles.append(("other", None, 0, f"{prefixes[i]}/{name}"))
+        if stats_dicts and prefixes and prefixes[i] and name in _STATISTIC_FIELDS:
+            roles.append(_statistic_field(prefixes[i], name, user))
             continue
         full = f"{prefixes[i]}/{name}" if prefixes and prefixes[i] and name else name
         role, key, rank = classify(full, user)
@@ -430,6 +415,20 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
     _bare_counters(texts, nums, roles)
     _counter_in_prose(texts, nums, roles, user)
     return roles, eval_context
+
+
+def _pieces(texts: list[str], nums: list[str]) -> tuple[list[bool], list[str | None], list[str]]:
+    """Per number of a line: whether it is noise, the counter name glued to it, and the text its
+    key is read from (:func:`.tokens.befores`; names printed after their values moved before)."""
+    is_noise = tokens.noise(texts, nums)
+    glued = tokens.glued_names(texts, nums)
+    for i, g in enumerate(glued):
+        if g:
+            is_noise[i] = False
+    befores = tokens.befores(texts, nums, is_noise, glued)
+    tokens.names_after(texts, befores, [bool(g) or is_noise[i] or any(
+        c.isalpha() for c in tokens.key_before(befores[i], glued=i > 0)) for i, g in enumerate(glued)])
+    return is_noise, glued, befores
 
 
 #: The fields of a statistic's summary printed as a dict (``{"num": 64, "mean": 1.2, "std": 0.3}``),
@@ -488,6 +487,15 @@ def _index_after_name(texts, nums, roles) -> None:
             named = classify(name)
             if named[0] == "metric" and named[1] is not None:
                 roles[i], roles[i + 1] = ("step", None, _LEARNED, ""), (*named, name)
+
+
+def _statistic_field(prefix: str, name: str, user) -> tuple[str, str | None, int, str]:
+    """The role of a field of a statistic's summary printed as a dict (``"Loss/G/loss": {"num":
+    64, "mean": 1.2, "std": 0.3}``, StyleGAN's stats.jsonl): the mean is the value the enclosing
+    key names, the others its statistics."""
+    if name in _MEAN_FIELDS:
+        return (*classify(prefix, user), prefix)
+    return "other", None, 0, f"{prefix}/{name}"
 
 
 def _players(roles) -> None:
