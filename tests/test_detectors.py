@@ -680,3 +680,17 @@ def test_precursor_is_part_of_the_warmup_end_signature():
     assert (esc.details["precursors"], esc.details["spike_onset_step"]) == (["update"], 84)
     assert ("precursor signature (Adam's update or first moment rose first) before its onset at step 84" in esc.message
             and "Roll back to a checkpoint before step 80" in esc.message)
+
+
+def test_a_grad_norm_jump_no_higher_than_its_own_earlier_ones_is_its_tail():
+    # a heavy-tailed grad norm (a mixture density's likelihood gradients): jumps of 100x and more
+    # that came back with the loss unmoved; the first two warn, a later one no higher than them,
+    # past the repeat window, is info said as the run's own tail; a higher one warns again
+    from stability_callbacks.detectors import GradNormSpike
+    d = GradNormSpike()
+    jumps = {100: 300.0, 400: 500.0, 700: 400.0, 1000: 2000.0}
+    got = [(f.step, f.severity, f.details.get("seen_before"))
+           for s in range(1, 1101)
+           for f in d.update(StepRecord(s, {"grad_norm": jumps.get(s, 1.0 + 0.05 * (s % 5))}), Context(s))]
+    assert got == [(100, "warning", None), (400, "warning", None), (700, "info", 2), (1000, "warning", None)]
+    assert json.loads(json.dumps(d.state_dict())) == d.state_dict()

@@ -9,6 +9,11 @@ from ..stats import RobustLevel
 from .base import Context, Detector, fmt, positive, positive_int
 
 
+#: Jumps of ``large_ratio`` x the loss did not follow, before the repeat window, that make a jump
+#: no higher than them the grad norm's own tail (two: one could be chance).
+_TAIL_SEEN = 2
+
+
 class GradNormSpike(Detector):
     """An episode opens when the grad norm is ``z_threshold`` σ and ``min_ratio`` × above its
     robust baseline (with a short history: ``cold_start_ratio`` ×; at ``max_ratio`` × with
@@ -23,9 +28,12 @@ class GradNormSpike(Detector):
     whatever the loss does. Near the loss's floor (``loss_spike``'s: a classifier near zero
     loss, its gradient the few examples a batch still gets wrong), a jump that stays within the
     largest grad norm of the run's ordinary points (what it was before training fitted them) is
-    a hard batch, not the optimizer going bad nor the weights blowing up: info, said so.
-    Zero norms (a print artefact of some builds) and skipped fp16
-    steps are ignored. O(1); state: the baseline and 4 scalars.
+    a hard batch, not the optimizer going bad nor the weights blowing up: info, said so. A jump
+    by orders of magnitude no higher than two or more the run showed and came back from before
+    the repeat window, the loss not spiking meanwhile, is the grad norm's own heavy tail (a
+    mixture density's likelihood gradients): info (``details.seen_before``); the first ones
+    warn. Zero norms (a print artefact of some builds) and skipped fp16 steps are ignored.
+    O(1) amortized; state: the baseline, 6 scalars and the recent spikes.
 
     >>> d = GradNormSpike()
     >>> [f.kind for s, g in enumerate([1.0, 1.1, 20.0], 1)
@@ -36,7 +44,7 @@ class GradNormSpike(Detector):
     name = "grad_norm_spike"
     kind = "grad_norm_spike"
     signals = (keys.GRAD_NORM,)
-    _state = ("base", "open", "onsets", "peak")
+    _state = ("base", "open", "onsets", "peak", "episode", "recent", "tail")
 
     def __init__(self, *, baseline_alpha: float = 0.05, z_threshold: float = 6.0,
                  min_ratio: float = 2.0, cold_start_samples: int = 20, cold_start_ratio: float = 3.0,
@@ -57,6 +65,9 @@ class GradNormSpike(Detector):
         self.open = False
         self.onsets: list[int] = []   # recent onset steps, inside the repeat window
         self.peak = 0.0                # the largest grad norm of the ordinary points
+        self.episode = [0.0, False]    # the open spike's largest ratio, and whether the loss spiked meanwhile
+        self.recent: list[list] = []   # [close step, ratio] of spikes the loss did not follow, in the window
+        self.tail = [0, 0.0]           # ... before the window, of large_ratio x and more: how many, the largest ratio
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
@@ -78,9 +89,16 @@ class GradNormSpike(Detector):
         else:
             abnormal = False
         if self.open:
+            ep = self.episode
+            if ratio > ep[0]:
+                ep[0] = ratio
+            if ctx.loss_spike_open:
+                ep[1] = True
             if ratio < self.close_ratio:
                 self.open = False
                 b.update_log(lg)
+                if not ep[1]:
+                    self.recent.append([record.step, ep[0]])
             else:
                 b.update_log(lg, flagged=True)
             return []
@@ -90,6 +108,8 @@ class GradNormSpike(Detector):
                 self.peak = g
             return []
         self.open = True
+        self.episode = [ratio, bool(ctx.loss_spike_open)]
+        self._fold(record.step)
         self.onsets = [s for s in self.onsets if record.step - s <= self.repeat_window_steps]
         if not b.cold:   # a train of spikes counts warm ones: cold, the noise is not known yet
             self.onsets.append(record.step)
@@ -107,6 +127,15 @@ class GradNormSpike(Detector):
                          f"is near its floor, where the few examples a batch still gets wrong make the gradient; "
                          f"a hard batch, not the optimizer going bad."),
                 ratio=ratio, repeat_of=prev if repeat else None, near_floor=True)]
+        if large and not repeat and self.tail[0] >= _TAIL_SEEN and ratio <= self.tail[1]:
+            return [self.finding(
+                record.step, severity="info", value=g, baseline=base, threshold=base * self.min_ratio,
+                message=(f"Grad norm jumped to {fmt(g)} at step {record.step}, {ratio:.1f}x its baseline {fmt(base)}, "
+                         f"no higher than the {self.tail[0]} jumps of {self.large_ratio:g}x and more this run showed and "
+                         f"came back from earlier, the loss unmoved (up to {self.tail[1]:.3g}x): its grad norm is "
+                         f"heavy-tailed (a likelihood's gradients, rare hard batches). A jump beyond them, or one the "
+                         f"loss follows, is news."),
+                ratio=ratio, seen_before=self.tail[0])]
         tail = (f" It repeats ({len(self.onsets)} spikes since step {self.onsets[0]}): the optimizer state may be going bad: "
                 f"keep a checkpoint from before the first." if repeat else
                 " A jump by orders of magnitude is no blip: something upstream changed scale (the data, the "
@@ -118,3 +147,14 @@ class GradNormSpike(Detector):
             message=(f"Grad norm jumped to {fmt(g)} at step {record.step}, {ratio:.1f}x its baseline "
                      f"{fmt(base)}.{tail}"),
             ratio=ratio, repeat_of=prev if repeat else None)]
+
+    def _fold(self, step: int) -> None:
+        """Spikes the loss did not follow that closed before the repeat window into the run's
+        tail, where they were jumps of ``large_ratio`` x and more (amortized O(1): each spike is
+        folded once)."""
+        recent, tail = self.recent, self.tail
+        while recent and step - recent[0][0] > self.repeat_window_steps:
+            _, ratio = recent.pop(0)
+            if ratio >= self.large_ratio:
+                tail[0] += 1
+                tail[1] = max(tail[1], ratio)
