@@ -1172,3 +1172,20 @@ def test_a_record_wrapped_across_lines_is_read_joined(tmp_path):
     got, _ = records_of(tmp_path, "Run:\n" + "".join(f"{{'loss': {2.3 - 0.01 * s:.4f}, 'epoch': {s / 10}}}\n"
                                                      for s in range(1, 20)))
     assert [s for s, _ in got] == list(range(1, 20))
+
+
+@pytest.mark.parametrize("fmt, loss", [
+    ("エポック {e}/30, 損失: {v:.4f}, 検証損失: {w:.4f}, 学習率: 0.001", "損失"),
+    ("에폭 {e} | 손실: {v:.4f} | 검증 손실: {w:.4f}", "손실"),
+    ("Эпоха {e}: потери на обучении = {v:.4f}, потери на валидации = {w:.4f}", "потери на обучении"),
+    ("Epoche {e}: Verlust {v:.4f} - Lernrate 0.001", "Verlust"),
+    ("Época {e} - pérdida: {v:.4f} - pérdida de validación: {w:.4f}", "pérdida"),
+    ("轮次：{e}  损失：{v:.4f}", "损失"),
+])
+def test_keys_in_other_languages_name_the_loss_and_the_epoch(tmp_path, fmt, loss):
+    # (before: refused, or the validation loss taken, or the full-width colon in the name)
+    values = [(e, 2.3 * math.exp(-e / 30) + 0.5) for e in range(1, 31)]
+    lines = [fmt.format(e=e, v=v, w=v + 0.1) for e, v in values]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [(s, r["loss"]) for s, r in got] == [(e, float(f"{v:.4f}")) for e, v in values]
+    assert account.keys["loss"] == [loss]

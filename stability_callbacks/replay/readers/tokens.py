@@ -34,7 +34,7 @@ _GLUED_AFTER = {"epoch": "epoch", "batch": "batch", "batches": "batch"}
 _TRAILING_WORD = re.compile(r"(?<![A-Za-z_/.-])([A-Za-z]+)$")
 _LEADING_WORD = re.compile(r"([A-Za-z]+)(?![A-Za-z])")
 _QUOTES = " \t'\"\u2018\u2019\u201c\u201d"
-_CUTS = ",|;[]{}()<>'\"=:\t\u2018\u2019\u201c\u201d\u2502\u2503\u2551"
+_CUTS = ",|;[]{}()<>'\"=:\t\u2018\u2019\u201c\u201d\u2502\u2503\u2551\uff1a\uff0c"
 # A possessive is no quote: LightGBM's `training's binary_logloss`, `valid_1's binary_logloss`.
 _POSSESSIVE = re.compile(r"(?<=\w)['\u2019]s(?= )")
 _AFTER_LAST_CUT = re.compile(f"[{re.escape(_CUTS)}]([^{re.escape(_CUTS)}]*)\\Z")
@@ -74,7 +74,7 @@ def key_before(piece: str, glued: bool) -> str:
     if "s " in s:
         s = _POSSESSIVE.sub("", s)
     s = s.rstrip(_QUOTES + "[(~")
-    s = s.rstrip(" \t:=").rstrip(_QUOTES)
+    s = s.rstrip(" \t:=\uff1a").rstrip(_QUOTES)   # (and a full-width colon: `损失：2.3`)
     qualifier = ""
     if s.endswith(")") and "(" in s:           # `elapsed time per iteration (ms):`
         inner = s[s.rfind("(") + 1:-1]

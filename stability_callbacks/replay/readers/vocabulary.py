@@ -38,8 +38,11 @@ WORD_ROLES = {n: r for n, (r, _, _) in ENTRIES.items()
               if r in ("split", "summary", "statistic", "ignore", "amount") and " " not in n}
 PREFIXES = frozenset(_DATA["prefixes"])
 STEP_MARKERS: tuple[str, ...] = tuple(_DATA["step_markers"])
-_CJK_WORDS: dict[str, str] = {k: f" {v} " for k, v in _DATA["cjk"].items()}
+_CJK_WORDS: dict[str, str] = {k: f" {v} " for k, v in _DATA["non_ascii"].items()}
 _CJK = re.compile("|".join(sorted(_CJK_WORDS, key=len, reverse=True)))
+_ASCII_WORDS: dict[str, str] = _DATA["ascii_words"]
+_PHRASES: dict[str, str] = _DATA["phrases"]
+_PHRASE_STARTS = frozenset(p.split()[0] for p in _PHRASES)
 _SEP = r"[ _/.\-]?"
 _VALUE = "|".join(re.escape(w).replace(r"\ ", _SEP) for w in sorted(_DATA["value_terms"], key=len, reverse=True))
 #: A reinforcement learner's name: a critic's term (``value_terms`` of vocabulary.json:
@@ -72,10 +75,19 @@ def normalise_key(name: str) -> str:
 
     >>> normalise_key("optim/total-grad_norm"), normalise_key(" lm loss "), normalise_key("训练次数")
     ('optim total grad norm', 'lm loss', 'train step')
+    >>> normalise_key("損失"), normalise_key("эпоха"), normalise_key("Verlust"), normalise_key("taux d'apprentissage")
+    ('loss', 'epoch', 'loss', 'lr')
     """
     if not name.isascii():
-        name = _CJK.sub(lambda m: _CJK_WORDS[m.group()], name)
-    return " ".join(_NOT_A_KEY.split(name.lower())).strip()
+        name = _CJK.sub(lambda m: _CJK_WORDS[m.group()], name.lower())
+    words = [w for w in _NOT_A_KEY.split(name.lower()) if w]
+    if _ASCII_WORDS.keys() & words:
+        words = [_ASCII_WORDS.get(w, w) for w in words]
+    out = " ".join(words)
+    if _PHRASE_STARTS.intersection(words):
+        for phrase, said in _PHRASES.items():
+            out = re.sub(rf"\b{phrase}\b", said, out)
+    return out
 
 
 def classify(name: str, user: Mapping[str, str] | None = None) -> tuple[str, str | None, int]:
