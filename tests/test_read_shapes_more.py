@@ -1189,3 +1189,15 @@ def test_keys_in_other_languages_name_the_loss_and_the_epoch(tmp_path, fmt, loss
     got, account = records_of(tmp_path, "\n".join(lines) + "\n")
     assert [(s, r["loss"]) for s, r in got] == [(e, float(f"{v:.4f}")) for e, v in values]
     assert account.keys["loss"] == [loss]
+
+
+@pytest.mark.parametrize("line, key, value", [
+    ("step {s} | loss {v:.4f} | backbone_lr 1.000e-05 | head_lr 1.000e-03", "lr", 1e-5),
+    ("{{'policy_loss': array(-0.01, dtype=float32), 'vf_loss': array({v:.4f}, dtype=float32), 'step': {s}}}",
+     "loss", None),
+])
+def test_an_lr_named_after_its_group_and_numpys_scalar_arrays(tmp_path, line, key, value):
+    # (before: `backbone_lr` not the LR; numpy's 0-d `array(x, dtype=..)` read as its dtype's 32)
+    got, _ = records_of(tmp_path, "\n".join(line.format(s=s, v=2.3 - 0.001 * s) for s in range(1, 40)) + "\n")
+    assert [s for s, _ in got] == list(range(1, 40))
+    assert got[0][1][key] == pytest.approx(value if value is not None else 2.299 - 0.01)

@@ -387,7 +387,7 @@ _VALUE = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf|NaN|Inf)"
 _ARGS = r"(?:[^()]|\([^()]*\))*"
 _TENSOR = re.compile(
     rf"\b(?:tensor|tf\.Tensor|Array|DeviceArray|array)\((?P<a>\[[^\[\]()]*,[^\[\]()]*\])(?:,{_ARGS})?\)"
-    rf"|\b(?:tensor|tf\.Tensor|Tensor|Array|DeviceArray|np\.float\d+|numpy\.float\d+)\(\[?\s*(?P<v>{_VALUE})\s*\]?"
+    rf"|\b(?:tensor|tf\.Tensor|Tensor|Array|DeviceArray|array|np\.float\d+|numpy\.float\d+)\(\[?\s*(?P<v>{_VALUE})\s*\]?"
     rf"(?P<rest>(?:,{_ARGS})?)\)"
     rf"|\bTensor\(shape=\[[^\]]*\],(?:[^()\[\]]|\([^()]*\))*(?:value=\s*(?P<m>{_VALUE})\s*|\[\s*(?P<p>{_VALUE})\s*\])\)"
     rf"|<tf\.Tensor:[^<>]*?numpy=\s*(?P<t>{_VALUE})\s*>")

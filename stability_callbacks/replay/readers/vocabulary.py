@@ -134,6 +134,8 @@ def _classify(norm: str, raw: str, user: tuple) -> tuple[str, str | None, int]:
         return "metric", keys.LR, 1       # Lightning / composer LR monitors: `lr-AdamW/pg1`
     if bare[0] in ("lr", "learning") and len(bare) > 1 and all(_LR_PART.fullmatch(w) for w in bare[1:]):
         return "metric", keys.LR, 1       # a parameter group's LR: `lr_group0`, `lr/pg1`, `lr_backbone`
+    if bare[-1] == "lr" and len(bare) > 1 and all(_LR_PART.fullmatch(w) and w != "rate" for w in bare[:-1]):
+        return "metric", keys.LR, 1       # ... named before it: `backbone_lr`, `head_lr`, `pg0_lr`
     if lossy:
         # A name with a loss word that the vocabulary does not know: `Loss` under any prefix is
         # the loss; with other words (`box_loss`, `loss_cls`, `Loss_D`, `lossG`) a term of the
