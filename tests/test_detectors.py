@@ -694,3 +694,14 @@ def test_a_grad_norm_jump_no_higher_than_its_own_earlier_ones_is_its_tail():
            for f in d.update(StepRecord(s, {"grad_norm": jumps.get(s, 1.0 + 0.05 * (s % 5))}), Context(s))]
     assert got == [(100, "warning", None), (400, "warning", None), (700, "info", 2), (1000, "warning", None)]
     assert json.loads(json.dumps(d.state_dict())) == d.state_dict()
+
+
+def test_a_signed_loss_that_starts_at_exactly_zero_is_judged_without_failing():
+    # a GRPO loss: exactly 0 on its first steps, then small values of either sign (before: the
+    # loss spike detector divided by a noise of 0 and went off at the first non-zero point)
+    from stability_callbacks.detectors import LossSpike
+    d = LossSpike()
+    d.declare_objective()
+    values = [0.0] * 5 + [(-1) ** s * 1e-4 * (1 + s % 3) for s in range(60)]
+    got = [f.kind for s, x in enumerate(values, 1) for f in d.update(StepRecord(s, {"loss": x}), Context(s))]
+    assert got == []

@@ -652,8 +652,9 @@ class LossSpike(Detector):
                          f"points before it to know its noise; as an objective of any sign it is only "
                          f"reported: watching."),
                 additive=True, cold=True)]
-        # The noise floor: 0.1% of the largest magnitude seen, as log(loss) is floored at 0.1%.
-        scale = max(1.25 * b.mad, b.min_scale * self.peak)
+        # The noise floor: 0.1% of the largest magnitude seen, as log(loss) is floored at 0.1%; none
+        # while every point was exactly 0 (a GRPO loss's first steps): no scale, no jump judged yet
+        scale = max(1.25 * b.mad, b.min_scale * self.peak) or math.inf
         z = (x - f) / scale
         out: list[Finding] = []
         ep = self.episode
