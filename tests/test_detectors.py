@@ -705,3 +705,35 @@ def test_a_signed_loss_that_starts_at_exactly_zero_is_judged_without_failing():
     values = [0.0] * 5 + [(-1) ** s * 1e-4 * (1 + s % 3) for s in range(60)]
     got = [f.kind for s, x in enumerate(values, 1) for f in d.update(StepRecord(s, {"loss": x}), Context(s))]
     assert got == []
+
+
+def test_degenerate_streams_turn_no_detector_off():
+    # zeros, constants, 1e-300 and 1e300, infinities and NaNs in every signal, one at a time or in
+    # batches, declared objectives and games: a detector that raises is turned off (said loudly),
+    # so none may (before: loss_spike divided by a noise of 0, stall took the log of 0, and
+    # grad_norm_spike overflowed e^f)
+    import random
+    from stability_callbacks.monitor import Monitor
+    rng = random.Random(5)
+    special = [0.0, 1e-300, 1e300, -1e300, math.inf, -math.inf, math.nan, 1.0, -1.0, 5e-324, 1e-8]
+
+    def value(key):
+        if rng.random() < 0.15 and key != "skipped":
+            return rng.choice(special)
+        return {"loss": lambda: rng.choice([0.0, rng.gauss(0, 1), abs(rng.gauss(2, 0.5)), rng.expovariate(1) * 1e-4]),
+                "lr": lambda: rng.choice([0.0, 1e-3]), "loss_scale": lambda: 2.0 ** rng.randint(-2, 16),
+                "skipped": lambda: rng.choice([0.0, 1.0])}.get(key, lambda: abs(rng.gauss(1, 2)))()
+
+    for _ in range(80):
+        m = Monitor()
+        [m.declare_objective, m.declare_game, lambda: None][rng.randrange(3)]()
+        shape = rng.choice([["loss"], ["loss", "grad_norm"], ["loss", "grad_norm", "lr", "loss_scale", "skipped"],
+                            ["grad_norm"], ["loss_scale", "skipped"]])
+        records = [StepRecord(s, {k: value(k) for k in shape}) for s in range(1, rng.randint(5, 300))]
+        if rng.random() < 0.5:
+            m.update_many(records)
+        else:
+            for r in records:
+                m.update(r)
+        m.end()
+        assert not m._broken, (shape, m._broken)

@@ -80,7 +80,8 @@ class GradNormSpike(Detector):
             return []
         f = b.level + b.damping * b.trend + b.bias   # b.forecast, less a call
         lg = math.log(g)
-        ratio = g / math.exp(f)   # b.ratio(g); the forecast and the log are worked out once
+        d = lg - f   # b.ratio(g), from the forecast and the log worked out once; never past a float's
+        ratio = math.exp(d if d < 700.0 else 700.0)   # range (a baseline of 1e-300: no overflow, still huge)
         if b.n < self.cold_start_samples:
             abnormal = ratio >= self.cold_start_ratio
         elif ratio >= self.min_ratio:

@@ -296,7 +296,9 @@ class Stall(Detector):
         p = self._chance_equal(x, printed)
         if p is None:
             return None
-        k = max(1 + math.ceil(math.log(self.false_alarm_rate) / math.log(p)), self.min_samples)
+        # (p of 0: a print finer than a float's own steps near x, no repeat of it is chance)
+        k = self.min_samples if p <= 0.0 else max(1 + math.ceil(math.log(self.false_alarm_rate) / math.log(p)),
+                                                  self.min_samples)
         return k if k <= self.num_samples else None
 
     def _frozen(self, step: int, x: float) -> Finding:
