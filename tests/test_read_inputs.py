@@ -265,3 +265,36 @@ def test_unreadable_input_errors_name_the_file_in_one_line(tmp_path):
     bad.write_bytes(b"\x1f\x8b\x08\x00garbage")
     with pytest.raises(LogFormatError, match=r"bad\.log\.gz: a gzip file that does not unpack"):
         read_records(bad)
+
+
+def test_garbled_logs_never_take_replay_down(tmp_path, capsys):
+    # random lines of the pieces logs are made of (names, brackets, bars, NaN and inf, wrapped
+    # scalars, colour codes, carriage returns, foreign colons): replay reads them, refuses them or
+    # judges them, with an exit code and no traceback, and no detector turned off (before: a bar's
+    # count of inf raised out of the reader)
+    rng = random.Random(1)
+    pieces = ["step", "loss", "lr", "epoch", "Epoch", "iter", "[", "]", "(", ")", "{", "}", ":", "=", "|", ",", " - ", "/",
+              "%", "nan", "inf", "-inf", "tensor(", "grad_norm", "val_loss", "\t", "\r", "\b", "\x1b[32m", "loss_scale",
+              "skipped", "overflow", "Skipping step", "1/100", "100/100", "[====>...]", "ETA:", "it/s", '{"loss":',
+              '"step":', "loss: [", "，", "：", "损失", "D:", "G:", "array(", "np.float32(", "tf.Tensor(", '"', "'",
+              "> ", "```", "WARNING", "1,000", "1.2e+05", "1e-300", "1e300", "0.000", "-0.5", "12:30:45", "2024-01-01"]
+    for trial in range(40):
+        template = [rng.choice(pieces) for _ in range(rng.randint(1, 12))]
+        lines = []
+        for i in range(rng.randint(1, 120)):
+            parts = []
+            for piece in template:
+                parts.append(piece if rng.random() < 0.85 else rng.choice(pieces))
+                if rng.random() < 0.6:
+                    parts.append(str(rng.choice([i, i * 10, round(rng.random() * 3, 4), rng.randint(0, 5), -1.5, 0])))
+                parts.append(" " if rng.random() < 0.7 else "")
+            lines.append("".join(parts))
+        path = tmp_path / f"x{trial}{rng.choice(['.log', '.txt', '.csv', '.jsonl'])}"
+        path.write_text("\n".join(lines) + "\n")
+        try:
+            code = main(["replay", str(path), "--json", str(tmp_path / "out.jsonl")])
+        except SystemExit as e:
+            code = e.code
+        err = capsys.readouterr().err
+        assert code in (0, 1, 2) and "Traceback (most recent call last)" not in err and "failed at step" not in err, \
+            (trial, lines[:3], err[-800:])

@@ -20,6 +20,7 @@ lines); cost is linear in the line's length, however many numbers it holds.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections import deque
 from typing import Any, Iterable, Iterator, Mapping
@@ -624,8 +625,9 @@ class Reading:
                 asm.bar_drawn = (line_no, asm.bar_drawn[1])     # (a blank line after a bar's draw)
             return out
         if plan.kind == "ignore" and plan.counter and plan.step is not None:
-            asm.bar_drawn = (line_no, int(float(nums[plan.step])))   # a record on the next line may be its
-            # step's (a bar may count in decimals: `1.5/90.0`)
+            count = float(nums[plan.step])   # a record on the next line may be its step's (a bar may count
+            if count == count and abs(count) < math.inf:   # in decimals: `1.5/90.0`; NaN or inf: no count)
+                asm.bar_drawn = (line_no, int(count))
         if isinstance(watched, Template):
             plan = watched.for_line(plan)
             if plan.kind == "record":
