@@ -153,7 +153,7 @@ class Divergence(Detector):
         rise = self.rise
         low = rise.low if rise.low is not None else level
         if ctx.loss_floor_log > low:   # near its floor a rise is measured against the floor (LossSpike)
-            log_rise = math.log1p(self.min_rise * math.exp(ctx.loss_floor_log - low))
+            log_rise = math.log1p(self.min_rise * math.exp(min(ctx.loss_floor_log - low, 700.0)))
         else:
             log_rise = self._log_min_rise
         thr = self.noise_sigmas * 1.25 * noise

@@ -48,7 +48,7 @@ class LevelShift(Detector):
         fast = self.fast.update(lx)
         slow = self.slow
         if slow.n and ctx.loss_floor_log > slow.level:   # near its floor: against the floor
-            thr = math.log1p(self.min_shift * math.exp(ctx.loss_floor_log - slow.level))
+            thr = math.log1p(self.min_shift * math.exp(min(ctx.loss_floor_log - slow.level, 700.0)))
         else:
             thr = self._log_min_shift
         if slow.n < self.persist_samples or not fast - slow.level > thr:

@@ -102,7 +102,9 @@ class LossScaleCollapse(Detector):
         same = self.last is not None and s == self.last
         # a scale that moved, or a step skipped for overflow: a dynamic scaler at work
         self.moved = self.moved or (self.last is not None and not same) or (skipped is not None and skipped >= 1)
-        self.pinned = self.pinned + int(skipped) if skipped is not None and overflowed and same else 0
+        # (a count of skips printed as inf or 1e300 is no count to add: one skip more)
+        self.pinned = self.pinned + (int(skipped) if skipped < 1e9 else 1) \
+            if skipped is not None and overflowed and same else 0
         ended = False   # the search ended with the start-up, no step known to have gone through
         if self.searching and (not ctx.in_startup or (skipped is not None and skipped == 0.0)):
             self.searching = False   # a step went through (the search found its scale), or the run's start-up is over

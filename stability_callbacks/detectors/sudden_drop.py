@@ -73,7 +73,7 @@ class SuddenDrop(Detector):
         fall, before = fast - h[w], h[w] - h[0]   # log change over the last window, and the one before
         base = ctx.loss_baseline
         if ctx.loss_floor_log > h[w]:   # near its floor a fall is measured against the floor (LossSpike)
-            drop = self.min_drop * math.exp(ctx.loss_floor_log - h[w])
+            drop = self.min_drop * math.exp(min(ctx.loss_floor_log - h[w], 700.0))   # (within a float)
             dropped = drop < 1.0 and fall <= math.log1p(-drop)
         else:
             dropped = fall <= self._log_keep   # (min_drop < 1)
