@@ -130,20 +130,22 @@ class Divergence(Detector):
             self._restart()
             return rising
         lx = math.log(x)
+        # (the windows appended to directly: RollingMedian.update, less a call per point)
         g = m.get(keys.GRAD_NORM)
         if g is not None and 0.0 < g < math.inf:
-            self.grad_med.update(math.log(g))
+            self.grad_med.window.append(math.log(g))
         u = m.get(keys.UPDATE_NORM)
         if u is not None and 0.0 < u < math.inf:
-            self.update_med.update(math.log(u))
-        self.med.update(lx)
+            self.update_med.window.append(math.log(u))
+        last = self.med.window   # the last `window` logs
+        last.append(lx)
         prev, self.prev_log = self.prev_log, lx
         if prev is not None:   # the noise, from the steps between points around their mean (the trend)
             d = lx - prev
             self.noise.update(abs(d - self.step_change.mean) if self.step_change.n else 0.0)
             self.step_change.update(d)
-        if not self.med.full or rising or self.epochs[4]:   # an epoch rise said is said once
-            return rising
+        if len(last) < self.window or rising or self.epochs[4]:   # not full (RollingMedian.full);
+            return rising                               # an epoch rise said is said once
         med = self.med.median
         noise = self.noise.debiased / _SQRT2   # the mean absolute deviation of one point
         self.points += 1
@@ -174,6 +176,8 @@ class Divergence(Detector):
         # holds it up for 4 points); nothing is reported while the loss itself is back below.
         # ... and a rise is more than the loss's additive noise allows a median (~0.67σ for the
         # difference of two medians of 7): near zero, log(loss) magnifies a likelihood's noise.
+        if not fired and self.episode is None:   # nothing to report, nor to re-arm or close (the
+            return []                            # episode; `back` is read by neither: not worked out)
         back = lx - low <= thr or (
             math.exp(level) - math.exp(low) <= self.noise_sigmas * 0.67 * ctx.loss_step_noise)
         if fired and back:

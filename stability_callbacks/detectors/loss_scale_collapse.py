@@ -97,6 +97,14 @@ class LossScaleCollapse(Detector):
         if s is None or not 0.0 <= s < math.inf:
             return []
         step, skipped = record.step, m.get(keys.OVERFLOW_SKIPPED)
+        if (s == self.last and s == self._log2[0] and self._log2[1] == self.peak and s > 0.0
+                and (skipped is None or skipped == 0.0) and not self.searching):
+            # Most steps: the scale unchanged at its peak, nothing skipped, the search over. What the
+            # rule below does with such a step, and all: nothing moved, overflowed nor pinned; at its
+            # peak, no halving to count; both latches re-armed.
+            self.pinned, self.last_step, self.peak_step = 0, step, step
+            self.latch.armed = self.warned.armed = True
+            return []
         interval = step - self.last_step if self.last_step is not None else 1
         overflowed = skipped is not None and skipped >= max(interval, 1)
         same = self.last is not None and s == self.last

@@ -259,7 +259,7 @@ class LossSpike(Detector):
         x = record.metrics.get(self.signals[0])
         if x is None or not -math.inf < x < math.inf:
             return []
-        step_noise = self.step_noise
+        step_noise = _HALF_SQRT_PI * self.step_dev.mean   # self.step_noise, less the property's call
         self.step_noise_before, self.step_mean_before = step_noise, self.steps.mean
         if x <= 0.0:
             if x == 0.0 or self.signed:

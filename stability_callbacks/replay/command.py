@@ -198,9 +198,13 @@ class _Replay:
             pending, batch = batch, []
             self.count += len(pending)
             self.findings += many(pending)
+        # the account's numberings, changed in place as it learns them (read at each record, as
+        # _numbering does; asked only where one says epochs or ranks, which most logs never do)
+        numberings = self.account.numbering if self.account is not None else {}
         try:
             for rec in stream:
-                numbering = self._numbering(rec)
+                numbering = (self._numbering(rec) if "epoch" in numberings or "order" in numberings
+                             else None)
                 if numbering is not None and numbering != (monitor.steps_are_epochs, monitor.steps_by_order):
                     judge()
                     monitor.steps_are_epochs, monitor.steps_by_order = numbering

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from ...record import StepRecord
 from . import tokens
@@ -44,6 +44,9 @@ _PLANS: dict[tuple, Plan] = {}
 # templates of ordinary lines are compiled (a regular expression per number costs to build).
 _COMPILE_MAX_NUMBERS = 64
 _TEMPLATE_NUMBER = f"({tokens.NUM})"
+# ... matched possessively (a quarter faster: the engine keeps no way back into it), where the
+# text after it could take back nothing of it (_template_match)
+_TEMPLATE_NUMBER_HELD = r"(\d++(?:\.\d++)?+(?:[eE][-+]?\d++)?+)"
 _SPACES = re.compile(r"(?:\\[ \t])+")
 _DIGIT = re.compile(r"\d").search
 _RULE_CELL = re.compile(r"^:?-{2,}:?$")
@@ -164,8 +167,7 @@ class LineReader:
             plan = watched.for_line(plan)
         if plan.kind == "record":
             if plan.match is None and len(nums) <= _COMPILE_MAX_NUMBERS:
-                plan.match = re.compile(_TEMPLATE_NUMBER.join(
-                    _SPACES.sub(r"[ \\t]+", re.escape(t)) for t in texts)).fullmatch
+                plan.match = _template_match(texts)
             self.last = plan
         return plan, None
 
@@ -672,6 +674,18 @@ class Reading:
             self.carry = ""
             self.account.change(self.carry_line, CUT_DROPPED)
         return self.flush(final=True) + self.asm.finish()
+
+
+def _template_match(texts: Sequence[str]) -> Callable[[str], re.Match | None]:
+    """The fullmatch of a record template's lines: its ``texts`` with a number between each two.
+    A number is held (matched possessively) where the text after it starts with none of what
+    giving back part of it could serve (a digit, its fraction's '.', its exponent's e) or ends
+    the line: then no match needs it given back, and the same lines match, with the same numbers."""
+    out = [_SPACES.sub(r"[ \\t]+", re.escape(texts[0]))]
+    for i, t in enumerate(texts[1:], 2):
+        held = t[0] not in ".eE0123456789" if t else i == len(texts)
+        out.append((_TEMPLATE_NUMBER_HELD if held else _TEMPLATE_NUMBER) + _SPACES.sub(r"[ \\t]+", re.escape(t)))
+    return re.compile("".join(out)).fullmatch
 
 
 def _unreadable(e: Exception) -> str:
