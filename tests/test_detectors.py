@@ -737,3 +737,45 @@ def test_degenerate_streams_turn_no_detector_off():
                 m.update(r)
         m.end()
         assert not m._broken, (shape, m._broken)
+
+
+def _dead_relu_run(with_grad_norm: bool) -> list[StepRecord]:
+    # an LR far too high in the warmup: spikes, then every ReLU dead, the loss flat at ln 10 and
+    # the grad norm ~1e-9 (the live held-out class: before, nothing beyond the spikes' info)
+    import random
+    rng = random.Random(3)
+    out = []
+    for s in range(1, 401):
+        if s < 25:
+            loss, g = 2.30 + rng.gauss(0, 0.02), 1 + rng.random()
+        elif s < 35:
+            loss, g = [8.0, 30.0, 15.0, 4.0, 2.4, 60.0, 5.0, 2.35, 2.31, 2.31][s - 25], 50 + rng.random() * 100
+        else:
+            loss, g = 2.3026 + rng.gauss(0, 0.002), 1e-9 * rng.random()
+        m = {"loss": loss, "lr": 0.5 * min(1, s / 40)}
+        if with_grad_norm:
+            m["grad_norm"] = g
+        out.append(StepRecord(s, m))
+    return out
+
+
+@pytest.mark.parametrize("with_grad_norm, step, rule", [(True, 47, "still"), (False, 93, "flat")])
+def test_a_run_whose_units_a_warmup_spike_killed_is_not_learning(with_grad_norm, step, rule):
+    # the spike's points are no level of the loss (it made the run look as if it had learned), and a
+    # grad norm a millionth of its peak moves nothing
+    from stability_callbacks.monitor import Monitor
+    found = [f for f in Monitor().update_many(_dead_relu_run(with_grad_norm)) if f.kind == "not_learning"]
+    assert [(f.step, f.severity, f.details["rule"]) for f in found] == [(step, "warning", rule)]
+
+
+def test_an_epochs_mean_printed_the_same_epoch_after_epoch_is_a_stall():
+    # a short whole run collapsed to the majority class after its first epoch: its mean over the same
+    # data is then 0.6931 every epoch; an epoch's mean moves by 0.5% at least while a model trains,
+    # so 4 in a row are no chance (before: no stall, and a hedge that blamed noise); a converging
+    # run's one repeat is nothing
+    from stability_callbacks.detectors import Stall
+    for values, want in (([0.9213] + [0.6931] * 5, [5]), ([0.3457, 0.3421, 0.3398, 0.3398, 0.3371], [])):
+        d = Stall()
+        got = [f for e, v in enumerate(values, 1) for f in d.update(StepRecord(e, {"loss": v}), Context(e, steps_are_epochs=True))]
+        assert [f.step for f in got] == want
+        assert all("between epochs, each a pass over the data" in f.message for f in got)

@@ -829,7 +829,8 @@ def test_a_short_noisy_log_that_neither_fell_nor_showed_flat_ends_saying_it_cann
     end = m.end()
     assert [(x.step, x.kind, x.severity, x.details["rule"]) for x in end] == [(30, "not_learning", "info", "undecided")]
     assert end[0].message.startswith("Cannot tell whether the run learns from this log: from 2.301 over its first 3 "
-                                     "points to 2.009 on average over the 27 after them (down 12.7%)")
+                                     "points to 1.982 on average over the 26 after them (down 13.9%)")   # (one point a
+    # spike's: no level of the loss)
     falling = Monitor()
     for s in range(1, 31):
         falling.update(StepRecord(s, {"loss": 2.0 * math.exp(-s / 10) * math.exp(rng.gauss(0, 0.15))}))

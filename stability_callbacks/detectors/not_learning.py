@@ -20,6 +20,12 @@ CAUSES = ("an LR of 0 or far too small, frozen parameters (or an optimizer holdi
           "or a model collapsed to a constant output")
 
 
+#: A grad norm this fraction of its peak or less: nothing moves the weights (the *still* rule), and
+#: the name it is said under.
+_VANISHED = 1e-6
+_GRAD_VANISHED = "grad_norm_vanished"
+
+
 class NotLearning(Detector):
     """The most common question on training forums: "my loss is not decreasing". Three rules, each
     after the LR warmup (a loss need not move while the LR is still small), each a ``warning``
@@ -60,7 +66,13 @@ class NotLearning(Detector):
       when it dropped there from a tenth of its peak or more, or was never set: a decay printed
       as 0.000000 at a schedule's end is no bug; the grad norm from the run's start only: some
       builds print 0.000 for it on every line, and every parameter frozen gives 0 from step
-      1), and the loss not fallen by ``min_fall`` (nor by its noise) from its level before.
+      1), or the grad norm a millionth of its peak or less after the warmup (every ReLU dead
+      after a spike), and the loss not fallen by ``min_fall`` (nor by its noise) from its
+      level before.
+
+    The points of a loss spike (``ctx.loss_spike_open``) are no level of the loss: not its
+    first level, its horizon nor its noise (a spike in the warmup made a run whose units it
+    killed, flat since, look as if it had learned).
 
     Replayed, C is rarely known: the message says so, and how many equally likely classes the
     level is the cross-entropy of (e^level), when that is a level a cross-entropy at chance can
@@ -118,7 +130,7 @@ class NotLearning(Detector):
         self.signed = False
         self.learned = False   # the loss fell from its first level: the flat rule is done
         self.told = False      # reported (once per run)
-        self.lr = [0.0, 0.0]   # the largest LR so far, and the last one above 0
+        self.lr = [0.0, 0.0, 0.0]   # the largest LR so far, the last one above 0, the largest grad norm
 
     def _chance_log(self) -> float | None:
         """log(ln C) when C is known and the first level started within 3 tolerances of it or
@@ -167,6 +179,13 @@ class NotLearning(Detector):
             return []
         lx = math.log(x)
         warm = ctx.phase != "warmup"
+        if ctx.loss_spike_open:
+            # a spike's points are no level of the loss: not its first level, its horizon nor its
+            # noise (a spike in the warmup made a run whose ReLUs it killed, flat since, look as if
+            # it had learned); "nothing moves the weights" is still judged, against the level before
+            out = self._still(step, m, lx, warm)
+            self.told = bool(out)
+            return out
         if self.learned and (not (self.num_outputs or self.outputs) or self._chance_log() is None):
             # the flat rule is done and no chance level applies: only "nothing moves the weights"
             # is left to judge (the noise as it was when the loss fell)
@@ -367,8 +386,12 @@ class NotLearning(Detector):
         # (with an LR that warms up and a loss that moves: no call there during the warmup);
         # an LR of 0 only when it dropped there (a decay to 0 at a schedule's end is no bug)
         lr = m.get(keys.LR)
-        no_grad = (m.get(keys.GRAD_NORM) == 0.0 and self.start is not None and self.start[2]
-                   and (warm or lr == 0.0))
+        g = m.get(keys.GRAD_NORM)
+        no_grad = (g == 0.0 and self.start is not None and self.start[2] and (warm or lr == 0.0))
+        if g is not None and g > self.lr[2] and g < math.inf:
+            self.lr[2] = g
+        # a grad norm a millionth of its peak or less moves nothing either (every ReLU dead)
+        vanished = warm and g is not None and 0.0 < g <= _VANISHED * self.lr[2]
         if not warm and not no_grad:
             self.still = None
             return []
@@ -379,6 +402,8 @@ class NotLearning(Detector):
             zero = keys.LR
         if zero is None and no_grad:
             zero = keys.GRAD_NORM   # before the update norm: 0 there says why the update is 0
+        elif zero is None and vanished:
+            zero = _GRAD_VANISHED
         if zero is None and warm and m.get(keys.UPDATE_NORM) == 0.0:
             zero = keys.UPDATE_NORM
         if zero is None:
@@ -418,9 +443,12 @@ class NotLearning(Detector):
             # (losses of unmoved weights are draws of one distribution: no trend): whatever prints
             # 0 here (some builds print a grad norm of 0.000 on every line), something trains
             return []
-        what = {keys.LR: "the LR", keys.UPDATE_NORM: "Adam's update norm", keys.GRAD_NORM: "the grad norm"}[s[4]]
+        what = {keys.LR: "the LR", keys.UPDATE_NORM: "Adam's update norm", keys.GRAD_NORM: "the grad norm",
+                _GRAD_VANISHED: "the grad norm"}[s[4]]
+        been = (f"a millionth of its peak ({fmt(self.lr[2])}) or less (every unit dead, as a spike or too high an LR "
+                f"leaves ReLUs)" if s[4] == _GRAD_VANISHED else "exactly 0")
         level = math.exp(s[2] / s[1])
-        since = (f"{what} has been exactly 0 since step {s[0]} ({s[1]} points up to step {step}), and the loss has "
+        since = (f"{what} has been {been} since step {s[0]} ({s[1]} points up to step {step}), and the loss has "
                  f"not fallen beyond its noise ({fmt(level)} on average, {fmt(math.exp(s[3]))} the point before): "
                  f"nothing moves the weights")
         message = (f"Too early to call, the log ending here: {since} — {s[1]} points, fewer than the "

@@ -61,7 +61,10 @@ class Stall(Detector):
       at least ``min_samples``: ``1.000000`` (PaddleOCR, 7 digits) needs 3, HF's 4 decimals
       of a loss near 2 need 5, full float precision 3. σ is ``noise_floor``, not a noise
       measured on the run: smoothed or daily losses move less from point to point than their
-      residuals suggest. A loss the reader knows to be a window statistic (``loss_window``:
+      residuals suggest; an epoch's mean (a log that prints nothing finer than its epochs)
+      moves by at least ``epoch_noise_floor`` (0.5%: each is a pass over the data, whose mean a
+      model that trains changes; a collapse to the majority class prints 0.6931 epoch after
+      epoch). A loss the reader knows to be a window statistic (``loss_window``:
       MetricLogger's 20-step median) repeats while its window turns over: ``k`` + the window.
       A print so coarse that more than ``num_samples`` repeats would be needed (2 decimals;
       Lightning's 3 significant digits of a loss above 1), or a value with a single significant digit (``0.0001``, the print floor), cannot tell a freeze from noise:
@@ -109,16 +112,18 @@ class Stall(Detector):
     signals = (keys.LOSS,)
     _state = ("last", "last_step", "before", "run_start", "count", "need", "latch", "positive", "peak",
               "seen", "seen_count", "period", "run", "repeats", "evidence", "repeat_latch", "last_spiked",
-              "zero_since", "zero_told", "recent", "cross_entropy", "game", "player")
+              "zero_since", "zero_told", "recent", "cross_entropy", "game", "player", "need_floor")
 
     def __init__(self, *, num_samples: int = 16, min_samples: int = 3, noise_floor: float = 1e-3,
-                 false_alarm_rate: float = 1e-6, zero_from: float = 0.01, max_period_samples: int = 64,
-                 recent_samples: int = 8):
+                 epoch_noise_floor: float = 5e-3, false_alarm_rate: float = 1e-6, zero_from: float = 0.01,
+                 max_period_samples: int = 64, recent_samples: int = 8):
         self.num_samples = positive_int("num_samples", num_samples)
         self.min_samples = check("min_samples", min_samples, isinstance(min_samples, int) and
                                  not isinstance(min_samples, bool) and 2 <= min_samples <= num_samples,
                                  f"an integer in [2, num_samples={num_samples}]")
         self.noise_floor = positive("noise_floor", noise_floor)
+        self.epoch_noise_floor = positive("epoch_noise_floor", epoch_noise_floor)
+        self.need_floor = self.noise_floor    # the floor the current run of repeats is judged by
         self.false_alarm_rate = check("false_alarm_rate", false_alarm_rate,
                                       isinstance(false_alarm_rate, float) and 0 < false_alarm_rate < 1, "in (0, 1)")
         self.zero_from = check("zero_from", zero_from, isinstance(zero_from, (int, float)) and 0 < zero_from <= 1,
@@ -181,7 +186,8 @@ class Stall(Detector):
             self.count += 1
             if self.count == 2:
                 self.run_start = self.last_step
-                self.need = self._samples_needed(x, m.get(keys.LOSS_RESOLUTION))
+                self.need_floor = self.epoch_noise_floor if ctx.steps_are_epochs else self.noise_floor
+                self.need = self._samples_needed(x, m.get(keys.LOSS_RESOLUTION), self.need_floor)
                 if self.need is not None and m.get(keys.LOSS_WINDOW):
                     # a window statistic repeats while its window turns over: count from there
                     self.need += int(m[keys.LOSS_WINDOW])
@@ -275,13 +281,14 @@ class Stall(Detector):
         super().load_state_dict({**d, "seen": {}})
         self.seen = {float(v): int(j) for v, j in seen}
 
-    def _chance_equal(self, x: float, printed: float | None) -> float | None:
+    def _chance_equal(self, x: float, printed: float | None, floor: float | None = None) -> float | None:
         """The chance p that a training loss near ``x`` prints the same as another point (None
-        when the print is too coarse for a repeat to mean anything)."""
+        when the print is too coarse for a repeat to mean anything), for a loss that moves by
+        ``floor`` of itself between points (``noise_floor`` unless said)."""
         q = self._resolution(x, printed)
         if abs(x) < 10.0 * q:   # one significant digit: at the print floor, repeats prove nothing
             return None
-        p = (q / abs(x)) / (2.0 * math.sqrt(math.pi) * self.noise_floor)
+        p = (q / abs(x)) / (2.0 * math.sqrt(math.pi) * (floor or self.noise_floor))
         return p if p < 1.0 else None
 
     def _resolution(self, x: float, printed: float | None) -> float:
@@ -292,8 +299,8 @@ class Stall(Detector):
             q = min(printed_resolution(x), printed_resolution(before) if before else math.inf)
         return max(q, half_precision_grid(x, before))   # a bf16 loss is no finer than its grid
 
-    def _samples_needed(self, x: float, printed: float | None) -> int | None:
-        p = self._chance_equal(x, printed)
+    def _samples_needed(self, x: float, printed: float | None, floor: float) -> int | None:
+        p = self._chance_equal(x, printed, floor)
         if p is None:
             return None
         # (p of 0: a print finer than a float's own steps near x, no repeat of it is chance)
@@ -302,14 +309,16 @@ class Stall(Detector):
         return k if k <= self.num_samples else None
 
     def _frozen(self, step: int, x: float) -> Finding:
+        between = ("epochs, each a pass over the data" if self.need_floor != self.noise_floor else "points")
         return self.finding(
             step, severity="critical", value=x, onset_step=self.run_start,
             message=(f"The loss has been exactly {x!r} for {self.count} logged points in a row up to "
-                     f"step {step}. A loss that is training moves by at least {self.noise_floor:.1%} "
-                     f"between points, so this many identical values are not chance: the model is not "
+                     f"step {step}. A loss that is training moves by at least {self.need_floor:.1%} "
+                     f"between {between}, so this many identical values are not chance: the model is not "
                      f"training (frozen weights or LR 0, a dead graph, a data loader stuck on one batch, "
-                     f"or a loss that ignores the model). Stop and inspect the gradients and the last "
-                     f"batches."),
+                     f"a loss that ignores the model, or a model collapsed to a constant output, whose "
+                     f"mean loss over the same data is the same every time). Stop and inspect the "
+                     f"gradients and the last batches."),
             rule="frozen", samples=self.count, needed=self.need)
 
     def _player_won(self, step: int, zeros: float) -> list[Finding]:
