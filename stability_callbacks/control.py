@@ -82,7 +82,7 @@ class Control:
         interval = interval or self.save_interval_steps
         if interval and step % interval == 0:
             why = f": {self.save_interval_reason}" if self.save_interval_reason else ""
-            return f"bumped save interval ({interval} steps){why}"
+            return f"bumped save interval ({interval} step{'' if interval == 1 else 's'}){why}"
         return None
 
     @property

@@ -560,10 +560,10 @@ class Policy:
             user = control.user_save_interval_steps
             bumped = control.save_interval_steps
             if bumped and user is not None and user <= bumped:
-                acts.append(f"your own save interval ({user} steps) is already at least as frequent as "
+                acts.append(f"your own save interval ({count(user)}) is already at least as frequent as "
                             f"the bumped one ({bumped}), so it stays")
             elif bumped:
-                acts.append(f"checkpoints every {bumped} steps until step {max(end, self.bump_until or 0)}")
+                acts.append(f"checkpoints every {count(bumped)} until step {max(end, self.bump_until or 0)}")
         done = "; ".join(acts)
         done = f" {done[:1].upper()}{done[1:]}." if done else ""
         if f.severity == "critical":
@@ -624,7 +624,7 @@ class Policy:
             todo = (f"Nothing was trained before step {onset}, so no checkpoint comes before it: train again "
                     f"from the initial weights and {skip}")
         elif self.checkpoints_seen:
-            every = (f" with a save interval of {details['save_steps']} steps (so that one comes before step {onset})"
+            every = (f" with a save interval of {count(int(details['save_steps']))} (so that one comes before step {onset})"
                      if details["save_steps"] else "")
             todo = f"No checkpoint was saved before step {onset} (none that the monitor saw): train again from the start{every} and {skip}"
         else:

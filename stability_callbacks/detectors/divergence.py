@@ -271,8 +271,9 @@ class Divergence(Detector):
             step, severity="critical", value=x, baseline=level, onset_step=onset,
             message=(f"The loss is falling without bound: {fmt(x)} at step {step}, {how}. An objective that runs "
                      f"away below zero (a likelihood whose variance collapses, an unbounded term) ends in NaN: "
-                     f"roll back to a checkpoint from before the fall and bound the objective (clamp the "
-                     f"variance or log-variance) or lower the LR."),
+                     f"roll back to a checkpoint from before the fall and bound the objective (a likelihood's "
+                     f"variance or log-variance clamped; a critic's targets and the rewards' scale checked) or "
+                     f"lower the LR."),
             rule="runaway", how="accelerating" if speeding else "magnitude", spreads=far, spread=spread,
             start_scale=start[1], past_startup=True)]   # unmistakable, however early
 

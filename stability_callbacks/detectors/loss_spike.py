@@ -371,7 +371,7 @@ class LossSpike(Detector):
                 at_level = x <= level * (1.0 + self.min_rise)
                 said = (f"{self._what()} came back at step {step}: {fmt(x)} vs {fmt(level)} before the spike "
                         f"(peak {fmt(peak)}), {count(took)} after its onset at step {onset} "
-                        f"({speed} recovery). No action needed"
+                        f"({speed} recovery). No action needed for the spike itself"
                         + ("." if speed == "fast" else "; keep an eye on the next spikes.")) if at_level else (
                         f"{self._what()} {f'came down from its peak {fmt(peak)} to' if x < peak else 'is at'} "
                         f"{fmt(x)} at step {step}, {count(took)} "
@@ -686,7 +686,7 @@ class LossSpike(Detector):
                     onset_step=ep.onset,
                     message=(f"{self._what()} came back at step {step}: {fmt(x)} vs {fmt(ep.baseline)} "
                              f"before the jump at step {ep.onset} (peak {fmt(ep.peak)}), {count(took)} "
-                             f"later. No action needed."),
+                             f"later. No action needed for the jump itself."),
                     recovery_steps=took, speed=speed, peak=ep.peak, additive=True))
                 self.episode = None
                 b.update_log(x)
