@@ -624,8 +624,9 @@ class Policy:
             todo = (f"Nothing was trained before step {onset}, so no checkpoint comes before it: train again "
                     f"from the initial weights and {skip}")
         elif self.checkpoints_seen:
-            every = (f" with a save interval of {count(int(details['save_steps']))} (so that one comes before step {onset})"
-                     if details["save_steps"] else "")
+            save_steps = details["save_steps"]
+            every = (f" with a save interval of {count(save_steps)} (so that one comes before step {onset})"
+                     if isinstance(save_steps, int) and save_steps else "")
             todo = f"No checkpoint was saved before step {onset} (none that the monitor saw): train again from the start{every} and {skip}"
         else:
             todo = (f"Resume from the newest checkpoint saved before step {onset} (the log names none) and {skip}")
