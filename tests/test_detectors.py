@@ -779,3 +779,14 @@ def test_an_epochs_mean_printed_the_same_epoch_after_epoch_is_a_stall():
         got = [f for e, v in enumerate(values, 1) for f in d.update(StepRecord(e, {"loss": v}), Context(e, steps_are_epochs=True))]
         assert [f.step for f in got] == want
         assert all("between epochs, each a pass over the data" in f.message for f in got)
+
+
+def test_a_grad_norm_back_to_its_scale_after_a_huge_spike_is_no_dead_one():
+    # a diverging run: the grad norm 1e30 for 10 points, then ~1 again, the loss up x25: no "every
+    # unit dead" (before: its level was its peak, 1e30, and a grad norm of 1 a millionth of it)
+    import random
+    from stability_callbacks.monitor import Monitor
+    rng = random.Random(1)
+    recs = [StepRecord(s, {"loss": 2.3 - 0.002 * s if s < 100 else 50 + rng.random(), "lr": 1e-3,
+                           "grad_norm": 1e30 if 100 <= s < 110 else 1 + rng.random()}) for s in range(1, 300)]
+    assert [f for f in Monitor().update_many(recs) if f.kind == "not_learning"] == []

@@ -20,9 +20,10 @@ CAUSES = ("an LR of 0 or far too small, frozen parameters (or an optimizer holdi
           "or a model collapsed to a constant output")
 
 
-#: A grad norm this fraction of its peak or less: nothing moves the weights (the *still* rule), and
-#: the name it is said under.
-_VANISHED = 1e-6
+#: A grad norm this fraction of its level or less (in log): nothing moves the weights (the *still*
+#: rule), and the name it is said under.
+_LOG_VANISHED = math.log(1e-6)
+_LN10 = math.log(10.0)
 _GRAD_VANISHED = "grad_norm_vanished"
 
 
@@ -66,8 +67,8 @@ class NotLearning(Detector):
       when it dropped there from a tenth of its peak or more, or was never set: a decay printed
       as 0.000000 at a schedule's end is no bug; the grad norm from the run's start only: some
       builds print 0.000 for it on every line, and every parameter frozen gives 0 from step
-      1), or the grad norm a millionth of its peak or less after the warmup (every ReLU dead
-      after a spike), and the loss not fallen by ``min_fall`` (nor by its noise) from its
+      1), or the grad norm a millionth of its level before or less after the warmup (every
+      ReLU dead after a spike; the level an EW mean of its log, which a spike hardly moves), and the loss not fallen by ``min_fall`` (nor by its noise) from its
       level before.
 
     The points of a loss spike (``ctx.loss_spike_open``) are no level of the loss: not its
@@ -91,7 +92,7 @@ class NotLearning(Detector):
     kind = "not_learning"
     signals = (keys.LOSS,)
     _state = ("start", "first", "noise_mean", "noise_dev", "noise_long", "prev_log", "fast", "horizon", "still", "chance",
-              "outputs", "signed", "learned", "told", "lr")
+              "outputs", "signed", "learned", "told", "lr", "grad_level")
 
     def __init__(self, *, first_samples: int = 3, horizon_samples: int = 3, horizon_steps: int = 50,
                  min_fall: float = 0.05, z_threshold: float = 3.0, still_samples: int = 5,
@@ -130,7 +131,8 @@ class NotLearning(Detector):
         self.signed = False
         self.learned = False   # the loss fell from its first level: the flat rule is done
         self.told = False      # reported (once per run)
-        self.lr = [0.0, 0.0, 0.0]   # the largest LR so far, the last one above 0, the largest grad norm
+        self.lr = [0.0, 0.0]   # the largest LR so far, and the last one above 0
+        self.grad_level: float | None = None   # the EW mean of log(grad norm) over points not vanished
 
     def _chance_log(self) -> float | None:
         """log(ln C) when C is known and the first level started within 3 tolerances of it or
@@ -388,10 +390,15 @@ class NotLearning(Detector):
         lr = m.get(keys.LR)
         g = m.get(keys.GRAD_NORM)
         no_grad = (g == 0.0 and self.start is not None and self.start[2] and (warm or lr == 0.0))
-        if g is not None and g > self.lr[2] and g < math.inf:
-            self.lr[2] = g
-        # a grad norm a millionth of its peak or less moves nothing either (every ReLU dead)
-        vanished = warm and g is not None and 0.0 < g <= _VANISHED * self.lr[2]
+        # a grad norm a millionth of its level or less moves nothing either (every ReLU dead); its
+        # level: the EW mean of its log over the points before that were not so (a spike to 1e30 on a
+        # diverging run moves it by a factor of ~30, not 1e30: a grad norm of 1 is no dead one there)
+        vanished = False
+        if g is not None and 0.0 < g < math.inf:
+            lg, level = math.log(g), self.grad_level
+            vanished = warm and level is not None and lg <= level + _LOG_VANISHED
+            if not vanished:   # (each point moves it by a tenth of a decade at most: a spike hardly)
+                self.grad_level = lg if level is None else level + 0.05 * max(-_LN10, min(lg - level, _LN10))
         if not warm and not no_grad:
             self.still = None
             return []
@@ -438,15 +445,17 @@ class NotLearning(Detector):
         ``short``: at the end of a log, fewer points than the rule asks (an info saying so)."""
         fell = s[3] - s[2] / s[1]
         se = self.sigma * math.sqrt(1.0 / s[1] + 1.0)
-        if fell >= max(-math.log1p(-self.min_fall), self.z_threshold * se) or self._trending(s):
+        if fell >= max(-math.log1p(-self.min_fall), self.z_threshold * se) or fell <= -2 * self._need \
+                or self._trending(s):   # (a loss that rose meanwhile is divergence's)
             # it falls beyond its noise, or it moves along a trend beyond the stretch's own scatter
             # (losses of unmoved weights are draws of one distribution: no trend): whatever prints
             # 0 here (some builds print a grad norm of 0.000 on every line), something trains
             return []
         what = {keys.LR: "the LR", keys.UPDATE_NORM: "Adam's update norm", keys.GRAD_NORM: "the grad norm",
                 _GRAD_VANISHED: "the grad norm"}[s[4]]
-        been = (f"a millionth of its peak ({fmt(self.lr[2])}) or less (every unit dead, as a spike or too high an LR "
-                f"leaves ReLUs)" if s[4] == _GRAD_VANISHED else "exactly 0")
+        level_before = fmt(math.exp(self.grad_level or 0.0))
+        been = (f"a millionth of its level before ({level_before}) or less (every unit dead, as a spike or too high "
+                f"an LR leaves ReLUs)" if s[4] == _GRAD_VANISHED else "exactly 0")
         level = math.exp(s[2] / s[1])
         since = (f"{what} has been {been} since step {s[0]} ({s[1]} points up to step {step}), and the loss has "
                  f"not fallen beyond its noise ({fmt(level)} on average, {fmt(math.exp(s[3]))} the point before): "
