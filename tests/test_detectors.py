@@ -790,3 +790,19 @@ def test_a_grad_norm_back_to_its_scale_after_a_huge_spike_is_no_dead_one():
     recs = [StepRecord(s, {"loss": 2.3 - 0.002 * s if s < 100 else 50 + rng.random(), "lr": 1e-3,
                            "grad_norm": 1e30 if 100 <= s < 110 else 1 + rng.random()}) for s in range(1, 300)]
     assert [f for f in Monitor().update_many(recs) if f.kind == "not_learning"] == []
+
+
+def test_a_loss_that_starts_at_zero_and_falls_to_its_floor_is_no_runaway():
+    # SimSiam's negative cosine similarity: ~-0.005 +- 0.003 through a 50-step warmup, then down to
+    # its floor near -0.9 (before: 11x the largest magnitude of its first points, a critical
+    # "falling without bound" and a rollback on a healthy run); a Gaussian NLL that starts at 1.4
+    # and falls to -30 is still one
+    import random
+    from stability_callbacks.monitor import Monitor
+    rng = random.Random(2)
+    simsiam = [StepRecord(s, {"loss": -0.005 - 0.9 * (1 - math.exp(-max(0, s - 30) / 30)) + rng.gauss(0, 0.003),
+                              "lr": 0.05 * min(1, s / 50)}) for s in range(1, 301)]
+    assert [f for f in Monitor().update_many(simsiam) if f.severity != "info"] == []
+    nll = [StepRecord(s, {"loss": 1.4 - 0.15 * s + rng.gauss(0, 0.02)}) for s in range(1, 220)]
+    found = [(f.kind, f.details.get("rule")) for f in Monitor().update_many(nll) if f.severity == "critical"]
+    assert ("divergence", "runaway") in found

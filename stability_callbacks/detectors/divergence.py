@@ -95,11 +95,12 @@ class Divergence(Detector):
         self.faster = 0   # falls in a row, each larger than the one before
         self.faster_from: int | None = None   # ... after this point's step
         self.below = 0    # points in a row a third of runaway_factor below the level
-        # the loss's own scale: [points, largest |loss|, closed, all above zero] of its first 20
+        # the loss's own scale: [points, largest |loss|, closed, all above zero, ...] of its first 20
         # non-zero points, or of those before it first went below zero (3 at least, every one above
         # it: a loss below zero from its start has no crossing to close on): where it stood before
-        # the fall
-        self.start = [0, 0.0, False, True]
+        # the fall, a scale where they stood a level away from zero (_scaled)
+        self.start = [0, 0.0, False, True, 0.0, 0.0, 0.0]   # ..., the sum of those points, and the sums of
+        # the changes between them and of their squares (their noise, which a trend does not widen)
         self.runaway = Latch()
         # epochs rising: [the value the rises started from, its step, rises in a row, the last value, told,
         #                 told it exploded]
@@ -237,6 +238,10 @@ class Divergence(Detector):
             start[1] = max(start[1], abs(x))
             start[2] = start[0] >= 20
             start[3] = start[3] and x > 0.0
+            start[4] += x
+            if prev is not None and start[0] > 1:
+                start[5] += x - prev
+                start[6] += (x - prev) ** 2
         level, spread = self.level.mean, self.spread.mean
         warm = self.level.n >= self.window and spread > 0.0
         far = (level - x) / spread if warm else 0.0
@@ -253,7 +258,7 @@ class Divergence(Detector):
                 self.runaway.armed = True
             return []
         # the magnitude needs no spread: a level of 3 points will do (a short log of epochs)
-        deep = start[2] and level < -self.runaway_factor * start[1] and x < level
+        deep = start[2] and level < -self.runaway_factor * start[1] and x < level and self._scaled()
         speeding = warm and far >= self.runaway_factor and (
             (self.faster >= 2 and self.below >= 2) or far >= 10 * self.runaway_factor)
         if not self.runaway.update(on=deep or speeding, off=back):
@@ -276,6 +281,20 @@ class Divergence(Detector):
                      f"lower the LR."),
             rule="runaway", how="accelerating" if speeding else "magnitude", spreads=far, spread=spread,
             start_scale=start[1], past_startup=True)]   # unmistakable, however early
+
+    def _scaled(self) -> bool:
+        """Whether the first points stood a level away from zero (their mean 3 of one point's noise
+        from it, the noise from the changes between them, which a falling trend does not widen; as a
+        Gaussian NLL's ~1.4 does): a scale the loss had before training
+        moved it. A loss that starts at zero, within its noise (a negative cosine similarity,
+        SimSiam's, from a random init: ~-0.005 +- 0.003), has none: ten times that is no runaway
+        (it falls to its floor, -1); the accelerating rule still judges it."""
+        n, sx, sd, sdd = self.start[0], self.start[4], self.start[5], self.start[6]
+        if n < 3:
+            return True
+        mean, d = sx / n, sd / (n - 1)
+        point_var = max(sdd / (n - 1) - d * d, 0.0) / 2.0   # one point's, from its changes around their mean
+        return mean * mean > 9.0 * point_var
 
     def _epochs_rising(self, step: int, x: float, ctx: Context) -> list[Finding]:
         """A replayed log whose steps are epochs (it prints nothing finer): each point is the mean
