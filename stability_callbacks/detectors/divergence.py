@@ -240,8 +240,9 @@ class Divergence(Detector):
             start[3] = start[3] and x > 0.0
             start[4] += x
             if prev is not None and start[0] > 1:
-                start[5] += x - prev
-                start[6] += (x - prev) ** 2
+                d = x - prev
+                start[5] += d
+                start[6] += d * d   # (inf past a float's range, never an error)
         level, spread = self.level.mean, self.spread.mean
         warm = self.level.n >= self.window and spread > 0.0
         far = (level - x) / spread if warm else 0.0
