@@ -806,3 +806,17 @@ def test_a_loss_that_starts_at_zero_and_falls_to_its_floor_is_no_runaway():
     nll = [StepRecord(s, {"loss": 1.4 - 0.15 * s + rng.gauss(0, 0.02)}) for s in range(1, 220)]
     found = [(f.kind, f.details.get("rule")) for f in Monitor().update_many(nll) if f.severity == "critical"]
     assert ("divergence", "runaway") in found
+
+
+def test_a_declared_objective_that_jumps_by_orders_of_magnitude_too_early_to_know_its_noise_warns():
+    # an actor-critic excerpt of two records, the loss 0.49 then 899 (before: info, "watching")
+    from stability_callbacks.detectors import LossSpike
+    d = LossSpike()
+    d.declare_objective()
+    got = [(f.step, f.severity, f.details.get("orders")) for s, x in ((1, 0.49), (2, 899.0))
+           for f in d.update(StepRecord(s, {"loss": x}), Context(s))]
+    assert got == [(2, "warning", True)]
+    d = LossSpike()
+    d.declare_objective()
+    assert [f.severity for s, x in ((1, 0.49), (2, 9.0)) for f in d.update(StepRecord(s, {"loss": x}), Context(s))] \
+        == ["info"]
