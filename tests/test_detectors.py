@@ -820,3 +820,20 @@ def test_a_declared_objective_that_jumps_by_orders_of_magnitude_too_early_to_kno
     d.declare_objective()
     assert [f.severity for s, x in ((1, 0.49), (2, 9.0)) for f in d.update(StepRecord(s, {"loss": x}), Context(s))] \
         == ["info"]
+
+
+def test_an_lr_dropped_to_zero_under_a_loss_below_zero_is_not_learning():
+    # an SGD run whose schedule, mis-set, drops the LR to exactly 0 at step 100, its loss (an
+    # objective below zero) flat since (before: nothing: a loss of any sign skipped every rule); a
+    # schedule that decays to 0 at its end is no bug
+    import random
+    from stability_callbacks.monitor import Monitor
+    rng = random.Random(4)
+    dropped = [StepRecord(s, {"loss": (-1.0 - 0.01 * s if s < 100 else -2.0) + rng.gauss(0, 0.05),
+                              "lr": 0.01 * min(1, s / 20) if s < 100 else 0.0}) for s in range(1, 201)]
+    found = [f for f in Monitor().update_many(dropped) if f.kind == "not_learning"]
+    assert [(f.step, f.severity, f.details["rule"]) for f in found] == [(104, "warning", "still")]
+    assert "(-1.997 on average, -1.98 the point before)" in found[0].message
+    decayed = [StepRecord(s, {"loss": -1.0 - 0.01 * s + rng.gauss(0, 0.05),
+                              "lr": 0.01 * min(1, s / 20) * max(0.0, 1 - s / 200)}) for s in range(1, 201)]
+    assert [f for f in Monitor().update_many(decayed) if f.kind == "not_learning"] == []

@@ -68,7 +68,9 @@ class NotLearning(Detector):
       as 0.000000 at a schedule's end is no bug; the grad norm from the run's start only: some
       builds print 0.000 for it on every line, and every parameter frozen gives 0 from step
       1), or the grad norm a millionth of its level before or less after the warmup (every
-      ReLU dead after a spike; the level an EW mean of its log, which a spike hardly moves), and the loss not fallen by ``min_fall`` (nor by its noise) from its
+      ReLU dead after a spike; the level an EW mean of its log, which a spike hardly moves). This
+      one holds for a loss of any sign too (judged on asinh: an LR dropped to 0 under an
+      objective below zero), which the other rules leave alone, and the loss not fallen by ``min_fall`` (nor by its noise) from its
       level before.
 
     The points of a loss spike (``ctx.loss_spike_open``) are no level of the loss: not its
@@ -177,10 +179,17 @@ class NotLearning(Detector):
         step = record.step
         if x <= 0.0 or ctx.loss_signed:   # below zero, or declared an objective of any sign
             self.signed = True
-        if self.signed:
-            return []
-        lx = math.log(x)
         warm = ctx.phase != "warmup"
+        if self.signed:
+            # a loss of any sign says nothing of learning by its level; "nothing moves the weights"
+            # (an LR dropped to exactly 0) still holds, the loss judged on asinh (its log's shape far
+            # from 0, linear near it): a mis-set schedule's LR of 0 under an objective below zero
+            ax = math.asinh(x)
+            self.prev_before, self.prev_log = self.prev_log if self.prev_log is not None else ax, ax
+            out = self._still(step, m, ax, warm)
+            self.told = bool(out)
+            return out
+        lx = math.log(x)
         if ctx.loss_spike_open:
             # a spike's points are no level of the loss: not its first level, its horizon nor its
             # noise (a spike in the warmup made a run whose ReLUs it killed, flat since, look as if
@@ -456,9 +465,10 @@ class NotLearning(Detector):
         level_before = fmt(math.exp(self.grad_level or 0.0))
         been = (f"a millionth of its level before ({level_before}) or less (every unit dead, as a spike or too high "
                 f"an LR leaves ReLUs)" if s[4] == _GRAD_VANISHED else "exactly 0")
-        level = math.exp(s[2] / s[1])
+        back = math.sinh if self.signed else math.exp   # (a loss of any sign was judged on asinh)
+        level, before = back(s[2] / s[1]), back(s[3])
         since = (f"{what} has been {been} since step {s[0]} ({s[1]} points up to step {step}), and the loss has "
-                 f"not fallen beyond its noise ({fmt(level)} on average, {fmt(math.exp(s[3]))} the point before): "
+                 f"not fallen beyond its noise ({fmt(level)} on average, {fmt(before)} the point before): "
                  f"nothing moves the weights")
         message = (f"Too early to call, the log ending here: {since} — {s[1]} points, fewer than the "
                    f"{self.still_samples} the rule asks. If the run went on so, it is not learning. Usual causes "
@@ -467,7 +477,7 @@ class NotLearning(Detector):
                    f"parameters require gradients and are in the optimizer, and that the loss reaches them.")
         extra: dict[str, Any] = {"too_few_steps": True} if short else {}
         return [self.finding(
-            step, severity="info" if short else "warning", value=level, baseline=math.exp(s[3]), onset_step=s[0],
+            step, severity="info" if short else "warning", value=level, baseline=before, onset_step=s[0],
             message=message, rule="still", zero=s[4], past_startup=True, **extra)]
 
     def _finding(self, step: int, rule: str, first: float, since: float, fell: float, se: float,
