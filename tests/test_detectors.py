@@ -837,3 +837,18 @@ def test_an_lr_dropped_to_zero_under_a_loss_below_zero_is_not_learning():
     decayed = [StepRecord(s, {"loss": -1.0 - 0.01 * s + rng.gauss(0, 0.05),
                               "lr": 0.01 * min(1, s / 20) * max(0.0, 1 - s / 200)}) for s in range(1, 201)]
     assert [f for f in Monitor().update_many(decayed) if f.kind == "not_learning"] == []
+
+
+def test_a_precursor_is_not_confirmed_by_a_hard_batch_near_the_loss_floor():
+    # a healthy classifier near zero loss: an output bias's update rises, then a blip measured
+    # against the loss's floor (a hard batch, said so): no warning (before: paired into one); a
+    # loss spike of its own still confirms it
+    from stability_callbacks.detectors import Precursor
+    from stability_callbacks.record import Finding
+    for details, want in (({"floor": 1e-3}, []), ({"near_floor": True}, []), ({}, ["warning"])):
+        d = Precursor()
+        d.pending = [300, "update_norm", 2.5, 1.0, 2.0, "update", 2.5, "Adam's update norm rose 2.5x"]
+        ctx = Context(304, loss_spike_open=True)
+        ctx.found = [Finding(304, "loss_spike" if "floor" in details or not details else "grad_norm_spike", "info",
+                             "a blip", details=details)]
+        assert [f.severity for f in d._confirm(304, ctx)] == want

@@ -129,8 +129,12 @@ class Precursor(Detector):
         if step - onset > self.confirm_steps:
             self.pending = None
             return []
-        by = next((f for f in ctx.found if f.kind in _CONFIRMED_BY), None)
-        if step <= onset or (by is None and not ctx.loss_spike_open):
+        # (a jump near the loss's floor, measured against it, is a hard batch, not the loss moving:
+        # a classifier near zero loss, its output bias free to move, confirms nothing by it)
+        by = next((f for f in ctx.found if f.kind in _CONFIRMED_BY and not f.details.get("near_floor")
+                   and "floor" not in f.details), None)
+        near_floor = any(f.kind in _CONFIRMED_BY for f in ctx.found) and by is None
+        if step <= onset or (by is None and (near_floor or not ctx.loss_spike_open)):
             return []
         self.pending = None
         moved = (f"{by.kind} at step {step}" if by is not None else f"the loss spike open at step {step}")
