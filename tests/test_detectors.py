@@ -852,3 +852,23 @@ def test_a_precursor_is_not_confirmed_by_a_hard_batch_near_the_loss_floor():
         ctx.found = [Finding(304, "loss_spike" if "floor" in details or not details else "grad_norm_spike", "info",
                              "a blip", details=details)]
         assert [f.severity for f in d._confirm(304, ctx)] == want
+
+
+def test_a_second_moment_jump_that_a_grad_norm_jump_explains_is_its_echo():
+    # an unclipped recurrent autoencoder's early gradient blip of 80x: Adam's exp_avg_sq mean, an
+    # EMA of g² (beta2 0.999), rises 7.4x with it (before: a warning, no surge of its own); the same
+    # rise with no grad-norm jump before it still warns
+    from stability_callbacks.detectors import SecondMomentSurge
+    from stability_callbacks.record import Finding
+    for blip, want in ((80.0, "info"), (None, "warning")):
+        d, v, found = SecondMomentSurge(), 1e-4, []
+        for s in range(1, 80):
+            v = 0.999 * v + 0.001 * ((80.0 ** 2 if s == 60 else 1.0) * 1e-4)
+            ctx = Context(s)
+            if s == 60 and blip:
+                ctx.found = [Finding(60, "grad_norm_spike", "info", "a blip", details={"ratio": blip})]
+            c = 1 - 0.999 ** s
+            found += d.update(StepRecord(s, {"adam/exp_avg_sq_l1": v * c * 1000, "adam/exp_avg_sq_numel": 1000.0,
+                                             "adam/beta2": 0.999, "adam/step": float(s)}), ctx)
+        assert [(f.step, f.details["rule"], f.severity) for f in found] == [(60, "jump", want)]
+        assert ("echo of the grad-norm jump at step 60 (80x)" in found[0].message) == (blip is not None)

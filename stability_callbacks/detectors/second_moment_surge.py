@@ -10,6 +10,9 @@ from .base import Context, Detector, check, fmt, positive, positive_int
 
 #: torch's Adam/AdamW default, assumed when the record does not say (replayed logs never do).
 DEFAULT_BETA2 = 0.999
+#: Steps after a grad-norm jump within which a jump of the second moment may be its echo (the
+#: probe may sample Adam's state every few steps).
+_ECHO_STEPS = 10
 
 
 class SecondMomentSurge(Detector):
@@ -49,15 +52,17 @@ class SecondMomentSurge(Detector):
     amplifies noise with a wrong one), so it runs only when the record carries ``adam/beta2``.
 
     Warning, one per episode (the jump re-arms once neither statistic is above its ratio; the
-    post-peak rise fires once per run, and not for a window in which a jump was reported).
-    O(1); state: 2 baselines, 10 scalars.
+    post-peak rise fires once per run, and not for a window in which a jump was reported). A jump
+    no larger than a grad-norm jump of g x up to ``_ECHO_STEPS`` before explains (1 + 2 (1 -
+    beta2) g²: one step's g² in the EMA) is its echo: info, said (``details.echo_of``).
+    O(1); state: 2 baselines, 12 scalars.
     """
 
     name = "second_moment_surge"
     kind = "second_moment_surge"
     signals = (keys.ADAM_V_MAX, keys.ADAM_V_L1)
     _state = ("base_max", "base_mean", "at_peak", "at_peak_window", "anchor", "jump", "jump_step",
-              "post_peak", "loss_window", "at_peak_loss")
+              "post_peak", "loss_window", "at_peak_loss", "echo")
 
     def __init__(self, *, jump_ratio: float = 4.0, max_jump_ratio: float = 10.0,
                  post_peak_rise: float = 2.0, warm_samples: int = 10, baseline_alpha: float = 0.05,
@@ -75,6 +80,7 @@ class SecondMomentSurge(Detector):
         self.anchor: list | None = None         # [step, Adam update count, raw mean exp_avg_sq]
         self.jump = Latch()        # re-armed once neither statistic is above its jump ratio
         self.jump_step: int | None = None   # the last jump reported
+        self.echo: list | None = None        # [step, ratio] of the last grad-norm jump (a jump of v may be its echo)
         self.post_peak = Latch()   # once per run
         self.loss_window = [0.0, 0]             # the loss since the anchor: [sum, points]
         self.at_peak_loss: float | None = None  # the loss's mean over the first window after the peak
@@ -91,6 +97,9 @@ class SecondMomentSurge(Detector):
         vraw = l1 / n if l1 is not None and n is not None and finite_positive(l1) and finite_positive(n) else None
         vmean = vraw / c if vraw is not None else None
         out: list[Finding] = []
+        for f in ctx.found:   # a grad-norm jump this step (grad_norm_spike runs before): its ratio
+            if f.kind == "grad_norm_spike" and f.details.get("ratio"):
+                self.echo = [record.step, float(f.details["ratio"])]
         jumps = []
         for label, v, base, ratio in (("max", vmax, self.base_max, self.max_jump_ratio),
                                       ("mean", vmean, self.base_mean, self.jump_ratio)):
@@ -103,19 +112,35 @@ class SecondMomentSurge(Detector):
         if self.jump.update(on=bool(jumps), off=not jumps):
             self.jump_step = record.step
             label, v, b, r = jumps[0]
+            echo = self._echo(record.step, r, beta2)
             out.append(self.finding(
-                record.step, severity="warning", signal=keys.ADAM_V_MAX if label == "max" else keys.ADAM_V_L1,
-                value=v, baseline=b,
+                record.step, severity="info" if echo else "warning",
+                signal=keys.ADAM_V_MAX if label == "max" else keys.ADAM_V_L1, value=v, baseline=b,
                 message=(f"Adam's second moment surged at step {record.step}: exp_avg_sq {label} "
-                         f"{fmt(v)} (bias-corrected) is {r:.1f}x its baseline {fmt(b)}. Gradients "
-                         f"have grown sharply; a loss spike often follows."),
-                rule="jump", statistic=label, ratio=r))
+                         f"{fmt(v)} (bias-corrected) is {r:.1f}x its baseline {fmt(b)}. " + (echo or
+                         "Gradients have grown sharply; a loss spike often follows.")),
+                rule="jump", statistic=label, ratio=r, **({"echo_of": self.echo[0]} if echo and self.echo else {})))
         end = ctx.warmup_end_step
         if (vraw is not None and known_beta2 is not None and 0.0 < beta2 < 1.0 and end is not None
                 and record.step > end):
             out += self._post_peak(record.step, t, vraw, beta2, end, bool(out) or not ctx.in_risk_window,
                                    m.get(keys.LOSS))
         return out
+
+    def _echo(self, step: int, ratio: float, beta2: float) -> str:
+        """The sentence that says a jump is the echo of a grad-norm jump (of ``g`` x, within
+        ``_ECHO_STEPS`` before): an EMA of g² takes (1 - beta2) of each step's g², so one such step
+        lifts it by up to 1 + (1 - beta2) g² at once (twice that, for the max's element and the
+        sampling); "" where that does not explain it."""
+        e = self.echo
+        if e is None or not 0 <= step - e[0] <= _ECHO_STEPS:
+            return ""
+        most = 1.0 + 2.0 * (1.0 - beta2) * e[1] * e[1]
+        if ratio > most:
+            return ""
+        return (f"It is the echo of the grad-norm jump at step {e[0]} ({e[1]:.3g}x): an EMA of g² takes "
+                f"{1.0 - beta2:.3g} of each step's g², so that step alone lifts it up to {most:.3g}x; no surge "
+                f"of its own (the grad norm's jump is what to watch).")
 
     def _post_peak(self, step: int, t: float, vraw: float, beta2: float, end: int, quiet: bool,
                    loss: float | None) -> list[Finding]:
