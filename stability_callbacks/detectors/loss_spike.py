@@ -645,18 +645,13 @@ class LossSpike(Detector):
             self.episode = SpikeEpisode(step, f, x, warned=True, warm=False)
             self.prev_step, self.prev_z = step, 0.0
             most = max(f, before)
-            orders = (x - f) >= _ORDERS_RATIO * most   # orders of magnitude: no blip, whatever its sign
             return [self.finding(
-                step, severity="warning" if orders else "info", value=x, baseline=f,
-                threshold=f + _COLD_ORDER * most, onset_step=step,
+                step, severity="info", value=x, baseline=f, threshold=f + _COLD_ORDER * most, onset_step=step,
                 message=(f"{self._what()} jumped to {fmt(x)} at step {step} from {fmt(f)}: a rise of "
                          f"{(x - f) / most:.0f}x the largest magnitude it had had ({fmt(most)}), with too few "
-                         f"points before it to know its noise; " + (
-                             "that is orders of magnitude past anything it had been: something changed its scale "
-                             "(the rewards, the data, a term's weight) or the weights are blowing up; check the "
-                             "step's batch." if orders else
-                             "as an objective of any sign it is only reported: watching.")),
-                additive=True, cold=True, **(_ORDERS_DETAILS if orders else {}))]
+                         f"points before it to know its noise; as an objective of any sign it is only "
+                         f"reported: watching."),
+                additive=True, cold=True)]
         # The noise floor: 0.1% of the largest magnitude seen, as log(loss) is floored at 0.1%; none
         # while every point was exactly 0 (a GRPO loss's first steps): no scale, no jump judged yet
         scale = max(1.25 * b.mad, b.min_scale * self.peak) or math.inf
