@@ -1221,3 +1221,14 @@ def test_progress_lines_that_end_in_free_text_are_one_template(tmp_path, capsys)
     code, _, found = _replay_json(capsys, path)
     assert [(f["step"], f["kind"]) for f in found if f["severity"] == "critical"] == [
         (70000, "nonfinite"), (70000, "rollback_advice")]
+
+
+def test_a_key_glued_to_its_value_by_an_underscore(tmp_path):
+    # `nll_-3.4521`, `loss_2.31`: the underscore joins the key to its value, the minus sign is the
+    # value's (before: the sign went into the key and the value was read positive, or the number
+    # was taken for digits inside a name); `resnet_50` stays a name
+    values = [1.2 - 0.3 * s for s in range(1, 21)]
+    lines = [f"resnet_50 iter {s * 10} nll_{v:.4f} acc_0.{s:02d}" for s, v in enumerate(values, 1)]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [(s, r["loss"]) for s, r in got] == [(s * 10, float(f"{v:.4f}")) for s, v in enumerate(values, 1)]
+    assert account.keys["loss"] == ["nll"]

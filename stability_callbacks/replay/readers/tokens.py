@@ -46,7 +46,7 @@ _LAST_SEPARATOR_WORD = re.compile(r".*(?:^|\s)[^\w\s]+\s")
 _PUNCTUATION = re.compile(r"[^\w\s]").search
 _BOX_VERTICALS = str.maketrans("\u2502\u2503\u2551", "|||")
 _WHITESPACE = re.compile(r"[ \t]+")
-_SIGN = re.compile(r"(?<=[ :=(\[])-\x00")
+_SIGN = re.compile(r"(?<=[ :=(\[_])-\x00")
 _STATISTIC_QUALIFIERS = frozenset({"avg", "average", "mean", "ema", "smoothed", "running"})
 
 
@@ -64,8 +64,8 @@ def key_before(piece: str, glued: bool) -> str:
     statistic (``loss (avg):``), kept as a word of the key.
     """
     s = piece
-    if s[-1:] in "-+" and s[-2:-1] in (" ", ":", "=", "\t", "'", '"', "[", "("):
-        s = s[:-1]                             # the number's sign: `loss: -1.0000`
+    if s[-1:] in "-+" and s[-2:-1] in (" ", ":", "=", "\t", "'", '"', "[", "(", "_"):
+        s = s[:-1]                             # the number's sign: `loss: -1.0000`, `nll_-3.45`
     if glued:
         i = 0
         while i < len(s) and not s[i].isspace() and s[i] not in _CUTS:
@@ -75,6 +75,8 @@ def key_before(piece: str, glued: bool) -> str:
         s = _POSSESSIVE.sub("", s)
     s = s.rstrip(_QUOTES + "[(~")
     s = s.rstrip(" \t:=\uff1a").rstrip(_QUOTES)   # (and a full-width colon: `损失：2.3`)
+    if s[-1:] == "_" and s[-2:-1].isalnum():   # a key glued to its value by an underscore: `loss_2.31`
+        s = s[:-1]
     qualifier = ""
     if s.endswith(")") and "(" in s:           # `elapsed time per iteration (ms):`
         inner = s[s.rfind("(") + 1:-1]
@@ -132,8 +134,8 @@ def noise(texts: list[str], nums: list[str]) -> list[bool]:
     out = [False] * n
     for i in range(n):
         before, after = texts[i], texts[i + 1]
-        if before and (before[-1].isalpha() or before[-1] in "_."):
-            out[i] = True
+        if before and (before[-1].isalpha() or before[-1] == "." or (before[-1] == "_" and "." not in nums[i])):
+            out[i] = True   # digits inside a name (`resnet_50`); a fraction after `_` is a value (`loss_2.31`)
         if (after == ":" and i + 1 < n) or (before == ":" and i > 0):
             out[i] = True
     for i in range(n - 1):
