@@ -1232,3 +1232,13 @@ def test_a_key_glued_to_its_value_by_an_underscore(tmp_path):
     got, account = records_of(tmp_path, "\n".join(lines) + "\n")
     assert [(s, r["loss"]) for s, r in got] == [(s * 10, float(f"{v:.4f}")) for s, v in enumerate(values, 1)]
     assert account.keys["loss"] == ["nll"]
+
+
+@pytest.mark.parametrize("summary", ["best loss: 0.2310", "train_runtime: 12.3"])
+def test_a_summary_after_one_key_records_keeps_the_last_record(tmp_path, summary):
+    # `loss: x` records one per line, then a run summary's one-key line: the last record is no part
+    # of the summary (before: the two joined as one block, a run summary, the last record lost)
+    lines = [f"loss: {2.3 - 0.1 * e:.4f}" for e in range(1, 21)] + [summary]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert len(got) == 20 and got[-1] == (20, {"loss": 0.3})
+    assert account.ignored == {"run summary": [1, 21]}

@@ -365,6 +365,7 @@ class Blocks:
         self.heads = heads                    # (texts, nums) -> whether a line may head a block
         self.above: tuple | None = None       # the unit above, which may head a block
         self.head: str = ""
+        self.summary = False                  # the block opened with a run summary's key
 
     def offer(self, unit: tuple) -> list[tuple]:
         """A unit ``(line_no, seg, indent, texts, nums, row)`` (``texts`` None: no numbers) -> the
@@ -388,8 +389,14 @@ class Blocks:
             self.above = unit
             return out
         key = f"{self.section}/{kv[0]}" if self.section else kv[0]
-        out = self.end() if key in self.keys or len(self.items) >= self.MAX_LINES else []
+        # a run summary's key (`best loss`, `train_runtime`) after a record's keys opens a block of
+        # its own: the record before it is no part of the summary (before: `loss: 0.3` then `best
+        # loss: 0.2` joined, the whole a summary, and the log's last record lost)
+        summary = classify(kv[0])[0] == "summary"
+        out = self.end() if key in self.keys or len(self.items) >= self.MAX_LINES or (
+            summary and self.items and not self.summary) else []
         if not self.items:
+            self.summary = summary
             above, self.above = self.above, None
             self.head = "" if above is None or (above[3] is not None and not (
                 self.heads is not None and self.heads(above[3], above[4]))) else above[1].strip()
