@@ -858,3 +858,13 @@ def test_a_second_moment_jump_that_a_grad_norm_jump_explains_is_its_echo():
                                              "adam/beta2": 0.999, "adam/step": float(s)}), ctx)
         assert [(f.step, f.details["rule"], f.severity) for f in found] == [(60, "jump", want)]
         assert ("echo of the grad-norm jump at step 60 (80x)" in found[0].message) == (blip is not None)
+
+
+def test_a_nan_in_a_log_numbered_by_epochs_speaks_of_epochs():
+    # (before: "at step 7 .. skip this step's batch" on a Keras log whose steps are its epochs)
+    from stability_callbacks.detectors import NonFinite
+    d = NonFinite()
+    found = [f for e, x in ((6, 0.5), (7, math.nan))
+             for f in d.update(StepRecord(e, {"loss": x}), Context(e, steps_are_epochs=True, run_start=1))]
+    assert [f.step for f in found] == [7] and found[0].message.startswith("Non-finite values at epoch 7: loss=nan.")
+    assert "before this epoch and skip the batches since" in found[0].message

@@ -57,14 +57,16 @@ class NonFinite(Detector):
                "fp16, e.g. LoRA fine-tuning in fp16, or an accelerator kernel fault) and the logged "
                "loss was zeroed, so nothing useful is being learnt; switch to bf16 or fp32."
                if zero_loss else "")
+        unit = "epoch" if ctx.steps_are_epochs else "step"   # (a log numbered by its epochs says so)
         if record.step == ctx.run_start:   # as the rollback advice says (policy: from_start)
-            todo = (f" Nothing was trained before step {record.step}, so no checkpoint comes before it: "
-                    f"train again from the initial weights and skip this step's batch; a NaN this early "
+            todo = (f" Nothing was trained before {unit} {record.step}, so no checkpoint comes before it: "
+                    f"train again from the initial weights and skip this {unit}'s "
+                    f"{'batches' if ctx.steps_are_epochs else 'batch'}; a NaN this early "
                     f"points at the data, the initialisation or the loss itself.")
         else:
-            todo = (" The weights may already be damaged: do not save over the last good checkpoint; "
-                    "roll back to the last checkpoint before this step and skip the batches since.")
+            todo = (f" The weights may already be damaged: do not save over the last good checkpoint; "
+                    f"roll back to the last checkpoint before this {unit} and skip the batches since.")
         return [self.finding(
             record.step, severity="critical", signal=bad[0], value=m[bad[0]],
-            message=f"Non-finite values at step {record.step}: {what}.{why}{todo}",
+            message=f"Non-finite values at {unit} {record.step}: {what}.{why}{todo}",
             keys=bad, zero_loss=zero_loss)]
