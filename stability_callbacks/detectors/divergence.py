@@ -285,11 +285,11 @@ class Divergence(Detector):
 
     def _scaled(self) -> bool:
         """Whether the first points stood a level away from zero (their mean 3 of one point's noise
-        from it, the noise from the changes between them, which a falling trend does not widen; as a
-        Gaussian NLL's ~1.4 does): a scale the loss had before training
-        moved it. A loss that starts at zero, within its noise (a negative cosine similarity,
-        SimSiam's, from a random init: ~-0.005 +- 0.003), has none: ten times that is no runaway
-        (it falls to its floor, -1); the accelerating rule still judges it."""
+        from it, the noise from the changes between them, which a falling trend does not widen; as
+        a Gaussian NLL's ~1.4 does): a scale the loss had before training moved it. A loss that
+        starts at zero within its noise (SimSiam's negative cosine similarity from a random init:
+        ~-0.005 +- 0.003) has none: ten times that is no runaway (it falls to its floor, -1); the
+        accelerating rule still judges it."""
         n, sx, sd, sdd = self.start[0], self.start[4], self.start[5], self.start[6]
         if n < 3:
             return True

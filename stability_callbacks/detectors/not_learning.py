@@ -68,10 +68,10 @@ class NotLearning(Detector):
       as 0.000000 at a schedule's end is no bug; the grad norm from the run's start only: some
       builds print 0.000 for it on every line, and every parameter frozen gives 0 from step
       1), or the grad norm a millionth of its level before or less after the warmup (every
-      ReLU dead after a spike; the level an EW mean of its log, which a spike hardly moves). This
-      one holds for a loss of any sign too (judged on asinh: an LR dropped to 0 under an
-      objective below zero), which the other rules leave alone, and the loss not fallen by ``min_fall`` (nor by its noise) from its
-      level before.
+      ReLU dead after a spike; the level an EW mean of its log, which a spike hardly moves), and
+      the loss not fallen by ``min_fall`` (nor by its noise) from its level before. This rule
+      alone holds for a loss of any sign too, judged on asinh(loss) (an LR dropped to 0 under an
+      objective below zero).
 
     The points of a loss spike (``ctx.loss_spike_open``) are no level of the loss: not its
     first level, its horizon nor its noise (a spike in the warmup made a run whose units it
@@ -184,26 +184,17 @@ class NotLearning(Detector):
             # a loss of any sign says nothing of learning by its level; "nothing moves the weights"
             # (an LR dropped to exactly 0) still holds, the loss judged on asinh (its log's shape far
             # from 0, linear near it): a mis-set schedule's LR of 0 under an objective below zero
-            ax = math.asinh(x)
-            self.prev_before, self.prev_log = self.prev_log if self.prev_log is not None else ax, ax
-            out = self._still(step, m, ax, warm)
-            self.told = bool(out)
-            return out
+            return self._still_only(step, m, math.asinh(x), warm, moved=True)
         lx = math.log(x)
         if ctx.loss_spike_open:
             # a spike's points are no level of the loss: not its first level, its horizon nor its
             # noise (a spike in the warmup made a run whose ReLUs it killed, flat since, look as if
             # it had learned); "nothing moves the weights" is still judged, against the level before
-            out = self._still(step, m, lx, warm)
-            self.told = bool(out)
-            return out
+            return self._still_only(step, m, lx, warm, moved=False)
         if self.learned and (not (self.num_outputs or self.outputs) or self._chance_log() is None):
             # the flat rule is done and no chance level applies: only "nothing moves the weights"
             # is left to judge (the noise as it was when the loss fell)
-            self.prev_before, self.prev_log = self.prev_log if self.prev_log is not None else lx, lx
-            out = self._still(step, m, lx, warm)
-            self.told = bool(out)
-            return out
+            return self._still_only(step, m, lx, warm, moved=True)
         self._learn(step, lx)
         out = self._still(step, m, lx, warm)
         f = self.first
@@ -216,6 +207,16 @@ class NotLearning(Detector):
             out = self._flat_or_chance(step, lx, x, m.get(keys.LOSS_RESOLUTION), ctx.steps_are_epochs)
         if out:
             self.told = True
+        return out
+
+    def _still_only(self, step: int, m, y: float, warm: bool, *, moved: bool) -> list[Finding]:
+        """Only the *still* rule on this point, ``y`` its loss on the scale judged (log, or asinh
+        for a loss of any sign); ``moved``: the point is the loss's latest (the level before a
+        stretch), which a spike's points are not."""
+        if moved:
+            self.prev_before, self.prev_log = self.prev_log if self.prev_log is not None else y, y
+        out = self._still(step, m, y, warm)
+        self.told = bool(out)
         return out
 
     # -- bookkeeping ---------------------------------------------------------------------------
@@ -462,9 +463,8 @@ class NotLearning(Detector):
             return []
         what = {keys.LR: "the LR", keys.UPDATE_NORM: "Adam's update norm", keys.GRAD_NORM: "the grad norm",
                 _GRAD_VANISHED: "the grad norm"}[s[4]]
-        level_before = fmt(math.exp(self.grad_level or 0.0))
-        been = (f"a millionth of its level before ({level_before}) or less (every unit dead, as a spike or too high "
-                f"an LR leaves ReLUs)" if s[4] == _GRAD_VANISHED else "exactly 0")
+        been = (f"a millionth of its level before ({fmt(math.exp(self.grad_level or 0.0))}) or less (every unit "
+                f"dead, as a spike or too high an LR leaves ReLUs)" if s[4] == _GRAD_VANISHED else "exactly 0")
         back = math.sinh if self.signed else math.exp   # (a loss of any sign was judged on asinh)
         level, before = back(s[2] / s[1]), back(s[3])
         since = (f"{what} has been {been} since step {s[0]} ({s[1]} points up to step {step}), and the loss has "

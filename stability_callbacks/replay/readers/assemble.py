@@ -160,7 +160,7 @@ class Assembler:
         self.block_indent = -1
         self.micro = [0, 0.0, 0.0, True]      # micro-batch losses of one optimizer step
         self.micro_step: int | None = None
-        self.micro_lone: tuple[int, dict] | None = None   # the log's first line, until the second shows its step
+        self.micro_lone: dict | None = None   # the log's first line (at micro_step), until the second shows its step
         self.micro_metrics: dict[str, float] = {}
         self._noted: set = set()
         self._noted_plan: Plan | None = None   # the plan noted last (the common case: again)
@@ -692,12 +692,12 @@ class Assembler:
         # (before: the first merged into the second as its micro-batch).
         out_first: list[StepRecord] = []
         lone, self.micro_lone = self.micro_lone, None
-        if lone is not None and not plan.marker and step > lone[0]:
-            out_first = self.emit(lone[0], lone[1], plan, how, self._printed_step(plan))
+        if lone is not None and not plan.marker and self.micro_step is not None and step > self.micro_step:
+            out_first = self.emit(self.micro_step, lone, plan, how, self._printed_step(plan))
         elif lone is not None:
-            self._micro_add(lone[1])
+            self._micro_add(lone)
         if self.micro_step is None and not plan.marker:
-            self.micro_step, self.micro_lone = step, (step, metrics)
+            self.micro_step, self.micro_lone = step, metrics
             return []
         self._micro_add(metrics)
         stepped = plan.marker or (self.micro_step is not None and step > self.micro_step)

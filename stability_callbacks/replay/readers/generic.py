@@ -466,23 +466,21 @@ class Reading:
         """One physical line: the records it completes."""
         text = strip_prefix(text)
         out: list[StepRecord] = []
-        if self.wrapped is not None:                 # a line wrapped inside a record (see _wraps)
+        joins = 0                                    # lines joined into the one held (see _wraps)
+        if self.wrapped is not None:
             first, held, joins = self.wrapped
             self.wrapped = None
             whole = f"{held} {text.strip()}"
             if text.strip() and (held[-1] in ":=" or _open_braces(whole) >= 0):
                 self.account.change(first, WRAPPED_JOINED)
                 line_no, text = first, whole
-                if joins < _WRAP_JOINS and _wraps(text):
-                    self.wrapped = (first, text, joins + 1)
-                    self.busy = True
-                    return []
             else:
                 out += self._one(first, held)        # no continuation: the line as it was
-        elif _wraps(text):
-            self.wrapped = (line_no, text.rstrip(), 1)
+                joins = 0
+        if joins < _WRAP_JOINS and _wraps(text):
+            self.wrapped = (line_no, text.rstrip(), joins + 1)
             self.busy = True
-            return []
+            return out
         return out + self._one(line_no, text)
 
     def _one(self, line_no: int, text: str) -> list[StepRecord]:

@@ -38,10 +38,13 @@ WORD_ROLES = {n: r for n, (r, _, _) in ENTRIES.items()
               if r in ("split", "summary", "statistic", "ignore", "amount") and " " not in n}
 PREFIXES = frozenset(_DATA["prefixes"])
 STEP_MARKERS: tuple[str, ...] = tuple(_DATA["step_markers"])
-_CJK_WORDS: dict[str, str] = {k: f" {v} " for k, v in _DATA["non_ascii"].items()}
-_CJK = re.compile("|".join(sorted(_CJK_WORDS, key=len, reverse=True)))
+#: Key words of other scripts, replaced within a name; of other languages in ASCII letters, word
+#: by word; and their phrases, in a name cut into words (vocabulary.json).
+_NON_ASCII_WORDS: dict[str, str] = {k: f" {v} " for k, v in _DATA["non_ascii"].items()}
+_NON_ASCII = re.compile("|".join(sorted(_NON_ASCII_WORDS, key=len, reverse=True)))
 _ASCII_WORDS: dict[str, str] = _DATA["ascii_words"]
 _PHRASES: dict[str, str] = _DATA["phrases"]
+_PHRASE = re.compile(r"\b(?:" + "|".join(map(re.escape, _PHRASES)) + r")\b")
 _PHRASE_STARTS = frozenset(p.split()[0] for p in _PHRASES)
 _SEP = r"[ _/.\-]?"
 _VALUE = "|".join(re.escape(w).replace(r"\ ", _SEP) for w in sorted(_DATA["value_terms"], key=len, reverse=True))
@@ -78,16 +81,14 @@ def normalise_key(name: str) -> str:
     >>> normalise_key("損失"), normalise_key("эпоха"), normalise_key("Verlust"), normalise_key("taux d'apprentissage")
     ('loss', 'epoch', 'loss', 'lr')
     """
+    name = name.lower()
     if not name.isascii():
-        name = _CJK.sub(lambda m: _CJK_WORDS[m.group()], name.lower())
-    words = [w for w in _NOT_A_KEY.split(name.lower()) if w]
+        name = _NON_ASCII.sub(lambda m: _NON_ASCII_WORDS[m.group()], name)
+    words = [w for w in _NOT_A_KEY.split(name) if w]
     if _ASCII_WORDS.keys() & words:
         words = [_ASCII_WORDS.get(w, w) for w in words]
     out = " ".join(words)
-    if _PHRASE_STARTS.intersection(words):
-        for phrase, said in _PHRASES.items():
-            out = re.sub(rf"\b{phrase}\b", said, out)
-    return out
+    return _PHRASE.sub(lambda m: _PHRASES[m.group()], out) if _PHRASE_STARTS.intersection(words) else out
 
 
 def classify(name: str, user: Mapping[str, str] | None = None) -> tuple[str, str | None, int]:
