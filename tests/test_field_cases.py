@@ -167,6 +167,24 @@ def test_a_signal_jumping_by_orders_of_magnitude_warns_whatever_the_loss_sign():
     assert (320, "loss_spike", "warning") in found(run(recs)[0])
 
 
+def test_a_likelihood_jumping_past_its_whole_range_warns_an_objective_hovering_at_zero_does_not():
+    # a flow's NLL below zero, one batch at +37.5 (22x the largest magnitude it had): a warning, as
+    # bare numbers too; a policy loss hovering around 0 whose outliers are 10x its usual size: info
+    rng = random.Random(1)
+    nll = [StepRecord(s, {"loss": -1.2 - 0.02 * s + rng.gauss(0, 0.05)}) for s in range(1, 41)]
+    nll[29].metrics["loss"] = 37.5
+    spikes = [(x.step, x.severity) for x in run(nll)[0] if x.kind == "loss_spike"]
+    assert spikes == [(30, "warning")]
+    assert "past its whole range" in next(x for x in run(nll)[0] if x.kind == "loss_spike").message
+    rng = random.Random(4)
+    hover = [StepRecord(s, {"loss": rng.choice([0.4, -0.3, 0.6]) if rng.random() < 0.03 else rng.gauss(0, 0.02)})
+             for s in range(1, 301)]
+    assert {x.severity for x in run(hover)[0] if x.kind == "loss_spike"} == {"info"}
+    # too few points to know its noise: said (info), not silent
+    short = [StepRecord(s, {"loss": v}) for s, v in enumerate([-3.1, -3.3, -3.2, -3.4, 41.2, -3.5], 1)]
+    assert [(x.step, x.severity) for x in run(short)[0] if x.kind == "loss_spike"] == [(5, "info")]
+
+
 # -- the fp16 floor --------------------------------------------------------------------------------
 def test_a_heavy_tailed_grad_norm_from_a_low_first_point_is_no_train_of_spikes():
     # an LLM fine-tune's grad norm, lognormal (σ 0.8) around a falling level, its first point low

@@ -47,6 +47,13 @@ def test_a_negative_value_after_its_name_and_a_space_keeps_its_sign(tmp_path, li
     assert [(s, m["loss"]) for s, m in got] == [(s, pytest.approx(v)) for s, v in want]
 
 
+@pytest.mark.parametrize("sep", [",", ", ", ";", "\t", " "])
+def test_a_headerless_two_column_table_keeps_a_negative_values_sign(tmp_path, sep):
+    # `1,-1.19`: the minus is the value's sign, not the separator's (a flow's NLL; before: refused)
+    got, _ = records_of(tmp_path, "".join(f"{s}{sep}{_falling(s)}\n" for s in range(1, 31)), name="nll.csv")
+    assert [(s, m["loss"]) for s, m in got] == [(s, pytest.approx(float(_falling(s)))) for s in range(1, 31)]
+
+
 SUMMARY = ("records merged into the one before: a summary in another template that prints its loss again, with no "
            "step or one behind it (its other values, totals or means over the run, left out)")
 
@@ -1242,3 +1249,15 @@ def test_a_summary_after_one_key_records_keeps_the_last_record(tmp_path, summary
     got, account = records_of(tmp_path, "\n".join(lines) + "\n")
     assert len(got) == 20 and got[-1] == (20, {"loss": 0.3})
     assert account.ignored == {"run summary": [1, 21]}
+
+
+def test_a_step_header_whose_lines_start_at_its_margin_numbers_them(tmp_path):
+    # `iter 40/500`, then the step's metrics on lines of their own, not indented under it (before:
+    # numbered in order, the NaN at step 40 of 50 rather than iteration 400)
+    text = "".join(f"iter {s}/500\nloss={'nan' if s == 400 else _falling(s // 10)} grad_norm=0.5\nlr=0.0001\n"
+                   for s in range(10, 501, 10))
+    got, account = records_of(tmp_path, text)
+    assert [s for s, _ in got] == list(range(10, 501, 10))
+    assert got[0][1] == {"loss": float(_falling(1)), "grad_norm": 0.5, "lr": 0.0001}
+    assert math.isnan(got[39][1]["loss"]) and got[39][0] == 400
+    assert account.ignored == {"step header": [50, 1]} and not account.changed

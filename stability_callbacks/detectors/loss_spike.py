@@ -150,7 +150,7 @@ class LossSpike(Detector):
     kind = "loss_spike"
     kinds = ("loss_spike", "spike_recovered", "spike_unrecovered")
     _state = ("base", "episode", "prev_step", "prev_z", "prev_log", "peak", "signed", "declared", "early",
-              "prev_x", "prev_in", "steps", "step_dev", "tail")
+              "prev_x", "prev_in", "steps", "step_dev", "tail", "below")
     #: Other loss detectors (resume spike, falsely low loss) judge against this baseline.
     baseline_before: float | None = None
     noise_before: float = 0.0
@@ -196,6 +196,7 @@ class LossSpike(Detector):
         self.declared = False   # ... because the run said its loss is an objective (declare_objective)
         self.early = [0, 0.0, False]   # a declared objective's early scale: [points, largest magnitude,
                                        # told it grew orders of magnitude past it]
+        self.below: bool | None = None  # every point so far below zero (a likelihood's); None: no point yet
         self.floor = 0.0         # floor_fraction x peak (derived), and its log for the other detectors
         self.floor_log = -math.inf
         self.peak_floor_log = -math.inf
@@ -261,6 +262,8 @@ class LossSpike(Detector):
             return []
         step_noise = _HALF_SQRT_PI * self.step_dev.mean   # self.step_noise, less the property's call
         self.step_noise_before, self.step_mean_before = step_noise, self.steps.mean
+        if self.below is None:
+            self.below = x < 0.0
         if x <= 0.0:
             if x == 0.0 or self.signed:
                 return self._update_signed(record.step, x) if self.signed else []
@@ -624,6 +627,9 @@ class LossSpike(Detector):
 
     def _update_signed(self, step: int, x: float) -> list[Finding]:
         self.baseline_before, self.noise_before, self.slope_before = None, 0.0, 0.0
+        below = self.below
+        if x >= 0.0:
+            self.below = False
         before = self.peak
         if abs(x) > self.peak:
             self._new_peak(abs(x))
@@ -637,14 +643,16 @@ class LossSpike(Detector):
         if grown:
             self.prev_step, self.prev_z = step, 0.0
             return grown
-        if (self.declared and f > 0.0 and b.n < self.cold_start_samples and self.episode is None
-                and x - f >= _COLD_ORDER * max(f, before)):
-            # a declared objective, positive so far, with too few points for its noise, and an order
-            # of magnitude past anything it had been: an episode (info), the baseline left as it was
-            # (one that went below zero on its own has no magnitude to be past: it hovers around 0)
+        most = max(abs(f), before)
+        if (b.n < self.cold_start_samples and self.episode is None and x - f >= _COLD_ORDER * most
+                and (f > 0.0 if self.declared else below and most > 0.0)):
+            # an objective with too few points for its noise, an order of magnitude past anything it
+            # had been: an episode (info), the baseline left as it was (a declared one must have been
+            # positive, and one that went below zero on its own below it from its first point, a
+            # likelihood: one that came to zero or crossed it hovers around 0, with no magnitude to
+            # be past, as a GRPO loss does after its first steps at exactly 0)
             self.episode = SpikeEpisode(step, f, x, warned=True, warm=False)
             self.prev_step, self.prev_z = step, 0.0
-            most = max(f, before)
             return [self.finding(
                 step, severity="info", value=x, baseline=f, threshold=f + _COLD_ORDER * most, onset_step=step,
                 message=(f"{self._what()} jumped to {fmt(x)} at step {step} from {fmt(f)}: a rise of "
@@ -661,10 +669,17 @@ class LossSpike(Detector):
         if ep is None:
             if b.n >= self.cold_start_samples and z > self.z_threshold:
                 self.episode = SpikeEpisode(step, f, x, warned=True, warm=False)
-                large = z >= _ORDERS * self.z_threshold   # orders of magnitude past its noise
-                what = ("That is orders of magnitude past its own noise: something changed its scale (the "
-                        "rewards, the data, a term's weight) or the weights are blowing up; check the step's "
-                        "batch." if large else ("It is an objective whose scale moves with its returns (a "
+                # orders of magnitude past its noise; or, for a likelihood that sat at a level of its own
+                # sign (not an RL objective hovering around 0, whose scale moves with its returns), a
+                # rise of ten times the largest magnitude it had had: past its whole range
+                past_range = (not self.declared and abs(f) >= 3.0 * scale and x - f >= _COLD_ORDER * most)
+                large = z >= _ORDERS * self.z_threshold or past_range
+                what = ((f"That is {(x - f) / most:.0f}x the largest magnitude it had had ({fmt(most)}): past its "
+                         "whole range, not its noise; check the step's batch and the weights (a likelihood that "
+                         "jumps like this has met data it gives almost no probability, or a layer blew up)."
+                         if past_range else "That is orders of magnitude past its own noise: something changed "
+                         "its scale (the rewards, the data, a term's weight) or the weights are blowing up; "
+                         "check the step's batch.") if large else ("It is an objective whose scale moves with its returns (a "
                         "reinforcement learner's loss)" if self.declared else "It has gone below zero (a likelihood, "
                         "an RL objective: a loss with no floor at zero)") + ", so it is judged on an additive scale "
                         "and only reported: watching.")

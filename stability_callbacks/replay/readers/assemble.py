@@ -221,6 +221,15 @@ class Assembler:
                           "read into that epoch's record")
         self.attached = True
 
+    def goes_on(self, plan: Plan | None) -> bool:
+        """Whether a line not indented under the step header holding a block is still one of its
+        lines: a header whose lines start at its own margin (`iter 40/500`, then `loss=2.1
+        grad_norm=0.8`, then `lr=1e-4`) holds the lines of metrics printing no step of their own
+        after it, up to one that prints a metric the block holds already (a record of its own)."""
+        return plan is not None and plan.kind in ("record", "ignore") and bool(plan.metrics) \
+            and plan.step is None and plan.epoch is None and self.block is not None \
+            and not any(k in self.block for _, k, _ in plan.metrics)
+
     def close_block(self) -> list[StepRecord]:
         """The record of the indented block under a step header, once the block has ended."""
         block, self.block = self.block, None

@@ -430,7 +430,7 @@ def _key_value(texts: list[str], nums: list[str]) -> tuple[str, str] | None:
     if not key or not key[0].isalpha() or "/" == texts[0].rstrip()[-1:]:
         return None
     before = texts[0]
-    sign = "-" if before.endswith("-") and before[-2:-1] in " \t:=|" else ""
+    sign = "-" if before.endswith("-") and before[-2:-1] and before[-2:-1] in tokens.SIGN_AFTER else ""
     return key, sign + nums[0]
 
 
@@ -618,8 +618,8 @@ class Reading:
         asm, account = self.asm, self.account
         asm.row, asm.line_no = row, line_no
         out: list[StepRecord] = []
-        if asm.block is not None and (indent <= asm.block_indent or not seg.strip()):
-            out += asm.close_block()      # the indented block under a step header ended
+        if asm.block is not None and (not seg.strip() or (indent <= asm.block_indent and not asm.goes_on(plan))):
+            out += asm.close_block()      # the block under a step header ended
         asm.indent = indent
         if plan is None or plan.kind in ("nan", "ignore"):
             said = warning(seg) if seg.strip() else ""

@@ -638,7 +638,11 @@ def _bare_counters(texts, nums, roles) -> None:
     def bare(i):
         return roles[i][0] == "other" and not roles[i][3]
 
-    sep = texts[1].strip() if n == 2 else "#"
+    sep = "#"
+    if n == 2:     # the separator, without the value's sign (`100,-2.5`, `100 -2.5`)
+        sep = texts[1][:-1] if texts[1][-1:] == "-" and texts[1][-2:-1] in ("", *tokens.SIGN_AFTER) \
+            else texts[1]
+        sep = sep.strip()
     if n == 2 and bare(0) and bare(1) and nums[0].isdigit() and not texts[0].strip() \
             and not texts[2].strip() and (sep in (":", "|", ",", ";") or (
                 not sep and not nums[1].isdigit())):

@@ -46,7 +46,10 @@ _LAST_SEPARATOR_WORD = re.compile(r".*(?:^|\s)[^\w\s]+\s")
 _PUNCTUATION = re.compile(r"[^\w\s]").search
 _BOX_VERTICALS = str.maketrans("\u2502\u2503\u2551", "|||")
 _WHITESPACE = re.compile(r"[ \t]+")
-_SIGN = re.compile(r"(?<=[ :=(\[_])-\x00")
+# The characters after which a minus is the number's sign, not a word's hyphen or a separator:
+# `loss: -1.0`, `nll_-3.45`, a CSV's `1,-1.19`, `| -0.5 |`.
+SIGN_AFTER = " \t:=([_,;|'\""
+_SIGN = re.compile(f"(?<=[{re.escape(SIGN_AFTER)}])-\x00")
 _STATISTIC_QUALIFIERS = frozenset({"avg", "average", "mean", "ema", "smoothed", "running"})
 
 
@@ -64,7 +67,7 @@ def key_before(piece: str, glued: bool) -> str:
     statistic (``loss (avg):``), kept as a word of the key.
     """
     s = piece
-    if s[-1:] in "-+" and s[-2:-1] in (" ", ":", "=", "\t", "'", '"', "[", "(", "_"):
+    if s[-1:] in "-+" and s[-2:-1] and s[-2:-1] in SIGN_AFTER:
         s = s[:-1]                             # the number's sign: `loss: -1.0000`, `nll_-3.45`
     if glued:
         i = 0
