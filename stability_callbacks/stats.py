@@ -208,6 +208,13 @@ class RobustLevel:
         mid = _median(steps)
         return 1.4826 / _SQRT2 * _median([abs(d - mid) for d in steps])
 
+    def trending(self) -> bool:
+        """While cold (10 points or more), whether the logs seen moved by more than their noise
+        explains: their halves' medians apart by 4σ of their difference (1.25σ√(2/h) each: 5σ√(2/h)),
+        the σ that of their changes (:meth:`cold_noise`)."""
+        h = len(self.seen) // 2
+        return h > 0 and abs(self.cold_fall()) > COLD_TREND_SIGMAS * self.cold_noise() * math.sqrt(2.0 / h)
+
     def cold_fall(self) -> float:
         """While cold, how far the logs seen fell: the median of their first half minus that of
         their second (robust to a spike among them); O(k log k)."""
@@ -276,6 +283,15 @@ class RobustLevel:
         # point (a loss falling fast from its first steps is below their median: a +35% spike
         # right after a short warmup must stand out, docs/design.md, Findings); at the k-th point
         # the EW part takes over from it.
+        if k >= self.cold_start_samples and not self.trending():
+            # the handover, where the points show no trend their noise does not explain (a noisy
+            # flat loss: a line through 10 draws of ±50% tilts by chance and carries its tilt into
+            # the EW part): their median, no trend, and no less noise than their changes show
+            self.level = _median(seen)
+            self.trend = self.bias = 0.0
+            self.mad = max(1.4826 / 1.25 * _median([abs(v - self.level) for v in seen]), self.cold_noise() / 1.25)
+            self.seen = []
+            return
         recent = seen[k // 2:]
         m = len(recent)
         slope = _median([(recent[j] - recent[i]) / (j - i) for i in range(m) for j in range(i + 1, m)]) if m > 1 else 0.0
@@ -299,6 +315,8 @@ _SQRT2 = math.sqrt(2.0)
 #: Cold points from which the cold baseline is a trend line (fewer: their median). Up to 20
 #: cold points the refit costs <= 45 pairwise slopes per point, on the first points only.
 COLD_TREND_SAMPLES = 10
+#: How far apart, in σ√(2/h) of one point, the medians of the cold points' halves must be for a trend.
+COLD_TREND_SIGMAS = 5.0
 
 
 def _first_below(alpha: float) -> int:

@@ -36,11 +36,13 @@ def _td_losses(seed: int) -> list[StepRecord]:
 
 
 def test_a_reinforcement_learners_loss_is_declared_an_objective_by_its_config():
-    # read as any loss, a healthy DQN's TD loss gets loss_spike warnings; configured as an
-    # objective (detectors.loss_spike.objective: a live run's way to say so), it is quiet
+    # a healthy DQN's TD loss, lognormal draws of σ 1.2: read as any loss its x10 draws are no
+    # warnings (before: 3, judged in its additive noise alone; a draw is judged in log(loss) too,
+    # and a cold start's points stand out of the noise before them); configured as an objective
+    # (detectors.loss_spike.objective: a live run's way to say so), it is judged additively
     f, _ = run(_td_losses(4))
-    assert found(f, min_severity="warning") == [(500, "loss_spike", "warning"), (1300, "loss_spike", "warning"),
-                                                (3300, "loss_spike", "warning")]
+    assert found(f, min_severity="warning") == [] and [x.step for x in f if x.kind == "loss_spike"][:3] == [
+        200, 400, 1200]
     f, m = run(_td_losses(4), {"detectors": {"loss_spike": {"objective": True}}})
     assert found(f, min_severity="warning") == [] and next(d for d in m.detectors if d.name == "loss_spike").signed
     # ... and a NaN still is what it is
@@ -53,9 +55,10 @@ def test_a_reinforcement_learners_loss_is_declared_an_objective_by_its_config():
 def test_a_cold_start_point_below_one_already_printed_is_no_warning_at_once():
     # the first points (every 100 steps, past the start-up) span x16 (0.156, 0.0095, 0.0228): a
     # 4th at 0.081, 3.6x their median but below the first, is a spike's onset (info), not a
-    # warning; above every point seen it is one
+    # warning; above every point seen it must also stand 6σ out of the noise they show (x16 apart:
+    # 2.0 does not), or be orders of magnitude past their level (30: x1300)
     head = [0.1563, 0.0095, 0.0228]
-    for x, severity in ((0.0811, "info"), (0.2, "warning")):
+    for x, severity in ((0.0811, "info"), (0.2, "info"), (2.0, "info"), (30.0, "warning")):
         f, _ = run([StepRecord(100 * s, {"loss": v}) for s, v in enumerate(head + [x, 0.02], 1)])
         assert [(y.step, y.kind, y.severity) for y in f] == [(400, "loss_spike", severity),
                                                               (500, "spike_recovered", "info")]
@@ -698,7 +701,8 @@ def test_a_diffusion_loss_near_zero_counts_its_tail_in_the_units_its_rises_are_j
     # a DDPM loss at batch size 1: each point one timestep's MSE, so its right tail is heavy; near
     # zero its additive noise sets the floor a rise is measured against. Before, its tail was
     # counted in σ of log(loss), where its ~10x draws are 4σ (none "as high" lately) while the
-    # rise was judged 11σ of the additive noise: a warning on a healthy run.
+    # rise was judged 11σ of the additive noise: a warning on a healthy run. Its draws are said
+    # (info): a warning needs z_threshold σ in log(loss) too, and its tail's count besides.
     rng = random.Random(0)
     xs = []
     for s in range(1, 3001):
@@ -706,7 +710,7 @@ def test_a_diffusion_loss_near_zero_counts_its_tail_in_the_units_its_rises_are_j
         xs.append(base * (0.3 + 2.5 * (1 - rng.random()) ** 4) * rng.lognormvariate(0, 0.3))
     f, _ = run([StepRecord(s, {"loss": x}) for s, x in enumerate(xs, 1)])
     assert found(f, min_severity="warning") == []
-    assert len([x for x in f if x.kind == "loss_spike" and x.details.get("tail_draws")]) >= 1
+    assert len([x for x in f if x.kind == "loss_spike"]) >= 1
 
 
 def _epoch_run(xs, *, epochs=True):
@@ -952,3 +956,23 @@ def test_a_cold_start_spike_comes_back_only_to_the_level_the_loss_had_reached():
     back = [f for f in out if f.kind == "spike_recovered"]
     assert [(f.step, f.details["at_level"]) for f in back] == [(9, False)]
     assert "still 1.31x its level before (1.45)" in back[0].message and "No action needed" not in back[0].message
+
+
+def _noisy_flat(seed: int, sigma: float, every: int, n: int = 200) -> list[StepRecord]:
+    """A healthy loss whose points scatter as lognormal draws of σ ``sigma`` (a diffusion loss over
+    random timesteps, a small batch's), printed every ``every`` steps, flat at 0.1."""
+    rng = random.Random(seed)
+    return [StepRecord(every * i, {"loss": 0.1 * math.exp(rng.gauss(0, sigma))}) for i in range(1, n + 1)]
+
+
+@pytest.mark.parametrize("seed, sigma, every", [(11, 0.8, 1), (2, 0.8, 1), (6, 0.5, 10), (9, 0.5, 10), (17, 0.5, 10),
+                                                (5, 0.3, 10), (7, 0.3, 10)])
+def test_a_noisy_flat_loss_is_no_spike(seed, sigma, every):
+    # before: a doubling always counted, so half of a ±50% loss's upper draws were left out of its
+    # baseline, which sank to a fifth of the loss and warned on ordinary draws; a draw 21σ of the
+    # additive noise but 3.5σ of log(loss) warned; and a spike opened among the first 20 points
+    # (printed every 10 steps: past the start-up) "persisted" or "grew" on points 30% up, a third
+    # of them. Each of these seeds warned (of seeds 0-29 at these σ and print intervals, 47 of 90
+    # runs warned; now 8, each an early point standing 6σ out of its few predecessors' noise).
+    f, _ = run(_noisy_flat(seed, sigma, every))
+    assert found(f, min_severity="warning") == []

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 from .. import keys
 from ..record import Finding, StepRecord
-from ..stats import COLD_TREND_SAMPLES, EWMean, RobustLevel
+from ..stats import COLD_TREND_SAMPLES, COLD_TREND_SIGMAS, EWMean, RobustLevel
 from .base import Context, Detector, check, count, fmt, positive, positive_int
 
 
@@ -42,6 +42,8 @@ _TAIL_PRIOR = 50
 #: A jump at onset is a draw from the loss's own tail once it has drawn as high this many times
 #: lately (each an ordinary point or a one-point blip): once may be a real spike, twice is a habit.
 _TAIL_DRAWS = 2.0
+#: σ above the level a point of a spike must stand to count as staying up (a Gaussian loss's rate).
+_STAY_SIGMAS = 3.0
 
 
 def _tail_height(z: float) -> int:
@@ -71,6 +73,8 @@ class SpikeEpisode:
     low: float | None = None   # the lowest height of the points since, in σ (none back)
     orders: bool = False   # told it reached _ORDERS_RATIO x its baseline (a warning past any start-up)
     before: float = 0.0    # the loss at the point before the onset (a cold start's baseline lags a fall)
+    noise: float = 0.0     # a cold onset's noise σ, from the points before it (its own are no noise;
+                           # -1: one point before it, no noise known)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -250,8 +254,11 @@ class LossSpike(Detector):
             return base + self.cold_start_rise * unit
         if cold:   # an extrapolated level: no rise counts that its points' own noise explains
             return base + max(self.cold_start_rise * unit, math.expm1(self.z_threshold * scale) * base)
-        return base + min(max(self.min_rise * unit, math.expm1(self.z_threshold * scale) * base),
-                          self.max_threshold_rise * unit)
+        # the cap, unless 3σ of the loss's own noise is past it: where doublings are ordinary draws
+        # (a diffusion loss over random timesteps: ±50% a point), a point that doubles is no spike,
+        # and leaving every such point out of the baseline would drag it down the loss's spread
+        cap = max(self.max_threshold_rise * unit, math.expm1(3.0 * scale) * base)
+        return base + min(max(self.min_rise * unit, math.expm1(self.z_threshold * scale) * base), cap)
 
     # long: the detector's rule, one path per point through the episode's states (cold start,
     # normal, open spike, recovery); split, each piece would carry the same dozen locals, and
@@ -294,7 +301,7 @@ class LossSpike(Detector):
                 ep = self.episode   # the changes inside an open spike are no noise
                 noise = ep.scale if ep is not None else b.cold_noise()
                 # a fall: the two halves' medians apart by 4σ of their difference (1.25σ√(2/h) each)
-                if b.cold_fall() > 5.0 * noise * math.sqrt(2.0 / (len(b.seen) // 2)):
+                if b.cold_fall() > COLD_TREND_SIGMAS * noise * math.sqrt(2.0 / (len(b.seen) // 2)):
                     f, falling = b.level, noise
         base = math.exp(f)
         scale = 1.25 * b.mad
@@ -334,10 +341,15 @@ class LossSpike(Detector):
                 # that, it must stand above every point seen (a value the run already printed is
                 # no news at once: a TD loss's first points span x16; if it stays or grows, the
                 # escalation warns: a QLoRA run back from 1.43 to 10, below its first 15.5)
+                # and warm, beyond z_threshold σ of its noise, in log(loss) and, where its additive
+                # noise is the unit, in that too: a doubling always opens a spike, but on a loss whose
+                # points scatter by ±30% or more (a diffusion loss over random timesteps, a small
+                # batch's) a doubling is a draw, and a 15x draw of a loss scattering by x2.2 is 21σ of
+                # its additive noise but 3.5σ of log(loss): info; if it stays, the persistence rule,
+                # which weighs the loss's own tail, warns
                 severity = "warning" if x - base >= self.large_rise * unit and n >= 3 and (
                     unit == base or x - base >= _NEAR_FLOOR_WARN * self.peak) and (
-                    not cold or (lx > max(b.seen) if len(b.seen) < COLD_TREND_SAMPLES
-                                 else lx - f >= self.z_threshold * (falling or b.cold_noise()))) else "info"
+                    self._loud(lx, f, falling) if cold else min(z, (lx - f) / scale) >= self.z_threshold) else "info"
                 # a jump as high as the loss's own tail has lately drawn twice, each back at once
                 # (a diffusion loss over random timesteps, a detector's hard batches): a draw, not
                 # news; info, and a warning still if it stays (persistence weighs the same tail)
@@ -347,7 +359,8 @@ class LossSpike(Detector):
                 orders = _by_orders(x, unit)   # (near its floor, against the floor: a hard batch is x500 its level)
                 severity = "warning" if orders else severity
                 self.episode = SpikeEpisode(onset, base, x, warned=severity == "warning", warm=not cold,
-                                            scale=falling or 0.0, z=z, orders=orders, before=self.prev_x or 0.0)
+                                            scale=falling or 0.0, z=z, orders=orders, before=self.prev_x or 0.0,
+                                            noise=(self._cold_noise() if len(b.seen) >= 2 else -1.0) if cold else 0.0)
                 out.append(self._onset_finding(step, x, base, thr, onset, severity, unit, tail, orders))
             else:
                 enters = True
@@ -394,8 +407,12 @@ class LossSpike(Detector):
             else:
                 ep.low = z if ep.low is None else min(ep.low, z)
                 orders = not ep.orders and _by_orders(x, max(base0, floor))
-                if orders or (not ep.warned and abnormal and (
+                if orders or (not ep.warned and abnormal and (ep.warm or self._stays_up(lx, f, ep)) and (
                         grew or ep.samples - 1 >= self._stay_needed(self.persist_samples - 1, ep.low))):
+                    # (a spike opened among the first points, against their median: its points must
+                    # stand out of the noise the points before it showed, 3σ as a stay's points are
+                    # weighed, not only clear cold_start_rise: on a loss scattering by ±30% a third
+                    # of its points do)
                     # Only a point above the threshold says the spike is still there (or larger);
                     # one that grew orders of magnitude is told so once, whatever was said before
                     # (a start-up's warning is said as info)
@@ -523,6 +540,35 @@ class LossSpike(Detector):
     def _what(self) -> str:
         sig = self.signals[0]
         return "The loss" if sig == keys.LOSS else f"The {sig} loss"
+
+    def _loud(self, lx: float, f: float, falling: float | None) -> bool:
+        """Whether ``lx`` (log of a point among the first ``cold_start_samples``) stands out of the
+        noise the cold points show: ``z_threshold`` σ of it above the level ``f`` (against a
+        falling start's trend, that trend's noise), and while they are too few for a trend, above
+        every point seen too (a value the run already printed is no news). Fewer than three
+        points tell no noise: none does."""
+        b = self.base
+        if len(b.seen) < 3:
+            return False
+        loud = lx - f >= self.z_threshold * (falling or self._cold_noise())
+        return loud and lx > max(b.seen) if len(b.seen) < COLD_TREND_SAMPLES else loud
+
+    def _stays_up(self, lx: float, f: float, ep: SpikeEpisode) -> bool:
+        """Whether a point of a spike opened among the first points stands ``_STAY_SIGMAS`` σ above
+        the level ``f``, in the noise of the points before its onset (``ep.noise``; its own points
+        are no noise): as a stay's points are weighed, not only past cold_start_rise, which a third
+        of a loss scattering by ±30% clears. A spike at the second point has no level before it to
+        stay above (its noise unknown: -1)."""
+        return ep.noise >= 0.0 and lx - f >= _STAY_SIGMAS * (ep.scale or ep.noise)
+
+    def _cold_noise(self) -> float:
+        """While cold, the σ of one point: the larger of the changes' and the spread around the
+        level (from a dozen points either alone can come out at half the σ); from two points,
+        their change's."""
+        b = self.base
+        if len(b.seen) == 2:
+            return abs(b.seen[1] - b.seen[0]) / _SQRT2
+        return max(b.cold_noise(), 1.25 * b.mad)
 
     def _escalation_finding(self, step: int, x: float, thr: float, ep: SpikeEpisode, grew: bool) -> Finding:
         """The open spike is now a warning: it grew to a warning-sized rise, or it persists."""
