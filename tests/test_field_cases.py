@@ -976,3 +976,14 @@ def test_a_noisy_flat_loss_is_no_spike(seed, sigma, every):
     # runs warned; now 8, each an early point standing 6σ out of its few predecessors' noise).
     f, _ = run(_noisy_flat(seed, sigma, every))
     assert found(f, min_severity="warning") == []
+
+
+def test_a_noisy_loss_that_steps_up_fourfold_and_stays_is_a_divergence():
+    # a loss scattering ±30% jumps x4 at point 100 and stays: its first point up opens a spike that
+    # "comes down" within its noise at the next (x3 is 3σ of it), and divergence, which starts a
+    # fresh median after a spike, kept the low from before it: the rise is found 10 points on
+    recs = _noisy_flat(3, 0.3, 10, n=300)
+    for r in recs[99:119]:
+        r.metrics["loss"] *= 4.0
+    assert found(run(recs)[0], min_severity="warning") == [(1100, "divergence", "critical"),
+                                                           (1100, "rollback_advice", "critical")]

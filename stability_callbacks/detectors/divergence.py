@@ -106,10 +106,16 @@ class Divergence(Detector):
         #                 told it exploded]
         self.epochs: list = [None, None, 0, None, False, False]
 
-    def _restart(self):
+    def _restart(self, keep_low: bool = False):
+        """A fresh median (the points of a spike are no level); ``keep_low``: the low before it
+        stays the reference (a spike that comes down to a level three times its old one, within
+        its noise for one point, and stays there is a rise from that low, not a new start)."""
         self.med = RollingMedian(self.window)
         self.prev_log = None
-        self.rise.restart()
+        if keep_low:
+            self.rise.count = 0
+        else:
+            self.rise.restart()
         self.swing, self.smooth, self.episode = None, None, None
 
     def on_segment(self, start_step: int, reason: str) -> None:
@@ -128,7 +134,10 @@ class Divergence(Detector):
             return runaway
         rising = self._epochs_rising(record.step, x, ctx) if ctx.steps_are_epochs else []
         if ctx.loss_spike_open:
-            self._restart()
+            self._restart(keep_low=True)
+            return rising
+        if ctx.found and any(f.kind == "spike_unrecovered" for f in ctx.found):
+            self._restart()   # loss_spike said the spike's level is the new one (a critical): from it
             return rising
         lx = math.log(x)
         # (the windows appended to directly: RollingMedian.update, less a call per point)
