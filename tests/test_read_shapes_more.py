@@ -1261,3 +1261,14 @@ def test_a_step_header_whose_lines_start_at_its_margin_numbers_them(tmp_path):
     assert got[0][1] == {"loss": float(_falling(1)), "grad_norm": 0.5, "lr": 0.0001}
     assert math.isnan(got[39][1]["loss"]) and got[39][0] == 400
     assert account.ignored == {"step header": [50, 1]} and not account.changed
+
+
+@pytest.mark.parametrize("container", ["metrics", "stats", "logs", "scalars"])
+def test_a_dict_printed_under_a_containers_name_keeps_its_keys(tmp_path, container):
+    # `metrics={'train_loss': .., 'lr': ..}`: the container's name prefixes every key inside
+    # (`metrics/lr`); before, the LR and the grad norm were not read, the loss read as a term
+    text = "".join(f"INFO step={s} {container}={{'train_loss': {_falling(s)}, 'lr': 0.0001, 'grad_norm': 0.5}}\n"
+                   for s in range(1, 11))
+    got, account = records_of(tmp_path, text)
+    assert got[0] == (1, {"loss": float(_falling(1)), "lr": 0.0001, "grad_norm": 0.5})
+    assert account.keys == {"loss": ["train_loss"], "lr": ["lr"], "grad_norm": ["grad_norm"]}
