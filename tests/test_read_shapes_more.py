@@ -1272,3 +1272,17 @@ def test_a_dict_printed_under_a_containers_name_keeps_its_keys(tmp_path, contain
     got, account = records_of(tmp_path, text)
     assert got[0] == (1, {"loss": float(_falling(1)), "lr": 0.0001, "grad_norm": 0.5})
     assert account.keys == {"loss": ["train_loss"], "lr": ["lr"], "grad_norm": ["grad_norm"]}
+
+
+def test_a_cross_entropy_named_with_its_qualifiers_is_the_loss(tmp_path):
+    # Trax prints each metric on a line of its own, the loss named after its function with its
+    # qualifiers glued on (`train WeightedCategoryCrossEntropy`), the evaluation's beside it
+    # (before: refused, "no per-step training metrics")
+    text = "".join(f"Step {100 * s:6d}: Ran 100 train steps in 10.00 secs\n"
+                   f"Step {100 * s:6d}: train WeightedCategoryCrossEntropy |  {_falling(s)}\n"
+                   f"Step {100 * s:6d}: train WeightedCategoryAccuracy |  0.5\n"
+                   f"Step {100 * s:6d}: eval  WeightedCategoryCrossEntropy |  0.9\n\n" for s in range(1, 11))
+    got, account = records_of(tmp_path, text)
+    assert [(s, m["loss"]) for s, m in got] == [(100 * s, float(_falling(s))) for s in range(1, 11)]
+    assert account.keys == {"loss": ["train WeightedCategoryCrossEntropy"]}
+    assert account.ignored["evaluation"][0] == 10

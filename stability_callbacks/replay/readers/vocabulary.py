@@ -111,7 +111,7 @@ def _classify(norm: str, raw: str, user: tuple) -> tuple[str, str | None, int]:
     if any(WORD_ROLES.get(w) == "split" for w in words):
         training = training_words(words)
         if training is None:
-            return "eval", "loss" if ("loss" in words or "ppl" in words) else None, 0
+            return "eval", "loss" if ("loss" in words or "ppl" in words or _cross_entropy_word(words[-1])) else None, 0
         norm, words = " ".join(training), training
     elif _ON_TRAINING.search(norm):
         words = training_words(words) or words
@@ -131,6 +131,10 @@ def _classify(norm: str, raw: str, user: tuple) -> tuple[str, str | None, int]:
             # no other: see plan.make_plan).
             return role, keys.LOSS if role == "statistic" and lossy else None, 0
     bare = [w for w in words if w not in PREFIXES] or words
+    if _cross_entropy_word(bare[-1]) and len(bare) <= _KEY_MAX_WORDS:
+        # a cross-entropy named with its qualifier (Keras' `categorical_crossentropy`, Trax's
+        # `WeightedCategoryCrossEntropy`): as `crossentropy`, the loss where the log prints no other
+        return "metric", keys.LOSS, 2
     if bare[0] == "lr" and len(bare) > 1 and "lr-" in raw.lower():
         return "metric", keys.LR, 1       # Lightning / composer LR monitors: `lr-AdamW/pg1`
     if bare[0] in ("lr", "learning") and len(bare) > 1 and all(_LR_PART.fullmatch(w) for w in bare[1:]):
@@ -183,6 +187,12 @@ def training_words(words: list[str]) -> list[str] | None:
 
 #: Words that make `loss_<word>` the whole loss, not one of its terms.
 _WHOLE_WORDS = frozenset({"total", "sum", "overall", "all", "combined", "full"})
+
+
+def _cross_entropy_word(word: str) -> bool:
+    """A word naming a cross-entropy, alone or glued to its qualifiers (``crossentropy``,
+    ``weightedcategorycrossentropy``: CamelCase is lowered whole)."""
+    return word.endswith("crossentropy")
 
 
 def _is_loss_word(word: str) -> bool:
