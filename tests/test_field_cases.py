@@ -987,3 +987,15 @@ def test_a_noisy_loss_that_steps_up_fourfold_and_stays_is_a_divergence():
         r.metrics["loss"] *= 4.0
     assert found(run(recs)[0], min_severity="warning") == [(1100, "divergence", "critical"),
                                                            (1100, "rollback_advice", "critical")]
+
+
+def test_a_five_epoch_log_flat_at_ln2_is_said_too_short_to_call_not_left_unsaid():
+    # 5 epochs of a binary classifier at chance (0.693 ± 0.0003): the horizon needs 3 points after
+    # the first 3; at the log's end 2 will do for an info (before: nothing at all)
+    rng = random.Random(9)
+    m = Monitor()
+    m.steps_are_epochs = True
+    f = [x for e in range(1, 6) for x in m.update(StepRecord(e, {"loss": 0.6931 + rng.gauss(0, 0.0003)}))]
+    f += m.end()
+    assert [(x.step, x.kind, x.severity) for x in f] == [(5, "not_learning", "info")]
+    assert "only 2 points after its first 3" in f[0].message and "~2 classes" in f[0].message

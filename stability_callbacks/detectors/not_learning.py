@@ -299,7 +299,7 @@ class NotLearning(Detector):
     def at_end(self, ctx: Context) -> list[Finding]:
         """The end of a replayed log too short to call (``info``, once, saying what it cannot tell):
 
-        - its loss never left its first level over its horizon in points, but over fewer than
+        - its loss never left its first level over its horizon in points (2 at least), but over fewer than
           ``horizon_steps`` steps (a handful of records numbered 1, 2, 3): too few optimizer steps
           to call, unless each step is an epoch or many batches, which the numbers alone do not
           say; a log that prints no step numbers (``ctx.steps_by_order``) may also not start where
@@ -317,7 +317,9 @@ class NotLearning(Detector):
             self.told = bool(out)
             return out
         f, h = self.first, self.horizon
-        if h is None or not f[0] or self.prev_log is None or h[1] < self._horizon_points():
+        # (at the end, a horizon of 2 points will do: a 5-epoch log flat at ln 2 is said, as too
+        # short to call, rather than nothing)
+        if h is None or not f[0] or self.prev_log is None or h[1] < min(2, self._horizon_points()):
             return []
         first, since = f[1] / f[0], h[2] / h[1]
         fell = first - since
@@ -325,7 +327,8 @@ class NotLearning(Detector):
         sigma = self._noise()
         raw = sigma * math.sqrt(1.0 / f[0] + 1.0 / h[1])
         se = self._flat(fell, raw, sigma, None, math.exp(self.prev_log), from_start=not mid_run)
-        short = ctx.step - h[0] < self.horizon_steps   # an excerpt may be long enough, and still mid-run
+        short = ctx.step - h[0] < self.horizon_steps or h[1] < self._horizon_points()   # an excerpt may be
+        # long enough, and still mid-run
         if se is None:
             return self._undecided(ctx, first, since, fell, raw, short, mid_run)
         self.told = True
@@ -513,13 +516,14 @@ class NotLearning(Detector):
                 f"steps are epochs, each a pass over the data)" if epochs else
                 f"the {h[1]} points from step {h[0]} to {step} (a horizon of at least {least} and "
                 f"{self.horizon_steps} steps as the log numbers them)")
+        unit = "epoch" if epochs else "step"
         if rule == "chance":
             what = (f"the loss has stayed at chance level: {fmt(math.exp(self.fast.mean))} at step {step}, "
                     f"{fmt(level)} on average over {span}, {fmt(before)} at its start.{chance}")
         else:
             what = (f"the loss has not left its first level: {fmt(before)} over its first {f[0]} points "
                     f"(to {'epoch' if epochs else 'step'} {f[2]}), {fmt(level)} on average over "
-                    f"{f'the {h[1]} points from step {h[0]} to the end of the log at step {step}' if short else span}: "
+                    f"{f'the {h[1]} points from {unit} {h[0]} to the end of the log at {unit} {step}' if short else span}: "
                     f"{abs(math.expm1(-fell)):.1%} {'lower' if fell > 0 else 'higher'}, and no downward trend, "
                     f"where against its noise a fall of {self.min_fall:.0%} would show.{chance}")
         if mid_run:   # an excerpt from later in a run: what it shows, and what it cannot tell
@@ -531,6 +535,10 @@ class NotLearning(Detector):
                        f"later in a run cannot tell 'never learned' from 'learned, then converged': if the "
                        f"loss sat at this level from the run's start for long, the run is not learning. "
                        f"Usual causes then: {CAUSES}.")
+        elif short and h[1] < self._horizon_points():   # the log ended before the horizon's points
+            message = (f"Too early to tell whether the run learns: {what} That is only {h[1]} points after its first "
+                       f"{f[0]}, fewer than the {self._horizon_points()} it takes to call; if the loss stays there, "
+                       f"the run is not learning. Usual causes then: {CAUSES}.")
         elif short:   # the horizon in points, not in steps: say both readings
             message = (f"Too early to tell whether the run learns: {what} That is {count(step - h[0])} as the log "
                        f"numbers them, fewer than the {self.horizon_steps} it takes to call: if each is one "
