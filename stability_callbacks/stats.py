@@ -38,7 +38,7 @@ class EWMean:
     [4.0, 3.0]
     """
 
-    __slots__ = ("alpha", "start", "n", "mean", "_warm", "_whole_from")
+    __slots__ = ("alpha", "start", "n", "mean", "warm", "whole_from")
     STARTS = ("first", "running", "zero")
 
     def __init__(self, alpha: float, *, start: str = "first"):
@@ -50,16 +50,16 @@ class EWMean:
         self.start = start
         self.n = 0
         self.mean = 0.0
-        # One update rule for all three: weight max(alpha, 1/n) for the first _warm points
+        # One update rule for all three: weight max(alpha, 1/n) for the first `warm` points
         # (first: the first point gets weight 1; running: while 1/n ≥ alpha; zero: never).
-        self._warm = {"first": 1, "running": int(1.0 / alpha) + 1, "zero": 0}[start]
-        self._whole_from = _NEVER   # the first n at which the zero start's weights sum to 1.0 exactly
+        self.warm = {"first": 1, "running": int(1.0 / alpha) + 1, "zero": 0}[start]
+        self.whole_from = _NEVER   # the first n at which the zero start's weights sum to 1.0 exactly
 
     def update(self, x: float) -> float:
         """Add ``x``; returns the new mean."""
         n = self.n = self.n + 1
         mean = self.mean
-        mean += (self.alpha if n > self._warm else max(self.alpha, 1.0 / n)) * (x - mean)
+        mean += (self.alpha if n > self.warm else max(self.alpha, 1.0 / n)) * (x - mean)
         self.mean = mean
         return mean
 
@@ -67,13 +67,13 @@ class EWMean:
     def debiased(self) -> float:
         """The mean over the weights actually given (differs from ``mean`` only for ``zero``)."""
         n = self.n
-        if self.start != "zero" or n == 0 or n >= self._whole_from:
+        if self.start != "zero" or n == 0 or n >= self.whole_from:
             return self.mean
         if self.alpha >= 1.0:
             return self.mean
         weight = -math.expm1(n * math.log1p(-self.alpha))
         if weight == 1.0:   # (1 - alpha)^n is below half an ulp of 1 (~730 points at 0.05): it stays so,
-            self._whole_from = n   # and dividing by 1.0 is exact; not state (it follows from alpha)
+            self.whole_from = n   # and dividing by 1.0 is exact; not state (it follows from alpha)
         return self.mean / weight
 
     def state_dict(self) -> list:
