@@ -171,7 +171,7 @@ class Divergence(Detector):
         thr = thr if thr > log_rise else log_rise   # max(log_rise, thr), less a call
         fired = rise.update(level, record.step, thr)
         # The swings the run has shown: rises of half a threshold that came back, and how long.
-        low = rise.low_value
+        low = level if level < low else low   # rise.low_value: the low, or this level below it
         up = level - low
         if self.swing is None and up > thr / 2:
             self.swing = self.points
