@@ -233,26 +233,27 @@ class Monitor:
         ctxs = self._contexts[:n]
         first = plans[0]
         columns: list[tuple[Detector, list[int] | None]]
-        if all(p == first for p in plans):   # the same detectors at every step (most logs; two sets
+        if plans.count(first) == n:   # the same detectors at every step (most logs; two sets
             # of keys may feed the same ones: a loss printed with and without its resolution)
             before, loss_spike, after = first
             columns = [(d, None) for d in before + ((loss_spike,) if loss_spike else ()) + after]
+            unviewed = ctxs if loss_spike is None else []   # no step with the main loss spike, or none without
         else:
             fed = [{*p[0], p[1], *p[2]} for p in plans]
             columns = [(d, idx) for d in self.detectors if (idx := [i for i in range(n) if d in fed[i]])]
-        for ctx, p in zip(ctxs, plans):
-            if p[1] is None:
-                _no_loss_view(ctx)
+            unviewed = [ctx for ctx, p in zip(ctxs, plans) if p[1] is None]
+        for ctx in unviewed:
+            _no_loss_view(ctx)
         for d, at in columns:
             self._column(d, run, ctxs, at)
         out: list[Finding] = []
-        windows, last = self._windows, n - 1
+        windows, last, policy = self._windows, n - 1, self.policy
         for i, (r, ctx) in enumerate(zip(run, ctxs)):
             # A step where nothing was found changes nothing of the policy: it only sets the save
             # interval on Control, which the next step the policy decides sets again, from that
             # step alone (nothing reads Control within a batch): the run's last step is decided.
             # While saves are blocked by damage, each step is (the loss may be back: saves resume).
-            if ctx.found or i == last or self.policy.damage is not None:
+            if ctx.found or i == last or policy.damage is not None:
                 self._decide(r, ctx, ctx.found, windows[i])
                 out += ctx.found
         carried = self._ctx   # where a later update() or end() carries on from: the last step's context
