@@ -41,6 +41,7 @@ STATE_VERSION = 12  # 2: latches and EW means are statistics objects; streams ar
 #: The records :meth:`Monitor.update_many` runs one detector at a time over, at most: long enough
 #: for a detector's code to stay hot, short enough for their contexts to stay in the cache.
 _COLUMN_RUN = 256
+_LR, _LOSS = keys.LR, keys.LOSS   # (read at every step: a global, not a module's attribute)
 _CONTEXT_FIELDS = tuple(f.name for f in dataclasses.fields(Context))
 
 class Monitor:
@@ -182,21 +183,35 @@ class Monitor:
         run: list[StepRecord] = []
         plans: list[_Plan] = []
         contexts, windows, begin = self._contexts, self._windows, self._begin
+        # The last two sets of keys and their plans (a log alternates between two at most, as a loss
+        # printed with and without its resolution): a record's keys compared with them cost half of
+        # a frozenset built and looked up. Exact: a plan stays valid until the plans are forgotten
+        # (a new set of keys, a failing detector, a segment: in _plan, _run_columns or update, after
+        # which these are dropped and looked up again).
+        seen: list[tuple[frozenset, _Plan]] = []
         for r in records:
             if (r.warmup_steps is not None or r.num_outputs is not None or r.segment > self.segment
                     or (self.last_step is not None and r.step <= self.last_step)):
                 out += self._run_columns(run, plans)
-                run, plans = [], []
+                run, plans, seen = [], [], []
                 out += self.update(r)
                 continue
-            shape = frozenset(r.metrics)
-            plan = self._plans.get(shape)
+            names = r.metrics.keys()
+            if seen and names == seen[0][0]:
+                plan: _Plan | None = seen[0][1]
+            elif len(seen) > 1 and names == seen[1][0]:
+                plan = seen[1][1]
+            else:
+                shape = frozenset(names)
+                plan = self._plans.get(shape)
+                if plan is not None:
+                    seen = [(shape, plan), *seen[:1]]
             k = len(run)
             if plan is None or k == _COLUMN_RUN:
                 out += self._run_columns(run, plans)
-                run, plans, k = [], [], 0
+                run, plans, k, seen = [], [], 0, []
                 if plan is None:
-                    plan = self._plan(shape)
+                    plan = self._plan(frozenset(names))
             windows[k] = begin(r, contexts[k], [])
             run.append(r)
             plans.append(plan)
@@ -218,26 +233,27 @@ class Monitor:
         ctxs = self._contexts[:n]
         first = plans[0]
         columns: list[tuple[Detector, list[int] | None]]
-        if all(p == first for p in plans):   # the same detectors at every step (most logs; two sets
+        if plans.count(first) == n:   # the same detectors at every step (most logs; two sets
             # of keys may feed the same ones: a loss printed with and without its resolution)
             before, loss_spike, after = first
             columns = [(d, None) for d in before + ((loss_spike,) if loss_spike else ()) + after]
+            unviewed = ctxs if loss_spike is None else []   # no step with the main loss spike, or none without
         else:
             fed = [{*p[0], p[1], *p[2]} for p in plans]
             columns = [(d, idx) for d in self.detectors if (idx := [i for i in range(n) if d in fed[i]])]
-        for ctx, p in zip(ctxs, plans):
-            if p[1] is None:
-                _no_loss_view(ctx)
+            unviewed = [ctx for ctx, p in zip(ctxs, plans) if p[1] is None]
+        for ctx in unviewed:
+            _no_loss_view(ctx)
         for d, at in columns:
             self._column(d, run, ctxs, at)
         out: list[Finding] = []
-        windows, last = self._windows, n - 1
+        windows, last, policy = self._windows, n - 1, self.policy
         for i, (r, ctx) in enumerate(zip(run, ctxs)):
             # A step where nothing was found changes nothing of the policy: it only sets the save
             # interval on Control, which the next step the policy decides sets again, from that
             # step alone (nothing reads Control within a batch): the run's last step is decided.
             # While saves are blocked by damage, each step is (the loss may be back: saves resume).
-            if ctx.found or i == last or self.policy.damage is not None:
+            if ctx.found or i == last or policy.damage is not None:
                 self._decide(r, ctx, ctx.found, windows[i])
                 out += ctx.found
         carried = self._ctx   # where a later update() or end() carries on from: the last step's context
@@ -285,22 +301,31 @@ class Monitor:
         self.last_step = step
         m = record.metrics
         phase = self.phase
-        phase.epochs = self.steps_are_epochs
-        out += phase.update(step, m.get(keys.LR))
-        if not self.success_seen:
-            skipped, loss = m.get(keys.OVERFLOW_SKIPPED), m.get(keys.LOSS)
-            self.success_seen = skipped is None or skipped == 0 or (loss is not None and math.isfinite(loss))
-        window = phase.risk_window
-        ctx.step, ctx.phase, ctx.in_risk_window = step, phase.phase, window is not None and window[0] < step <= window[1]
-        ctx.loss = m.get(keys.LOSS)
-        ctx.warmup_end_step = phase.warmup_end_step
+        epochs = phase.epochs = self.steps_are_epochs
+        said = phase.update(step, m.get(_LR))
+        if said:
+            out += said
+        loss = ctx.loss = m.get(_LOSS)
+        seen = self.success_seen
+        if not seen:
+            skipped = m.get(keys.OVERFLOW_SKIPPED)
+            seen = self.success_seen = skipped is None or skipped == 0 or (loss is not None and math.isfinite(loss))
+        # phase.risk_window, less the property's call and its tuple where there is none
+        end, last = phase.warmup_end_step, phase.risk_window_end
+        if end is None or last is None:
+            window, ctx.in_risk_window = None, False
+        else:
+            window, ctx.in_risk_window = (end, last), end < step <= last
+        ctx.step, ctx.phase = step, phase.phase
+        ctx.warmup_end_step = end
         # the start-up is counted in optimizer steps: an epoch of a log that prints nothing finer is
         # a whole pass over the data, far past them
-        ctx.in_startup = (step <= self.policy.startup_steps and not self.steps_are_epochs) or not self.success_seen
-        ctx.steps_since_resume = step - self.resume_step if self.resume_step is not None else None
+        ctx.in_startup = (step <= self.policy.startup_steps and not epochs) or not seen
+        resume = self.resume_step
+        ctx.steps_since_resume = step - resume if resume is not None else None
         ctx.tensor_names, ctx.found = self.tensor_names, out
         ctx.run_start = self.run_start
-        ctx.steps_are_epochs, ctx.steps_by_order = self.steps_are_epochs, self.steps_by_order
+        ctx.steps_are_epochs, ctx.steps_by_order = epochs, self.steps_by_order
         return window
 
     def _decide(self, record: StepRecord, ctx: Context, out: list[Finding], window) -> None:

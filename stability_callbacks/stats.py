@@ -38,7 +38,7 @@ class EWMean:
     [4.0, 3.0]
     """
 
-    __slots__ = ("alpha", "start", "n", "mean", "_warm", "_whole_from")
+    __slots__ = ("alpha", "start", "n", "mean", "warm", "whole_from")
     STARTS = ("first", "running", "zero")
 
     def __init__(self, alpha: float, *, start: str = "first"):
@@ -50,16 +50,16 @@ class EWMean:
         self.start = start
         self.n = 0
         self.mean = 0.0
-        # One update rule for all three: weight max(alpha, 1/n) for the first _warm points
+        # One update rule for all three: weight max(alpha, 1/n) for the first `warm` points
         # (first: the first point gets weight 1; running: while 1/n ≥ alpha; zero: never).
-        self._warm = {"first": 1, "running": int(1.0 / alpha) + 1, "zero": 0}[start]
-        self._whole_from = _NEVER   # the first n at which the zero start's weights sum to 1.0 exactly
+        self.warm = {"first": 1, "running": int(1.0 / alpha) + 1, "zero": 0}[start]
+        self.whole_from = _NEVER   # the first n at which the zero start's weights sum to 1.0 exactly
 
     def update(self, x: float) -> float:
         """Add ``x``; returns the new mean."""
         n = self.n = self.n + 1
         mean = self.mean
-        mean += (self.alpha if n > self._warm else max(self.alpha, 1.0 / n)) * (x - mean)
+        mean += (self.alpha if n > self.warm else max(self.alpha, 1.0 / n)) * (x - mean)
         self.mean = mean
         return mean
 
@@ -67,13 +67,13 @@ class EWMean:
     def debiased(self) -> float:
         """The mean over the weights actually given (differs from ``mean`` only for ``zero``)."""
         n = self.n
-        if self.start != "zero" or n == 0 or n >= self._whole_from:
+        if self.start != "zero" or n == 0 or n >= self.whole_from:
             return self.mean
         if self.alpha >= 1.0:
             return self.mean
         weight = -math.expm1(n * math.log1p(-self.alpha))
         if weight == 1.0:   # (1 - alpha)^n is below half an ulp of 1 (~730 points at 0.05): it stays so,
-            self._whole_from = n   # and dividing by 1.0 is exact; not state (it follows from alpha)
+            self.whole_from = n   # and dividing by 1.0 is exact; not state (it follows from alpha)
         return self.mean / weight
 
     def state_dict(self) -> list:
@@ -152,7 +152,7 @@ class RobustLevel:
     """
 
     __slots__ = ("alpha", "clip_sigmas", "n", "level", "mad", "min_scale", "trend_alpha", "trend", "damping",
-                 "bias", "cold_start_samples", "seen", "_alpha_from")
+                 "bias", "cold_start_samples", "seen", "_alpha_from", "_steady_from")
 
     def __init__(self, alpha: float = 0.05, *, clip_sigmas: float = 3.0, min_scale: float = 1e-3,
                  trend_alpha: float = 0.05, damping: float = 0.98, cold_start_samples: int = 0):
@@ -165,6 +165,8 @@ class RobustLevel:
         self.trend_alpha = trend_alpha
         self.damping = damping
         self.cold_start_samples = cold_start_samples
+        # the first n past the cold start, the first point, the weights of 1/n and the first 3 points
+        self._steady_from = max(cold_start_samples + 1, 2, self._alpha_from, 4)
         self.n = 0
         self.level = 0.0
         self.trend = 0.0
@@ -234,22 +236,26 @@ class RobustLevel:
     def update_log(self, lx: float, *, flagged: bool = False) -> None:
         """:meth:`update` with ``log(x)`` already computed (the hot path computes it once)."""
         n = self.n = self.n + 1
-        if n <= self.cold_start_samples:
-            self._cold(lx)
-            return
-        if n == 1:
-            self.level = lx
-            return
-        # The weight max(alpha, 1/n): a running mean of the first points, then exponential. Four
-        # baselines update on every record: the attributes are read once (locals are cheaper), and
+        if n < self._steady_from:   # the cold start, the first points, a weight of 1/n
+            if n <= self.cold_start_samples:
+                self._cold(lx)
+                return
+            if n == 1:
+                self.level = lx
+                return
+            # The weight max(alpha, 1/n): a running mean of the first points, then exponential.
+            a = self.alpha if n >= self._alpha_from else 1.0 / n
+            young = n <= 3   # a trend (and a bias, a clip unless flagged) from 2-3 points is noise
+        else:   # (past all of those: the same rule, its tests answered once in _steady_from)
+            a, young = self.alpha, False
+        # Four baselines update on every record: the attributes are read once (locals are cheaper), and
         # max(u, v) is written out as `v if v > u else u` (the same value, without a call).
-        a = self.alpha if n >= self._alpha_from else 1.0 / n
         level, bias, mad = self.level, self.bias, self.mad
         drift = self.damping * self.trend
         pred = level + drift
         d = lx - pred - bias   # what the trend and its bias leave unexplained
         clipped = False
-        if flagged or n > 3:   # clipped to the band: clip_sigmas x max(1.25 x mad, min_scale)
+        if flagged or not young:   # clipped to the band: clip_sigmas x max(1.25 x mad, min_scale)
             band, least = 1.25 * mad, self.min_scale
             band = self.clip_sigmas * (least if least > band else band)
             if d > band:
@@ -260,11 +266,11 @@ class RobustLevel:
         # Flagged points move the level (clipped, so slowly) but never the noise scale, the bias or
         # the trend: an anomaly must not widen the band it is judged by. The trend learns only from
         # ordinary points, so a regime change does not wind it up into an overshoot.
-        if n > 3 and not flagged and not clipped:   # a trend from 2-3 points is noise
+        if not (young or flagged or clipped):
             self.trend = drift + self.trend_alpha * (new - level - drift)
         self.level = new
         if not flagged:
-            if n > 3 and self.trend_alpha > 0.0:   # ... nor a bias (without a trend, the
+            if not young and self.trend_alpha > 0.0:   # ... nor a bias (without a trend, the
                 # level itself is the EW mean the bias would repeat)
                 self.bias = bias + a * d
             self.mad = mad + a * (abs(d) - mad)

@@ -69,6 +69,7 @@ class Divergence(Detector):
         self.growth_ratio = check("growth_ratio", growth_ratio,
                                   isinstance(growth_ratio, (int, float)) and growth_ratio > 1, "a number > 1")
         self._log_min_rise = math.log1p(self.min_rise)
+        self._mid = window // 2 if window % 2 else None   # a full window's median: its middle value
         self.med = RollingMedian(window)
         # The noise: the mean |change of log(loss) from one point to the next − its mean| (a trend
         # moves every step alike: what it leaves is noise), debiased: the first points tell it.
@@ -150,14 +151,21 @@ class Divergence(Detector):
         last = self.med.window   # the last `window` logs
         last.append(lx)
         prev, self.prev_log = self.prev_log, lx
+        nz = self.noise
         if prev is not None:   # the noise, from the steps between points around their mean (the trend)
             d = lx - prev
-            self.noise.update(abs(d - self.step_change.mean) if self.step_change.n else 0.0)
-            self.step_change.update(d)
+            sc = self.step_change   # (both EWMean.update, written out: the same sums, less two calls)
+            nz.n += 1               # (a zero start: alpha from the first point)
+            nz.mean += nz.alpha * ((abs(d - sc.mean) if sc.n else 0.0) - nz.mean)
+            n = sc.n = sc.n + 1
+            sc.mean += (sc.alpha if n > sc.warm else max(sc.alpha, 1.0 / n)) * (d - sc.mean)
         if len(last) < self.window or rising or self.epochs[4]:   # not full (RollingMedian.full);
             return rising                               # an epoch rise said is said once
-        med = self.med.median
-        noise = self.noise.debiased / _SQRT2   # the mean absolute deviation of one point
+        # (RollingMedian.median of a full window of odd size, less its call; EWMean.debiased once
+        # its weights sum to 1, less its call)
+        med = sorted(last)[self._mid] if self._mid is not None else self.med.median
+        noise = (nz.mean if nz.n >= nz.whole_from else nz.debiased) / _SQRT2   # the mean absolute
+        # deviation of one point
         self.points += 1
         h = self.horizon
         a = 2.0 / (h + 1) if h > self.window else 1.0
@@ -172,7 +180,7 @@ class Divergence(Detector):
         thr = thr if thr > log_rise else log_rise   # max(log_rise, thr), less a call
         fired = rise.update(level, record.step, thr)
         # The swings the run has shown: rises of half a threshold that came back, and how long.
-        low = rise.low_value
+        low = level if level < low else low   # rise.low_value: the low, or this level below it
         up = level - low
         if self.swing is None and up > thr / 2:
             self.swing = self.points
@@ -258,8 +266,14 @@ class Divergence(Detector):
         third = self.runaway_factor / 3
         if far < third or not self.faster:   # a point of a speeding fall, far below,
             # is not the loss's own level and spread (a steady fall keeps moving them)
-            self.level.update(x)
-            self.spread.update(abs(x - level) if self.level.n > 1 else 0.0)
+            # (EWMean.update of each, written out: the same sums, less two calls; both 'running' of
+            # one alpha and updated here only, together: one count, one weight)
+            lv, sp = self.level, self.spread
+            n = lv.n = lv.n + 1
+            a = lv.alpha if n > lv.warm else max(lv.alpha, 1.0 / n)
+            lv.mean += a * (x - lv.mean)
+            sp.n = n
+            sp.mean += a * ((abs(x - level) if n > 1 else 0.0) - sp.mean)
         self.below = self.below + 1 if far >= third else 0
         # back: its level within a third of that of its own scale, no point far below
         back = far < third and (not start[2] or level > -third * start[1])

@@ -45,7 +45,9 @@ class LevelShift(Detector):
             return []
         self.last = x
         lx = math.log(x)
-        fast = self.fast.update(lx)
+        fe = self.fast   # (EWMean.update, written out: the same sum, less a call)
+        n = fe.n = fe.n + 1
+        fast = fe.mean = fe.mean + (fe.alpha if n > fe.warm else max(fe.alpha, 1.0 / n)) * (lx - fe.mean)
         slow = self.slow
         if slow.n and ctx.loss_floor_log > slow.level:   # near its floor: against the floor
             thr = math.log1p(self.min_shift * math.exp(min(ctx.loss_floor_log - slow.level, 700.0)))

@@ -441,8 +441,12 @@ class LossSpike(Detector):
             self._new_peak(x)
         if enters and self.prev_in and self.prev_x is not None:   # the additive noise, from ordinary points
             d = x - self.prev_x
-            self.step_dev.update(abs(d - self.steps.mean) if self.steps.n else 0.0)
-            self.steps.update(d)
+            sd, st = self.step_dev, self.steps   # (EWMean.update of each, written out: the same sums,
+            dev = abs(d - st.mean) if st.n else 0.0   # less two calls)
+            k = sd.n = sd.n + 1
+            sd.mean += (sd.alpha if k > sd.warm else max(sd.alpha, 1.0 / k)) * (dev - sd.mean)
+            k = st.n = st.n + 1
+            st.mean += (st.alpha if k > st.warm else max(st.alpha, 1.0 / k)) * (d - st.mean)
         self.prev_x, self.prev_in = x, enters
         self.prev_step, self.prev_z = step, z
         return out

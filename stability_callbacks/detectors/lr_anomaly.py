@@ -94,7 +94,9 @@ class LrAnomaly(Detector):
         self.last_change_step = record.step
         if lr > prev and lr - prev > 1.5 * printed_resolution(prev):   # a rise out of a flat stretch
             since = prev_step or since
-        per_step = change / max(record.step - since, 1)
+        apart = record.step - since
+        per_step = change / (apart if apart > 1 else 1)   # (max(apart, 1), less a call: an LR that decays
+        # changes at every point)
         anomalous = (self.typical.n >= 3 and change >= self.min_change
                      and per_step > self.ratio * max(self.typical.mean, 1e-12))
         if not anomalous:   # a change like the schedule's: learned, and the latch re-armed (hot path: no call)

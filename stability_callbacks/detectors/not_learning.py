@@ -410,14 +410,19 @@ class NotLearning(Detector):
         if g is not None and 0.0 < g < math.inf:
             lg, level = math.log(g), self.grad_level
             vanished = warm and level is not None and lg <= level + _LOG_VANISHED
-            if not vanished:   # (each point moves it by a tenth of a decade at most: a spike hardly)
-                self.grad_level = lg if level is None else level + 0.05 * max(-_LN10, min(lg - level, _LN10))
+            if vanished:
+                pass
+            elif level is None:
+                self.grad_level = lg
+            else:   # (each point moves it by a tenth of a decade at most: a spike hardly; the clamp
+                c = lg - level   # written out, less two calls)
+                self.grad_level = level + 0.05 * (_LN10 if c > _LN10 else c if c > -_LN10 else -_LN10)
         if not warm and not no_grad:
             self.still = None
             return []
         zero = None
         if warm and lr is not None and lr > 0.0:
-            self.lr[0], self.lr[1] = max(self.lr[0], lr), lr
+            self.lr[0], self.lr[1] = lr if lr > self.lr[0] else self.lr[0], lr   # (max, less a call)
         elif warm and lr == 0.0 and self.lr[1] >= 0.1 * self.lr[0]:
             zero = keys.LR
         if zero is None and no_grad:

@@ -41,6 +41,9 @@ class OverflowBurst(Detector):
             return []
         if ctx.in_startup and not self.search_failed:
             self.search_failed = any(f.kind == "loss_scale_collapse" for f in ctx.found)
+        if k == 0.0 and not self.recent:   # most steps: what _count does with them, less its call
+            self.latch.armed = True
+            return []
         return self._count(record.step, k, ctx.in_startup, record.metrics.get(keys.LOSS_SCALE))
 
     def at_end(self, ctx: Context) -> list[Finding]:

@@ -58,7 +58,9 @@ class SuddenDrop(Detector):
         x = record.metrics.get(keys.LOSS)
         if x is None or not 0.0 < x < math.inf or ctx.loss_signed:
             return []
-        fast = self.fast.update(math.log(x))
+        fe = self.fast   # (EWMean.update, written out: the same sum, less a call)
+        n = fe.n = fe.n + 1
+        fast = fe.mean = fe.mean + (fe.alpha if n > fe.warm else max(fe.alpha, 1.0 / n)) * (math.log(x) - fe.mean)
         h = self.history
         if ctx.loss_spike_open or ctx.warmup_end_step != self.warmup_end:
             self.warmup_end = ctx.warmup_end_step

@@ -110,13 +110,10 @@ def _readable(rows, numbers: list[int], account: ReadAccount) -> Iterator[list[s
     (``numbers[-1]``) and skipped."""
     while True:
         try:
-            row = next(rows, None)
-        except csv.Error as e:
-            account(numbers[-1], "", f"unreadable CSV row: {e}")
-            continue
-        if row is None:
+            yield from rows
             return
-        yield row
+        except csv.Error as e:   # (the reader goes on with the next row)
+            account(numbers[-1], "", f"unreadable CSV row: {e}")
 
 
 def _said(path, header: list[str], line_no: int, steps: list[int], metrics, account: ReadAccount,
@@ -190,12 +187,13 @@ def _read(path, account: ReadAccount, lines, tag_map, user, wandb):
             values = {}
             n = len(row)
             for i, key, _ in metrics:
-                cell = row[i].strip() if i < n else ""
-                if cell:
-                    try:
-                        values[key] = float(cell)
+                if i < n:
+                    try:   # (float() strips the white space strip() would; what it leaves, below)
+                        values[key] = float(row[i])
                     except ValueError:
-                        values[key] = to_float(cell)   # NaN, Infinity and their spellings
+                        cell = row[i].strip()
+                        if cell:
+                            values[key] = to_float(cell)   # NaN, Infinity and their spellings
         except (ValueError, OverflowError) as e:
             account(line_no, ",".join(row), f"unreadable CSV row: {e}")
             continue
