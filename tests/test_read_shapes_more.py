@@ -1286,3 +1286,16 @@ def test_a_cross_entropy_named_with_its_qualifiers_is_the_loss(tmp_path):
     assert [(s, m["loss"]) for s, m in got] == [(100 * s, float(_falling(s))) for s in range(1, 11)]
     assert account.keys == {"loss": ["train WeightedCategoryCrossEntropy"]}
     assert account.ignored["evaluation"][0] == 10
+
+
+@pytest.mark.parametrize("line", ["Iteration {s}: saving checkpoint to ckpt.pt", "Iteration {s}0: saving checkpoint",
+                                  "step {s}: checkpoint saved to /out/ckpt"])
+def test_a_checkpoint_line_naming_a_step_among_records_numbered_otherwise_is_no_header(tmp_path, line):
+    # a step header's lines may start at its margin, but a checkpoint line between records that
+    # print no step is about the record before it: the record after it is no part of it (the
+    # eleventh scoring: a record merged into the one before as a repeat)
+    text = "".join(f"loss: {_falling(s)}, acc: 0.5\n" + (line.format(s=s) + "\n" if s % 5 == 0 else "")
+                   for s in range(1, 31))
+    got, account = records_of(tmp_path, text)
+    assert [(s, m["loss"]) for s, m in got] == [(s, float(_falling(s))) for s in range(1, 31)]
+    assert not account.changed

@@ -158,6 +158,7 @@ class Assembler:
         self.block_ranks: dict[str, int] = {}
         self.block_step: tuple = (None, "order", "")
         self.block_indent = -1
+        self.by_header = False                # the last record was a step header's block
         self.micro = [0, 0.0, 0.0, True]      # micro-batch losses of one optimizer step
         self.micro_step: int | None = None
         self.micro_lone: dict | None = None   # the log's first line (at micro_step), until the second shows its step
@@ -225,9 +226,14 @@ class Assembler:
         """Whether a line not indented under the step header holding a block is still one of its
         lines: a header whose lines start at its own margin (`iter 40/500`, then `loss=2.1
         grad_norm=0.8`, then `lr=1e-4`) holds the lines of metrics printing no step of their own
-        after it, up to one that prints a metric the block holds already (a record of its own)."""
+        after it, up to one that prints a metric the block holds already (a record of its own).
+        Only a header that numbers the log's records does: one before the first record, or after a
+        record it numbered, at a step ahead of it; a header among records numbered otherwise
+        (`Iteration 50: saving checkpoint` between lines with no step) is about the one before it."""
+        step = self.block_step[0]
         return plan is not None and plan.kind in ("record", "ignore") and bool(plan.metrics) \
             and plan.step is None and plan.epoch is None and self.block is not None \
+            and (self.made == 0 or (self.by_header and (step is None or step > self.last_step))) \
             and not any(k in self.block for _, k, _ in plan.metrics)
 
     def close_block(self) -> list[StepRecord]:
@@ -235,6 +241,7 @@ class Assembler:
         block, self.block = self.block, None
         if not block:
             return []
+        self.by_header = True
         step, how, name = self.block_step
         return self.emit(step, block, None, how, name)
 
@@ -566,6 +573,7 @@ class Assembler:
         if self.block is not None:
             self._into_block(metrics, plan)
             return []
+        self.by_header = False
         if plan.simple and self.epoch is None:      # the common case: a named step as printed
             text = nums[plan.step]             # (its loss printed as such: Plan.simple)
             return self.emit(int(text) if text.isdigit() else int(float(text)), metrics, plan,
