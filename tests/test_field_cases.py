@@ -999,3 +999,14 @@ def test_a_five_epoch_log_flat_at_ln2_is_said_too_short_to_call_not_left_unsaid(
     f += m.end()
     assert [(x.step, x.kind, x.severity) for x in f] == [(5, "not_learning", "info")]
     assert "only 2 points after its first 3" in f[0].message and "~2 classes" in f[0].message
+
+
+@pytest.mark.parametrize("every, last", [(100, 999), (50, 998)])
+def test_a_linear_decay_to_zero_is_no_lr_anomaly_at_its_end(every, last):
+    # a linear warmdown's last printed point, a step before its end: x0.01 of the point before,
+    # by the schedule's usual step in the LR's own units (before: an lr_anomaly warning, on a
+    # healthy log of the eleventh scoring); a jump mid-schedule still is one
+    steps = list(range(every, 1000, every)) + [last]
+    assert found(run([StepRecord(s, {"loss": 2.0, "lr": 1e-4 * (1 - s / 1000)}) for s in steps])[0]) == []
+    jumped = [StepRecord(s, {"loss": 2.0, "lr": 3e-4 if s == 500 else 1e-4 * (1 - s / 1000)}) for s in steps]
+    assert (500, "lr_anomaly", "warning") in found(run(jumped)[0])

@@ -13,8 +13,10 @@ from .stall import printed_resolution
 
 class LrAnomaly(Detector):
     """Warning when the LR moves by more than ``min_change`` (relative) and more than ``ratio`` ×
-    the typical per-step change of the schedule so far. A warmup ramp, a cosine or a linear
-    warmdown change smoothly and never trigger; a resume that silently swapped the schedule does.
+    the typical per-step change of the schedule so far, relative and in the LR's own units (a
+    linear warmdown's last points change by x0.5, x0.1 relative, by its usual step absolutely). A
+    warmup ramp, a cosine or a linear warmdown change smoothly and never trigger, to zero too; a
+    resume that silently swapped the schedule does.
 
     Flat stretches: printed LRs are rounded, so a smooth schedule moves in stairs, and step
     schedules (StepLR, MultiStepLR) drop by a factor at a milestone after a flat stretch; such a
@@ -44,7 +46,7 @@ class LrAnomaly(Detector):
     name = "lr_anomaly"
     kind = "lr_anomaly"
     signals = (keys.LR,)
-    _state = ("prev", "prev_step", "last_change_step", "typical", "latch", "resumed", "peak")
+    _state = ("prev", "prev_step", "last_change_step", "typical", "typical_abs", "latch", "resumed", "peak")
 
     def __init__(self, *, min_change: float = 0.02, ratio: float = 10.0, alpha: float = 0.1,
                  resume_steps: int = 10):
@@ -56,6 +58,7 @@ class LrAnomaly(Detector):
         self.prev_step: int | None = None
         self.last_change_step: int | None = None
         self.typical = EWMean(self.alpha, start="running")   # per-step log change of the schedule
+        self.typical_abs = EWMean(self.alpha, start="running")   # ... and per-step change of the LR itself
         self.latch = Latch()      # re-armed by a change like the schedule's
         self.resumed = False      # a resume segment began; its first record not seen yet
         self.peak = 0.0           # the largest LR so far (a warm restart goes back to it)
@@ -72,6 +75,7 @@ class LrAnomaly(Detector):
             adam_step = record.metrics.get(keys.ADAM_STEP)
             if adam_step is not None and adam_step <= 2:   # the optimizer started over: so does the schedule
                 self.prev, self.typical = None, EWMean(self.alpha, start="running")
+                self.typical_abs = EWMean(self.alpha, start="running")
         lr = record.metrics.get(keys.LR)
         if lr is None or not (0.0 < lr < math.inf):
             return []
@@ -97,11 +101,17 @@ class LrAnomaly(Detector):
         apart = record.step - since
         per_step = change / (apart if apart > 1 else 1)   # (max(apart, 1), less a call: an LR that decays
         # changes at every point)
+        # ... and in the LR's own units: a schedule decaying to zero (linear, cosine) keeps its
+        # step there while its relative change grows without bound (the last points of a linear
+        # warmdown: x0.5, x0.1)
+        per_step_abs = abs(lr - prev) / (apart if apart > 1 else 1)
         anomalous = (self.typical.n >= 3 and change >= self.min_change
-                     and per_step > self.ratio * max(self.typical.mean, 1e-12))
+                     and per_step > self.ratio * max(self.typical.mean, 1e-12)
+                     and per_step_abs > self.ratio * self.typical_abs.mean)
         if not anomalous:   # a change like the schedule's: learned, and the latch re-armed (hot path: no call)
             self.latch.armed = True
             self.typical.update(per_step)
+            self.typical_abs.update(per_step_abs)
             return []
         if not self.latch.update(on=True):
             return []
