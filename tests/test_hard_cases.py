@@ -120,9 +120,14 @@ def test_a_loss_of_zero_from_the_first_step_is_a_stall_once_the_lr_is_not_zero(t
 
 def test_a_loss_identical_from_the_first_step_is_frozen():
     f, _ = run([StepRecord(s, {"loss": 2.302585, "lr": 1e-4, "grad_norm": 0.0}) for s in range(1, 30)])
-    # ... and with a grad norm of 0 from the first step, nothing moves the weights: not learning
-    assert found(f) == [(3, "stall", "critical"), (5, "not_learning", "warning")]
-    assert f[0].details["rule"] == "frozen"
+    # ... and with a grad norm of 0 from the first step, nothing moves the weights: not learning.
+    # Frozen from the run's first point, it has learned nothing from its start: a warning, as
+    # not_learning says such runs (a DPO whose reference is the policy itself: ln 2 on every step)
+    assert found(f) == [(3, "stall", "warning"), (5, "not_learning", "warning")]
+    assert f[0].details["rule"] == "frozen" and f[0].details["from_start"]
+    # frozen after it moved: it broke mid-run, critical
+    f, _ = run([StepRecord(s, {"loss": 2.302585 if s > 10 else 3.0 - 0.05 * s, "lr": 1e-4}) for s in range(1, 30)])
+    assert [(x.step, x.kind, x.severity) for x in f if x.kind == "stall"] == [(13, "stall", "critical")]
 
 
 def test_halvings_after_the_start_up_search_ended_are_a_collapse():

@@ -96,8 +96,10 @@ class Stall(Detector):
 
     Resolution: the printed digits, or the bf16/fp16 grid when two values in a row fit it
     (:func:`half_precision_grid`: such a loss repeats as often as its grid allows, whatever its
-    print shows). Each rule is unmistakable, so it is critical even in the first steps. A run of
-    zeros is not a frozen loss by itself (a loss below the print resolution prints 0.0).
+    print shows). Each rule is unmistakable, so it is critical even in the first steps, except a
+    loss frozen from the first point of a run that began from nothing (step 0 or 1): a run that
+    has learned nothing from its start is a warning, as ``not_learning`` says such runs. A run of zeros is not a frozen loss by itself (a
+    loss below the print resolution prints 0.0).
     O(1) per update (amortized); state: the positions of the last ~``max_period_samples``
     distinct values and 16 scalars.
 
@@ -194,7 +196,7 @@ class Stall(Detector):
             self.last_step = step
             self._remember(step, x, False, None)
             if self.need is not None and self.latch.update(self.count >= self.need):
-                return [self._frozen(step, x)]
+                return [self._frozen(step, x, ctx.run_start is not None)]
             return []
         out: list[Finding] = []
         spiked, self.last_spiked = self.last_spiked, ctx.loss_spike_open
@@ -308,18 +310,24 @@ class Stall(Detector):
                                                   self.min_samples)
         return k if k <= self.num_samples else None
 
-    def _frozen(self, step: int, x: float) -> Finding:
+    def _frozen(self, step: int, x: float, from_nothing: bool) -> Finding:
         between = ("epochs, each a pass over the data" if self.need_floor != self.noise_floor else "points")
+        # from the first point of a run that began from nothing (its first record at step 0 or 1,
+        # no value before the repeats): it has learned nothing from its start, no instability to
+        # page for (as not_learning says it: a warning); one that moved, then froze, broke
+        # mid-run, and an excerpt starting later cannot tell (critical)
+        start = from_nothing and self.before is None
         return self.finding(
-            step, severity="critical", value=x, onset_step=self.run_start,
+            step, severity="warning" if start else "critical", value=x, onset_step=self.run_start,
             message=(f"The loss has been exactly {x!r} for {self.count} logged points in a row up to "
                      f"step {step}. A loss that is training moves by at least {self.need_floor:.1%} "
                      f"between {between}, so this many identical values are not chance: the model is not "
                      f"training (frozen weights or LR 0, a dead graph, a data loader stuck on one batch, "
                      f"a loss that ignores the model, or a model collapsed to a constant output, whose "
-                     f"mean loss over the same data is the same every time). Stop and inspect the "
-                     f"gradients and the last batches."),
-            rule="frozen", samples=self.count, needed=self.need)
+                     f"mean loss over the same data is the same every time)"
+                     + (", from its first point: it has not learned at all. Inspect the gradients and the "
+                        "first batches." if start else ". Stop and inspect the gradients and the last batches.")),
+            rule="frozen", samples=self.count, needed=self.need, **({"from_start": True} if start else {}))
 
     def _player_won(self, step: int, zeros: float) -> list[Finding]:
         """*player*: in a game (a GAN's summed terms), a term exactly 0 on ``min_samples`` + 2
