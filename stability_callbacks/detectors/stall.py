@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from .. import keys
 from ..record import Finding, StepRecord
@@ -317,6 +318,7 @@ class Stall(Detector):
         # page for (as not_learning says it: a warning); one that moved, then froze, broke
         # mid-run, and an excerpt starting later cannot tell (critical)
         start = from_nothing and self.before is None
+        extra: dict[str, Any] = {"from_start": True} if start else {}
         return self.finding(
             step, severity="warning" if start else "critical", value=x, onset_step=self.run_start,
             message=(f"The loss has been exactly {x!r} for {self.count} logged points in a row up to "
@@ -327,7 +329,7 @@ class Stall(Detector):
                      f"mean loss over the same data is the same every time)"
                      + (", from its first point: it has not learned at all. Inspect the gradients and the "
                         "first batches." if start else ". Stop and inspect the gradients and the last batches.")),
-            rule="frozen", samples=self.count, needed=self.need, **({"from_start": True} if start else {}))
+            rule="frozen", samples=self.count, needed=self.need, **extra)
 
     def _player_won(self, step: int, zeros: float) -> list[Finding]:
         """*player*: in a game (a GAN's summed terms), a term exactly 0 on ``min_samples`` + 2
