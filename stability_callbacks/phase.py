@@ -155,8 +155,9 @@ class PhaseTracker:
             step=end_step, kind="warmup_end", severity="info", signal="lr", value=lr,
             message=(f"{what} ended at {unit} {end_step}{lr_txt} after {length} {unit}s. {unit.capitalize()}s "
                      f"{end_step + 1}-{self.risk_window_end} are the risk window where large runs "
-                     f"glitched right after warmup (BigScience tr8-104B): any instability there is "
-                     f"escalated, and a live run saves more often until then."),
+                     f"glitched right after warmup (BigScience tr8-104B): an instability found there at "
+                     f"warning or above is escalated (warmup_instability; a spike said as info, within "
+                     f"its noise, is not), and a live run saves more often until then."),
             details={"warmup_steps": length, "risk_window_end_step": self.risk_window_end,
                      "rewarm": rewarm})
 

@@ -599,9 +599,9 @@ class LossSpike(Detector):
         if unit <= base:
             near_floor = ""
         elif unit > self.floor:   # the additive noise: a likelihood near (or through) zero
-            near_floor = (f" The loss is near zero, where its noise (±{fmt(self.step_noise)} a point) does not "
-                          f"shrink with it, so the rise is measured against {self.z_threshold:g} times that, "
-                          f"{fmt(unit)}: +{(x - base) / unit:.0%}.")
+            near_floor = (f" Its noise (±{fmt(self.step_noise)} a point) is large against its level, so the rise "
+                          f"is measured against {self.z_threshold:g} times that noise, {fmt(unit)}, not against "
+                          f"the level: +{(x - base) / unit:.0%}.")
         else:
             near_floor = (f" The loss is near its floor (below {self.floor_fraction:.0%} of its largest value "
                           f"{fmt(self.peak)}), where a few examples move it by multiples, so the rise is "
@@ -613,8 +613,12 @@ class LossSpike(Detector):
                      + (f" It has jumped as high and come straight back {tail:.0f} times in its last "
                         f"~{_TAIL_POINTS}-{2 * _TAIL_POINTS} points: its own noise's tail, so info."
                         if tail >= _TAIL_DRAWS else "")
-                     + f" Most spikes recover within ~100 steps; watching. If it persists, roll back "
-                       f"to a checkpoint before step {onset}."),
+                     + (f" Orders of magnitude: no start-up transient, noise or LR warmup does that (an LR "
+                        f"far too high, a bad batch, a layer blowing up does). Check the step's batch and the "
+                        f"LR; if it does not come straight back, roll back to a checkpoint before step {onset}."
+                        if orders else
+                        f" Most spikes recover within ~100 steps; watching. If it persists, roll back "
+                        f"to a checkpoint before step {onset}.")),
             rise=rise, **({"floor": unit} if unit > base else {}), **extra, **(_ORDERS_DETAILS if orders else {}))
 
     def at_end(self, ctx: Context) -> list[Finding]:

@@ -125,10 +125,13 @@ class LrAnomaly(Detector):
                        f"restarts) starts its next cycle so; if yours has none, the scheduler started over: "
                        f"check it.")
         else:
+            why = ("It follows a resume: the scheduler state was not restored (or was overridden); check "
+                   "the LR schedule against the checkpoint." if since_resume is not None else
+                   "No resume is seen here: check what sets the LR (a scheduler stepped more or less than "
+                   "once per optimizer step, an LR changed by hand or by a callback, a schedule's milestone "
+                   "you did not expect), and after a resume the scheduler's restored state.")
             message = (f"The learning rate jumped from {fmt(prev)} at step {prev_step} to {fmt(lr)} at "
-                       f"step {record.step} ({lr / prev - 1:+.1%}), unlike the schedule so far. If this "
-                       f"follows a resume, the scheduler state was not restored (or was overridden): "
-                       f"check the LR schedule against the checkpoint.")
+                       f"step {record.step} ({lr / prev - 1:+.1%}), unlike the schedule so far. {why}")
         said: dict[str, Any] = {"restart": True, "peak": peak} if restart else {}
         return [self.finding(record.step, severity="info" if restart else "warning", value=lr, baseline=prev,
                              message=message, change=lr / prev - 1, **said)]
