@@ -1299,3 +1299,15 @@ def test_a_checkpoint_line_naming_a_step_among_records_numbered_otherwise_is_no_
     got, account = records_of(tmp_path, text)
     assert [(s, m["loss"]) for s, m in got] == [(s, float(_falling(s))) for s in range(1, 31)]
     assert not account.changed
+
+
+def test_an_evaluation_pass_counting_in_the_training_bars_form_is_another_loop(tmp_path):
+    # `Epoch 1 [ 5/20] loss: ..` after `Epoch 1 [100/100] loss: ..`: the same keys, another total,
+    # counting again from below in the same epoch (before: read as records, three false resumes)
+    lines = []
+    for ep in range(1, 4):
+        lines += [f"Epoch {ep} [{it:3d}/100] loss: {_falling(ep * 10 + it // 10)}" for it in range(10, 101, 10)]
+        lines += ["Evaluating..."] + [f"Epoch {ep} [{it:3d}/20] loss: 0.9000" for it in range(5, 21, 5)]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [s for s, _ in got] == [(ep - 1) * 100 + it for ep in range(1, 4) for it in range(10, 101, 10)]
+    assert account.ignored["epoch summary or another loop (the log's records print a finer counter)"][0] == 12

@@ -147,6 +147,7 @@ class Assembler:
         self.step_beside_epoch: tuple[int | None, int] | None = None   # see _constant_step
         self.step_stays = False
         self.bar_loop: tuple | None = None    # (printed keys, total) of the first bar record
+        self.bar_last: tuple = (None, None)   # (count, epoch text) of that loop's last record
         self.epoch_steps = True               # False once an epoch held two records
         self.warned: tuple[str, int] = ("", 0)   # a warning line's word on the next record, its line
         self.beside: tuple | None = None      # (epoch, values) of a line of an epoch's values (see _in_epoch)
@@ -461,14 +462,25 @@ class Assembler:
                               f"shown (cut): the epochs after that are {r[4]:,} long, each going on from the one before")
 
     def _another_loop(self, plan: Plan, nums) -> bool:
-        """A progress bar with other keys and another total than the first bar that carried a
-        metric: another loop's (stable-dreamfusion's evaluation bar, `loss=0.0000: 100% 8/8`,
-        between training bars `loss=1.0000, lr=0.05: 100% 100/100`)."""
+        """A progress bar with another total than the first bar that carried a metric: another
+        loop's, with other keys (stable-dreamfusion's evaluation bar, `loss=0.0000: 100% 8/8`,
+        between training bars `loss=1.0000, lr=0.05: 100% 100/100`), or with the same keys where
+        it counts again from below the first loop's last count in the same epoch (an evaluation
+        pass, `Epoch 1 [ 5/20] loss: 2.6` after `Epoch 1 [100/100] loss: 1.9`: a resume would
+        begin another epoch or go on counting)."""
         here = (plan.printed, total_of(nums, plan))
+        count = float(nums[plan.step]) if plan.step is not None else None
+        epoch = nums[plan.epoch] if plan.epoch is not None else None
         if self.bar_loop is None:
-            self.bar_loop = here
+            self.bar_loop, self.bar_last = here, (count, epoch)
             return False
-        return here[0] != self.bar_loop[0] and here[1] != self.bar_loop[1]
+        if here[1] == self.bar_loop[1]:
+            self.bar_last = (count, epoch)
+            return False
+        if here[0] != self.bar_loop[0]:
+            return True
+        last, last_epoch = self.bar_last
+        return here[1] is not None and count is not None and last is not None and count <= last and epoch == last_epoch
 
     def _same_fraction(self, text: str, plan: Plan, metrics: dict) -> int | None:
         """A record with no counter, printed in another form (other keys) at the epoch fraction
