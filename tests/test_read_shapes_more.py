@@ -1311,3 +1311,22 @@ def test_an_evaluation_pass_counting_in_the_training_bars_form_is_another_loop(t
     got, account = records_of(tmp_path, "\n".join(lines) + "\n")
     assert [s for s, _ in got] == [(ep - 1) * 100 + it for ep in range(1, 4) for it in range(10, 101, 10)]
     assert account.ignored["epoch summary or another loop (the log's records print a finer counter)"][0] == 12
+
+
+def test_a_steps_values_on_two_lines_are_one_record_said_so(tmp_path):
+    # `Iteration 100, lr = 0.001` then `Iteration 100, loss = 2.3`: one record, nothing averaged;
+    # before, the account named no source for the loss and called it "ranks, repeats: their mean"
+    text = "".join(f"Iteration {100 * s}, lr = 0.001\nIteration {100 * s}, loss = {_falling(s)}\n" for s in range(1, 11))
+    got, account = records_of(tmp_path, text)
+    assert got == [(100 * s, {"lr": 0.001, "loss": float(_falling(s))}) for s in range(1, 11)]
+    assert account.keys == {"lr": ["lr"], "loss": ["loss"]}
+    assert list(account.changed) == ["records merged into the one before: the same step's other values, on a "
+                                     "line of their own (one record)"]
+
+
+def test_a_keras_1_epoch_line_opening_with_its_seconds_is_numbered_by_its_epoch(tmp_path):
+    # Keras 1's `verbose=2`: `Epoch 3/15`, then `12s - loss: .. - acc: ..`: the seconds are a
+    # duration, not a counter (before: the first records numbered by them, false resumes after)
+    text = "".join(f"Epoch {e}/15\n{10 + e % 3}s - loss: {_falling(e)} - acc: 0.5\n" for e in range(1, 16))
+    got, account = records_of(tmp_path, text)
+    assert [(s, m["loss"]) for s, m in got] == [(e, float(_falling(e))) for e in range(1, 16)]

@@ -65,7 +65,8 @@ MERGED = ("records merged into the one before: a progress bar redrawn at its cou
           "records merged into the one before: a summary in another template that prints its loss again, with "
           "no step or one behind it (its other values, totals or means over the run, left out)",
           "records merged into the one before: a running statistic of the loss printed again within its epoch "
-          "(it restarts with the epoch: its last value, the epoch's mean, kept)")
+          "(it restarts with the epoch: its last value, the epoch's mean, kept)",
+          "records merged into the one before: the same step's other values, on a line of their own (one record)")
 
 #: Records dropped as copies of records read before (Assembler.emit).
 COPIED = ("records dropped: a copy of a record read before, its step and values the same (another host or "
@@ -912,6 +913,14 @@ class Assembler:
             self.account.change(self.line_no, MERGED[1])
         elif self._summary_of(prev, metrics, plan):
             pass   # consumed: the step's record stays as its own lines printed it
+        elif plan is not None and metrics and not metrics.keys() & prev.metrics.keys():
+            # the step's other values on a line of their own (`Iteration 100, lr = 0.001`, then
+            # `Iteration 100, loss = 2.3`): one record, nothing averaged, their names said
+            prev.metrics.update(metrics)
+            for key, printed in plan.printed:
+                if key != "step":
+                    self.account.saw(key, printed)
+            self.account.change(self.line_no, MERGED[6])
         else:
             keep = plan is not None and plan is self._noted_plan and how == "counter" and self.noted_at == self.made
             if keep:

@@ -289,8 +289,13 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
     if plan.kind == "record" and plan.step is None and hints is None:
         plan.counters = tuple((i, name) for i, (role, _, _, name) in enumerate(roles)
                               if role == "other" and nums[i].isdigit()
-                              and not name.lower().startswith(_ARG_ECHO))
+                              and not name.lower().startswith(_ARG_ECHO) and not _DURATION.match(texts[i + 1]))
     return plan
+
+
+#: A time unit glued to the number before it (`12s - loss: 0.5`, Keras 1's `verbose=2` epoch line;
+#: `340ms`): a duration, never a counter.
+_DURATION = re.compile(r"(?:s|ms|us|sec|secs|min|mins|h|hr|hrs)\b")
 
 
 def _negative(before: str) -> bool:
@@ -650,7 +655,8 @@ def _bare_counters(texts, nums, roles) -> None:
         roles[0], roles[1] = ("step", None, _KEYLESS, ""), ("metric", keys.LOSS, 1, "")
         return
     run = 0
-    while run < n and bare(run) and nums[run].isdigit() and len(texts[run].strip(" [")) <= 1:
+    while run < n and bare(run) and nums[run].isdigit() and len(texts[run].strip(" [")) <= 1 \
+            and not _DURATION.match(texts[run + 1]):   # (`12s - loss: ..`: a duration)
         run += 1
     if 0 < run < n and roles[run][3][:1].isalpha():
         roles[run - 1] = ("step", None, _KEYLESS, "")
