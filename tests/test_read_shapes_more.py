@@ -1330,3 +1330,13 @@ def test_a_keras_1_epoch_line_opening_with_its_seconds_is_numbered_by_its_epoch(
     text = "".join(f"Epoch {e}/15\n{10 + e % 3}s - loss: {_falling(e)} - acc: 0.5\n" for e in range(1, 16))
     got, account = records_of(tmp_path, text)
     assert [(s, m["loss"]) for s, m in got] == [(e, float(_falling(e))) for e in range(1, 16)]
+
+
+def test_a_padded_count_restarting_each_epoch_from_zero_is_numbered_across_epochs(tmp_path):
+    # timm's `Train: 1 [  0/500 (  0%)]` after `Train: 0 [400/500 ( 80%)]`: the first line of each
+    # epoch, its count padded inside its bracket, was a template of its own, so the epoch x
+    # iteration rule never saw it: step 0 again (a false resume) instead of 500
+    text = "".join(f"Train: {e} [{i:3d}/500 ({i // 5:3d}%)]  Loss: {_falling(e * 5 + i // 100)}\n"
+                   for e in range(3) for i in range(0, 500, 100))
+    got, _ = records_of(tmp_path, text)
+    assert [s for s, _ in got] == list(range(0, 1500, 100))

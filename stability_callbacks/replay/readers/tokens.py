@@ -50,6 +50,7 @@ _WHITESPACE = re.compile(r"[ \t]+")
 # `loss: -1.0`, `nll_-3.45`, a CSV's `1,-1.19`, `| -0.5 |`.
 SIGN_AFTER = " \t:=([_,;|'\""
 _SIGN = re.compile(f"(?<=[{re.escape(SIGN_AFTER)}])-\x00")
+_PADDED = re.compile(r"(?<=[\[(]) (?=\x00)")   # a number's padding right after its opening bracket
 _STATISTIC_QUALIFIERS = frozenset({"avg", "average", "mean", "ema", "smoothed", "running"})
 
 
@@ -299,5 +300,6 @@ def cells(line: str, pipes: bool | None = None) -> list[str]:
 
 def fold(texts: list[str]) -> str:
     """A template with whitespace runs and the numbers' signs folded (lines that differ only in
-    padding or sign share it)."""
-    return _SIGN.sub("\x00", _WHITESPACE.sub(" ", "\x00".join(texts)))
+    padding or sign share it; a right-aligned count's padding inside its bracket too: timm's
+    `[  0/500` and `[100/500`)."""
+    return _PADDED.sub("", _SIGN.sub("\x00", _WHITESPACE.sub(" ", "\x00".join(texts))))
