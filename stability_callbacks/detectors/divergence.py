@@ -56,7 +56,7 @@ class Divergence(Detector):
     signals = (keys.LOSS,)
     _state = ("med", "noise", "step_change", "prev_log", "rise", "points", "swing", "horizon", "smooth", "grad_med",
               "update_med", "at_low", "episode", "level", "spread", "prev", "fall", "faster", "faster_from", "below", "start", "runaway",
-              "epochs")
+              "epochs", "spike_points")
 
     def __init__(self, *, window: int = 7, min_rise: float = 0.1, noise_sigmas: float = 4.0,
                  persist_samples: int = 4, max_horizon_samples: int = 500, growth_ratio: float = 1.5,
@@ -85,6 +85,7 @@ class Divergence(Detector):
         self.update_med = RollingMedian(window)   # log update norm
         self.at_low: list = [None, None]   # [log grad norm, log update norm] when the level was lowest
         self.episode: list | None = None   # [first step, escalated] of the rise being reported
+        self.spike_points = 0   # the points of the loss spike open now, or just closed (the low kept)
         # The runaway below zero, on the loss itself (any sign): its level and spread (EW, additive),
         # the previous value, the fall into it, how many falls in a row grew and from where, the
         # points far below in a row, its starting scale, a latch.
@@ -109,8 +110,7 @@ class Divergence(Detector):
 
     def _restart(self, keep_low: bool = False):
         """A fresh median (the points of a spike are no level); ``keep_low``: the low before it
-        stays the reference (a spike that comes down to a level three times its old one, within
-        its noise for one point, and stays there is a rise from that low, not a new start)."""
+        stays the reference while the spike is open (see :meth:`update`)."""
         self.med = RollingMedian(self.window)
         self.prev_log = None
         if keep_low:
@@ -135,8 +135,16 @@ class Divergence(Detector):
             return runaway
         rising = self._epochs_rising(record.step, x, ctx) if ctx.steps_are_epochs else []
         if ctx.loss_spike_open:
+            self.spike_points += 1
             self._restart(keep_low=True)
             return rising
+        if self.spike_points:
+            # a spike of a point or two that "came back" within its noise still above its low (a
+            # loss that stepped up x4 and stays) is judged against the low before it; one that
+            # lasted longer has a tail of its own coming down: from its level now, as a new start
+            if self.spike_points > 2:
+                self.rise.restart()
+            self.spike_points = 0
         if ctx.found and any(f.kind == "spike_unrecovered" for f in ctx.found):
             self._restart()   # loss_spike said the spike's level is the new one (a critical): from it
             return rising

@@ -75,6 +75,7 @@ class SpikeEpisode:
     before: float = 0.0    # the loss at the point before the onset (a cold start's baseline lags a fall)
     noise: float = 0.0     # a cold onset's noise σ, from the points before it (its own are no noise;
                            # -1: one point before it, no noise known)
+    startup: bool = False  # its warning was said inside the start-up, where the policy makes it info
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -359,6 +360,7 @@ class LossSpike(Detector):
                 orders = _by_orders(x, unit)   # (near its floor, against the floor: a hard batch is x500 its level)
                 severity = "warning" if orders else severity
                 self.episode = SpikeEpisode(onset, base, x, warned=severity == "warning", warm=not cold,
+                                            startup=severity == "warning" and ctx.in_startup,
                                             scale=falling or 0.0, z=z, orders=orders, before=self.prev_x or 0.0,
                                             noise=(self._cold_noise() if len(b.seen) >= 2 else -1.0) if cold else 0.0)
                 out.append(self._onset_finding(step, x, base, thr, onset, severity, unit, tail, orders))
@@ -407,7 +409,10 @@ class LossSpike(Detector):
             else:
                 ep.low = z if ep.low is None else min(ep.low, z)
                 orders = not ep.orders and _by_orders(x, max(base0, floor))
-                if orders or (not ep.warned and abnormal and (ep.warm or self._stays_up(lx, f, ep)) and (
+                # (a warning said inside the start-up, which the policy made info, is said once more
+                # past it while the spike is still there: a loss climbing x10 from step 15 on)
+                again = ep.startup and not ctx.in_startup
+                if orders or ((not ep.warned or again) and abnormal and (ep.warm or self._stays_up(lx, f, ep)) and (
                         grew or ep.samples - 1 >= self._stay_needed(self.persist_samples - 1, ep.low))):
                     # (a spike opened among the first points, against their median: its points must
                     # stand out of the noise the points before it showed, 3σ as a stay's points are
@@ -416,8 +421,8 @@ class LossSpike(Detector):
                     # Only a point above the threshold says the spike is still there (or larger);
                     # one that grew orders of magnitude is told so once, whatever was said before
                     # (a start-up's warning is said as info)
-                    ep.warned, ep.orders = True, orders
-                    out.append(self._escalation_finding(step, x, thr, ep, grew or orders))
+                    ep.warned, ep.orders, ep.startup = True, orders, ctx.in_startup
+                    out.append(self._escalation_finding(step, x, thr, ep, grew or orders or again))
                 if step - onset >= self.horizon_steps and not ep.warm:
                     # Judged against a cold baseline: no verdict; the loss's level is where it is now.
                     self._restart_at(x)
