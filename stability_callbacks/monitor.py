@@ -25,7 +25,7 @@ log = logging.getLogger("stability_callbacks")
 #: The detectors a record's keys feed: those before the main loss spike, it (if fed), those after.
 _Plan = tuple[tuple[Detector, ...], LossSpike | None, tuple[Detector, ...]]
 
-STATE_VERSION = 14  # 2: latches and EW means are statistics objects; streams are a detector;
+STATE_VERSION = 15  # 2: latches and EW means are statistics objects; streams are a detector;
                     # 3: baselines keep their bias and cold start, divergence its swing horizon;
                     # 4: loss_spike keeps its right tail, not_learning its chance level per point;
                     # 5: divergence keeps its run of rising epochs and where its scale closes,
@@ -40,6 +40,7 @@ STATE_VERSION = 14  # 2: latches and EW means are statistics objects; streams ar
                     # 13: lr_anomaly keeps the schedule's typical change in the LR's own units
                     # 14: a loss spike keeps whether its warning was said inside the start-up,
                     #     divergence the points of the spike open (its low kept over one or two)
+                    # 15: loss_spike keeps whether its loss is a game's (its messages say so)
 
 #: The records :meth:`Monitor.update_many` runs one detector at a time over, at most: long enough
 #: for a detector's code to stay hot, short enough for their contexts to stay in the cache.
@@ -131,7 +132,7 @@ class Monitor:
         such terms, and a live run whose optimizers each step on a loss of its own, declare it."""
         self.declare_objective()
         for d in self.detectors:
-            if isinstance(d, (GradNormGrowth, Stall)):
+            if isinstance(d, (GradNormGrowth, Stall, LossSpike)):
                 d.game = True
 
     def declare_cross_entropy(self, printed: str) -> None:

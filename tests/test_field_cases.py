@@ -932,7 +932,7 @@ def test_a_single_logit_sitting_at_ln_2_is_at_chance():
         return [f for f in out if f.kind == "not_learning"]
     binary = nl(0.6931, 0.6931)
     assert [(f.severity, f.details["rule"]) for f in binary] == [("warning", "chance")]
-    assert "ln 2 = 0.6931, the chance level of a binary cross-entropy on the model's single output, since" in binary[0].message
+    assert "ln 2 = 0.6931, the chance level a binary cross-entropy on the model's single output would have, since" in binary[0].message
     assert nl(1.0, 0.6931) == []
 
 
@@ -1034,3 +1034,19 @@ def test_a_loss_climbing_tenfold_from_the_start_up_on_is_a_warning_and_its_slow_
     f, _ = run(_climbing_in_warmup(seed))
     assert (21, "loss_spike", "warning") in found(f)
     assert [x for x in f if x.kind == "divergence"] == []
+
+
+def test_a_games_loss_spike_says_it_is_a_games_not_a_reinforcement_learners():
+    # a GAN's summed losses (declared a game): a jump is said as the players' (the twelfth scoring:
+    # "a reinforcement learner's loss" on a GAN)
+    rng = random.Random(3)
+    m = Monitor()
+    m.declare_game()
+    f = []
+    for s in range(1, 120):
+        x = 1.4 + 0.1 * rng.gauss(0, 1) + (3.0 if s == 100 else 0.0)
+        f += m.update(StepRecord(s, {"loss": x}))
+        m.control.step_done()
+    spikes = [x for x in f if x.kind == "loss_spike"]
+    assert [(x.step, x.severity) for x in spikes] == [(100, "info")]
+    assert "players' losses pulling against each other" in spikes[0].message and "reinforcement" not in spikes[0].message

@@ -155,7 +155,7 @@ class LossSpike(Detector):
     kind = "loss_spike"
     kinds = ("loss_spike", "spike_recovered", "spike_unrecovered")
     _state = ("base", "episode", "prev_step", "prev_z", "prev_log", "peak", "signed", "declared", "early",
-              "prev_x", "prev_in", "steps", "step_dev", "tail", "below")
+              "prev_x", "prev_in", "steps", "step_dev", "tail", "below", "game")
     #: Other loss detectors (resume spike, falsely low loss) judge against this baseline.
     baseline_before: float | None = None
     noise_before: float = 0.0
@@ -202,6 +202,7 @@ class LossSpike(Detector):
         self.early = [0, 0.0, False]   # a declared objective's early scale: [points, largest magnitude,
                                        # told it grew orders of magnitude past it]
         self.below: bool | None = None  # every point so far below zero (a likelihood's); None: no point yet
+        self.game = False        # the declared objective is a game's (Monitor.declare_game): players' losses
         self.floor = 0.0         # floor_fraction x peak (derived), and its log for the other detectors
         self.floor_log = -math.inf
         self.peak_floor_log = -math.inf
@@ -738,8 +739,9 @@ class LossSpike(Detector):
                          "jumps like this has met data it gives almost no probability, or a layer blew up)."
                          if past_range else "That is orders of magnitude past its own noise: something changed "
                          "its scale (the rewards, the data, a term's weight) or the weights are blowing up; "
-                         "check the step's batch.") if large else ("It is an objective whose scale moves with its returns (a "
-                        "reinforcement learner's loss)" if self.declared else "It has gone below zero (a likelihood, "
+                         "check the step's batch.") if large else ("It is players' losses pulling against each other (a "
+                        "GAN's), an objective of any sign" if self.game else "It is an objective whose scale moves with "
+                        "its returns (a reinforcement learner's loss)" if self.declared else "It has gone below zero (a likelihood, "
                         "an RL objective: a loss with no floor at zero)") + ", so it is judged on an additive scale "
                         "and only reported: watching.")
                 out.append(self.finding(

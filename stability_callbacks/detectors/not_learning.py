@@ -502,10 +502,10 @@ class NotLearning(Detector):
             classes = max(c, 2)   # a single output: a binary classifier's logit
             of = ("a binary cross-entropy on the model's single output" if c == 1 else
                   f"a cross-entropy over the model's {c} outputs")
-            at = f"ln {classes} = {fmt(math.log(classes))}, the chance level of {of}"
+            at = f"ln {classes} = {fmt(math.log(classes))}, the chance level {of} would have"
             chance = (f" It sits at {at}, since step {self.chance[0]} ({self.chance[1]} points)."
-                      if rule == "chance" and self.chance is not None else f" (The chance level of {of} is "
-                      f"ln {classes} = {fmt(math.log(classes))}.)")
+                      if rule == "chance" and self.chance is not None else f" (If the loss is {of}, its chance "
+                      f"level is ln {classes} = {fmt(math.log(classes))}.)")
         elif level >= _LN2 * math.exp(-3 * self._tol):   # a level a cross-entropy at chance can have
             guess = (f", and this level is that of a uniform guess over ~{max(math.exp(level), 2.0):.3g} "
                      f"classes" if level < 25 else "")
