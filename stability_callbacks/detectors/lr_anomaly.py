@@ -99,12 +99,12 @@ class LrAnomaly(Detector):
         if lr > prev and lr - prev > 1.5 * printed_resolution(prev):   # a rise out of a flat stretch
             since = prev_step or since
         apart = record.step - since
-        per_step = change / (apart if apart > 1 else 1)   # (max(apart, 1), less a call: an LR that decays
-        # changes at every point)
+        apart = apart if apart > 1 else 1   # (max(apart, 1), less a call: an LR that decays changes at every point)
+        per_step = change / apart
         # ... and in the LR's own units: a schedule decaying to zero (linear, cosine) keeps its
         # step there while its relative change grows without bound (the last points of a linear
         # warmdown: x0.5, x0.1)
-        per_step_abs = abs(lr - prev) / (apart if apart > 1 else 1)
+        per_step_abs = abs(lr - prev) / apart
         anomalous = (self.typical.n >= 3 and change >= self.min_change
                      and per_step > self.ratio * max(self.typical.mean, 1e-12)
                      and per_step_abs > self.ratio * self.typical_abs.mean)

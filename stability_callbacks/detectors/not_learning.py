@@ -410,12 +410,10 @@ class NotLearning(Detector):
         if g is not None and 0.0 < g < math.inf:
             lg, level = math.log(g), self.grad_level
             vanished = warm and level is not None and lg <= level + _LOG_VANISHED
-            if vanished:
-                pass
-            elif level is None:
+            if level is None:
                 self.grad_level = lg
-            else:   # (each point moves it by a tenth of a decade at most: a spike hardly; the clamp
-                c = lg - level   # written out, less two calls)
+            elif not vanished:   # (each point moves it by a tenth of a decade at most: a spike hardly;
+                c = lg - level   # the clamp written out, less two calls)
                 self.grad_level = level + 0.05 * (_LN10 if c > _LN10 else c if c > -_LN10 else -_LN10)
         if not warm and not no_grad:
             self.still = None

@@ -99,8 +99,8 @@ class Stall(Detector):
     (:func:`half_precision_grid`: such a loss repeats as often as its grid allows, whatever its
     print shows). Each rule is unmistakable, so it is critical even in the first steps, except a
     loss frozen from the first point of a run that began from nothing (step 0 or 1): a run that
-    has learned nothing from its start is a warning, as ``not_learning`` says such runs. A run of zeros is not a frozen loss by itself (a
-    loss below the print resolution prints 0.0).
+    has learned nothing from its start is a warning, as ``not_learning`` says such runs. A run of
+    zeros is not a frozen loss by itself (a loss below the print resolution prints 0.0).
     O(1) per update (amortized); state: the positions of the last ~``max_period_samples``
     distinct values and 16 scalars.
 

@@ -430,7 +430,7 @@ def _key_value(texts: list[str], nums: list[str]) -> tuple[str, str] | None:
     if not key or not key[0].isalpha() or "/" == texts[0].rstrip()[-1:]:
         return None
     before = texts[0]
-    sign = "-" if before.endswith("-") and before[-2:-1] and before[-2:-1] in tokens.SIGN_AFTER else ""
+    sign = "-" if tokens.signed(before) else ""
     return key, sign + nums[0]
 
 

@@ -645,9 +645,7 @@ def _bare_counters(texts, nums, roles) -> None:
 
     sep = "#"
     if n == 2:     # the separator, without the value's sign (`100,-2.5`, `100 -2.5`)
-        sep = texts[1][:-1] if texts[1][-1:] == "-" and texts[1][-2:-1] in ("", *tokens.SIGN_AFTER) \
-            else texts[1]
-        sep = sep.strip()
+        sep = (texts[1][:-1] if tokens.signed(texts[1], alone=True) else texts[1]).strip()
     if n == 2 and bare(0) and bare(1) and nums[0].isdigit() and not texts[0].strip() \
             and not texts[2].strip() and (sep in (":", "|", ",", ";") or (
                 not sep and not nums[1].isdigit())):

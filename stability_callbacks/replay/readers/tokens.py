@@ -50,6 +50,16 @@ _WHITESPACE = re.compile(r"[ \t]+")
 # `loss: -1.0`, `nll_-3.45`, a CSV's `1,-1.19`, `| -0.5 |`.
 SIGN_AFTER = " \t:=([_,;|'\""
 _SIGN = re.compile(f"(?<=[{re.escape(SIGN_AFTER)}])-\x00")
+
+
+def signed(text: str, signs: str = "-", alone: bool = False) -> bool:
+    """Whether ``text`` ends with the sign of the number printed after it: a minus (or one of
+    ``signs``) right after one of ``SIGN_AFTER`` (`loss: -1.0`, `nll_-3.45`, `1,-1.19`), or, with
+    ``alone``, with nothing before it (the text between two numbers: `100 -2.5` read as `100`, `-2.5`)."""
+    if not text or text[-1] not in signs:
+        return False
+    before = text[-2:-1]
+    return before in SIGN_AFTER if before else alone
 _PADDED = re.compile(r"(?<=[\[(]) (?=\x00)")   # a number's padding right after its opening bracket
 _STATISTIC_QUALIFIERS = frozenset({"avg", "average", "mean", "ema", "smoothed", "running"})
 
@@ -68,7 +78,7 @@ def key_before(piece: str, glued: bool) -> str:
     statistic (``loss (avg):``), kept as a word of the key.
     """
     s = piece
-    if s[-1:] in "-+" and s[-2:-1] and s[-2:-1] in SIGN_AFTER:
+    if signed(s, "-+"):
         s = s[:-1]                             # the number's sign: `loss: -1.0000`, `nll_-3.45`
     if glued:
         i = 0

@@ -295,11 +295,13 @@ def cross_entropy_name(names: Iterable[str]) -> str | None:
     ('train/CrossEntropyLoss', 'ce_loss', None)
     >>> cross_entropy_name(["cross_entropy"]), cross_entropy_name(["nll"]), cross_entropy_name(["ce + kl (the sum)"])
     ('cross_entropy', None, None)
+    >>> cross_entropy_name(["train WeightedCategoryCrossEntropy"])
+    'train WeightedCategoryCrossEntropy'
     """
     for name in names:
         if "+" in name:
             continue
         norm = normalise_key(name)
-        if _CROSS_ENTROPY.intersection(norm.split()) or "cross entropy" in norm:
+        if any(w in _CROSS_ENTROPY or _cross_entropy_word(w) for w in norm.split()) or "cross entropy" in norm:
             return name
     return None
