@@ -25,7 +25,7 @@ log = logging.getLogger("stability_callbacks")
 #: The detectors a record's keys feed: those before the main loss spike, it (if fed), those after.
 _Plan = tuple[tuple[Detector, ...], LossSpike | None, tuple[Detector, ...]]
 
-STATE_VERSION = 15  # 2: latches and EW means are statistics objects; streams are a detector;
+STATE_VERSION = 16  # 2: latches and EW means are statistics objects; streams are a detector;
                     # 3: baselines keep their bias and cold start, divergence its swing horizon;
                     # 4: loss_spike keeps its right tail, not_learning its chance level per point;
                     # 5: divergence keeps its run of rising epochs and where its scale closes,
@@ -41,6 +41,7 @@ STATE_VERSION = 15  # 2: latches and EW means are statistics objects; streams ar
                     # 14: a loss spike keeps whether its warning was said inside the start-up,
                     #     divergence the points of the spike open (its low kept over one or two)
                     # 15: loss_spike keeps whether its loss is a game's (its messages say so)
+                    # 16: a loss spike keeps how little its cold noise's few points tell it
 
 #: The records :meth:`Monitor.update_many` runs one detector at a time over, at most: long enough
 #: for a detector's code to stay hot, short enough for their contexts to stay in the cache.

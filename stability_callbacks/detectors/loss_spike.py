@@ -46,6 +46,17 @@ _TAIL_DRAWS = 2.0
 _STAY_SIGMAS = 3.0
 
 
+def _few(k: int) -> float:
+    """How far a σ judged from ``k`` points (a cold start's: the median and MAD of them and of their
+    changes) can fall short of the true one: the factor by which a rise must clear it to be as
+    rare a false alarm as with σ known. Measured on Gaussian draws: the 1-in-1000 quantile of a
+    new point's height over the noise of k points is 7.0, 3.5, 1.7, 1.3x the Gaussian's at k = 3,
+    5, 10, 19 (a ratio to a small sample's MAD has a heavy tail); 1 + 5 / (k - 1.5) follows it.
+    Without it a noisy flat loss logged every 10 steps warned on its first points in 1 run of 20
+    (``scripts/noise_scan.py``: 19 of 360 runs warned, 11 with it)."""
+    return 1.0 + 5.0 / (k - 1.5) if k >= 2 else math.inf
+
+
 def _tail_height(z: float) -> int:
     """The highest of the tail's heights ``z`` σ reaches: 0 (3σ or below), 1 (6σ), 2 (12σ)."""
     return (z >= _TAIL_SIGMAS[1]) + (z >= _TAIL_SIGMAS[2])
@@ -76,6 +87,7 @@ class SpikeEpisode:
     noise: float = 0.0     # a cold onset's noise σ, from the points before it (its own are no noise;
                            # -1: one point before it, no noise known)
     startup: bool = False  # its warning was said inside the start-up, where the policy makes it info
+    few: float = 1.0       # how much less than σ its cold noise may be, from that few points (_few)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -363,7 +375,8 @@ class LossSpike(Detector):
                 self.episode = SpikeEpisode(onset, base, x, warned=severity == "warning", warm=not cold,
                                             startup=severity == "warning" and ctx.in_startup,
                                             scale=falling or 0.0, z=z, orders=orders, before=self.prev_x or 0.0,
-                                            noise=(self._cold_noise() if len(b.seen) >= 2 else -1.0) if cold else 0.0)
+                                            noise=(self._cold_noise() if len(b.seen) >= 2 else -1.0) if cold else 0.0,
+                                            few=_few(len(b.seen)) if cold and len(b.seen) >= 2 else 1.0)
                 out.append(self._onset_finding(step, x, base, thr, onset, severity, unit, tail, orders))
             else:
                 enters = True
@@ -413,8 +426,9 @@ class LossSpike(Detector):
                 # (a warning said inside the start-up, which the policy made info, is said once more
                 # past it while the spike is still there: a loss climbing x10 from step 15 on)
                 again = ep.startup and not ctx.in_startup
-                if orders or ((not ep.warned or again) and abnormal and (ep.warm or self._stays_up(lx, f, ep)) and (
-                        grew or ep.samples - 1 >= self._stay_needed(self.persist_samples - 1, ep.low))):
+                persists = ep.samples - 1 >= self._stay_needed(self.persist_samples - 1, ep.low)
+                if orders or ((not ep.warned or again) and abnormal and (grew or persists) and (
+                        ep.warm or self._stays_up(lx, f, ep, persists))):
                     # (a spike opened among the first points, against their median: its points must
                     # stand out of the noise the points before it showed, 3σ as a stay's points are
                     # weighed, not only clear cold_start_rise: on a loss scattering by ±30% a third
@@ -560,16 +574,19 @@ class LossSpike(Detector):
         b = self.base
         if len(b.seen) < 3:
             return False
-        loud = lx - f >= self.z_threshold * (falling or self._cold_noise())
+        loud = lx - f >= self.z_threshold * (falling or self._cold_noise()) * _few(len(b.seen))
         return loud and lx > max(b.seen) if len(b.seen) < COLD_TREND_SAMPLES else loud
 
-    def _stays_up(self, lx: float, f: float, ep: SpikeEpisode) -> bool:
+    def _stays_up(self, lx: float, f: float, ep: SpikeEpisode, persists: bool) -> bool:
         """Whether a point of a spike opened among the first points stands ``_STAY_SIGMAS`` σ above
         the level ``f``, in the noise of the points before its onset (``ep.noise``; its own points
         are no noise): as a stay's points are weighed, not only past cold_start_rise, which a third
         of a loss scattering by ±30% clears. A spike at the second point has no level before it to
-        stay above (its noise unknown: -1)."""
-        return ep.noise >= 0.0 and lx - f >= _STAY_SIGMAS * (ep.scale or ep.noise)
+        stay above (its noise unknown: -1). A spike that only grew, judged on this one point, needs
+        the margin an onset's point needs against noise told by that few points (``ep.few``); a
+        stay of several points is evidence of its own."""
+        few = 1.0 if persists else ep.few
+        return ep.noise >= 0.0 and lx - f >= _STAY_SIGMAS * (ep.scale or ep.noise) * few
 
     def _cold_noise(self) -> float:
         """While cold, the σ of one point: the larger of the changes' and the spread around the
