@@ -16,6 +16,7 @@ from . import keys
 from .config import Config
 from .control import Control
 from .detectors import Context, Detector, GradNormGrowth, GradNormSpike, LossSpike, NotLearning, Stall
+from .epochs import EpochProfile
 from .phase import PhaseTracker
 from .policy import Policy
 from .record import Finding, StepRecord
@@ -41,7 +42,8 @@ STATE_VERSION = 16  # 2: latches and EW means are statistics objects; streams ar
                     # 14: a loss spike keeps whether its warning was said inside the start-up,
                     #     divergence the points of the spike open (its low kept over one or two)
                     # 15: loss_spike keeps whether its loss is a game's (its messages say so)
-                    # 16: a loss spike keeps how little its cold noise's few points tell it
+                    # 16: a loss spike keeps how little its cold noise's few points tell it; the
+                    #     Monitor keeps the loss through this epoch and the one before
 
 #: The records :meth:`Monitor.update_many` runs one detector at a time over, at most: long enough
 #: for a detector's code to stay hot, short enough for their contexts to stay in the cache.
@@ -91,6 +93,8 @@ class Monitor:
         #: record need not be the run's first step.
         self.steps_by_order = False
         self.success_seen = False
+        #: The loss through this epoch and the one before, where records say their epoch.
+        self.epochs = EpochProfile()
         self.phase_at_last_step: str | None = None
         #: The parameter tensors' names in the optimizer's order, when a live run knows them.
         self.tensor_names: list[str | None] | None = None
@@ -172,8 +176,20 @@ class Monitor:
             self._run((loss_spike,), record, ctx, out)
             _loss_view(loss_spike, ctx)
         self._run(after, record, ctx, out)
+        if record.epoch is not None:
+            self._epoch_shape(record, ctx, out)
         self._decide(record, ctx, out, window)
         return out
+
+    def _epoch_shape(self, record: StepRecord, ctx: Context, out: list[Finding]) -> None:
+        """The loss through the record's epoch; a rise found that is the epoch's own shape made
+        info (:mod:`stability_callbacks.epochs`), before the policy decides on it."""
+        epochs = self.epochs
+        said = epochs.update(record.epoch, record.step, ctx.loss)   # type: ignore[arg-type]
+        if said:
+            out += said
+        if out and epochs.before is not None:
+            epochs.judge(out)
 
     def update_many(self, records: Sequence[StepRecord]) -> list[Finding]:
         """:meth:`update` of each record in turn, the same findings in the same order (a replay's
@@ -254,6 +270,8 @@ class Monitor:
         out: list[Finding] = []
         windows, last, policy = self._windows, n - 1, self.policy
         for i, (r, ctx) in enumerate(zip(run, ctxs)):
+            if r.epoch is not None:   # (step by step, as update() does: the profile is the step's)
+                self._epoch_shape(r, ctx, ctx.found)
             # A step where nothing was found changes nothing of the policy: it only sets the save
             # interval on Control, which the next step the policy decides sets again, from that
             # step alone (nothing reads Control within a batch): the run's last step is decided.
@@ -449,6 +467,7 @@ class Monitor:
                         "run_start": self.run_start, "success_seen": self.success_seen, "state_is_good": self.control.state_is_good},
             "phase": self.phase.state_dict(),
             "policy": self.policy.state_dict(),
+            "epochs": self.epochs.state_dict(),
             "detectors": {d.name: d.state_dict() for d in self.detectors},
         }
 
@@ -469,6 +488,7 @@ class Monitor:
         self.control.state_is_good = mon["state_is_good"]
         self.phase.load_state_dict(state["phase"])
         self.policy.load_state_dict(state["policy"])
+        self.epochs.load_state_dict(state["epochs"])
         for d in self.detectors:
             d.load_state_dict(state["detectors"][d.name])
         self._forget_plans()   # ... and with the state

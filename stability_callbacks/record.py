@@ -39,19 +39,27 @@ class StepRecord:
     warmup_steps: int | None = None
     #: The model's output size a replayed run log declares (its ``model`` line), likewise.
     num_outputs: int | None = None
+    #: The epoch this step belongs to, where the run counts epochs (a replayed log's epoch x batch
+    #: count, a live trainer's epoch): the loss's shape through an epoch is compared with the epoch
+    #: before's (:mod:`stability_callbacks.epochs`). Not a metric.
+    epoch: int | None = None
 
     def get(self, key: str) -> float | None:
         return self.metrics.get(key)
 
     def to_json(self) -> dict[str, Any]:
         """The run-log line (docs/design.md, Run log); non-finite floats become strings JSON can carry."""
-        return {"type": "step", "step": self.step, "segment": self.segment,
-                "metrics": {k: _json_float(v) for k, v in self.metrics.items()}}
+        out = {"type": "step", "step": self.step, "segment": self.segment,
+               "metrics": {k: _json_float(v) for k, v in self.metrics.items()}}
+        if self.epoch is not None:
+            out["epoch"] = self.epoch
+        return out
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> "StepRecord":
+        epoch = obj.get("epoch")
         return cls(int(obj["step"]), {k: float(v) for k, v in obj.get("metrics", {}).items()},
-                   int(obj.get("segment", 0)))
+                   int(obj.get("segment", 0)), epoch=int(epoch) if epoch is not None else None)
 
 
 @dataclass(slots=True)

@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "stability_callbacks"
 FLOORS = [
     ["keys", "record", "params", "stats"],
     ["control", "phase", "preflight", "watchdog", "detectors", "advice"],
-    ["policy", "runlog", "alerts", "forensics", "outcome"],
+    ["policy", "runlog", "alerts", "forensics", "outcome", "epochs"],
     ["config"],
     ["monitor"],
     ["live"],

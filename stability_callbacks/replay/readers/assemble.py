@@ -795,6 +795,8 @@ class Assembler:
         self.pending_last_step = self.last_step
         self.last_step = step
         rec = self.pending = StepRecord(step, metrics)
+        if self.epoch is not None and how != "epoch":   # a step inside the epoch the log last named
+            rec.epoch = self.epoch
         copies = self.copies
         copies[step] = metrics
         if len(copies) > 2 * COPIES_KEPT:   # amortized O(1): the last COPIES_KEPT kept, in bulk

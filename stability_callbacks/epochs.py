@@ -1,0 +1,219 @@
+"""The loss's shape within an epoch, against the epoch before: the data order's rise is no instability.
+
+A run that feeds its data in the same order every epoch draws the same shape every epoch. A
+speech recognizer whose batches are sorted by utterance length (SortaGrad, ``sorting: ascending``)
+has a CTC loss summed over frames that grows with the utterances, batch after batch, and falls back
+when the next epoch starts again from the short ones; unshuffled data with one bad stretch spikes
+at the same point of every epoch. Against the points just before it, each such rise looks like a
+spike or a divergence; against the same point of the epoch before, it is what the run always does.
+
+So, where a record says which epoch it belongs to (:attr:`StepRecord.epoch`: a replayed log's
+epoch × batch count, a live trainer's epoch), :class:`EpochProfile` keeps the log of the loss
+through the epoch before, and a warning or critical about a rise — ``loss_spike``,
+``spike_unrecovered``, ``divergence`` — is made info when, at the same point of the epoch before,
+the loss stood as high and had risen at least half as much from the rise's start (one inside this
+epoch):
+the epoch's own shape; or as high, where the loss fell at this epoch's start by half the rise or
+more and has climbed back (the first epoch's rise may be hidden by how fast the run learned then;
+a loss continuous across the epoch's start, as a shuffled run's is, does not fall there). A rise
+above the epoch before's at that point (a real divergence, which the data order does not explain)
+is left as it was; so is everything in the first epoch, which has no epoch before it. A rise made
+info is watched: once the loss stands above the epoch before's at the same point for 3 points in
+a row, it is said again at the severity its detector gave it. A spike's return made info
+likewise where its rise was.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+
+from .detectors.base import fmt
+from .record import Finding
+
+#: The kinds whose warning about a rise that began in this epoch the profile can explain.
+_RISES = frozenset({"loss_spike", "spike_unrecovered", "divergence"})
+#: Points kept of an epoch (thinned by halves past twice as many): its shape, not every step.
+_KEEP = 256
+#: The points either side of an offset whose median is the epoch before's loss there.
+_NEAR = 2
+#: Points in a row above the epoch before's at the same point that undo a rise made info.
+_ABOVE = 3
+#: How much higher than the epoch before's point a rise may stand and still be its shape:
+#: 3σ of log(loss)'s noise against it, and no less than 10% (a noise told by a few points).
+_MARGIN_SIGMAS, _MARGIN_LEAST = 3.0, math.log(1.1)
+#: That noise: an EW mean (weight 1/n, then _ALPHA) of the changes' size, known from _LEAST_CHANGES.
+_ALPHA, _LEAST_CHANGES = 0.05, 5
+_HALF_SQRT_PI = 0.5 * math.sqrt(math.pi)
+
+
+class EpochProfile:
+    """The log of the loss through this epoch and the one before (offsets from each one's first step)."""
+
+    def __init__(self) -> None:
+        self.epoch: int | None = None
+        self.start = 0                        # this epoch's first step
+        self.offsets: list[int] = []          # this epoch's points, thinned to ~_KEEP
+        self.logs: list[float] = []
+        self.stride = 1                       # ... every stride-th point kept
+        self.seen = 0
+        self.before: tuple[int, list[int], list[float]] | None = None   # the epoch before's (start, offsets, logs)
+        self.explained: set[int] = set()      # onsets of the rises made info (their returns too)
+        # the last rise made info, watched until the loss stands above the epoch before's at the
+        # same point: [kind, severity it had, its step, onset, baseline]
+        self.watch: list | None = None
+        self.above = 0                        # points in a row above the epoch before's (by the margin)
+        # σ of log(loss) against the epoch before's at the same point (what is left when the
+        # epoch's shape is taken out: its changes from point to point, EW mean of their size)
+        self.resid: float | None = None
+        self.dev, self.devs = 0.0, 0
+
+    def update(self, epoch: int, step: int, loss: float | None) -> list[Finding]:
+        """The loss at ``step`` of ``epoch``; a rise made info that the loss now leaves behind is
+        said as what it is (:meth:`_watched`)."""
+        if epoch != self.epoch:
+            # only the epoch just before is a neighbour (a log that skips or goes back has none)
+            full = self.epoch is not None and epoch == self.epoch + 1 and self.offsets
+            self.before = (self.start, self.offsets, self.logs) if full else None
+            self.epoch, self.start, self.offsets, self.logs, self.stride, self.seen = epoch, step, [], [], 1, 0
+            self.explained = {s for s in self.explained if full and s >= self.before[0]}   # type: ignore[index]
+        if loss is None or not 0.0 < loss < math.inf:
+            return []
+        lx = math.log(loss)
+        at = self._before_at(step - self.start) if self.before is not None else None
+        if at is not None:   # the residual's noise, from its changes (a trend in it moves them alike)
+            r, last = lx - at, self.resid
+            self.resid = r
+            if last is not None:
+                k = self.devs = self.devs + 1
+                self.dev += max(1.0 / k, _ALPHA) * (abs(r - last) - self.dev)
+            self.above = self.above + 1 if r > self._margin() else 0
+        else:
+            self.resid, self.above = None, 0
+        out = self._watched(step, loss, at) if at is not None and self.watch is not None and self.above >= _ABOVE else []
+        self.seen += 1
+        if (self.seen - 1) % self.stride:
+            return out
+        self.offsets.append(step - self.start)
+        self.logs.append(lx)
+        if len(self.offsets) >= 2 * _KEEP:   # amortized: halve what is kept, keep every other point from now
+            self.offsets, self.logs, self.stride = self.offsets[::2], self.logs[::2], 2 * self.stride
+        return out
+
+    def noise(self) -> float:
+        """σ of log(loss) against the epoch before's at the same point: √π/2 x the mean size of its
+        changes (each the difference of two draws); 0 until _LEAST_CHANGES of them tell it."""
+        return _HALF_SQRT_PI * self.dev if self.devs >= _LEAST_CHANGES else 0.0
+
+    def _margin(self) -> float:
+        return max(_MARGIN_SIGMAS * self.noise(), _MARGIN_LEAST)
+
+    def _watched(self, step: int, loss: float, at: float) -> list[Finding]:
+        """The rise made info last is said again, at the severity its detector gave it: the loss
+        has stood above the epoch before's at the same point (by the margin a rise is allowed) for
+        _ABOVE points in a row, which the data order does not explain (a real divergence that
+        began inside the epoch's climb)."""
+        kind, severity, said_at, onset, base = self.watch   # type: ignore[misc]
+        self.watch = None
+        start = self.before[0]   # type: ignore[index]
+        return [Finding(step=step, kind=kind, severity=severity, value=loss, baseline=base, onset_step=onset,
+                        message=(f"The loss is above the epoch before's at the same point: {fmt(loss)} at step "
+                                 f"{step} vs {fmt(math.exp(at))} at step {start + step - self.start}, for "
+                                 f"{_ABOVE} points in a row. The rise from step {onset} ({fmt(base)}), said at "
+                                 f"step {said_at} to be the epoch's own shape, is more than that: the loss is "
+                                 f"climbing past what the data order explains. Keep the last checkpoint from "
+                                 f"before step {onset}; if it goes on, roll back to it and lower the LR."),
+                        details={"epoch_shape_left": True, "said_at": said_at})]
+
+    def _before_at(self, offset: int) -> float | None:
+        """The epoch before's log(loss) at ``offset`` from its start: the median of its points
+        nearest there (None where it has none within the spacing it kept)."""
+        if self.before is None:
+            return None
+        _, offsets, logs = self.before
+        i = bisect.bisect_left(offsets, offset)
+        if i == len(offsets) and offset - offsets[-1] > 2 * self._spacing():
+            return None   # past the epoch before's end
+        near = sorted(logs[max(0, i - _NEAR):i + _NEAR])
+        return near[len(near) // 2]
+
+    def _spacing(self) -> float:
+        _, offsets, _ = self.before   # type: ignore[misc]
+        return (offsets[-1] - offsets[0]) / max(len(offsets) - 1, 1)
+
+    def judge(self, found: list[Finding]) -> None:
+        """Make info, in place, the warnings of ``found`` about a rise that is this epoch's shape
+        (the module's docstring)."""
+        if self.before is None:
+            return
+        for f in found:
+            if f.severity == "info":
+                continue
+            if f.kind == "spike_recovered" and f.onset_step in self.explained:
+                _explain(f, "its rise was the epoch's own shape (said at its onset)")
+                continue
+            if f.kind not in _RISES or f.onset_step is None:
+                continue
+            said = self._shape(f)
+            if said:
+                self.explained.add(f.onset_step)
+                self.watch = [f.kind, f.severity, f.step, f.onset_step, f.baseline]
+                _explain(f, said)
+
+    def _shape(self, f: Finding) -> str | None:
+        """Why ``f``'s rise is the epoch's shape, or None where it is not."""
+        onset = f.onset_step
+        if not f.value or not f.baseline or f.value <= 0.0 or f.baseline <= 0.0 or onset is None:
+            return None
+        at = self._before_at(f.step - self.start)
+        if at is None:
+            return None
+        rise = math.log(f.value / f.baseline)
+        if self.above or math.log(f.value) > at + self._margin():   # (the point now, or what was found)
+            return None
+        start, _, logs = self.before   # type: ignore[misc]
+        then = f"at the same point of the epoch before (step {start + f.step - self.start}) the loss was {fmt(math.exp(at))}"
+        inside = onset >= self.start   # the rise began in this epoch (a running median's may not)
+        since = self._before_at(onset - self.start) if inside else None
+        if since is not None and at - since >= 0.5 * rise:
+            return (f"{then} (now {fmt(f.value)}), and had risen as much, from {fmt(math.exp(since))} at step "
+                    f"{start + onset - self.start}: it rises so at this point of every epoch — the "
+                    f"order of the data within an epoch (batches sorted by length, unshuffled data), not instability")
+        end, begun = _median(logs[-_NEAR - 1:]), _median(self.logs[:_NEAR + 1])
+        if end - begun >= 0.5 * rise:
+            return (f"{then} (now {fmt(f.value)}); it fell from {fmt(math.exp(end))} to {fmt(math.exp(begun))} when this epoch "
+                    f"began and has climbed back through it — the order of the data within an epoch (batches "
+                    f"sorted by length: a loss summed over an utterance's frames grows with it), not instability")
+        return None
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "start": self.start, "offsets": self.offsets, "logs": self.logs,
+                "stride": self.stride, "seen": self.seen,
+                "before": list(self.before) if self.before else None, "explained": sorted(self.explained),
+                "watch": self.watch, "above": self.above, "resid": self.resid, "dev": self.dev, "devs": self.devs}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.epoch, self.start, self.stride, self.seen = d["epoch"], d["start"], d["stride"], d["seen"]
+        self.offsets, self.logs = list(d["offsets"]), list(d["logs"])
+        b = d["before"]
+        self.before = (b[0], list(b[1]), list(b[2])) if b else None
+        self.explained = set(d["explained"])
+        self.watch, self.above, self.resid = d["watch"], d["above"], d["resid"]
+        self.dev, self.devs = d["dev"], d["devs"]
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def _explain(f: Finding, why: str) -> None:
+    """``f`` made info, its message said anew: what it saw, and why that is the epoch's shape (its
+    advice, a rollback, would be wrong); what it said is kept in ``details["said"]``."""
+    what = {"spike_recovered": "came back from the rise that began",
+            "divergence": "rose (its running median) from the level it had",
+            }.get(f.kind, "rose from the level it had")
+    f.details.update(epoch_shape=True, said=f.message, severity_said=f.severity)
+    f.message = (f"The loss {what} at step {f.onset_step} ({fmt(f.baseline)}) to {fmt(f.value)} at step "
+                 f"{f.step} (a {f.kind} {f.severity} on its own); {why}. No action needed; the epochs after "
+                 f"should stay at or below this one at each point.")
+    f.severity = "info"
