@@ -305,6 +305,19 @@ def test_callback_added_after_the_trainer_was_built_finds_it(tmp_path, caplog):
     assert steps[4]["metrics"]["grad_norm"] == pytest.approx(hf_norms[5], rel=1e-6)
 
 
+def test_each_record_says_its_epoch(tmp_path):
+    """3 epochs of 4 steps: the run log's step lines say epochs 1, 1, 1, 1, 2, ... (from
+    ``TrainerState.epoch``, in (e, e + 1] at epoch e's steps): the Monitor compares the loss's
+    shape through an epoch with the epoch before's (docs/findings.md)."""
+    sc = build_scenario("healthy", max_steps=4)
+    args = _args(tmp_path / "ckpt", sc, max_steps=-1, num_train_epochs=3, warmup_steps=0)
+    trainer = Trainer(model=sc.make_model(), args=args, train_dataset=sc.train_dataset(),
+                      callbacks=[StabilityCallback(run_dir=tmp_path / "stability")])
+    trainer.train()
+    steps = [(r["step"], r["epoch"]) for r in _runlog(tmp_path / "stability") if r["type"] == "step"]
+    assert steps == [(s, 1 + (s - 1) // 4) for s in range(1, 13)]
+
+
 def test_without_its_trainer_the_callback_runs_degraded_and_says_so(tmp_path, caplog, monkeypatch):
     """Should a transformers version hide the Trainer from its callbacks: the loss and the batch
     come from the model's forward, there is no grad norm, and one warning says what is missing."""

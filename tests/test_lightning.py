@@ -142,6 +142,7 @@ def test_data_pocket(pocket_run):
     steps = [r for r in lines if r["type"] == "step"]
     assert [r["step"] for r in steps] == list(range(1, _stop_step(sc) + 1))
     assert all("batch_fingerprint" in r["metrics"] and "grad_norm" in r["metrics"] for r in steps)
+    assert {r["epoch"] for r in steps} == {1}   # each record says its epoch (from 1): one epoch here
 
 
 @pytest.mark.slow
@@ -630,6 +631,10 @@ def test_a_gan_stepping_two_optimizers_is_judged_as_a_game(tmp_path, caplog):
     assert "the run steps 2 optimizers (a GAN's players" in caplog.text
     assert [(f.kind, f.severity) for f in cb.findings if f.severity != "info"] == []
     assert [f.details.get("game") for f in cb.findings if f.kind == "grad_norm_growth"] == [True]
+    # each record says its epoch (trainer.current_epoch + 1): 8 epochs of the same number of steps
+    epochs = [r["epoch"] for r in runlog(tmp_path / "stability" / "runlog.jsonl") if r["type"] == "step"]
+    per = len(epochs) // 8
+    assert epochs == [1 + i // per for i in range(8 * per)]
 
 
 class TwoOptimizersOneLoss(pl.LightningModule):

@@ -10,6 +10,7 @@ signal comes from, how saves, halts and rollbacks go: docs/integrations.md, "HF 
 from __future__ import annotations
 
 import copy
+import math
 import os
 import sys
 from typing import Any
@@ -202,7 +203,7 @@ class StabilityCallback(TrainerCallback, SessionAdapter):
     def on_step_end(self, args, state, control, optimizer=None, **kwargs):
         if self._off():
             return
-        self.session.end_step(state.global_step, optimizer=optimizer)
+        self.session.end_step(state.global_step, optimizer=optimizer, epoch=_epoch(state.epoch))
         self._act(args, state, control)
         s = self.session   # to the reporters at logging steps, and at once for a finding
         if s.report and (control.should_log or s.finding_pending or control.should_training_stop):
@@ -295,3 +296,9 @@ def _find_trainer(callback, max_frames: int = 32):
         frame = frame.f_back
     return None, None
 
+
+def _epoch(progress: float | None) -> int | None:
+    """The epoch (from 1) of the step just ended, from ``TrainerState.epoch``: the epoch's index
+    plus the part of it done, in (e, e + 1] at its steps (rounded first: e + n/n may print as
+    e + 1 + 1e-16)."""
+    return max(1, math.ceil(round(progress, 6))) if progress is not None else None

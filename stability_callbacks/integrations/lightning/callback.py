@@ -293,7 +293,8 @@ class StabilityCallback(Callback, SessionAdapter):
         if step == self._last_step:
             return            # an accumulation micro-batch (or a skipped training_step)
         self._last_step, self._norm = step, None
-        s.end_step(step, optimizer=trainer.optimizers[0] if trainer.optimizers else None)
+        s.end_step(step, optimizer=trainer.optimizers[0] if trainer.optimizers else None,
+                   epoch=trainer.current_epoch + 1)
         if s.report:
             with self.guard("log", "logging to the trainer's loggers"):
                 self._log(trainer, pl_module)

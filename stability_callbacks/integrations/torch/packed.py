@@ -99,6 +99,7 @@ class _Pending:
     event: Any          # torch.cuda.Event or None
     world: int = 1
     block: Block | None = None
+    epoch: int | None = None   # the record's epoch, where the loop counts them
 
 
 class PackedSteps:
@@ -117,7 +118,7 @@ class PackedSteps:
         self._consts: dict[Any, torch.Tensor] = {}
 
     def push(self, step: int, values: list, ops: list, names: list, host: dict, world: int,
-             block: Block | None = None) -> None:
+             block: Block | None = None, *, epoch: int | None = None) -> None:
         """Pack ``values`` (device tensors, host floats still to reduce, or None: absent) and the
         ``block``, reduce them across the ``world`` ranks with ``ops``, and start the copy to the
         host."""
@@ -126,7 +127,7 @@ class PackedSteps:
         except Exception:
             self._pending.clear()
             raise
-        self._pending.append(_Pending(step, ops, names, host, buf, event, world, block))
+        self._pending.append(_Pending(step, ops, names, host, buf, event, world, block, epoch))
 
     def const(self, value: float, device) -> torch.Tensor:
         # Cached device constants. torch.full is a fill kernel, not an H2D copy (which would be
@@ -280,7 +281,7 @@ class PackedSteps:
             # on a coarser grid, which stall reads from its values): a round value repeated is
             # frozen, not a coarse print (a triplet loss pinned at its margin, 1.0 three times)
             metrics[keys.LOSS_RESOLUTION] = abs(loss) * _FLOAT32_ULP
-        return StepRecord(p.step, metrics)
+        return StepRecord(p.step, metrics, epoch=p.epoch)
 
 
 

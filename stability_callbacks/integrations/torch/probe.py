@@ -256,9 +256,10 @@ class StepProbe:
         self._reset_step()
 
     # ---- end of step ----------------------------------------------------------------------------
-    def finish_step(self, step: int, *, optimizer=None, model=None) -> None:
+    def finish_step(self, step: int, *, optimizer=None, model=None, epoch: int | None = None) -> None:
         """Close the step: Adam / param-norm stats on their cadence, pack, one collective when
-        distributed, non-blocking copy to the host. Never raises for a monitoring failure
+        distributed, non-blocking copy to the host (``epoch``: carried to the record, where the
+        loop counts epochs). Never raises for a monitoring failure
         (logs once and degrades); a collective that fails is a distributed failure and does."""
         step = int(step)
         world = world_size(self.process_group)
@@ -312,7 +313,7 @@ class StepProbe:
             ops.append(op)
             names.append(name)
         self._reset_step()
-        self.packed.push(step, values, ops, names, host, world, block)
+        self.packed.push(step, values, ops, names, host, world, block, epoch=epoch)
 
     def _sample_adam(self, optimizer, replicated: dict) -> Block | None:
         """Adam's moments in one pass: the global statistics into the packed slots, the

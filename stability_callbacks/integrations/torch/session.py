@@ -283,11 +283,12 @@ class LiveSession:
         return None
 
     # ---------------------------------------------------------------------------- step close
-    def end_step(self, step: int, *, optimizer=None) -> list[tuple[StepRecord, list[Finding]]]:
+    def end_step(self, step: int, *, optimizer=None, epoch: int | None = None) -> list[tuple[StepRecord, list[Finding]]]:
         """Close optimizer step ``step`` (every rank, the same steps): the micro-batch values go
         into the probe; on the sampling cadence the probe finishes the step (Adam statistics
         from ``optimizer``, one packed collective), otherwise it forgets it. The records the
-        probe hands out are fed to the run. Returns them with their findings. With an engine
+        probe hands out are fed to the run (``epoch``: the epoch the step belongs to, where the loop
+        counts them: :attr:`StepRecord.epoch`). Returns them with their findings. With an engine
         (:meth:`read_engine`) its step is read first and the engine replaces ``optimizer``."""
         records: list[StepRecord] = []
         if self.engine is not None:
@@ -310,7 +311,7 @@ class LiveSession:
                 probe.discard_step()
                 records = early
             else:
-                probe.finish_step(step, optimizer=optimizer)
+                probe.finish_step(step, optimizer=optimizer, epoch=epoch)
                 records = early + ([] if self.lockstep else probe.poll())
         if self._to_name is not None and self.probe.num_tensors is not None and optimizer is not None:
             with self.guard("names", "naming the parameter tensors"):
