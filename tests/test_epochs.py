@@ -35,10 +35,25 @@ def _sorted_ctc_log(tmp_path, seed: int, diverge_from: int | None = None) -> str
     return str(path)
 
 
+def _as(tmp_path, log: str, form: str) -> str:
+    """The same records as a Lightning CSVLogger's metrics.csv (epochs from 0) or a trainer_state.json
+    (``epoch`` the fraction of epochs done, rounded to 2 decimals as the Trainer logs it)."""
+    rows = [line.split() for line in open(log) if " iter " in line]
+    recs = [(int(r[1]), int(r[3].split("/")[0]) + (int(r[1]) - 1) * BATCHES, float(r[5])) for r in rows]
+    if form == "csv":
+        path = tmp_path / "metrics.csv"
+        path.write_text("epoch,step,train_loss_step\n" + "".join(f"{e - 1},{s},{x}\n" for e, s, x in recs))
+    else:
+        path = tmp_path / "trainer_state.json"
+        history = [{"epoch": round(s / BATCHES, 2), "step": s, "loss": x} for e, s, x in recs]
+        path.write_text(json.dumps({"log_history": history}))
+    return str(path)
+
+
 def _judge(path: str, many: bool):
     m = Monitor()
     records = list(read_records(path))
-    assert records[41].epoch == 2 and records[41].step == 420   # `iter` counts within the epoch
+    assert records[41].epoch - records[0].epoch == 1 and records[41].step == 420   # `iter` counts within the epoch
     found = m.update_many(records) if many else [f for r in records for f in m.update(r)]
     return found + m.end()
 
@@ -59,6 +74,15 @@ def test_a_length_sorted_ctc_loss_rising_through_each_epoch_is_the_data_order(tm
                                 "13.16 when this epoch began")
     assert "No action needed" in f.message and "roll back" not in f.message.lower()
     assert "Training on will not fix it" in f.details["said"]
+
+
+@pytest.mark.parametrize("form", ["csv", "hf"])
+def test_a_table_or_a_trainer_state_says_its_epochs_too(tmp_path, form):
+    # the same numbers as a Lightning CSVLogger's table (an epoch column beside the step) and as a
+    # trainer_state.json (the fraction of epochs done): the same findings as the text log's
+    log = _sorted_ctc_log(tmp_path, 0)
+    text = [(f.step, f.kind, f.severity) for f in _judge(log, True)]
+    assert [(f.step, f.kind, f.severity) for f in _judge(_as(tmp_path, log, form), True)] == text
 
 
 def test_a_divergence_past_the_epoch_befores_level_stays_critical(tmp_path):

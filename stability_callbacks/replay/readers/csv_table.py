@@ -172,6 +172,8 @@ def _read(path, account: ReadAccount, lines, tag_map, user, wandb):
     last_step: int | None = None                     # the step and values of the row before
     last_values: dict = {}
     first_step = steps[0]
+    # an epoch column beside a finer step (Lightning's CSVLogger): each record's epoch, as printed
+    epoch_at = next((i for i, h in enumerate(header) if i != first_step and classify(h.strip(), user)[0] == "epoch"), None)
     for row in _readable(rows, numbers, account):
         line_no = numbers[-1]
         # (the common row first, each shortcut the same answer: its first cell and its first step
@@ -201,7 +203,7 @@ def _read(path, account: ReadAccount, lines, tag_map, user, wandb):
             if step == last_step:
                 _relogged(account, step, line_no, last_values.get(keys.LOSS), values.get(keys.LOSS))
             last_step, last_values = step, values
-            yield StepRecord(step, values)
+            yield StepRecord(step, values, epoch=_epoch_cell(row, epoch_at) if epoch_at is not None else None)
         else:
             account.ignore(line_no, ",".join(row), "row without a training metric")
 
@@ -260,3 +262,12 @@ def _by_the_rules(header: list[str], rows, numbers: list[int], account: ReadAcco
     got = reading.finish()
     yield from got
     return read + len(got)
+
+
+def _epoch_cell(row: list[str], i: int) -> int | None:
+    """The row's epoch, a whole number as printed (None where the cell is empty or not one)."""
+    try:
+        e = float(row[i])
+    except (IndexError, ValueError):
+        return None
+    return int(e) if e.is_integer() else None

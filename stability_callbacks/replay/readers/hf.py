@@ -12,6 +12,7 @@ are read by the generic reader (:mod:`.generic`).
 from __future__ import annotations
 
 import json
+import math
 from typing import Iterator
 
 from ... import keys
@@ -34,6 +35,7 @@ def read_state(path, *, account: ReadAccount, lines, tag_map=None, user_keys=Non
     if not isinstance(history, list):
         raise LogFormatError(path, None, "no log_history list (not a trainer_state.json)")
     by_step: dict[int, dict[str, tuple[int, float]]] = {}
+    epochs: dict[int, int] = {}   # the epoch (from 1) of a step: `epoch` is e + the part done, in (e, e + 1]
     for i, entry in enumerate(history):
         if not isinstance(entry, dict) or "step" not in entry:
             account(i + 1, repr(entry)[:200], "log_history entry without a step")
@@ -44,6 +46,8 @@ def read_state(path, *, account: ReadAccount, lines, tag_map=None, user_keys=Non
         try:
             step = int(entry["step"])
             ours_at = entry.get(keys.STEP_AXIS)
+            if isinstance(entry.get("epoch"), (int, float)) and entry["epoch"] > 0:
+                epochs[step] = max(1, math.ceil(round(entry["epoch"], 6)))
             for name, value in entry.items():
                 if name in ("step", "epoch"):
                     continue
@@ -62,4 +66,4 @@ def read_state(path, *, account: ReadAccount, lines, tag_map=None, user_keys=Non
     for step in sorted(by_step):
         metrics = {k: v for k, (_, v) in by_step[step].items()}
         if metrics:
-            yield StepRecord(step, metrics)
+            yield StepRecord(step, metrics, epoch=epochs.get(step))
