@@ -1055,3 +1055,16 @@ def test_a_games_loss_spike_says_it_is_a_games_not_a_reinforcement_learners():
     spikes = [x for x in f if x.kind == "loss_spike"]
     assert [(x.step, x.severity) for x in spikes] == [(100, "info")]
     assert "players' losses pulling against each other" in spikes[0].message and "reinforcement" not in spikes[0].message
+
+
+def test_a_cold_spike_that_stays_is_not_back_within_the_noise_its_own_points_made():
+    # 30 epochs falling 0.69 -> 0.31, then up 45% at epoch 15 and staying (±2%): the baseline's
+    # hand-over at the 20th point measured its noise on points half of which were the spike's,
+    # and called 0.448 at epoch 21 "back ... within what its noise allows" (spike_recovered)
+    rng = random.Random(3)
+    xs = [(0.3 + 0.5 * math.exp(-e / 4)) * (1 + 0.02 * rng.gauss(0, 1)) if e < 15 else 0.45 * (1 + 0.02 * rng.gauss(0, 1))
+          for e in range(1, 31)]
+    m = Monitor()
+    m.steps_are_epochs = True
+    f = [(x.step, x.kind, x.severity) for e, v in enumerate(xs, 1) for x in m.update(StepRecord(e, {"loss": v}))]
+    assert f == [(15, "loss_spike", "info"), (17, "loss_spike", "warning")]

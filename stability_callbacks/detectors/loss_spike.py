@@ -496,8 +496,17 @@ class LossSpike(Detector):
         in units of the level before (or of the floor, near it) — or within the normal noise (3σ).
         A tenth of a rise to 1000x is back within 2x, not at 100x its level (a "came back, no
         action needed" while the loss stayed two orders of magnitude up); a small rise is back
-        where a tenth of it is, as before (+50% is back at +4.1%, the tenth +5%)."""
-        noise = base0 if self.base.cold else base0 * math.exp(3.0 * self.base.scale)
+        where a tenth of it is, as before (+50% is back at +4.1%, the tenth +5%). A spike opened
+        while cold is judged in the noise of the points before its onset, also once the baseline
+        has taken over: its hand-over measured the noise on points half of which may be the
+        spike's own (a loss up 45% and staying was "back within its noise")."""
+        ep = self.episode
+        if self.base.cold:
+            noise = base0
+        elif ep is not None and not ep.warm:
+            noise = base0 * math.exp(3.0 * max(ep.noise, 0.0))
+        else:
+            noise = base0 * math.exp(3.0 * self.base.scale)
         unit = max(base0, floor)
         return max(base0 + unit * math.expm1(self.recover_fraction * math.log1p(max(peak - base0, 0.0) / unit)),
                    noise)
