@@ -1340,3 +1340,18 @@ def test_a_padded_count_restarting_each_epoch_from_zero_is_numbered_across_epoch
                    for e in range(3) for i in range(0, 500, 100))
     got, _ = records_of(tmp_path, text)
     assert [s for s, _ in got] == list(range(0, 1500, 100))
+
+
+@pytest.mark.parametrize("form, name", [
+    (lambda s, split, x: f"[{s:03d}] {split}: loss={x} acc=0.5\n", "log"),   # a label after a leading counter
+    (lambda s, split, x: f"{s * 10},{split},{x}\n", "csv"),                  # a column of split names
+])
+def test_training_and_evaluation_rows_of_one_shape_at_one_step_are_not_averaged(tmp_path, form, name):
+    # `[012] train: loss=..` then `[012] valid: loss=..`, and `step,split,loss` rows `120,train,..` /
+    # `120,val,..`: the evaluation's rows are evaluation lines; before, each pair was "the same step
+    # printed again (ranks, repeats: their mean loss)", half of every loss the validation's
+    text = "".join(form(s, "train", _falling(s)) + form(s, "val" if name == "csv" else "valid", "0.9") for s in range(1, 11))
+    got, account = records_of(tmp_path, ("step,split,loss\n" if name == "csv" else "") + text, name=f"tv.{name}")
+    first = 1 if name == "log" else 10
+    assert [(s, m["loss"]) for s, m in got] == [(first * s, float(_falling(s))) for s in range(1, 11)]
+    assert account.ignored["evaluation"][0] == 10 and not account.changed

@@ -28,7 +28,7 @@ from .account import ReadAccount
 from .generic import Reading
 from .source import LogFormatError, to_float
 from .tags import metric_key, rank
-from .vocabulary import classify
+from .vocabulary import EVAL_SPLITS, TRAIN_SPLITS, classify
 
 # A cell that is a number: its sign (kept in the template, as the tokenizer does) and digits.
 _CELL_NUMBER = re.compile(r"([-+]?)((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|NaN|NAN|inf|Inf|INF|"
@@ -36,6 +36,8 @@ _CELL_NUMBER = re.compile(r"([-+]?)((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan
 # Our W&B sink's rows carry `stability/step` first: HF's WandbCallback syncs `train/global_step`
 # into every row of the run (define_metric step_sync), ours included, with the reporter's step.
 _TB_EXPORT = ["wall time", "step", "value"]
+#: A cell that names a split (`100,val,2.4`): it labels its row, as a text line's `val |` does.
+_SPLITS = TRAIN_SPLITS | EVAL_SPLITS
 _WANDB_STEP_COLUMNS = (keys.STEP_AXIS, "train/global_step", "trainer/global_step", "global_step",
                        "Step", "_step")
 
@@ -219,7 +221,7 @@ def _relogged(account: ReadAccount, step: int, line_no: int, a: float | None, b:
 def _by_the_rules(header: list[str], rows, numbers: list[int], account: ReadAccount, tag_map,
                   user) -> Generator[StepRecord, None, int]:
     """A table that is not ours: each row as the line ``name: value | ...`` of its filled cells
-    (an empty cell or a word is no value), read by the generic reader's rules, as a text log's
+    (an empty cell or a word is no value; a split's name labels the row), read by the generic reader's rules, as a text log's
     line is (the step: a counter column by name, or the integer column that increases; the
     loss: the loss column, a lone statistic of it, or the sum of its terms; evaluation columns
     are no training metric). ``--keys`` positions name columns (``step=1``: the first).
@@ -237,22 +239,24 @@ def _by_the_rules(header: list[str], rows, numbers: list[int], account: ReadAcco
     read = 0
     templates: dict[tuple, list[str]] = {}
     for row in _readable(rows, numbers, account):
-        cols, nums = [], []
+        cols, nums, label = [], [], ""
         for i, cell in enumerate(row[:len(names)]):
             cell = cell.strip()
             if not cell or names[i] in dropped:
                 continue
             m = _CELL_NUMBER.fullmatch(cell)
             if m is None:
+                if not label and cell.lower() in _SPLITS:
+                    label = cell   # (a split's name labels the row: `val | step: 100 | loss: 2.4`)
                 continue
             cols.append((i, m.group(1)))
             nums.append(m.group(2))
         if not nums:
             continue
-        key = tuple(cols)
+        key = (label, *cols)
         texts = templates.get(key)
         if texts is None:
-            texts = templates[key] = [f"{' | ' if j else ''}{names[i]}: {sign}"
+            texts = templates[key] = [f"{label + ' | ' if label and not j else ' | ' if j else ''}{names[i]}: {sign}"
                                       for j, (i, sign) in enumerate(cols)] + [""]
             if len(templates) > 4096:
                 templates.clear()

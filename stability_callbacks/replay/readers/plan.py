@@ -388,7 +388,9 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
         rest = before[:before.rfind(name)] if name else before
         if _ON_TRAINING_ALONE.fullmatch(name):   # `evaluation metric 'loss' on training set: 0.41`
             rest, name = _named_before(rest, name, i > 0)
-        eval_context = eval_context or _evaluation_named(rest, name, i == 0)
+        # (a label opens the line where only numbers and marks come before it: `[012] valid: loss=`)
+        opens = i == 0 or not any(c.isalpha() for t in befores[:i] for c in t)
+        eval_context = eval_context or _evaluation_named(rest, name, opens)
         if name.startswith("-") or name.lower().startswith(_ARG_ECHO):
             roles.append(("other", None, 0, name))
             continue
