@@ -364,8 +364,11 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
     roles: list[tuple[str, str | None, int, str]] = []
     eval_context = False
     inner, inner_role = -1, ("total", None, 0, "")   # the number after `a/` a name's second part names
+    worded = False   # a letter came before this number's text
     for i in range(n):
         before, g = befores[i], glued[i]
+        if i:
+            worded = worded or any(c.isalpha() for c in befores[i - 1])
         said = _user_role(user, i, before, prefixes[i] if prefixes else "") if user else None
         if said is not None:
             roles.append(said)
@@ -389,8 +392,7 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
         if _ON_TRAINING_ALONE.fullmatch(name):   # `evaluation metric 'loss' on training set: 0.41`
             rest, name = _named_before(rest, name, i > 0)
         # (a label opens the line where only numbers and marks come before it: `[012] valid: loss=`)
-        opens = i == 0 or not any(c.isalpha() for t in befores[:i] for c in t)
-        eval_context = eval_context or _evaluation_named(rest, name, opens)
+        eval_context = eval_context or _evaluation_named(rest, name, not worded)
         if name.startswith("-") or name.lower().startswith(_ARG_ECHO):
             roles.append(("other", None, 0, name))
             continue
