@@ -1355,3 +1355,15 @@ def test_training_and_evaluation_rows_of_one_shape_at_one_step_are_not_averaged(
     first = 1 if name == "log" else 10
     assert [(s, m["loss"]) for s, m in got] == [(first * s, float(_falling(s))) for s in range(1, 11)]
     assert account.ignored["evaluation"][0] == 10 and not account.changed
+
+
+@pytest.mark.parametrize("name", ["loss_scale_log2", "log2_loss_scale"])
+def test_a_loss_scale_printed_as_its_log2_is_read_as_the_scale(tmp_path, capsys, name):
+    # `loss_scale_log2=16` (a trainer keeping the scale as its exponent): the scale is 2^16, and its
+    # halvings to 2^6 are the collapse they are (before: the column was no metric, the scale unread)
+    text = "".join(f"step={s} loss={2.0 / s ** 0.3:.4f} {name}={max(16 - max(s - 40, 0) // 2, 6)}\n" for s in range(1, 81))
+    got, account = records_of(tmp_path, text)
+    assert [m["loss_scale"] for _, m in got][::10] == [65536.0] * 5 + [2.0 ** 11, 64.0, 64.0]
+    assert account.keys["loss_scale"] == [f"2^{name} (the log prints the scale's log2)"]
+    _, _, found = _replay_json(capsys, tmp_path / "run.log")
+    assert [(f["step"], f["severity"]) for f in found if f["kind"] == "loss_scale_collapse"] == [(46, "warning"), (52, "critical")]

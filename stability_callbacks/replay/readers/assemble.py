@@ -576,6 +576,8 @@ class Assembler:
             ppl = float(nums[plan.ppl_at])
             if ppl > 0.0 or ppl != ppl:
                 metrics[keys.LOSS] = math.log(ppl) if ppl == ppl else ppl
+        if plan.scale_log2_at is not None:
+            metrics[keys.LOSS_SCALE] = 2.0 ** float(nums[plan.scale_log2_at])
         if plan.loss_at is not None:
             text = nums[plan.loss_at]
             if text[-1:] == "0" and "." in text and "e" not in text and "E" not in text:

@@ -80,6 +80,8 @@ _KEY_WORDS = 5                # a longer name is prose ending in a key (_last_wo
 LOSS_KINDS = ("exact", "statistic", "terms", "perplexity")
 #: A training perplexity's names (a split word before them makes them an evaluation's).
 _PERPLEXITY = frozenset({"ppl", "perplexity"})
+#: A loss scale's exponent's name (`loss_scale_log2`, `log2_loss_scale`).
+_SCALE_LOG2 = frozenset({"loss", "scale", "log2"})
 # Words that make an unknown name a counter's (`n_updates`, `batch_idx`, `Update 12`): where
 # several numbers of a line increase from line to line, they break the tie (then an unnamed one).
 _COUNTER_WORDS = frozenset({"step", "steps", "iter", "iters", "iteration", "iterations", "it",
@@ -95,6 +97,7 @@ class Plan:
     ranks: tuple[int, ...] = ()      # the vocabulary rank of each metric's printed name
     components: tuple[tuple[int, bool], ...] = ()   # (index, negative) of the terms summed
     ppl_at: int | None = None        # a perplexity where nothing else gives the loss: its log
+    scale_log2_at: int | None = None  # the loss scale's log2 where no scale is printed: 2 to it
     # into the loss where none is printed
     printed: tuple[tuple[str, str], ...] = ()   # (our key or "step", the name the line prints)
     step: int | None = None
@@ -164,6 +167,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
     named = []
     bar_label = None
     ppl: int | None = None
+    scale_log2: int | None = None
     for i, (role, key, rank, name) in enumerate(roles):
         if name:
             named.append(name)
@@ -197,6 +201,8 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
             summary = True
         elif role == "other" and ppl is None and _PERPLEXITY.intersection(normalise_key(name).split()[-1:]):
             ppl = i
+        elif role == "other" and scale_log2 is None and _SCALE_LOG2.issubset(normalise_key(name).split()):
+            scale_log2 = i
     ordered = sorted(((i, k, neg) for k, (_, i, _, neg) in metrics.items()))
     last_value = max((i for i, _, _ in ordered), default=-1)
     if plan.epoch is not None:
@@ -255,6 +261,10 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
         # loss, its log is (a lone `ppl: 4998` under `Evaluating perplexity` is an evaluation's)
         plan.ppl_at, plan.loss_kind = ppl, LOSS_KINDS[3]
         printed.append((keys.LOSS, f"log({roles[ppl][3]}) (the log prints a perplexity, e^loss, and no loss)"))
+    if scale_log2 is not None and keys.LOSS_SCALE not in metrics:
+        # `loss_scale_log2: 15` (a loss scale kept as its exponent): the scale is 2 to it
+        plan.scale_log2_at = scale_log2
+        printed.append((keys.LOSS_SCALE, f"2^{roles[scale_log2][3]} (the log prints the scale's log2)"))
     if plan.step is not None:
         plan.step_name = roles[plan.step][3] or ("a bar's count" if plan.counter else UNNAMED)
         plan.after_bar = plan.counter and _after_bar(texts, plan.step, [i for i, _, _ in ordered])
@@ -795,8 +805,8 @@ def _repeated(texts: list[str], nums: list[str], user) -> tuple[tuple, int, int 
 def _read_upto(plan: Plan) -> int:
     """The last index of a number a record plan reads."""
     used = [i for i, _, _ in plan.metrics] + [i for i, _ in plan.components] + list(plan.outer) + [
-        i for i in (plan.step, plan.step_total, plan.epoch, plan.per_epoch, plan.micro, plan.ppl_at)
-        if i is not None]
+        i for i in (plan.step, plan.step_total, plan.epoch, plan.per_epoch, plan.micro, plan.ppl_at,
+                    plan.scale_log2_at) if i is not None]
     return max(used, default=0)
 
 
