@@ -88,6 +88,7 @@ class SpikeEpisode:
                            # -1: one point before it, no noise known)
     startup: bool = False  # its warning was said inside the start-up, where the policy makes it info
     few: float = 1.0       # how much less than σ its cold noise may be, from that few points (_few)
+    held: bool = False     # a warning-sized jump near the floor, told as info: the next point decides
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -371,13 +372,17 @@ class LossSpike(Detector):
                 if tail >= _TAIL_DRAWS:
                     severity = "info"
                 orders = _by_orders(x, unit)   # (near its floor, against the floor: a hard batch is x500 its level)
-                severity = "warning" if orders else severity
+                # near its floor one point is one batch, the few examples it still gets wrong: a
+                # hard batch is back at the next point, a real rise is still there; that point decides
+                held = severity == "warning" and base < unit <= self.floor and not orders
+                severity = "warning" if orders else "info" if held else severity
                 self.episode = SpikeEpisode(onset, base, x, warned=severity == "warning", warm=not cold,
                                             startup=severity == "warning" and ctx.in_startup,
                                             scale=falling or 0.0, z=z, orders=orders, before=self.prev_x or 0.0,
                                             noise=(self._cold_noise() if len(b.seen) >= 2 else -1.0) if cold else 0.0,
-                                            few=_few(len(b.seen)) if cold and len(b.seen) >= 2 else 1.0)
-                out.append(self._onset_finding(step, x, base, thr, onset, severity, unit, tail, orders))
+                                            few=_few(len(b.seen)) if cold and len(b.seen) >= 2 else 1.0,
+                                            held=held)
+                out.append(self._onset_finding(step, x, base, thr, onset, severity, unit, tail, orders, held))
             else:
                 enters = True
                 if z > 3.0 and not cold:   # the loss's own right tail, from its ordinary points
@@ -427,7 +432,8 @@ class LossSpike(Detector):
                 # past it while the spike is still there: a loss climbing x10 from step 15 on)
                 again = ep.startup and not ctx.in_startup
                 persists = ep.samples - 1 >= self._stay_needed(self.persist_samples - 1, ep.low)
-                if orders or ((not ep.warned or again) and abnormal and (grew or persists) and (
+                held, ep.held = ep.held and x - base0 >= self.large_rise * max(base0, floor), False
+                if held or orders or ((not ep.warned or again) and abnormal and (grew or persists) and (
                         ep.warm or self._stays_up(lx, f, ep, persists))):
                     # (a spike opened among the first points, against their median: its points must
                     # stand out of the noise the points before it showed, 3σ as a stay's points are
@@ -437,7 +443,7 @@ class LossSpike(Detector):
                     # one that grew orders of magnitude is told so once, whatever was said before
                     # (a start-up's warning is said as info)
                     ep.warned, ep.orders, ep.startup = True, orders, ctx.in_startup
-                    out.append(self._escalation_finding(step, x, thr, ep, grew or orders or again))
+                    out.append(self._escalation_finding(step, x, thr, ep, grew or orders or again, held))
                 if step - onset >= self.horizon_steps and not ep.warm:
                     # Judged against a cold baseline: no verdict; the loss's level is where it is now.
                     self._restart_at(x)
@@ -606,8 +612,10 @@ class LossSpike(Detector):
             return abs(b.seen[1] - b.seen[0]) / _SQRT2
         return max(b.cold_noise(), 1.25 * b.mad)
 
-    def _escalation_finding(self, step: int, x: float, thr: float, ep: SpikeEpisode, grew: bool) -> Finding:
-        """The open spike is now a warning: it grew to a warning-sized rise, or it persists."""
+    def _escalation_finding(self, step: int, x: float, thr: float, ep: SpikeEpisode, grew: bool,
+                            held: bool = False) -> Finding:
+        """The open spike is now a warning: it grew to a warning-sized rise, or it persists (``held``:
+        a jump near the floor, still there a point on)."""
         onset, base0 = ep.onset, ep.baseline
         if grew:
             what = (f"{self._what()} spike that began at step {onset} grew: {fmt(x)} at step {step}, "
@@ -618,6 +626,9 @@ class LossSpike(Detector):
             what = (f"{self._what()} spike that began at step {onset} persists: {fmt(x)} at step {step} "
                     f"vs {fmt(base0)} before it (threshold {fmt(thr)}); {ep.above} of its {ep.samples} "
                     f"points so far were above the threshold, none back to the level before it.")
+        if held:
+            what += (" Near the loss's floor one point is one batch (a hard batch is back at the next): "
+                     "this one is still up.")
         return self.finding(
             step, severity="warning", value=x, baseline=base0, threshold=thr, onset_step=onset,
             message=(f"{what} If it does not come back, roll back to a checkpoint before step {onset}."),
@@ -625,7 +636,7 @@ class LossSpike(Detector):
             **(_ORDERS_DETAILS if ep.orders else {}))
 
     def _onset_finding(self, step, x, base, thr, onset, severity, unit, tail: float = 0.0,
-                       orders: bool = False) -> Finding:
+                       orders: bool = False, held: bool = False) -> Finding:
         rise = x / base - 1
         extra: dict[str, Any] = {"tail_draws": round(tail, 1)} if tail >= _TAIL_DRAWS else {}
         if unit <= base:
@@ -642,6 +653,8 @@ class LossSpike(Detector):
             step, severity=severity, value=x, baseline=base, threshold=thr, onset_step=onset,
             message=(f"{self._what()} jumped to {fmt(x)} at step {step}, {_rise(x, base)} its "
                      f"baseline {fmt(base)} (threshold {fmt(thr)}).{near_floor}"
+                     + (" One point near the floor is one batch: a warning if it is still up at the next point."
+                        if held else "")
                      + (f" It has jumped as high and come straight back {tail:.0f} times in its last "
                         f"~{_TAIL_POINTS}-{2 * _TAIL_POINTS} points: its own noise's tail, so info."
                         if tail >= _TAIL_DRAWS else "")
