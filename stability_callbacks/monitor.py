@@ -16,7 +16,7 @@ from . import keys
 from .config import Config
 from .control import Control
 from .detectors import Context, Detector, GradNormGrowth, GradNormSpike, LossSpike, NotLearning, Stall
-from .epochs import EpochProfile
+from .cycles import EpochProfile, Restarts
 from .phase import PhaseTracker
 from .policy import Policy
 from .record import Finding, StepRecord
@@ -94,8 +94,10 @@ class Monitor:
         #: record need not be the run's first step.
         self.steps_by_order = False
         self.success_seen = False
-        #: The loss through this epoch and the one before, where records say their epoch.
+        #: The loss through this epoch and the one before, where records say their epoch, and
+        #: where the LR's cycles began (:mod:`stability_callbacks.cycles`).
         self.epochs = EpochProfile()
+        self.restarts = Restarts()
         self.phase_at_last_step: str | None = None
         #: The parameter tensors' names in the optimizer's order, when a live run knows them.
         self.tensor_names: list[str | None] | None = None
@@ -177,20 +179,27 @@ class Monitor:
             self._run((loss_spike,), record, ctx, out)
             _loss_view(loss_spike, ctx)
         self._run(after, record, ctx, out)
-        if record.epoch is not None:
-            self._epoch_shape(record, ctx, out)
+        self._cycles(record, ctx, out)
         self._decide(record, ctx, out, window)
         return out
 
-    def _epoch_shape(self, record: StepRecord, ctx: Context, out: list[Finding]) -> None:
-        """The loss through the record's epoch; a rise found that is the epoch's own shape made
-        info (:mod:`stability_callbacks.epochs`), before the policy decides on it."""
-        epochs = self.epochs
-        said = epochs.update(record.epoch, record.step, ctx.loss)   # type: ignore[arg-type]
-        if said:
-            out += said
-        if out and epochs.before is not None:
-            epochs.judge(out)
+    def _cycles(self, record: StepRecord, ctx: Context, out: list[Finding]) -> None:
+        """The run's cycles at this step (its epoch, the LR's warm restarts): a rise found that is
+        their own shape made info (:mod:`stability_callbacks.cycles`), before the policy decides on it."""
+        if record.epoch is not None:
+            epochs = self.epochs
+            said = epochs.update(record.epoch, record.step, ctx.loss)
+            if said:
+                out += said
+            if out and epochs.before is not None:
+                epochs.judge(out)
+        restarts = self.restarts
+        if restarts.wants(out):
+            said = restarts.update(record.step, ctx.loss, out)
+            if said:
+                out += said
+            if out:
+                restarts.judge(out)
 
     def update_many(self, records: Sequence[StepRecord]) -> list[Finding]:
         """:meth:`update` of each record in turn, the same findings in the same order (a replay's
@@ -271,8 +280,7 @@ class Monitor:
         out: list[Finding] = []
         windows, last, policy = self._windows, n - 1, self.policy
         for i, (r, ctx) in enumerate(zip(run, ctxs)):
-            if r.epoch is not None:   # (step by step, as update() does: the profile is the step's)
-                self._epoch_shape(r, ctx, ctx.found)
+            self._cycles(r, ctx, ctx.found)   # (step by step, as update() does)
             # A step where nothing was found changes nothing of the policy: it only sets the save
             # interval on Control, which the next step the policy decides sets again, from that
             # step alone (nothing reads Control within a batch): the run's last step is decided.
@@ -469,6 +477,7 @@ class Monitor:
             "phase": self.phase.state_dict(),
             "policy": self.policy.state_dict(),
             "epochs": self.epochs.state_dict(),
+            "restarts": self.restarts.state_dict(),
             "detectors": {d.name: d.state_dict() for d in self.detectors},
         }
 
@@ -490,6 +499,7 @@ class Monitor:
         self.phase.load_state_dict(state["phase"])
         self.policy.load_state_dict(state["policy"])
         self.epochs.load_state_dict(state["epochs"])
+        self.restarts.load_state_dict(state["restarts"])
         for d in self.detectors:
             d.load_state_dict(state["detectors"][d.name])
         self._forget_plans()   # ... and with the state

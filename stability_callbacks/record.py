@@ -41,7 +41,7 @@ class StepRecord:
     num_outputs: int | None = None
     #: The epoch this step belongs to, where the run counts epochs (a replayed log's epoch x batch
     #: count, a live trainer's epoch): the loss's shape through an epoch is compared with the epoch
-    #: before's (:mod:`stability_callbacks.epochs`). Not a metric.
+    #: before's (:mod:`stability_callbacks.cycles`). Not a metric.
     epoch: int | None = None
 
     def get(self, key: str) -> float | None:

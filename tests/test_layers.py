@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "stability_callbacks"
 FLOORS = [
     ["keys", "record", "params", "stats"],
     ["control", "phase", "preflight", "watchdog", "detectors", "advice"],
-    ["policy", "runlog", "alerts", "forensics", "outcome", "epochs"],
+    ["policy", "runlog", "alerts", "forensics", "outcome", "cycles"],
     ["config"],
     ["monitor"],
     ["live"],

@@ -132,6 +132,6 @@ class LrAnomaly(Detector):
                    "you did not expect), and after a resume the scheduler's restored state.")
             message = (f"The learning rate jumped from {fmt(prev)} at step {prev_step} to {fmt(lr)} at "
                        f"step {record.step} ({lr / prev - 1:+.1%}), unlike the schedule so far. {why}")
-        said: dict[str, Any] = {"restart": True, "peak": peak} if restart else {}
+        said: dict[str, Any] = {"restart": True, "peak": peak, "from_step": prev_step} if restart else {}
         return [self.finding(record.step, severity="info" if restart else "warning", value=lr, baseline=prev,
                              message=message, change=lr / prev - 1, **said)]

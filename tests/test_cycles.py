@@ -1,14 +1,16 @@
-"""The loss's shape within an epoch against the epoch before (stability_callbacks.epochs): a CTC loss
+"""The loss's shape within an epoch against the epoch before (stability_callbacks.cycles): a CTC loss
 growing with utterance length as length-sorted batches lengthen is no divergence; a real rise is."""
 from __future__ import annotations
 
 import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 
 from stability_callbacks import Monitor, StepRecord
+from stability_callbacks.cli import main
 from stability_callbacks.replay.readers import read_records
 
 EPOCHS, BATCHES, EVERY = 6, 400, 10
@@ -126,3 +128,49 @@ def test_the_record_carries_its_epoch_in_the_run_log():
     r = StepRecord(420, {"loss": 2.0}, epoch=2)
     assert r.to_json()["epoch"] == 2 and StepRecord.from_json(r.to_json()).epoch == 2
     assert "epoch" not in StepRecord(3, {"loss": 2.0}).to_json()
+
+
+def _sgdr(tmp_path, blow_up: bool = False) -> str:
+    """200 epochs of cosine annealing with warm restarts every 50 (`Epoch e/200 - loss: .. - lr: ..`):
+    the loss rises ~25% as the LR goes back to its peak at each cycle's start; ``blow_up``: at the
+    third restart the loss climbs x1.1 an epoch instead (the LR's peak too high for the model now)."""
+    rng = random.Random(0)
+    lines = []
+    for e in range(1, 201):
+        lr = 0.05 * 0.5 * (1 + math.cos(math.pi * ((e - 1) % 50) / 50)) + 1e-4
+        x = (0.3 + 1.5 * math.exp(-e / 40)) * (1 + 0.25 * lr / 0.05) * (1 + 0.02 * rng.gauss(0, 1))
+        if blow_up and e > 150:
+            x = 0.5 * 1.1 ** (e - 150)
+        lines.append(f"Epoch {e}/200 - loss: {x:.4f} - lr: {lr:.6f}")
+    path = tmp_path / "sgdr.log"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def _replayed(capsys, path: str) -> list[dict]:
+    """The findings ``replay PATH --json`` writes (the read account, its first line, left out)."""
+    out = Path(path).parent / "f.jsonl"
+    assert main(["replay", path, "--json", str(out)]) in (0, 1, 3)
+    capsys.readouterr()
+    return [json.loads(x) for x in out.read_text().splitlines()[1:]]
+
+
+def test_the_loss_rising_after_a_warm_restart_is_the_restarts(tmp_path, capsys):
+    # before: a loss_spike warning at epoch 53 and a critical divergence (with its rollback advice)
+    # at 107, each the loss leaving its minimum as the LR went back to its peak (lr_anomaly: info)
+    found = _replayed(capsys, _sgdr(tmp_path))
+    assert [(f["step"], f["kind"], f["severity"]) for f in found if f["severity"] != "info"] == []
+    made = [f for f in found if f["details"].get("warm_restart")]
+    assert [(f["step"], f["kind"], f["details"]["severity_said"]) for f in made] == [
+        (53, "loss_spike", "warning"), (107, "divergence", "critical")]
+    assert ("the LR went back up to its peak at step 101 (a warm restart, as lr_anomaly said), and the loss "
+            "rises as the optimizer leaves the minimum it had settled in; it stays below 0.9057") in made[1]["message"]
+
+
+def test_a_loss_past_where_the_last_cycle_began_is_more_than_the_restart(tmp_path, capsys):
+    # the third restart's loss climbs x1.1 an epoch, past 0.51 where the cycle before began: as loud
+    # as without restarts (the cycle before's rise, made info, is no longer watched)
+    found = _replayed(capsys, _sgdr(tmp_path, blow_up=True))
+    assert [(f["step"], f["kind"], f["severity"]) for f in found if f["severity"] != "info" and f["step"] > 150] == [
+        (153, "loss_spike", "warning"), (155, "divergence", "warning"), (170, "divergence", "critical"),
+        (170, "rollback_advice", "critical"), (195, "loss_spike", "warning")]

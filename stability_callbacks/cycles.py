@@ -1,26 +1,35 @@
-"""The loss's shape within an epoch, against the epoch before: the data order's rise is no instability.
+"""The run's own cycles: the loss's shape within an epoch against the epoch before, and its rise
+after a warm restart of the LR. What the run does every cycle is no instability.
 
-A run that feeds its data in the same order every epoch draws the same shape every epoch. A
-speech recognizer whose batches are sorted by utterance length (SortaGrad, ``sorting: ascending``)
-has a CTC loss summed over frames that grows with the utterances, batch after batch, and falls back
-when the next epoch starts again from the short ones; unshuffled data with one bad stretch spikes
-at the same point of every epoch. Against the points just before it, each such rise looks like a
-spike or a divergence; against the same point of the epoch before, it is what the run always does.
+**Epochs.** A run that feeds its data in the same order every epoch draws the same shape every
+epoch. A speech recognizer whose batches are sorted by utterance length (SortaGrad, ``sorting:
+ascending``) has a CTC loss summed over frames that grows with the utterances, batch after batch,
+and falls back when the next epoch starts again from the short ones; unshuffled data with one bad
+stretch spikes at the same point of every epoch. Against the points just before it, each such rise
+looks like a spike or a divergence; against the same point of the epoch before, it is what the run
+always does.
 
 So, where a record says which epoch it belongs to (:attr:`StepRecord.epoch`: a replayed log's
 epoch × batch count, a live trainer's epoch), :class:`EpochProfile` keeps the log of the loss
 through the epoch before, and a warning or critical about a rise — ``loss_spike``,
 ``spike_unrecovered``, ``divergence`` — is made info when, at the same point of the epoch before,
 the loss stood as high and had risen at least half as much from the rise's start (one inside this
-epoch):
-the epoch's own shape; or as high, where the loss fell at this epoch's start by half the rise or
-more and has climbed back (the first epoch's rise may be hidden by how fast the run learned then;
-a loss continuous across the epoch's start, as a shuffled run's is, does not fall there). A rise
-above the epoch before's at that point (a real divergence, which the data order does not explain)
-is left as it was; so is everything in the first epoch, which has no epoch before it. A rise made
-info is watched: once the loss stands above the epoch before's at the same point for 3 points in
-a row, it is said again at the severity its detector gave it. A spike's return made info
+epoch): the epoch's own shape; or as high, where the loss fell at this epoch's start by half the
+rise or more and has climbed back (the first epoch's rise may be hidden by how fast the run learned
+then; a loss continuous across the epoch's start, as a shuffled run's is, does not fall there). A
+rise above the epoch before's at that point (a real divergence, which the data order does not
+explain) is left as it was; so is everything in the first epoch, which has no epoch before it. A
+rise made info is watched: once the loss stands above the epoch before's at the same point for 3
+points in a row, it is said again at the severity its detector gave it. A spike's return made info
 likewise where its rise was.
+
+**Warm restarts.** A schedule with warm restarts (SGDR, cosine with restarts) sends the LR back up
+to its peak at each cycle's start (``lr_anomaly`` says so, info), and the loss rises as the
+optimizer leaves the minimum it had settled in. :class:`Restarts` makes info a rise that begins
+within the first points after such a restart while the loss stays below its level where the
+cycle before began (the run's first loss, for the first restart): the last time the LR stood
+there, the loss stood higher. Watched as above: 3 points in a row above that level, and it is said
+again.
 """
 from __future__ import annotations
 
@@ -30,7 +39,7 @@ import math
 from .detectors.base import fmt
 from .record import Finding
 
-#: The kinds whose warning about a rise that began in this epoch the profile can explain.
+#: The kinds whose warning about a rise the run's cycles can explain.
 _RISES = frozenset({"loss_spike", "spike_unrecovered", "divergence"})
 #: Points kept of an epoch (thinned by halves past twice as many): its shape, not every step.
 _KEEP = 256
@@ -149,7 +158,7 @@ class EpochProfile:
             if f.severity == "info":
                 continue
             if f.kind == "spike_recovered" and f.onset_step in self.explained:
-                _explain(f, "its rise was the epoch's own shape (said at its onset)")
+                _explain(f, "its rise was the epoch's own shape (said at its onset)", "epoch_shape")
                 continue
             if f.kind not in _RISES or f.onset_step is None:
                 continue
@@ -157,7 +166,7 @@ class EpochProfile:
             if said:
                 self.explained.add(f.onset_step)
                 self.watch = [f.kind, f.severity, f.step, f.onset_step, f.baseline]
-                _explain(f, said)
+                _explain(f, said, "epoch_shape")
 
     def _shape(self, f: Finding) -> str | None:
         """Why ``f``'s rise is the epoch's shape, or None where it is not."""
@@ -206,14 +215,92 @@ def _median(xs: list[float]) -> float:
     return xs[len(xs) // 2]
 
 
-def _explain(f: Finding, why: str) -> None:
-    """``f`` made info, its message said anew: what it saw, and why that is the epoch's shape (its
+def _explain(f: Finding, why: str, tag: str) -> None:
+    """``f`` made info, its message said anew: what it saw, and why that is the run's own cycle (its
     advice, a rollback, would be wrong); what it said is kept in ``details["said"]``."""
     what = {"spike_recovered": "came back from the rise that began",
             "divergence": "rose (its running median) from the level it had",
             }.get(f.kind, "rose from the level it had")
-    f.details.update(epoch_shape=True, said=f.message, severity_said=f.severity)
+    f.details.update({tag: True, "said": f.message, "severity_said": f.severity})
     f.message = (f"The loss {what} at step {f.onset_step} ({fmt(f.baseline)}) to {fmt(f.value)} at step "
-                 f"{f.step} (a {f.kind} {f.severity} on its own); {why}. No action needed; the epochs after "
-                 f"should stay at or below this one at each point.")
+                 f"{f.step} (a {f.kind} {f.severity} on its own); {why}. No action needed; watching that it "
+                 f"stays so.")
     f.severity = "info"
+
+
+#: The points after a warm restart in which a rise begins with it.
+_RESTART_POINTS = 5
+
+
+class Restarts:
+    """The loss where each LR cycle began, and a rise that begins with a warm restart (the module's
+    docstring)."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None     # the loss where the current cycle began (the run's first)
+        self.level: float | None = None     # ... where the cycle before began: a rise stays below it
+        self.restart: int | None = None     # the last restart's step
+        self.before_step: int | None = None   # the step of the LR's point before it
+        self.early: list[int] = []          # the steps of the points since it, the first few
+        self.watch: list | None = None      # [kind, severity, step, onset, baseline] of a rise made info
+        self.above = 0
+
+    def wants(self, found: list[Finding]) -> bool:
+        """Whether this step changes anything here: a finding (a restart, a rise), the cycle's first
+        loss not yet seen, the first points after a restart, or a rise made info being watched."""
+        return bool(found) or self.first is None or self.watch is not None or (
+            self.restart is not None and len(self.early) < _RESTART_POINTS)
+
+    def update(self, step: int, loss: float | None, found: list[Finding]) -> list[Finding]:
+        """This step's loss, and its findings so far (a warm restart among them starts a cycle);
+        a rise made info that the loss now leaves behind is said again."""
+        finite = loss is not None and 0.0 < loss < math.inf
+        restart = next((f for f in found if f.kind == "lr_anomaly" and f.details.get("restart")), None)
+        if restart is not None and self.first is not None:
+            self.level, self.restart, self.before_step, self.early = self.first, step, restart.details.get("from_step"), []
+            self.first, self.watch, self.above = None, None, 0   # (the cycle before's rise is over)
+        if self.first is None and finite:
+            self.first = loss
+        if self.restart is not None and len(self.early) < _RESTART_POINTS:
+            self.early.append(step)
+        if self.watch is None or not finite or self.level is None:
+            return []
+        self.above = self.above + 1 if loss > self.level * math.exp(_MARGIN_LEAST) else 0   # type: ignore[operator]
+        if self.above < _ABOVE:
+            return []
+        kind, severity, said_at, onset, base = self.watch
+        self.watch = None
+        return [Finding(step=step, kind=kind, severity=severity, value=loss, baseline=base, onset_step=onset,
+                        message=(f"The loss is above its level where the LR's last cycle began: {fmt(loss)} at step "
+                                 f"{step} vs {fmt(self.level)}, for {_ABOVE} points in a row. The rise from step "
+                                 f"{onset} ({fmt(base)}), said at step {said_at} to be the warm restart's, is more "
+                                 f"than that. Keep the last checkpoint from before step {onset}; if it goes on, "
+                                 f"roll back to it and lower the LR's peak."),
+                        details={"restart_left": True, "said_at": said_at})]
+
+    def judge(self, found: list[Finding]) -> None:
+        """Make info, in place, the warnings of ``found`` about a rise that began with the last warm
+        restart and stays below the level where the cycle before began."""
+        if self.restart is None or self.level is None:
+            return
+        for f in found:
+            if f.severity == "info" or f.kind not in _RISES or f.onset_step is None or not f.value:
+                continue
+            began = self.before_step if self.before_step is not None else self.restart
+            if not began <= f.onset_step <= (self.early[-1] if self.early else self.restart) or f.value >= self.level:
+                continue
+            self.watch = [f.kind, f.severity, f.step, f.onset_step, f.baseline]
+            self.above = 0
+            _explain(f, f"the LR went back up to its peak at step {self.restart} (a warm restart, as "
+                        f"lr_anomaly said), and the loss rises as the optimizer leaves the minimum it had "
+                        f"settled in; it stays below {fmt(self.level)}, where the cycle before began — the "
+                        f"last time the LR stood there, the loss stood higher", "warm_restart")
+
+    def state_dict(self) -> dict:
+        return {"first": self.first, "level": self.level, "restart": self.restart, "before_step": self.before_step,
+                "early": self.early, "watch": self.watch, "above": self.above}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.first, self.level, self.restart = d["first"], d["level"], d["restart"]
+        self.before_step, self.early = d["before_step"], list(d["early"])
+        self.watch, self.above = d["watch"], d["above"]
