@@ -374,11 +374,9 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
     roles: list[tuple[str, str | None, int, str]] = []
     eval_context = False
     inner, inner_role = -1, ("total", None, 0, "")   # the number after `a/` a name's second part names
-    worded = False   # a letter came before this number's text
+    opens = _opening(befores)
     for i in range(n):
         before, g = befores[i], glued[i]
-        if i:
-            worded = worded or any(c.isalpha() for c in befores[i - 1])
         said = _user_role(user, i, before, prefixes[i] if prefixes else "") if user else None
         if said is not None:
             roles.append(said)
@@ -397,12 +395,8 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
         if i > 0 and before.strip() == "/" and not is_noise[i - 1]:
             roles.append(inner_role if i == inner else ("total", None, 0, ""))
             continue
-        name = tokens.key_before(before, glued=i > 0)
-        rest = before[:before.rfind(name)] if name else before
-        if _ON_TRAINING_ALONE.fullmatch(name):   # `evaluation metric 'loss' on training set: 0.41`
-            rest, name = _named_before(rest, name, i > 0)
-        # (a label opens the line where only numbers and marks come before it: `[012] valid: loss=`)
-        eval_context = eval_context or _evaluation_named(rest, name, not worded)
+        name, rest = _name_and_rest(before, i > 0)
+        eval_context = eval_context or _evaluation_named(rest, name, opens[i])
         if name.startswith("-") or name.lower().startswith(_ARG_ECHO):
             roles.append(("other", None, 0, name))
             continue
@@ -434,6 +428,25 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
     _bare_counters(texts, nums, roles)
     _counter_in_prose(texts, nums, roles, user)
     return roles, eval_context
+
+
+def _opening(befores: list[str]) -> list[bool]:
+    """Per number of a line: whether only numbers and marks come before its text, so that a
+    label there opens the line (`[012] valid: loss=`); kept as the line is walked (linear)."""
+    out, worded = [], False
+    for before in befores:
+        out.append(not worded)
+        worded = worded or any(c.isalpha() for c in before)
+    return out
+
+
+def _name_and_rest(before: str, glued: bool) -> tuple[str, str]:
+    """A number's name and the text before the name (``glued``: not the line's first number)."""
+    name = tokens.key_before(before, glued=glued)
+    rest = before[:before.rfind(name)] if name else before
+    if _ON_TRAINING_ALONE.fullmatch(name):   # `evaluation metric 'loss' on training set: 0.41`
+        rest, name = _named_before(rest, name, glued)
+    return name, rest
 
 
 def _pieces(texts: list[str], nums: list[str]) -> tuple[list[bool], list[str | None], list[str]]:
