@@ -269,6 +269,9 @@ class Monitor:
         """One detector over the records of a run at ``idx`` (None: all), each with its step's
         context; after the main loss spike, each context takes its view of the loss."""
         if idx is None and d is not self._loss_spike:   # the common column: every record, no view
+            if type(d).quiet is not Detector.quiet:
+                self._quiet_column(d, run, ctxs)
+                return
             update = d.update
             ctx = None
             try:
@@ -295,6 +298,25 @@ class Monitor:
                 _loss_view(d, ctxs[i])   # type: ignore[arg-type]
                 for ctx in ctxs[i + 1:]:   # ... and none after it
                     _no_loss_view(ctx)
+
+    def _quiet_column(self, d: Detector, run: list[StepRecord], ctxs: list[Context]) -> None:
+        """The common column of a detector with a shortcut (:meth:`Detector.quiet`): the records it
+        takes as update() would, in one call, and update() for each of the others. Exact: it takes
+        only records update() finds nothing in, in order, and leaves the detector as update() would."""
+        quiet, update, n = d.quiet, d.update, len(run)
+        i = 0
+        try:
+            while True:
+                i = quiet(run, ctxs, i)
+                if i == n:
+                    return
+                ctx = ctxs[i]
+                found = update(run[i], ctx)
+                if found:
+                    ctx.found += found
+                i += 1
+        except Exception:   # off from this step, as update() does (the shortcut's: its first record's)
+            self._disable(d.name, run[i].step)
 
     def _begin(self, record: StepRecord, ctx: Context, out: list[Finding]) -> tuple[int, int] | None:
         """A step's start, before the detectors: the phase (its findings into ``out``) and the

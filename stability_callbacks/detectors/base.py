@@ -65,6 +65,15 @@ class Detector:
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         raise NotImplementedError
 
+    def quiet(self, run: list[StepRecord], ctxs: list[Context], start: int) -> int:
+        """Replay's shortcut (:meth:`Monitor.update_many`): takes the records of ``run`` from
+        ``start`` on that :meth:`update` would find nothing in and change nothing of but what this
+        says, doing that, and returns the index of the first it cannot take so (``len(run)``: all).
+        Only a detector whose every state's common record is so cheap that the call of
+        :meth:`update` is most of its cost overrides it; each says why its test is update's own.
+        Default: none taken (the Monitor does not ask)."""
+        return start
+
     def wants(self, present: frozenset[str]) -> bool:
         """Whether a record with the metric keys ``present`` can change this detector or what it finds: the
         Monitor leaves it out of the records it cannot. Default: one of its ``signals`` is among

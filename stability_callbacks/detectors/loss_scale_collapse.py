@@ -91,6 +91,25 @@ class LossScaleCollapse(Detector):
         self._log2_min = math.log2(self.min_scale)
         self._log2 = (math.nan, math.nan)    # the last scale seen and its log2 (derived, not state)
 
+    def quiet(self, run: list[StepRecord], ctxs: list[Context], start: int) -> int:
+        """The records at update's "most steps" (the scale unchanged at its peak, nothing skipped,
+        the search over: its first test), and all it does with them."""
+        last = self.last
+        if self.searching or last is None or not last > 0.0 or last != self._log2[0] or self._log2[1] != self.peak:
+            return start
+        for i in range(start, len(run)):
+            m = run[i].metrics
+            skipped = m.get(keys.OVERFLOW_SKIPPED)
+            if m.get(keys.LOSS_SCALE) != last or (skipped is not None and skipped != 0.0):
+                break
+        else:
+            i = len(run)
+        if i > start:
+            self.pinned, self.last_step = 0, run[i - 1].step
+            self.peak_step = self.last_step
+            self.latch.armed = self.warned.armed = True
+        return i
+
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics
         s = m.get(keys.LOSS_SCALE)

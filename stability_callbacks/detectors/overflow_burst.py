@@ -35,6 +35,20 @@ class OverflowBurst(Detector):
         self.latch = Latch()   # re-armed once the window holds no skip
         self.search_failed = False      # the start-up search reached the scaler's floor
 
+    def quiet(self, run: list[StepRecord], ctxs: list[Context], start: int) -> int:
+        """The records past the start-up that skip nothing while no skip is in the window: update's
+        most steps, and all it does with them (the latch re-armed)."""
+        if self.recent:
+            return start
+        for i in range(start, len(run)):
+            if run[i].metrics.get(keys.OVERFLOW_SKIPPED) != 0.0 or ctxs[i].in_startup:
+                break
+        else:
+            i = len(run)
+        if i > start:
+            self.latch.armed = True
+        return i
+
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         k = record.metrics.get(keys.OVERFLOW_SKIPPED)
         if k is None or not 0.0 <= k < math.inf:
