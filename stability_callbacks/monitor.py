@@ -269,18 +269,10 @@ class Monitor:
         """One detector over the records of a run at ``idx`` (None: all), each with its step's
         context; after the main loss spike, each context takes its view of the loss."""
         if idx is None and d is not self._loss_spike:   # the common column: every record, no view
-            if type(d).quiet is not Detector.quiet:
-                self._quiet_column(d, run, ctxs)
-                return
-            update = d.update
-            ctx = None
             try:
-                for r, ctx in zip(run, ctxs):   # (pairs, not indices: 43 -> 36 ns a record)
-                    found = update(r, ctx)
-                    if found:
-                        ctx.found += found
-            except Exception:   # off from this step, as update() does
-                self._disable(d.name, run[next(i for i, c in enumerate(ctxs) if c is ctx)].step)
+                d.update_run(run, ctxs)
+            except Exception:   # off from this run on, as update() is from its failing step
+                self._disable(d.name, run[0].step, run[-1].step)
             return
         update, view = d.update, d is self._loss_spike
         i = 0
@@ -298,25 +290,6 @@ class Monitor:
                 _loss_view(d, ctxs[i])   # type: ignore[arg-type]
                 for ctx in ctxs[i + 1:]:   # ... and none after it
                     _no_loss_view(ctx)
-
-    def _quiet_column(self, d: Detector, run: list[StepRecord], ctxs: list[Context]) -> None:
-        """The common column of a detector with a shortcut (:meth:`Detector.quiet`): the records it
-        takes as update() would, in one call, and update() for each of the others. Exact: it takes
-        only records update() finds nothing in, in order, and leaves the detector as update() would."""
-        quiet, update, n = d.quiet, d.update, len(run)
-        i = 0
-        try:
-            while True:
-                i = quiet(run, ctxs, i)
-                if i == n:
-                    return
-                ctx = ctxs[i]
-                found = update(run[i], ctx)
-                if found:
-                    ctx.found += found
-                i += 1
-        except Exception:   # off from this step, as update() does (the shortcut's: its first record's)
-            self._disable(d.name, run[i].step)
 
     def _begin(self, record: StepRecord, ctx: Context, out: list[Finding]) -> tuple[int, int] | None:
         """A step's start, before the detectors: the phase (its findings into ``out``) and the
@@ -416,10 +389,12 @@ class Monitor:
             if found:
                 out += found
 
-    def _disable(self, name: str, step: int) -> None:
+    def _disable(self, name: str, step: int, last: int | None = None) -> None:
+        """``name`` off, having failed at ``step`` (or among the steps of a run, ``step`` to ``last``)."""
         self._broken.add(name)
         self._forget_plans()
-        log.exception("stability_callbacks: detector %s failed at step %s and is now off", name, step)
+        at = f"step {step}" if last is None or last == step else f"a step from {step} to {last}"
+        log.exception("stability_callbacks: detector %s failed at %s and is now off", name, at)
 
     # -- run structure ------------------------------------------------------------------------
     def begin_segment(self, start_step: int, reason: str, *, segment: int | None = None) -> list[Finding]:

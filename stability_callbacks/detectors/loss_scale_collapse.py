@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from .. import keys
 from ..record import Finding, StepRecord
@@ -91,24 +92,29 @@ class LossScaleCollapse(Detector):
         self._log2_min = math.log2(self.min_scale)
         self._log2 = (math.nan, math.nan)    # the last scale seen and its log2 (derived, not state)
 
-    def quiet(self, run: list[StepRecord], ctxs: list[Context], start: int) -> int:
-        """The records at update's "most steps" (the scale unchanged at its peak, nothing skipped,
-        the search over: its first test), and all it does with them."""
-        last = self.last
-        if self.searching or last is None or not last > 0.0 or last != self._log2[0] or self._log2[1] != self.peak:
-            return start
-        for i in range(start, len(run)):
-            m = run[i].metrics
+    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> None:
+        """update()'s "most steps" inline (its first test, the state's part of it answered until
+        update() next changes the state; and all it does with them), update() for the rest."""
+        steady = self._steady()
+        for record, ctx in zip(run, ctxs):
+            m = record.metrics
             skipped = m.get(keys.OVERFLOW_SKIPPED)
-            if m.get(keys.LOSS_SCALE) != last or (skipped is not None and skipped != 0.0):
-                break
-        else:
-            i = len(run)
-        if i > start:
-            self.pinned, self.last_step = 0, run[i - 1].step
-            self.peak_step = self.last_step
-            self.latch.armed = self.warned.armed = True
-        return i
+            if steady is not None and m.get(keys.LOSS_SCALE) == steady and (skipped is None or skipped == 0.0):
+                self.pinned, self.last_step, self.peak_step = 0, record.step, record.step
+                self.latch.armed = self.warned.armed = True
+                continue
+            found = self.update(record, ctx)
+            if found:
+                ctx.found += found
+            steady = self._steady()
+
+    def _steady(self) -> float | None:
+        """The scale at which a step is one of update()'s "most steps", if any: the last one, at its
+        peak, the search over."""
+        s = self.last
+        if s is None or self.searching or not (s == self._log2[0] and self._log2[1] == self.peak and s > 0.0):
+            return None
+        return s
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from .. import keys
 from ..record import Finding, StepRecord
@@ -35,19 +36,16 @@ class OverflowBurst(Detector):
         self.latch = Latch()   # re-armed once the window holds no skip
         self.search_failed = False      # the start-up search reached the scaler's floor
 
-    def quiet(self, run: list[StepRecord], ctxs: list[Context], start: int) -> int:
-        """The records past the start-up that skip nothing while no skip is in the window: update's
-        most steps, and all it does with them (the latch re-armed)."""
-        if self.recent:
-            return start
-        for i in range(start, len(run)):
-            if run[i].metrics.get(keys.OVERFLOW_SKIPPED) != 0.0 or ctxs[i].in_startup:
-                break
-        else:
-            i = len(run)
-        if i > start:
-            self.latch.armed = True
-        return i
+    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> None:
+        """update()'s most steps inline (nothing skipped past the start-up while no skip is in the
+        window: the latch re-armed, nothing found), update() for the rest."""
+        for record, ctx in zip(run, ctxs):
+            if not self.recent and not ctx.in_startup and record.metrics.get(keys.OVERFLOW_SKIPPED) == 0.0:
+                self.latch.armed = True
+                continue
+            found = self.update(record, ctx)
+            if found:
+                ctx.found += found
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         k = record.metrics.get(keys.OVERFLOW_SKIPPED)
