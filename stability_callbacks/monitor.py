@@ -168,8 +168,7 @@ class Monitor:
         if loss_spike is None:
             _no_loss_view(ctx)
         else:
-            self._run((loss_spike,), record, ctx, out)
-            _loss_view(loss_spike, ctx)
+            self._loss_column(loss_spike, [record], [ctx], None)
         self._run(after, record, ctx, out)
         self._decide(record, ctx, out, window)
         return out
@@ -226,7 +225,7 @@ class Monitor:
         """The detectors and the policy over ``run`` (records begun, each with its context and
         plan): one detector at a time over the records whose plan has it, in the detectors'
         order, then the policy step by step. Exact: each step has its own context (:meth:`_begin`,
-        then the main loss spike's view at that step, :func:`_loss_view`); a detector sees its
+        then the main loss spike's view at that step, :meth:`_loss_column`); a detector sees its
         records in order, with the findings of the detectors before it at each step
         (``ctx.found``); no detector reads what the policy decides; and a plan holds over a run
         (what a detector wants changes only at a segment, a state load or a new set of keys, which
@@ -274,22 +273,46 @@ class Monitor:
             except Exception:   # off from this run on, as update() is from its failing step
                 self._disable(d.name, run[0].step, run[-1].step)
             return
-        update, view = d.update, d is self._loss_spike
+        if d is self._loss_spike:
+            self._loss_column(d, run, ctxs, idx)   # type: ignore[arg-type]
+            return
+        update = d.update
         i = 0
         try:
             for i in range(len(run)) if idx is None else idx:
                 ctx = ctxs[i]
                 found = update(run[i], ctx)
-                if view:
-                    _loss_view(d, ctx)   # type: ignore[arg-type]
                 if found:
                     ctx.found += found
-        except Exception:   # off from this step, as update() does; its view still taken there
+        except Exception:   # off from this step, as update() does
             self._disable(d.name, run[i].step)
-            if view:
-                _loss_view(d, ctxs[i])   # type: ignore[arg-type]
-                for ctx in ctxs[i + 1:]:   # ... and none after it
+
+    def _loss_column(self, d: LossSpike, run: list[StepRecord], ctxs: list[Context], idx: list[int] | None) -> None:
+        """The main loss spike over the records of a run at ``idx`` (None: all); each context takes
+        its view of the loss right after that step's update, for the detectors after it (written
+        out here, not called: once a record). One that fails is off from its step, its view still
+        taken there, and no context after it has one."""
+        update = d.update
+        for i in range(len(run)) if idx is None else idx:
+            ctx = ctxs[i]
+            try:
+                found = update(run[i], ctx)
+            except Exception:
+                found = None
+                self._disable(d.name, run[i].step)
+            ctx.loss_baseline, ctx.loss_noise = d.baseline_before, d.noise_before
+            ctx.loss_slope, ctx.loss_floor_log = d.slope_before, d.floor_log
+            ctx.loss_signed = d.signed
+            ctx.loss_step_noise, ctx.loss_step_mean = d.step_noise_before, d.step_mean_before
+            episode = d.episode
+            ctx.loss_spike_open = episode is not None
+            ctx.loss_spike_onset = episode.onset if episode is not None else None
+            if found:
+                ctx.found += found
+            elif found is None:
+                for ctx in ctxs[i + 1:]:
                     _no_loss_view(ctx)
+                return
 
     def _begin(self, record: StepRecord, ctx: Context, out: list[Finding]) -> tuple[int, int] | None:
         """A step's start, before the detectors: the phase (its findings into ``out``) and the
@@ -468,17 +491,6 @@ class Monitor:
         for d in self.detectors:
             d.load_state_dict(state["detectors"][d.name])
         self._forget_plans()   # ... and with the state
-
-
-def _loss_view(loss_spike: LossSpike, ctx: Context) -> None:
-    """The main loss spike's view of the loss at this step, for the detectors after it."""
-    ctx.loss_baseline, ctx.loss_noise = loss_spike.baseline_before, loss_spike.noise_before
-    ctx.loss_slope, ctx.loss_floor_log = loss_spike.slope_before, loss_spike.floor_log
-    ctx.loss_signed = loss_spike.signed
-    ctx.loss_step_noise, ctx.loss_step_mean = loss_spike.step_noise_before, loss_spike.step_mean_before
-    episode = loss_spike.episode
-    ctx.loss_spike_open = episode is not None
-    ctx.loss_spike_onset = episode.onset if episode is not None else None
 
 
 def _no_loss_view(ctx: Context) -> None:
