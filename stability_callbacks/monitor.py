@@ -156,7 +156,8 @@ class Monitor:
             out += self.begin_segment(step - 1, "rollback", segment=self.segment + 1)
             self._forget_future()
         ctx = self._ctx
-        window = self._begin_run([record], [ctx])[0]
+        one = (record,), (ctx,)   # the record as a run of one, as the runs' methods take it
+        window = self._begin_run(*one)[0]
         if out:   # the segment's findings come before the phase's
             ctx.found[:0] = out
         out = ctx.found
@@ -166,12 +167,12 @@ class Monitor:
             plan = self._plan(shape)
         before, loss_spike, after = plan
         if before:
-            self._run(before, record, ctx, out)
+            self._run(before, record, ctx)
         if loss_spike is None:
             _no_loss_view(ctx)
         else:
-            self._loss_column(loss_spike, [record], [ctx], None)
-        self._run(after, record, ctx, out)
+            self._loss_column(loss_spike, *one, None)
+        self._run(after, record, ctx)
         self._decide(record, ctx, out, window)
         return out
 
@@ -293,7 +294,8 @@ class Monitor:
         except Exception:   # off from this step, as update() does
             self._disable(d.name, run[i].step)
 
-    def _loss_column(self, d: LossSpike, run: list[StepRecord], ctxs: list[Context], idx: list[int] | None) -> None:
+    def _loss_column(self, d: LossSpike, run: Sequence[StepRecord], ctxs: Sequence[Context],
+                     idx: list[int] | None) -> None:
         """The main loss spike over the records of a run at ``idx`` (None: all); each context takes
         its view of the loss right after that step's update, for the detectors after it (written
         out here, not called: once a record). One that fails is off from its step, its view still
@@ -320,7 +322,7 @@ class Monitor:
                     _no_loss_view(ctx)
                 return
 
-    def _begin_run(self, run: Sequence[StepRecord], ctxs: list[Context]) -> list[tuple[int, int] | None]:
+    def _begin_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> list[tuple[int, int] | None]:
         """Each step's start, before the detectors, in order: the phase (its findings into the
         step's ``ctx.found``, a new list) and the step's context. Returns the risk window the policy
         judges each step by. One loop over a run: what no step changes (the numbering, the resume,
@@ -413,7 +415,8 @@ class Monitor:
         """A segment, a state load, a new or broken detector: every detector is asked again."""
         self._plans, self._shapes = {}, set()
 
-    def _run(self, detectors: tuple, record: StepRecord, ctx: Context, out: list[Finding]) -> None:
+    def _run(self, detectors: tuple, record: StepRecord, ctx: Context) -> None:
+        """``detectors`` over one record, its findings into its ``ctx.found``."""
         for d in detectors:
             try:
                 found = d.update(record, ctx)
@@ -421,7 +424,7 @@ class Monitor:
                 self._disable(d.name, record.step)
                 continue
             if found:
-                out += found
+                ctx.found += found
 
     def _disable(self, name: str, step: int, last: int | None = None) -> None:
         """``name`` off, having failed at ``step`` (or among the steps of a run, ``step`` to ``last``)."""
