@@ -107,9 +107,8 @@ class Monitor:
         # One Context, refilled at every step: building a new one is a third of the Monitor's own
         # cost per step. Nothing keeps it past the step (``found`` is the step's own list).
         self._ctx = Context(0)
-        # update_many's: a context and a risk window per record of a run
+        # update_many's: a context per record of a run
         self._contexts = [Context(0) for _ in range(_COLUMN_RUN)]
-        self._windows: list[tuple[int, int] | None] = [None] * _COLUMN_RUN
 
     # -- feeding ------------------------------------------------------------------------------
     def set_warmup_steps(self, warmup_steps: int | None) -> None:
@@ -165,20 +164,23 @@ class Monitor:
             out += self.begin_segment(step - 1, "rollback", segment=self.segment + 1)
             self._forget_future()
         ctx = self._ctx
-        window = self._begin(record, ctx, out)
+        one = (record,), (ctx,)   # the record as a run of one, as the runs' methods take it
+        window = self._begin_run(*one)[0]
+        if out:   # the segment's findings come before the phase's
+            ctx.found[:0] = out
+        out = ctx.found
         shape = frozenset(record.metrics)
         plan = self._plans.get(shape)
         if plan is None:   # which detectors this set of keys feeds (logs keep one shape)
             plan = self._plan(shape)
         before, loss_spike, after = plan
         if before:
-            self._run(before, record, ctx, out)
+            self._run(before, record, ctx)
         if loss_spike is None:
             _no_loss_view(ctx)
         else:
-            self._run((loss_spike,), record, ctx, out)
-            _loss_view(loss_spike, ctx)
-        self._run(after, record, ctx, out)
+            self._loss_column(loss_spike, *one, None)
+        self._run(after, record, ctx)
         self._cycles(record, ctx, out)
         self._decide(record, ctx, out, window)
         return out
@@ -213,7 +215,8 @@ class Monitor:
         out: list[Finding] = []
         run: list[StepRecord] = []
         plans: list[_Plan] = []
-        contexts, windows, begin = self._contexts, self._windows, self._begin
+        # the last step begun or to be begun (a run is begun as its columns run, _run_columns)
+        last_step = self.last_step
         # The last two sets of keys and their plans (a log alternates between two at most, as a loss
         # printed with and without its resolution): a record's keys compared with them cost half of
         # a frozenset built and looked up. Exact: a plan stays valid until the plans are forgotten
@@ -222,10 +225,11 @@ class Monitor:
         seen: list[tuple[frozenset, _Plan]] = []
         for r in records:
             if (r.warmup_steps is not None or r.num_outputs is not None or r.segment > self.segment
-                    or (self.last_step is not None and r.step <= self.last_step)):
+                    or (last_step is not None and r.step <= last_step)):
                 out += self._run_columns(run, plans)
                 run, plans, seen = [], [], []
                 out += self.update(r)
+                last_step = self.last_step
                 continue
             names = r.metrics.keys()
             if seen and names == seen[0][0]:
@@ -243,17 +247,18 @@ class Monitor:
                 run, plans, k, seen = [], [], 0, []
                 if plan is None:
                     plan = self._plan(frozenset(names))
-            windows[k] = begin(r, contexts[k], [])
             run.append(r)
             plans.append(plan)
+            last_step = r.step
         out += self._run_columns(run, plans)
         return out
 
     def _run_columns(self, run: list[StepRecord], plans: list[_Plan]) -> list[Finding]:
-        """The detectors and the policy over ``run`` (records begun, each with its context and
-        plan): one detector at a time over the records whose plan has it, in the detectors'
-        order, then the policy step by step. Exact: each step has its own context (:meth:`_begin`,
-        then the main loss spike's view at that step, :func:`_loss_view`); a detector sees its
+        """The records of ``run`` begun (:meth:`_begin_run`: nothing before it reads what that
+        changes), then the detectors and the policy over them, each record with its context and
+        plan: one detector at a time over the records whose plan has it, in the detectors'
+        order, then the policy step by step. Exact: each step has its own context (:meth:`_begin_run`,
+        then the main loss spike's view at that step, :meth:`_loss_column`); a detector sees its
         records in order, with the findings of the detectors before it at each step
         (``ctx.found``); no detector reads what the policy decides; and a plan holds over a run
         (what a detector wants changes only at a segment, a state load or a new set of keys, which
@@ -262,6 +267,7 @@ class Monitor:
         if not n:
             return []
         ctxs = self._contexts[:n]
+        windows = self._begin_run(run, ctxs)
         first = plans[0]
         columns: list[tuple[Detector, list[int] | None]]
         if plans.count(first) == n:   # the same detectors at every step (most logs; two sets
@@ -278,7 +284,7 @@ class Monitor:
         for d, at in columns:
             self._column(d, run, ctxs, at)
         out: list[Finding] = []
-        windows, last, policy = self._windows, n - 1, self.policy
+        last, policy = n - 1, self.policy
         for i, (r, ctx) in enumerate(zip(run, ctxs)):
             self._cycles(r, ctx, ctx.found)   # (step by step, as update() does)
             # A step where nothing was found changes nothing of the policy: it only sets the save
@@ -297,68 +303,93 @@ class Monitor:
         """One detector over the records of a run at ``idx`` (None: all), each with its step's
         context; after the main loss spike, each context takes its view of the loss."""
         if idx is None and d is not self._loss_spike:   # the common column: every record, no view
-            update = d.update
-            ctx = None
             try:
-                for r, ctx in zip(run, ctxs):   # (pairs, not indices: 43 -> 36 ns a record)
-                    found = update(r, ctx)
-                    if found:
-                        ctx.found += found
-            except Exception:   # off from this step, as update() does
-                self._disable(d.name, run[next(i for i, c in enumerate(ctxs) if c is ctx)].step)
+                d.update_run(run, ctxs)
+            except Exception:   # off from this run on, as update() is from its failing step
+                self._disable(d.name, run[0].step, run[-1].step)
             return
-        update, view = d.update, d is self._loss_spike
+        if d is self._loss_spike:
+            self._loss_column(d, run, ctxs, idx)   # type: ignore[arg-type]
+            return
+        update = d.update
         i = 0
         try:
             for i in range(len(run)) if idx is None else idx:
                 ctx = ctxs[i]
                 found = update(run[i], ctx)
-                if view:
-                    _loss_view(d, ctx)   # type: ignore[arg-type]
                 if found:
                     ctx.found += found
-        except Exception:   # off from this step, as update() does; its view still taken there
+        except Exception:   # off from this step, as update() does
             self._disable(d.name, run[i].step)
-            if view:
-                _loss_view(d, ctxs[i])   # type: ignore[arg-type]
-                for ctx in ctxs[i + 1:]:   # ... and none after it
-                    _no_loss_view(ctx)
 
-    def _begin(self, record: StepRecord, ctx: Context, out: list[Finding]) -> tuple[int, int] | None:
-        """A step's start, before the detectors: the phase (its findings into ``out``) and the
-        step's context. Returns the risk window the policy judges the step by."""
-        step = record.step
-        if self.last_step is None and self.resume_step is None and self.segment == 0 and step <= 1:
-            self.run_start = step
-        self.last_step = step
-        m = record.metrics
-        phase = self.phase
+    def _loss_column(self, d: LossSpike, run: Sequence[StepRecord], ctxs: Sequence[Context],
+                     idx: list[int] | None) -> None:
+        """The main loss spike over the records of a run at ``idx`` (None: all); each context takes
+        its view of the loss right after that step's update, for the detectors after it (written
+        out here, not called: once a record). One that fails is off from its step, its view still
+        taken there, and no context after it has one."""
+        update = d.update
+        for i in range(len(run)) if idx is None else idx:
+            ctx = ctxs[i]
+            try:
+                found = update(run[i], ctx)
+            except Exception:
+                found = None
+                self._disable(d.name, run[i].step)
+            ctx.loss_baseline, ctx.loss_noise = d.baseline_before, d.noise_before
+            ctx.loss_slope, ctx.loss_floor_log = d.slope_before, d.floor_log
+            ctx.loss_signed = d.signed
+            ctx.loss_step_noise, ctx.loss_step_mean = d.step_noise_before, d.step_mean_before
+            episode = d.episode
+            ctx.loss_spike_open = episode is not None
+            ctx.loss_spike_onset = episode.onset if episode is not None else None
+            if found:
+                ctx.found += found
+            elif found is None:
+                for ctx in ctxs[i + 1:]:
+                    _no_loss_view(ctx)
+                return
+
+    def _begin_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> list[tuple[int, int] | None]:
+        """Each step's start, before the detectors, in order: the phase (its findings into the
+        step's ``ctx.found``, a new list) and the step's context. Returns the risk window the policy
+        judges each step by. One loop over a run: what no step changes (the numbering, the resume,
+        the tensor names: set between runs) is read once."""
+        phase, startup, names = self.phase, self.policy.startup_steps, self.tensor_names
         epochs = phase.epochs = self.steps_are_epochs
-        said = phase.update(step, m.get(_LR))
-        if said:
-            out += said
-        loss = ctx.loss = m.get(_LOSS)
-        seen = self.success_seen
-        if not seen:
-            skipped = m.get(keys.OVERFLOW_SKIPPED)
-            seen = self.success_seen = skipped is None or skipped == 0 or (loss is not None and math.isfinite(loss))
-        # phase.risk_window, less the property's call and its tuple where there is none
-        end, last = phase.warmup_end_step, phase.risk_window_end
-        if end is None or last is None:
-            window, ctx.in_risk_window = None, False
-        else:
-            window, ctx.in_risk_window = (end, last), end < step <= last
-        ctx.step, ctx.phase = step, phase.phase
-        ctx.warmup_end_step = end
-        # the start-up is counted in optimizer steps: an epoch of a log that prints nothing finer is
-        # a whole pass over the data, far past them
-        ctx.in_startup = (step <= self.policy.startup_steps and not epochs) or not seen
-        resume = self.resume_step
-        ctx.steps_since_resume = step - resume if resume is not None else None
-        ctx.tensor_names, ctx.found = self.tensor_names, out
-        ctx.run_start = self.run_start
-        ctx.steps_are_epochs, ctx.steps_by_order = epochs, self.steps_by_order
-        return window
+        by_order, resume, segment = self.steps_by_order, self.resume_step, self.segment
+        windows: list[tuple[int, int] | None] = []
+        for record, ctx in zip(run, ctxs):
+            step = record.step
+            if self.last_step is None and resume is None and segment == 0 and step <= 1:
+                self.run_start = step
+            self.last_step = step
+            m = record.metrics
+            # the step's findings, the phase's first (PhaseTracker.update returns a new list)
+            ctx.found = phase.update(step, m.get(_LR))
+            loss = ctx.loss = m.get(_LOSS)
+            seen = self.success_seen
+            if not seen:
+                skipped = m.get(keys.OVERFLOW_SKIPPED)
+                seen = self.success_seen = skipped is None or skipped == 0 or (loss is not None and math.isfinite(loss))
+            # phase.risk_window, less the property's call and its tuple where there is none
+            end, last = phase.warmup_end_step, phase.risk_window_end
+            if end is None or last is None:
+                windows.append(None)
+                ctx.in_risk_window = False
+            else:
+                windows.append((end, last))
+                ctx.in_risk_window = end < step <= last
+            ctx.step, ctx.phase = step, phase.phase
+            ctx.warmup_end_step = end
+            # the start-up is counted in optimizer steps: an epoch of a log that prints nothing finer
+            # is a whole pass over the data, far past them
+            ctx.in_startup = (step <= startup and not epochs) or not seen
+            ctx.steps_since_resume = step - resume if resume is not None else None
+            ctx.tensor_names = names
+            ctx.run_start = self.run_start
+            ctx.steps_are_epochs, ctx.steps_by_order = epochs, by_order
+        return windows
 
     def _decide(self, record: StepRecord, ctx: Context, out: list[Finding], window) -> None:
         """A step's end, after the detectors: the policy's findings into ``out``, each finding's phase."""
@@ -412,7 +443,8 @@ class Monitor:
         """A segment, a state load, a new or broken detector: every detector is asked again."""
         self._plans, self._shapes = {}, set()
 
-    def _run(self, detectors: tuple, record: StepRecord, ctx: Context, out: list[Finding]) -> None:
+    def _run(self, detectors: tuple, record: StepRecord, ctx: Context) -> None:
+        """``detectors`` over one record, its findings into its ``ctx.found``."""
         for d in detectors:
             try:
                 found = d.update(record, ctx)
@@ -420,12 +452,14 @@ class Monitor:
                 self._disable(d.name, record.step)
                 continue
             if found:
-                out += found
+                ctx.found += found
 
-    def _disable(self, name: str, step: int) -> None:
+    def _disable(self, name: str, step: int, last: int | None = None) -> None:
+        """``name`` off, having failed at ``step`` (or among the steps of a run, ``step`` to ``last``)."""
         self._broken.add(name)
         self._forget_plans()
-        log.exception("stability_callbacks: detector %s failed at step %s and is now off", name, step)
+        at = f"step {step}" if last is None or last == step else f"a step from {step} to {last}"
+        log.exception("stability_callbacks: detector %s failed at %s and is now off", name, at)
 
     # -- run structure ------------------------------------------------------------------------
     def begin_segment(self, start_step: int, reason: str, *, segment: int | None = None) -> list[Finding]:
@@ -503,17 +537,6 @@ class Monitor:
         for d in self.detectors:
             d.load_state_dict(state["detectors"][d.name])
         self._forget_plans()   # ... and with the state
-
-
-def _loss_view(loss_spike: LossSpike, ctx: Context) -> None:
-    """The main loss spike's view of the loss at this step, for the detectors after it."""
-    ctx.loss_baseline, ctx.loss_noise = loss_spike.baseline_before, loss_spike.noise_before
-    ctx.loss_slope, ctx.loss_floor_log = loss_spike.slope_before, loss_spike.floor_log
-    ctx.loss_signed = loss_spike.signed
-    ctx.loss_step_noise, ctx.loss_step_mean = loss_spike.step_noise_before, loss_spike.step_mean_before
-    episode = loss_spike.episode
-    ctx.loss_spike_open = episode is not None
-    ctx.loss_spike_onset = episode.onset if episode is not None else None
 
 
 def _no_loss_view(ctx: Context) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from .. import keys
 from ..record import Finding, StepRecord
@@ -69,45 +70,53 @@ class GradNormSpike(Detector):
         self.recent: list[list] = []   # [close step, ratio] of spikes the loss did not follow, in the window
         self.tail = [0, 0.0]           # ... before the window, of large_ratio x and more: how many, the largest ratio
 
-    def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
-        m = record.metrics
-        g = m.get(keys.GRAD_NORM)
-        if g is None or not 0.0 < g < math.inf or (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0:
-            return []
-        b = self.base
-        if b.n == 0:
-            b.update(g)
-            return []
-        f = b.level + b.damping * b.trend + b.bias   # b.forecast, less a call
-        lg = math.log(g)
-        d = lg - f   # b.ratio(g), from the forecast and the log worked out once; never past a float's
-        ratio = math.exp(d if d < 700.0 else 700.0)   # range (a baseline of 1e-300: no overflow, still huge)
-        if b.n < self.cold_start_samples:
-            abnormal = ratio >= self.cold_start_ratio
-        elif ratio >= self.min_ratio:
-            z = (lg - f) / b.scale   # b.z(g)
-            abnormal = z >= self.z_threshold or (ratio >= self.max_ratio and z >= 0.75 * self.z_threshold)
-        else:
-            abnormal = False
-        if self.open:
-            ep = self.episode
-            if ratio > ep[0]:
-                ep[0] = ratio
-            if ctx.loss_spike_open:
-                ep[1] = True
-            if ratio < self.close_ratio:
-                self.open = False
-                b.update_log(lg)
-                if not ep[1]:
-                    self.recent.append([record.step, ep[0]])
+    # update(): the run of one record (Detector._update_alone); the rule is written as replay's loop
+    update = Detector._update_alone
+
+    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> None:
+        for record, ctx in zip(run, ctxs):
+            m = record.metrics
+            g = m.get(keys.GRAD_NORM)
+            if g is None or not 0.0 < g < math.inf or (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0:
+                continue
+            b = self.base
+            if b.n == 0:
+                b.update(g)
+                continue
+            f = b.level + b.damping * b.trend + b.bias   # b.forecast, less a call
+            lg = math.log(g)
+            d = lg - f   # b.ratio(g), from the forecast and the log worked out once; never past a float's
+            ratio = math.exp(d if d < 700.0 else 700.0)   # range (a baseline of 1e-300: no overflow, still huge)
+            if b.n < self.cold_start_samples:
+                abnormal = ratio >= self.cold_start_ratio
+            elif ratio >= self.min_ratio:
+                z = (lg - f) / b.scale   # b.z(g)
+                abnormal = z >= self.z_threshold or (ratio >= self.max_ratio and z >= 0.75 * self.z_threshold)
             else:
-                b.update_log(lg, flagged=True)
-            return []
-        if not abnormal:
-            b.update_log(lg)
-            if g > self.peak:
-                self.peak = g
-            return []
+                abnormal = False
+            if self.open:
+                ep = self.episode
+                if ratio > ep[0]:
+                    ep[0] = ratio
+                if ctx.loss_spike_open:
+                    ep[1] = True
+                if ratio < self.close_ratio:
+                    self.open = False
+                    b.update_log(lg)
+                    if not ep[1]:
+                        self.recent.append([record.step, ep[0]])
+                else:
+                    b.update_log(lg, flagged=True)
+            elif not abnormal:
+                b.update_log(lg)
+                if g > self.peak:
+                    self.peak = g
+            else:
+                ctx.found.append(self._onset(record, ctx, g, lg, ratio))
+
+    def _onset(self, record: StepRecord, ctx: Context, g: float, lg: float, ratio: float) -> Finding:
+        """An abnormal grad norm ``g`` (its log ``lg``) opens a spike at ``record``: said."""
+        b = self.base
         self.open = True
         self.episode = [ratio, bool(ctx.loss_spike_open)]
         self._fold(record.step)
@@ -121,33 +130,33 @@ class GradNormSpike(Detector):
         large = ratio >= self.large_ratio
         if (repeat or large) and g <= self.peak and ctx.loss_baseline is not None and \
                 ctx.loss_floor_log > math.log(ctx.loss_baseline):   # near the loss's floor: a hard batch
-            return [self.finding(
+            return self.finding(
                 record.step, severity="info", value=g, baseline=base, threshold=base * self.min_ratio,
                 message=(f"Grad norm jumped to {fmt(g)} at step {record.step}, {ratio:.1f}x its baseline "
                          f"{fmt(base)}, but no higher than it stood earlier in the run ({fmt(self.peak)}): the loss "
                          f"is near its floor, where the few examples a batch still gets wrong make the gradient; "
                          f"a hard batch, not the optimizer going bad."),
-                ratio=ratio, repeat_of=prev if repeat else None, near_floor=True)]
+                ratio=ratio, repeat_of=prev if repeat else None, near_floor=True)
         if large and not repeat and self.tail[0] >= _TAIL_SEEN and ratio <= self.tail[1]:
-            return [self.finding(
+            return self.finding(
                 record.step, severity="info", value=g, baseline=base, threshold=base * self.min_ratio,
                 message=(f"Grad norm jumped to {fmt(g)} at step {record.step}, {ratio:.1f}x its baseline {fmt(base)}, "
                          f"no higher than the {self.tail[0]} jumps of {self.large_ratio:g}x and more this run showed and "
                          f"came back from earlier, the loss unmoved (up to {self.tail[1]:.3g}x): its grad norm is "
                          f"heavy-tailed (a likelihood's gradients, rare hard batches). A jump beyond them, or one the "
                          f"loss follows, is news."),
-                ratio=ratio, seen_before=self.tail[0])]
+                ratio=ratio, seen_before=self.tail[0])
         tail = (f" It repeats ({len(self.onsets)} spikes since step {self.onsets[0]}): the optimizer state may be going bad: "
                 f"keep a checkpoint from before the first." if repeat else
                 " A jump by orders of magnitude is no blip: something upstream changed scale (the data, the "
                 "rewards, the loss's weighting) or the weights are blowing up; check the step's batch." if large else
                 " Isolated grad-norm spikes are common; a loss spike often follows within a few steps.")
-        return [self.finding(
+        return self.finding(
             record.step, severity="warning" if repeat or large else "info", value=g, baseline=base,
             threshold=base * (self.cold_start_ratio if b.n <= self.cold_start_samples else self.min_ratio),
             message=(f"Grad norm jumped to {fmt(g)} at step {record.step}, {ratio:.1f}x its baseline "
                      f"{fmt(base)}.{tail}"),
-            ratio=ratio, repeat_of=prev if repeat else None)]
+            ratio=ratio, repeat_of=prev if repeat else None)
 
     def _fold(self, step: int) -> None:
         """Spikes the loss did not follow that closed before the repeat window into the run's

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import ClassVar, Sequence
 
 from .. import keys
 from ..record import Finding, StepRecord
@@ -30,23 +30,28 @@ class _SustainedGrowth(Detector):
         self.rise = RiseAboveLow(self.persist_samples)
         self._log_growth = math.log1p(self.min_growth)
 
-    def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
-        m = record.metrics
-        v = m.get(self.signals[0])
-        if v is None or not 0.0 < v < math.inf or (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0:
-            return []
-        self.level.update_log(math.log(v))   # .update(v), less a call
-        if self.after_warmup and ctx.phase == "warmup":
-            return []
-        out = self._fast(record.step, v)
-        if out or record.step <= self.startup_steps or (self.after_warmup and ctx.phase is None):
-            return out
-        lv = self.level.level
-        if not self.rise.update(lv, record.step, self._log_growth):
-            return []
-        lo, now, low_step = math.exp(self.rise.low_value), math.exp(lv), self.rise.low_step
-        growth = now / lo
-        return [self._growth(record.step, now, lo, low_step, growth)]
+    # update(): the run of one record (Detector._update_alone); the rule is written as replay's loop
+    update = Detector._update_alone
+
+    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> None:
+        signal = self.signals[0]
+        for record, ctx in zip(run, ctxs):
+            m = record.metrics
+            v = m.get(signal)
+            if v is None or not 0.0 < v < math.inf or (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0:
+                continue
+            self.level.update_log(math.log(v))   # .update(v), less a call
+            if self.after_warmup and ctx.phase == "warmup":
+                continue
+            out = self._fast(record.step, v)
+            if out or record.step <= self.startup_steps or (self.after_warmup and ctx.phase is None):
+                if out:
+                    ctx.found += out
+                continue
+            lv = self.level.level
+            if self.rise.update(lv, record.step, self._log_growth):
+                lo, now, low_step = math.exp(self.rise.low_value), math.exp(lv), self.rise.low_step
+                ctx.found.append(self._growth(record.step, now, lo, low_step, now / lo))
 
     def _fast(self, step: int, v: float) -> list[Finding]:
         """A shorter rule where the signal is a noisy sample per point (the grad norm): none here."""

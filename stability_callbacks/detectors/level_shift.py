@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from .. import keys
 from ..record import Finding, StepRecord
@@ -39,38 +40,45 @@ class LevelShift(Detector):
         self.count = 0
         self.last: float | None = None
 
-    def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
-        x = record.metrics.get(keys.LOSS)
-        if x is None or not 0.0 < x < math.inf or x == self.last or ctx.loss_signed:   # frozen: `stall`'s
-            return []
-        self.last = x
-        lx = math.log(x)
-        fe = self.fast   # (EWMean.update, written out: the same sum, less a call)
-        n = fe.n = fe.n + 1
-        fast = fe.mean = fe.mean + (fe.alpha if n > fe.warm else max(fe.alpha, 1.0 / n)) * (lx - fe.mean)
-        slow = self.slow
-        if slow.n and ctx.loss_floor_log > slow.level:   # near its floor: against the floor
-            thr = math.log1p(self.min_shift * math.exp(min(ctx.loss_floor_log - slow.level, 700.0)))
-        else:
-            thr = self._log_min_shift
-        if slow.n < self.persist_samples or not fast - slow.level > thr:
-            slow.update_log(lx)   # the reference holds still only while a candidate shift is judged
-            self.anchor, self.count = None, 0
-            return []
-        if self.anchor is None or abs(fast - self.anchor) > thr / 2:
-            self.anchor, self.anchor_step, self.count = fast, record.step, 0
-            return []
-        self.count += 1
-        if self.count < self.persist_samples:
-            return []
+    # update(): the run of one record (Detector._update_alone); the rule is written as replay's loop
+    update = Detector._update_alone
+
+    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> None:
+        for record, ctx in zip(run, ctxs):
+            x = record.metrics.get(keys.LOSS)
+            if x is None or not 0.0 < x < math.inf or x == self.last or ctx.loss_signed:   # frozen: `stall`'s
+                continue
+            self.last = x
+            lx = math.log(x)
+            fe = self.fast   # (EWMean.update, written out: the same sum, less a call)
+            n = fe.n = fe.n + 1
+            fast = fe.mean = fe.mean + (fe.alpha if n > fe.warm else max(fe.alpha, 1.0 / n)) * (lx - fe.mean)
+            slow = self.slow
+            if slow.n and ctx.loss_floor_log > slow.level:   # near its floor: against the floor
+                thr = math.log1p(self.min_shift * math.exp(min(ctx.loss_floor_log - slow.level, 700.0)))
+            else:
+                thr = self._log_min_shift
+            if slow.n < self.persist_samples or not fast - slow.level > thr:
+                slow.update_log(lx)   # the reference holds still only while a candidate shift is judged
+                self.anchor, self.count = None, 0
+                continue
+            if self.anchor is None or abs(fast - self.anchor) > thr / 2:
+                self.anchor, self.anchor_step, self.count = fast, record.step, 0
+                continue
+            self.count += 1
+            if self.count >= self.persist_samples:
+                ctx.found.append(self._shifted(record.step, fast))
+
+    def _shifted(self, step: int, fast: float) -> Finding:
+        """The shift found at ``step``: said, and the slow baseline restarted at the new level."""
         before, now = self.slow.baseline, math.exp(fast)
         self.slow = RobustLevel(self.slow_alpha, trend_alpha=0.0)
         self.slow.update(now)
         self.anchor, self.count = None, 0
-        return [self.finding(
-            record.step, severity="warning", value=now, baseline=before, onset_step=self.anchor_step,
+        return self.finding(
+            step, severity="warning", value=now, baseline=before, onset_step=self.anchor_step,
             message=(f"The loss settled at a new, higher level: ~{fmt(now)} since step "
                      f"{self.anchor_step} vs {fmt(before)} before (+{now / before - 1:.0%}), "
                      f"neither recovering nor diverging. Check for repeated or changed data and "
                      f"compare with a rollback to before step {self.anchor_step}."),
-            shift=now / before - 1)]
+            shift=now / before - 1)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from .. import keys
 from ..record import Finding, StepRecord
@@ -90,6 +91,30 @@ class LossScaleCollapse(Detector):
         self.searching = True                # the start-up search: until the first successful step
         self._log2_min = math.log2(self.min_scale)
         self._log2 = (math.nan, math.nan)    # the last scale seen and its log2 (derived, not state)
+
+    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> None:
+        """update()'s "most steps" inline (its first test, the state's part of it answered until
+        update() next changes the state; and all it does with them), update() for the rest."""
+        steady = self._steady()
+        for record, ctx in zip(run, ctxs):
+            m = record.metrics
+            skipped = m.get(keys.OVERFLOW_SKIPPED)
+            if steady is not None and m.get(keys.LOSS_SCALE) == steady and (skipped is None or skipped == 0.0):
+                self.pinned, self.last_step, self.peak_step = 0, record.step, record.step
+                self.latch.armed = self.warned.armed = True
+                continue
+            found = self.update(record, ctx)
+            if found:
+                ctx.found += found
+            steady = self._steady()
+
+    def _steady(self) -> float | None:
+        """The scale at which a step is one of update()'s "most steps", if any: the last one, at its
+        peak, the search over."""
+        s = self.last
+        if s is None or self.searching or not (s == self._log2[0] and self._log2[1] == self.peak and s > 0.0):
+            return None
+        return s
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 from .. import keys
 from ..record import Finding, StepRecord
@@ -69,59 +69,66 @@ class LrAnomaly(Detector):
         elif reason == "resume":
             self.resumed = True
 
-    def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
-        if self.resumed:
-            self.resumed = False
-            adam_step = record.metrics.get(keys.ADAM_STEP)
-            if adam_step is not None and adam_step <= 2:   # the optimizer started over: so does the schedule
-                self.prev, self.typical = None, EWMean(self.alpha, start="running")
-                self.typical_abs = EWMean(self.alpha, start="running")
-        lr = record.metrics.get(keys.LR)
-        if lr is None or not (0.0 < lr < math.inf):
-            return []
-        prev, prev_step, peak = self.prev, self.prev_step, self.peak
-        self.prev, self.prev_step = lr, record.step
-        if lr > peak:
-            self.peak = lr
-        if prev is None:
+    # update(): the run of one record (Detector._update_alone); the rule is written as replay's loop
+    update = Detector._update_alone
+
+    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> None:
+        for record, ctx in zip(run, ctxs):
+            if self.resumed:
+                self.resumed = False
+                adam_step = record.metrics.get(keys.ADAM_STEP)
+                if adam_step is not None and adam_step <= 2:   # the optimizer started over: so does the schedule
+                    self.prev, self.typical = None, EWMean(self.alpha, start="running")
+                    self.typical_abs = EWMean(self.alpha, start="running")
+            lr = record.metrics.get(keys.LR)
+            if lr is None or not (0.0 < lr < math.inf):
+                continue
+            prev, prev_step, peak = self.prev, self.prev_step, self.peak
+            self.prev, self.prev_step = lr, record.step
+            if lr > peak:
+                self.peak = lr
+            if prev is None:
+                self.last_change_step = record.step
+                continue
+            if lr == prev:   # a ratio of 1.0, whose log is 0.0: no change (most steps), said without them
+                continue
+            ratio = lr / prev
+            if not 0.0 < ratio < math.inf:
+                continue
+            change = abs(math.log(ratio))
+            if change == 0.0:
+                continue
+            since = self.last_change_step if self.last_change_step is not None else (prev_step or record.step)
             self.last_change_step = record.step
-            return []
-        if lr == prev:   # a ratio of 1.0, whose log is 0.0: no change (most steps), said without them
-            return []
-        ratio = lr / prev
-        if not 0.0 < ratio < math.inf:
-            return []
-        change = abs(math.log(ratio))
-        if change == 0.0:
-            return []
-        since = self.last_change_step if self.last_change_step is not None else (prev_step or record.step)
-        self.last_change_step = record.step
-        if lr > prev and lr - prev > 1.5 * printed_resolution(prev):   # a rise out of a flat stretch
-            since = prev_step or since
-        apart = record.step - since
-        apart = apart if apart > 1 else 1   # (max(apart, 1), less a call: an LR that decays changes at every point)
-        per_step = change / apart
-        # ... and in the LR's own units: a schedule decaying to zero (linear, cosine) keeps its
-        # step there while its relative change grows without bound (the last points of a linear
-        # warmdown: x0.5, x0.1)
-        per_step_abs = abs(lr - prev) / apart
-        anomalous = (self.typical.n >= 3 and change >= self.min_change
-                     and per_step > self.ratio * max(self.typical.mean, 1e-12)
-                     and per_step_abs > self.ratio * self.typical_abs.mean)
-        if not anomalous:   # a change like the schedule's: learned, and the latch re-armed (hot path: no call)
-            self.latch.armed = True
-            self.typical.update(per_step)
-            self.typical_abs.update(per_step_abs)
-            return []
-        if not self.latch.update(on=True):
-            return []
-        since_resume = ctx.steps_since_resume
+            if lr > prev and lr - prev > 1.5 * printed_resolution(prev):   # a rise out of a flat stretch
+                since = prev_step or since
+            apart = record.step - since
+            apart = apart if apart > 1 else 1   # (max(apart, 1), less a call: an LR that decays changes at every point)
+            per_step = change / apart
+            # ... and in the LR's own units: a schedule decaying to zero (linear, cosine) keeps its
+            # step there while its relative change grows without bound (the last points of a linear
+            # warmdown: x0.5, x0.1)
+            per_step_abs = abs(lr - prev) / apart
+            anomalous = (self.typical.n >= 3 and change >= self.min_change
+                         and per_step > self.ratio * max(self.typical.mean, 1e-12)
+                         and per_step_abs > self.ratio * self.typical_abs.mean)
+            if not anomalous:   # a change like the schedule's: learned, and the latch re-armed (hot path: no call)
+                self.latch.armed = True
+                self.typical.update(per_step)
+                self.typical_abs.update(per_step_abs)
+                continue
+            if self.latch.update(on=True):
+                ctx.found.append(self._jump(record.step, lr, prev, prev_step, peak, ctx.steps_since_resume))
+
+    def _jump(self, step: int, lr: float, prev: float, prev_step: int | None, peak: float,
+              since_resume: int | None) -> Finding:
+        """An LR change unlike the schedule's at ``step`` (from ``prev`` at ``prev_step``): said."""
         restart = lr > prev and lr <= peak * (1.0 + self.min_change) and not (
             since_resume is not None and since_resume <= self.resume_steps)
         if restart:   # back to its earlier peak, or below: a warm restart's next cycle
             where = "its earlier peak" if lr >= peak * (1.0 - self.min_change) else f"below its earlier peak {fmt(peak)}"
             message = (f"The learning rate went back up from {fmt(prev)} at step {prev_step} to {fmt(lr)} at "
-                       f"step {record.step}, {where}: a schedule with warm restarts (SGDR, cosine with "
+                       f"step {step}, {where}: a schedule with warm restarts (SGDR, cosine with "
                        f"restarts) starts its next cycle so; if yours has none, the scheduler started over: "
                        f"check it.")
         else:
@@ -131,7 +138,7 @@ class LrAnomaly(Detector):
                    "once per optimizer step, an LR changed by hand or by a callback, a schedule's milestone "
                    "you did not expect), and after a resume the scheduler's restored state.")
             message = (f"The learning rate jumped from {fmt(prev)} at step {prev_step} to {fmt(lr)} at "
-                       f"step {record.step} ({lr / prev - 1:+.1%}), unlike the schedule so far. {why}")
+                       f"step {step} ({lr / prev - 1:+.1%}), unlike the schedule so far. {why}")
         said: dict[str, Any] = {"restart": True, "peak": peak, "from_step": prev_step} if restart else {}
-        return [self.finding(record.step, severity="info" if restart else "warning", value=lr, baseline=prev,
-                             message=message, change=lr / prev - 1, **said)]
+        return self.finding(step, severity="info" if restart else "warning", value=lr, baseline=prev,
+                            message=message, change=lr / prev - 1, **said)

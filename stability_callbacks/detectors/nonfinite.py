@@ -1,6 +1,8 @@
 """NaN / Inf in the loss, a per-stream loss, the grad norm or the Adam statistics."""
 from __future__ import annotations
 
+from typing import Sequence
+
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import Latch
@@ -33,6 +35,18 @@ class NonFinite(Detector):
 
     def __init__(self):
         self.latch = Latch()
+
+    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> None:
+        """update()'s first test inline (all values finite: the latch re-armed, nothing found),
+        update() for the rest."""
+        for record, ctx in zip(run, ctxs):
+            total = sum(record.metrics.values())
+            if total - total == 0.0:
+                self.latch.armed = True
+                continue
+            found = self.update(record, ctx)
+            if found:
+                ctx.found += found
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         m = record.metrics

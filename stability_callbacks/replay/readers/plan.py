@@ -21,7 +21,7 @@ grammar):
 """
 from __future__ import annotations
 
-import operator
+import functools
 import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
@@ -127,8 +127,7 @@ class Plan:
     score: int = 0                   # how close to a record (for the error message)
     named: tuple[str, ...] = ()      # the keys it printed, for the error message
     match: Callable[[str], re.Match | None] | None = None   # the template's fullmatch, once used
-    values: Callable[[Any], tuple] | None = None   # numbers -> metric values (C-level)
-    names: tuple[str, ...] = ()      # the metric keys, in `values` order
+    values: Callable[[Any], dict] | None = None   # numbers -> metrics (:func:`_extractor`)
     loss_at: int | None = None       # the index of the loss among the line's numbers
     loss_window: int = 0             # `loss: 6.9733 (6.9704)`: a window statistic
     step_name: str = ""              # the step as the line prints it
@@ -278,9 +277,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
         # of the last 20 values, then the average; a median repeats while the window turns over.
         plan.loss_window = 20
     if ordered and not any(neg for _, _, neg in ordered):
-        cols = [i for i, _, _ in ordered]
-        plan.values = operator.itemgetter(*cols) if len(cols) > 1 else (lambda v, i=cols[0]: (v[i],))
-        plan.names = tuple(k for _, k, _ in ordered)
+        plan.values = _extractor(tuple((i, k) for i, k, _ in ordered))
     plan.named = tuple(named)
     plan.score = len(named) + 2 * (len(ordered) + len(plan.components)) + (2 if steps else 0)
     plan.marker = any(m in joined for m in STEP_MARKERS)
@@ -301,6 +298,21 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
                               if role == "other" and nums[i].isdigit()
                               and not name.lower().startswith(_ARG_ECHO) and not _DURATION.match(texts[i + 1]))
     return plan
+
+
+@functools.lru_cache(maxsize=1024)
+def _extractor(columns: tuple[tuple[int, str], ...]) -> Callable[[Any], dict]:
+    """A template's numbers -> its metrics, ``{key: float(numbers[index])}`` for its ``columns``
+    (index, key), compiled once: a dict display whose keys are constants costs half of building
+    it from pairs (~280 ns for 5 values, not ~540). The same dict: the same keys in the same
+    order, each value the same float (a key twice keeps its first place and its last value, as
+    any dict built in order does). The text compiled is only ``repr`` of keys and integers.
+
+    >>> _extractor(((1, "loss"), (3, "lr")))(["7", "2.5", "x", "1e-4"])
+    {'loss': 2.5, 'lr': 0.0001}
+    """
+    body = ", ".join(f"{key!r}: f(n[{i}])" for i, key in columns)
+    return eval(f"lambda n, f=float: {{{body}}}")   # noqa: S307 - repr of str keys and ints only
 
 
 #: A time unit glued to the number before it (`12s - loss: 0.5`, Keras 1's `verbose=2` epoch line;
