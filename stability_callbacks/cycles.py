@@ -244,12 +244,13 @@ class Restarts:
         self.early: list[int] = []          # the steps of the points since it, the first few
         self.watch: list | None = None      # [kind, severity, step, onset, baseline] of a rise made info
         self.above = 0
+        #: Whether a step with no finding changes anything here (:meth:`wants`), kept as update() runs:
+        #: the cycle's first loss not yet seen, the first points after a restart, a rise watched.
+        self.eager = True
 
     def wants(self, found: list[Finding]) -> bool:
-        """Whether this step changes anything here: a finding (a restart, a rise), the cycle's first
-        loss not yet seen, the first points after a restart, or a rise made info being watched."""
-        return bool(found) or self.first is None or self.watch is not None or (
-            self.restart is not None and len(self.early) < _RESTART_POINTS)
+        """Whether this step changes anything here: a finding (a restart, a rise), or :attr:`eager`."""
+        return bool(found) or self.eager
 
     def update(self, step: int, loss: float | None, found: list[Finding]) -> list[Finding]:
         """This step's loss, and its findings so far (a warm restart among them starts a cycle);
@@ -263,13 +264,15 @@ class Restarts:
             self.first = loss
         if self.restart is not None and len(self.early) < _RESTART_POINTS:
             self.early.append(step)
+        self.eager = self.first is None or self.watch is not None or (
+            self.restart is not None and len(self.early) < _RESTART_POINTS)
         if self.watch is None or not finite or self.level is None:
             return []
         self.above = self.above + 1 if loss > self.level * math.exp(_MARGIN_LEAST) else 0   # type: ignore[operator]
         if self.above < _ABOVE:
             return []
         kind, severity, said_at, onset, base = self.watch
-        self.watch = None
+        self.watch, self.eager = None, self.first is None or len(self.early) < _RESTART_POINTS
         return [Finding(step=step, kind=kind, severity=severity, value=loss, baseline=base, onset_step=onset,
                         message=(f"The loss is above its level where the LR's last cycle began: {fmt(loss)} at step "
                                  f"{step} vs {fmt(self.level)}, for {_ABOVE} points in a row. The rise from step "
@@ -290,7 +293,7 @@ class Restarts:
             if not began <= f.onset_step <= (self.early[-1] if self.early else self.restart) or f.value >= self.level:
                 continue
             self.watch = [f.kind, f.severity, f.step, f.onset_step, f.baseline]
-            self.above = 0
+            self.above, self.eager = 0, True
             _explain(f, f"the LR went back up to its peak at step {self.restart} (a warm restart, as "
                         f"lr_anomaly said), and the loss rises as the optimizer leaves the minimum it had "
                         f"settled in; it stays below {fmt(self.level)}, where the cycle before began — the "
@@ -298,9 +301,9 @@ class Restarts:
 
     def state_dict(self) -> dict:
         return {"first": self.first, "level": self.level, "restart": self.restart, "before_step": self.before_step,
-                "early": self.early, "watch": self.watch, "above": self.above}
+                "early": self.early, "watch": self.watch, "above": self.above, "eager": self.eager}
 
     def load_state_dict(self, d: dict) -> None:
         self.first, self.level, self.restart = d["first"], d["level"], d["restart"]
         self.before_step, self.early = d["before_step"], list(d["early"])
-        self.watch, self.above = d["watch"], d["above"]
+        self.watch, self.above, self.eager = d["watch"], d["above"], d["eager"]

@@ -285,8 +285,10 @@ class Monitor:
             self._column(d, run, ctxs, at)
         out: list[Finding] = []
         last, policy = n - 1, self.policy
+        restarts = self.restarts
         for i, (r, ctx) in enumerate(zip(run, ctxs)):
-            self._cycles(r, ctx, ctx.found)   # (step by step, as update() does)
+            if r.epoch is not None or ctx.found or restarts.eager:   # (step by step, as update() does;
+                self._cycles(r, ctx, ctx.found)                      # else _cycles changes nothing)
             # A step where nothing was found changes nothing of the policy: it only sets the save
             # interval on Control, which the next step the policy decides sets again, from that
             # step alone (nothing reads Control within a batch): the run's last step is decided.
