@@ -23,6 +23,7 @@ from shapes import loss as _loss
 from shapes import replay_json as _replay_json
 from stability_callbacks.cli import main
 from stability_callbacks.replay.readers import LogFormatError, read_records
+from stability_callbacks.replay.readers import tokens
 
 
 # -- 1. `name value` with a negative value; a summary line after the records -------------------------
@@ -1367,3 +1368,14 @@ def test_a_loss_scale_printed_as_its_log2_is_read_as_the_scale(tmp_path, capsys,
     assert account.keys["loss_scale"] == [f"2^{name} (the log prints the scale's log2)"]
     _, _, found = _replay_json(capsys, tmp_path / "run.log")
     assert [(f["step"], f["severity"]) for f in found if f["kind"] == "loss_scale_collapse"] == [(46, "warning"), (52, "critical")]
+
+
+def test_a_value_printed_with_thousands_separators_is_one_number(tmp_path):
+    # `loss: 1,234,567.89` (a post-mortem's snapshot; Python's `{:,}`): before, the loss read as 1.0,
+    # its first group of digits, and the explosion as a recovery. A CSV row's cells (`1,100,0.5`)
+    # follow commas or open the line: still cells
+    text = "".join(f"step {s} loss: {x}, tokens: {t}\n" for s, x, t in
+                   [(1, "2.31", "1,024"), (2, "2.10", "2,048"), (3, "1,234,567.89", "3,072"), (4, "2.0", "4,096")])
+    got, _ = records_of(tmp_path, text)
+    assert [m["loss"] for _, m in got] == [2.31, 2.10, 1234567.89, 2.0]
+    assert tokens.split("1,100,0.5")[1] == ["1", "100", "0.5"] and tokens.split("x 3,100,0.5")[1] == ["3", "100", "0.5"]

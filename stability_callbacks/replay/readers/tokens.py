@@ -64,8 +64,20 @@ _PADDED = re.compile(r"(?<=[\[(]) (?=\x00)")   # a number's padding right after 
 _STATISTIC_QUALIFIERS = frozenset({"avg", "average", "mean", "ema", "smoothed", "running"})
 
 
+# A number printed with thousands separators after a key (`loss: 1,234,567.89`, `| tokens | 1,048,576 |`):
+# one number, not its first group of digits. Only after a space, `:` or `=` (a CSV row's cells
+# follow commas or open the line) and not followed by a digit, a word or `,digit` (`1,100,0.5`).
+_THOUSANDS = re.compile(r"(?<=[ :=])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w.]|,\d)")
+
+
+def _no_separators(m: re.Match) -> str:
+    return m.group(0).replace(",", "")
+
+
 def split(line: str) -> tuple[list[str], list[str]]:
     """``(texts, numbers)``: ``len(texts) == len(numbers) + 1``; the texts are the template."""
+    if "," in line:
+        line = _THOUSANDS.sub(_no_separators, line)
     parts = (_SPLIT_NONFINITE if _NONFINITE_HINT(line) else _SPLIT)(line)
     return parts[0::2], parts[1::2]
 
