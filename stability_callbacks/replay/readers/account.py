@@ -109,6 +109,19 @@ class ReadAccount:
         for gone in [h for h in self.numbering if h not in used]:
             del self.numbering[gone]
 
+    def forget_records(self, printed: tuple) -> None:
+        """The records read so far were no records after all (one dropped, whose plan printed
+        ``printed``, (key, name) pairs): the log's parts, numberings and those names start anew
+        (the numberings in place: the replay reads them as they change)."""
+        self.segments, self.segment_how = [], ""
+        self.numbering.clear()
+        for key, name in printed:
+            names = self.keys.get(key)
+            if names is not None and name in names:
+                names.remove(name)
+                if not names:
+                    del self.keys[key]
+
     def restep(self, index: int, step: int) -> None:
         """Record ``index``, the last one so far, is at ``step`` after all (same numbering)."""
         if self.segments and self.segments[-1][2] == index:

@@ -73,6 +73,9 @@ COPIED = ("records dropped: a copy of a record read before, its step and values 
           "rank printing the same lines, interleaved)")
 #: How many records back a copy is looked for.
 COPIES_KEPT = 1024
+#: The log's first line read as a record, of a form the records after it do not share (Assembler._one_off).
+ONE_OFF = ("records dropped: a line before the log's first record, of a form no record shares (prose quoting a "
+           "value, a setting's value), not a training step")
 
 #: What a warning line beside a record whose loss prints 0 does to it (Assembler.warning).
 WARNED = ("records whose loss prints 0 read as NaN: a warning line beside them says the loss was not finite",
@@ -109,6 +112,7 @@ class Assembler:
         self.outer: dict[str, list] = {}      # template -> [last count, last numbers before it,
         # the one that counts epochs, their first values, iterations per epoch]
         self.pending_how = ""
+        self.pending_line = 0                 # the line the pending record was read from
         self.repeat = [0, 0.0, 0.0, True]     # a repeated step's losses (see _add)
         self.repeated_steps = 0               # steps printed more than once with a loss (ranks)
         self.row = False                      # the line fed is a table's row or a JSON line
@@ -783,8 +787,8 @@ class Assembler:
             self._fold_overflows(metrics, plan)
         prev = self.pending
         if self.made == 1 and prev is not None and how == "counter" and self.pending_how == "order" \
-                and step > prev.step + 1:
-            self._before_first_step(prev, step)   # (a lone record, then the log's steps: the step before)
+                and (self._one_off(plan) or step > prev.step + 1):
+            prev = self._before_the_records(prev, plan, step)   # (a lone record, then the log's steps)
         elif prev is not None and prev.step == step:
             moved = self._stays(prev, plan, metrics) if how == "counter" and plan is not None and plan.others else None
             if moved is not None:
@@ -804,7 +808,7 @@ class Assembler:
         if len(copies) > 2 * COPIES_KEPT:   # amortized O(1): the last COPIES_KEPT kept, in bulk
             self.copies = dict(list(copies.items())[-COPIES_KEPT:])
         self.pending_nums = self.nums
-        self.pending_how = how
+        self.pending_how, self.pending_line = how, self.line_no
         self.made += 1
         if self.repeat[0]:
             self.repeat = [0, 0.0, 0.0, True]
@@ -1063,6 +1067,29 @@ class Assembler:
             return True
         return False
 
+    def _one_off(self, plan: Plan | None) -> bool:
+        """Whether the log's first record, numbered in order, is of a form the record after it
+        (``plan``), which prints the log's counter, does not hold, quotes aside (HF's first dict
+        prints its values as strings, and the next ones follow a bar's count on their lines): a
+        line of its own before the records (prose quoting a value, a setup list's LR, an
+        argument dump's `loss` setting), not a training step."""
+        return plan is not None and plan.step is not None and self._noted_plan is not None \
+            and _unquoted(self._noted_plan.merged).strip() not in _unquoted(plan.merged)
+
+    def _before_the_records(self, prev: StepRecord, plan: Plan | None, step: int) -> StepRecord | None:
+        """The log's first record, numbered in order, before the first it numbers by its counter
+        (``step``): dropped and said where it is a line of its own form (:meth:`_one_off`; none
+        is released in its place), else numbered the step before (:meth:`_before_first_step`)."""
+        if not self._one_off(plan):
+            self._before_first_step(prev, step)
+            return prev
+        self.account.change(self.pending_line, ONE_OFF)
+        self.account.forget_records(self._noted_plan.printed if self._noted_plan is not None else ())
+        self.copies.pop(prev.step, None)
+        self.pending, self.made, self.last_step = None, 0, self.pending_last_step
+        self._noted_plan, self._noted_how = None, ""
+        return None
+
     def _before_first_step(self, prev: StepRecord, step: int) -> bool:
         """A record numbered in order whose number is the step the next record prints: two
         records, never one (the order number is the reader's, the step the log's). The held
@@ -1208,3 +1235,11 @@ def _add(acc: list, value: float) -> None:
 def _mean(acc: list) -> float:
     """The mean, exact when every value is the same (a step repeated by every rank)."""
     return acc[2] if acc[3] else acc[1] / acc[0]
+
+
+def _unquoted(template: str) -> str:
+    """A template without its quotes (`'loss': '` and `'loss': ` are one form)."""
+    return template.translate(_NO_QUOTES)
+
+
+_NO_QUOTES = str.maketrans("", "", "'\"")
