@@ -1391,3 +1391,19 @@ def test_a_line_of_its_own_form_before_the_logs_records_is_no_record(tmp_path, b
     assert account.changed == {"records dropped: a line before the log's first record, of a form no record shares "
                                "(prose quoting a value, a setting's value), not a training step": [1, 1]}
     assert account.keys == {"loss": ["loss"], "lr": ["lr"]} and list(account.numbering) == ["counter"]
+
+
+@pytest.mark.parametrize("gap", ["", "\n"])
+def test_a_posts_step_headers_over_fenced_values_number_them(tmp_path, gap):
+    # a post-mortem: `Step 1100:`, (a blank,) a code fence, `loss: ..` / `grad_norm: ..` / `lr: ..`,
+    # the fence closing; a value with thousands separators and a note after it. Before: the fence
+    # ended each header's block before its first line (numbered by order), the note split a
+    # snapshot in two, the value read as its first group of digits
+    rows = [(1100, "2.41", "0.8"), (1200, "2.31", "0.9"), (1300, "1,234,567.5 (exploded)", "12,345"), (1400, "nan", "nan")]
+    text = "| step | event |\n|---|---|\n| 1300 | loss explodes |\n\n" + "".join(
+        f"Step {s}:\n{gap}```\nloss: {x}\ngrad_norm: {g}\nlr: 3e-4\n```\n\n" for s, x, g in rows)
+    got, account = records_of(tmp_path, text)
+    assert [(s, m.get("loss"), m.get("grad_norm")) for s, m in got][:3] == [
+        (1100, 2.41, 0.8), (1200, 2.31, 0.9), (1300, 1234567.5, 12345.0)]
+    assert [s for s, _ in got] == [1100, 1200, 1300, 1400] and math.isnan(got[3][1]["loss"])
+    assert account.numbering == {"counter": ["Step"]}

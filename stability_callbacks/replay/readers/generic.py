@@ -49,6 +49,8 @@ _TEMPLATE_NUMBER = f"({tokens.NUM})"
 _TEMPLATE_NUMBER_HELD = r"(\d++(?:\.\d++)?+(?:[eE][-+]?\d++)?+)"
 _SPACES = re.compile(r"(?:\\[ \t])+")
 _DIGIT = re.compile(r"\d").search
+# A markdown code fence (```` ``` ````, ```` ```text ````, `~~~`): markup around a pasted block, no line of it.
+_FENCE = re.compile(r"\s*(?:```|~~~)[\w-]*\s*$").match
 _RULE_CELL = re.compile(r"^:?-{2,}:?$")
 _NAME_CELL = re.compile(r"^[A-Za-z][\w ()./%-]*$")
 # A template is watched for LEARN_LINES lines at least (two steps up), LEARN_MAX_LINES at most;
@@ -613,12 +615,22 @@ class Reading:
             out += self._feed(held.popleft())
         return out
 
+    def _ends_block(self, seg: str, indent: int, plan: Plan | None) -> bool:
+        """Whether this line ends the block under a step header: a blank line or a code fence
+        once the block holds a line (between the header and its first line they are markup: a
+        post's `Step 1200:`, a blank, then its fenced values), or a line at the header's margin
+        that is none of its lines (:meth:`Assembler.goes_on`)."""
+        asm = self.asm
+        if not seg.strip() or _FENCE(seg):
+            return bool(asm.block)
+        return indent <= asm.block_indent and not asm.goes_on(plan)
+
     def _feed(self, item: tuple) -> list[StepRecord]:
         line_no, seg, indent, nums, plan, watched, row = item
         asm, account = self.asm, self.account
         asm.row, asm.line_no = row, line_no
         out: list[StepRecord] = []
-        if asm.block is not None and (not seg.strip() or (indent <= asm.block_indent and not asm.goes_on(plan))):
+        if asm.block is not None and self._ends_block(seg, indent, plan):
             out += asm.close_block()      # the block under a step header ended
         asm.indent = indent
         if plan is None or plan.kind in ("nan", "ignore"):
