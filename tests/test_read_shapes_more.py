@@ -1407,3 +1407,21 @@ def test_a_posts_step_headers_over_fenced_values_number_them(tmp_path, gap):
         (1100, 2.41, 0.8), (1200, 2.31, 0.9), (1300, 1234567.5, 12345.0)]
     assert [s for s, _ in got] == [1100, 1200, 1300, 1400] and math.isnan(got[3][1]["loss"])
     assert account.numbering == {"counter": ["Step"]}
+
+
+@pytest.mark.parametrize("form", [
+    lambda e, d, g: f"Epoch {e}/30 - d_loss: {d} - d_acc: 0.7\nEpoch {e}/30 - g_loss: {g}\n",
+    lambda e, d, g: f"epoch {e}: Discriminator loss = {d}\nepoch {e}: Generator loss = {g}\n",
+    lambda e, d, g: f"[{e}/30] Loss_D: {d} D(x): 0.7\n        Loss_G: {g} D(G(z)): 0.3\n",
+])
+def test_a_gans_players_on_lines_of_their_own_are_one_record(tmp_path, form):
+    # a GAN's record over two lines an epoch, the discriminator's, then the generator's: before, the
+    # second was "a summary at a record's step (another form, another loss)", dropped (the loss half
+    # its terms), or a record of its own numbered by order (two records an epoch, steps repeated)
+    rng = random.Random(0)
+    pairs = [(round(0.5 + 0.1 * rng.random(), 4), round(1.5 + 0.3 * rng.random(), 4)) for _ in range(30)]
+    got, account = records_of(tmp_path, "".join(form(e, d, g) for e, (d, g) in enumerate(pairs, 1)))
+    assert [(s, m["loss"]) for s, m in got] == [(e, pytest.approx(d + g)) for e, (d, g) in enumerate(pairs, 1)]
+    (name,) = account.keys["loss"]
+    assert name.endswith(" (the sum of the terms printed)") and account.changed == {
+        "records merged into the one before: terms of one step's loss on lines of their own (their sum)": [30, 2]}

@@ -41,6 +41,7 @@ from ... import keys
 from ...record import StepRecord
 from .account import ReadAccount
 from .plan import LOSS_KINDS, Plan
+from .vocabulary import adversarial
 
 
 #: A bar's count whose counts are multiples of this power of two counts samples (a batch size
@@ -779,6 +780,8 @@ class Assembler:
             self.account.change(self.line_no, MERGED[4])   # (it adds nothing the record does not print)
             return []
         if step is None:
+            if self.pending is not None and self.pending_how != "order" and self._terms_apart(self.pending, metrics, plan):
+                return []   # (the other player's term on the next line, no step of its own: `        Loss_G: 1.2`)
             step, how = self.last_step + 1, "order"
         elif how == "counter" and step < self.last_step and self.copies.get(step) == metrics:
             self.account.change(self.line_no, COPIED)   # a step gone back to, printed the same: a copy
@@ -803,10 +806,7 @@ class Assembler:
         rec = self.pending = StepRecord(step, metrics)
         if self.epoch is not None and how != "epoch":   # a step inside the epoch the log last named
             rec.epoch = self.epoch
-        copies = self.copies
-        copies[step] = metrics
-        if len(copies) > 2 * COPIES_KEPT:   # amortized O(1): the last COPIES_KEPT kept, in bulk
-            self.copies = dict(list(copies.items())[-COPIES_KEPT:])
+        self._keep_copy(step, metrics)
         self.pending_nums = self.nums
         self.pending_how, self.pending_line = how, self.line_no
         self.made += 1
@@ -829,6 +829,13 @@ class Assembler:
                 self.pending_undecided = self.loss_name is None
                 self.pending_loss_name = plan.loss_name
         return [prev] if prev is not None else []
+
+    def _keep_copy(self, step: int, metrics: dict) -> None:
+        """The record's values at its step, to tell a copy printed later (another rank's) from a record."""
+        copies = self.copies
+        copies[step] = metrics
+        if len(copies) > 2 * COPIES_KEPT:   # amortized O(1): the last COPIES_KEPT kept, in bulk
+            self.copies = dict(list(copies.items())[-COPIES_KEPT:])
 
     def _ahead(self, metrics: dict) -> None:
         """What lines before a record said of it: a learning-rate line of its epoch, a warning
@@ -909,16 +916,8 @@ class Assembler:
         if plan is not None and (plan.counter or plan.step_total is not None or self.reprinted):
             _redrawn(prev.metrics, metrics)   # a progress bar redrawn (`n/N`): its last values count
             self.account.change(self.line_no, MERGED[0])
-        elif plan is not None and plan.components and self._noted_plan is not None \
-                and self._noted_plan.components and plan is not self._noted_plan \
-                and keys.LOSS in prev.metrics and keys.LOSS in metrics:
-            # Another term of the step's objective on a line of its own (`discriminator
-            # loss at step 100: x`, then `adversarial loss at step 100: y`): their sum.
-            prev.metrics[keys.LOSS] = _sum_of_terms(
-                [repr(prev.metrics[keys.LOSS]), repr(metrics.pop(keys.LOSS))], ((0, False), (1, False)))
-            for k, v in metrics.items():
-                prev.metrics.setdefault(k, v)
-            self.account.change(self.line_no, MERGED[1])
+        elif self._terms_apart(prev, metrics, plan):
+            pass   # merged: another term of the step's loss
         elif self._summary_of(prev, metrics, plan):
             pass   # consumed: the step's record stays as its own lines printed it
         elif plan is not None and metrics and not metrics.keys() & prev.metrics.keys():
@@ -1024,7 +1023,8 @@ class Assembler:
         same loss under another name, or a running statistic printed again within its epoch
         (`running loss` under `Epoch 3/30`: cumulative, it restarts with the epoch; its last value,
         the epoch's mean, is the point). False: a record of its own."""
-        if self._summary_of(prev, metrics, plan, by_epoch=True) or self._reprinted(prev, metrics, plan):
+        if self._terms_apart(prev, metrics, plan) or self._summary_of(prev, metrics, plan, by_epoch=True) \
+                or self._reprinted(prev, metrics, plan):
             return True
         if plan.loss_kind == LOSS_KINDS[1] and plan is self._noted_plan:
             _redrawn(prev.metrics, metrics)
@@ -1040,6 +1040,29 @@ class Assembler:
         if not self._another_form(plan) or a is None or b is None or not (a == b or (a != a and b != b)):
             return False
         self.account.change(self.line_no, MERGED[4])
+        return True
+
+    def _terms_apart(self, prev: StepRecord, metrics: dict, plan: Plan | None) -> bool:
+        """Whether a line at the held record's step prints another term of its loss on a line of
+        its own (`discriminator loss at step 100: x`, then `adversarial loss at step 100: y`; a
+        GAN's players, `d_loss: x` then `g_loss: y`): merged, the loss their sum, and said."""
+        held = self._noted_plan
+        if plan is None or held is None or plan is held or keys.LOSS not in prev.metrics or keys.LOSS not in metrics:
+            return False
+        a = next((p for k, p in held.printed if k == keys.LOSS), "")
+        b = next((p for k, p in plan.printed if k == keys.LOSS), "")
+        players = adversarial([f"{a} + {b}"]) is not None   # a GAN's: `d_loss: x`, then `g_loss: y`
+        if not (players or (plan.components and held.components)):
+            return False
+        prev.metrics[keys.LOSS] = _sum_of_terms(
+            [repr(prev.metrics[keys.LOSS]), repr(metrics.pop(keys.LOSS))], ((0, False), (1, False)))
+        for k, v in metrics.items():
+            prev.metrics.setdefault(k, v)
+        self.account.change(self.line_no, MERGED[1])
+        names = self.account.keys.get(keys.LOSS, [])
+        if players and a in names:   # the players' sum is the loss read, as on one line: said so
+            names.remove(a)          # (the game is declared from it: :func:`.vocabulary.adversarial`)
+            self.account.saw(keys.LOSS, f"{a} + {b} (the sum of the terms printed)")
         return True
 
     def _another_form(self, plan: Plan | None) -> bool:
