@@ -1425,3 +1425,31 @@ def test_a_gans_players_on_lines_of_their_own_are_one_record(tmp_path, form):
     (name,) = account.keys["loss"]
     assert name.endswith(" (the sum of the terms printed)") and account.changed == {
         "records merged into the one before: terms of one step's loss on lines of their own (their sum)": [30, 2]}
+
+
+def _pl1_epoch(e: int, losses: list[float], val_after: int, total: int = 120) -> str:
+    """Lightning 1.x's main bar over one epoch: training redraws every 10 batches with their loss,
+    a `Validating` bar after batch ``val_after``, then the main bar counting the validation's 20
+    batches, its postfix frozen at the last training loss."""
+    out, count, loss = [], 0, losses[0]
+    for loss in losses:
+        count += 10
+        out.append(f"Epoch {e}:  {100 * count // total:3d}%|#    | {count}/{total} [00:01<00:02,  9.50it/s, loss={loss:.3f}, v_num=0]")
+        if count == val_after:
+            out += ["Validating: 0it [00:00, ?it/s]", "Validating:   0%|          | 0/20 [00:00<?, ?it/s]"]
+            for _ in range(2):
+                count += 10
+                out.append(f"Epoch {e}:  {100 * count // total:3d}%|#    | {count}/{total} [00:01<00:02,  9.60it/s, loss={loss:.3f}, v_num=0]")
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("val_after", [100, 50])
+def test_a_lightning_1_bar_counting_the_validations_batches_holds_no_records(tmp_path, val_after):
+    # the main bar counts the validation's batches after the training ones (or mid-epoch, with
+    # val_check_interval), its loss frozen: before, each redraw a training record of that loss
+    rng = random.Random(0)
+    losses = [[round(2.0 - 0.4 * e - 0.01 * i - 0.001 * rng.random(), 3) for i in range(10)] for e in range(3)]
+    got, account = records_of(tmp_path, "".join(_pl1_epoch(e, ls, val_after) for e, ls in enumerate(losses)))
+    assert [m["loss"] for _, m in got] == [x for ls in losses for x in ls]
+    assert account.ignored["evaluation (the training bar counting the validation's batches, its values frozen: "
+                           "Lightning 1.x)"][0] == 6

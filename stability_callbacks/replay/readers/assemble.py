@@ -88,7 +88,8 @@ BAR_DRAWN = "the count of the progress bar drawn on the line before"
 
 #: Why a record line makes no record (the account counts them as ignored lines).
 DROPPED = ("epoch summary or another loop (the log's records print a finer counter)",
-           "a statistic or terms of the loss (the log prints the loss itself)")
+           "a statistic or terms of the loss (the log prints the loss itself)",
+           "evaluation (the training bar counting the validation's batches, its values frozen: Lightning 1.x)")
 
 
 class Assembler:
@@ -174,6 +175,7 @@ class Assembler:
         self._noted_plan: Plan | None = None   # the plan noted last (the common case: again)
         self._noted_how = ""
         self.noted_at = 0                     # the record the plan noted last made first
+        self.validating: dict | None = None   # a validation bar began after a record with these values
 
     # -- lines -------------------------------------------------------------------------------
 
@@ -209,6 +211,8 @@ class Assembler:
             for a, b, part in plan.parts:
                 out += self.feed(nums[a:b], part)
             return out
+        elif kind == "eval" and plan.counter and self.pending is not None and self.pending_how == "counter":
+            self.validating = self.pending.metrics   # (a validation bar after the epoch's training records)
         return []
 
     def _in_epoch(self, nums, plan: Plan) -> None:
@@ -488,6 +492,27 @@ class Assembler:
         last, last_epoch = self.bar_last
         return here[1] is not None and count is not None and last is not None and count <= last and epoch == last_epoch
 
+    def _another_bar(self, plan: Plan, nums, metrics: dict) -> bool:
+        """Whether a bar's line is no training record: another loop's (:meth:`_another_loop`) or a
+        validation's redraw of the training bar (:meth:`_validation_redraw`); its reason kept."""
+        if self._another_loop(plan, nums):
+            self.dropped = DROPPED[0]
+        elif self.validating is not None and self._validation_redraw(self.validating, metrics):
+            self.dropped = DROPPED[2]
+        else:
+            return False
+        return True
+
+    def _validation_redraw(self, last: dict, metrics: dict) -> bool:
+        """Whether a training bar's line after a validation bar began is the validation's: Lightning
+        1.x's main bar counts the validation's batches after the epoch's training ones, its postfix
+        frozen at the last training values meanwhile (`120/120 [.., loss=1.947]` after `100/120
+        [.., loss=1.947]`). A value that changed is training again (a validation mid-epoch over)."""
+        if all(metrics.get(k) == v for k, v in last.items() if k in metrics) and metrics.keys() <= last.keys():
+            return True
+        self.validating = None
+        return False
+
     def _same_fraction(self, text: str, plan: Plan, metrics: dict) -> int | None:
         """A record with no counter, printed in another form (other keys) at the epoch fraction
         and with the loss of the one before it (HF's `'epoch': 0.01` dict printed by two callbacks): the same
@@ -604,8 +629,7 @@ class Assembler:
             # print the loss and a counter: a summary, its other values no record after the last)
             self.dropped = DROPPED[1]
             return []
-        if plan.counter and self._another_loop(plan, nums):
-            self.dropped = DROPPED[0]
+        if plan.counter and self._another_bar(plan, nums, metrics):
             return []
         step, how = self._step_of(nums, plan)
         if plan.after_bar and step is not None and how == "counter":
