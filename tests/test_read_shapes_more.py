@@ -1381,16 +1381,24 @@ def test_a_value_printed_with_thousands_separators_is_one_number(tmp_path):
     assert tokens.split("1,100,0.5")[1] == ["1", "100", "0.5"] and tokens.split("x 3,100,0.5")[1] == ["3", "100", "0.5"]
 
 
-@pytest.mark.parametrize("before", ["- learning rate: 3e-4\n- loss: cross entropy 2.3\n", "| loss | 2.9 |\n"])
-def test_a_line_of_its_own_form_before_the_logs_records_is_no_record(tmp_path, before):
-    # a setup list or a table row pasted above the log: before, the log's first record, numbered
-    # one before its first step (a false 'rolled back and resumed' where it was not below it)
-    text = before + "".join(f"step {s} | loss {2.5 - 0.001 * s:.4f} | lr 3e-4\n" for s in range(10, 310, 10))
+def test_lines_of_their_own_before_and_after_the_logs_records_are_no_records(tmp_path):
+    # a setup list pasted above the log and a `first -> last` summary bullet after it: before,
+    # records of their own, numbered one before the first step (a false 'rolled back and resumed'
+    # where it was not below it) and one after the last (a false spike). A line whose words the
+    # records print (`| loss | 2.9 |`; HF's dicts with fewer keys) is of their form: kept
+    text = ("- learning rate: 3e-4\n- loss: cross entropy 2.3\n"
+            + "".join(f"step {s} | loss {2.5 - 0.001 * s:.4f} | lr 3e-4\n" for s in range(10, 310, 10))
+            + "\n- loss: 2.49 -> 2.2 over 300 steps\n")
     got, account = records_of(tmp_path, text)
     assert [s for s, _ in got] == list(range(10, 310, 10))
-    assert account.changed == {"records dropped: a line before the log's first record, of a form no record shares "
-                               "(prose quoting a value, a setting's value), not a training step": [1, 1]}
+    assert account.changed == {
+        "records dropped: a line before the log's first record, of a form no record shares (prose quoting a value, "
+        "a setting's value), not a training step": [1, 1],
+        "records dropped: a line after the log's last record, of a form no record shares (a summary, prose), not "
+        "a training step": [1, 34]}
     assert account.keys == {"loss": ["loss"], "lr": ["lr"]} and list(account.numbering) == ["counter"]
+    got, _ = records_of(tmp_path, "| loss | 2.9 |\n" + "".join(f"step {s} | loss 2.{s} | lr 3e-4\n" for s in (10, 20)))
+    assert [s for s, _ in got] == [9, 10, 20]
 
 
 @pytest.mark.parametrize("gap", ["", "\n"])

@@ -122,6 +122,15 @@ class ReadAccount:
                 if not names:
                     del self.keys[key]
 
+    def forget_last(self, index: int, printed: tuple) -> None:
+        """Record ``index``, the last, numbered in order, was no record after all: its part of the
+        log goes, and its numbering and the names its plan ``printed`` where no other record had them."""
+        if self.segments and self.segments[-1][2] == index:
+            self.segments.pop()
+            self.segment_how = self.segments[-1][0] if self.segments else ""
+        if "order" in self.numbering and not any(seg[0] == "order" for seg in self.segments):
+            del self.numbering["order"]
+
     def restep(self, index: int, step: int) -> None:
         """Record ``index``, the last one so far, is at ``step`` after all (same numbering)."""
         if self.segments and self.segments[-1][2] == index:

@@ -35,6 +35,7 @@ concern them), or at once on an idle tick (:meth:`Assembler.flush`).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 
 from ... import keys
@@ -77,6 +78,8 @@ COPIES_KEPT = 1024
 #: The log's first line read as a record, of a form the records after it do not share (Assembler._one_off).
 ONE_OFF = ("records dropped: a line before the log's first record, of a form no record shares (prose quoting a "
            "value, a setting's value), not a training step")
+ONE_OFF_AFTER = ("records dropped: a line after the log's last record, of a form no record shares (a summary, "
+                 "prose), not a training step")
 
 #: What a warning line beside a record whose loss prints 0 does to it (Assembler.warning).
 WARNED = ("records whose loss prints 0 read as NaN: a warning line beside them says the loss was not finite",
@@ -1115,13 +1118,12 @@ class Assembler:
         return False
 
     def _one_off(self, plan: Plan | None) -> bool:
-        """Whether the log's first record, numbered in order, is of a form the record after it
-        (``plan``), which prints the log's counter, does not hold, quotes aside (HF's first dict
-        prints its values as strings, and the next ones follow a bar's count on their lines): a
-        line of its own before the records (prose quoting a value, a setup list's LR, an
-        argument dump's `loss` setting), not a training step."""
+        """Whether the log's first record, numbered in order, prints words the record after it
+        (``plan``), which prints the log's counter, does not (:func:`_words`): a line of its own
+        before the records (prose quoting a value, a setup list's LR, an argument dump's `loss`
+        setting), not a training step."""
         return plan is not None and plan.step is not None and self._noted_plan is not None \
-            and _unquoted(self._noted_plan.merged).strip() not in _unquoted(plan.merged)
+            and not _words(self._noted_plan.merged) <= _words(plan.merged)
 
     def _before_the_records(self, prev: StepRecord, plan: Plan | None, step: int) -> StepRecord | None:
         """The log's first record, numbered in order, before the first it numbers by its counter
@@ -1213,10 +1215,26 @@ class Assembler:
             self._stayed(prev, self.kept_plan)       # the log ended at its first step: it stays
         out, self.released = self.released, []
         out += self.close_block()
+        if final and self.pending is not None and self._one_off_after():
+            self.pending = None
         if self.pending is not None:
             out.append(self.pending)
         self.pending = None
         return out
+
+    def _one_off_after(self) -> bool:
+        """Whether the log's last record, numbered in order after records its counter numbered,
+        prints words the last of them does not (:func:`_words`): a line of its own after the records (a
+        post's `loss: 2.0 -> 0.5` summary, a results file's closing line), not a training step.
+        Dropped and said (its part of the log, and its names where no record printed them)."""
+        plan = self._noted_plan
+        if self.pending_how != "order" or not self.counted or plan is None \
+                or _words(plan.merged) <= _words(self.counted_template):
+            return False
+        self.account.change(self.pending_line, ONE_OFF_AFTER)
+        self.account.forget_last(self.made, plan.printed)
+        self.made -= 1
+        return True
 
     def finish(self) -> list[StepRecord]:
         out = self.flush(final=True)
@@ -1284,9 +1302,11 @@ def _mean(acc: list) -> float:
     return acc[2] if acc[3] else acc[1] / acc[0]
 
 
-def _unquoted(template: str) -> str:
-    """A template without its quotes (`'loss': '` and `'loss': ` are one form)."""
-    return template.translate(_NO_QUOTES)
+def _words(template: str) -> set[str]:
+    """A template's words (its names, its prose), lower case: a line whose words the records'
+    lines all print is of their form (HF's dicts with fewer keys, printed as strings or after a
+    bar's count); one with words of its own is prose, a setting, a summary."""
+    return set(_WORD.findall(template.lower()))
 
 
-_NO_QUOTES = str.maketrans("", "", "'\"")
+_WORD = re.compile(r"[a-z]+")
