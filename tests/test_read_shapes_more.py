@@ -1461,3 +1461,13 @@ def test_a_lightning_1_bar_counting_the_validations_batches_holds_no_records(tmp
     assert [m["loss"] for _, m in got] == [x for ls in losses for x in ls]
     assert account.ignored["evaluation (the training bar counting the validation's batches, its values frozen: "
                            "Lightning 1.x)"][0] == 6
+
+
+def test_a_csv_pasted_in_a_text_names_its_columns_by_its_header(tmp_path):
+    # `Here is my metrics.csv:`, a fence, `step,loss,lr`, its rows: before, the header was text
+    # ("no numbers") and the columns unnamed, the loss guessed by position and the LR missed
+    text = "Here is my metrics.csv:\n\n```\nstep,loss,lr\n" + "".join(
+        f"{s},{2.5 - 0.01 * s:.3f},0.001\n" for s in range(1, 31)) + "```\n"
+    got, account = records_of(tmp_path, text, name="post.md")
+    assert got == [(s, {"loss": round(2.5 - 0.01 * s, 3), "lr": 0.001}) for s in range(1, 31)]
+    assert account.keys == {"loss": ["loss"], "lr": ["lr"]} and account.numbering == {"counter": ["step"]}

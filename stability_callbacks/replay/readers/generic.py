@@ -114,7 +114,7 @@ class LineReader:
         self.names = dict(names or {})                # how the account names the pattern's groups
         self.learn = learn
         self.last: Plan | None = None
-        self.table: tuple[list[str], list[int], bool] | None = None   # header, key columns, pipes
+        self.table: tuple[list[str], list[int], str] | None = None   # header, key columns, separator
         self.table_width = 0                  # the cells of the table's first row
         self.templates: dict[str, Template] = {}      # this log's templates that were watched
         self.row = False                              # the last line tokenized was a table's row
@@ -210,13 +210,13 @@ class LineReader:
         counters = [i for i, (r, _) in enumerate(roles) if r in ("step", "epoch")]
         losses = [i for i, (r, k) in enumerate(roles) if k == "loss" and r in ("metric", "component")]
         if counters and losses:
-            self.table, self.table_width = (cells, counters + losses, "|" in tokens.pipes(line)), 0
+            self.table, self.table_width = (cells, counters + losses, tokens.separator(line)), 0
 
     def _table_row(self, line: str) -> str | None:
         """A table row as ``name: value | ...``, or None when the line is no row of it."""
         assert self.table is not None
-        names, key_cols, pipes = self.table
-        cells = tokens.cells(line, pipes)
+        names, key_cols, sep = self.table
+        cells = tokens.cells(line, sep)
         if not len(names) <= len(cells) <= len(names) + 8:
             return None
         if any(not cells[i][:1].isdigit() and cells[i][:2] != "-0" and cells[i][:1] != "-"

@@ -307,16 +307,28 @@ def pipes(line: str) -> str:
     return line.translate(_BOX_VERTICALS)
 
 
-def cells(line: str, pipes: bool | None = None) -> list[str]:
-    """The cells of a table line: ``|``-separated where it has a ``|`` (or ``pipes``), else
-    whitespace runs.
+def separator(line: str) -> str:
+    """What separates a table line's cells: ``|`` where it has one (rich's box verticals too),
+    ``,`` where it has a comma and no blank inside (a CSV's header pasted in a text:
+    ``step,loss,lr``), else whitespace runs (``""``)."""
+    line = line.translate(_BOX_VERTICALS)
+    if "|" in line:
+        return "|"
+    return "," if "," in line and not any(c.isspace() for c in line.strip()) else ""
 
-    >>> cells("Step | Training Loss | reward"), cells("   Epoch    GPU_mem   box_loss")
-    (['Step', 'Training Loss', 'reward'], ['Epoch', 'GPU_mem', 'box_loss'])
+
+def cells(line: str, sep: str | None = None) -> list[str]:
+    """The cells of a table line, separated by ``sep`` (:func:`separator`'s; None: the line's own).
+
+    >>> cells("Step | Training Loss | reward"), cells("   Epoch    GPU_mem   box_loss"), cells("step,loss,lr")
+    (['Step', 'Training Loss', 'reward'], ['Epoch', 'GPU_mem', 'box_loss'], ['step', 'loss', 'lr'])
     """
     line = line.translate(_BOX_VERTICALS)       # rich's box tables: `│ 1 │ 0.52 │`
-    if pipes or (pipes is None and "|" in line):
+    sep = separator(line) if sep is None else sep
+    if sep == "|":
         return [c.strip() for c in line.strip().strip("|").split("|")]
+    if sep == ",":
+        return [c.strip() for c in line.strip().split(",")]
     return line.split()
 
 
