@@ -20,7 +20,7 @@ import pytest
 
 from shapes import NAN, records_of
 from shapes import loss as _loss
-from shapes import replay_json as _replay_json
+from shapes import replay, replay_json as _replay_json
 from stability_callbacks.cli import main
 from stability_callbacks.replay.readers import LogFormatError, read_records
 from stability_callbacks.replay.readers import tokens
@@ -1471,3 +1471,22 @@ def test_a_csv_pasted_in_a_text_names_its_columns_by_its_header(tmp_path):
     got, account = records_of(tmp_path, text, name="post.md")
     assert got == [(s, {"loss": round(2.5 - 0.01 * s, 3), "lr": 0.001}) for s in range(1, 31)]
     assert account.keys == {"loss": ["loss"], "lr": ["lr"]} and account.numbering == {"counter": ["step"]}
+
+
+def test_steps_below_zero_get_rollback_advice_without_a_frameworks_command(tmp_path, capsys):
+    # a table numbering its steps below zero, a NaN at -2: before, the framework forms of the
+    # rollback advice raised (skip_steps must be >= 0) and the replay ended in a traceback
+    path = tmp_path / "neg.csv"
+    path.write_text("step,loss\n-4,2.1\n-3,2.0\n-2,nan\n")
+    code, out, _ = replay(capsys, path)
+    assert code == 1 and "(the log's steps go below zero: a framework's command names optimizer steps" in out
+
+
+def test_a_tables_row_with_fewer_numbers_before_its_counter_numbers_by_it(tmp_path, capsys):
+    # a table whose rows print words in some cells (fuzzed): a row of the template with fewer
+    # numbers before the counter than the epoch x iteration rule had learned raised IndexError
+    path = tmp_path / "t.csv"
+    path.write_text("phase,grad_norm,mode,split,step\n5,5,0,1.351,5\n2.957,0.393,-2,1.5,24\n1.5,0.027,26,26,1.528\n"
+                    "0,1.558,27,2.282,0.315\n31,0.686,-2,3e4,1.5\n")
+    code, out, err = replay(capsys, path)
+    assert code in (0, 1) and "Traceback" not in out + err

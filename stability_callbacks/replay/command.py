@@ -573,12 +573,15 @@ def print_finding(f: Finding, advice_forms: tuple[str, ...] | None, *, console=N
     """One finding as a line (``[severity] step N kind: message``), and under rollback advice
     its native forms (``advice_forms``: those frameworks; None: all four; ``()``: a hint). A log
     without step numbers gets no forms: record numbers are neither checkpoints nor batches; nor
-    does one whose steps are epochs."""
+    does one whose steps are epochs, or go below zero."""
     out = console.print if console is not None else (lambda text, **_: print(text, flush=True))
     out(f"[{f.severity}] step {f.step} {f.kind}: {f.message}", markup=False)
     if f.kind == "rollback_advice" and f.details.get("step_unit") == "epoch":
         out("    (the log's steps are epochs: a framework's command names optimizer steps, which the "
             "log does not print)", markup=False)
+    elif f.kind == "rollback_advice" and min(f.details.get("skip_steps") or [0]) < 0:
+        out("    (the log's steps go below zero: a framework's command names optimizer steps, which "
+            "count from zero)", markup=False)
     elif f.kind == "rollback_advice" and not f.details.get("step_is_record_number"):
         from ..advice import native_forms
         forms = native_forms(f.details, advice_forms)

@@ -559,8 +559,8 @@ class Assembler:
                 self.account.note(f"steps are epoch x iteration: the number before {name!r} counts "
                                   f"epochs (it goes up when {name!r} restarts), {each}")
         state[0], state[1] = value, outs
-        if at is None or not outs[at].isdigit() or not first[at].isdigit():
-            return value
+        if at is None or at >= len(outs) or at >= len(first) or not outs[at].isdigit() or not first[at].isdigit():
+            return value   # (a line of the template with fewer numbers before the counter: none counts epochs)
         return (int(outs[at]) - int(first[at])) * (total or per) + value
 
     def _cut_epoch(self, plan: Plan) -> bool:
