@@ -1090,3 +1090,16 @@ def test_one_hard_batch_near_the_floor_is_info_and_a_rise_that_stays_warns_a_poi
     f = [x for i in range(1, 331) for x in m.update(StepRecord(i, {"loss": 0.5 * 1.02 ** (i - 300) if i >= 300 else _near_zero(rng, i)}))]
     loud = [(x.step, x.kind, x.severity) for x in f if x.severity != "info"]
     assert loud[0] == (301, "loss_spike", "warning") and "this one is still up" in f[[x.step for x in f].index(301)].message
+
+
+def test_a_grad_norm_zero_from_the_first_step_is_said_so_not_from_the_warmups_end():
+    # an optimizer over another model's parameters: its grad norm 0 from step 1; the rule judges
+    # from the warmup's end (an LR that warms up moves nothing yet), and before said "since step 11"
+    rng, m = random.Random(0), Monitor()
+    m.set_warmup_steps(10)
+    f = [x for s in range(1, 40) for x in m.update(StepRecord(s, {"loss": 2.3 + 0.01 * rng.gauss(0, 1), "grad_norm": 0.0,
+                                                                   "lr": 1e-3 * min(1, s / 10)}))
+         if x.kind == "not_learning"]
+    assert [(x.step, x.severity) for x in f] == [(15, "warning")]
+    assert "the grad norm has been exactly 0 since step 1, judged from step 11, the warmup's end (5 points up to step 15)" \
+        in f[0].message

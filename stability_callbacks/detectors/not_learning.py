@@ -94,7 +94,7 @@ class NotLearning(Detector):
     kind = "not_learning"
     signals = (keys.LOSS,)
     _state = ("start", "first", "noise_mean", "noise_dev", "noise_long", "prev_log", "fast", "horizon", "still", "chance",
-              "outputs", "signed", "learned", "told", "lr", "grad_level")
+              "outputs", "signed", "learned", "told", "lr", "grad_level", "grad_zero_from")
 
     def __init__(self, *, first_samples: int = 3, horizon_samples: int = 3, horizon_steps: int = 50,
                  min_fall: float = 0.05, z_threshold: float = 3.0, still_samples: int = 5,
@@ -135,6 +135,7 @@ class NotLearning(Detector):
         self.told = False      # reported (once per run)
         self.lr = [0.0, 0.0]   # the largest LR so far, and the last one above 0
         self.grad_level: float | None = None   # the EW mean of log(grad norm) over points not vanished
+        self.grad_zero_from: int | None = None  # the step from which the grad norm has printed exactly 0
 
     def _chance_log(self) -> float | None:
         """log(ln C) when C is known and the first level started within 3 tolerances of it or
@@ -402,6 +403,11 @@ class NotLearning(Detector):
         # an LR of 0 only when it dropped there (a decay to 0 at a schedule's end is no bug)
         lr = m.get(keys.LR)
         g = m.get(keys.GRAD_NORM)
+        if g == 0.0:   # (since when, for the message: from the run's first step, say, not the warmup's end)
+            if self.grad_zero_from is None:
+                self.grad_zero_from = step
+        elif g is not None:
+            self.grad_zero_from = None
         no_grad = (g == 0.0 and self.start is not None and self.start[2] and (warm or lr == 0.0))
         # a grad norm a millionth of its level or less moves nothing either (every ReLU dead); its
         # level: the EW mean of its log over the points before that were not so (a spike to 1e30 on a
@@ -473,9 +479,11 @@ class NotLearning(Detector):
                 f"dead, as a spike or too high an LR leaves ReLUs)" if s[4] == _GRAD_VANISHED else "exactly 0")
         back = math.sinh if self.signed else math.exp   # (a loss of any sign was judged on asinh)
         level, before = back(s[2] / s[1]), back(s[3])
-        since = (f"{what} has been {been} since step {s[0]} ({s[1]} points up to step {step}), and the loss has "
-                 f"not fallen beyond its noise ({fmt(level)} on average, {fmt(before)} the point before): "
-                 f"nothing moves the weights")
+        zero_from = self.grad_zero_from if s[4] == keys.GRAD_NORM else None
+        judged = (f"since step {zero_from}, judged from step {s[0]}, the warmup's end ({s[1]} points up to step {step})"
+                  if zero_from is not None and zero_from < s[0] else f"since step {s[0]} ({s[1]} points up to step {step})")
+        since = (f"{what} has been {been} {judged}, and the loss has not fallen beyond its noise ({fmt(level)} on "
+                 f"average, {fmt(before)} the point before): nothing moves the weights")
         message = (f"Too early to call, the log ending here: {since} — {s[1]} points, fewer than the "
                    f"{self.still_samples} the rule asks. If the run went on so, it is not learning. Usual causes "
                    f"then: {CAUSES}." if short else
