@@ -337,12 +337,15 @@ class Policy:
     @staticmethod
     def _demote_in_startup(f: Finding, ctx: Context) -> None:
         """During start-up (the first ``startup_steps``, or before a step succeeded) a finding is
-        info, its severity kept in ``details["startup_severity"]``: except the unmistakable ones,
-        the events, and one whose detector knows its own start-up is over (``past_startup``)."""
+        info, its severity kept in ``details["startup_severity"]`` and said in its message (its
+        advice is for a warning): except the unmistakable ones, the events, and one whose detector
+        knows its own start-up is over (``past_startup``)."""
         if (ctx.in_startup and f.kind not in UNMISTAKABLE_KINDS and f.kind not in EVENT_KINDS
                 and not f.details.get("past_startup")):
             if f.severity != "info":
                 f.details["startup_severity"] = f.severity
+                f.message += (f" (Info, not {f.severity}: inside the run's start-up, where early transients are "
+                              f"common; the advice is for it if it lasts.)")
                 f.severity = "info"
 
     def _note_lead(self, f: Finding, ctx: Context) -> None:
