@@ -406,8 +406,11 @@ class LossSpike(Detector):
                 # of a young, falling curve) lags the level the loss had reached: back only to that
                 level = min(base0, ep.before) if not ep.warm and ep.before > 0.0 else base0
                 at_level = x <= level * (1.0 + self.min_rise)
-                said = (f"{self._what()} came back at step {step}: {fmt(x)} vs {fmt(level)} before the spike "
-                        f"(peak {fmt(peak)}), {count(took)} after its onset at step {onset} "
+                # (the point before the onset, where it is lower than the baseline the onset quoted: said so)
+                was = (f"{fmt(level)}, the point before the spike (peak {fmt(peak)}; its onset was judged against "
+                       f"{fmt(base0)})" if fmt(level) != fmt(base0) else f"{fmt(level)} before the spike (peak {fmt(peak)})")
+                said = (f"{self._what()} came back at step {step}: {fmt(x)} vs {was}, "
+                        f"{count(took)} after its onset at step {onset} "
                         f"({speed} recovery). No action needed for the spike itself"
                         + ("." if speed == "fast" else "; keep an eye on the next spikes.")) if at_level else (
                         f"{self._what()} {f'came down from its peak {fmt(peak)} to' if x < peak else 'is at'} "
