@@ -1490,3 +1490,14 @@ def test_a_tables_row_with_fewer_numbers_before_its_counter_numbers_by_it(tmp_pa
                     "0,1.558,27,2.282,0.315\n31,0.686,-2,3e4,1.5\n")
     code, out, err = replay(capsys, path)
     assert code in (0, 1) and "Traceback" not in out + err
+
+
+def test_a_results_document_on_one_line_reads_its_list_of_records(tmp_path):
+    # `json.dump` of `{"config": .., "final_loss": .., "history": [{"epoch": 1, "loss": ..}, ..],
+    # "summary": {..}}` on one line: before, refused (no jsonl records found); its summary is none
+    history = [{"epoch": e, "loss": round(2.3 * 0.85 ** e, 4), "lr": 0.001} for e in range(1, 21)]
+    doc = {"config": {"lr": 0.001, "epochs": 20}, "final_loss": history[-1]["loss"], "history": history,
+           "summary": {"train_loss": history[-1]["loss"], "epoch": 20}}
+    got, account = records_of(tmp_path, json.dumps(doc) + "\n", name="results.json")
+    assert got == [(h["epoch"], {"loss": h["loss"], "lr": 0.001}) for h in history]
+    assert account.ignored == {"run summary (the values beside the document's list of records)": [1, 1]}

@@ -32,6 +32,14 @@ def read(path, *, account: ReadAccount, lines, user_keys=None, **_) -> Iterator[
         s = text.strip()
         if not s:
             continue
+        listed = _listed(s)
+        if listed is not None:   # one JSON document holding the run's records as a list: each its own line
+            records, beside = listed
+            if beside:
+                account.ignore(line_no, "", "run summary (the values beside the document's list of records)")
+            for obj in records:
+                yield from reading.line(line_no, json.dumps(obj))
+            continue
         if not (s.startswith("{") and s.endswith("}")):
             account(line_no, text, "not JSON: not an object on one line")
             continue
@@ -69,3 +77,24 @@ def read(path, *, account: ReadAccount, lines, user_keys=None, **_) -> Iterator[
                 continue
         yield from reading.line(line_no, s)
     yield from reading.finish()
+
+
+def _listed(s: str) -> tuple[list[dict], bool] | None:
+    """A line that is one JSON document holding a run's records as a list of objects (a results
+    file written with ``json.dump``: ``{"config": .., "history": [{..}, ..], "summary": {..}}``,
+    or a bare ``[{..}, ..]``): the longest such list (at the top or one level down), and whether
+    the document holds other values beside it (a summary, a config: no records). None otherwise."""
+    if not (s[:1] == "[" or ("[{" in s.replace(" ", "") and s[:1] == "{")):
+        return None
+    try:
+        doc = json.loads(s)
+    except ValueError:
+        return None
+    lists = [doc] if isinstance(doc, list) else [] if not isinstance(doc, dict) else [
+        v for v in doc.values() if isinstance(v, list)] + [
+        w for v in doc.values() if isinstance(v, dict) for w in v.values() if isinstance(w, list)]
+    lists = [v for v in lists if len(v) >= 2 and all(isinstance(o, dict) for o in v)]
+    if not lists:
+        return None
+    best = max(lists, key=len)
+    return best, isinstance(doc, dict) and len(doc) > 1
