@@ -1501,3 +1501,14 @@ def test_a_results_document_on_one_line_reads_its_list_of_records(tmp_path):
     got, account = records_of(tmp_path, json.dumps(doc) + "\n", name="results.json")
     assert got == [(h["epoch"], {"loss": h["loss"], "lr": 0.001}) for h in history]
     assert account.ignored == {"run summary (the values beside the document's list of records)": [1, 1]}
+
+
+@pytest.mark.parametrize("form, name", [
+    (lambda i: f"{'█' * (i // 10)}{'░' * (10 - i // 10)} {i} loss={2.3 - 0.01 * i:.3f}", "(unnamed)"),
+    (lambda i: f"▕{'█' * (i // 10):<10}▏ batch {i} loss {2.3 - 0.01 * i:.3f}", "batch"),
+])
+def test_a_bars_drawing_names_no_counter(tmp_path, form, name):
+    # a bar drawn in block glyphs before its count: before, the account named the counter by the
+    # drawing ('░░░░░░░░░░', '█░░░░░░░░░', ... one name per redraw) or as '▏ batch'
+    got, account = records_of(tmp_path, "\n".join(form(i) for i in range(100)) + "\n")
+    assert [s for s, _ in got] == list(range(100)) and account.numbering == {"counter": [name]}

@@ -34,7 +34,9 @@ _GLUED_AFTER = {"epoch": "epoch", "batch": "batch", "batches": "batch"}
 _TRAILING_WORD = re.compile(r"(?<![A-Za-z_/.-])([A-Za-z]+)$")
 _LEADING_WORD = re.compile(r"([A-Za-z]+)(?![A-Za-z])")
 _QUOTES = " \t'\"\u2018\u2019\u201c\u201d"
-_CUTS = ",|;[]{}()<>'\"=:\t\u2018\u2019\u201c\u201d\u2502\u2503\u2551\uff1a\uff0c"
+# (and a bar's drawing, box-drawing and block glyphs: `▕███▏ batch 3`, `━━━━ 12/100`, `░░░ 4`, name nothing)
+_BAR_GLYPHS = "".join(map(chr, range(0x2500, 0x25A0)))
+_CUTS = ",|;[]{}()<>'\"=:\t\u2018\u2019\u201c\u201d\uff1a\uff0c" + _BAR_GLYPHS
 # A possessive is no quote: LightGBM's `training's binary_logloss`, `valid_1's binary_logloss`.
 _POSSESSIVE = re.compile(r"(?<=\w)['\u2019]s(?= )")
 _AFTER_LAST_CUT = re.compile(f"[{re.escape(_CUTS)}]([^{re.escape(_CUTS)}]*)\\Z")
