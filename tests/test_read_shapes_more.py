@@ -1512,3 +1512,12 @@ def test_a_bars_drawing_names_no_counter(tmp_path, form, name):
     # drawing ('░░░░░░░░░░', '█░░░░░░░░░', ... one name per redraw) or as '▏ batch'
     got, account = records_of(tmp_path, "\n".join(form(i) for i in range(100)) + "\n")
     assert [s for s, _ in got] == list(range(100)) and account.numbering == {"counter": [name]}
+
+
+def test_a_rich_bars_count_before_its_elapsed_time_is_no_date(tmp_path):
+    # rich's progress bar: `━━━━╺━━━━ 12/100 0:00:01 loss: 2.18`: `12/100 0:00:01` read as a date and
+    # a time (as `10/30 22:18:02` is), the count lost: numbered by order, off by one
+    text = "".join(f"  {'━' * (i // 5)}╺{'━' * (20 - i // 5)} {i}/100 0:00:01 loss: {2.3 - 0.01 * i:.3f}\n" for i in range(100))
+    got, account = records_of(tmp_path, text)
+    assert [s for s, _ in got] == list(range(100)) and account.numbering == {"counter": ["a bar's count"]}
+    assert tokens.noise(*tokens.split("10/30 22:18:02 loss 2.3"))[:2] == [True, True]

@@ -179,9 +179,15 @@ def noise(texts: list[str], nums: list[str]) -> list[bool]:
             out[i] = out[i + 1] = out[i + 2] = True                    # a date
         elif sep == "-":
             out[i] = True                                              # a range: its end counts
-        elif i + 2 < n and texts[i + 2] in (" ", "T", "-") and texts[i + 3:i + 4] == [":"]:
-            out[i] = out[i + 1] = True                                 # 10/30 22:18:02
+        elif i + 2 < n and texts[i + 2] in (" ", "T", "-") and texts[i + 3:i + 4] == [":"] \
+                and _day_or_month(nums[i]) and _day_or_month(nums[i + 1]):
+            out[i] = out[i + 1] = True                                 # 10/30 22:18:02 (not `12/100 0:00:01`)
     return out
+
+
+def _day_or_month(num: str) -> bool:
+    """Whether a number can be a date's day or month: 1 or 2 digits, 1 to 31."""
+    return num.isdigit() and len(num) <= 2 and 1 <= int(num) <= 31
 
 
 def _range(texts: list[str], nums: list[str], i: int) -> bool:
