@@ -1521,3 +1521,14 @@ def test_a_rich_bars_count_before_its_elapsed_time_is_no_date(tmp_path):
     got, account = records_of(tmp_path, text)
     assert [s for s, _ in got] == list(range(100)) and account.numbering == {"counter": ["a bar's count"]}
     assert tokens.noise(*tokens.split("10/30 22:18:02 loss 2.3"))[:2] == [True, True]
+
+
+def test_a_headerless_table_with_no_counter_guesses_the_column_that_falls(tmp_path):
+    # `2.1689,-196.21` on every line (a DQN's loss and its episode reward, no header, no counter):
+    # before, refused; now the first column that falls like a loss, numbered in order, said as a guess
+    rng = random.Random(0)
+    rows = [(round(2.0 * 0.99 ** i * (1 + 0.1 * rng.random()), 4), round(-200 + 2 * i + 5 * rng.random(), 2)) for i in range(200)]
+    got, account = records_of(tmp_path, "".join(f"{a},{b}\n" for a, b in rows), name="dqn.csv")
+    assert got == [(i, {"loss": a}) for i, (a, _) in enumerate(rows, 1)]
+    assert account.keys["loss"][0].startswith("#1 (the first column that falls like a loss, of 2 unnamed columns")
+    assert list(account.numbering) == ["order"]

@@ -204,7 +204,7 @@ def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
                if role not in ("noise", "total") and not name and not _unit(texts, i)
                and not all(s[i].isdigit() for s in samples if i < len(s))]
     if not counters:
-        return None
+        return _headless(texts, samples)
     step = _finest(counters, samples)
     epoch = _outer(roles, samples, texts, step)
     said = {"step": roles[step][3] or f"#{step + 1}"}
@@ -250,6 +250,28 @@ def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
     return None if nan is None else column(nan, GUESSED_NAN.format(n=n), (
         f"the first after the counter {{step}} that is not finite on every line, of {n} unnamed numbers (no "
         f"number of them falls like a loss)"))
+
+
+GUESSED_HEADLESS = ("the first column that falls like a loss, of {n} unnamed columns with no counter among them (a "
+                    "guess: the table has no header; records numbered in order)")
+
+
+def _headless(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
+    """A table of numbers with no header and no counter (``2.1689,-196.21`` on every line: a loss
+    and a reward): the first column that falls like a loss (:func:`_falls`; a reward, an
+    accuracy climb), the records numbered in order. A guess, said as such; None where the lines
+    print anything but numbers between separators, or no column falls."""
+    if any(t.strip().rstrip("-+") not in ("", ",", ";") for t in texts):   # (a sign stays in the template)
+        return None
+    n = len(texts) - 1
+    loss = next((i for i in range(n) if not all(s[i].isdigit() for s in samples if i < len(s))
+                 and _falls(samples, i)), None)
+    if loss is None:
+        return None
+    return Guess(re.compile(_pattern(texts, None, loss)), {"loss": f"#{loss + 1} ({GUESSED_HEADLESS.format(n=n)})"},
+                 template=tokens.fold(texts), said=(
+                     f"the log names no loss and prints no counter: the loss is a guess, column #{loss + 1} of {n} "
+                     f"(the first that falls like a loss), the records numbered in order"))
 
 
 def _split_loss(roles, samples, step: int) -> int | None:
