@@ -44,7 +44,8 @@ STATE_VERSION = 16  # 2: latches and EW means are statistics objects; streams ar
                     # 15: loss_spike keeps whether its loss is a game's (its messages say so)
                     # 16: a loss spike keeps how little its cold noise's few points tell it; the
                     #     Monitor keeps the loss through this epoch and the one before; a spike
-                    #     near the floor whether its warning waits for the next point
+                    #     near the floor whether its warning waits for the next point, and the loss
+                    #     its last warning quoted
 
 #: The records :meth:`Monitor.update_many` runs one detector at a time over, at most: long enough
 #: for a detector's code to stay hot, short enough for their contexts to stay in the cache.

@@ -173,4 +173,4 @@ def test_a_loss_past_where_the_last_cycle_began_is_more_than_the_restart(tmp_pat
     found = _replayed(capsys, _sgdr(tmp_path, blow_up=True))
     assert [(f["step"], f["kind"], f["severity"]) for f in found if f["severity"] != "info" and f["step"] > 150] == [
         (153, "loss_spike", "warning"), (155, "divergence", "warning"), (170, "divergence", "critical"),
-        (170, "rollback_advice", "critical"), (195, "loss_spike", "warning")]
+        (170, "rollback_advice", "critical"), (178, "loss_spike", "warning"), (195, "loss_spike", "warning")]

@@ -912,9 +912,12 @@ def test_a_loss_jump_by_orders_of_magnitude_warns_even_in_the_start_up():
     m = Monitor()
     xs = [2.3, 2.1, 1.9, 1.7, 1.6, 1.5, 1.45, 30.0, 900.0, 9000.0, 5000.0, 800.0, 100.0, 20.0, 5.0, 3.0]
     out = [f for s, x in enumerate(xs, 1) for f in m.update(StepRecord(s, {"loss": x, "lr": 1e-3 * min(1, s / 50)}))]
+    # (and at 9000, tenfold past the 900 its warning quoted: said again, its numbers stale)
     assert [(f.step, f.kind, f.severity) for f in out if f.kind != "warmup_end"] == [
-        (8, "loss_spike", "info"), (9, "loss_spike", "warning"), (16, "spike_recovered", "info")]
+        (8, "loss_spike", "info"), (9, "loss_spike", "warning"), (10, "loss_spike", "warning"),
+        (16, "spike_recovered", "info")]
     assert "Orders of magnitude" in out[1].message and out[1].details["orders"]
+    assert "has grown further: 9000 at step 10, 10x the 900 it stood at when its warning was said" in out[2].message
     # x17 in the start-up stays info (a start-up transient may do that)
     m = Monitor()
     out = [f for s, x in enumerate(xs[:8] + [3.0] * 5, 1) for f in m.update(StepRecord(s, {"loss": x}))]

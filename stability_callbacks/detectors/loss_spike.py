@@ -42,6 +42,8 @@ _TAIL_PRIOR = 50
 #: A jump at onset is a draw from the loss's own tail once it has drawn as high this many times
 #: lately (each an ordinary point or a one-point blip): once may be a real spike, twice is a habit.
 _TAIL_DRAWS = 2.0
+#: How many times the loss when a spike's warning was said it must grow to be said again.
+_FURTHER = 10.0
 #: σ above the level a point of a spike must stand to count as staying up (a Gaussian loss's rate).
 _STAY_SIGMAS = 3.0
 
@@ -89,6 +91,7 @@ class SpikeEpisode:
     startup: bool = False  # its warning was said inside the start-up, where the policy makes it info
     few: float = 1.0       # how much less than σ its cold noise may be, from that few points (_few)
     held: bool = False     # a warning-sized jump near the floor, told as info: the next point decides
+    said: float = 0.0      # the loss when its last warning was said (0: none yet): grown x10 past it, said again
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -381,7 +384,7 @@ class LossSpike(Detector):
                                             scale=falling or 0.0, z=z, orders=orders, before=self.prev_x or 0.0,
                                             noise=(self._cold_noise() if len(b.seen) >= 2 else -1.0) if cold else 0.0,
                                             few=_few(len(b.seen)) if cold and len(b.seen) >= 2 else 1.0,
-                                            held=held)
+                                            held=held, said=x if severity == "warning" else 0.0)
                 out.append(self._onset_finding(step, x, base, thr, onset, severity, unit, tail, orders, held))
             else:
                 enters = True
@@ -436,7 +439,10 @@ class LossSpike(Detector):
                 again = ep.startup and not ctx.in_startup
                 persists = ep.samples - 1 >= self._stay_needed(self.persist_samples - 1, ep.low)
                 held, ep.held = ep.held and x - base0 >= self.large_rise * max(base0, floor), False
-                if held or orders or ((not ep.warned or again) and abnormal and (grew or persists) and (
+                # (a spike that has grown tenfold past the loss when its warning was said: said again,
+                # its warning's numbers long stale; orders of magnitude over its baseline say it themselves)
+                further = ep.said if ep.warned and 0.0 < ep.said and x >= _FURTHER * ep.said and not orders else 0.0
+                if held or orders or further or ((not ep.warned or again) and abnormal and (grew or persists) and (
                         ep.warm or self._stays_up(lx, f, ep, persists))):
                     # (a spike opened among the first points, against their median: its points must
                     # stand out of the noise the points before it showed, 3σ as a stay's points are
@@ -445,8 +451,9 @@ class LossSpike(Detector):
                     # Only a point above the threshold says the spike is still there (or larger);
                     # one that grew orders of magnitude is told so once, whatever was said before
                     # (a start-up's warning is said as info)
-                    ep.warned, ep.orders, ep.startup = True, orders, ctx.in_startup
-                    out.append(self._escalation_finding(step, x, thr, ep, grew or orders or again, held))
+                    ep.warned, ep.orders, ep.startup = True, orders or ep.orders, ctx.in_startup
+                    out.append(self._escalation_finding(step, x, thr, ep, grew or orders or again, held, further))
+                    ep.said = x
                 if step - onset >= self.horizon_steps and not ep.warm:
                     # Judged against a cold baseline: no verdict; the loss's level is where it is now.
                     self._restart_at(x)
@@ -616,11 +623,16 @@ class LossSpike(Detector):
         return max(b.cold_noise(), 1.25 * b.mad)
 
     def _escalation_finding(self, step: int, x: float, thr: float, ep: SpikeEpisode, grew: bool,
-                            held: bool = False) -> Finding:
+                            held: bool = False, further: float = 0.0) -> Finding:
         """The open spike is now a warning: it grew to a warning-sized rise, or it persists (``held``:
-        a jump near the floor, still there a point on)."""
+        a jump near the floor, still there a point on), or, warned, it grew tenfold past ``further``,
+        the loss when its warning was said."""
         onset, base0 = ep.onset, ep.baseline
-        if grew:
+        if further:
+            what = (f"{self._what()} spike that began at step {onset} has grown further: {fmt(x)} at step {step}, "
+                    f"{x / further:.3g}x the {fmt(further)} it stood at when its warning was said, {_rise(x, base0)} "
+                    f"{fmt(base0)} before it.")
+        elif grew:
             what = (f"{self._what()} spike that began at step {onset} grew: {fmt(x)} at step {step}, "
                     f"{_rise(x, base0)} {fmt(base0)} before it (threshold {fmt(thr)})."
                     + (" Orders of magnitude: no start-up transient, noise or LR warmup does that (an LR far "
