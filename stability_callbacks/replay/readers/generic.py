@@ -36,8 +36,9 @@ from .vocabulary import classify, normalise_key
 
 MAX_TEMPLATES = 4096
 _NO_PLAN = Plan()
-# Plans are pure functions of a template and the user's keys: shared by every reader of the
-# process (detection and reading of one log interpret each template once).
+# Plans are pure functions of a template, which of its numbers are integers (what may count) and
+# the user's keys: shared by every reader of the process (detection and reading of one log
+# interpret each template once; another log's `1,-1.19` is no plan for `2.1689,-196.21`).
 _PLANS: dict[tuple, Plan] = {}
 # A learned record template as one regular expression: the next line of the same shape is read
 # by a single match (about twice as fast as splitting it), whitespace runs of any width. Only
@@ -94,6 +95,15 @@ HISTORY_SUMMARY = "run summary (a history of the records above, printed as array
 _REASONS = {"eval": "evaluation", "summary": "run summary", "ignore": "no training metric",
             "overflow": "overflow (folded into the next record)", "epoch": "epoch header",
             "header": "step header", "nan": "NaN warning (marks the step before it)"}
+
+
+def _integers(nums: Sequence[str]) -> int:
+    """Which of a line's numbers are integers, as bits (a plan reads its counters from them)."""
+    bits = 0
+    for i, num in enumerate(nums):
+        if num.isdigit():
+            bits |= 1 << i
+    return bits
 
 
 class LineReader:
@@ -153,7 +163,7 @@ class LineReader:
     def interpret(self, texts: list[str], nums: list[str]) -> tuple[Plan, Template | None]:
         """The plan of a tokenized line, and the :class:`Template` still watching its numbers
         (None once the plan is final)."""
-        tkey = ("\x00".join(texts), self._user_key)
+        tkey = ("\x00".join(texts), self._user_key, _integers(nums))
         plan = _PLANS.get(tkey)
         if plan is None:
             if len(_PLANS) >= MAX_TEMPLATES:
@@ -536,7 +546,7 @@ class Reading:
 
     def _heads(self, texts: list[str], nums: list[str]) -> bool:
         """Whether a line may head a block of one-key lines: it prints no training record."""
-        return _PLANS.get(("\x00".join(texts), self.reader._user_key), _NO_PLAN).kind != "record"
+        return _PLANS.get(("\x00".join(texts), self.reader._user_key, _integers(nums)), _NO_PLAN).kind != "record"
 
     def take(self, line_no: int, text: str, texts: list[str], nums: list[str]) -> list[StepRecord]:
         """A line already cut into its template ``texts`` and ``nums`` (a table's row)."""
