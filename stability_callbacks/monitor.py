@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 from . import keys
 from .config import Config
 from .control import Control
-from .detectors import Context, Detector, GradNormGrowth, GradNormSpike, LossSpike, NotLearning, Stall
+from .detectors import Columns, Context, Detector, GradNormGrowth, GradNormSpike, LossSpike, NotLearning, Stall
 from .cycles import EpochProfile, Restarts
 from .phase import PhaseTracker
 from .policy import Policy
@@ -110,6 +110,8 @@ class Monitor:
         self._ctx = Context(0)
         # update_many's: a context per record of a run
         self._contexts = [Context(0) for _ in range(_COLUMN_RUN)]
+        # update()'s columns of its one record, refilled at every step (nothing keeps them past it)
+        self._cols = Columns([None], [None], [None], [None], [False])
 
     # -- feeding ------------------------------------------------------------------------------
     def set_warmup_steps(self, warmup_steps: int | None) -> None:
@@ -175,6 +177,8 @@ class Monitor:
         if plan is None:   # which detectors this set of keys feeds (logs keep one shape)
             plan = self._plan(shape)
         before, loss_spike, after = plan
+        ctx.columns = self._cols   # what several detectors read of the record, worked out once
+        self._cols.refill(record)
         if before:
             self._run(before, record, ctx)
         if loss_spike is None:
@@ -282,8 +286,9 @@ class Monitor:
             unviewed = [ctx for ctx, p in zip(ctxs, plans) if p[1] is None]
         for ctx in unviewed:
             _no_loss_view(ctx)
+        cols = Columns.of(run)   # what several detectors read of each record, worked out once
         for d, at in columns:
-            self._column(d, run, ctxs, at)
+            self._column(d, run, ctxs, at, cols)
         out: list[Finding] = []
         last, policy = n - 1, self.policy
         restarts = self.restarts
@@ -302,12 +307,13 @@ class Monitor:
             setattr(carried, name, getattr(ctxs[-1], name))
         return out
 
-    def _column(self, d: Detector, run: list[StepRecord], ctxs: list[Context], idx: list[int] | None) -> None:
+    def _column(self, d: Detector, run: list[StepRecord], ctxs: list[Context], idx: list[int] | None,
+                cols: Columns) -> None:
         """One detector over the records of a run at ``idx`` (None: all), each with its step's
-        context; after the main loss spike, each context takes its view of the loss."""
+        context and the run's ``cols``; after the main loss spike, each context takes its view of the loss."""
         if idx is None and d is not self._loss_spike:   # the common column: every record, no view
             try:
-                d.update_run(run, ctxs)
+                d.update_run(run, ctxs, cols)
             except Exception:   # off from this run on, as update() is from its failing step
                 self._disable(d.name, run[0].step, run[-1].step)
             return

@@ -3,7 +3,7 @@ the Monitor runs them (``loss_spike`` first: later loss detectors read its episo
 ``precursor`` after ``grad_norm_spike``, whose finding at the same step explains a jump;
 ``loss_scale_collapse`` before ``overflow_burst``, which counts a failed start-up search;
 ``stream_loss_spike`` last: it names the streams spiking with a main-loss spike)."""
-from .base import Context, Detector
+from .base import Columns, Context, Detector
 from .data_repetition import DataRepetition
 from .divergence import Divergence
 from .grad_norm_spike import GradNormSpike
@@ -28,4 +28,4 @@ DETECTORS: dict[str, type[Detector]] = {cls.name: cls for cls in (
     LrAnomaly, ResumeSpike, DataRepetition, NotLearning, StreamLossSpike,
 )}
 
-__all__ = ["DETECTORS", "Context", "Detector"] + [c.__name__ for c in DETECTORS.values()]
+__all__ = ["DETECTORS", "Columns", "Context", "Detector"] + [c.__name__ for c in DETECTORS.values()]

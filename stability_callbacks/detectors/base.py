@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Sequence
 
 # re-exported: the detectors import the parameter checks from here
+from .. import keys
 from ..params import check, positive, positive_int  # noqa: F401
 from ..record import Finding, StepRecord
 
@@ -38,7 +39,53 @@ class Context:
                                             # (replay): one step is a pass over the data
     steps_by_order: bool = False            # ... or by the record's rank in the log (replay; read at its end)
     tensor_names: list | None = None        # the parameter tensors' names in the optimizer's order (live)
+    columns: Columns | None = None          # what several detectors read of the record, worked out
+                                            # once (Monitor.update: its one record's; Columns.record)
     found: list[Finding] = field(default_factory=list)   # this step's findings so far (earlier detectors')
+
+
+@dataclass(slots=True)
+class Columns:
+    """What several detectors read of each record of a run, worked out once for them all
+    (:meth:`Monitor.update_many` builds it for a run, :meth:`Monitor.update` for its one record;
+    :meth:`Detector.update_run` builds its own when given none). Exact: each entry is what a
+    detector would compute from the record itself (the same ``dict.get``, the same
+    ``math.log`` of the same float, the same test), so reading it changes nothing."""
+
+    loss: list[float | None]       # the loss, as the record has it
+    loss_log: list[float | None]   # its log where 0 < loss < inf, else None
+    grad: list[float | None]       # the grad norm, as the record has it
+    grad_log: list[float | None]   # its log where 0 < it < inf, else None
+    skipped: list[bool]            # the step was skipped (overflow_skipped >= 1: no update)
+    record: StepRecord | None = None   # the record of a run of one they are of (refill): a
+                                       # context's columns serve that record only
+
+    @classmethod
+    def of(cls, run: Sequence[StepRecord]) -> "Columns":
+        cols = cls([], [], [], [], [])
+        loss, loss_log, grad, grad_log, skipped = cols.loss, cols.loss_log, cols.grad, cols.grad_log, cols.skipped
+        inf, log = math.inf, math.log
+        for record in run:
+            m = record.metrics
+            x = m.get(keys.LOSS)
+            loss.append(x)
+            loss_log.append(log(x) if x is not None and 0.0 < x < inf else None)
+            g = m.get(keys.GRAD_NORM)
+            grad.append(g)
+            grad_log.append(log(g) if g is not None and 0.0 < g < inf else None)
+            skipped.append((m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0)
+        return cols
+
+    def refill(self, record: StepRecord) -> None:
+        """The columns of a run of one, ``record``, in place (:meth:`Monitor.update`'s, every step
+        of a live run: refilled costs half of built; :meth:`of`'s entries, written out)."""
+        self.record = record
+        m = record.metrics
+        x, g = m.get(keys.LOSS), m.get(keys.GRAD_NORM)
+        self.loss[0], self.grad[0] = x, g
+        self.loss_log[0] = math.log(x) if x is not None and 0.0 < x < math.inf else None
+        self.grad_log[0] = math.log(g) if g is not None and 0.0 < g < math.inf else None
+        self.skipped[0] = (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0
 
 
 class Detector:
@@ -65,13 +112,14 @@ class Detector:
     def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
         raise NotImplementedError
 
-    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> None:
+    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context], cols: Columns | None = None) -> None:
         """Replay's way (:meth:`Monitor.update_many`): :meth:`update` of each record of a run in
         turn, with its step's context, each record's findings added to its context's
         (``ctx.found``, which the detectors after this one read). A detector whose update costs
         little beside its call (~60 ns) writes its common case here inline, or its whole rule as
         this loop and takes its :meth:`update` from :meth:`_update_alone`; each says why that is
-        update's own computation."""
+        update's own computation. ``cols``: the run's :class:`Columns` (the Monitor's, shared by
+        the detectors; one that reads them builds its own when given none)."""
         update = self.update
         for record, ctx in zip(run, ctxs):
             found = update(record, ctx)
@@ -84,7 +132,8 @@ class Detector:
         them, as any detector's)."""
         found = ctx.found
         n = len(found)
-        self.update_run((record,), (ctx,))
+        cols = ctx.columns   # the record's own columns where the Monitor worked them out (update())
+        self.update_run((record,), (ctx,), cols if cols is not None and cols.record is record else None)
         if len(found) == n:
             return []
         new = found[n:]

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import EWMean, Latch, RiseAboveLow, RollingMedian
-from .base import Context, Detector, check, fmt, positive, positive_int
+from .base import Columns, Context, Detector, check, fmt, positive, positive_int
 
 
 _SQRT2 = math.sqrt(2.0)
@@ -122,107 +123,120 @@ class Divergence(Detector):
     def on_segment(self, start_step: int, reason: str) -> None:
         self._restart()
 
+    # update(): the run of one record (Detector._update_alone); the rule is written as replay's loop
+    # (each `return` of a point's update a `continue`, its findings added to its context's), the
+    # loss, its log and the grad norm's log read from the run's columns (Columns)
+    update = Detector._update_alone
+
     # long: the detector's rule, the slow and fast trend windows read in one pass per point;
     # split, each piece would carry the same locals. Left to the detectors' owners (issue 35
     # keeps rules alone).
-    def update(self, record: StepRecord, ctx: Context) -> list[Finding]:
-        m = record.metrics
-        x = m.get(keys.LOSS)
-        if x is None or not math.isfinite(x):
-            return []
-        runaway = self._runaway(record.step, x)
-        if runaway or x <= 0.0 or ctx.loss_signed:
-            return runaway
-        rising = self._epochs_rising(record.step, x, ctx) if ctx.steps_are_epochs else []
-        if ctx.loss_spike_open:
-            self.spike_points += 1
-            self._restart(keep_low=True)
-            return rising
-        if self.spike_points:
-            # a spike of a point or two that "came back" within its noise still above its low (a
-            # loss that stepped up x4 and stays) is judged against the low before it; one that
-            # lasted longer has a tail of its own coming down: from its level now, as a new start
-            if self.spike_points > 2:
-                self.rise.restart()
-            self.spike_points = 0
-        if ctx.found and any(f.kind == "spike_unrecovered" for f in ctx.found):
-            self._restart()   # loss_spike said the spike's level is the new one (a critical): from it
-            return rising
-        lx = math.log(x)
-        # (the windows appended to directly: RollingMedian.update, less a call per point)
-        g = m.get(keys.GRAD_NORM)
-        if g is not None and 0.0 < g < math.inf:
-            self.grad_med.window.append(math.log(g))
-        u = m.get(keys.UPDATE_NORM)
-        if u is not None and 0.0 < u < math.inf:
-            self.update_med.window.append(math.log(u))
-        last = self.med.window   # the last `window` logs
-        last.append(lx)
-        prev, self.prev_log = self.prev_log, lx
-        nz = self.noise
-        if prev is not None:   # the noise, from the steps between points around their mean (the trend)
-            d = lx - prev
-            sc = self.step_change   # (both EWMean.update, written out: the same sums, less two calls)
-            nz.n += 1               # (a zero start: alpha from the first point)
-            nz.mean += nz.alpha * ((abs(d - sc.mean) if sc.n else 0.0) - nz.mean)
-            n = sc.n = sc.n + 1
-            sc.mean += (sc.alpha if n > sc.warm else max(sc.alpha, 1.0 / n)) * (d - sc.mean)
-        if len(last) < self.window or rising or self.epochs[4]:   # not full (RollingMedian.full);
-            return rising                               # an epoch rise said is said once
-        # (RollingMedian.median of a full window of odd size, less its call; EWMean.debiased once
-        # its weights sum to 1, less its call)
-        med = sorted(last)[self._mid] if self._mid is not None else self.med.median
-        noise = (nz.mean if nz.n >= nz.whole_from else nz.debiased) / _SQRT2   # the mean absolute
-        # deviation of one point
-        self.points += 1
-        h = self.horizon
-        a = 2.0 / (h + 1) if h > self.window else 1.0
-        level = self.smooth = med if self.smooth is None else self.smooth + a * (med - self.smooth)
-        rise = self.rise
-        low = rise.low if rise.low is not None else level
-        if ctx.loss_floor_log > low:   # near its floor a rise is measured against the floor (LossSpike)
-            log_rise = math.log1p(self.min_rise * math.exp(min(ctx.loss_floor_log - low, 700.0)))
-        else:
-            log_rise = self._log_min_rise
-        thr = self.noise_sigmas * 1.25 * noise
-        thr = thr if thr > log_rise else log_rise   # max(log_rise, thr), less a call
-        fired = rise.update(level, record.step, thr)
-        # The swings the run has shown: rises of half a threshold that came back, and how long.
-        low = level if level < low else low   # rise.low_value: the low, or this level below it
-        up = level - low
-        if self.swing is None and up > thr / 2:
-            self.swing = self.points
-        elif self.swing is not None and up < thr / 4:
-            if self.points - self.swing > self.window:   # shorter ones are the median's own noise
-                self.horizon = min(max(self.horizon, self.points - self.swing), self.max_horizon_samples)
-            self.swing = None
-        if rise.low_step == record.step:   # a new low: what the grad and update norms were there
-            self.at_low = [self._now(self.grad_med), self._now(self.update_med)]
-        # Recovery wins: the median lags a loss that came back by half a window (a 4-point bump
-        # holds it up for 4 points); nothing is reported while the loss itself is back below.
-        # ... and a rise is more than the loss's additive noise allows a median (~0.67σ for the
-        # difference of two medians of 7): near zero, log(loss) magnifies a likelihood's noise.
-        if not fired and self.episode is None:   # nothing to report, nor to re-arm or close (the
-            return []                            # episode; `back` is read by neither: not worked out)
-        back = lx - low <= thr or (
-            math.exp(level) - math.exp(low) <= self.noise_sigmas * 0.67 * ctx.loss_step_noise)
-        if fired and back:
-            rise.latch.rearm()   # judged again at the next point
-            fired = False
-        if fired:
-            self.episode = [record.step, False]
-        elif self.episode is not None and rise.count == 0:
-            self.episode = None   # it fell back: a swing after all
-        ep = self.episode
-        if ep is None or ep[1] or back:
-            return []
-        lasted = rise.count
-        grown = self._grown()
-        outlasted = lasted >= self.persist_samples + h
-        if not (fired or outlasted or grown):
-            return []
-        ep[1] = outlasted or grown
-        return [self._finding(record.step, level, thr, lasted, h, grown, critical=ep[1])]
+    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context], cols: Columns | None = None) -> None:
+        cols = cols or Columns.of(run)
+        window = self.window   # (configuration: set once, read at every point)
+        for record, ctx, x, lx, lg in zip(run, ctxs, cols.loss, cols.loss_log, cols.grad_log):
+            if x is None or not math.isfinite(x):
+                continue
+            runaway = self._runaway(record.step, x)
+            if runaway or x <= 0.0 or ctx.loss_signed:
+                if runaway:
+                    ctx.found += runaway
+                continue
+            rising = self._epochs_rising(record.step, x, ctx) if ctx.steps_are_epochs else []
+            if ctx.loss_spike_open:
+                self.spike_points += 1
+                self._restart(keep_low=True)
+                if rising:
+                    ctx.found += rising
+                continue
+            if self.spike_points:
+                # a spike of a point or two that "came back" within its noise still above its low (a
+                # loss that stepped up x4 and stays) is judged against the low before it; one that
+                # lasted longer has a tail of its own coming down: from its level now, as a new start
+                if self.spike_points > 2:
+                    self.rise.restart()
+                self.spike_points = 0
+            if ctx.found and any(f.kind == "spike_unrecovered" for f in ctx.found):
+                self._restart()   # loss_spike said the spike's level is the new one (a critical): from it
+                if rising:
+                    ctx.found += rising
+                continue
+            assert lx is not None   # log(x) (Columns): 0 < x < inf here
+            # (the windows appended to directly: RollingMedian.update, less a call per point)
+            if lg is not None:   # log(grad norm) where 0 < it < inf (Columns)
+                self.grad_med.window.append(lg)
+            u = record.metrics.get(keys.UPDATE_NORM)
+            if u is not None and 0.0 < u < math.inf:
+                self.update_med.window.append(math.log(u))
+            last = self.med.window   # the last `window` logs
+            last.append(lx)
+            prev, self.prev_log = self.prev_log, lx
+            nz = self.noise
+            if prev is not None:   # the noise, from the steps between points around their mean (the trend)
+                d = lx - prev
+                sc = self.step_change   # (both EWMean.update, written out: the same sums, less two calls)
+                nz.n += 1               # (a zero start: alpha from the first point)
+                nz.mean += nz.alpha * ((abs(d - sc.mean) if sc.n else 0.0) - nz.mean)
+                n = sc.n = sc.n + 1
+                sc.mean += (sc.alpha if n > sc.warm else max(sc.alpha, 1.0 / n)) * (d - sc.mean)
+            if len(last) < window or rising or self.epochs[4]:   # not full (RollingMedian.full);
+                if rising:                                  # an epoch rise said is said once
+                    ctx.found += rising
+                continue
+            # (RollingMedian.median of a full window of odd size, less its call; EWMean.debiased once
+            # its weights sum to 1, less its call)
+            med = sorted(last)[self._mid] if self._mid is not None else self.med.median
+            noise = (nz.mean if nz.n >= nz.whole_from else nz.debiased) / _SQRT2   # the mean absolute
+            # deviation of one point
+            self.points += 1
+            h = self.horizon
+            a = 2.0 / (h + 1) if h > self.window else 1.0
+            level = self.smooth = med if self.smooth is None else self.smooth + a * (med - self.smooth)
+            rise = self.rise
+            low = rise.low if rise.low is not None else level
+            if ctx.loss_floor_log > low:   # near its floor a rise is measured against the floor (LossSpike)
+                log_rise = math.log1p(self.min_rise * math.exp(min(ctx.loss_floor_log - low, 700.0)))
+            else:
+                log_rise = self._log_min_rise
+            thr = self.noise_sigmas * 1.25 * noise
+            thr = thr if thr > log_rise else log_rise   # max(log_rise, thr), less a call
+            fired = rise.update(level, record.step, thr)
+            # The swings the run has shown: rises of half a threshold that came back, and how long.
+            low = level if level < low else low   # rise.low_value: the low, or this level below it
+            up = level - low
+            if self.swing is None and up > thr / 2:
+                self.swing = self.points
+            elif self.swing is not None and up < thr / 4:
+                if self.points - self.swing > self.window:   # shorter ones are the median's own noise
+                    self.horizon = min(max(self.horizon, self.points - self.swing), self.max_horizon_samples)
+                self.swing = None
+            if rise.low_step == record.step:   # a new low: what the grad and update norms were there
+                self.at_low = [self._now(self.grad_med), self._now(self.update_med)]
+            # Recovery wins: the median lags a loss that came back by half a window (a 4-point bump
+            # holds it up for 4 points); nothing is reported while the loss itself is back below.
+            # ... and a rise is more than the loss's additive noise allows a median (~0.67σ for the
+            # difference of two medians of 7): near zero, log(loss) magnifies a likelihood's noise.
+            if not fired and self.episode is None:   # nothing to report, nor to re-arm or close (the
+                continue                             # episode; `back` is read by neither: not worked out)
+            back = lx - low <= thr or (
+                math.exp(level) - math.exp(low) <= self.noise_sigmas * 0.67 * ctx.loss_step_noise)
+            if fired and back:
+                rise.latch.rearm()   # judged again at the next point
+                fired = False
+            if fired:
+                self.episode = [record.step, False]
+            elif self.episode is not None and rise.count == 0:
+                self.episode = None   # it fell back: a swing after all
+            ep = self.episode
+            if ep is None or ep[1] or back:
+                continue
+            lasted = rise.count
+            grown = self._grown()
+            outlasted = lasted >= self.persist_samples + h
+            if not (fired or outlasted or grown):
+                continue
+            ep[1] = outlasted or grown
+            ctx.found.append(self._finding(record.step, level, thr, lasted, h, grown, critical=ep[1]))
 
     def _runaway(self, step: int, x: float) -> list[Finding]:
         """The *runaway* rule: a loss falling without bound (a likelihood whose variance collapses,

@@ -7,7 +7,7 @@ from typing import Sequence
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import RobustLevel
-from .base import Context, Detector, fmt, positive, positive_int
+from .base import Columns, Context, Detector, fmt, positive, positive_int
 
 
 #: Jumps of ``large_ratio`` x the loss did not follow, before the repeat window, that make a jump
@@ -73,18 +73,16 @@ class GradNormSpike(Detector):
     # update(): the run of one record (Detector._update_alone); the rule is written as replay's loop
     update = Detector._update_alone
 
-    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> None:
-        for record, ctx in zip(run, ctxs):
-            m = record.metrics
-            g = m.get(keys.GRAD_NORM)
-            if g is None or not 0.0 < g < math.inf or (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0:
+    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context], cols: Columns | None = None) -> None:
+        cols = cols or Columns.of(run)   # the grad norm, its log where 0 < it < inf, skipped steps (Columns)
+        for record, ctx, g, lg, skipped in zip(run, ctxs, cols.grad, cols.grad_log, cols.skipped):
+            if lg is None or skipped or g is None:   # (g is None only where lg is: for the types)
                 continue
             b = self.base
             if b.n == 0:
                 b.update(g)
                 continue
             f = b.level + b.damping * b.trend + b.bias   # b.forecast, less a call
-            lg = math.log(g)
             d = lg - f   # b.ratio(g), from the forecast and the log worked out once; never past a float's
             ratio = math.exp(d if d < 700.0 else 700.0)   # range (a baseline of 1e-300: no overflow, still huge)
             if b.n < self.cold_start_samples:

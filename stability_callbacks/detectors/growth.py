@@ -7,7 +7,7 @@ from typing import ClassVar, Sequence
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import RiseAboveLow, RobustLevel
-from .base import Context, Detector, check, fmt, positive, positive_int
+from .base import Columns, Context, Detector, check, fmt, positive, positive_int
 
 
 class _SustainedGrowth(Detector):
@@ -33,14 +33,16 @@ class _SustainedGrowth(Detector):
     # update(): the run of one record (Detector._update_alone); the rule is written as replay's loop
     update = Detector._update_alone
 
-    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> None:
-        signal = self.signals[0]
-        for record, ctx in zip(run, ctxs):
-            m = record.metrics
-            v = m.get(signal)
-            if v is None or not 0.0 < v < math.inf or (m.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0:
+    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context], cols: Columns | None = None) -> None:
+        if self.signals[0] == keys.GRAD_NORM:   # the grad norm, its log where 0 < it < inf, skipped steps (Columns)
+            cols = cols or Columns.of(run)
+            values, logs, skips = cols.grad, cols.grad_log, cols.skipped
+        else:   # the same, of this detector's own signal
+            values, logs, skips = _column(run, self.signals[0])
+        for record, ctx, v, lv, skipped in zip(run, ctxs, values, logs, skips):
+            if lv is None or skipped or v is None:   # (v is None only where lv is: for the types)
                 continue
-            self.level.update_log(math.log(v))   # .update(v), less a call
+            self.level.update_log(lv)   # .update(v), less a call
             if self.after_warmup and ctx.phase == "warmup":
                 continue
             out = self._fast(record.step, v)
@@ -66,6 +68,13 @@ class _SustainedGrowth(Detector):
                      f"{fmt(now)} at step {step} ({growth:.1f}x). {advice or self.advice}"),
             growth=growth, **details)
 
+
+
+def _column(run: Sequence[StepRecord], key: str) -> tuple[list, list, list]:
+    """:class:`Columns`' grad norm, its log and skipped steps, of the signal ``key`` instead."""
+    values = [r.metrics.get(key) for r in run]
+    logs = [math.log(v) if v is not None and 0.0 < v < math.inf else None for v in values]
+    return values, logs, [(r.metrics.get(keys.OVERFLOW_SKIPPED) or 0.0) >= 1.0 for r in run]
 
 #: What a grad norm's steady growth says where the loss is a game's (Monitor.declare_game).
 _GAME = ("The loss is players' losses pulling against each other (a GAN's): one player's gradients grow as the "

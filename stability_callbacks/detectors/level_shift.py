@@ -7,7 +7,7 @@ from typing import Sequence
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import EWMean, RobustLevel
-from .base import Context, Detector, fmt, positive, positive_int
+from .base import Columns, Context, Detector, fmt, positive, positive_int
 
 
 class LevelShift(Detector):
@@ -43,13 +43,12 @@ class LevelShift(Detector):
     # update(): the run of one record (Detector._update_alone); the rule is written as replay's loop
     update = Detector._update_alone
 
-    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> None:
-        for record, ctx in zip(run, ctxs):
-            x = record.metrics.get(keys.LOSS)
-            if x is None or not 0.0 < x < math.inf or x == self.last or ctx.loss_signed:   # frozen: `stall`'s
+    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context], cols: Columns | None = None) -> None:
+        cols = cols or Columns.of(run)   # the loss and its log, where 0 < loss < inf (Columns)
+        for record, ctx, x, lx in zip(run, ctxs, cols.loss, cols.loss_log):
+            if lx is None or x == self.last or ctx.loss_signed:   # frozen: `stall`'s
                 continue
             self.last = x
-            lx = math.log(x)
             fe = self.fast   # (EWMean.update, written out: the same sum, less a call)
             n = fe.n = fe.n + 1
             fast = fe.mean = fe.mean + (fe.alpha if n > fe.warm else max(fe.alpha, 1.0 / n)) * (lx - fe.mean)

@@ -7,7 +7,7 @@ from typing import Sequence
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import Latch
-from .base import Context, Detector, positive, positive_int
+from .base import Columns, Context, Detector, positive, positive_int
 
 
 class LossScaleCollapse(Detector):
@@ -92,7 +92,7 @@ class LossScaleCollapse(Detector):
         self._log2_min = math.log2(self.min_scale)
         self._log2 = (math.nan, math.nan)    # the last scale seen and its log2 (derived, not state)
 
-    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> None:
+    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context], cols: Columns | None = None) -> None:
         """update()'s "most steps" inline (its first test, the state's part of it answered until
         update() next changes the state; and all it does with them), update() for the rest."""
         steady = self._steady()

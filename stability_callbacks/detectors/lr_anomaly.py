@@ -7,7 +7,7 @@ from typing import Any, Sequence
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import EWMean, Latch
-from .base import Context, Detector, fmt, positive, positive_int
+from .base import Columns, Context, Detector, fmt, positive, positive_int
 from .stall import printed_resolution
 
 
@@ -72,7 +72,7 @@ class LrAnomaly(Detector):
     # update(): the run of one record (Detector._update_alone); the rule is written as replay's loop
     update = Detector._update_alone
 
-    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> None:
+    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context], cols: Columns | None = None) -> None:
         for record, ctx in zip(run, ctxs):
             if self.resumed:
                 self.resumed = False

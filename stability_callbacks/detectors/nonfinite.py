@@ -6,7 +6,7 @@ from typing import Sequence
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import Latch
-from .base import Context, Detector
+from .base import Columns, Context, Detector
 
 _WATCHED = frozenset((keys.LOSS, keys.GRAD_NORM, keys.ADAM_V_MAX, keys.ADAM_V_L1, keys.PARAM_NORM))
 
@@ -36,7 +36,7 @@ class NonFinite(Detector):
     def __init__(self):
         self.latch = Latch()
 
-    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> None:
+    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context], cols: Columns | None = None) -> None:
         """update()'s first test inline (all values finite: the latch re-armed, nothing found),
         update() for the rest."""
         for record, ctx in zip(run, ctxs):

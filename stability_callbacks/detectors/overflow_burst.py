@@ -7,7 +7,7 @@ from typing import Sequence
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import Latch
-from .base import Context, Detector, positive_int
+from .base import Columns, Context, Detector, positive_int
 
 
 class OverflowBurst(Detector):
@@ -36,7 +36,7 @@ class OverflowBurst(Detector):
         self.latch = Latch()   # re-armed once the window holds no skip
         self.search_failed = False      # the start-up search reached the scaler's floor
 
-    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> None:
+    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context], cols: Columns | None = None) -> None:
         """update()'s most steps inline (nothing skipped past the start-up while no skip is in the
         window: the latch re-armed, nothing found), update() for the rest."""
         for record, ctx in zip(run, ctxs):

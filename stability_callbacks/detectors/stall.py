@@ -7,7 +7,7 @@ from typing import Any, Sequence
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import Latch
-from .base import Context, Detector, check, count, fmt, positive, positive_int
+from .base import Columns, Context, Detector, check, count, fmt, positive, positive_int
 
 
 def half_precision_grid(x: float, before: float | None) -> float:
@@ -165,7 +165,7 @@ class Stall(Detector):
     # update(): the run of one record (Detector._update_alone); the rule is written as replay's loop
     update = Detector._update_alone
 
-    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> None:
+    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context], cols: Columns | None = None) -> None:
         for record, ctx in zip(run, ctxs):
             m = record.metrics
             x = m.get(keys.LOSS)

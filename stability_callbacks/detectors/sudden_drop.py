@@ -7,7 +7,7 @@ from typing import Sequence
 from .. import keys
 from ..record import Finding, StepRecord
 from ..stats import EWMean
-from .base import Context, Detector, check, count, fmt, positive, positive_int
+from .base import Columns, Context, Detector, check, count, fmt, positive, positive_int
 
 
 class SuddenDrop(Detector):
@@ -58,14 +58,14 @@ class SuddenDrop(Detector):
     # update(): the run of one record (Detector._update_alone); the rule is written as replay's loop
     update = Detector._update_alone
 
-    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context]) -> None:
-        for record, ctx in zip(run, ctxs):
-            x = record.metrics.get(keys.LOSS)
-            if x is None or not 0.0 < x < math.inf or ctx.loss_signed:
+    def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context], cols: Columns | None = None) -> None:
+        cols = cols or Columns.of(run)   # log(loss), where 0 < loss < inf (Columns)
+        for record, ctx, lx in zip(run, ctxs, cols.loss_log):
+            if lx is None or ctx.loss_signed:
                 continue
             fe = self.fast   # (EWMean.update, written out: the same sum, less a call)
             n = fe.n = fe.n + 1
-            fast = fe.mean = fe.mean + (fe.alpha if n > fe.warm else max(fe.alpha, 1.0 / n)) * (math.log(x) - fe.mean)
+            fast = fe.mean = fe.mean + (fe.alpha if n > fe.warm else max(fe.alpha, 1.0 / n)) * (lx - fe.mean)
             h = self.history
             if ctx.loss_spike_open or ctx.warmup_end_step != self.warmup_end:
                 self.warmup_end = ctx.warmup_end_step
