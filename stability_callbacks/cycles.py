@@ -38,6 +38,7 @@ import math
 
 from .detectors.base import fmt
 from .record import Finding
+from .stats import median
 
 #: The kinds whose warning about a rise the run's cycles can explain.
 _RISES = frozenset({"loss_spike", "spike_unrecovered", "divergence"})
@@ -108,13 +109,13 @@ class EpochProfile:
             self.offsets, self.logs, self.stride = self.offsets[::2], self.logs[::2], 2 * self.stride
         return out
 
-    def noise(self) -> float:
+    def _noise(self) -> float:
         """σ of log(loss) against the epoch before's at the same point: √π/2 x the mean size of its
         changes (each the difference of two draws); 0 until _LEAST_CHANGES of them tell it."""
         return _HALF_SQRT_PI * self.dev if self.devs >= _LEAST_CHANGES else 0.0
 
     def _margin(self) -> float:
-        return max(_MARGIN_SIGMAS * self.noise(), _MARGIN_LEAST)
+        return max(_MARGIN_SIGMAS * self._noise(), _MARGIN_LEAST)
 
     def _watched(self, step: int, loss: float, at: float) -> list[Finding]:
         """The rise made info last is said again, at the severity its detector gave it: the loss
@@ -142,8 +143,7 @@ class EpochProfile:
         i = bisect.bisect_left(offsets, offset)
         if i == len(offsets) and offset - offsets[-1] > 2 * self._spacing():
             return None   # past the epoch before's end
-        near = sorted(logs[max(0, i - _NEAR):i + _NEAR])
-        return near[len(near) // 2]
+        return median(logs[max(0, i - _NEAR):i + _NEAR])
 
     def _spacing(self) -> float:
         _, offsets, _ = self.before   # type: ignore[misc]
@@ -187,7 +187,7 @@ class EpochProfile:
             return (f"{then} (now {fmt(f.value)}), and had risen as much, from {fmt(math.exp(since))} at step "
                     f"{start + onset - self.start}: it rises so at this point of every epoch — the "
                     f"order of the data within an epoch (batches sorted by length, unshuffled data), not instability")
-        end, begun = _median(logs[-_NEAR - 1:]), _median(self.logs[:_NEAR + 1])
+        end, begun = median(logs[-_NEAR - 1:]), median(self.logs[:_NEAR + 1])
         if end - begun >= 0.5 * rise:
             return (f"{then} (now {fmt(f.value)}); it fell from {fmt(math.exp(end))} to {fmt(math.exp(begun))} when this epoch "
                     f"began and has climbed back through it — the order of the data within an epoch (batches "
@@ -208,11 +208,6 @@ class EpochProfile:
         self.explained = set(d["explained"])
         self.watch, self.above, self.resid = d["watch"], d["above"], d["resid"]
         self.dev, self.devs = d["dev"], d["devs"]
-
-
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2]
 
 
 def _explain(f: Finding, why: str, tag: str) -> None:
@@ -244,13 +239,15 @@ class Restarts:
         self.early: list[int] = []          # the steps of the points since it, the first few
         self.watch: list | None = None      # [kind, severity, step, onset, baseline] of a rise made info
         self.above = 0
-        #: Whether a step with no finding changes anything here (:meth:`wants`), kept as update() runs:
-        #: the cycle's first loss not yet seen, the first points after a restart, a rise watched.
+        #: Whether a step with no finding changes anything here (the Monitor asks before calling:
+        #: replay's hot path), derived from the rest as they change (:meth:`_refresh`).
         self.eager = True
 
-    def wants(self, found: list[Finding]) -> bool:
-        """Whether this step changes anything here: a finding (a restart, a rise), or :attr:`eager`."""
-        return bool(found) or self.eager
+    def _refresh(self) -> None:
+        """:attr:`eager`: the cycle's first loss not yet seen, the first points after a restart,
+        or a rise watched."""
+        self.eager = self.first is None or self.watch is not None or (
+            self.restart is not None and len(self.early) < _RESTART_POINTS)
 
     def update(self, step: int, loss: float | None, found: list[Finding]) -> list[Finding]:
         """This step's loss, and its findings so far (a warm restart among them starts a cycle);
@@ -264,15 +261,15 @@ class Restarts:
             self.first = loss
         if self.restart is not None and len(self.early) < _RESTART_POINTS:
             self.early.append(step)
-        self.eager = self.first is None or self.watch is not None or (
-            self.restart is not None and len(self.early) < _RESTART_POINTS)
+        self._refresh()
         if self.watch is None or not finite or self.level is None:
             return []
         self.above = self.above + 1 if loss > self.level * math.exp(_MARGIN_LEAST) else 0   # type: ignore[operator]
         if self.above < _ABOVE:
             return []
         kind, severity, said_at, onset, base = self.watch
-        self.watch, self.eager = None, self.first is None or len(self.early) < _RESTART_POINTS
+        self.watch = None
+        self._refresh()
         return [Finding(step=step, kind=kind, severity=severity, value=loss, baseline=base, onset_step=onset,
                         message=(f"The loss is above its level where the LR's last cycle began: {fmt(loss)} at step "
                                  f"{step} vs {fmt(self.level)}, for {_ABOVE} points in a row. The rise from step "
@@ -292,8 +289,7 @@ class Restarts:
             began = self.before_step if self.before_step is not None else self.restart
             if not began <= f.onset_step <= (self.early[-1] if self.early else self.restart) or f.value >= self.level:
                 continue
-            self.watch = [f.kind, f.severity, f.step, f.onset_step, f.baseline]
-            self.above, self.eager = 0, True
+            self.watch, self.above, self.eager = [f.kind, f.severity, f.step, f.onset_step, f.baseline], 0, True
             _explain(f, f"the LR went back up to its peak at step {self.restart} (a warm restart, as "
                         f"lr_anomaly said), and the loss rises as the optimizer leaves the minimum it had "
                         f"settled in; it stays below {fmt(self.level)}, where the cycle before began — the "
@@ -301,9 +297,10 @@ class Restarts:
 
     def state_dict(self) -> dict:
         return {"first": self.first, "level": self.level, "restart": self.restart, "before_step": self.before_step,
-                "early": self.early, "watch": self.watch, "above": self.above, "eager": self.eager}
+                "early": self.early, "watch": self.watch, "above": self.above}
 
     def load_state_dict(self, d: dict) -> None:
         self.first, self.level, self.restart = d["first"], d["level"], d["restart"]
         self.before_step, self.early = d["before_step"], list(d["early"])
-        self.watch, self.above, self.eager = d["watch"], d["above"], d["eager"]
+        self.watch, self.above = d["watch"], d["above"]
+        self._refresh()

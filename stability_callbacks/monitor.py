@@ -201,7 +201,7 @@ class Monitor:
             if out and epochs.before is not None:
                 epochs.judge(out)
         restarts = self.restarts
-        if restarts.wants(out):
+        if out or restarts.eager:
             said = restarts.update(record.step, ctx.loss, out)
             if said:
                 out += said

@@ -196,7 +196,7 @@ class RobustLevel:
     def cold_median(self) -> float:
         """While cold, the median of the logs seen (a spike among them barely moves it, as it
         may move their trend); O(k log k)."""
-        return _median(self.seen) if self.seen else self.level
+        return median(self.seen) if self.seen else self.level
 
     def cold_noise(self, upto: int | None = None) -> float:
         """While cold, the σ of one point's log around the curve, from the changes between
@@ -207,8 +207,8 @@ class RobustLevel:
         steps = [seen[i] - seen[i - 1] for i in range(1, len(seen))]
         if len(steps) < 2:
             return 0.0
-        mid = _median(steps)
-        return 1.4826 / _SQRT2 * _median([abs(d - mid) for d in steps])
+        mid = median(steps)
+        return 1.4826 / _SQRT2 * median([abs(d - mid) for d in steps])
 
     def trending(self) -> bool:
         """While cold (10 points or more), whether the logs seen moved by more than their noise
@@ -222,7 +222,7 @@ class RobustLevel:
         their second (robust to a spike among them); O(k log k)."""
         seen = self.seen
         h = len(seen) // 2
-        return _median(seen[:h]) - _median(seen[-h:]) if h else 0.0
+        return median(seen[:h]) - median(seen[-h:]) if h else 0.0
 
     def z(self, x: float) -> float:
         return (math.log(x) - self.forecast) / self.scale
@@ -280,8 +280,8 @@ class RobustLevel:
         seen.append(lx)
         k = len(seen)
         if k < min(self.cold_start_samples, COLD_TREND_SAMPLES):   # the median and MAD of what was seen
-            self.level = _median(seen)
-            self.mad = 1.4826 / 1.25 * _median([abs(v - self.level) for v in seen]) if k >= 3 else 0.0
+            self.level = median(seen)
+            self.mad = 1.4826 / 1.25 * median([abs(v - self.level) for v in seen]) if k >= 3 else 0.0
             return
         # A Theil–Sen line (the median of the pairwise slopes) through the later half of the cold
         # points, where the curve is now: its value at the last point is the level, its slope the
@@ -293,18 +293,18 @@ class RobustLevel:
             # the handover, where the points show no trend their noise does not explain (a noisy
             # flat loss: a line through 10 draws of ±50% tilts by chance and carries its tilt into
             # the EW part): their median, no trend, and no less noise than their changes show
-            self.level = _median(seen)
+            self.level = median(seen)
             self.trend = self.bias = 0.0
-            self.mad = max(1.4826 / 1.25 * _median([abs(v - self.level) for v in seen]), self.cold_noise() / 1.25)
+            self.mad = max(1.4826 / 1.25 * median([abs(v - self.level) for v in seen]), self.cold_noise() / 1.25)
             self.seen = []
             return
         recent = seen[k // 2:]
         m = len(recent)
-        slope = _median([(recent[j] - recent[i]) / (j - i) for i in range(m) for j in range(i + 1, m)]) if m > 1 else 0.0
+        slope = median([(recent[j] - recent[i]) / (j - i) for i in range(m) for j in range(i + 1, m)]) if m > 1 else 0.0
         resid = [v + slope * (m - 1 - i) for i, v in enumerate(recent)]   # each moved to the last point
-        self.level = _median(resid)
+        self.level = median(resid)
         self.trend = slope / self.damping if self.damping else 0.0        # forecast: level + slope
-        self.mad = 1.4826 / 1.25 * _median([abs(r - self.level) for r in resid])
+        self.mad = 1.4826 / 1.25 * median([abs(r - self.level) for r in resid])
         self.bias = 0.0
         if k >= self.cold_start_samples:
             self.seen = []
@@ -333,7 +333,8 @@ def _first_below(alpha: float) -> int:
     return n
 
 
-def _median(xs: Iterable[float]) -> float:
+def median(xs: Iterable[float]) -> float:
+    """The median of ``xs`` (of an even count, the mean of the middle two)."""
     s = sorted(xs)
     n = len(s)
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
@@ -369,8 +370,8 @@ class RollingMedian:
     def median(self) -> float:
         w = self.window
         if len(w) == self.size and self.size % 2:   # full, of an odd size (7, the detectors'): the
-            return sorted(w)[self.size // 2]        # middle value, as _median gives it, less its call
-        return _median(w) if w else math.nan
+            return sorted(w)[self.size // 2]        # middle value, as median gives it, less its call
+        return median(w) if w else math.nan
 
     def state_dict(self) -> list:
         return list(self.window)

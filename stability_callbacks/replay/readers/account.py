@@ -122,9 +122,9 @@ class ReadAccount:
                 if not names:
                     del self.keys[key]
 
-    def forget_last(self, index: int, printed: tuple) -> None:
+    def forget_last(self, index: int) -> None:
         """Record ``index``, the last, numbered in order, was no record after all: its part of the
-        log goes, and its numbering and the names its plan ``printed`` where no other record had them."""
+        log goes, and the numbering in order where no other part has it."""
         if self.segments and self.segments[-1][2] == index:
             self.segments.pop()
             self.segment_how = self.segments[-1][0] if self.segments else ""

@@ -817,8 +817,8 @@ class Assembler:
             self._fold_overflows(metrics, plan)
         prev = self.pending
         if self.made == 1 and prev is not None and how == "counter" and self.pending_how == "order" \
-                and (self._one_off(plan) or step > prev.step + 1):
-            prev = self._before_the_records(prev, plan, step)   # (a lone record, then the log's steps)
+                and ((one_off := self._one_off(plan)) or step > prev.step + 1):
+            prev = self._before_the_records(prev, step, one_off)   # (a lone record, then the log's steps)
         elif prev is not None and prev.step == step:
             moved = self._stays(prev, plan, metrics) if how == "counter" and plan is not None and plan.others else None
             if moved is not None:
@@ -1125,11 +1125,12 @@ class Assembler:
         return plan is not None and plan.step is not None and self._noted_plan is not None \
             and not _words(self._noted_plan.merged) <= _words(plan.merged)
 
-    def _before_the_records(self, prev: StepRecord, plan: Plan | None, step: int) -> StepRecord | None:
+    def _before_the_records(self, prev: StepRecord, step: int, one_off: bool) -> StepRecord | None:
         """The log's first record, numbered in order, before the first it numbers by its counter
-        (``step``): dropped and said where it is a line of its own form (:meth:`_one_off`; none
-        is released in its place), else numbered the step before (:meth:`_before_first_step`)."""
-        if not self._one_off(plan):
+        (``step``): dropped and said where it is a line of its own form (``one_off``,
+        :meth:`_one_off`; none is released in its place), else numbered the step before
+        (:meth:`_before_first_step`)."""
+        if not one_off:
             self._before_first_step(prev, step)
             return prev
         self.account.change(self.pending_line, ONE_OFF)
@@ -1215,24 +1216,24 @@ class Assembler:
             self._stayed(prev, self.kept_plan)       # the log ended at its first step: it stays
         out, self.released = self.released, []
         out += self.close_block()
-        if final and self.pending is not None and self._one_off_after():
+        if final and self.pending is not None and self._drop_one_off_after():
             self.pending = None
         if self.pending is not None:
             out.append(self.pending)
         self.pending = None
         return out
 
-    def _one_off_after(self) -> bool:
+    def _drop_one_off_after(self) -> bool:
         """Whether the log's last record, numbered in order after records its counter numbered,
         prints words the last of them does not (:func:`_words`): a line of its own after the records (a
         post's `loss: 2.0 -> 0.5` summary, a results file's closing line), not a training step.
-        Dropped and said (its part of the log, and its names where no record printed them)."""
+        If so, its drop is said and its part of the log forgotten (the caller drops it)."""
         plan = self._noted_plan
         if self.pending_how != "order" or not self.counted or plan is None \
                 or _words(plan.merged) <= _words(self.counted_template):
             return False
         self.account.change(self.pending_line, ONE_OFF_AFTER)
-        self.account.forget_last(self.made, plan.printed)
+        self.account.forget_last(self.made)
         self.made -= 1
         return True
 

@@ -84,7 +84,7 @@ def _listed(s: str) -> tuple[list[dict], bool] | None:
     file written with ``json.dump``: ``{"config": .., "history": [{..}, ..], "summary": {..}}``,
     or a bare ``[{..}, ..]``): the longest such list (at the top or one level down), and whether
     the document holds other values beside it (a summary, a config: no records). None otherwise."""
-    if not (s[:1] == "[" or ("[{" in s.replace(" ", "") and s[:1] == "{")):
+    if not (s[:1] == "[" or "[{" in s):   # (json.dump writes a list of objects as `[{`)
         return None
     try:
         doc = json.loads(s)
