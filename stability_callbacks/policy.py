@@ -315,6 +315,7 @@ class Policy:
         self._drop_old_leads(ctx)
         for f in findings:
             self._led_by_precursor(f)
+        _one_event(findings)
         extra: list[Finding] = []
         escalation = self._escalate_and_bump(findings, ctx, risk_window)
         if escalation is not None:
@@ -699,3 +700,20 @@ class Policy:
 
 __all__ = ["Policy", "AutoRollback", "SignatureLead", "DAMAGE_KINDS", "EVENT_KINDS", "SIGNATURE_LEADS", "SKIP_STEP_ON",
            "WARMUP_ESCALATION"]
+
+
+def _one_event(findings: list[Finding]) -> None:
+    """Criticals of different detectors at one step are one event read several ways, and their
+    causes may differ (a loss of exactly 0 beside a NaN grad norm: a loss zeroed after an fp16
+    overflow to one, a loss masked away to the other): each after the first says which finding to
+    read first (``details["same_event_as"]``) — the non-finite values where there are any, the
+    surest sign, else the first found."""
+    serious = [f for f in findings if f.severity == "critical" and f.kind not in EVENT_KINDS]
+    if len({f.kind for f in serious}) < 2:
+        return
+    first = next((f for f in serious if f.kind == "nonfinite"), serious[0])
+    for f in serious:
+        if f.kind != first.kind and "same_event_as" not in f.details:
+            f.details["same_event_as"] = first.kind
+            f.message += f" (One event with the {first.kind} finding at this step: read that one first.)"
+

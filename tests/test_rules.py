@@ -315,6 +315,17 @@ def test_fp16_lora_loss_zero_with_nan_grad_norm():
     assert f[0].details["zero_loss"] is True and "reads exactly 0.0" in f[0].message
 
 
+def test_two_criticals_at_one_step_say_they_are_one_event():
+    # a loss falling to exactly 0 beside a NaN grad norm: the nonfinite finding names an fp16 overflow
+    # that zeroed it, the stall a list of causes (a masked loss among them): the stall says which to read first
+    recs = [StepRecord(s, {"loss": 1.2 - 0.01 * s, "grad_norm": 1.0}) for s in range(1, 31)]
+    recs.append(StepRecord(31, {"loss": 0.0, "grad_norm": math.nan}))
+    f = [x for x in run(recs) if x.step == 31]
+    assert [(x.kind, x.severity, x.details.get("same_event_as")) for x in f] == [
+        ("nonfinite", "critical", None), ("stall", "critical", "nonfinite"), ("rollback_advice", "critical", None)]
+    assert f[1].message.endswith("(One event with the nonfinite finding at this step: read that one first.)")
+
+
 def test_a_nan_on_the_very_first_step_is_critical_at_once():
     # nothing to compare with, and nothing needed: a NaN is unmistakable
     f = run([StepRecord(1, {"loss": math.nan, "grad_norm": 3.0})])
