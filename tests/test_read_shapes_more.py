@@ -1532,3 +1532,20 @@ def test_a_headerless_table_with_no_counter_guesses_the_column_that_falls(tmp_pa
     assert got == [(i, {"loss": a}) for i, (a, _) in enumerate(rows, 1)]
     assert account.keys["loss"][0].startswith("#1 (the first column that falls like a loss, of 2 unnamed columns")
     assert list(account.numbering) == ["order"]
+
+
+def test_a_headerless_table_whose_loss_does_not_fall_guesses_its_first_column(tmp_path):
+    # a DQN's loss rising as its Q-values grow, its episode reward rising below zero: no column falls
+    # (the reward's minus is its sign: -200 -> -101 does not fall); before, refused; now the first
+    # column that is no count, said as a guess
+    rng = random.Random(1)
+    rows = [(round(0.5 * math.exp(i / 150) * (1 + 0.2 * rng.random()), 4), round(-200 + i / 2 + rng.random(), 2))
+            for i in range(200)]
+    got, account = records_of(tmp_path, "".join(f"{a},{b}\n" for a, b in rows), name="dqn.csv")
+    assert got == [(i, {"loss": a}) for i, (a, _) in enumerate(rows, 1)]
+    assert account.keys["loss"][0].startswith("#1 (the first column that is not a count, of 2 unnamed columns with no "
+                                              "counter among them, none falling like a loss (a guess")
+    # the reward first, the loss second and falling: the loss, not the reward climbing below zero
+    got, _ = records_of(tmp_path, "".join(f"{b},{a}\n" for a, b in ((2.0 * 0.99 ** i, -200 + i / 2) for i in range(50))),
+                        name="r.csv")
+    assert [m["loss"] for _, m in got] == [pytest.approx(2.0 * 0.99 ** i) for i in range(50)]

@@ -254,24 +254,35 @@ def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
 
 GUESSED_HEADLESS = ("the first column that falls like a loss, of {n} unnamed columns with no counter among them (a "
                     "guess: the table has no header; records numbered in order)")
+GUESSED_FIRST = ("the first column that is not a count, of {n} unnamed columns with no counter among them, none "
+                 "falling like a loss (a guess: the table has no header, and code that prints one prints its loss "
+                 "first; records numbered in order)")
 
 
 def _headless(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
     """A table of numbers with no header and no counter (``2.1689,-196.21`` on every line: a loss
     and a reward): the first column that falls like a loss (:func:`_falls`; a reward, an
-    accuracy climb), the records numbered in order. A guess, said as such; None where the lines
-    print anything but numbers between separators, or no column falls."""
+    accuracy climb), else — none falls: a loss that rises (a DQN's, as its Q-values grow), one
+    that never learns — the first that is not a count (``print(loss, reward)`` prints the loss
+    first), the records numbered in order. A guess, said as such (a refusal's suggestion could
+    name no better column); None where the lines print anything but numbers between separators,
+    or every column is a count."""
     if any(t.strip().rstrip("-+") not in ("", ",", ";") for t in texts):   # (a sign stays in the template)
         return None
     n = len(texts) - 1
-    loss = next((i for i in range(n) if not all(s[i].isdigit() for s in samples if i < len(s))
-                 and _falls(samples, i)), None)
+    values = [i for i in range(n) if not all(s[i].isdigit() for s in samples if i < len(s))]
+    # (a minus the template holds is the column's sign: -196.21 climbing to -150 does not fall)
+    signed = [[("-" if texts[i].endswith("-") else "") + v for i, v in enumerate(s)] for s in samples]
+    loss = next((i for i in values if _falls(signed, i)), None)
+    what, which = GUESSED_HEADLESS, "the first that falls like a loss"
+    if loss is None and values:
+        loss, what, which = values[0], GUESSED_FIRST, "the first that is not a count, none falling like a loss"
     if loss is None:
         return None
-    return Guess(re.compile(_pattern(texts, None, loss)), {"loss": f"#{loss + 1} ({GUESSED_HEADLESS.format(n=n)})"},
+    return Guess(re.compile(_pattern(texts, None, loss)), {"loss": f"#{loss + 1} ({what.format(n=n)})"},
                  template=tokens.fold(texts), said=(
                      f"the log names no loss and prints no counter: the loss is a guess, column #{loss + 1} of {n} "
-                     f"(the first that falls like a loss), the records numbered in order"))
+                     f"({which}), the records numbered in order"))
 
 
 def _split_loss(roles, samples, step: int) -> int | None:
