@@ -1503,6 +1503,22 @@ def test_a_results_document_on_one_line_reads_its_list_of_records(tmp_path):
     assert account.ignored == {"run summary (the values beside the document's list of records)": [1, 1]}
 
 
+def test_a_results_document_over_many_lines_reads_its_list_of_records(tmp_path):
+    # the same written with `indent=2`, its records nested (`{"iter": 10, "metrics": {"loss": ..}}`) after an
+    # evaluation summary: before, read line by line, the `iter` lines taken for headers, the summary's
+    # loss for record 1 and every record numbered in order
+    train = [{"iter": 10 * i, "metrics": {"loss": round(3.0 * 0.97 ** i + 0.5, 4)}} for i in range(1, 41)]
+    doc = {"eval": {"loss": 0.9, "accuracy": 0.7}, "train": train}
+    text = json.dumps(doc, indent=2) + "\n"
+    got, account = records_of(tmp_path, text, name="results.json")
+    assert got == [(t["iter"], {"loss": t["metrics"]["loss"]}) for t in train]
+    assert account.ignored == {"run summary (the values beside the document's list of records)": [1, 1]}
+    # a document with no list of records (a config printed before text records) is no JSON log
+    got, _ = records_of(tmp_path, json.dumps({"lr": 0.001, "model": {"layers": 12}}, indent=2) + "\n" + "".join(
+        f"step {s} loss {2.0 - 0.01 * s:.3f}\n" for s in range(1, 31)))
+    assert [s for s, _ in got] == list(range(1, 31))
+
+
 @pytest.mark.parametrize("form, name", [
     (lambda i: f"{'█' * (i // 10)}{'░' * (10 - i // 10)} {i} loss={2.3 - 0.01 * i:.3f}", "(unnamed)"),
     (lambda i: f"▕{'█' * (i // 10):<10}▏ batch {i} loss {2.3 - 0.01 * i:.3f}", "batch"),

@@ -25,6 +25,7 @@ def read(path, *, account: ReadAccount, lines, user_keys=None, **_) -> Iterator[
     run_log = False
     declared = None   # a phase line's declared warmup, handed to the next step record
     outputs = None    # a model line's output size, likewise
+    document: list[tuple[int, str]] = []   # the lines of a JSON document printed over many, so far
     for line_no, text in lines:
         if text is None:
             yield from reading.flush()
@@ -32,13 +33,20 @@ def read(path, *, account: ReadAccount, lines, user_keys=None, **_) -> Iterator[
         s = text.strip()
         if not s:
             continue
+        if document or (s in ("{", "[") or s.endswith(("[", "{")) and s[:1] in "{[") and text[:1] in "{[":
+            document.append((line_no, text))
+            if text[:1] not in "}]":   # (a document printed over many lines closes at its first column)
+                continue
+            listed = records_of_document(document)
+            if listed is None:
+                account(document[0][0], document[0][1], "not JSON: a document over many lines with no list of records")
+            else:
+                yield from _listed_records(reading, account, *listed, at=document[0][0])
+            document = []
+            continue
         listed = _listed(s)
         if listed is not None:   # one JSON document holding the run's records as a list: each its own line
-            records, beside = listed
-            if beside:
-                account.ignore(line_no, "", "run summary (the values beside the document's list of records)")
-            for obj in records:
-                yield from reading.line(line_no, json.dumps(obj))
+            yield from _listed_records(reading, account, listed[0], listed[1], [line_no] * len(listed[0]), at=line_no)
             continue
         if not (s.startswith("{") and s.endswith("}")):
             account(line_no, text, "not JSON: not an object on one line")
@@ -79,17 +87,52 @@ def read(path, *, account: ReadAccount, lines, user_keys=None, **_) -> Iterator[
     yield from reading.finish()
 
 
+def _listed_records(reading, account: ReadAccount, records: list[dict], beside: bool, line_nos: list[int], *,
+                    at: int) -> Iterator[StepRecord]:
+    """The records of a document's list, each read as a line of its own (at ``line_nos``); the
+    values beside the list are a run summary (the document's, at line ``at``)."""
+    if beside:
+        account.ignore(at, "", "run summary (the values beside the document's list of records)")
+    for line_no, obj in zip(line_nos, records):
+        yield from reading.line(line_no, json.dumps(obj))
+
+
+def records_of_document(lines: list[tuple[int, str]]) -> tuple[list[dict], bool, list[int]] | None:
+    """A JSON document printed over many lines (``json.dump(results, f, indent=2)``): its list of
+    records as :func:`_records_in` finds it, and the line each record opens on (a pretty-printer
+    opens each of a list's objects on a line of its own, at one indent; where they cannot be
+    told, the document's first line). None where it is no JSON or holds no such list."""
+    try:
+        doc = json.loads("\n".join(t for _, t in lines))
+    except ValueError:
+        return None
+    found = _records_in(doc)
+    if found is None:
+        return None
+    records, beside = found
+    opens = [(len(t) - len(t.lstrip()), n) for n, t in lines[1:] if t.strip() == "{"]
+    indent = min((i for i, _ in opens), default=0)
+    line_nos = [n for i, n in opens if i == indent]
+    return records, beside, line_nos if len(line_nos) == len(records) else [lines[0][0]] * len(records)
+
+
 def _listed(s: str) -> tuple[list[dict], bool] | None:
     """A line that is one JSON document holding a run's records as a list of objects (a results
-    file written with ``json.dump``: ``{"config": .., "history": [{..}, ..], "summary": {..}}``,
-    or a bare ``[{..}, ..]``): the longest such list (at the top or one level down), and whether
-    the document holds other values beside it (a summary, a config: no records). None otherwise."""
+    file written with ``json.dump``), as :func:`_records_in` finds it. None otherwise."""
     if not (s[:1] == "[" or "[{" in s):   # (json.dump writes a list of objects as `[{`)
         return None
     try:
         doc = json.loads(s)
     except ValueError:
         return None
+    return _records_in(doc)
+
+
+def _records_in(doc) -> tuple[list[dict], bool] | None:
+    """A document's run records, a list of objects (``{"config": .., "history": [{..}, ..],
+    "summary": {..}}``, or a bare ``[{..}, ..]``): the longest such list (at the top or one level
+    down), and whether the document holds other values beside it (a summary, a config: no
+    records). None where it holds none."""
     lists = [doc] if isinstance(doc, list) else [] if not isinstance(doc, dict) else [
         v for v in doc.values() if isinstance(v, list)] + [
         w for v in doc.values() if isinstance(v, dict) for w in v.values() if isinstance(w, list)]

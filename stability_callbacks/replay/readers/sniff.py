@@ -4,7 +4,7 @@ JSON objects (our run log, metric dicts; ``trainer_state.json``), CSV tables (a 
 names and a row of as many cells: our CSV, Lightning's ``metrics.csv``, W&B exports) are told
 by their first lines; Megatron, fairseq and Caffe by a line only they print; anything else that
 prints a step and a training metric is the generic reader's. Detection reads a bounded prefix
-(``DETECT_MAX_LINES``, ``JSON_SNIFF_LINES``), never a whole file, and never throws on what it
+(``DETECT_MAX_LINES``, ``JSON_DOCUMENT_LINES``), never a whole file, and never throws on what it
 reads: a line it cannot interpret is no evidence either way.
 """
 from __future__ import annotations
@@ -16,15 +16,16 @@ import time
 from typing import Iterable
 
 from ... import keys
-from . import caffe, fairseq, generic, megatron, suggest
+from . import caffe, fairseq, generic, jsonl, megatron, suggest
 from .history import Histories
 from .source import LogFormatError, segments, strip_prefix
 
 # A Megatron log may print 10k lines of arguments and start-up before its first iteration.
 DETECT_MAX_LINES = 200_000
-# `{` on a line of its own: a JSON document; its `log_history` key (trainer_state.json) comes
-# among its first keys.
-JSON_SNIFF_LINES = 2_000
+# `{` on a line of its own: a JSON document, held until it closes (at its first column), up to
+# this many lines: a `log_history` key makes it trainer_state.json, a list of records (a results
+# file, `json.dump(..., indent=2)`) our JSON reader's.
+JSON_DOCUMENT_LINES = 100_000
 JSON_LINE_MAX_CHARS = 1 << 20
 # A followed file: how long a tentative answer (DeepSpeed or overflow lines so far) waits for a
 # decisive line (Megatron's first iteration line comes within a few steps of DeepSpeed's).
@@ -185,16 +186,21 @@ class _Structured:
         self.seen += 1
         self.held.append((self.seen, text))
         try:
-            return self._decide(s)
+            return self._decide(s, text)
         except (csv.Error, ValueError):
             self.open = False
             return None
 
-    def _decide(self, s: str) -> str | None:
+    def _decide(self, s: str, text: str) -> str | None:
         if self.mode == "json":
             if '"log_history"' in s:
                 return "hf-state"
-            if self.seen > JSON_SNIFF_LINES:
+            if text[:1] in "}]":   # the document closed (at its first column): records in a list are JSON's
+                listed = jsonl.records_of_document(list(enumerate((t for _, t in self.held), 1)))
+                if listed is not None:
+                    return "jsonl"
+                self.open = False
+            elif self.seen > JSON_DOCUMENT_LINES:
                 self.open = False
             return None
         if self.mode == "table":
