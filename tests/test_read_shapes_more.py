@@ -1565,3 +1565,27 @@ def test_a_headerless_table_whose_loss_does_not_fall_guesses_its_first_column(tm
     got, _ = records_of(tmp_path, "".join(f"{b},{a}\n" for a, b in ((2.0 * 0.99 ** i, -200 + i / 2) for i in range(50))),
                         name="r.csv")
     assert [m["loss"] for _, m in got] == [pytest.approx(2.0 * 0.99 ** i) for i in range(50)]
+
+
+@pytest.mark.parametrize("form", [
+    lambda s, x: f"**Step {s}** — loss: `{x:.3f}` · grad-norm: `0.50`\n",
+    lambda s, x: f"- **step**: {s}, **loss**: {x:.3f}, *grad norm*: 0.50\n",
+])
+def test_markdowns_code_and_emphasis_are_no_part_of_a_name(tmp_path, form):
+    # a post-mortem's excerpt in markdown: `loss: \`2.310\``, `**loss**:`; before, the backtick was the
+    # name (the loss guessed by position) and the counter was '**Step'
+    xs = [round(2.0 * 0.99 ** s + 1.0, 3) for s in range(1, 41)]
+    got, account = records_of(tmp_path, "# Incident\n\n" + "".join(form(100 * s, x) for s, x in enumerate(xs, 1)),
+                              name="postmortem.md")
+    assert got == [(100 * s, {"loss": x, "grad_norm": 0.5}) for s, x in enumerate(xs, 1)]
+    assert account.numbering == {"counter": ["Step" if "Step" in form(1, 1.0) else "step"]}
+
+
+def test_hf_trainers_epoch_fraction_at_a_whole_epoch_is_no_epoch_counter(tmp_path):
+    # transformers 5 prints each float as a quoted '{:.4g}': the last record's epoch is '1', not '1.0'.
+    # Before, that record was numbered by its epoch (step 1: a false resume, and every step an epoch)
+    lines = [f"{{'loss': '{2.0 - 0.01 * i:.4g}', 'grad_norm': '1.5', 'learning_rate': '5e-05', 'epoch': "
+             f"'{i / 40:.4g}'}}\n" for i in range(1, 41)]
+    assert lines[-1].endswith("'epoch': '1'}\n")
+    got, account = records_of(tmp_path, "".join(lines))
+    assert [s for s, _ in got] == list(range(1, 41)) and list(account.numbering) == ["order"]

@@ -113,6 +113,7 @@ class Assembler:
         self.dropped = ""                     # why the last record line made no record
         self.bar_before_epoch = False         # a complete bar came before any epoch
         self.fraction: tuple = (None, None)   # the epoch fraction and plan of the last uncounted record
+        self.fractions = False   # the epoch printed as a fraction on some record (HF's `'epoch': '0.98'`)
         self.reprinted = False                # the record at hand prints the one before again
         self.outer: dict[str, list] = {}      # template -> [last count, last numbers before it,
         # the one that counts epochs, their first values, iterations per epoch]
@@ -268,7 +269,10 @@ class Assembler:
         if plan.epoch is not None:
             text = nums[plan.epoch]
             if not text.isdigit():
+                self.fractions = True
                 return                        # HF's epoch fraction is no counter
+            if self.fractions:
+                return                        # ... nor that fraction at a whole epoch (`'epoch': '1'` after '0.99')
             first = self.epoch is None
             if self.epoch != int(text):
                 self.epoch_made = self.made
@@ -300,7 +304,7 @@ class Assembler:
         self._epoch_context(nums, plan)
         if plan.step is None:
             own = nums[plan.epoch] if plan.epoch is not None else ""
-            if own.isdigit() and self.epoch_steps:
+            if own.isdigit() and self.epoch_steps and not self.fractions:
                 return int(own), "epoch"      # an epoch and nothing finer: the epoch is the step
             if not own and self.epoch is not None and self.epoch_steps:
                 return self.epoch, "epoch"    # under an epoch's header (`=== Epoch 3/20 ===`)

@@ -34,6 +34,7 @@ _GLUED_AFTER = {"epoch": "epoch", "batch": "batch", "batches": "batch"}
 _TRAILING_WORD = re.compile(r"(?<![A-Za-z_/.-])([A-Za-z]+)$")
 _LEADING_WORD = re.compile(r"([A-Za-z]+)(?![A-Za-z])")
 _QUOTES = " \t'\"\u2018\u2019\u201c\u201d"
+_MARKDOWN = "`*"
 # (and a bar's drawing, box-drawing and block glyphs: `▕███▏ batch 3`, `━━━━ 12/100`, `░░░ 4`, name nothing)
 _BAR_GLYPHS = "".join(map(chr, range(0x2500, 0x25A0)))
 _CUTS = ",|;[]{}()<>'\"=:\t\u2018\u2019\u201c\u201d\uff1a\uff0c" + _BAR_GLYPHS
@@ -101,8 +102,8 @@ def key_before(piece: str, glued: bool) -> str:
         s = s[i:]
     if "s " in s:
         s = _POSSESSIVE.sub("", s)
-    s = s.rstrip(_QUOTES + "[(~")
-    s = s.rstrip(" \t:=\uff1a").rstrip(_QUOTES)   # (and a full-width colon: `损失：2.3`)
+    s = s.rstrip(_QUOTES + _MARKDOWN + "[(~")       # (markdown's code and emphasis: loss: `2.31`, **loss**:)
+    s = s.rstrip(" \t:=\uff1a").rstrip(_QUOTES + _MARKDOWN)   # (and a full-width colon: `损失：2.3`)
     if s[-1:] == "_" and s[-2:-1].isalnum():   # a key glued to its value by an underscore: `loss_2.31`
         s = s[:-1]
     qualifier = ""
@@ -135,6 +136,8 @@ def key_before(piece: str, glued: bool) -> str:
         # 2.30`: after a sentence or a field (not a warning's own `loss is nan at step 12`)
         key = key[:-3].rstrip()
         key = key[key.rfind(". ") + 2:] if ". " in key else key
+    if key[:1] in _MARKDOWN:
+        key = key.lstrip(_MARKDOWN)            # `**Step 4000**`: markdown's emphasis, no part of the name
     return key + qualifier if key else key
 
 
