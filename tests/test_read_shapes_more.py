@@ -1589,3 +1589,32 @@ def test_hf_trainers_epoch_fraction_at_a_whole_epoch_is_no_epoch_counter(tmp_pat
     assert lines[-1].endswith("'epoch': '1'}\n")
     got, account = records_of(tmp_path, "".join(lines))
     assert [s for s, _ in got] == list(range(1, 41)) and list(account.numbering) == ["order"]
+
+
+def test_a_nan_warning_after_the_last_record_is_a_step_of_its_own(tmp_path, capsys):
+    # torchvision's references stop on `Loss is inf, stopping training` (then print the loss dict), a step
+    # after the last line they printed: before, the warning marked nothing (the record before it was
+    # finite) and replay gave an all-clear
+    lines = "".join(f"Epoch: [1]  [{i}/7329]  eta: 0:15:05  lr: 0.020000  loss: {0.9 - i / 10000:.4f} "
+                    f"({0.95 - i / 10000:.4f})  time: 0.2012  data: 0.0021  max mem: 4123\n" for i in range(0, 3000, 100))
+    crash = ("Loss is inf, stopping training\n{'loss_classifier': tensor(inf, device='cuda:0', grad_fn=<NllLossBackward0>), "
+             "'loss_box_reg': tensor(0.2345, device='cuda:0')}\n")
+    got, account = records_of(tmp_path, lines + crash)
+    assert got[-1] == (2901, {"loss": math.inf}) and [s for s, _ in got[:-1]] == list(range(0, 3000, 100))
+    path = tmp_path / "tv.log"
+    path.write_text(lines + crash)
+    code, out, _ = replay(capsys, path)
+    assert code == 1 and "[critical] step 2901 nonfinite" in out and "1st NaN-warning line after step 2900" in out
+    assert "records 31-31 by the step after the last one printed (NaN-warning lines that print no step)" in out
+    # detectron2's `FloatingPointError: Loss became infinite or NaN at iteration=3456!`: at the step it prints
+    d2 = "".join(f"[11/30 01:00:00 d2.utils.events]:  eta: 0:20:00  iter: {i}  total_loss: {1.5 - i / 5000:.3f}  "
+                 f"lr: 0.020000\n" for i in range(19, 3440, 20))
+    got, _ = records_of(tmp_path, d2 + "FloatingPointError: Loss became infinite or NaN at iteration=3456!\n")
+    assert got[-1][0] == 3456 and math.isnan(got[-1][1]["loss"]) and len(got) == 173
+    # TF's NanTensorHook: `ERROR:tensorflow:Model diverged with loss = NaN.` (a loss with no step, in another form)
+    tf = "".join(f"INFO:tensorflow:loss = {2.3 * 0.99 ** s:.8f}, step = {100 * s} (0.331 sec)\n" for s in range(1, 51))
+    got, account = records_of(tmp_path, tf + "ERROR:tensorflow:Model diverged with loss = NaN.\n")
+    assert got[-1][0] == 5001 and math.isnan(got[-1][1]["loss"]) and len(got) == 51 and account.ignored == {}
+    # a warning that a record follows says nothing more: the run went on (a skipped batch)
+    got, _ = records_of(tmp_path, lines + "WARNING: loss is nan, skipping batch\n" + lines.replace("[1]", "[2]"))
+    assert all(math.isfinite(m["loss"]) for _, m in got) and len(got) == 60

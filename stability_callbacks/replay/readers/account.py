@@ -29,7 +29,7 @@ NUMBERINGS = {"counter": "the log", "order": "order of appearance", "epoch": "th
 _LABELS = {"counter": "the log's counter", "order": "order of appearance (the records print no counter "
            "taken for the step: step N is the N-th record)", "epoch": "the epoch (no count finer than the epoch moves from record to "
            "record: step N is epoch N)",
-           "after": "the step after the last one printed (overflow lines that print no step)",
+           "after": "the step after the last one printed ({after} lines that print no step)",
            "samples": "the log's counter of samples seen, divided by {unit:,}"}
 _NO_STEPS = "which prints no step numbers"
 #: Parts of a log numbered differently that the account lists one by one.
@@ -60,6 +60,7 @@ class ReadAccount:
         self.sample_epoch = 0                        # ... and steps per epoch
         # Why records are numbered in order (a finding says so: step_caveat).
         self.order_reason = _NO_STEPS
+        self.after_what = "overflow"   # the lines numbered "after" (an overflow's, a NaN warning's)
         self.first_unreadable: tuple[int, str] | None = None
         #: A reinforcement learner's name the log prints (``value_loss``, ``ep_rew_mean``): its
         #: loss is an objective built from returns.
@@ -177,6 +178,15 @@ class ReadAccount:
         else:
             seen[0] += n
 
+    def unignore(self, reason: str) -> None:
+        """The last line ignored for ``reason`` gave a record after all (a NaN warning after the
+        last record, read once the log ended)."""
+        seen = self.ignored.get(reason)
+        if seen is not None and seen[0] > 1:
+            seen[0] -= 1
+        elif seen is not None:
+            del self.ignored[reason]
+
     def __call__(self, line_no: int, text: str, reason: str) -> None:
         """An unreadable line (the callback readers call)."""
         self.ignore(line_no, text, reason if reason.startswith(UNREADABLE) else f"{UNREADABLE}: {reason}")
@@ -248,8 +258,8 @@ class ReadAccount:
             return (f"(step {step} is not printed by the log: its counter counts samples, and steps are "
                     f"samples seen / {self.sample_unit:,}, {self.sample_epoch:,} to an epoch)")
         if how == "after":
-            return (f"(step {step} is not printed by the log: it is the {_ordinal(step - before)} overflow "
-                    f"line after step {before}, the last step printed: find it by counting overflow lines "
+            return (f"(step {step} is not printed by the log: it is the {_ordinal(step - before)} {self.after_what} "
+                    f"line after step {before}, the last step printed: find it by counting {self.after_what} lines "
                     "from there)")
         if all(s[0] == "order" for s in self.segments):
             return (f"(step {step} is record number {first_record + step - first_step} of the log, "
@@ -288,7 +298,7 @@ class ReadAccount:
         if how == "order" and self.order_reason != _NO_STEPS:
             # the records print a counter, not taken: say which and why (not "no counter")
             return f"order of appearance (step N is the N-th record of the log, {self.order_reason})"
-        return _LABELS[how].format(unit=self.sample_unit)
+        return _LABELS[how].format(unit=self.sample_unit, after=self.after_what)
 
     @property
     def order_numbered(self) -> bool:

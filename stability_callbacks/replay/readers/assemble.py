@@ -82,6 +82,10 @@ ONE_OFF_AFTER = ("records dropped: a line after the log's last record, of a form
                  "prose), not a training step")
 
 #: What a warning line beside a record whose loss prints 0 does to it (Assembler.warning).
+#: A NaN warning's line, ignored (it marks the step before it), or read as a record of its own.
+NAN_WARNING = "NaN warning (marks the step before it)"
+NAN_AFTER = ("records read from a warning that the loss went non-finite after the last record (no record follows "
+             "it): at the step it prints, else the step after the last")
 WARNED = ("records whose loss prints 0 read as NaN: a warning line beside them says the loss was not finite",
           "records whose loss prints 0 marked skipped (skipped=1, no loss read): a warning line beside them says "
           "the step was skipped")
@@ -129,6 +133,7 @@ class Assembler:
         self.loss_rank = len(LOSS_KINDS)      # the best way a record printed its loss so far
         self.loss_printed = ""                # ... and its name
         self.overflows: list[tuple] = []      # (step or None, scale left, skipped) since the last record
+        self.nan_after: tuple | None = None   # (step or None, value): a NaN warning after the last record
         self.cumulative: int | None = None    # DeepSpeed's last cumulative skip count
         self.cumulative_first: tuple[StepRecord | None, int, int | None] | None = None
         # ^ (record, count, step) of the first cumulative count, its delta undecided
@@ -195,9 +200,12 @@ class Assembler:
                            not plan.overflow_applied)
         elif kind == "nan":
             rec = self.pending
-            if rec is not None and keys.LOSS not in rec.metrics and (
-                    plan.step is None or int(float(nums[plan.step])) == rec.step):
+            at = int(float(nums[plan.step])) if plan.step is not None else None
+            if rec is not None and keys.LOSS not in rec.metrics and (at is None or at == rec.step):
                 rec.metrics[keys.LOSS] = float("nan")
+            else:
+                self._nan_after_seen(at, next((float(v) for v in nums if v.lstrip("+-")[:1] in "nNiI"), math.nan),
+                                     NAN_WARNING)
         elif kind == "epoch" or (kind == "ignore" and plan.epoch is not None):
             self._epoch_context(nums, plan)   # (`Start Training ... Epoch 82/300, lr=0.05`)
         elif kind == "ignore" and self.epoch is not None and plan.step is None and plan.metrics \
@@ -630,12 +638,17 @@ class Assembler:
             text = nums[plan.step]             # (its loss printed as such: Plan.simple)
             return self.emit(int(text) if text.isdigit() else int(float(text)), metrics, plan,
                              "counter", plan.step_name)
-        if plan.loss_rank != self.loss_rank and (not self._loss_of(plan, metrics) or (
-                plan.step is None and self.counted and plan.loss_rank > self.loss_rank)):
-            # (a line with no step whose loss is a statistic or terms, in a log whose records
-            # print the loss and a counter: a summary, its other values no record after the last)
-            self.dropped = DROPPED[1]
-            return []
+        if plan.loss_rank != self.loss_rank:
+            x = metrics.get(keys.LOSS, 0.0)
+            if not self._loss_of(plan, metrics) or (
+                    plan.step is None and self.counted and plan.loss_rank > self.loss_rank):
+                # (a line with no step whose loss is a statistic or terms, in a log whose records
+                # print the loss and a counter: a summary, its other values no record after the last)
+                self.dropped = DROPPED[1]
+                if not math.isfinite(x):   # ... but a loss gone NaN (TF's `Model diverged with loss = NaN.`)
+                    self._nan_after_seen(int(float(nums[plan.step])) if plan.step is not None else None, x,
+                                         DROPPED[1])
+                return []
         if plan.counter and self._another_bar(plan, nums, metrics):
             return []
         step, how = self._step_of(nums, plan)
@@ -835,6 +848,7 @@ class Assembler:
         self.pending_last_step = self.last_step
         self.last_step = step
         rec = self.pending = StepRecord(step, metrics)
+        self.nan_after = None   # (a record after a NaN warning: the run went on, and says the rest)
         if self.epoch is not None and how != "epoch":   # a step inside the epoch the log last named
             rec.epoch = self.epoch
         self._keep_copy(step, metrics)
@@ -1241,6 +1255,34 @@ class Assembler:
         self.made -= 1
         return True
 
+    def _nan_after_seen(self, at: int | None, value: float, ignored: str) -> None:
+        """A line that says the loss went non-finite, at step ``at`` (None: it prints none), and no
+        record of it: where the last record's loss is finite and ``at`` is after it, the loss went
+        non-finite at a step after the last record (`Loss is inf, stopping training`, detectron2's
+        `Loss became infinite or NaN at iteration=3456!`, TF's `Model diverged with loss = NaN.`):
+        a step of its own if no record follows (:meth:`finish`; one that does says the rest).
+        ``ignored``: why the line is ignored until then."""
+        rec = self.pending
+        if rec is not None and math.isfinite(rec.metrics.get(keys.LOSS, math.nan)) and (at is None or at > rec.step):
+            self.nan_after = (at, value, self.line_no, ignored)
+
+    def _nan_after(self) -> list[StepRecord]:
+        """The log's last line about the loss, a warning that it went non-finite after the last
+        record (the run stopped there): a record of its own, at the step the warning prints, else
+        the step after the last (said: the account's ``after`` numbering)."""
+        at, value, line_no, ignored = self.nan_after
+        self.nan_after = None
+        self.account.unignore(ignored)
+        self.account.change(line_no, NAN_AFTER)
+        self.last_step = at if at is not None else self.last_step + 1
+        how = "counter" if at is not None else "after"
+        self.account.after_what = "NaN-warning"
+        self.account.numbered(how, "")
+        self.made += 1
+        if how != self.account.segment_how:
+            self.account.record_numbered(how, "", self.made, self.last_step)
+        return [StepRecord(self.last_step, {keys.LOSS: value})]
+
     def finish(self) -> list[StepRecord]:
         out = self.flush(final=True)
         counted = self.account.counted
@@ -1257,6 +1299,8 @@ class Assembler:
             if how != self.account.segment_how:
                 self.account.record_numbered(how, "", self.made, self.last_step)
         self.overflows = []
+        if self.nan_after is not None:
+            out += self._nan_after()
         if self.cumulative_first is not None:
             self._mid_run(*self.cumulative_first[1:])
             self.cumulative_first = None

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from ...record import StepRecord
 from . import tokens
 from .account import ReadAccount
-from .assemble import Assembler
+from .assemble import NAN_WARNING, Assembler
 from .history import Histories
 from .plan import LOSS_KINDS, Plan, choose_counter, make_plan, report_row, signed, warning
 from .source import segments, strip_prefix
@@ -94,7 +94,7 @@ def _wraps(text: str) -> bool:
 HISTORY_SUMMARY = "run summary (a history of the records above, printed as arrays)"
 _REASONS = {"eval": "evaluation", "summary": "run summary", "ignore": "no training metric",
             "overflow": "overflow (folded into the next record)", "epoch": "epoch header",
-            "header": "step header", "nan": "NaN warning (marks the step before it)"}
+            "header": "step header", "nan": NAN_WARNING}
 
 
 def _integers(nums: Sequence[str]) -> int:
