@@ -26,7 +26,7 @@ log = logging.getLogger("stability_callbacks")
 #: The detectors a record's keys feed: those before the main loss spike, it (if fed), those after.
 _Plan = tuple[tuple[Detector, ...], LossSpike | None, tuple[Detector, ...]]
 
-STATE_VERSION = 16  # 2: latches and EW means are statistics objects; streams are a detector;
+STATE_VERSION = 17  # 2: latches and EW means are statistics objects; streams are a detector;
                     # 3: baselines keep their bias and cold start, divergence its swing horizon;
                     # 4: loss_spike keeps its right tail, not_learning its chance level per point;
                     # 5: divergence keeps its run of rising epochs and where its scale closes,
@@ -46,6 +46,8 @@ STATE_VERSION = 16  # 2: latches and EW means are statistics objects; streams ar
                     #     Monitor keeps the loss through this epoch and the one before; a spike
                     #     near the floor whether its warning waits for the next point, and the loss
                     #     its last warning quoted
+                    # 17: stall keeps the grad norm beside the last loss (a repeat beside another
+                    #     gradient is no freeze)
 
 #: The records :meth:`Monitor.update_many` runs one detector at a time over, at most: long enough
 #: for a detector's code to stay hot, short enough for their contexts to stay in the cache.

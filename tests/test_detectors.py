@@ -113,8 +113,8 @@ def test_sudden_drop_is_info():
 
 def test_stall_and_exact_zero():
     recs = healthy(300)
-    for r in recs[200:]:
-        r.metrics["loss"] = 1.234
+    for r in recs[200:]:   # one computation again and again: its gradient too
+        r.metrics["loss"], r.metrics["grad_norm"] = 1.234, 0.5
     # full-precision values before it: three identical ones are already beyond chance (and
     # 1.234 is 56% below the loss before it: a sudden drop too, as the fast level shows at 204)
     assert kinds(run(recs)) == [(203, "stall", "critical"), (204, "sudden_drop", "info")]
@@ -349,7 +349,8 @@ SCENARIOS = {
     "divergence": lambda r: scale(r, "loss", lambda s: math.exp(0.004 * (s - 560)) if s >= 560 else 1.0),
     "level_shift": lambda r: scale(r, "loss", lambda s: 1.25 if s >= 560 else 1.0),
     "sudden_drop": lambda r: scale(r, "loss", lambda s: 0.6 if s >= 588 else 1.0),
-    "stall": lambda r: _set(r, "loss", lambda s, v: 1.234 if s >= 589 else None),
+    "stall": lambda r: _set(_set(r, "loss", lambda s, v: 1.234 if s >= 589 else None), "grad_norm",
+                            lambda s, v: 0.5 if s >= 589 else None),
     "grad_norm_spike": lambda r: scale(r, "grad_norm", lambda s: 8.0 if s == 540 or 589 <= s <= 592 or s == 600 else 1.0),
     "grad_norm_growth": lambda r: scale(r, "grad_norm", lambda s: math.exp((s - 450) / 200) if s >= 450 else 1.0),
     "param_norm_growth": lambda r: _set(r, "param_norm", lambda s, v: 100.0 * (1 + max(0, s - 420) / 300)),
@@ -404,8 +405,9 @@ def _signed(recs):
 # exercises fields the detector's main scenario leaves at their start values).
 VARIANTS = {
     "stall:repeating": ("stall", lambda r: _repeat_from(r, 587, 8, 4)),
-    "stall:after_a_spike": ("stall", lambda r: _set(scale(r, "loss", lambda s: 1000.0 if s == 590 else 1.0), "loss",
-                                                    lambda s, v: 1.234 if s >= 600 else None)),
+    "stall:after_a_spike": ("stall", lambda r: _set(_set(scale(r, "loss", lambda s: 1000.0 if s == 590 else 1.0), "loss",
+                                                         lambda s, v: 1.234 if s >= 600 else None), "grad_norm",
+                                                    lambda s, v: 0.5 if s >= 600 else None)),
     "loss_spike:onset": ("loss_spike", lambda r: scale(r, "loss", lambda s: 1.1 if s == 590 else 2.5 if s == 591 else 1.0)),
     "loss_spike:signed": ("loss_spike", _signed),
     "second_moment_surge:post_peak": ("second_moment_surge", lambda r: _put(_adam_from_physics(

@@ -283,6 +283,20 @@ def test_a_loss_printed_to_seven_digits_repeating_three_times_is_frozen():
     assert found(run(_paddle_records(resolution=False))) == []
 
 
+def test_a_loss_repeating_beside_a_grad_norm_that_moves_is_no_freeze():
+    # fairseq 0.9 prints the epoch's mean so far to 3 decimals: late in an epoch it moves less than
+    # its last digit (3.899 seven times), while the grad norm beside it moves at every point; one
+    # computation gives one gradient, so the loss printed is no step's own. Before: a critical stall
+    xs = [3.91 - 0.0004 * s for s in range(20)] + [3.899] * 10
+    grads = [0.9 + 0.05 * (s % 4) for s in range(30)]
+    recs = [StepRecord(45_000 + 100 * s, {"loss": round(x, 3), "grad_norm": g, "loss_resolution": 1e-3})
+            for s, (x, g) in enumerate(zip(xs, grads), 1)]   # (mid-run: a converged loss, no call of not_learning)
+    assert found(run(recs)) == []
+    # the same loss beside a grad norm printed the same each time: one computation again and again
+    frozen = [StepRecord(r.step, dict(r.metrics, grad_norm=0.9)) for r in recs]
+    assert found(run(frozen)) == [(47_700, "stall", "critical")]
+
+
 @pytest.mark.parametrize("decimals, frozen_at", [(3, 2007), (4, 2004), (6, 2002)])
 def test_printed_precision_sets_the_repeats_needed(decimals, frozen_at):
     # healthy (1% noise), printed to `decimals`: chance repeats, never a stall

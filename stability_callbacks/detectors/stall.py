@@ -67,6 +67,9 @@ class Stall(Detector):
       model that trains changes; a collapse to the majority class prints 0.6931 epoch after
       epoch). A loss the reader knows to be a window statistic (``loss_window``:
       MetricLogger's 20-step median) repeats while its window turns over: ``k`` + the window.
+      A loss printed the same beside a grad norm that moved is no step's own (one computation
+      gives one gradient: fairseq 0.9 prints the mean over the epoch so far, which moves less than
+      its last digit late in the epoch): the count starts again there.
       A print so coarse that more than ``num_samples`` repeats would be needed (2 decimals;
       Lightning's 3 significant digits of a loss above 1), or a value with a single significant digit (``0.0001``, the print floor), cannot tell a freeze from noise:
       the rule stays silent there.
@@ -115,7 +118,7 @@ class Stall(Detector):
     signals = (keys.LOSS,)
     _state = ("last", "last_step", "before", "run_start", "count", "need", "latch", "positive", "peak",
               "seen", "seen_count", "period", "run", "repeats", "evidence", "repeat_latch", "last_spiked",
-              "zero_since", "zero_told", "recent", "cross_entropy", "game", "player", "need_floor")
+              "zero_since", "zero_told", "recent", "cross_entropy", "game", "player", "need_floor", "last_grad")
 
     def __init__(self, *, num_samples: int = 16, min_samples: int = 3, noise_floor: float = 1e-3,
                  epoch_noise_floor: float = 5e-3, false_alarm_rate: float = 1e-6, zero_from: float = 0.01,
@@ -135,6 +138,7 @@ class Stall(Detector):
         #: below zero: [its printed name, told]; None: not known to be one.
         self.cross_entropy: list | None = None
         self.last: float | None = None        # the previous finite loss, and its step
+        self.last_grad: float | None = None   # the grad norm printed beside it
         self.last_step: int | None = None
         self.before: float | None = None      # the value before the current run of repeats
         self.run_start: int | None = None     # the step where the current run of identical values began
@@ -219,6 +223,7 @@ class Stall(Detector):
                 if len(self.recent) > self.recent_samples:
                     del self.recent[0]
             self.last, self.last_step, self.before, self.count = x, step, prev, 1
+            self.last_grad = m.get(keys.GRAD_NORM)
             self.latch.armed = True   # the loss moved: re-armed (hot path: no call)
             # the repeating rule; its common case inline (a value not seen in the window, no run)
             seen, n = self.seen, self.seen_count
@@ -232,8 +237,17 @@ class Stall(Detector):
                 ctx.found += out
 
     def _again(self, step: int, x: float, m: dict, ctx: Context) -> Finding | None:
-        """The loss ``x`` printed again at ``step``: the frozen rule's count, and its finding if due."""
+        """The loss ``x`` printed again at ``step``: the frozen rule's count, and its finding if due
+        — unless the grad norm printed beside it moved: one computation gives one gradient, so a
+        loss printed the same beside another gradient is no step's own (fairseq 0.9's mean over the
+        epoch so far, moving less than its last digit late in the epoch): the count starts again."""
         self.last_spiked = ctx.loss_spike_open
+        g, before = m.get(keys.GRAD_NORM), self.last_grad
+        self.last_grad = g
+        if g is not None and before is not None and g != before and 0.0 < g < math.inf and 0.0 < before < math.inf:
+            self.count, self.last_step = 1, step
+            self.latch.armed = True
+            return None
         self.count += 1
         if self.count == 2:
             self.run_start = self.last_step
