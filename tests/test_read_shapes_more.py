@@ -1618,3 +1618,19 @@ def test_a_nan_warning_after_the_last_record_is_a_step_of_its_own(tmp_path, caps
     # a warning that a record follows says nothing more: the run went on (a skipped batch)
     got, _ = records_of(tmp_path, lines + "WARNING: loss is nan, skipping batch\n" + lines.replace("[1]", "[2]"))
     assert all(math.isfinite(m["loss"]) for _, m in got) and len(got) == 60
+
+
+def test_an_epochs_row_redrawn_on_one_line_is_one_record(tmp_path):
+    # YOLOv8's console: under its header, each epoch's row of running means is redrawn with `\r` as its
+    # bar moves (the bar's count past the header's columns); before, every redraw was a record numbered
+    # in order (800 for 100 epochs, a NaN at "step 481" for epoch 61)
+    def row(e, i, x):
+        return (f"      {e}/20      2.61G      {x if isinstance(x, str) else f'{x:.4g}'}      2.459      1.213         21        640:  "
+                f"{100 * i // 8:>3}%|{'█' * i:<8}| {i}/8 [00:0{i}<00:02,  3.21it/s]")
+    header = "      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size\n"
+    text = "".join(header + "\r".join(row(e, i, "nan" if e == 12 and i > 5 else 1.6 - 0.01 * e - 0.001 * i)
+                                     for i in range(1, 9)) + "\n" for e in range(1, 21))
+    got, _ = records_of(tmp_path, text)
+    assert [s for s, _ in got] == list(range(1, 21))
+    assert got[0][1]["loss"] == pytest.approx(1.6 - 0.01 - 0.008 + 2.459 + 1.213)
+    assert math.isnan(got[11][1]["loss"]) and math.isfinite(got[12][1]["loss"])

@@ -1075,6 +1075,12 @@ class Assembler:
             _redrawn(prev.metrics, metrics)
             self.account.change(self.line_no, MERGED[5])
             return True
+        if self.line_no == self.pending_line and plan is self._noted_plan:
+            # the same physical line again after a `\r`: the epoch's bar redrawn (YOLO's row of
+            # the epoch's running means, its count past the header's columns): one record, its last
+            _redrawn(prev.metrics, metrics)
+            self.account.change(self.line_no, MERGED[0])
+            return True
         return False
 
     def _reprinted(self, prev: StepRecord, metrics: dict, plan: Plan) -> bool:
