@@ -670,6 +670,11 @@ class Assembler:
             # A line of metrics numbered by its epoch alone in a log whose records print a finer
             # counter: an epoch's summary or evaluation (`[train] epoch: 1/15` over `- total loss:`).
             self.dropped = DROPPED[0]
+            if keys.LOSS in metrics and self.epoch is not None and self.pending is not None \
+                    and self.pending.epoch in (None, self.epoch):
+                # ... printed once the epoch's records are done (its loss is their result: speechbrain's
+                # `epoch: 1, lr: .. - train loss: ..` after the bar): the records after it are the next epoch's
+                self.epoch, self.epoch_made = self.epoch + 1, self.made
             return []
         if step is None and plan.epoch is not None:
             step = self._same_fraction(nums[plan.epoch], plan, metrics)
