@@ -47,7 +47,7 @@ STATE_VERSION = 17  # 2: latches and EW means are statistics objects; streams ar
                     #     near the floor whether its warning waits for the next point, and the loss
                     #     its last warning quoted
                     # 17: stall keeps the grad norm beside the last loss (a repeat beside another
-                    #     gradient is no freeze)
+                    #     gradient is no freeze); the policy a start-up spike's onset (no episode's)
 
 #: The records :meth:`Monitor.update_many` runs one detector at a time over, at most: long enough
 #: for a detector's code to stay hot, short enough for their contexts to stay in the cache.

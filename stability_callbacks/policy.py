@@ -173,7 +173,7 @@ class Policy:
     """
 
     _state = ("bump_until", "escalation", "lr_jump_step", "leads", "checkpoints", "last_save_request",
-              "skips", "data_skips", "damage")
+              "skips", "data_skips", "damage", "startup_spike")
 
     def __init__(self, *, halt_on: str = "never", save_on: str = "warning",
                  bump_save_interval_to: int = 300, bump_duration_steps: int = 1000,
@@ -207,6 +207,7 @@ class Policy:
         self.damage: list | None = None
         self.last_save_request: int | None = None
         self.leads: list = []          # [[step, kind], ...] recent leading-signal onsets (a precursor's: + what moved)
+        self.startup_spike: int | None = None   # the onset of a loss spike said inside the start-up, info only
         self.checkpoints: list = []    # [[step, path, good], ...] newest last
         self.skips: list = []          # steps skipped by skip_step_on, inside skip_window_steps
         self.data_skips = DataSkips()  # the automatic rollbacks' standing requests
@@ -312,6 +313,12 @@ class Policy:
         for f in findings:
             self._demote_in_startup(f, ctx)
             self._note_lead(f, ctx)
+            if f.kind == "loss_spike":
+                onset = f.onset_step if f.onset_step is not None else f.step
+                if f.severity == "info" and ctx.in_startup:
+                    self.startup_spike = onset
+                elif f.severity != "info" and onset == self.startup_spike:
+                    self.startup_spike = None   # ... said at warning after all: an episode
         self._drop_old_leads(ctx)
         for f in findings:
             self._led_by_precursor(f)
@@ -605,8 +612,12 @@ class Policy:
         the run's first step (``ctx.run_start``) has no checkpoint before it: train again from the
         initial weights."""
         onset = trigger.onset_step if trigger.onset_step is not None else trigger.step
-        if ctx.loss_spike_onset is not None:
-            onset = min(onset, ctx.loss_spike_onset)
+        spike = ctx.loss_spike_onset
+        if spike is not None and spike != self.startup_spike:
+            # an open spike begins the episode, unless it opened inside the start-up and was never
+            # more than info: the start-up's own level, no episode (kohya's average of its first
+            # batches, "open" from step 2 to a NaN at 181: skip 180 steps, it said)
+            onset = min(onset, spike)
         led_by = None
         for lead_step, kind, *_ in sorted(self.leads, key=lambda lead: (lead[0], lead[1])):
             if onset - self.lead_window_steps <= lead_step < onset:

@@ -340,6 +340,19 @@ def test_two_criticals_at_one_step_say_they_are_one_event():
     assert f[1].message.endswith("(One event with the nonfinite finding at this step: read that one first.)")
 
 
+def test_a_spike_open_since_the_start_up_and_only_info_begins_no_episode():
+    # kohya's avr_loss, an average over its first batches: 0.054, then 0.0875 (+61%, info inside the
+    # start-up) and a level near 0.1-0.13 that never comes back to the first point: the spike stays
+    # "open". A NaN at 181: before, the advice said the episode began at step 2 (skip 180 steps)
+    rng = random.Random(7)
+    xs = [0.0542, 0.0875, 0.113] + [0.1 + 0.0002 * s + 0.004 * rng.random() for s in range(4, 181)]
+    recs = [StepRecord(s, {"loss": x}) for s, x in enumerate(xs, 1)] + [StepRecord(181, {"loss": math.nan})]
+    f = run(recs)
+    assert (2, "loss_spike", "info") in found(f)
+    advice = next(x for x in f if x.kind == "rollback_advice")
+    assert (advice.step, advice.onset_step, advice.details["skip_steps"]) == (181, 181, [181, 181])
+
+
 def test_a_nan_on_the_very_first_step_is_critical_at_once():
     # nothing to compare with, and nothing needed: a NaN is unmistakable
     f = run([StepRecord(1, {"loss": math.nan, "grad_norm": 3.0})])
