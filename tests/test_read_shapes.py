@@ -466,6 +466,12 @@ def test_rollback_advice_on_a_log_of_epochs_counts_epochs(tmp_path, capsys):
     assert "    (the log's steps are epochs: a framework's command names optimizer steps, which the log does " \
            "not print)" in out
     assert "    hf: " not in out and "    megatron: " not in out
+    # a divergence's own message names the epochs its advice names (it said "at step 40")
+    path.write_text("".join(f"Epoch {e}/70\n1875/1875 - 5s - loss: {0.3 * 0.95 ** min(e, 40) * 1.03 ** max(e - 40, 0) * (1 + 0.04 * (-1) ** e):.4f}"
+                            f" - accuracy: 0.91\n" for e in range(1, 71)))
+    code, out, found = _replay_json(capsys, path)
+    said = [f["message"] for f in found if f["kind"] == "divergence"]
+    assert said and " at epoch " in said[0] and " at step " not in said[0]
 
 
 def test_mindspore_loss_is_a_field(tmp_path):

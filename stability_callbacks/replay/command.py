@@ -526,7 +526,14 @@ def said_of(f: Finding, account: "ReadAccount") -> Finding:
     if f.kind == "rollback_advice" and account.counts_epochs(f.step) \
             and account.counts_epochs(f.onset_step if isinstance(f.onset_step, int) else f.step):
         return epoch_numbered(f)
+    if f.kind != "rollback_advice" and account.counts_epochs(f.step) and _STEP_NUMBER.search(f.message):
+        # (the advice beside it says "epoch 40": so does the finding, of the steps it names)
+        from dataclasses import replace
+        return replace(f, message=_STEP_NUMBER.sub(r"epoch\1 ", f.message))
     return f
+
+
+_STEP_NUMBER = re.compile(r"\bstep(s?) (?=-?\d)")
 
 
 def epoch_numbered(f: Finding) -> Finding:
