@@ -157,6 +157,9 @@ class Monitor:
     def update(self, record: StepRecord) -> list[Finding]:
         out: list[Finding] = []
         step = record.step
+        if record.checkpoints:   # saved before this step, as a replayed log names them
+            for saved_at, path in record.checkpoints:
+                self.note_checkpoint(saved_at, path)
         if record.warmup_steps is not None and self.config.phase.warmup_steps is None:
             self.phase.declare_warmup(record.warmup_steps)   # a replayed run log's declared warmup
         if record.num_outputs is not None:
@@ -215,8 +218,9 @@ class Monitor:
         way: it reads a log in batches), at two thirds of the cost: a run of records goes through
         one detector at a time, each over the whole run, while its code is hot
         (:meth:`_run_columns`). A record that changes what the detectors are (a segment, a
-        rollback, a declared warmup or output size) goes alone through :meth:`update`; one whose
-        set of keys has no plan yet starts a run (its plan is made where update() would make it)."""
+        rollback, a declared warmup or output size, a checkpoint saved before it) goes alone
+        through :meth:`update`; one whose set of keys has no plan yet starts a run (its plan is
+        made where update() would make it)."""
         if self.policy.skip_step_on != "never":   # the skip rule reads grad_norm_spike's baseline
             return [f for r in records for f in self.update(r)]   # after each step: one at a time
         out: list[Finding] = []
@@ -232,7 +236,7 @@ class Monitor:
         seen: list[tuple[frozenset, _Plan]] = []
         for r in records:
             if (r.warmup_steps is not None or r.num_outputs is not None or r.segment > self.segment
-                    or (last_step is not None and r.step <= last_step)):
+                    or r.checkpoints or (last_step is not None and r.step <= last_step)):
                 out += self._run_columns(run, plans)
                 run, plans, seen = [], [], []
                 out += self.update(r)

@@ -644,7 +644,11 @@ class Policy:
                      if isinstance(save_steps, int) and save_steps else "")
             todo = f"No checkpoint was saved before step {onset} (none that the monitor saw): train again from the start{every} and {skip}"
         else:
-            todo = (f"Resume from the newest checkpoint saved before step {onset} (the log names none) and {skip}")
+            named = ("the log names none" if not self.checkpoints else
+                     f"the log names none before it: the first it names is step {self.checkpoints[0][0]}"
+                     if self.checkpoints[0][0] >= onset else
+                     "the log names none saved before it while the weights were good")
+            todo = f"Resume from the newest checkpoint saved before step {onset} ({named}) and {skip}"
         lead_txt = f" ({led_by} led the loss)" if led_by else ""
         return Finding(
             step=step, kind="rollback_advice", severity="critical", signal=trigger.signal,

@@ -43,6 +43,11 @@ class StepRecord:
     #: count, a live trainer's epoch): the loss's shape through an epoch is compared with the epoch
     #: before's (:mod:`stability_callbacks.cycles`). Not a metric.
     epoch: int | None = None
+    #: Checkpoints saved since the record before, as a replayed log names them: ``((step, path),
+    #: ...)``; the Monitor notes each before this record (:meth:`Monitor.note_checkpoint`), so the
+    #: rollback advice can name the one to resume from. Not a metric; not written back (a run log
+    #: has ``checkpoint`` lines of its own).
+    checkpoints: tuple | None = None
 
     def get(self, key: str) -> float | None:
         return self.metrics.get(key)

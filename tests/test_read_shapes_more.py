@@ -21,6 +21,7 @@ import pytest
 from shapes import NAN, records_of
 from shapes import loss as _loss
 from shapes import replay, replay_json as _replay_json
+from stability_callbacks import Monitor, StepRecord
 from stability_callbacks.cli import main
 from stability_callbacks.replay.readers import LogFormatError, read_records
 from stability_callbacks.replay.readers import tokens
@@ -1634,3 +1635,49 @@ def test_an_epochs_row_redrawn_on_one_line_is_one_record(tmp_path):
     assert [s for s, _ in got] == list(range(1, 21))
     assert got[0][1]["loss"] == pytest.approx(1.6 - 0.01 - 0.008 + 2.459 + 1.213)
     assert math.isnan(got[11][1]["loss"]) and math.isfinite(got[12][1]["loss"])
+
+
+@pytest.mark.parametrize("save, at", [
+    (lambda s: f"Saving model checkpoint to out/checkpoint-{s}", "out/checkpoint-{s}"),                 # HF's Trainer
+    (lambda s: f" saving checkpoint at iteration {s:>8} to /ckpt/gpt", "/ckpt/gpt"),                    # Megatron
+    (lambda s: f"[2024-05-01 10:00:00 INFO] Saving checkpoint run/model_step_{s}.pt", "run/model_step_{s}.pt"),
+])
+def test_the_rollback_advice_names_the_checkpoint_the_log_saved_before_the_episode(tmp_path, capsys, save, at):
+    # before: "Resume from the newest checkpoint saved before step 730 (the log names none)"
+    lines = []
+    for s in range(10, 1001, 10):
+        lines.append(f"step {s} loss {'nan' if s >= 730 else f'{2.0 - s / 2000:.4f}'} lr 0.0003")
+        if s % 250 == 0:
+            lines.append(save(s))
+    path = tmp_path / "train.log"
+    path.write_text("\n".join(lines) + "\n")
+    code, _, found = _replay_json(capsys, path)
+    advice = next(f for f in found if f["kind"] == "rollback_advice")
+    assert (code, advice["step"], advice["details"]["checkpoint_step"]) == (1, 730, 500)
+    assert advice["details"]["checkpoint_path"] == at.format(s=500)
+    assert f"Resume from the checkpoint of step 500 ({at.format(s=500)})" in advice["message"]
+    # the same log saving only from step 750 on (after the NaN): no checkpoint is named
+    path.write_text("\n".join(x for x in lines if x.startswith("step") or "1000" in x or "750" in x) + "\n")
+    code, _, found = _replay_json(capsys, path)
+    advice = next(f for f in found if f["kind"] == "rollback_advice")
+    assert advice["details"]["checkpoint_step"] is None and "(the log names none)" in advice["message"]
+
+
+def test_a_run_logs_checkpoint_lines_and_a_save_after_the_onset_are_said(tmp_path, capsys):
+    # our own run log's `checkpoint` lines ride on the next step for the Monitor, as live
+    steps = [json.dumps({"type": "step", "step": s, "segment": 0, "metrics": {"loss": "nan" if s >= 30 else 2.0 - s / 100}})
+             for s in range(1, 41)]
+    steps.insert(20, json.dumps({"type": "checkpoint", "step": 20, "path": "ckpt/step-20"}))
+    path = tmp_path / "run.jsonl"
+    path.write_text("\n".join(steps) + "\n")
+    _, _, found = _replay_json(capsys, path)
+    advice = next(f for f in found if f["kind"] == "rollback_advice")
+    assert (advice["step"], advice["details"]["checkpoint_step"], advice["details"]["checkpoint_path"]) == (
+        30, 20, "ckpt/step-20")
+    # a spike opens at 100 (the episode's onset), the log saves at 105, a NaN at 110: the save came after the onset
+    recs = [StepRecord(s, {"loss": 2.0 - s / 1000 + 0.002 * (s % 3)}) for s in range(1, 100)]
+    recs += [StepRecord(s, {"loss": 9.0}) for s in range(100, 110)] + [StepRecord(110, {"loss": math.nan})]
+    recs[105].checkpoints = ((105, "ckpt/step-105"),)
+    advice = next(f for f in Monitor().update_many(recs) if f.kind == "rollback_advice")
+    assert advice.onset_step == 100 and advice.details["checkpoint_step"] is None
+    assert "(the log names none before it: the first it names is step 105)" in advice.message

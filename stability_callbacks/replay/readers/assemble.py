@@ -134,6 +134,7 @@ class Assembler:
         self.loss_printed = ""                # ... and its name
         self.overflows: list[tuple] = []      # (step or None, scale left, skipped) since the last record
         self.nan_after: tuple | None = None   # (step or None, value): a NaN warning after the last record
+        self.saves: list[tuple[int, str]] = []   # checkpoints the log said it saved since the last record
         self.cumulative: int | None = None    # DeepSpeed's last cumulative skip count
         self.cumulative_first: tuple[StepRecord | None, int, int | None] | None = None
         # ^ (record, count, step) of the first cumulative count, its delta undecided
@@ -854,6 +855,8 @@ class Assembler:
         self.last_step = step
         rec = self.pending = StepRecord(step, metrics)
         self.nan_after = None   # (a record after a NaN warning: the run went on, and says the rest)
+        if self.saves:
+            rec.checkpoints, self.saves = tuple(self.saves), []
         if self.epoch is not None and how != "epoch":   # a step inside the epoch the log last named
             rec.epoch = self.epoch
         self._keep_copy(step, metrics)
@@ -1265,6 +1268,13 @@ class Assembler:
         self.account.forget_last(self.made)
         self.made -= 1
         return True
+
+    def saved(self, step: int | None, path: str) -> None:
+        """A line said a checkpoint of ``step`` (None: the last record's) was saved to ``path``:
+        the next record carries it (:attr:`StepRecord.checkpoints`), for the Monitor to note."""
+        at = step if step is not None else self.last_step if self.made else None
+        if at is not None:
+            self.saves.append((at, path))
 
     def _nan_after_seen(self, at: int | None, value: float, ignored: str) -> None:
         """A line that says the loss went non-finite, at step ``at`` (None: it prints none), and no

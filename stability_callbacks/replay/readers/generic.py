@@ -29,6 +29,7 @@ from ...record import StepRecord
 from . import tokens
 from .account import ReadAccount
 from .assemble import NAN_WARNING, Assembler
+from .checkpoints import saved
 from .history import Histories
 from .plan import LOSS_KINDS, Plan, choose_counter, make_plan, report_row, signed, warning
 from .source import segments, strip_prefix
@@ -643,6 +644,10 @@ class Reading:
         if asm.block is not None and self._ends_block(seg, indent, plan):
             out += asm.close_block()      # the block under a step header ended
         asm.indent = indent
+        if plan is None or plan.kind != "record":
+            save = saved(seg)
+            if save is not None:   # (a checkpoint's line: the rollback advice may name it)
+                asm.saved(*save)
         if plan is None or plan.kind in ("nan", "ignore"):
             said = warning(seg) if seg.strip() else ""
             if said:

@@ -3,8 +3,8 @@
 Run log: ``{"type": "step", "step": 7, "segment": 0, "metrics": {...}}`` lines become records in
 file order (stitching rollback segments is :mod:`stability_callbacks.replay.timeline`'s job);
 ``finding`` / ``segment`` / ``checkpoint`` / ``action`` / ``phase`` / ``model`` lines are not steps (a
-``phase`` line's declared ``warmup_steps`` and a ``model`` line's ``num_outputs`` ride on the next
-step record, for the Monitor: replay = live). Plain
+``phase`` line's declared ``warmup_steps``, a ``model`` line's ``num_outputs`` and a ``checkpoint``
+line's step and path ride on the next step record, for the Monitor: replay = live). Plain
 objects (``{"step": 7, "loss": 2.5, "train/grad_norm": 0.3}``, LLaMA-Factory's ``trainer_log.jsonl``
 with ``current_steps``, nested ``{"train": {"loss": ...}}``) are read with the generic reader's
 keys and rules (:mod:`.generic`: evaluation lines are not steps, no step = numbered in order).
@@ -25,6 +25,7 @@ def read(path, *, account: ReadAccount, lines, user_keys=None, **_) -> Iterator[
     run_log = False
     declared = None   # a phase line's declared warmup, handed to the next step record
     outputs = None    # a model line's output size, likewise
+    saves: list = []  # checkpoint lines' (step, path) since the last step line, likewise
     document: list[tuple[int, str]] = []   # the lines of a JSON document printed over many, so far
     for line_no, text in lines:
         if text is None:
@@ -66,6 +67,8 @@ def read(path, *, account: ReadAccount, lines, user_keys=None, **_) -> Iterator[
                     continue
                 rec.warmup_steps, declared = declared, None
                 rec.num_outputs, outputs = outputs, None
+                if saves:
+                    rec.checkpoints, saves = tuple(saves), []
                 if not run_log:
                     run_log = True
                     account.numbered("counter", "step (our run log)")
@@ -79,6 +82,9 @@ def read(path, *, account: ReadAccount, lines, user_keys=None, **_) -> Iterator[
                 continue
             if kind == "model":
                 outputs = obj.get("num_outputs") or outputs
+                continue
+            if kind == "checkpoint" and isinstance(obj.get("step"), int) and isinstance(obj.get("path"), (str, type(None))):
+                saves.append((obj["step"], obj.get("path")))   # noted before the next step (the advice names it)
                 continue
             if kind in ("finding", "segment", "checkpoint", "action"):
                 account.ignore(line_no, text, f"run-log {kind} line")

@@ -28,6 +28,7 @@ from ...record import StepRecord
 from ... import keys
 from .generic import overflow_scale
 from .account import ReadAccount
+from .checkpoints import saved
 from .source import to_float
 
 _ITERATION = re.compile(r"iteration\s*\d+\s*/\s*\d+\s*\|")
@@ -56,6 +57,7 @@ def read(path, *, account: ReadAccount, lines, **_) -> Iterator[StepRecord]:
     pending_line = 0
     overflows = 0
     scale: float | None = None
+    saves: list[tuple[int, str]] = []   # `saving checkpoint at iteration N to PATH` since the last record
     for line_no, text in lines:
         if text is None:             # a followed file went idle: a wrapped line may go on
             continue
@@ -65,7 +67,7 @@ def read(path, *, account: ReadAccount, lines, **_) -> Iterator[StepRecord]:
                 pending = []
                 if rec is not None:
                     overflows, scale = 0, None
-                    yield rec
+                    yield _carrying(rec, saves)
             else:
                 pending.append(text)
                 if text.rstrip().endswith("|") or len(pending) >= _MAX_JOINED_LINES:
@@ -73,7 +75,7 @@ def read(path, *, account: ReadAccount, lines, **_) -> Iterator[StepRecord]:
                     pending = []
                     if rec is not None:
                         overflows, scale = 0, None
-                        yield rec
+                        yield _carrying(rec, saves)
                 continue
         if "OVERFLOW" in text:
             is_overflow, reduced_to = overflow_scale(text)
@@ -83,19 +85,30 @@ def read(path, *, account: ReadAccount, lines, **_) -> Iterator[StepRecord]:
             continue
         m = _ITERATION.search(text)
         if not m:
+            save = saved(text) if "heckpoint" in text else None
+            if save is not None and save[0] is not None:
+                saves.append((save[0], save[1]))
             continue
         body = text[m.start():]
         if body.rstrip().endswith("|"):
             rec = _finish([body], line_no, account, overflows, scale)
             if rec is not None:
                 overflows, scale = 0, None
-                yield rec
+                yield _carrying(rec, saves)
         else:
             pending, pending_line = [body], line_no
     if pending:
         rec = _finish(pending, pending_line, account, overflows, scale)
         if rec is not None:
-            yield rec
+            yield _carrying(rec, saves)
+
+
+def _carrying(rec: StepRecord, saves: list[tuple[int, str]]) -> StepRecord:
+    """``rec``, carrying the checkpoints saved before it (:attr:`StepRecord.checkpoints`)."""
+    if saves:
+        rec.checkpoints = tuple(saves)
+        saves.clear()
+    return rec
 
 
 def _finish(parts: list[str], line_no: int, account: ReadAccount, overflows: int,
