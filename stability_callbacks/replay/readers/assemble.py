@@ -639,17 +639,8 @@ class Assembler:
             text = nums[plan.step]             # (its loss printed as such: Plan.simple)
             return self.emit(int(text) if text.isdigit() else int(float(text)), metrics, plan,
                              "counter", plan.step_name)
-        if plan.loss_rank != self.loss_rank:
-            x = metrics.get(keys.LOSS, 0.0)
-            if not self._loss_of(plan, metrics) or (
-                    plan.step is None and self.counted and plan.loss_rank > self.loss_rank):
-                # (a line with no step whose loss is a statistic or terms, in a log whose records
-                # print the loss and a counter: a summary, its other values no record after the last)
-                self.dropped = DROPPED[1]
-                if not math.isfinite(x):   # ... but a loss gone NaN (TF's `Model diverged with loss = NaN.`)
-                    self._nan_after_seen(int(float(nums[plan.step])) if plan.step is not None else None, x,
-                                         DROPPED[1])
-                return []
+        if plan.loss_rank != self.loss_rank and self._another_loss(nums, plan, metrics):
+            return []
         if plan.counter and self._another_bar(plan, nums, metrics):
             return []
         step, how = self._step_of(nums, plan)
@@ -813,17 +804,8 @@ class Assembler:
              step_name: str) -> list[StepRecord]:
         """A record at ``step`` (``None``: the next in order); returns the one it releases."""
         if plan is not None and (plan.mixed or self.pending_undecided):
-            # A line printing a split-named training loss beside an evaluation loss
-            # (`train loss 2.1, val loss 2.3`) is a record where the log's plain records name
-            # their loss the same way (deit, Lightning), and an evaluation report where they
-            # name it otherwise (nanoGPT's `step N: train loss .., val loss ..` beside
-            # `iter N: loss ..`). Undecided until a plain record shows the log's naming.
-            if plan.mixed and self.loss_name is not None and plan.loss_name != self.loss_name:
+            if self._mixed_is_eval(plan):
                 return []
-            if self.pending_undecided and not plan.mixed:
-                if plan.loss_name and plan.loss_name != self.pending_loss_name:
-                    self.pending, self.pending_undecided = None, False
-                    self.last_step = self.pending_last_step
         elif plan is not None and plan.loss_name and self.loss_name is None:
             self.loss_name = plan.loss_name
         if (step is None or (step < self.last_step and how == "counter")) and self._summary(plan, metrics):
@@ -882,6 +864,20 @@ class Assembler:
                 self.pending_undecided = self.loss_name is None
                 self.pending_loss_name = plan.loss_name
         return [prev] if prev is not None else []
+
+    def _mixed_is_eval(self, plan: Plan) -> bool:
+        """A line printing a split-named training loss beside an evaluation loss (`train loss
+        2.1, val loss 2.3`) is a record where the log's plain records name their loss the same way
+        (deit, Lightning), and an evaluation report where they name it otherwise (nanoGPT's `step
+        N: train loss .., val loss ..` beside `iter N: loss ..`): True for that report. Undecided
+        until a plain record shows the log's naming (the one held undecided is dropped then)."""
+        if plan.mixed and self.loss_name is not None and plan.loss_name != self.loss_name:
+            return True
+        if self.pending_undecided and not plan.mixed:
+            if plan.loss_name and plan.loss_name != self.pending_loss_name:
+                self.pending, self.pending_undecided = None, False
+                self.last_step = self.pending_last_step
+        return False
 
     def _keep_copy(self, step: int, metrics: dict) -> None:
         """The record's values at its step, to tell a copy printed later (another rank's) from a record."""
@@ -1276,6 +1272,20 @@ class Assembler:
         if at is not None:
             self.saves.append((at, path))
 
+    def _another_loss(self, nums, plan: Plan, metrics: dict) -> bool:
+        """Whether a line whose loss is printed otherwise than the log's (a statistic, terms) is
+        dropped: nothing left of it once its loss is taken out (:meth:`_loss_of`), or a line with no
+        step in a log whose records print the loss and a counter (a summary, its other values no
+        record after the last) — its loss gone NaN still said (TF's `Model diverged with loss = NaN.`)."""
+        x = metrics.get(keys.LOSS, 0.0)
+        if self._loss_of(plan, metrics) and not (
+                plan.step is None and self.counted and plan.loss_rank > self.loss_rank):
+            return False
+        self.dropped = DROPPED[1]
+        if not math.isfinite(x):
+            self._nan_after_seen(int(float(nums[plan.step])) if plan.step is not None else None, x, DROPPED[1])
+        return True
+
     def _nan_after_seen(self, at: int | None, value: float, ignored: str) -> None:
         """A line that says the loss went non-finite, at step ``at`` (None: it prints none), and no
         record of it: where the last record's loss is finite and ``at`` is after it, the loss went
@@ -1289,8 +1299,9 @@ class Assembler:
 
     def _nan_after(self) -> list[StepRecord]:
         """The log's last line about the loss, a warning that it went non-finite after the last
-        record (the run stopped there): a record of its own, at the step the warning prints, else
+        record (no record follows it): a record of its own, at the step the warning prints, else
         the step after the last (said: the account's ``after`` numbering)."""
+        assert self.nan_after is not None
         at, value, line_no, ignored = self.nan_after
         self.nan_after = None
         self.account.unignore(ignored)

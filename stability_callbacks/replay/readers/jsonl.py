@@ -23,9 +23,7 @@ from .generic import Reading
 def read(path, *, account: ReadAccount, lines, user_keys=None, **_) -> Iterator[StepRecord]:
     reading = Reading(account, user_keys, rows=True)
     run_log = False
-    declared = None   # a phase line's declared warmup, handed to the next step record
-    outputs = None    # a model line's output size, likewise
-    saves: list = []  # checkpoint lines' (step, path) since the last step line, likewise
+    declared = _Declared()
     document: list[tuple[int, str]] = []   # the lines of a JSON document printed over many, so far
     for line_no, text in lines:
         if text is None:
@@ -36,14 +34,9 @@ def read(path, *, account: ReadAccount, lines, user_keys=None, **_) -> Iterator[
             continue
         if document or (s in ("{", "[") or s.endswith(("[", "{")) and s[:1] in "{[") and text[:1] in "{[":
             document.append((line_no, text))
-            if text[:1] not in "}]":   # (a document printed over many lines closes at its first column)
-                continue
-            listed = records_of_document(document)
-            if listed is None:
-                account(document[0][0], document[0][1], "not JSON: a document over many lines with no list of records")
-            else:
-                yield from _listed_records(reading, account, *listed, at=document[0][0])
-            document = []
+            if text[:1] in "}]":   # (a document printed over many lines closes at its first column)
+                yield from _document_records(reading, account, document)
+                document = []
             continue
         listed = _listed(s)
         if listed is not None:   # one JSON document holding the run's records as a list: each its own line
@@ -65,10 +58,7 @@ def read(path, *, account: ReadAccount, lines, user_keys=None, **_) -> Iterator[
                 except (KeyError, TypeError, ValueError) as e:
                     account(line_no, text, f"unreadable step line: {e!r}")
                     continue
-                rec.warmup_steps, declared = declared, None
-                rec.num_outputs, outputs = outputs, None
-                if saves:
-                    rec.checkpoints, saves = tuple(saves), []
+                declared.onto(rec)
                 if not run_log:
                     run_log = True
                     account.numbered("counter", "step (our run log)")
@@ -77,20 +67,51 @@ def read(path, *, account: ReadAccount, lines, user_keys=None, **_) -> Iterator[
                 yield from reading.flush()
                 yield rec
                 continue
-            if kind == "phase":
-                declared = obj.get("warmup_steps") or declared
-                continue
-            if kind == "model":
-                outputs = obj.get("num_outputs") or outputs
-                continue
-            if kind == "checkpoint" and isinstance(obj.get("step"), int) and isinstance(obj.get("path"), (str, type(None))):
-                saves.append((obj["step"], obj.get("path")))   # noted before the next step (the advice names it)
+            if declared.note(kind, obj):
                 continue
             if kind in ("finding", "segment", "checkpoint", "action"):
                 account.ignore(line_no, text, f"run-log {kind} line")
                 continue
         yield from reading.line(line_no, s)
     yield from reading.finish()
+
+
+class _Declared:
+    """What a run log's lines declare for the next step record, for the Monitor (replay = live): a
+    ``phase`` line's warmup, a ``model`` line's output size, ``checkpoint`` lines' saves."""
+
+    def __init__(self):
+        self.warmup_steps: int | None = None
+        self.num_outputs: int | None = None
+        self.saves: list[tuple[int, str | None]] = []
+
+    def note(self, kind, obj: dict) -> bool:
+        """Whether the line (its ``type`` ``kind``) declares something, kept."""
+        if kind == "phase":
+            self.warmup_steps = obj.get("warmup_steps") or self.warmup_steps
+        elif kind == "model":
+            self.num_outputs = obj.get("num_outputs") or self.num_outputs
+        elif kind == "checkpoint" and isinstance(obj.get("step"), int) and isinstance(obj.get("path"), (str, type(None))):
+            self.saves.append((obj["step"], obj.get("path")))
+        else:
+            return False
+        return True
+
+    def onto(self, rec: StepRecord) -> None:
+        rec.warmup_steps, rec.num_outputs = self.warmup_steps, self.num_outputs
+        self.warmup_steps = self.num_outputs = None
+        if self.saves:
+            rec.checkpoints, self.saves = tuple(self.saves), []
+
+
+def _document_records(reading, account: ReadAccount, document: list[tuple[int, str]]) -> Iterator[StepRecord]:
+    """The records of a document printed over many lines (:func:`records_of_document`), or one
+    unreadable line said where it holds no list of records."""
+    found = records_of_document(document)
+    if found is None:
+        account(document[0][0], document[0][1], "not JSON: a document over many lines with no list of records")
+    else:
+        yield from _listed_records(reading, account, *found, at=document[0][0])
 
 
 def _listed_records(reading, account: ReadAccount, records: list[dict], beside: bool, line_nos: list[int], *,
