@@ -1681,3 +1681,13 @@ def test_a_run_logs_checkpoint_lines_and_a_save_after_the_onset_are_said(tmp_pat
     advice = next(f for f in Monitor().update_many(recs) if f.kind == "rollback_advice")
     assert advice.onset_step == 100 and advice.details["checkpoint_step"] is None
     assert "(the log names none before it: the first it names is step 105)" in advice.message
+
+
+def test_yamls_nan_is_a_nan(tmp_path):
+    # rllib pretty-prints its results as YAML, whose NaN is `.nan`: before, the line was dropped and a NaN
+    # loss from iteration 6 on gave an all-clear
+    text = "".join(f"agent_timesteps_total: {4000 * i}\ninfo:\n  learner:\n    default_policy:\n      learner_stats:\n"
+                   f"        cur_lr: 5.0e-05\n        total_loss: {'.nan' if i >= 6 else 0.5 - 0.01 * i}\n"
+                   f"training_iteration: {i}\n" for i in range(1, 11))   # (yaml.safe_dump sorts the keys)
+    got, _ = records_of(tmp_path, text)
+    assert len(got) == 10 and all(math.isnan(m["loss"]) for _, m in got[5:]) and got[4][1]["loss"] == 0.45

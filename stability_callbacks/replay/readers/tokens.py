@@ -27,6 +27,8 @@ _SPLIT = re.compile(f"{_IN_KEY}({NUM})").split
 _SPLIT_NONFINITE = re.compile(
     rf"{_IN_KEY}({NUM}|(?<![A-Za-z])(?:nan|NaN|NAN|(?:[Ii]nfinity|inf|Inf|INF)(?![A-Za-z])))").split
 _NONFINITE_HINT = re.compile(r"nan|NaN|NAN|[Ii]nfinity|inf|Inf|INF").search
+# YAML spells them `.nan`, `.inf`, `-.inf` (rllib's pretty-printed results): a value's, after its key
+_YAML_NONFINITE = re.compile(r"(?<=: )([-+]?)\.(nan|NaN|NAN|inf|Inf|INF)\b")
 
 _GLUED_BEFORE = {"ep": "epoch", "epoch": "epoch", "it": "it", "iter": "iter",
                  "iteration": "iteration", "step": "step"}
@@ -81,7 +83,12 @@ def split(line: str) -> tuple[list[str], list[str]]:
     """``(texts, numbers)``: ``len(texts) == len(numbers) + 1``; the texts are the template."""
     if "," in line:
         line = _THOUSANDS.sub(_no_separators, line)
-    parts = (_SPLIT_NONFINITE if _NONFINITE_HINT(line) else _SPLIT)(line)
+    if _NONFINITE_HINT(line):
+        if ".n" in line or ".i" in line or ".N" in line or ".I" in line:
+            line = _YAML_NONFINITE.sub(r"\1\2", line)
+        parts = _SPLIT_NONFINITE(line)
+    else:
+        parts = _SPLIT(line)
     return parts[0::2], parts[1::2]
 
 
