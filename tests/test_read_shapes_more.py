@@ -1691,3 +1691,14 @@ def test_yamls_nan_is_a_nan(tmp_path):
                    f"training_iteration: {i}\n" for i in range(1, 11))   # (yaml.safe_dump sorts the keys)
     got, _ = records_of(tmp_path, text)
     assert len(got) == 10 and all(math.isnan(m["loss"]) for _, m in got[5:]) and got[4][1]["loss"] == 0.45
+
+
+def test_hf_notebooks_table_copied_with_tabs_and_no_log_cells(tmp_path):
+    # HF's notebook table, copied as text: tab-separated names with blanks inside, `No log` where the
+    # training loss was not logged at an evaluation step. Before: the header was split at its blanks, no row
+    # matched it, and the log was refused
+    rows = "".join(f"{s}\t{'No log' if s % 500 else f'{1.5 - s / 4000:.6f}'}\t{1.8 - s / 3000:.6f}\n"
+                   for s in range(100, 3001, 100))
+    got, account = records_of(tmp_path, " [3000/3000 41:12, Epoch 3/3]\nStep\tTraining Loss\tValidation Loss\n" + rows)
+    assert got == [(s, {"loss": round(1.5 - s / 4000, 6)}) for s in range(500, 3001, 500)]
+    assert account.keys["loss"] == ["Training Loss"]

@@ -328,10 +328,13 @@ def pipes(line: str) -> str:
 def separator(line: str) -> str:
     """What separates a table line's cells: ``|`` where it has one (rich's box verticals too),
     ``,`` where it has a comma and no blank inside (a CSV's header pasted in a text:
-    ``step,loss,lr``), else whitespace runs (``""``)."""
+    ``step,loss,lr``), a tab where tabs part names with blanks inside (``Step\tTraining Loss``),
+    else whitespace runs (``""``)."""
     line = line.translate(_BOX_VERTICALS)
     if "|" in line:
         return "|"
+    if "\t" in line.strip() and " " in line.strip().replace("\t", ""):
+        return "\t"    # tab-separated names with blanks inside (HF's notebook table copied: `Step\tTraining Loss`)
     return "," if "," in line and not any(c.isspace() for c in line.strip()) else ""
 
 
@@ -345,8 +348,8 @@ def cells(line: str, sep: str | None = None) -> list[str]:
     sep = separator(line) if sep is None else sep
     if sep == "|":
         return [c.strip() for c in line.strip().strip("|").split("|")]
-    if sep == ",":
-        return [c.strip() for c in line.strip().split(",")]
+    if sep in (",", "\t"):
+        return [c.strip() for c in line.strip().split(sep)]
     return line.split()
 
 
