@@ -843,6 +843,23 @@ def test_a_reinforcement_learners_loss_blowing_up_past_its_early_scale_is_a_warn
     assert all("below zero" not in x.message for x in f) and "reinforcement learner's loss" in f[0].message
 
 
+def test_a_long_flat_log_too_noisy_for_its_first_points_ends_saying_it_cannot_tell():
+    # 200 points of a fine-tune's loss at 1.95 scattering ±4% a point: its 3 first points leave a 5% fall
+    # unknowable (±7% at 3σ), so the flat rule never calls it; before, a silent all-clear
+    rng = random.Random(3)
+    m = Monitor()
+    found = [f for s in range(1, 201) for f in m.update(StepRecord(s, {"loss": 1.95 * math.exp(rng.gauss(0, 0.04))}))]
+    end = m.end()
+    assert found == [] and [(x.step, x.kind, x.severity, x.details["rule"]) for x in end] == [
+        (200, "not_learning", "info", "undecided")]
+    assert "and its 3 first points are too few for its noise" in end[0].message
+    # the same run falling 20% over its length: it learns, nothing said
+    m = Monitor()
+    for s in range(1, 201):
+        m.update(StepRecord(s, {"loss": 1.95 * (1 - 0.001 * s) * math.exp(rng.gauss(0, 0.04))}))
+    assert [x for x in m.end() if x.kind == "not_learning"] == []
+
+
 def test_a_short_noisy_log_that_neither_fell_nor_showed_flat_ends_saying_it_cannot_tell():
     # 30 points of a loss at 2.0 with 15% noise a point: too noisy to call flat, no fall beyond its
     # noise, 29 steps: the end of the log says it cannot tell, with what it measured (before: a
