@@ -163,7 +163,7 @@ def test_the_loss_rising_after_a_warm_restart_is_the_restarts(tmp_path, capsys):
     made = [f for f in found if f["details"].get("warm_restart")]
     assert [(f["step"], f["kind"], f["details"]["severity_said"]) for f in made] == [
         (53, "loss_spike", "warning"), (107, "divergence", "critical")]
-    assert ("the LR went back up to its peak at step 101 (a warm restart, as lr_anomaly said), and the loss "
+    assert ("the LR went back up to its peak at epoch 101 (a warm restart, as lr_anomaly said), and the loss "
             "rises as the optimizer leaves the minimum it had settled in; it stays below 0.9057") in made[1]["message"]
 
 
