@@ -1702,3 +1702,17 @@ def test_hf_notebooks_table_copied_with_tabs_and_no_log_cells(tmp_path):
     got, account = records_of(tmp_path, " [3000/3000 41:12, Epoch 3/3]\nStep\tTraining Loss\tValidation Loss\n" + rows)
     assert got == [(s, {"loss": round(1.5 - s / 4000, 6)}) for s in range(500, 3001, 500)]
     assert account.keys["loss"] == ["Training Loss"]
+
+
+def test_improved_diffusions_tables_with_keys_ending_in_digits_are_one_record_each(tmp_path):
+    # OpenAI's improved-/guided-diffusion logger: one key per row between rule lines, keys sorted (the step
+    # after the loss), quartile keys `loss_q0`..`loss_q3`. Before: a key ending in digits read as two numbers
+    # ended the block, so each table gave two records (`mse` a second loss) numbered in order
+    def table(i):
+        rows = {"grad_norm": 0.4, "loss": 0.3 - 0.001 * i, **{f"loss_q{q}": 0.5 - 0.1 * q for q in range(4)},
+                "mse": 0.29 - 0.001 * i, "samples": 128 * (i + 1), "step": 10 * i, "vb": 0.005}
+        rule = "-" * 24
+        return "\n".join([rule, *(f"| {k:<9} | {v:<8.3g} |" for k, v in rows.items()), rule, f"saving model {i}..."])
+    got, account = records_of(tmp_path, "training...\n" + "\n".join(table(i) for i in range(30)) + "\n")
+    assert [(s, m["loss"]) for s, m in got] == [(10 * i, float(f"{0.3 - 0.001 * i:.3g}")) for i in range(30)]
+    assert account.numbering == {"counter": ["step"]}
