@@ -1716,3 +1716,17 @@ def test_improved_diffusions_tables_with_keys_ending_in_digits_are_one_record_ea
     got, account = records_of(tmp_path, "training...\n" + "\n".join(table(i) for i in range(30)) + "\n")
     assert [(s, m["loss"]) for s, m in got] == [(10 * i, float(f"{0.3 - 0.001 * i:.3g}")) for i in range(30)]
     assert account.numbering == {"counter": ["step"]}
+
+
+def test_yolov5s_padded_results_csv_is_a_csv(tmp_path):
+    # YOLOv5's results.csv: every cell padded to 20, a header cell `metrics/mAP_0.5:0.95`. Before: the colon
+    # kept the header from being one, the loss was guessed by position (box_loss alone) and the epoch read as
+    # a counter named '#1'
+    names = ["epoch", "train/box_loss", "train/obj_loss", "train/cls_loss", "metrics/mAP_0.5:0.95", "val/box_loss",
+             "x/lr0"]
+    rows = [[e, 0.11 - 0.0005 * e, 0.07, 0.04, 0.1 + 0.002 * e, 0.12, 0.01] for e in range(40)]
+    text = ",".join(f"{n:>20}" for n in names) + "\n" + "".join(
+        ",".join(f"{v:>20.5g}" for v in row) + "\n" for row in rows)
+    got, account = records_of(tmp_path, text, name="results.csv")
+    assert account.format == "csv" and len(got) == 40
+    assert got[3][1]["loss"] == pytest.approx(0.11 - 0.0015 + 0.07 + 0.04, abs=1e-5)

@@ -39,7 +39,7 @@ SETTLE_S = 30.0
 _SIGNATURES = (("megatron", "iteration", (megatron.SIGNATURE,)),
                ("fairseq", "num_updates", fairseq.SIGNATURES),
                ("caffe", "] ", caffe.SIGNATURES))
-_CELL = re.compile(r"^[\w./ ()\[\]%-]{1,80}$")
+_CELL = re.compile(r"^[\w./ ()\[\]%:@-]{1,80}$")   # (YOLOv5's `metrics/mAP_0.5:0.95`, `acc@1`)
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf|infinity)", re.I)
 
 LOOKED_FOR = (
