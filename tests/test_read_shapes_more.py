@@ -1730,3 +1730,15 @@ def test_yolov5s_padded_results_csv_is_a_csv(tmp_path):
     got, account = records_of(tmp_path, text, name="results.csv")
     assert account.format == "csv" and len(got) == 40
     assert got[3][1]["loss"] == pytest.approx(0.11 - 0.0015 + 0.07 + 0.04, abs=1e-5)
+
+
+def test_a_step_blocks_loss_printed_as_such_beats_the_terms_above_it(tmp_path):
+    # Coqui TTS's trainer: `--> STEP: 25/406 -- GLOBAL_STEP: 25` over `| > decoder_loss: x  (avg)` lines, the
+    # total `| > loss: x  (avg)` after its terms. Before: the first term's line was the loss (0.4 of it)
+    def block(s):
+        terms = {"decoder_loss": 0.6 - s / 1e4, "postnet_loss": 0.7 - s / 1e4, "stopnet_loss": 0.2}
+        rows = {**terms, "loss": sum(terms.values()), "grad_norm": 1.5}
+        return (f"   --> TIME: 2023-06-01 10:00:00 -- STEP: {s % 400}/400 -- GLOBAL_STEP: {s}\n"
+                + "".join(f"     | > {k}: {v}  ({v})\n" for k, v in rows.items()) + "\n")
+    got, _ = records_of(tmp_path, "".join(block(s) for s in range(0, 1000, 25)))
+    assert [(s, m["loss"]) for s, m in got] == [(s, pytest.approx(1.5 - s / 5e3)) for s in range(0, 1000, 25)]

@@ -173,7 +173,7 @@ class Assembler:
         self.attached = False                 # the line fed was read into a record (no ignored line)
         self.per_epoch_said = False           # the account heard of epoch x batches + batch
         self.block: dict | None = None        # metrics of the indented block under a step header
-        self.block_ranks: dict[str, int] = {}
+        self.block_ranks: dict[str, tuple[int, int]] = {}   # (how the loss is printed, the name's rank)
         self.block_step: tuple = (None, "order", "")
         self.block_indent = -1
         self.by_header = False                # the last record was a step header's block
@@ -729,8 +729,9 @@ class Assembler:
         assert block is not None
         ranks = dict(zip((k for _, k, _ in plan.metrics), plan.ranks)) if plan.ranks else {}
         for k, v in metrics.items():
-            rank = ranks.get(k, 1)
-            if k not in block or rank < self.block_ranks.get(k, 1):
+            # the loss printed as such beats a term's line (Coqui's `| > decoder_loss:` above `| > loss:`)
+            rank = (plan.loss_rank if k == keys.LOSS else 0, ranks.get(k, 1))
+            if k not in block or rank < self.block_ranks.get(k, (0, 1)):
                 block[k] = v
                 self.block_ranks[k] = rank
         self._note(plan, "")
