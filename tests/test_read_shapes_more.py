@@ -1742,3 +1742,14 @@ def test_a_step_blocks_loss_printed_as_such_beats_the_terms_above_it(tmp_path):
                 + "".join(f"     | > {k}: {v}  ({v})\n" for k, v in rows.items()) + "\n")
     got, _ = records_of(tmp_path, "".join(block(s) for s in range(0, 1000, 25)))
     assert [(s, m["loss"]) for s, m in got] == [(s, pytest.approx(1.5 - s / 5e3)) for s in range(0, 1000, 25)]
+
+
+def test_catboosts_learn_column_is_its_training_loss(tmp_path):
+    # CatBoost's verbose lines name the training set `learn` (its test set `test`), beside a best-so-far and
+    # two durations: before, refused ("no number can be told to be a loss")
+    text = "Learning rate set to 0.05\n" + "".join(
+        f"{i}:\tlearn: {0.69 - 0.001 * i:.7f}\ttest: {0.7 - 0.0009 * i:.7f}\tbest: {0.7 - 0.0009 * i:.7f} ({i})"
+        f"\ttotal: {47 + i}ms\tremaining: {14.1 - 0.04 * i:.3g}s\n" for i in range(300))
+    got, account = records_of(tmp_path, text)
+    assert got == [(i, {"loss": round(0.69 - 0.001 * i, 7)}) for i in range(300)]
+    assert account.keys["loss"][0].startswith("learn (a split, no metric")

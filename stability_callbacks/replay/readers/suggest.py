@@ -208,7 +208,7 @@ def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
     step = _finest(counters, samples)
     epoch = _outer(roles, samples, texts, step)
     said = {"step": roles[step][3] or f"#{step + 1}"}
-    split = _split_loss(roles, samples, step)
+    split = _split_loss(roles, samples, step, texts)
     if split is not None:   # (a counter named as an epoch numbers the records by their epochs)
         return Guess(re.compile(_pattern(texts, step, split, epoch) if roles[step][0] != "epoch"
                                 else _pattern(texts, None, split, step)),
@@ -285,12 +285,15 @@ def _headless(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | Non
                      f"({which}), the records numbered in order"))
 
 
-def _split_loss(roles, samples, step: int) -> int | None:
+def _split_loss(roles, samples, step: int, texts: list[str]) -> int | None:
     """The number named only by the training split (``epoch 3 | train 0.52 | valid 0.61``: a
-    split and no metric, beside ones named only by an evaluation split), where it falls like a
-    loss and every other name on the line is a counter's or an evaluation split's; else None."""
+    split and no metric, beside ones named only by an evaluation split; CatBoost's ``0: learn:
+    0.67 test: 0.67 best: 0.67 (0) total: 47ms remaining: 14s``), where it falls like a loss and
+    every other name on the line is a counter's, an evaluation split's, a run summary's (a best
+    so far) or a duration's; else None."""
     names = {i: normalise_key(name) for i, (role, _, _, name) in enumerate(roles)
-             if name and i != step and role not in ("noise", "total", "epoch", "step", "batch")}
+             if name and i != step and role not in ("noise", "total", "epoch", "step", "batch", "summary")
+             and not _unit(texts, i)}
     train = [i for i, n in names.items() if n in TRAIN_SPLITS]
     if len(train) != 1 or any(n not in TRAIN_SPLITS | EVAL_SPLITS for n in names.values()):
         return None

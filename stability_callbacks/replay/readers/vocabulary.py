@@ -166,7 +166,7 @@ _LR_PART = re.compile(r"rate|(?:pg|group|groups|param|params|g)?\d*|backbone|hea
 EVALUATING = frozenset({"eval", "evaluation", "evaluating"})
 TRAINING = frozenset({"train", "training"})
 #: A split named alone, as a value's whole name (`train 0.52 | valid 0.61`, `train/val loss`).
-TRAIN_SPLITS = TRAINING | {"trn"}
+TRAIN_SPLITS = TRAINING | {"trn", "learn"}   # (CatBoost names its training set `learn`)
 EVAL_SPLITS = frozenset({"val", "valid", "validation", "eval", "test", "dev"})
 _ON_TRAINING = re.compile(r"\b(?:on|for|over) (?:the )?(?:train|training)(?: (?:set|data|dataset|split))?$")
 _METRIC_WORDS = frozenset({"metric", "metrics"})
