@@ -1753,3 +1753,18 @@ def test_catboosts_learn_column_is_its_training_loss(tmp_path):
     got, account = records_of(tmp_path, text)
     assert got == [(i, {"loss": round(0.69 - 0.001 * i, 7)}) for i in range(300)]
     assert account.keys["loss"][0].startswith("learn (a split, no metric")
+
+
+@pytest.mark.parametrize("line", [
+    lambda i: f"Epoch {i // 20}:   5%|▌         | {i % 20 + 1}/20 [00:00<00:00, 88.73it/s, v_num=0]",   # Lightning, no prog_bar
+    lambda i: f"tick {i}     kimg {4.0 * i:.1f}      time {4 * i}m 30s       sec/tick 240.0   sec/kimg 60.00   "
+              f"augment {0.005 * i:.3f}",                                                          # StyleGAN2-ADA
+])
+def test_a_refusal_suggests_no_loss_that_stays_the_same_or_climbs_on_every_line(tmp_path, capsys, line):
+    # before: `--keys step=Epoch,loss=v_num` (Lightning's version number: a silent all-clear when pasted),
+    # `--keys step=tick,loss=kimg` (StyleGAN's progress)
+    path = tmp_path / "run.log"
+    path.write_text("\n".join(line(i) for i in range(1, 41)) + "\n")
+    code, out, err = replay(capsys, path)
+    assert code == 2 and "--keys" in out + err and "loss=v_num" not in out + err and "loss=kimg" not in out + err
+    assert "no number on these lines can be told to be a loss" in out + err

@@ -56,7 +56,7 @@ def commands(path: str, texts: list[str], samples: Sequence[Sequence[str]]) -> l
     nums = list(samples[0])
     roles = slot_roles(texts, nums)
     step = _step(roles, samples, texts)
-    loss = _loss(roles, nums, step, texts)
+    loss = _loss(roles, samples, step, texts)
     if loss is not None and not roles[loss][3]:   # unnamed: a column that sums the ones before it first
         total = _total_column(samples, [i for i, r in enumerate(roles) if not r[3] and r[0] not in ("noise", "total")
                                         and i != step and not _unit(texts, i)
@@ -340,7 +340,12 @@ def _falls(samples: Sequence[Sequence[str]], i: int) -> bool:
     return len(set(values)) > 1 and all(0 < v < float("inf") for v in values) and values[-1] <= values[0]
 
 
-def _loss(roles, nums, step, texts) -> int | None:
+def _loss(roles, samples, step, texts) -> int | None:
+    """The number to suggest as the loss: one named as an error first, then any named, then an
+    unnamed one that is no integer; never a score, a unit's, a list's element, nor — named with
+    no error's word — one that stays the same on every sample line (Lightning's `v_num=0`) or
+    rises at every one (StyleGAN's `kimg 4.0`, `8.0`, `12.0`: progress, no loss)."""
+    nums = samples[0]
     ranked = []
     for i, (role, key, _, name) in enumerate(roles):
         if i == step or role in _NOT_A_VALUE or (role == "metric" and key != keys.LOSS) \
@@ -352,8 +357,20 @@ def _loss(roles, nums, step, texts) -> int | None:
         rank = 0 if words & _ERROR_WORDS or role in ("component", "statistic") else 1 if name else 2
         if rank == 2 and nums[i].isdigit():
             continue              # an unnamed integer: a count, not a loss
+        if rank == 1 and _constant_or_rising(samples, i):
+            continue
         ranked.append((rank, i))
     return min(ranked)[1] if ranked else None
+
+
+def _constant_or_rising(samples, i: int) -> bool:
+    """Whether number ``i`` is the same on every sample line, or higher on each than on the one
+    before (3 lines at least)."""
+    try:
+        values = [float(s[i]) for s in samples if i < len(s)]
+    except ValueError:
+        return False
+    return len(values) >= 3 and (len(set(values)) == 1 or all(b > a for a, b in zip(values, values[1:])))
 
 
 def _in_list(texts, i: int) -> bool:
