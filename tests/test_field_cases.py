@@ -1123,3 +1123,19 @@ def test_a_grad_norm_zero_from_the_first_step_is_said_so_not_from_the_warmups_en
     assert [(x.step, x.severity) for x in f] == [(15, "warning")]
     assert "the grad norm has been exactly 0 since step 1, judged from step 11, the warmup's end (5 points up to step 15)" \
         in f[0].message
+
+
+def test_a_loss_below_zero_that_jumps_across_zero_by_its_whole_range_is_a_warning():
+    # nnU-Net's -Dice+CE, per epoch, falling from +0.1 to -0.86, then +0.45 at one epoch: 40σ, and more than
+    # the largest magnitude it had had. Before: info (a loss below zero judged as an RL objective's)
+    rng = random.Random(2)
+    xs = [0.1 - 0.96 * (1 - math.exp(-e / 15)) + 0.01 * rng.gauss(0, 1) for e in range(1, 100)]
+    recs = [StepRecord(e, {"loss": x}) for e, x in enumerate(xs, 1)]
+    jump = recs + [StepRecord(100, {"loss": 0.45}), StepRecord(101, {"loss": -0.35})]
+    f, _ = run(jump)
+    assert [(x.step, x.kind, x.severity) for x in f if x.kind == "loss_spike"] == [(100, "loss_spike", "warning")]
+    assert "It crossed zero by a rise of" in next(x for x in f if x.kind == "loss_spike").message
+    # a jump nearly as large that stays below zero, or ends at zero: info, as before
+    for y in (-0.05, 0.0):
+        f, _ = run(recs + [StepRecord(100, {"loss": y})])
+        assert [(x.step, x.severity) for x in f if x.kind == "loss_spike"] == [(100, "info")]

@@ -786,10 +786,16 @@ class LossSpike(Detector):
                 # orders of magnitude past its noise; or, for a likelihood that sat at a level of its own
                 # sign (not an RL objective hovering around 0, whose scale moves with its returns), a
                 # rise of ten times the largest magnitude it had had: past its whole range
-                past_range = (not self.declared and abs(f) >= 3.0 * scale and x - f >= _COLD_ORDER * most)
+                # (or a rise as large as its whole range, 2 x z_threshold σ past its noise, where it leaves
+                # its sign: nnU-Net's -Dice+CE from -0.86 to +0.45, every point gained and more lost at once)
+                past_range = (not self.declared and abs(f) >= 3.0 * scale and (
+                    x - f >= _COLD_ORDER * most or (x - f >= most and x * f < 0.0 and z >= 2.0 * self.z_threshold)))
                 large = z >= _ORDERS * self.z_threshold or past_range
-                what = ((f"That is {(x - f) / most:.0f}x the largest magnitude it had had ({fmt(most)}): past its "
-                         "whole range, not its noise; check the step's batch and the weights (a likelihood that "
+                ranged = (f"That is {(x - f) / most:.0f}x the largest magnitude it had had ({fmt(most)}): past its "
+                          "whole range, not its noise" if x - f >= _COLD_ORDER * most else
+                          f"It crossed zero by a rise of {fmt(x - f)}, more than the largest magnitude it had had "
+                          f"({fmt(most)}): all it had gained and more, lost at once")
+                what = ((f"{ranged}; check the step's batch and the weights (a likelihood that "
                          "jumps like this has met data it gives almost no probability, or a layer blew up)."
                          if past_range else "That is orders of magnitude past its own noise: something changed "
                          "its scale (the rewards, the data, a term's weight) or the weights are blowing up; "
