@@ -983,6 +983,15 @@ def test_a_gan_player_at_exactly_zero_has_won_outright(tmp_path, capsys):
     path.write_text("".join(f"[0/50][{b}/100] Loss_D: {0.0 if b == 30 else 0.5 + 0.01 * (b % 3):.4f} "
                             f"Loss_G: {1.2 + 0.01 * (b % 5):.4f}\n" for b in range(0, 100, 5)))
     assert _replay_json(capsys, path)[2] == []
+    # the discriminator printed just above 0 (0.0001-0.0012 beside a generator at 8 and climbing): it has won
+    # as surely; before, no finding. A healthy game's discriminator near 0.01 beside 6 is none
+    path.write_text("".join(f"[0/50][{b}/100] Loss_D: {0.0001 + 0.0001 * (b % 7):.4f} Loss_G: {8 + b / 10:.4f}\n"
+                            for b in range(0, 100, 5)))
+    assert [(f["step"], f["details"]["rule"]) for f in _replay_json(capsys, path)[2]] == [(20, "player")]
+    rng = random.Random(3)
+    path.write_text("".join(f"[0/50][{b}/100] Loss_D: {0.01 * math.exp(rng.gauss(0, 0.2)):.4f} "
+                            f"Loss_G: {6 * math.exp(rng.gauss(0, 0.1)):.4f}\n" for b in range(0, 100, 5)))
+    assert _replay_json(capsys, path)[2] == []
 
 
 def test_a_running_loss_under_epoch_headers_is_one_record_per_epoch(tmp_path, capsys):

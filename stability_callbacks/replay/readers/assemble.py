@@ -82,6 +82,8 @@ ONE_OFF_AFTER = ("records dropped: a line after the log's last record, of a form
                  "prose), not a training step")
 
 #: What a warning line beside a record whose loss prints 0 does to it (Assembler.warning).
+#: A loss's term this small beside their sum is a player of a game that has won (LOSS_TERMS_ZERO).
+_WON = 1e-3
 #: A NaN warning's line, ignored (it marks the step before it), or read as a record of its own.
 NAN_WARNING = "NaN warning (marks the step before it)"
 NAN_AFTER = ("records read from a warning that the loss went non-finite after the last record (no record follows "
@@ -614,9 +616,12 @@ class Assembler:
             metrics = {key: (-float(nums[i]) if negative else float(nums[i]))
                        for i, key, negative in plan.metrics}
         if plan.components:
-            metrics[keys.LOSS] = _sum_of_terms(nums, plan.components)
-            zeros = sum(float(nums[i]) == 0.0 for i, _ in plan.components) if len(plan.components) > 1 else 0
-            if zeros:   # a term exactly 0 (a GAN's player that has won outright)
+            total = metrics[keys.LOSS] = _sum_of_terms(nums, plan.components)
+            # a term at 0, or within 0.1% of the sum: a GAN's player that has won (a discriminator's 0.0004
+            # beside a generator's 8.3: it tells real from generated perfectly, printed or not as 0)
+            zeros = sum(abs(float(nums[i])) <= _WON * abs(total) for i, _ in plan.components) \
+                if len(plan.components) > 1 else 0
+            if zeros:
                 metrics[keys.LOSS_TERMS_ZERO] = float(zeros)
         elif plan.ppl_at is not None:
             ppl = float(nums[plan.ppl_at])
