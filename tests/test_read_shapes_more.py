@@ -1777,3 +1777,16 @@ def test_a_refusal_suggests_no_loss_that_stays_the_same_or_climbs_on_every_line(
     code, out, err = replay(capsys, path)
     assert code == 2 and "--keys" in out + err and "loss=v_num" not in out + err and "loss=kimg" not in out + err
     assert "no number on these lines can be told to be a loss" in out + err
+
+
+def test_a_count_with_its_total_restarting_under_an_epoch_summary_printed_after_it(tmp_path):
+    # SimCLR's `Step [k/390]\t Loss: x` every 50 batches, then `Epoch [e/100]\t Loss: mean\t lr: ..` AFTER each
+    # epoch: before, every epoch's steps were 0..350 again (a resume each epoch, a not_learning warning
+    # on each segment of a healthy run); now epoch x 390 + k, the first epoch's too
+    lines = []
+    for e in range(6):
+        lines += [f"Step [{k}/390]\t Loss: {5.8 - 0.1 * e - 0.001 * k}" for k in range(0, 390, 50)]
+        lines.append(f"Epoch [{e}/100]\t Loss: {5.7 - 0.1 * e}\t lr: 0.0003")
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [s for s, _ in got] == [390 * e + k for e in range(6) for k in range(0, 390, 50)]
+    assert account.numbering == {"counter": ["Step"]}

@@ -362,7 +362,12 @@ class Assembler:
             return self._restarting(value, plan, done)
         elif self.per_epoch is not None:
             return done * self.per_epoch + value, "counter"
-        if total is not None and plan.epoch is not None and not plan.counter:
+        if total is not None and not plan.counter:
+            if plan.epoch is None and total not in self.counter_last and self.pending is not None \
+                    and self.pending.epoch is None and value < self.pending.step:
+                # the epoch known only from a summary after its records (SimCLR's `Step [0/390]` lines,
+                # then `Epoch [0/100] Loss:`): the count before it was the epoch before's
+                self.counter_last[total] = (self.epoch - 1, self.pending.step)
             return self._named_restart(value, total, done, plan), "counter"
         return (value, "counter") if value >= done and not plan.counter else (None, "order")
 
