@@ -363,19 +363,20 @@ class Assembler:
         elif self.per_epoch is not None:
             return done * self.per_epoch + value, "counter"
         if total is not None and not plan.counter:
-            if plan.epoch is None and total not in self.counter_last and self.pending is not None \
-                    and self.pending.epoch is None and value < self.pending.step:
-                # the epoch known only from a summary after its records (SimCLR's `Step [0/390]` lines,
-                # then `Epoch [0/100] Loss:`): the count before it was the epoch before's
-                self.counter_last[total] = (self.epoch - 1, self.pending.step)
             return self._named_restart(value, total, done, plan), "counter"
         return (value, "counter") if value >= done and not plan.counter else (None, "order")
 
     def _named_restart(self, value: int, total: int, done: int, plan: Plan) -> int:
-        """A step-named count with its total beside the epoch (``Epoch [2/5], Step [100/600]``):
+        """A step-named count with its total beside the epoch (``Epoch [2/5], Step [100/600]``, or
+        under an epoch a summary after its records names):
         the run's own count (``Epoch 3/10 | Step 12000/40000``) until it goes down as the epoch
         moves; from then on it counts the epoch's batches: steps are epochs done x its total +
         the count (the records before the restart, of the log's first epoch, keep their count)."""
+        if plan.epoch is None and total not in self.counter_last and self.pending is not None \
+                and self.pending.epoch is None and value < self.pending.step and self.epoch is not None:
+            # the epoch known only from a summary after its records (SimCLR's `Step [0/390]` lines,
+            # then `Epoch [0/100] Loss:`): the count before it was the epoch before's
+            self.counter_last[total] = (self.epoch - 1, self.pending.step)
         last_epoch, last_value = self.counter_last.get(total, (None, 0))
         self.counter_last[total] = (self.epoch, value)
         if not self.step_restarts and last_epoch is not None and self.epoch is not None \
