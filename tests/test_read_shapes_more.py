@@ -1790,3 +1790,17 @@ def test_a_count_with_its_total_restarting_under_an_epoch_summary_printed_after_
     got, account = records_of(tmp_path, "\n".join(lines) + "\n")
     assert [s for s, _ in got] == [390 * e + k for e in range(6) for k in range(0, 390, 50)]
     assert account.numbering == {"counter": ["Step"]}
+
+
+def test_an_epoch_summarys_loss_name_does_not_demote_the_records_loss(tmp_path):
+    # JoeyNMT: `Epoch 1, Step: 100, Batch Loss: 6.02, ...` records, then `Epoch 1: total training loss 6234.55`
+    # after each epoch; before, the summary's "total" outranked "Batch Loss" and no record after it had a loss
+    # (a NaN from step 5100 on gave an all-clear)
+    lines = []
+    for e in range(1, 5):
+        lines += [f"Epoch {e:3d}, Step: {s:8d}, Batch Loss: {'nan' if s >= 2100 else f'{6 - s / 1000:12.6f}'}, Lr: 0.000200"
+                  for s in range(1000 * (e - 1) + 100, 1000 * e + 1, 100)]
+        lines.append(f"Epoch {e:3d}: total training loss {6234.55 - 100 * e:.2f}")
+    got, _ = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert len(got) == 40 and all("loss" in m for _, m in got)
+    assert math.isnan(got[20][1]["loss"]) and got[19][1]["loss"] == pytest.approx(4.0)

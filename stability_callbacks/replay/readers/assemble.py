@@ -721,7 +721,12 @@ class Assembler:
     def _loss_of(self, plan: Plan, metrics: dict) -> bool:
         """A log that prints the loss itself anywhere takes no statistic of it (``avg loss``)
         or sum of its terms from another line (LOSS_KINDS): such a line keeps its other
-        metrics. False when nothing is left of the record."""
+        metrics. False when nothing is left of the record. An epoch's line with no step, in a log
+        whose records print a finer counter, is a summary (dropped as such): its loss's name says
+        nothing of the records' (JoeyNMT's `Epoch 1: total training loss 6234.5` beside its `Batch
+        Loss:` records, which were no longer read after it)."""
+        if plan.step is None and plan.epoch is not None and self.counted:
+            return True
         if plan.loss_rank < self.loss_rank:
             self.loss_rank = plan.loss_rank
             self.loss_printed = plan.loss_name or " + ".join(n for k, n in plan.printed if k == keys.LOSS)
