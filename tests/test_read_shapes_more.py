@@ -1804,3 +1804,15 @@ def test_an_epoch_summarys_loss_name_does_not_demote_the_records_loss(tmp_path):
     got, _ = records_of(tmp_path, "\n".join(lines) + "\n")
     assert len(got) == 40 and all("loss" in m for _, m in got)
     assert math.isnan(got[20][1]["loss"]) and got[19][1]["loss"] == pytest.approx(4.0)
+
+
+def test_a_loggers_file_and_line_and_icefalls_rank_are_a_prefix(tmp_path):
+    # icefall's setup_logger: `%(asctime)s %(levelname)s [%(filename)s:%(lineno)d] (rank/world) %(message)s`.
+    # Before, `(0/4)` was read as a bar's count: 2 records out of 120
+    text = "".join(f"2026-11-30 10:00:00,000 INFO [train.py:876] (0/4) Epoch {1 + b // 3000}, batch {b % 3000}, "
+                   f"loss[loss={0.7 - b / 20000:.4f}, simple_loss=1.3, over 7362.00 frames. ], batch size: 70, "
+                   f"lr: 3.00e-03, \n" for b in range(0, 6000, 50))
+    got, account = records_of(tmp_path, text)
+    steps = [s for s, _ in got]
+    assert len(got) == 120 and steps == sorted(steps) and steps[:3] == [0, 50, 100]
+    assert account.numbering == {"counter": ["batch"]}   # (its epoch's length inferred from the counts, said)

@@ -355,6 +355,7 @@ _LINE_PREFIX = re.compile(
     r"|\[?(?:\d{4}[-/.]\d\d[-/.]\d\d|\d\d?[-/.]\d\d?[-/.]\d{2,4}|[A-Z][a-z]{2}[ \t]+\d\d?)[ T]"
     r"\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?(?:[ \t]?[,|:-])?[ \t]"
     r"|\[?\d\d:\d\d:\d\d(?:[.,]\d+)?\]?(?:[ \t]?[,|-])?[ \t]"
+    r"|\[[\w-]++(?:\.[\w-]++)++:\d+\](?:[ \t]\(\d+/\d+\))?[ \t]"   # a logger's `[train.py:876]` (icefall's rank/world after it)
     r"|[ \t]*+(?:[\w.]++[ \t]++-[ \t]++)?\[?" + _LEVEL + r"\]?(?::[\w.]*:|[ \t]*[-|:][ \t]|[ \t]))+")
 
 
@@ -371,6 +372,10 @@ def strip_prefix(line: str) -> str:
     ('Iter 10', 'Iter 10')
     >>> strip_prefix("0 train 10.93"), strip_prefix("12 | loss 2.5"), strip_prefix("[rank0]:    loss=2")
     ('0 train 10.93', '12 | loss 2.5', '   loss=2')
+    >>> strip_prefix("2026-11-30 10:00:00,000 INFO [train.py:876] (0/4) Epoch 1, batch 50, loss 2.3")
+    'Epoch 1, batch 50, loss 2.3'
+    >>> strip_prefix("(3/10) loss 2.3")
+    '(3/10) loss 2.3'
     """
     m = _LINE_PREFIX.match(line)
     line = line[m.end():] if m else line
