@@ -1816,3 +1816,13 @@ def test_a_loggers_file_and_line_and_icefalls_rank_are_a_prefix(tmp_path):
     steps = [s for s, _ in got]
     assert len(got) == 120 and steps == sorted(steps) and steps[:3] == [0, 50, 100]
     assert account.numbering == {"counter": ["batch"]}   # (its epoch's length inferred from the counts, said)
+
+
+def test_pix2pixhds_feature_matching_and_perceptual_terms_are_terms_of_its_loss(tmp_path):
+    # pix2pixHD / SPADE print `G_GAN_Feat` and `G_VGG` beside `G_GAN`, `D_real`, `D_fake`: before, they were
+    # left out of the loss, and a NaN in them alone gave an all-clear
+    text = "".join(f"(epoch: 1, iters: {100 * i}, time: 0.088) G_GAN: 1.304 G_GAN_Feat: {'nan' if i >= 30 else 7.737} "
+                   f"G_VGG: 4.421 D_real: 0.498 D_fake: 0.518 \n" for i in range(1, 41))
+    got, account = records_of(tmp_path, text)
+    assert account.keys["loss"] == ["G_GAN + G_GAN_Feat + G_VGG + D_real + D_fake (the sum of the terms printed)"]
+    assert got[0][1]["loss"] == pytest.approx(1.304 + 7.737 + 4.421 + 0.498 + 0.518) and math.isnan(got[29][1]["loss"])
