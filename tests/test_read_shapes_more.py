@@ -1826,3 +1826,18 @@ def test_pix2pixhds_feature_matching_and_perceptual_terms_are_terms_of_its_loss(
     got, account = records_of(tmp_path, text)
     assert account.keys["loss"] == ["G_GAN + G_GAN_Feat + G_VGG + D_real + D_fake (the sum of the terms printed)"]
     assert got[0][1]["loss"] == pytest.approx(1.304 + 7.737 + 4.421 + 0.498 + 0.518) and math.isnan(got[29][1]["loss"])
+
+
+def test_a_loss_namespaces_total_is_the_loss_not_one_more_term(tmp_path):
+    # TF's Object Detection API: `{'Loss/classification_loss': .., 'Loss/localization_loss': ..,
+    # 'Loss/regularization_loss': .., 'Loss/total_loss': .., 'learning_rate': ..}` under `Step N per-step time`:
+    # before, the total was summed with its own terms (the loss about twice itself) and the LR not read
+    def block(s, x):
+        return (f"I1130 10:00:00.000000 139871234567808 model_lib_v2.py:705] Step {s} per-step time 0.512s\n"
+                f"I1130 10:00:00.000000 139871234567808 model_lib_v2.py:708] {{'Loss/classification_loss': {x / 2},\n"
+                f" 'Loss/localization_loss': {x / 2 - 0.15},\n 'Loss/regularization_loss': 0.15,\n"
+                f" 'Loss/total_loss': {x},\n 'learning_rate': {0.01 + s / 1e5}}}\n")
+    got, account = records_of(tmp_path, "".join(block(s, 1.3 - s / 1e4) for s in range(100, 3001, 100)))
+    assert got == [(s, {"loss": pytest.approx(1.3 - s / 1e4), "lr": pytest.approx(0.01 + s / 1e5)})
+                   for s in range(100, 3001, 100)]
+    assert account.keys["loss"] == ["Loss/total_loss"]

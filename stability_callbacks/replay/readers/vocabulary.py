@@ -145,10 +145,11 @@ def _classify(norm: str, raw: str, user: tuple) -> tuple[str, str | None, int]:
         # A name with a loss word that the vocabulary does not know: `Loss` under any prefix is
         # the loss; with other words (`box_loss`, `loss_cls`, `Loss_D`, `lossG`) a term of the
         # objective.
-        if len(bare) == 1 and bare[0] == "loss":
+        uniq = list(dict.fromkeys(bare))   # (a loss's namespace repeats the word: `Loss/total_loss`)
+        if len(uniq) == 1 and uniq[0] == "loss":
             return "metric", keys.LOSS, 1
-        if len(bare) == 2 and "loss" in bare and _WHOLE_WORDS.intersection(bare):
-            return "metric", keys.LOSS, 1   # `loss_total`, `loss_sum`: the terms' total, no term
+        if len(uniq) == 2 and "loss" in uniq and _WHOLE_WORDS.intersection(uniq):
+            return "metric", keys.LOSS, 1   # `loss_total`, `loss_sum`, `Loss/total_loss`: the terms' total, no term
         return "component", keys.LOSS, 0
     return "other", None, 0
 
