@@ -1139,3 +1139,12 @@ def test_a_loss_below_zero_that_jumps_across_zero_by_its_whole_range_is_a_warnin
     for y in (-0.05, 0.0):
         f, _ = run(recs + [StepRecord(100, {"loss": y})])
         assert [(x.step, x.severity) for x in f if x.kind == "loss_spike"] == [(100, "info")]
+
+
+def test_a_log_whose_loss_fell_by_half_or_more_never_says_it_cannot_tell():
+    # 5 epochs, 10 -> 0.44: the fall inside the first level made its noise look large, and the end said
+    # "cannot tell whether the run learns" of a loss that fell 20x
+    m = Monitor()
+    for e, x in enumerate([10.0, 1.0, 0.5, 0.45, 0.44], 1):
+        m.update(StepRecord(e, {"loss": x}))
+    assert [f for f in m.end() if f.kind == "not_learning"] == []

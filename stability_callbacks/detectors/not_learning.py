@@ -350,7 +350,10 @@ class NotLearning(Detector):
         # than half of it (a loss scattering ±4% a point, flat: 3 first points leave ±7% unknown)
         unsure = fell + self.z_threshold * se >= self._need and fell < self._need / 2
         if (h is None or self.learned or not (short or mid_run or noisy or unsure) or self.start is None
-                or fell <= -2 * self._need or fell - self.z_threshold * se > self._need or self._falling(h, sigma)):
+                or fell <= -2 * self._need or fell - self.z_threshold * se > self._need or self._falling(h, sigma)
+                or fell > _LN2):
+            # (a loss at half its first level or less learned, whatever its noise: 10, 1, 0.5 then
+            # 0.45, 0.44 is no "cannot tell", its fall counted as its noise)
             return []
         self.told = True
         unit = "epoch" if ctx.steps_are_epochs else "step"
