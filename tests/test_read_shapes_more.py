@@ -1841,3 +1841,12 @@ def test_a_loss_namespaces_total_is_the_loss_not_one_more_term(tmp_path):
     assert got == [(s, {"loss": pytest.approx(1.3 - s / 1e4), "lr": pytest.approx(0.01 + s / 1e5)})
                    for s in range(100, 3001, 100)]
     assert account.keys["loss"] == ["Loss/total_loss"]
+
+
+def test_a_namespaced_total_among_the_terms_is_the_loss(tmp_path):
+    # an RL trainer's `actor/pg_loss`, `actor/entropy_loss` (unweighted) and `actor/total_loss`: before, all
+    # three summed, the total with its own parts (and an entropy that grows as the policy collapses)
+    text = "".join(f"step {s} actor/pg_loss: {0.1 - s / 1e4:.4f} actor/entropy_loss: {2.3 + s / 100:.3f} "
+                   f"actor/total_loss: {0.08 - s / 1e4:.4f} lr: 1e-6\n" for s in range(1, 41))
+    got, account = records_of(tmp_path, text)
+    assert account.keys["loss"] == ["actor/total_loss"] and got[9][1]["loss"] == pytest.approx(0.079)

@@ -28,8 +28,8 @@ from typing import Any, Callable, Mapping
 
 from ... import keys
 from . import tokens
-from .vocabulary import (EVAL_SPLITS, EVALUATING, ITERATION_LIKE, MICRO_RANK, STEP_MARKERS, TRAIN_SPLITS, classify,
-                         normalise_key)
+from .vocabulary import (EVAL_SPLITS, EVALUATING, ITERATION_LIKE, MICRO_RANK, STEP_MARKERS, TRAIN_SPLITS, WHOLE_WORDS,
+                         classify, normalise_key)
 
 # A split named outside any key (`| valid | epoch 1 | loss 2.3`, `Validation: step 100 ...`),
 # not a key itself (litgpt's `val: n/a`) nor a file name (`eval.py:12`).
@@ -250,7 +250,11 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
     if keys.LOSS in metrics:
         plan.loss_name = normalise_key(metrics[keys.LOSS][2])
     elif comps:
-        # Terms of the objective and no total: their sum (one term alone is the loss it names).
+        # Terms of the objective and no total: their sum (one term alone is the loss it names) —
+        # unless one of them alone names a total (`actor/total_loss` beside `actor/pg_loss` and an
+        # entropy: the total is the loss, summed with its own parts it was more than twice itself)
+        totals = [(i, neg) for i, neg in comps if WHOLE_WORDS.intersection(normalise_key(roles[i][3]).split())]
+        comps = totals if len(totals) == 1 else comps
         plan.components = tuple(comps)
         plan.loss_kind = LOSS_KINDS[2]
         printed.append((keys.LOSS, " + ".join(roles[i][3] for i, _ in comps)

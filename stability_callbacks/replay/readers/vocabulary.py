@@ -148,7 +148,7 @@ def _classify(norm: str, raw: str, user: tuple) -> tuple[str, str | None, int]:
         uniq = list(dict.fromkeys(bare))   # (a loss's namespace repeats the word: `Loss/total_loss`)
         if len(uniq) == 1 and uniq[0] == "loss":
             return "metric", keys.LOSS, 1
-        if len(uniq) == 2 and "loss" in uniq and _WHOLE_WORDS.intersection(uniq):
+        if len(uniq) == 2 and "loss" in uniq and WHOLE_WORDS.intersection(uniq):
             return "metric", keys.LOSS, 1   # `loss_total`, `loss_sum`, `Loss/total_loss`: the terms' total, no term
         return "component", keys.LOSS, 0
     return "other", None, 0
@@ -187,7 +187,7 @@ def training_words(words: list[str]) -> list[str] | None:
 
 
 #: Words that make `loss_<word>` the whole loss, not one of its terms.
-_WHOLE_WORDS = frozenset({"total", "sum", "overall", "all", "combined", "full"})
+WHOLE_WORDS = frozenset({"total", "sum", "overall", "all", "combined", "full"})   # a total's words
 
 
 def _cross_entropy_word(word: str) -> bool:
