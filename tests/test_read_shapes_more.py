@@ -1850,3 +1850,13 @@ def test_a_namespaced_total_among_the_terms_is_the_loss(tmp_path):
                    f"actor/total_loss: {0.08 - s / 1e4:.4f} lr: 1e-6\n" for s in range(1, 41))
     got, account = records_of(tmp_path, text)
     assert account.keys["loss"] == ["actor/total_loss"] and got[9][1]["loss"] == pytest.approx(0.079)
+
+
+def test_a_namespaces_grad_norm_and_lr_are_read(tmp_path):
+    # verl: `step:12 - actor/pg_loss:0.01 - actor/grad_norm:0.8 - actor/lr:1e-06 - ...`: before, the grad norm
+    # and the LR were not read (an `actor_` prefix stays a term's name: Dreamer's `actor_loss`)
+    text = "".join(f"step:{s} - actor/pg_loss:{0.01 * (s % 3):.3f} - actor/grad_norm:{0.8 + s / 100:.3f} - "
+                   f"actor/lr:1e-06 - critic/score/mean:{0.1 * s:.2f}\n" for s in range(1, 31))
+    got, account = records_of(tmp_path, text)
+    assert account.keys["grad_norm"] == ["actor/grad_norm"] and account.keys["lr"] == ["actor/lr"]
+    assert got[4] == (5, {"loss": 0.02, "grad_norm": 0.85, "lr": 1e-06})

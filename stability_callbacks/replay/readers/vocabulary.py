@@ -124,6 +124,11 @@ def _classify(norm: str, raw: str, user: tuple) -> tuple[str, str | None, int]:
     key = ours(raw)                       # our own tags and metric keys
     if key is not None:
         return "metric", key, 1
+    if "/" in raw and not raw.endswith("/"):
+        # a namespace's grad norm or LR (verl's `actor/grad_norm`, `actor/lr`): the key its last part names
+        tail = _classify(normalise_key(raw.rsplit("/", 1)[1]), raw.rsplit("/", 1)[1], ())
+        if tail[0] == "metric" and tail[1] in (keys.GRAD_NORM, keys.LR):
+            return tail
     for w in words:
         role = WORD_ROLES.get(w)
         if role is not None:
