@@ -1860,3 +1860,13 @@ def test_a_namespaces_grad_norm_and_lr_are_read(tmp_path):
     got, account = records_of(tmp_path, text)
     assert account.keys["grad_norm"] == ["actor/grad_norm"] and account.keys["lr"] == ["actor/lr"]
     assert got[4] == (5, {"loss": 0.02, "grad_norm": 0.85, "lr": 1e-06})
+
+
+def test_a_counter_run_into_the_next_key_keeps_that_key(tmp_path):
+    # `Update 12 | iters: 1200loss: tensor(2.3100, device='cuda:0')`: the key run into the count with no
+    # separator was taken for the count's unit, the loss unnamed; before, refused
+    text = "".join(f"Update {u} | iters: {100 * u}loss: tensor({2.5 - u / 100:.4f}, device='cuda:0', "
+                   f"grad_fn=<NllLossBackward0>)\n" for u in range(1, 41))
+    got, account = records_of(tmp_path, text)
+    assert [m["loss"] for _, m in got] == [pytest.approx(2.5 - u / 100) for u in range(1, 41)]
+    assert account.keys["loss"] == ["loss"]

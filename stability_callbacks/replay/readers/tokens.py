@@ -37,6 +37,8 @@ _TRAILING_WORD = re.compile(r"(?<![A-Za-z_/.-])([A-Za-z]+)$")
 _LEADING_WORD = re.compile(r"([A-Za-z]+)(?![A-Za-z])")
 _QUOTES = " \t'\"\u2018\u2019\u201c\u201d"
 _MARKDOWN = "`*"
+#: Names no unit has, right after a number (a counter run into the next key: `iters: 100loss: 2.31`).
+_KEY_NOT_UNIT = re.compile(r"[A-Za-z_]*loss[A-Za-z_]*|lr|gnorm|grad_norm", re.I)
 # (and a bar's drawing, box-drawing and block glyphs: `▕███▏ batch 3`, `━━━━ 12/100`, `░░░ 4`, name nothing)
 _BAR_GLYPHS = "".join(map(chr, range(0x2500, 0x25A0)))
 _CUTS = ",|;[]{}()<>'\"=:\t\u2018\u2019\u201c\u201d\uff1a\uff0c" + _BAR_GLYPHS
@@ -106,7 +108,8 @@ def key_before(piece: str, glued: bool) -> str:
         i = 0
         while i < len(s) and not s[i].isspace() and s[i] not in _CUTS:
             i += 1
-        s = s[i:]
+        if not _KEY_NOT_UNIT.fullmatch(s[:i]):   # (`100loss: 2.31`: a key run into the count, no unit)
+            s = s[i:]
     if "s " in s:
         s = _POSSESSIVE.sub("", s)
     s = s.rstrip(_QUOTES + _MARKDOWN + "[(~")       # (markdown's code and emphasis: loss: `2.31`, **loss**:)
