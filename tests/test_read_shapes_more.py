@@ -1870,3 +1870,18 @@ def test_a_counter_run_into_the_next_key_keeps_that_key(tmp_path):
     got, account = records_of(tmp_path, text)
     assert [m["loss"] for _, m in got] == [pytest.approx(2.5 - u / 100) for u in range(1, 41)]
     assert account.keys["loss"] == ["loss"]
+
+
+def test_a_step_blocks_average_at_the_epochs_end_is_a_summary(tmp_path):
+    # Coqui TTS's older trainer: after an epoch's `--> STEP` blocks, `--> TRAIN PERFORMACE -- GLOBAL_STEP: 405`
+    # over `| > avg_loss:` lines: before, one more record (the epoch's average) at a step of its own
+    def block(s):
+        return (f"   --> TIME: 2023-06-01 10:00:00 -- STEP: {s % 400}/400 -- GLOBAL_STEP: {s}\n"
+                f"     | > loss: {1.6 - s / 2000}  ({1.6 - s / 4000})\n     | > grad_norm: 1.5  (1.5)\n\n")
+    text = ""
+    for e in range(3):
+        text += "".join(block(s) for s in range(400 * e, 400 * e + 400, 25))
+        text += (f"   --> TRAIN PERFORMACE -- EPOCH TIME: 243.60 sec -- GLOBAL_STEP: {400 * e + 399}\n"
+                 f"     | > avg_loss: {1.3 - 0.1 * e}\n     | > avg_grad_norm: 1.5\n\n")
+    got, account = records_of(tmp_path, text)
+    assert [s for s, _ in got] == [s for e in range(3) for s in range(400 * e, 400 * e + 400, 25)]

@@ -84,6 +84,8 @@ ONE_OFF_AFTER = ("records dropped: a line after the log's last record, of a form
 #: What a warning line beside a record whose loss prints 0 does to it (Assembler.warning).
 #: A loss's term this small beside their sum is a player of a game that has won (LOSS_TERMS_ZERO).
 _WON = 1e-3
+DROPPED_BLOCK = ("records dropped: a block under a step header whose loss is a statistic (an average) where the "
+                 "log's other blocks print the loss itself: a summary")
 #: A NaN warning's line, ignored (it marks the step before it), or read as a record of its own.
 NAN_WARNING = "NaN warning (marks the step before it)"
 NAN_AFTER = ("records read from a warning that the loss went non-finite after the last record (no record follows "
@@ -266,6 +268,11 @@ class Assembler:
         """The record of the indented block under a step header, once the block has ended."""
         block, self.block = self.block, None
         if not block:
+            return []
+        if keys.LOSS in block and self.block_ranks.get(keys.LOSS, (0, 1))[0] > self.loss_rank:
+            # its loss a statistic (`| > avg_loss:`) in a log whose blocks print the loss itself: an
+            # epoch's summary (Coqui's `TRAIN PERFORMACE -- GLOBAL_STEP: 405`), no step of its own
+            self.account.change(self.line_no, DROPPED_BLOCK)
             return []
         self.by_header = True
         step, how, name = self.block_step
