@@ -1885,3 +1885,13 @@ def test_a_step_blocks_average_at_the_epochs_end_is_a_summary(tmp_path):
                  f"     | > avg_loss: {1.3 - 0.1 * e}\n     | > avg_grad_norm: 1.5\n\n")
     got, account = records_of(tmp_path, text)
     assert [s for s, _ in got] == [s for e in range(3) for s in range(400 * e, 400 * e + 400, 25)]
+
+
+def test_a_refusals_suggestion_is_printed_only_where_it_reads_the_lines():
+    # the fourteenth scoring: both suggestions of a refusal exited 2 when pasted (each read its one sample
+    # line, not the log): a suggestion is now tried on the lines detection read
+    from stability_callbacks.replay.readers.sniff import _reads
+    lines = [(i, f"foo {i} bar {2.0 - i / 100}") for i in range(1, 20)]
+    assert _reads("stability-callbacks replay x.log --keys step=foo,loss=bar", lines)
+    assert not _reads("stability-callbacks replay x.log --keys step=foo,loss=baz", lines)
+    assert not _reads("stability-callbacks replay x.log --pattern 'qux (?P<loss>\\d+)'", lines)

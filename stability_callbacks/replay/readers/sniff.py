@@ -67,7 +67,7 @@ class NoRecords(LogFormatError):
             lines.append("  closest lines:")
             lines += [f"    line {n}: {text}" for n, text, _ in self.closest]
         best = closest.best()
-        pasted = suggest.commands(path, *best) if best is not None else []
+        pasted = [c for c in (suggest.commands(path, *best) if best is not None else []) if _reads(c, self.consumed)]
         if pasted:
             lines.append("  say it explicitly (paste one; --keys OURS=THEIRS names what the log prints "
                          "as step, loss, ..., by name or by position on the line from 1):")
@@ -243,3 +243,25 @@ class _Structured:
                 or any(" - " in c or c.endswith("__MIN") for c in cells)):
             return "wandb-csv"
         return "csv"
+
+
+def _reads(command: str, lines: list) -> bool:
+    """Whether a suggested command (``--keys SPEC`` or ``--pattern RE``) reads a loss from the lines
+    detection consumed, as the log would be read once pasted (a suggestion that reads one line
+    may read no record of the whole: before, both of a refusal's suggestions could exit 2 too)."""
+    import shlex
+
+    from .account import ReadAccount
+    from .user_keys import parse_keys
+    args = shlex.split(command)
+    kw: dict = {}
+    try:
+        if "--keys" in args:
+            kw["user_keys"] = parse_keys(args[args.index("--keys") + 1])
+        if "--pattern" in args:
+            kw["pattern"] = re.compile(args[args.index("--pattern") + 1])
+        return any(keys.LOSS in r.metrics for r in generic.read(
+            "", account=ReadAccount(""), lines=[(n, t) for n, t in lines if t is not None], **kw))
+    except (ValueError, re.error, LogFormatError):
+        return False
+
