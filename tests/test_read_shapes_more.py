@@ -1895,3 +1895,14 @@ def test_a_refusals_suggestion_is_printed_only_where_it_reads_the_lines():
     assert _reads("stability-callbacks replay x.log --keys step=foo,loss=bar", lines)
     assert not _reads("stability-callbacks replay x.log --keys step=foo,loss=baz", lines)
     assert not _reads("stability-callbacks replay x.log --pattern 'qux (?P<loss>\\d+)'", lines)
+
+
+@pytest.mark.parametrize("indent", ["", "  "])
+def test_a_yaml_history_is_one_record_per_epoch(tmp_path, indent):
+    # `yaml.dump(history)`: `train_loss:` then `- 2.3` per epoch, `val_loss:` then its own: before, a one-column
+    # table with no header, both arrays run together as one training series
+    train = [round(2.3 * math.exp(-e / 10), 4) for e in range(30)]
+    text = (f"{indent}train_loss:\n" + "".join(f"{indent}- {x}\n" for x in train)
+            + f"{indent}val_loss:\n" + "".join(f"{indent}- {2.4 * math.exp(-e / 12):.4f}\n" for e in range(30)))
+    got, account = records_of(tmp_path, ("history:\n" if indent else "") + text, name="history.yaml")
+    assert got == [(e, {"loss": x}) for e, x in enumerate(train, 1)] and account.keys["loss"] == ["train_loss"]

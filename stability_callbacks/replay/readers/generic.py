@@ -766,7 +766,7 @@ def read(path, *, account: ReadAccount, lines: Iterable, user_keys: Mapping[str,
             yield from reading.flush()
             continue
         text = strip_prefix(text)
-        if held or ("[" in text and may_open(text)):
+        if held or ("[" in text and may_open(text)) or text[-1:] == ":":   # (a YAML list's name)
             items = histories.offer(line_no, text)
             if items != [(line_no, text)]:       # (a line given back as it came: as any line)
                 yield from reading.lines(items)

@@ -33,6 +33,9 @@ _CLOSE = re.compile(r"\s*,?\s*\]")
 # What may stand between and around the arrays: brackets, commas, `dtype=float32)`.
 _BETWEEN = re.compile(r"""[\s,{}()]*(?:dtype=\w+\)?[\s,{}()]*)?""")
 _DIGIT = re.compile(r"\d")
+# YAML's list under its name: `train_loss:` alone, then `- 0.69` per element
+_YAML_KEY = re.compile(r"""\s*(['"]?)([A-Za-z_][\w ./-]*?)\1\s*:\s*""")
+_YAML_ITEM = re.compile(r"""\s*-\s+([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|inf|Inf|\.nan|\.inf))\s*""")
 _MAY_OPEN = re.compile(r"[:=]\s*(?:(?:np\.)?array\(\s*)?\[").search
 
 
@@ -56,6 +59,7 @@ class Histories:
         self.held: list[tuple[int, str]] = []
         self.arrays: dict[str, list[str]] = {}
         self.key: str | None = None          # the array open at the end of the last line
+        self.yaml = False                    # ... a YAML list (`name:`, then `- value` lines)
         self.values: list[str] = []
 
     @property
@@ -69,7 +73,7 @@ class Histories:
         return _MAY_OPEN(text) is not None
 
     def offer(self, line_no: int, text: str) -> list:
-        if self.off or (not self.held and "[" not in text and text.strip() not in ("{", "}")):
+        if self.off or (not self.held and "[" not in text and text.strip() not in ("{", "}") and text[-1:] != ":"):
             return [(line_no, text)]
         if self._read(strip_prefix(text)) and len(self.held) < self.MAX_LINES:
             self.held.append((line_no, text))
@@ -82,6 +86,8 @@ class Histories:
 
     def end(self) -> list:
         """The lines held: a :class:`History`, or the lines as printed (none is)."""
+        if self.yaml and self.key is not None:   # a YAML list ends with the log
+            self.arrays[self.key], self.key, self.yaml = self.values, None, False
         if self.key is not None or not self.held:
             return self._give_back()
         history = self._history()
@@ -92,6 +98,9 @@ class Histories:
 
     def _read(self, text: str) -> bool:
         """Whether ``text`` continues (or opens) a history; the arrays it closes are kept."""
+        yaml = self._yaml(text)
+        if yaml is not None:
+            return yaml
         pos, n = 0, len(text)
         while pos < n:
             if self.key is not None:
@@ -107,6 +116,26 @@ class Histories:
             if m is None:
                 return bool(self.held) or bool(self.arrays) or text.strip() in ("{",)
             self.key, self.values, pos = m.group(2), [], m.end()
+        return True
+
+    def _yaml(self, text: str) -> bool | None:
+        """A YAML list under its name (``train_loss:`` then ``- 0.69`` lines, a history dumped by
+        ``yaml.dump``): whether ``text`` opens or continues one (its array kept as it closes), or
+        None where the text is no YAML key alone nor, inside one, an element."""
+        item = _YAML_ITEM.fullmatch(text)
+        if item is not None and self.key is not None and self.yaml:
+            self.values.append(item.group(1))
+            return True
+        key = _YAML_KEY.fullmatch(text)
+        if key is None:
+            if self.yaml and self.key is not None:   # the list ended: its array is kept
+                self.arrays[self.key], self.key, self.yaml = self.values, None, False
+            return None
+        if self.key is not None and not self.yaml:
+            return None
+        if self.key is not None:
+            self.arrays[self.key] = self.values
+        self.key, self.values, self.yaml = key.group(2), [], True
         return True
 
     def _elements(self, text: str, pos: int) -> int:
@@ -146,7 +175,7 @@ class Histories:
 
     def _reset(self) -> None:
         self.held.clear()
-        self.arrays, self.key, self.values = {}, None, []
+        self.arrays, self.key, self.values, self.yaml = {}, None, [], False
 
 
 def _is_loss(name: str) -> bool:
