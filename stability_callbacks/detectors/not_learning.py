@@ -346,9 +346,10 @@ class NotLearning(Detector):
         # a level that holds within the noise a horizon this long allows, the noise a batch's
         sigma = self._noise()
         noisy = sigma > self.max_noise and fell + self.z_threshold * se < self._need
-        # ... or a long log whose noise leaves a fall of min_fall possible, where the loss fell by less
-        # than half of it (a loss scattering ±4% a point, flat: 3 first points leave ±7% unknown)
-        unsure = fell + self.z_threshold * se >= self._need and fell < self._need / 2
+        # ... or a long log whose noise leaves it unknown whether the loss fell by min_fall (a loss
+        # scattering ±4% a point, flat: 3 first points leave ±7% unknown; one that fell by more, beyond
+        # its noise, is said below to have learned)
+        unsure = fell + self.z_threshold * se >= self._need
         if (h is None or self.learned or not (short or mid_run or noisy or unsure) or self.start is None
                 or fell <= -2 * self._need or fell - self.z_threshold * se > self._need or self._falling(h, sigma)
                 or fell > _LN2):
@@ -369,7 +370,8 @@ class NotLearning(Detector):
             said = (f"Cannot tell whether the run learns from this log: {measured}, and its {self.first[0]} first "
                     f"points are too few for its noise (±{math.expm1(sigma):.0%} a point) to tell whether it fell by "
                     f"{self.min_fall:.0%} (±{-math.expm1(-self.z_threshold * se):.0%} at {self.z_threshold:g}σ). "
-                    f"If it stays there, the run is not learning; usual causes then: {CAUSES}.")
+                    + ("A longer log will tell." if fell >= self._need else
+                       f"If it stays there, the run is not learning; usual causes then: {CAUSES}."))
         else:   # long enough, and level within its noise, but that noise is the batch's, not the model's
             said = (f"Cannot tell whether the run learns from its loss's level: {measured}, but its points scatter "
                     f"by ±{math.expm1(sigma):.0%} from one to the next (more than ±{math.expm1(self.max_noise):.0%}): "
