@@ -24,8 +24,8 @@ BATCH_FINGERPRINT = "batch_fingerprint"   # a hash of the batch's token ids (res
 LOSS_STREAM_PREFIX = "loss/"       # per-dataset losses: loss/cm4, loss/pmd
 LOSS_RESOLUTION = "loss_resolution"  # a printed loss's last digit: 1e-4 for `2.3456`, 1e-6 for `1.000000`
 LOSS_WINDOW = "loss_window"        # the steps a printed loss summarises (a window median: 20)
-LOSS_TERMS_ZERO = "loss_terms_zero"  # of a loss read as the sum of its printed terms, how many are 0 or within
-                                     # 0.1% of the sum (absent: none): a game's player that has won
+LOSS_TERMS_ZERO = "loss_terms_zero"  # of a loss read as the sum of its printed terms, how many are 0, or a
+                                     # discriminator's within 0.1% of the sum (absent: none): a player that has won
 
 # Per-parameter-tensor Adam statistics, summarised (docs/design.md, Metric keys). A tensor's
 # "ratio" is its value over its own baseline (a running geometric mean of its earlier samples):

@@ -992,6 +992,12 @@ def test_a_gan_player_at_exactly_zero_has_won_outright(tmp_path, capsys):
     path.write_text("".join(f"[0/50][{b}/100] Loss_D: {0.01 * math.exp(rng.gauss(0, 0.2)):.4f} "
                             f"Loss_G: {6 * math.exp(rng.gauss(0, 0.1)):.4f}\n" for b in range(0, 100, 5)))
     assert _replay_json(capsys, path)[2] == []
+    # a CycleGAN's identity term nearing 0 in a healthy game is no player that won (the fifteenth scoring:
+    # 5 warnings on a healthy log); its discriminators stay near 0.25
+    path.write_text("".join(f"(epoch: 1, iters: {b}, time: 0.1) D_A: {0.25 * math.exp(rng.gauss(0, 0.1)):.3f} "
+                            f"G_A: {0.9 * math.exp(rng.gauss(0, 0.1)):.3f} cycle_A: {1.2 * math.exp(rng.gauss(0, 0.1)):.3f} "
+                            f"idt_A: {0.0004 + 0.0001 * (b % 3):.4f}\n" for b in range(100, 4100, 100)))
+    assert [f for f in _replay_json(capsys, path)[2] if f["kind"] == "stall"] == []
 
 
 def test_a_running_loss_under_epoch_headers_is_one_record_per_epoch(tmp_path, capsys):

@@ -361,8 +361,8 @@ class Stall(Detector):
             rule="frozen", samples=self.count, needed=self.need, **extra)
 
     def _player_won(self, step: int, zeros: float) -> list[Finding]:
-        """*player*: in a game (a GAN's summed terms), a term at 0 or within 0.1% of their sum
-        (``loss_terms_zero``) on ``min_samples`` + 2 points in a row: one player has won outright (a
+        """*player*: in a game (a GAN's summed terms), a term at 0 or a discriminator's within 0.1%
+        of their sum (``loss_terms_zero``) on ``min_samples`` + 2 points in a row: one player has won outright (a
         discriminator at 0 gives the generator no useful gradient). A warning, once per run of such points."""
         p = self.player
         if not zeros:
@@ -375,9 +375,9 @@ class Stall(Detector):
         p[2] = True
         return [self.finding(
             step, severity="warning", value=0.0, onset_step=p[0],
-            message=(f"A player of the game has won outright: one of the loss's terms has been 0, or under 0.1% of "
-                     f"their sum, on every point since step {p[0]} ({count(p[1], 'point')} up to step {step}). A "
-                     f"discriminator whose loss is 0 tells real from generated perfectly, and the generator gets no useful gradient: the "
+            message=(f"A player of the game has won outright: one of the loss's terms has been 0 (or a "
+                     f"discriminator's under 0.1% of their sum) on every point since step {p[0]} ({count(p[1], 'point')} "
+                     f"up to step {step}). A discriminator whose loss is 0 tells real from generated perfectly, and the generator gets no useful gradient: the "
                      f"game has collapsed. Roll back to a checkpoint before step {p[0]} and weaken the "
                      f"discriminator (a lower LR, label smoothing or input noise) or use a non-saturating or "
                      f"Wasserstein loss."),

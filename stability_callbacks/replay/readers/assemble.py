@@ -630,10 +630,11 @@ class Assembler:
                        for i, key, negative in plan.metrics}
         if plan.components:
             total = metrics[keys.LOSS] = _sum_of_terms(nums, plan.components)
-            # a term at 0, or within 0.1% of the sum: a GAN's player that has won (a discriminator's 0.0004
-            # beside a generator's 8.3: it tells real from generated perfectly, printed or not as 0)
-            zeros = sum(abs(float(nums[i])) <= _WON * abs(total) for i, _ in plan.components) \
-                if len(plan.components) > 1 else 0
+            # a term at 0, or a discriminator's within 0.1% of the sum: a GAN's player that has won (a
+            # discriminator's 0.0004 beside a generator's 8.3 tells real from generated perfectly, printed or
+            # not as 0; an identity or reconstruction term may near 0 in a healthy game)
+            zeros = sum(float(nums[i]) == 0.0 or (i in plan.discriminators and abs(float(nums[i])) <= _WON * abs(total))
+                        for i, _ in plan.components) if len(plan.components) > 1 else 0
             if zeros:
                 metrics[keys.LOSS_TERMS_ZERO] = float(zeros)
         elif plan.ppl_at is not None:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 from ... import keys
 from . import tokens
 from .vocabulary import (EVAL_SPLITS, EVALUATING, ITERATION_LIKE, MICRO_RANK, STEP_MARKERS, TRAIN_SPLITS, WHOLE_WORDS,
-                         classify, normalise_key)
+                         classify, discriminator, normalise_key)
 
 # A split named outside any key (`| valid | epoch 1 | loss 2.3`, `Validation: step 100 ...`),
 # not a key itself (litgpt's `val: n/a`) nor a file name (`eval.py:12`).
@@ -96,6 +96,7 @@ class Plan:
     metrics: tuple[tuple[int, str, bool], ...] = ()   # (number index, metric key, negative)
     ranks: tuple[int, ...] = ()      # the vocabulary rank of each metric's printed name
     components: tuple[tuple[int, bool], ...] = ()   # (index, negative) of the terms summed
+    discriminators: tuple[int, ...] = ()            # ... of them, a discriminator's (`Loss_D`, `D_real`)
     ppl_at: int | None = None        # a perplexity where nothing else gives the loss: its log
     scale_log2_at: int | None = None  # the loss scale's log2 where no scale is printed: 2 to it
     # into the loss where none is printed
@@ -256,6 +257,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
         totals = [(i, neg) for i, neg in comps if WHOLE_WORDS.intersection(normalise_key(roles[i][3]).split())]
         comps = totals if len(totals) == 1 else comps
         plan.components = tuple(comps)
+        plan.discriminators = tuple(i for i, _ in comps if discriminator(roles[i][3]))
         plan.loss_kind = LOSS_KINDS[2]
         printed.append((keys.LOSS, " + ".join(roles[i][3] for i, _ in comps)
                         + (" (the sum of the terms printed)" if len(comps) > 1 else "")))

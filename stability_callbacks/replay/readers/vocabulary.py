@@ -260,6 +260,11 @@ _PLAYERS = (frozenset({"d", "disc", "discriminator", "errd", "lossd", "dloss", "
             frozenset({"g", "gen", "generator", "errg", "lossg", "gloss", "netg"}))
 
 
+def discriminator(name: str) -> bool:
+    """Whether a printed name is a discriminator's term (``Loss_D``, ``errD``, ``D_real``, ``D_A``)."""
+    return bool(_PLAYERS[0] & set(normalise_key(name).split()))
+
+
 def adversarial(names: Iterable[str]) -> str | None:
     """The printed loss, where it is the sum of a discriminator's and a generator's terms (a
     GAN's: two players whose losses pull against each other, their sum no objective anyone
