@@ -1912,3 +1912,17 @@ def test_a_yaml_history_is_one_record_per_epoch(tmp_path, indent):
             + f"{indent}val_loss:\n" + "".join(f"{indent}- {2.4 * math.exp(-e / 12):.4f}\n" for e in range(30)))
     got, account = records_of(tmp_path, ("history:\n" if indent else "") + text, name="history.yaml")
     assert got == [(e, {"loss": x}) for e, x in enumerate(train, 1)] and account.keys["loss"] == ["train_loss"]
+
+
+def test_an_epochs_mean_gone_nan_after_a_bars_finite_loss_marks_its_last_record(tmp_path):
+    # a bar's running `loss=` stays finite while the epoch's mean printed after it is NaN (a batch in the
+    # middle went NaN): before, the mean was dropped as a statistic of the loss (the log prints the loss
+    # itself) and the last epoch's mean read as a record after the last: the NaN missed or misplaced
+    lines = []
+    for e in range(1, 8):
+        lines.append("\r".join(f"Epoch {e}: {2 * b:3d}%|####| {b}/50 [00:01<00:00, loss={0.9 - 0.05 * e - 0.001 * b:.3f}]"
+                               for b in range(1, 51)))
+        lines.append(f"Epoch {e} mean loss: " + ("nan" if e >= 5 else f"{0.9 - 0.05 * e:.4f}"))
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    nan = [s for s, m in got if math.isnan(m["loss"])]
+    assert len(got) == 350 and nan == [250, 300, 350]

@@ -84,6 +84,8 @@ ONE_OFF_AFTER = ("records dropped: a line after the log's last record, of a form
 #: What a warning line beside a record whose loss prints 0 does to it (Assembler.warning).
 #: A loss's term this small beside their sum is a player of a game that has won (LOSS_TERMS_ZERO).
 _WON = 1e-3
+MEAN_NAN = ("records whose loss is read as NaN: a mean of the loss printed right after them (their epoch's) is not "
+            "finite, so one of the steps it averages was not, whatever the record printed")
 DROPPED_BLOCK = ("records dropped: a block under a step header whose loss is a statistic (an average) where the "
                  "log's other blocks print the loss itself: a summary")
 #: A NaN warning's line, ignored (it marks the step before it), or read as a record of its own.
@@ -1307,7 +1309,17 @@ class Assembler:
                 plan.step is None and self.counted and plan.loss_rank > self.loss_rank):
             return False
         self.dropped = DROPPED[1]
-        if not math.isfinite(x):
+        rec = self.pending
+        if math.isfinite(x):
+            return True
+        if plan.loss_kind == LOSS_KINDS[1] and rec is not None and plan.step is None \
+                and math.isfinite(rec.metrics.get(keys.LOSS, math.nan)):
+            # a mean over the records before it (an epoch's, beside a bar's running loss) gone NaN: one
+            # of them was, whatever the last printed; the last is read so, and said
+            rec.metrics[keys.LOSS] = x
+            rec.metrics.pop(keys.LOSS_RESOLUTION, None)
+            self.account.change(self.line_no, MEAN_NAN)
+        else:
             self._nan_after_seen(int(float(nums[plan.step])) if plan.step is not None else None, x, DROPPED[1])
         return True
 
