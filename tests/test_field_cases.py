@@ -1148,3 +1148,14 @@ def test_a_log_whose_loss_fell_by_half_or_more_never_says_it_cannot_tell():
     for e, x in enumerate([10.0, 1.0, 0.5, 0.45, 0.44], 1):
         m.update(StepRecord(e, {"loss": x}))
     assert [f for f in m.end() if f.kind == "not_learning"] == []
+
+
+def test_a_run_whose_first_point_is_absurd_then_at_chance_is_not_learning(tmp_path):
+    # a binary classifier: its first epoch's loss 6.5e5 (inputs at an absurd scale), then ln 2 epoch after
+    # epoch. Before: the absurd first value made the first level, so the run "had learned" (no not_learning)
+    from stability_callbacks.replay.command import judge_log
+    path = tmp_path / "keras.log"
+    xs = [650000.0] + [0.6931 + 0.0001 * (e % 2) for e in range(19)]
+    path.write_text("".join(f"Epoch {e}/20\n1875/1875 - 5s - loss: {x:.4f} - accuracy: 0.5000\n" for e, x in enumerate(xs, 1)))
+    found = [(f.step, f.kind, f.severity) for f in judge_log(path) if f.kind == "not_learning"]
+    assert found == [(7, "not_learning", "warning")]   # (3 first epochs after the absurd one, 3 after them)

@@ -13,6 +13,7 @@ from .stall import printed_resolution
 
 _HALF_SQRT_PI = 0.5 * math.sqrt(math.pi)
 _LN2 = math.log(2.0)   # the chance level of the fewest classes there are
+_ABSURD = math.log(100.0)   # a run's first point this far above the next is no level of its loss
 _SQRT12 = math.sqrt(12.0)   # the σ of a rounding to one digit is the digit / √12
 #: What a run that does not learn usually has, for the message.
 CAUSES = ("an LR of 0 or far too small, frozen parameters (or an optimizer holding other parameters "
@@ -196,9 +197,13 @@ class NotLearning(Detector):
             # the flat rule is done and no chance level applies: only "nothing moves the weights"
             # is left to judge (the noise as it was when the loss fell)
             return self._still_only(step, m, lx, warm, moved=True)
+        f = self.first
+        if f[0] == 1 and self.horizon is None and self.prev_log is not None and self.prev_log - lx > _ABSURD:
+            # the run's first point 100x the next is no level of the loss (a first batch at an absurd
+            # scale, then chance at once): the level starts here, and the fall is no noise either
+            f[0], f[1], self.prev_log = 0, 0.0, None
         self._learn(step, lx)
         out = self._still(step, m, lx, warm)
-        f = self.first
         if not out and self.horizon is None and (f[0] < self.first_samples or not warm):
             f[0], f[1], f[2] = f[0] + 1, f[1] + lx, step   # the first level: the first points, the warmup's
             if f[0] == self.first_samples:
