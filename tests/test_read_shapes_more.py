@@ -1926,3 +1926,11 @@ def test_an_epochs_mean_gone_nan_after_a_bars_finite_loss_marks_its_last_record(
     got, account = records_of(tmp_path, "\n".join(lines) + "\n")
     nan = [s for s, m in got if math.isnan(m["loss"])]
     assert len(got) == 350 and nan == [250, 300, 350]
+
+
+def test_epoch_times_count_says_what_it_assumed_of_an_excerpts_first_epoch(tmp_path):
+    # an excerpt from epoch 34 of `Epoch: [e][b/N]`: whether epochs count from 0 or 1 the log does not show;
+    # the numbering's note says it assumed 1 (the fifteenth scoring: said as a formula, not as a guess)
+    text = "".join(f"Epoch: [{e}][{b}/500]\tLoss {2.0 - 0.01 * e:.4f}\n" for e in range(34, 37) for b in range(0, 500, 50))
+    _, account = records_of(tmp_path, text)
+    assert any("epochs assumed counted from 1: the first printed is 34, not 0 or 1" in n for n in account.notes)

@@ -141,6 +141,7 @@ class Assembler:
         self.overflows: list[tuple] = []      # (step or None, scale left, skipped) since the last record
         self.nan_after: tuple | None = None   # (step or None, value): a NaN warning after the last record
         self.saves: list[tuple[int, str]] = []   # checkpoints the log said it saved since the last record
+        self.first_epoch: int | None = None   # the first epoch the log printed
         self.cumulative: int | None = None    # DeepSpeed's last cumulative skip count
         self.cumulative_first: tuple[StepRecord | None, int, int | None] | None = None
         # ^ (record, count, step) of the first cumulative count, its delta undecided
@@ -299,6 +300,7 @@ class Assembler:
             self.epoch = int(text)
             if self.epoch_base is None:       # Lightning counts epochs from 0, Keras from 1
                 self.epoch_base = min(self.epoch, 1)
+                self.first_epoch = self.epoch
             if first and self.bar_before_epoch and self.pending is not None and self.made == 1:
                 # An excerpt that opens with a complete bar, its `Epoch E` header above the
                 # excerpt: the bar is the epoch before the first header.
@@ -366,7 +368,7 @@ class Assembler:
                     self.per_epoch_said = True
                     first = f"(epoch - {self.epoch_base})" if self.epoch_base else "epoch"
                     self.account.note(f"{plan.step_name!r} counts batches within an epoch of {per_epoch:,}: steps are "
-                                      f"{first} x {per_epoch:,} + {plan.step_name!r}")
+                                      f"{first} x {per_epoch:,} + {plan.step_name!r}{self._base_said()}")
                 return done * per_epoch + value, "counter"
             return self._restarting(value, plan, done)
         elif self.per_epoch is not None:
@@ -394,8 +396,14 @@ class Assembler:
             first = f"(epoch - {self.epoch_base})" if self.epoch_base else "epoch"
             self.account.note(f"{plan.step_name!r} restarts as the epoch moves (from epoch {self.epoch}): it counts "
                               f"batches within an epoch of {total:,}: steps are {first} x {total:,} + "
-                              f"{plan.step_name!r}")
+                              f"{plan.step_name!r}{self._base_said()}")
         return done * total + value if self.step_restarts else value
+
+    def _base_said(self) -> str:
+        """What the epoch × count numbering assumed of the epochs' first number, where the log did not
+        show it (its first epoch printed above 1: an excerpt, or a count from 0 that skipped none)."""
+        return (f" (epochs assumed counted from 1: the first printed is {self.first_epoch}, not 0 or 1)"
+                if self.first_epoch is not None and self.first_epoch > 1 else "")
 
     def _constant_step(self, value: int, plan: Plan) -> bool:
         """A step-named count that does not move while the epoch printed beside it does (`Epoch 2
