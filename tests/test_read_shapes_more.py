@@ -1934,3 +1934,14 @@ def test_epoch_times_count_says_what_it_assumed_of_an_excerpts_first_epoch(tmp_p
     text = "".join(f"Epoch: [{e}][{b}/500]\tLoss {2.0 - 0.01 * e:.4f}\n" for e in range(34, 37) for b in range(0, 500, 50))
     _, account = records_of(tmp_path, text)
     assert any("epochs assumed counted from 1: the first printed is 34, not 0 or 1" in n for n in account.notes)
+
+
+def test_a_ctc_loss_below_zero_is_an_impossible_value(tmp_path, capsys):
+    # a CTC loss is a log-loss of discrete label sequences, never below zero: one printed below it is computed
+    # wrong (the sixteenth scoring: a CTC loss below zero and staying there, no finding)
+    path = tmp_path / "asr.log"
+    path.write_text("".join(f"Epoch {e}: loss_ctc: {50 * 0.8 ** e - (0 if e < 12 else 2):.3f}\n" for e in range(1, 21)))
+    _, _, found = _replay_json(capsys, path)
+    assert [(f["step"], f["kind"], f["severity"], f["details"]["rule"]) for f in found if f["kind"] == "stall"] == [
+        (15, "stall", "critical", "impossible")]
+    assert "(a CTC loss, which is never below zero)" in found[0]["message"]

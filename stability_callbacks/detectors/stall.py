@@ -392,7 +392,8 @@ class Stall(Detector):
         assert self.cross_entropy is not None
         return self.finding(
             step, severity="critical", value=x, onset_step=step,
-            message=(f"The loss, printed as {self.cross_entropy[0]!r} (a cross-entropy, which is never below "
+            message=(f"The loss, printed as {self.cross_entropy[0]!r} (a "
+                     f"{'CTC loss' if 'ctc' in self.cross_entropy[0].lower() else 'cross-entropy'}, which is never below "
                      f"zero), is {fmt(x)} at step {step}: it is computed wrong — NLLLoss fed probabilities "
                      f"instead of log-probabilities, a log of values above 1, or targets that are not a "
                      f"distribution — and says nothing of training until that is fixed."),

@@ -295,7 +295,8 @@ def binary_name(name: str) -> bool:
 #: Words of a loss that is a cross-entropy, never below zero (a Gaussian NLL is not one); the
 #: binary ones first.
 _BINARY_CE = frozenset({"bce", "bcewithlogits", "bcewithlogitsloss", "bceloss"})
-_CROSS_ENTROPY = _BINARY_CE | {"crossentropy", "crossentropyloss", "xent", "ce"}
+_CROSS_ENTROPY = _BINARY_CE | {"crossentropy", "crossentropyloss", "xent", "ce", "ctc", "ctcloss"}   # (CTC: a
+#: log-loss of discrete label sequences, never below zero either)
 
 
 def cross_entropy_name(names: Iterable[str]) -> str | None:
@@ -306,8 +307,8 @@ def cross_entropy_name(names: Iterable[str]) -> str | None:
     ('train/CrossEntropyLoss', 'ce_loss', None)
     >>> cross_entropy_name(["cross_entropy"]), cross_entropy_name(["nll"]), cross_entropy_name(["ce + kl (the sum)"])
     ('cross_entropy', None, None)
-    >>> cross_entropy_name(["train WeightedCategoryCrossEntropy"])
-    'train WeightedCategoryCrossEntropy'
+    >>> cross_entropy_name(["train WeightedCategoryCrossEntropy"]), cross_entropy_name(["loss_ctc"])
+    ('train WeightedCategoryCrossEntropy', 'loss_ctc')
     """
     for name in names:
         if "+" in name:
