@@ -1945,3 +1945,14 @@ def test_a_ctc_loss_below_zero_is_an_impossible_value(tmp_path, capsys):
     assert [(f["step"], f["kind"], f["severity"], f["details"]["rule"]) for f in found if f["kind"] == "stall"] == [
         (15, "stall", "critical", "impossible")]
     assert "(a CTC loss, which is never below zero)" in found[0]["message"]
+
+
+def test_a_bracketed_list_of_counts_named_in_parentheses_is_no_array_of_losses(tmp_path):
+    # `Loss [2, 300](epoch, iter): 0.523`: the sixteenth scoring: the two counts were summed as the loss's
+    # terms and the value after the colon ignored (every message quoted sums of counts)
+    text = "".join(f"Loss [{e}, {i}](epoch, iter): {2.0 * 0.99 ** (e * 10 + i // 100):.4f}\n"
+                   for e in range(1, 6) for i in range(0, 1000, 100))
+    got, account = records_of(tmp_path, text)
+    assert [m["loss"] for _, m in got] == [round(2.0 * 0.99 ** (e * 10 + i // 100), 4) for e in range(1, 6)
+                                           for i in range(0, 1000, 100)]
+    assert account.numbering == {"counter": ["iter"]} and account.keys["loss"] == ["Loss"]

@@ -579,6 +579,16 @@ def _loss_array(texts, nums, roles) -> None:
             last += 1
         if last == i or not texts[last + 1].lstrip().startswith(("]", ")")):
             continue
+        after = texts[last + 1].lstrip()[1:].lstrip()
+        if last + 1 < n and after.startswith("(") and after.rstrip().endswith((":", "=")) \
+                and after.count(",") == last - i:
+            # `Loss [10, 200](epoch, iter): 0.523`: the list is the counts the parenthesis names, and
+            # the value after the colon is the loss's (the counts were summed as its terms)
+            names = [w.strip() for w in after[1:after.index(")")].split(",")] if ")" in after else []
+            for k, said in zip(range(i, last + 1), names if len(names) == last - i + 1 else [""] * (last - i + 1)):
+                roles[k] = (*classify(said), said) if said else ("other", None, 0, "")
+            roles[last + 1] = (role, key, rank, name)
+            return
         members = range(i, last + 1)
         values = [-float(nums[k]) if _negative(texts[k]) else float(nums[k]) for k in members]
         slack = sum(0.5 * 10.0 ** -len(nums[k].partition(".")[2]) if "e" not in nums[k].lower() else 1e-6 * abs(v)
