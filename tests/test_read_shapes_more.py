@@ -1956,3 +1956,11 @@ def test_a_bracketed_list_of_counts_named_in_parentheses_is_no_array_of_losses(t
     assert [m["loss"] for _, m in got] == [round(2.0 * 0.99 ** (e * 10 + i // 100), 4) for e in range(1, 6)
                                            for i in range(0, 1000, 100)]
     assert account.numbering == {"counter": ["iter"]} and account.keys["loss"] == ["Loss"]
+
+
+def test_an_epochs_record_written_twice_is_one_record(tmp_path):
+    # a per-epoch JSON-lines log whose first object is written twice: before, two records of one epoch, the
+    # whole log numbered in order (the sixteenth scoring)
+    rows = [json.dumps({"epoch": e, "loss": round(0.9 ** e, 4)}) for e in range(1, 21)]
+    got, account = records_of(tmp_path, "\n".join(rows[:1] + rows) + "\n", name="log.jsonl")
+    assert [s for s, _ in got] == list(range(1, 21)) and list(account.numbering) == ["epoch"]

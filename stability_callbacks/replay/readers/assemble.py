@@ -1110,6 +1110,9 @@ class Assembler:
         if self._terms_apart(prev, metrics, plan) or self._summary_of(prev, metrics, plan, by_epoch=True) \
                 or self._reprinted(prev, metrics, plan):
             return True
+        if metrics == prev.metrics:   # the same epoch printed the same again (a line written twice): a copy
+            self.account.change(self.line_no, COPIED)
+            return True
         if plan.loss_kind == LOSS_KINDS[1] and plan is self._noted_plan:
             _redrawn(prev.metrics, metrics)
             self.account.change(self.line_no, MERGED[5])
