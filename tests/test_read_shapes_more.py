@@ -1964,3 +1964,12 @@ def test_an_epochs_record_written_twice_is_one_record(tmp_path):
     rows = [json.dumps({"epoch": e, "loss": round(0.9 ** e, 4)}) for e in range(1, 21)]
     got, account = records_of(tmp_path, "\n".join(rows[:1] + rows) + "\n", name="log.jsonl")
     assert [s for s, _ in got] == list(range(1, 21)) and list(account.numbering) == ["epoch"]
+
+
+def test_a_wgans_critic_cost_is_its_loss(tmp_path):
+    # tab-separated `counter, name, value` lines whose only metric is a WGAN's critic cost (below zero, as a
+    # Wasserstein estimate is): before, refused (no loss word)
+    rng = random.Random(1)
+    text = "".join(f"{100 * i}\tcritic cost\t{-0.5 + 0.05 * rng.gauss(0, 1):.4f}\n" for i in range(1, 60))
+    got, account = records_of(tmp_path, text)
+    assert len(got) == 59 and account.keys["loss"] == ["critic cost"] and got[0][0] == 100
