@@ -713,10 +713,6 @@ class Policy:
         self.data_skips = DataSkips.from_state(d["data_skips"]) if "data_skips" in d else DataSkips()
 
 
-__all__ = ["Policy", "AutoRollback", "SignatureLead", "DAMAGE_KINDS", "EVENT_KINDS", "SIGNATURE_LEADS", "SKIP_STEP_ON",
-           "WARMUP_ESCALATION"]
-
-
 def _one_event(findings: list[Finding]) -> None:
     """Criticals of different detectors at one step are one event read several ways, and their
     causes may differ (a loss of exactly 0 beside a NaN grad norm: a loss zeroed after an fp16
@@ -732,3 +728,6 @@ def _one_event(findings: list[Finding]) -> None:
             f.details["same_event_as"] = first.kind
             f.message += f" (One event with the {first.kind} finding at this step: read that one first.)"
 
+
+__all__ = ["Policy", "AutoRollback", "SignatureLead", "DAMAGE_KINDS", "EVENT_KINDS", "SIGNATURE_LEADS", "SKIP_STEP_ON",
+           "WARMUP_ESCALATION"]

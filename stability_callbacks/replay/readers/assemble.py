@@ -81,7 +81,6 @@ ONE_OFF = ("records dropped: a line before the log's first record, of a form no 
 ONE_OFF_AFTER = ("records dropped: a line after the log's last record, of a form no record shares (a summary, "
                  "prose), not a training step")
 
-#: What a warning line beside a record whose loss prints 0 does to it (Assembler.warning).
 #: A loss's term this small beside their sum is a player of a game that has won (LOSS_TERMS_ZERO).
 _WON = 1e-3
 MEAN_NAN = ("records whose loss is read as NaN: a mean of the loss printed right after them (their epoch's) is not "
@@ -92,6 +91,7 @@ DROPPED_BLOCK = ("records dropped: a block under a step header whose loss is a s
 NAN_WARNING = "NaN warning (marks the step before it)"
 NAN_AFTER = ("records read from a warning that the loss went non-finite after the last record (no record follows "
              "it): at the step it prints, else the step after the last")
+#: What a warning line beside a record whose loss prints 0 does to it (Assembler.warning).
 WARNED = ("records whose loss prints 0 read as NaN: a warning line beside them says the loss was not finite",
           "records whose loss prints 0 marked skipped (skipped=1, no loss read): a warning line beside them says "
           "the step was skipped")
@@ -139,14 +139,14 @@ class Assembler:
         self.loss_rank = len(LOSS_KINDS)      # the best way a record printed its loss so far
         self.loss_printed = ""                # ... and its name
         self.overflows: list[tuple] = []      # (step or None, scale left, skipped) since the last record
-        self.nan_after: tuple | None = None   # (step or None, value): a NaN warning after the last record
+        self.nan_after: tuple | None = None   # a NaN warning after the last record: (step or None, value,
+        #                                     its line, why it is ignored until then)
         self.saves: list[tuple[int, str]] = []   # checkpoints the log said it saved since the last record
-        self.first_epoch: int | None = None   # the first epoch the log printed
         self.cumulative: int | None = None    # DeepSpeed's last cumulative skip count
         self.cumulative_first: tuple[StepRecord | None, int, int | None] | None = None
         # ^ (record, count, step) of the first cumulative count, its delta undecided
         self.epoch: int | None = None
-        self.epoch_base: int | None = None
+        self.first_epoch: int | None = None   # the first epoch the log printed (its base: epoch_base)
         self.per_epoch: int | None = None     # batches per epoch, where the log declares them
         self.fine_counter = False             # a bar below its total was printed
         self.epoch_bars = False               # ... in the last epoch of a log numbered by epochs
@@ -298,8 +298,7 @@ class Assembler:
             if self.epoch != int(text):
                 self.epoch_made = self.made
             self.epoch = int(text)
-            if self.epoch_base is None:       # Lightning counts epochs from 0, Keras from 1
-                self.epoch_base = min(self.epoch, 1)
+            if self.first_epoch is None:
                 self.first_epoch = self.epoch
             if first and self.bar_before_epoch and self.pending is not None and self.made == 1:
                 # An excerpt that opens with a complete bar, its `Epoch E` header above the
@@ -366,9 +365,8 @@ class Assembler:
             if per_epoch is not None:
                 if not self.per_epoch_said:
                     self.per_epoch_said = True
-                    first = f"(epoch - {self.epoch_base})" if self.epoch_base else "epoch"
-                    self.account.note(f"{plan.step_name!r} counts batches within an epoch of {per_epoch:,}: steps are "
-                                      f"{first} x {per_epoch:,} + {plan.step_name!r}{self._base_said()}")
+                    self.account.note(f"{plan.step_name!r} counts batches within an epoch of {per_epoch:,}: "
+                                      f"{self._epochs_times(plan.step_name, per_epoch)}")
                 return done * per_epoch + value, "counter"
             return self._restarting(value, plan, done)
         elif self.per_epoch is not None:
@@ -393,17 +391,22 @@ class Assembler:
         if not self.step_restarts and last_epoch is not None and self.epoch is not None \
                 and self.epoch > last_epoch and value < last_value:
             self.step_restarts = True
-            first = f"(epoch - {self.epoch_base})" if self.epoch_base else "epoch"
             self.account.note(f"{plan.step_name!r} restarts as the epoch moves (from epoch {self.epoch}): it counts "
-                              f"batches within an epoch of {total:,}: steps are {first} x {total:,} + "
-                              f"{plan.step_name!r}{self._base_said()}")
+                              f"batches within an epoch of {total:,}: {self._epochs_times(plan.step_name, total)}")
         return done * total + value if self.step_restarts else value
 
-    def _base_said(self) -> str:
-        """What the epoch × count numbering assumed of the epochs' first number, where the log did not
-        show it (its first epoch printed above 1: an excerpt, or a count from 0 that skipped none)."""
-        return (f" (epochs assumed counted from 1: the first printed is {self.first_epoch}, not 0 or 1)"
+    @property
+    def epoch_base(self) -> int | None:
+        """What the log's epochs count from: Lightning's from 0, Keras' from 1 (its first epoch
+        printed, at most 1)."""
+        return None if self.first_epoch is None else min(self.first_epoch, 1)
+
+    def _epochs_times(self, name: str, per_epoch: int) -> str:
+        """How steps are made of the epoch and a count within it, for the account's note."""
+        first = f"(epoch - {self.epoch_base})" if self.epoch_base else "epoch"
+        base = (f" (epochs assumed counted from 1: the first printed is {self.first_epoch}, not 0 or 1)"
                 if self.first_epoch is not None and self.first_epoch > 1 else "")
+        return f"steps are {first} x {per_epoch:,} + {name!r}{base}"
 
     def _constant_step(self, value: int, plan: Plan) -> bool:
         """A step-named count that does not move while the epoch printed beside it does (`Epoch 2
@@ -1354,30 +1357,29 @@ class Assembler:
         self.nan_after = None
         self.account.unignore(ignored)
         self.account.change(line_no, NAN_AFTER)
-        self.last_step = at if at is not None else self.last_step + 1
-        how = "counter" if at is not None else "after"
         self.account.after_what = "NaN-warning"
+        return [self._record_after(at, {keys.LOSS: value}, "after")]
+
+    def _record_after(self, step: int | None, metrics: dict, unprinted: str) -> StepRecord:
+        """A record made at the log's end from a line no record followed (an overflow, a NaN
+        warning): at the ``step`` it prints, else the step after the last, numbered ``unprinted``."""
+        self.last_step = step if step is not None else self.last_step + 1
+        how = "counter" if step is not None else unprinted
         self.account.numbered(how, "")
         self.made += 1
         if how != self.account.segment_how:
             self.account.record_numbered(how, "", self.made, self.last_step)
-        return [StepRecord(self.last_step, {keys.LOSS: value})]
+        return StepRecord(self.last_step, metrics)
 
     def finish(self) -> list[StepRecord]:
         out = self.flush(final=True)
         counted = self.account.counted
         for step, scale, skipped in self.overflows:    # overflow lines no record followed
-            self.last_step = step if step is not None else self.last_step + 1
             m = {keys.OVERFLOW_SKIPPED: 1.0} if skipped else {}
             if scale is not None:
                 m[keys.LOSS_SCALE] = scale
-            out.append(StepRecord(self.last_step, m))
             # An overflow line without a step after steps the log counted: the next step.
-            how = "counter" if step is not None else "after" if counted else "order"
-            self.account.numbered(how, "")
-            self.made += 1
-            if how != self.account.segment_how:
-                self.account.record_numbered(how, "", self.made, self.last_step)
+            out.append(self._record_after(step, m, "after" if counted else "order"))
         self.overflows = []
         if self.nan_after is not None:
             out += self._nan_after()

@@ -439,7 +439,7 @@ def _key_value(texts: list[str], nums: list[str]) -> tuple[str, str] | None:
     """``(key, value)`` of a line that prints one named value and nothing after it, its name
     ending in digits too (improved-diffusion's `| loss_q0 | 0.572 |`, composer's `lr-X/group0: 1e-4`;
     not a counter's glued number, `epoch3 0.5`)."""
-    if len(nums) == 2 and texts[0][-1:].isalpha() | (texts[0][-1:] == "_") and not any(c.isalnum() for c in texts[1]) \
+    if len(nums) == 2 and (texts[0][-1:].isalpha() or texts[0][-1:] == "_") and not any(c.isalnum() for c in texts[1]) \
             and not texts[2].strip(_AFTER_VALUE) and tokens.glued_names(texts, nums)[0] is None:   # (`epoch3 0.5`: a counter's)
         key = tokens.key_before(texts[0] + nums[0], glued=False)
         return (key, nums[1]) if key[:1].isalpha() and key.endswith(nums[0]) else None
