@@ -43,7 +43,7 @@ def saved(text: str) -> tuple[int | None, str] | None:
     >>> saved("Loading checkpoint from /ckpt/iter_0001000") is None, saved("step 5 loss 2.3") is None
     (True, True)
     """
-    if not any(w in text for w in _WORDS) or not _SAVED.search(text) or _NOT_A_SAVE.search(text):
+    if not says_saved(text):
         return None
     paths = [p for p in _PATH.findall(text) if not p.startswith("//")]
     if not paths:
@@ -54,3 +54,9 @@ def saved(text: str) -> tuple[int | None, str] | None:
         return int(next(g for g in m.groups() if g)), path
     m = _STEP_IN_PATH.search(path.rstrip("/\\").rsplit("/", 1)[-1])
     return (int(m.group(1)) if m is not None else None), path
+
+
+def says_saved(text: str) -> bool:
+    """Whether a line says a checkpoint (the model, its weights) was saved, where or not
+    (pix2pixHD's ``saving the model at the end of epoch 1, iters 1000``)."""
+    return any(w in text for w in _WORDS) and _SAVED.search(text) is not None and _NOT_A_SAVE.search(text) is None

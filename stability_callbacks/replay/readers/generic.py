@@ -29,9 +29,9 @@ from ...record import StepRecord
 from . import tokens
 from .account import ReadAccount
 from .assemble import NAN_WARNING, Assembler
-from .checkpoints import saved
+from .checkpoints import saved, says_saved
 from .history import Histories
-from .plan import LOSS_KINDS, Plan, choose_counter, make_plan, report_row, signed, warning
+from .plan import LOSS_KINDS, Plan, choose_counter, count_after_slash, make_plan, report_row, signed, warning
 from .source import segments, strip_prefix
 from .vocabulary import classify, normalise_key
 
@@ -93,6 +93,7 @@ def _wraps(text: str) -> bool:
     m = _FIELD_BEFORE_KEY.search(text) if _KEY_CUT.search(text) else None
     return m is not None and classify(m.group(1))[0] in ("metric", "step", "component", "epoch", "statistic")
 HISTORY_SUMMARY = "run summary (a history of the records above, printed as arrays)"
+SAVE_LINE = "a checkpoint's save (no header of the records after it)"
 _REASONS = {"eval": "evaluation", "summary": "run summary", "ignore": "no training metric",
             "overflow": "overflow (folded into the next record)", "epoch": "epoch header",
             "header": "step header", "nan": NAN_WARNING}
@@ -171,7 +172,7 @@ class LineReader:
                 _PLANS.clear()
             plan = _PLANS[tkey] = make_plan(texts, nums, self.user)
             plan.merged = tokens.fold(texts)
-        if plan.counters and self.learn:
+        if (plan.counters or plan.slash) and self.learn:
             watched = self.templates.get(plan.merged)
             if watched is None:
                 watched = self.templates[plan.merged] = Template(texts, nums, plan)
@@ -189,8 +190,8 @@ class LineReader:
         from the counter another template of the log showed (the same printed name: a line
         that differs in the digits of another number, `Sen. 965,843` beside `Sen. 1,052,108`)."""
         hints = watched.hints() or self._named_counter(watched)
-        watched.plan = (make_plan(watched.texts, watched.nums, self.user, hints=hints)
-                        if hints else watched.names_plan)
+        watched.plan = (make_plan(watched.texts, watched.nums, self.user, hints=hints) if hints else
+                        count_after_slash(watched.names_plan) if watched.total_moved else watched.names_plan)
         watched.plan.merged = watched.names_plan.merged
         watched.settled = True
         if hints:
@@ -286,7 +287,7 @@ class Template:
     """
 
     __slots__ = ("texts", "nums", "names_plan", "plan", "settled", "lines", "last", "ups", "dead",
-                 "epoch_last", "epoch_ups", "_signed")
+                 "epoch_last", "epoch_ups", "_signed", "total_moved")
 
     def __init__(self, texts: list[str], nums: list[str], names_plan: Plan):
         self.texts, self.nums, self.names_plan = texts, nums, names_plan
@@ -300,6 +301,7 @@ class Template:
         self.epoch_last = -1
         self.epoch_ups = 0                    # lines whose epoch was up on the line before
         self._signed: dict[tuple[int, ...], Plan] = {}
+        self.total_moved = False              # a slash's count stayed and its total moved (Plan.slash)
 
     def for_line(self, own: Plan) -> Plan:
         """The template's plan for one of its lines (``own``: that line's plan by names): with
@@ -313,8 +315,15 @@ class Template:
 
     def observe(self, nums) -> bool:
         """One more line of the template; True once its numbers have said enough (a number
-        rose over ``LEARN_LINES`` lines, or ``LEARN_MAX_LINES`` lines passed)."""
+        rose over ``LEARN_LINES`` lines, or ``LEARN_MAX_LINES`` lines passed; a count and its
+        total: their second line)."""
         first = self.lines == 0
+        at, total_at = self.names_plan.step, self.names_plan.step_total
+        if self.names_plan.slash and at is not None and total_at is not None:
+            if not first:
+                self.total_moved = nums[at] == self.nums[at] and int(nums[total_at]) > int(self.nums[total_at])
+            self.lines += 1
+            return not first
         at = self.names_plan.epoch
         if at is not None and nums[at].isdigit():
             epoch = int(nums[at])
@@ -654,6 +663,11 @@ class Reading:
             save = saved(seg)
             if save is not None:   # (a checkpoint's line: the rollback advice may name it)
                 asm.saved(*save)
+            if plan is not None and plan.kind in ("header", "epoch") and says_saved(seg):
+                # it follows the step it holds and heads nothing: pix2pixHD's `saving the model at the
+                # end of epoch 1, iters 1000` counts all iterations, its records' `iters` the epoch's
+                account.ignore(line_no, seg, SAVE_LINE)
+                return out
         if plan is None or plan.kind in ("nan", "ignore"):
             said = warning(seg) if seg.strip() else ""
             if said:

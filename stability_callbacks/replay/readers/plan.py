@@ -34,7 +34,7 @@ from .vocabulary import (EVAL_SPLITS, EVALUATING, ITERATION_LIKE, MICRO_RANK, ST
 # A split named outside any key (`| valid | epoch 1 | loss 2.3`, `Validation: step 100 ...`),
 # not a key itself (litgpt's `val: n/a`) nor a file name (`eval.py:12`).
 _EVAL_CONTEXT = re.compile(r"\b(?:val|valid|validation|validating|eval|evaluation|evaluating|"
-                           r"test|testing)\b(?!['\"]?\s*[:=]|\.py)", re.I)
+                           r"test|testing|cv)\b(?!['\"]?\s*[:=]|\.py)", re.I)
 # ... and a split that labels the line it opens (`valid: loss=3.2 acc=0.5`, `[Test]: loss 0.4`):
 # `val: n/a` later on a line is a value of its own.
 _EVAL_LABEL = re.compile(r"\W*(?:val|valid|validation|eval|evaluation|test|testing)\W*:\s*", re.I)
@@ -143,6 +143,8 @@ class Plan:
     # record printed by the loop's body while the bar shows the batches done before it
     others: tuple[tuple[int, str], ...] = ()   # (index, name) of the other integers beside the step
     # that may count instead (a step that stays: Assembler._stays)
+    slash: bool = False              # a named count and its total, both integers: the template's
+    # second line says which moves (:func:`count_after_slash`)
 
 
 # long: one pass over a template's roles, then the step, the loss and the kind placed on the
@@ -303,7 +305,19 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
         plan.counters = tuple((i, name) for i, (role, _, _, name) in enumerate(roles)
                               if role == "other" and nums[i].isdigit()
                               and not name.lower().startswith(_ARG_ECHO) and not _DURATION.match(texts[i + 1]))
+    at, at_total = plan.step, plan.step_total
+    plan.slash = (plan.kind == "record" and at is not None and at_total is not None and plan.epoch is None and hints is None
+                  and nums[at].isdigit() and nums[at_total].isdigit() and not texts[at + 1].startswith("%"))
     return plan
+
+
+def count_after_slash(plan: Plan) -> Plan:
+    """The plan of a template whose number after a slash moved from its first line to its second
+    while the number before it stayed (WeNet's ``TRAIN Batch 0/20``, ``Batch 0/40``: ``epoch/batch``):
+    no count and its total, which stays while the count moves, but the epoch and the count within it."""
+    return replace(plan, epoch=plan.step, step=plan.step_total, step_total=None, counter=False, within_epoch=True,
+                   step_rank=_LEARNED, simple=False, outer=(), others=(), slash=False, match=None,
+                   step_name=f"{plan.step_name} /N")
 
 
 @functools.lru_cache(maxsize=1024)

@@ -1,0 +1,72 @@
+"""The shapes the print-format sweeps of the seventeenth round found (docs/replay.md, The print-format
+sweeps): each tool's print format taken from its source, a log written here in that shape, and what
+the reader and the detectors must make of it."""
+from __future__ import annotations
+
+import math
+
+from shapes import records_of, replay_json
+
+
+def _wenet(epochs: int, v3: bool, spike_at: int | None = None) -> str:
+    # WeNet's executor: `TRAIN Batch {epoch}/{batch_idx} loss {:.6f} loss_att .. lr {:.8f} rank 0` (v2), and
+    # `TRAIN | steps/sec {:.3f}| Batch {epoch}/{batch_idx} loss ..` (v3), its cross-validation's `CV Batch
+    # e/b .. history loss` lines after each epoch, then `Epoch e CV info cv_loss ..`
+    lines = []
+    for e in range(epochs):
+        for b in range(0, 1000, 20):
+            s = e * 1000 + b
+            x = 20.0 + 120.0 * math.exp(-s / 800.0) * (1.0 + 0.02 * math.sin(s))
+            x *= 8.0 if s == spike_at else 1.0
+            head = "TRAIN | steps/sec 1.900| Batch" if v3 else "TRAIN Batch"
+            lines.append(f"2026-11-30 10:00:00,000 DEBUG {head} {e}/{b} loss {x:.6f} loss_att {0.9 * x:.6f} "
+                         f"loss_ctc {1.3 * x:.6f} lr {min(1e-3, (s + 1) * 1e-6):.8f} rank 0")
+        for b in range(0, 300, 100):
+            head = "CV | steps/sec 5.100| Batch" if v3 else "CV Batch"
+            lines.append(f"2026-11-30 10:00:00,000 DEBUG {head} {e}/{b} loss 18.5 loss_att 17.1 loss_ctc 22.3 "
+                         f"history loss 18.5")
+        lines.append(f"2026-11-30 10:00:00,000 INFO Epoch {e} CV info cv_loss 18.5")
+    return "\n".join(lines) + "\n"
+
+
+def test_wenets_batch_epoch_slash_count_is_the_epoch_and_the_count_within_it(tmp_path):
+    # `Batch 0/20`, `Batch 0/40`: the number after the slash moves while the one before stays, so it is no
+    # total but the count. Before, read as a count of 0 out of 20, then 40 ...: 3 records out of 150, a spike
+    # missed; and the `CV` lines were records
+    for v3 in (False, True):
+        got, account = records_of(tmp_path, _wenet(3, v3))
+        steps = [s for s, _ in got]
+        assert len(got) == 150 and steps == sorted(steps) and len(set(steps)) == 150, v3
+        assert [m["loss"] for _, m in got[:2]] == [round(20.0 + 120.0, 6), round(
+            20.0 + 120.0 * math.exp(-20 / 800.0) * (1.0 + 0.02 * math.sin(20)), 6)]
+        assert account.ignored["evaluation"][0] == 12 and account.numbering == {"counter": [
+            ("Batch /N" if v3 else "TRAIN Batch /N")]}
+
+
+def test_wenets_spike_is_found_at_its_batch(tmp_path, capsys):
+    path = tmp_path / "train.log"
+    path.write_text(_wenet(3, False, spike_at=1960))
+    _, _, found = replay_json(capsys, path)
+    spikes = [f for f in found if f["kind"] == "loss_spike" and f["severity"] == "warning"]
+    # epoch 1's batch 960, each epoch the largest count printed + 1 long (it counts from 0; the note says so)
+    assert [f["step"] for f in spikes] == [1 * 981 + 960]
+
+
+def test_a_count_whose_total_stays_is_read_as_before(tmp_path):
+    # `Step [k/500]`: the total the same on every line: a count and its total, as ever
+    got, account = records_of(tmp_path, "".join(f"Step [{k}/500] loss: {2.0 - k / 1000:.4f}\n" for k in range(1, 60)))
+    assert [s for s, _ in got] == list(range(1, 60))
+
+
+def test_a_save_line_heads_no_records(tmp_path):
+    # pix2pixHD: `(epoch: e, iters: i, ..)` counts iterations within the epoch, and after each epoch `saving the
+    # model at the end of epoch e, iters N` prints the run's total. Before, that total was read as a step
+    # header's count: the epochs 2,000 long instead of 1,000, every step after the first epoch wrong
+    lines = []
+    for e in range(1, 5):
+        lines += [f"(epoch: {e}, iters: {i}, time: 0.088) G_GAN: 1.304 G_GAN_Feat: 7.737 D_real: 0.498 D_fake: 0.518 "
+                  for i in range(100, 1001, 100)]
+        lines += [f"End of epoch {e} / 200 \t Time Taken: 312 sec", f"saving the model at the end of epoch {e}, iters {e * 1000}"]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [s for s, _ in got] == list(range(100, 4001, 100))
+    assert account.ignored["a checkpoint's save (no header of the records after it)"] == [4, 12]
