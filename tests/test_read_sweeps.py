@@ -70,3 +70,22 @@ def test_a_save_line_heads_no_records(tmp_path):
     got, account = records_of(tmp_path, "\n".join(lines) + "\n")
     assert [s for s, _ in got] == list(range(100, 4001, 100))
     assert account.ignored["a checkpoint's save (no header of the records after it)"] == [4, 12]
+
+
+def test_fairseqs_json_epoch_summary_is_no_record(tmp_path):
+    # fairseq's `--log-format json`: interval records `{"epoch": 1, "update": 0.5, "loss": .., "num_updates": ..}`,
+    # and after each epoch `| train | {"epoch": 1, "train_loss": .., "train_num_updates": 1563, ..}`, the epoch's
+    # mean. Before, a record of its own at the epoch's last update (an epoch's mean beside the last interval)
+    lines = []
+    for e in range(1, 4):
+        for u in range(100, 1501, 100):
+            n = (e - 1) * 1563 + u
+            lines.append(f'2024-02-01 15:37:43 | INFO | train_inner | {{"epoch": {e}, "update": {e - 1 + u / 1563:.3f}, '
+                         f'"loss": "{9.0 - n / 1000:.3f}", "lr": "0.0005", "num_updates": "{n}"}}')
+        lines.append(f'2024-02-01 15:37:43 | INFO | valid | {{"epoch": {e}, "valid_loss": "6.883", "valid_num_updates": '
+                     f'"{e * 1563}"}}')
+        lines.append(f'2024-02-01 15:37:43 | INFO | train | {{"epoch": {e}, "train_loss": "{9.5 - e:.3f}", "train_lr": '
+                     f'"0.0005", "train_num_updates": "{e * 1563}"}}')
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert len(got) == 45 and account.keys["loss"] == ["loss"] and got[15][0] == 1563 + 100
+    assert account.ignored["epoch summary or another loop (the log's records print a finer counter)"][0] == 3

@@ -42,7 +42,7 @@ from ... import keys
 from ...record import StepRecord
 from .account import ReadAccount
 from .plan import LOSS_KINDS, Plan
-from .vocabulary import adversarial
+from .vocabulary import TRAIN_SPLITS, adversarial
 
 
 #: A bar's count whose counts are multiples of this power of two counts samples (a batch size
@@ -700,6 +700,9 @@ class Assembler:
                 # `epoch: 1, lr: .. - train loss: ..` after the bar): the records after it are the next epoch's
                 self.epoch, self.epoch_made = self.epoch + 1, self.made
             return []
+        if self.counted and plan.merged != self.counted_template and self._split_named(plan):
+            self.dropped = DROPPED[0]
+            return []
         if step is None and plan.epoch is not None:
             step = self._same_fraction(nums[plan.epoch], plan, metrics)
         if plan.cumulative_skips and keys.OVERFLOW_SKIPPED in metrics:
@@ -707,6 +710,14 @@ class Assembler:
         if plan.micro is not None and step is not None:
             return self._micro(step, metrics, plan, how)
         return self.emit(step, metrics, plan, how, self._printed_step(plan) or (BAR_DRAWN if how == "counter" else ""))
+
+    def _split_named(self, plan: Plan) -> bool:
+        """Whether a line names the loss of the log's counted records with the training split's word
+        before it (fairseq's epoch summary ``{"epoch": 1, "train_loss": .., "train_num_updates": 1563}``
+        after its interval records' ``{"loss": .., "num_updates": ..}``): the epoch's summary."""
+        words = plan.loss_name.split()
+        return self.loss_name is not None and len(words) > 1 and words[0] in TRAIN_SPLITS \
+            and " ".join(words[1:]) == self.loss_name
 
     def _by_bar(self) -> tuple[int | None, str]:
         """The step of a record with no counter printed on the line after a bar's redraw (HF's
