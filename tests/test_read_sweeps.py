@@ -89,3 +89,28 @@ def test_fairseqs_json_epoch_summary_is_no_record(tmp_path):
     got, account = records_of(tmp_path, "\n".join(lines) + "\n")
     assert len(got) == 45 and account.keys["loss"] == ["loss"] and got[15][0] == 1563 + 100
     assert account.ignored["epoch summary or another loop (the log's records print a finer counter)"][0] == 3
+
+
+def _d3rlpy(epochs: int, spike_at: int | None = None) -> str:
+    # d3rlpy: a complete tqdm bar per epoch (`loss=` to tqdm's 3 digits), then its structlog line with the
+    # epoch's mean loss and the global step
+    lines = []
+    for e in range(1, epochs + 1):
+        x = 0.01 + 0.2 * 0.9 ** e
+        x *= 20.0 if e == spike_at else 1.0
+        lines.append(f"Epoch {e}/100: 100%|██████████| 1000/1000 [00:03<00:00, 301.22it/s, loss={x:.3g}]")
+        lines.append(f"2024-03-01 10:01.01 [info     ] DQN_20240301100000: epoch={e} step={e * 1000} epoch={e} "
+                     f"metrics={{'time_sample_batch': 0.00012, 'loss': {x!r}, 'time_step': 0.0031}} step={e * 1000}")
+    return "\n".join(lines) + "\n"
+
+
+def test_a_complete_bar_then_the_same_loss_with_a_step_is_one_record(tmp_path, capsys):
+    # before: the bar numbered by its epoch (1, 2, ..) beside the line's step (1000, 2000, ..): a resume every
+    # epoch, and a spike missed
+    got, account = records_of(tmp_path, _d3rlpy(60))
+    assert [s for s, _ in got] == [1000 * e for e in range(1, 61)] and account.numbering == {"counter": ["step"]}
+    assert got[0][1]["loss"] == 0.01 + 0.2 * 0.9
+    path = tmp_path / "d3.log"
+    path.write_text(_d3rlpy(60, spike_at=40))
+    _, _, found = replay_json(capsys, path)
+    assert [(f["kind"], f["step"]) for f in found if f["severity"] != "info"] == [("loss_spike", 40000)]

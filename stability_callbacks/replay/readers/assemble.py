@@ -151,7 +151,7 @@ class Assembler:
         self.fine_counter = False             # a bar below its total was printed
         self.epoch_bars = False               # ... in the last epoch of a log numbered by epochs
         self.bar: tuple = (0, 0)              # (epochs done, total) of the last complete bar
-        self.counter_global = False           # a batch counter went on across an epoch change
+        self.counter_global: set = set()      # the totals of batch counters that went on across an epoch change
         self.counter_restarts = False         # ... or restarted, no epoch length printed
         self.restart: list | None = None      # see _restarting
         self.bar_offset: int | None = None    # see _bar_lag
@@ -344,9 +344,9 @@ class Assembler:
         if plan.within_epoch or (total is None and self.per_epoch is None):
             last_epoch, last_value = self.counter_last.get(total, (None, 0))
             if last_epoch is not None and self.epoch > last_epoch and value > last_value:
-                self.counter_global = True    # it did not restart: a global count
+                self.counter_global.add(total)   # it did not restart: a global count
             self.counter_last[total] = (self.epoch, value)
-            if self.counter_global and not (self.restart and self.restart[0] is None):
+            if total in self.counter_global and not (self.restart and self.restart[0] is None):
                 return value, "counter"
             unit = self._sample_unit(value, total, plan, done) if plan.counter and total is not None else 0
             if plan.counter and self.epoch_bars:
@@ -690,7 +690,8 @@ class Assembler:
             self.pending.step = self.last_step = self.pending_last_step + 1
             self._renumbered("order")
             step, how = None, "order"
-        if plan.step is None and how == "epoch" and self.counted:
+        if how == "epoch" and self.counted and (plan.step is None or (
+                plan.counter and self.pending_how in ("counter", "samples"))):
             # A line of metrics numbered by its epoch alone in a log whose records print a finer
             # counter: an epoch's summary or evaluation (`[train] epoch: 1/15` over `- total loss:`).
             self.dropped = DROPPED[0]
@@ -870,6 +871,9 @@ class Assembler:
         if self.overflows:
             self._fold_overflows(metrics, plan)
         prev = self.pending
+        if prev is not None and how == "counter" and self.pending_how == "epoch" and plan is not None \
+                and not plan.counter and step > self.pending_last_step and self._bar_again(prev, step, metrics, plan):
+            return []
         if self.made == 1 and prev is not None and how == "counter" and self.pending_how == "order" \
                 and ((one_off := self._one_off(plan)) or step > prev.step + 1):
             prev = self._before_the_records(prev, step, one_off)   # (a lone record, then the log's steps)
@@ -1205,6 +1209,20 @@ class Assembler:
         return plan is not None and plan.step is not None and self._noted_plan is not None \
             and not _words(self._noted_plan.merged) <= _words(plan.merged)
 
+    def _bar_again(self, prev: StepRecord, step: int, metrics: dict, plan: Plan) -> bool:
+        """Whether the record held, a complete bar numbered by its epoch, is the record this line prints
+        with its step (d3rlpy's `Epoch 1/100: 100%|..| 1000/1000 [.., loss=0.201]` then `epoch=1 step=1000
+        metrics={'loss': 0.2013..}`): the same loss to the bar's digits. Then one record, at the line's step
+        with its values, and the bars after it are the epochs' summaries (:meth:`record`)."""
+        if self.bar is None or not _printed_same(prev.metrics.get(keys.LOSS), metrics.get(keys.LOSS)):
+            return False
+        prev.step = self.last_step = step
+        prev.metrics.update(metrics)
+        self.counted, self.counted_template = True, plan.merged
+        self._renumbered("counter")
+        self.account.change(self.line_no, MERGED[0])
+        return True
+
     def _before_the_records(self, prev: StepRecord, step: int, one_off: bool) -> StepRecord | None:
         """The log's first record, numbered in order, before the first it numbers by its counter
         (``step``): dropped and said where it is a line of its own form (``one_off``,
@@ -1403,6 +1421,14 @@ class Assembler:
 def total_of(nums, plan: Plan) -> int | None:
     """The printed total of a line's counter (``176/800``: 800), or None."""
     return int(float(nums[plan.step_total])) if plan.step_total is not None else None
+
+
+def _printed_same(printed: float | None, value: float | None) -> bool:
+    """Whether ``value`` is ``printed`` to the decimals it was printed with (``0.201`` for 0.2013)."""
+    if printed is None or value is None or not (math.isfinite(printed) and math.isfinite(value)):
+        return False
+    text = repr(printed)
+    return "e" not in text and round(value, len(text.partition(".")[2])) == printed
 
 
 def _sum_of_terms(nums, terms) -> float:
