@@ -114,3 +114,24 @@ def test_a_complete_bar_then_the_same_loss_with_a_step_is_one_record(tmp_path, c
     path.write_text(_d3rlpy(60, spike_at=40))
     _, _, found = replay_json(capsys, path)
     assert [(f["kind"], f["step"]) for f in found if f["severity"] != "info"] == [("loss_spike", 40000)]
+
+
+def test_a_model_summarys_rows_are_no_records(tmp_path, capsys):
+    # Lightning prints its model summary first: `1 | criterion | CrossEntropyLoss | 0 | train`. Before, that row
+    # was a record (loss 0 named `CrossEntropyLoss`), the log's loss named so, and every bar line printing
+    # `train_loss=` beside `val_loss=` then taken for an evaluation: 50 records of 250, a spike missed
+    head = ("  | Name      | Type               | Params | Mode \n" + "-" * 57 + "\n"
+            "0 | model     | ResNet             | 11.2 M | train\n1 | criterion | CrossEntropyLoss   | 0      | train\n"
+            + "-" * 57 + "\n11.2 M    Trainable params\n0         Non-trainable params\n")
+    lines = []
+    for e in range(5):
+        val = "" if e == 0 else ", val_loss=1.370, val_acc=0.431"
+        for b in range(1, 51):
+            x = 2.3 * 0.99 ** (e * 50 + b) * (8.0 if e * 50 + b == 137 else 1.0)
+            lines.append(f"Epoch {e}: {2 * b}%|█| {b}/50 [00:03<00:00, 15.00it/s, v_num=0, train_loss={x:.3f}{val}]")
+    path = tmp_path / "pl.log"
+    path.write_text(head + "\r".join(lines) + "\n")
+    got, account = records_of(tmp_path, path.read_text())
+    assert len(got) == 250 and account.keys["loss"] == ["train_loss"]
+    _, _, found = replay_json(capsys, path)
+    assert [(f["kind"], f["step"]) for f in found if f["severity"] != "info"] == [("loss_spike", 137)]

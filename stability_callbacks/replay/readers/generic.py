@@ -55,6 +55,10 @@ _DIGIT = re.compile(r"\d").search
 _FENCE = re.compile(r"\s*(?:```|~~~)[\w-]*\s*$").match
 _RULE_CELL = re.compile(r"^:?-{2,}:?$")
 _NAME_CELL = re.compile(r"^[A-Za-z][\w ()./%-]*$")
+# A model summary's header (Lightning's `| Name | Type | Params | Mode`, Keras's `Layer (type)  Output Shape
+# Param #`): its rows name modules, a loss module among them (`1 | criterion | CrossEntropyLoss | 0`), and
+# count parameters: no records.
+_PARAMS_CELL = re.compile(r"^(?:# ?)?params?(?: ?#)?$", re.I)
 # A template is watched for LEARN_LINES lines at least (two steps up), LEARN_MAX_LINES at most;
 # lines wait behind an undecided template for HOLD_MAX_LINES at most.
 LEARN_LINES = 3
@@ -131,6 +135,7 @@ class LineReader:
         self.templates: dict[str, Template] = {}      # this log's templates that were watched
         self.row = False                              # the last line tokenized was a table's row
         self.counter_names: set[str] = set()          # the names of the counters they showed
+        self.model_summary = False                    # inside a model summary's rows (_PARAMS_CELL)
 
     def parse(self, seg: str) -> tuple[tuple | list, Plan] | None:
         """``(numbers, plan)`` of one line, or None (no numbers)."""
@@ -154,6 +159,10 @@ class LineReader:
         if not nums:
             self._table_header(seg)
             return None
+        if self.model_summary:
+            if len(tokens.cells(seg, "|")) >= 3:
+                return None               # a module's row of a model summary (said as a line of no numbers)
+            self.model_summary = False
         self.row = False
         if self.table is not None:
             row = self._table_row(seg)
@@ -216,7 +225,12 @@ class LineReader:
         cells = tokens.cells(line)
         if len(cells) < 2 or all(_RULE_CELL.match(c) for c in cells if c):
             return
-        if not all(_NAME_CELL.match(c) for c in cells):
+        if not all(_NAME_CELL.match(c) for c in cells if c):
+            return
+        if any(_PARAMS_CELL.match(c) for c in cells):
+            self.model_summary = True     # (its rows follow: see tokenize)
+            return
+        if not all(cells):
             return
         roles = [classify(c, self.user)[:2] for c in cells]
         counters = [i for i, (r, _) in enumerate(roles) if r in ("step", "epoch")]
