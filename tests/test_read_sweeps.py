@@ -135,3 +135,23 @@ def test_a_model_summarys_rows_are_no_records(tmp_path, capsys):
     assert len(got) == 250 and account.keys["loss"] == ["train_loss"]
     _, _, found = replay_json(capsys, path)
     assert [(f["kind"], f["step"]) for f in found if f["severity"] != "info"] == [("loss_spike", 137)]
+
+
+def test_deepspeechs_bar_opening_at_zero_and_its_validation_are_no_records(tmp_path, capsys):
+    # Mozilla DeepSpeech (progressbar2, one line per update off a terminal): each epoch's bar opens with
+    # `Steps: 0 | Loss: 0.000000`, and its validation bar prints `| Validation | Elapsed Time: ..`. Before: five
+    # critical stalls on a healthy run (the zeros), and the validation's losses read as training records
+    lines = []
+    for e in range(6):
+        for phase, n in (("  Training", 40), ("Validation", 10)):
+            for k in range(n + 1):
+                x = 0.0 if k == 0 else (130.0 if phase == "Validation" else 60.0 + 160.0 * 0.93 ** (e * 40 + k) + math.sin(e * 40 + k))
+                tail = " | Dataset: /data/cv/dev.csv" if phase == "Validation" else ""
+                lines.append(f"Epoch {e} | {phase} | Elapsed Time: 0:00:{k % 60:02d} | Steps: {k} | Loss: {x:.6f}{tail}")
+    path = tmp_path / "ds.log"
+    path.write_text("\n".join(lines) + "\n")
+    got, account = records_of(tmp_path, path.read_text())
+    assert len(got) == 240 and all(m["loss"] > 50 for _, m in got)
+    assert account.ignored["evaluation"][0] == 66
+    _, _, found = replay_json(capsys, path)
+    assert [f for f in found if f["severity"] != "info"] == []

@@ -102,7 +102,8 @@ BAR_DRAWN = "the count of the progress bar drawn on the line before"
 #: Why a record line makes no record (the account counts them as ignored lines).
 DROPPED = ("epoch summary or another loop (the log's records print a finer counter)",
            "a statistic or terms of the loss (the log prints the loss itself)",
-           "evaluation (the training bar counting the validation's batches, its values frozen: Lightning 1.x)")
+           "evaluation (the training bar counting the validation's batches, its values frozen: Lightning 1.x)",
+           "a progress display's first draw (its count 0 and its loss 0: nothing computed yet)")
 
 
 class Assembler:
@@ -665,6 +666,9 @@ class Assembler:
                 metrics[keys.LOSS_WINDOW] = plan.loss_window
         if self.block is not None:
             self._into_block(metrics, plan)
+            return []
+        if plan.step is not None and metrics.get(keys.LOSS) == 0.0 and nums[plan.step] == "0":
+            self.dropped = DROPPED[3]     # (DeepSpeech's `Steps: 0 | Loss: 0.000000` as each epoch's bar opens)
             return []
         self.by_header = False
         if plan.simple and self.epoch is None:      # the common case: a named step as printed

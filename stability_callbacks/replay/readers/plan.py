@@ -423,6 +423,8 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
             continue
         if is_noise[i]:
             roles.append(("noise", None, 0, ""))
+            # (a split named before a time: DeepSpeech's `Epoch 0 | Validation | Elapsed Time: 0:00:01 | ..`)
+            eval_context = eval_context or _evaluation_named(before, "", opens[i])
             continue
         if i > 0 and before.strip() == "/" and not is_noise[i - 1]:
             roles.append(inner_role if i == inner else ("total", None, 0, ""))
