@@ -4,6 +4,7 @@ the reader and the detectors must make of it."""
 from __future__ import annotations
 
 import math
+import random
 
 from shapes import records_of, replay_json
 
@@ -155,3 +156,30 @@ def test_deepspeechs_bar_opening_at_zero_and_its_validation_are_no_records(tmp_p
     assert account.ignored["evaluation"][0] == 66
     _, _, found = replay_json(capsys, path)
     assert [f for f in found if f["severity"] != "info"] == []
+
+
+def _lightning1(seed: int, rise_from: int | None = None) -> str:
+    # Lightning 1.x's bar: `loss=` is the mean of the last 20 training losses (its running loss), printed
+    # first, before `v_num`; here a diffusion loss (±28% a batch) and, for the incident, a rise x4 over 100 steps
+    rng = random.Random(seed)
+    raw, frames = [], []
+    for s in range(1, 301):
+        x = (0.075 + 0.12 * math.exp(-s / 25)) * math.exp(rng.gauss(0.0, 0.25)) * (4.0 ** min(1.0, (s - rise_from) / 100) if rise_from and s > rise_from else 1.0)
+        raw.append(x)
+        mean = sum(raw[-20:]) / len(raw[-20:])
+        e, b = divmod(s - 1, 150)
+        frames.append(f"Epoch {e}:  {b * 100 // 150}%|█| {b + 1}/150 [00:01<01:08,  1.60it/s, loss={mean:.3g}, v_num=0]")
+    return "\r".join(frames) + "\n"
+
+
+def test_lightning1s_running_loss_is_judged_as_a_window_mean(tmp_path, capsys):
+    # before: its steps moved it by a twentieth of a batch's change, so the divergence rule took its noise for
+    # that small and called the running mean's wander over 20 batches a critical divergence (16 runs of 20)
+    path = tmp_path / "pl1.log"
+    for seed in range(10):
+        path.write_text(_lightning1(seed))
+        _, _, found = replay_json(capsys, path)
+        assert [f for f in found if f["severity"] != "info"] == [], seed
+    path.write_text(_lightning1(0, rise_from=150))
+    _, _, found = replay_json(capsys, path)
+    assert {f["kind"] for f in found if f["severity"] == "critical"} >= {"divergence"}

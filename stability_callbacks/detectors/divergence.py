@@ -187,7 +187,11 @@ class Divergence(Detector):
             # its weights sum to 1, less its call)
             med = sorted(last)[self._mid] if self._mid is not None else self.med.median
             noise = (nz.mean if nz.n >= nz.whole_from else nz.debiased) / _SQRT2   # the mean absolute
-            # deviation of one point
+            # deviation of one point; of a mean over the last w losses (a window the reader knows:
+            # Lightning 1.x's bar) a step changes it by a w-th of a loss's, the level it wanders by √w times that
+            w = record.metrics.get(keys.LOSS_WINDOW)
+            if w:
+                noise *= math.sqrt(w)
             self.points += 1
             h = self.horizon
             a = 2.0 / (h + 1) if h > self.window else 1.0

@@ -135,7 +135,7 @@ class LineReader:
         self.templates: dict[str, Template] = {}      # this log's templates that were watched
         self.row = False                              # the last line tokenized was a table's row
         self.counter_names: set[str] = set()          # the names of the counters they showed
-        self.model_summary = False                    # inside a model summary's rows (_PARAMS_CELL)
+        self.model_summary = 0                        # inside a model summary's rows: their cells (_PARAMS_CELL)
 
     def parse(self, seg: str) -> tuple[tuple | list, Plan] | None:
         """``(numbers, plan)`` of one line, or None (no numbers)."""
@@ -160,9 +160,9 @@ class LineReader:
             self._table_header(seg)
             return None
         if self.model_summary:
-            if len(tokens.cells(seg, "|")) >= 3:
+            if 0 <= len(tokens.cells(seg, "|")) - self.model_summary <= 1 and "%|" not in seg:   # (+1: the index)
                 return None               # a module's row of a model summary (said as a line of no numbers)
-            self.model_summary = False
+            self.model_summary = 0
         self.row = False
         if self.table is not None:
             row = self._table_row(seg)
@@ -228,7 +228,7 @@ class LineReader:
         if not all(_NAME_CELL.match(c) for c in cells if c):
             return
         if any(_PARAMS_CELL.match(c) for c in cells):
-            self.model_summary = True     # (its rows follow: see tokenize)
+            self.model_summary = len(cells)   # (its rows follow, as many cells each: see tokenize)
             return
         if not all(cells):
             return

@@ -284,6 +284,10 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
         # `loss: 6.9733 (6.9704)`: torchvision's MetricLogger (and detectron2's) print the median
         # of the last 20 values, then the average; a median repeats while the window turns over.
         plan.loss_window = 20
+    elif at is not None and at + 1 < n and texts[at + 1].replace(" ", "") == ",v_num=":
+        # `.., loss=0.216, v_num=0]`: Lightning 1.x's bar puts the mean of the last 20 training losses
+        # (its running loss) first, before the version number and the metrics logged to the bar
+        plan.loss_window = 20
     if ordered and not any(neg for _, _, neg in ordered):
         plan.values = _extractor(tuple((i, k) for i, k, _ in ordered))
     plan.named = tuple(named)
