@@ -183,3 +183,20 @@ def test_lightning1s_running_loss_is_judged_as_a_window_mean(tmp_path, capsys):
     path.write_text(_lightning1(0, rise_from=150))
     _, _, found = replay_json(capsys, path)
     assert {f["kind"] for f in found if f["severity"] == "critical"} >= {"divergence"}
+
+
+def test_a_namespace_that_names_nothing_leaves_the_loss_and_the_step_their_names(tmp_path):
+    # Detectron's `json_stats: {"iter": 20, "loss": "1.83", "loss_bbox": .., "loss_cls": ..}` and ESPnet1's chainer
+    # reports `{"main/loss_ctc": .., "main/loss_att": .., "main/loss": ..}`: before, `json_stats/loss` and
+    # `main/loss` were terms, summed with the terms they total (the loss about twice itself), and
+    # `json_stats/iter` no step
+    text = "".join(f'json_stats: {{"accuracy_cls": "0.57", "eta": "0:15:30", "iter": {i}, "loss": "{2.0 - i / 1e3:.6f}", '
+                   f'"loss_bbox": "0.17", "loss_cls": "{1.0 - i / 1e3:.6f}", "lr": "0.006667", "mem": 6843}}\n'
+                   for i in range(0, 1000, 20))
+    got, account = records_of(tmp_path, text)
+    assert [s for s, _ in got] == list(range(0, 1000, 20)) and got[1][1]["loss"] == 1.98
+    assert account.keys["loss"] == ["loss"]
+    rows = ",\n".join(f'    {{"main/loss_ctc": {230 - i / 10}, "main/loss_att": {150 - i / 10}, "main/loss": {174 - i / 10}, '
+                      f'"epoch": 0, "iteration": {i}}}' for i in range(100, 3001, 100))
+    got, account = records_of(tmp_path, "[\n" + rows + "\n]\n", name="log")
+    assert got[0] == (100, {"loss": 164.0}) and account.keys["loss"] == ["main/loss"]

@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 from ... import keys
 from . import tokens
 from .vocabulary import (EVAL_SPLITS, EVALUATING, ITERATION_LIKE, MICRO_RANK, STEP_MARKERS, TRAIN_SPLITS, WHOLE_WORDS,
-                         classify, discriminator, normalise_key)
+                         classify, discriminator, names_nothing, normalise_key)
 
 # A split named outside any key (`| valid | epoch 1 | loss 2.3`, `Validation: step 100 ...`),
 # not a key itself (litgpt's `val: n/a`) nor a file name (`eval.py:12`).
@@ -446,6 +446,9 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
             continue
         full = f"{prefixes[i]}/{name}" if prefixes and prefixes[i] and name else name
         role, key, rank = classify(full, user)
+        if role == "other" and prefixes and full != name and names_nothing(prefixes[i]) \
+                and classify(name, user)[0] in ("step", "epoch"):
+            role, key, rank = classify(name, user)   # a dict's label that names nothing (`json_stats: {"iter": 20, ..}`)
         has_total = i + 1 < n and texts[i + 1].strip() == "/" and not is_noise[i + 1]
         if role == "other" and normalise_key(name) == "total" and tokens.in_loss_group(texts, i):
             role, key, rank = "metric", keys.LOSS, 1     # `[Losses: x 0.1, cls 0.2, total 0.3]`

@@ -101,6 +101,24 @@ def classify(name: str, user: Mapping[str, str] | None = None) -> tuple[str, str
 
 @lru_cache(maxsize=8192)
 def _classify(norm: str, raw: str, user: tuple) -> tuple[str, str | None, int]:
+    got = _classify_whole(norm, raw, user)
+    if got[0] in ("other", "component") and "/" in raw.rstrip("/"):
+        # a namespace of words that name nothing (ESPnet's chainer reporter `main/loss` beside `main/loss_ctc`,
+        # Detectron's `json_stats: {"loss": ..}`): the loss, where its last part alone is
+        space, tail = raw.rstrip("/").rsplit("/", 1)
+        if names_nothing(space):
+            whole = _classify_whole(normalise_key(tail), tail, user)
+            if whole[:2] == ("metric", keys.LOSS):
+                return whole
+    return got
+
+
+def names_nothing(space: str) -> bool:
+    """Whether a namespace's words name no role (no split, statistic, loss, step ...): ``main``, ``json_stats``."""
+    return not any(WORD_ROLES.get(w) or _is_loss_word(w) for w in normalise_key(space).split())
+
+
+def _classify_whole(norm: str, raw: str, user: tuple) -> tuple[str, str | None, int]:
     if user:
         target = dict(user).get(norm)
         if target is not None:
