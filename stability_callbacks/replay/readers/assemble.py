@@ -642,19 +642,8 @@ class Assembler:
         else:
             metrics = {key: (-float(nums[i]) if negative else float(nums[i]))
                        for i, key, negative in plan.metrics}
-        if plan.components:
-            total = metrics[keys.LOSS] = _sum_of_terms(nums, plan.components)
-            # a term at 0, or a discriminator's within 0.1% of the sum: a GAN's player that has won (a
-            # discriminator's 0.0004 beside a generator's 8.3 tells real from generated perfectly, printed or
-            # not as 0; an identity or reconstruction term may near 0 in a healthy game)
-            zeros = sum(float(nums[i]) == 0.0 or (i in plan.discriminators and abs(float(nums[i])) <= _WON * abs(total))
-                        for i, _ in plan.components) if len(plan.components) > 1 else 0
-            if zeros:
-                metrics[keys.LOSS_TERMS_ZERO] = float(zeros)
-        elif plan.ppl_at is not None:
-            ppl = float(nums[plan.ppl_at])
-            if ppl > 0.0 or ppl != ppl:
-                metrics[keys.LOSS] = math.log(ppl) if ppl == ppl else ppl
+        if plan.components or plan.ppl_at is not None:
+            _loss_of_others(nums, plan, metrics)
         if plan.scale_log2_at is not None:
             metrics[keys.LOSS_SCALE] = 2.0 ** float(nums[plan.scale_log2_at])
         if plan.loss_at is not None:
@@ -667,14 +656,14 @@ class Assembler:
         if self.block is not None:
             self._into_block(metrics, plan)
             return []
-        if plan.step is not None and metrics.get(keys.LOSS) == 0.0 and nums[plan.step] == "0":
-            self.dropped = DROPPED[3]     # (DeepSpeech's `Steps: 0 | Loss: 0.000000` as each epoch's bar opens)
-            return []
         self.by_header = False
         if plan.simple and self.epoch is None:      # the common case: a named step as printed
             text = nums[plan.step]             # (its loss printed as such: Plan.simple)
             return self.emit(int(text) if text.isdigit() else int(float(text)), metrics, plan,
                              "counter", plan.step_name)
+        if plan.step is not None and metrics.get(keys.LOSS) == 0.0 and nums[plan.step] == "0":
+            self.dropped = DROPPED[3]     # (DeepSpeech's `Steps: 0 | Loss: 0.000000` as each epoch's bar opens)
+            return []
         if plan.loss_rank != self.loss_rank and self._another_loss(nums, plan, metrics):
             return []
         if plan.counter and self._another_bar(plan, nums, metrics):
@@ -1425,6 +1414,23 @@ class Assembler:
 def total_of(nums, plan: Plan) -> int | None:
     """The printed total of a line's counter (``176/800``: 800), or None."""
     return int(float(nums[plan.step_total])) if plan.step_total is not None else None
+
+
+def _loss_of_others(nums, plan: Plan, metrics: dict) -> None:
+    """The loss of a line that prints its terms (their sum) or a perplexity (its log), into ``metrics``."""
+    if plan.components:
+        total = metrics[keys.LOSS] = _sum_of_terms(nums, plan.components)
+        # a term at 0, or a discriminator's within 0.1% of the sum: a GAN's player that has won (a
+        # discriminator's 0.0004 beside a generator's 8.3 tells real from generated perfectly, printed or
+        # not as 0; an identity or reconstruction term may near 0 in a healthy game)
+        zeros = sum(float(nums[i]) == 0.0 or (i in plan.discriminators and abs(float(nums[i])) <= _WON * abs(total))
+                    for i, _ in plan.components) if len(plan.components) > 1 else 0
+        if zeros:
+            metrics[keys.LOSS_TERMS_ZERO] = float(zeros)
+    elif plan.ppl_at is not None:
+        ppl = float(nums[plan.ppl_at])
+        if ppl > 0.0 or ppl != ppl:
+            metrics[keys.LOSS] = math.log(ppl) if ppl == ppl else ppl
 
 
 def _printed_same(printed: float | None, value: float | None) -> bool:

@@ -444,11 +444,7 @@ def _roles(texts, nums, user, nested, hints=None) -> tuple[list[tuple[str, str |
         if stats_dicts and prefixes and prefixes[i] and name in _STATISTIC_FIELDS:
             roles.append(_statistic_field(prefixes[i], name, user))
             continue
-        full = f"{prefixes[i]}/{name}" if prefixes and prefixes[i] and name else name
-        role, key, rank = classify(full, user)
-        if role == "other" and prefixes and full != name and names_nothing(prefixes[i]) \
-                and classify(name, user)[0] in ("step", "epoch"):
-            role, key, rank = classify(name, user)   # a dict's label that names nothing (`json_stats: {"iter": 20, ..}`)
+        role, key, rank = _named_in(name, prefixes[i] if prefixes else "", user)
         has_total = i + 1 < n and texts[i + 1].strip() == "/" and not is_noise[i + 1]
         if role == "other" and normalise_key(name) == "total" and tokens.in_loss_group(texts, i):
             role, key, rank = "metric", keys.LOSS, 1     # `[Losses: x 0.1, cls 0.2, total 0.3]`
@@ -630,6 +626,19 @@ def _named_before(rest: str, phrase: str, glued: bool) -> tuple[str, str]:
     training set``): the name printed before it, with the phrase (``loss on training set``)."""
     named = tokens.key_before(rest, glued=glued)
     return (rest[:rest.rfind(named)], f"{named} {phrase}") if named else (rest, phrase)
+
+
+def _named_in(name: str, prefix: str, user) -> tuple[str, str | None, int]:
+    """The role of a name inside a dict whose enclosing keys are ``prefix`` (``train/loss``); a step or
+    an epoch under a label that names nothing is one (`json_stats: {"iter": 20, ..}`)."""
+    if not prefix or not name:
+        return classify(name, user)
+    got = classify(f"{prefix}/{name}", user)
+    if got[0] == "other" and names_nothing(prefix):
+        own = classify(name, user)
+        if own[0] in ("step", "epoch"):
+            return own
+    return got
 
 
 def _evaluation_named(rest: str, name: str, opens_line: bool) -> bool:
