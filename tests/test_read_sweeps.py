@@ -200,3 +200,24 @@ def test_a_namespace_that_names_nothing_leaves_the_loss_and_the_step_their_names
                       f'"epoch": 0, "iteration": {i}}}' for i in range(100, 3001, 100))
     got, account = records_of(tmp_path, "[\n" + rows + "\n]\n", name="log")
     assert got[0] == (100, {"loss": 164.0}) and account.keys["loss"] == ["main/loss"]
+
+
+def test_litgpts_optimizer_step_staying_as_an_epoch_ends_is_still_its_step(tmp_path, capsys):
+    # litgpt's finetune: `Epoch 1 | iter 96 step 24 | loss train: 1.127, val: n/a | iter time: ..` on every micro-
+    # batch (4 per step), the step the optimizer steps done so far; an epoch of 97 micro-batches ends inside
+    # an accumulation, so `step 24` is printed in both epochs. Before: "'step' stays while the epoch moves",
+    # the records numbered by order and epoch, a not_learning warning on a healthy run
+    lines, it = [], 0
+    for e in range(1, 6):
+        for _ in range(97):
+            it += 1
+            x = 1.1 + 0.9 * math.exp(-it / 60.0) + 0.02 * math.sin(it)
+            lines.append(f"Epoch {e} | iter {it} step {it // 4} | loss train: {x:.3f}, val: n/a | iter time: 97.04 ms"
+                         + (" (step)" if it % 4 == 0 else ""))
+    path = tmp_path / "litgpt.log"
+    path.write_text("\n".join(lines) + "\n")
+    got, account = records_of(tmp_path, path.read_text())
+    steps = [s for s, _ in got]
+    assert steps == sorted(steps) and steps[-1] == 485 // 4 and account.numbering == {"counter": ["step"]}
+    _, _, found = replay_json(capsys, path)
+    assert [f for f in found if f["severity"] != "info"] == []

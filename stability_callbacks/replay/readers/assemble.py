@@ -171,6 +171,7 @@ class Assembler:
         self.counter_last: dict = {}          # total -> (epoch, value) of the last batch counter
         self.step_beside_epoch: tuple[int | None, int] | None = None   # see _constant_step
         self.step_stays = False
+        self.step_moved = False               # a step-named count moved within an epoch (see _constant_step)
         self.bar_loop: tuple | None = None    # (printed keys, total) of the first bar record
         self.bar_last: tuple = (None, None)   # (count, epoch text) of that loop's last record
         self.epoch_steps = True               # False once an epoch held two records
@@ -344,7 +345,8 @@ class Assembler:
         # the epoch moves, and a global count if it goes on: the same test decides.
         if plan.within_epoch or (total is None and self.per_epoch is None):
             last_epoch, last_value = self.counter_last.get(total, (None, 0))
-            if last_epoch is not None and self.epoch > last_epoch and value > last_value:
+            if last_epoch is not None and self.epoch > last_epoch and (
+                    value > last_value or (value == last_value and self.step_moved)):
                 self.counter_global.add(total)   # it did not restart: a global count
             self.counter_last[total] = (self.epoch, value)
             if total in self.counter_global and not (self.restart and self.restart[0] is None):
@@ -416,7 +418,10 @@ class Assembler:
         if self.step_stays:
             return True
         seen, self.step_beside_epoch = self.step_beside_epoch, (self.epoch, value)
-        if seen is None or seen[0] is None or seen[0] == self.epoch or seen[1] != value:
+        if seen is not None and seen[0] == self.epoch and seen[1] != value:
+            self.step_moved = True        # it moved within an epoch: a running count (litgpt's optimizer
+            # step printed on each micro-batch's line stays as an epoch ends inside an accumulation)
+        if self.step_moved or seen is None or seen[0] is None or seen[0] == self.epoch or seen[1] != value:
             return False
         self.step_stays = True
         if self.pending is not None and self.made == 1 and self.pending.step == value:
