@@ -221,3 +221,14 @@ def test_litgpts_optimizer_step_staying_as_an_epoch_ends_is_still_its_step(tmp_p
     assert steps == sorted(steps) and steps[-1] == 485 // 4 and account.numbering == {"counter": ["step"]}
     _, _, found = replay_json(capsys, path)
     assert [f for f in found if f["severity"] != "info"] == []
+
+
+def test_basicsrs_loss_dict_names_are_terms_of_the_loss(tmp_path):
+    # BasicSR / Real-ESRGAN: `[train..][epoch:  0, iter:     100, lr:(1.000e-04,)] [eta: .., time (data): 0.781
+    # (0.004)] l_g_pix: 4.0380e-02 l_g_percep: 2.9297e+00 l_g_gan: .. l_d_real: .. out_d_real: ..`: before, refused
+    text = "".join(f"2022-03-14 09:12:46,137 INFO: [train..][epoch:  0, iter: {i:7,d}, lr:(1.000e-04,)] [eta: 3 days, "
+                   f"14:38:42, time (data): 0.781 (0.004)] l_g_pix: {0.04 - i / 1e7:.4e} l_g_gan: 7.7083e-02 "
+                   f"l_d_real: 5.7633e-01 out_d_real: 1.0001e+00 \n" for i in range(100, 5001, 100))
+    got, account = records_of(tmp_path, text)
+    assert [s for s, _ in got] == list(range(100, 5001, 100))
+    assert account.keys["loss"] == ["l_g_pix + l_g_gan + l_d_real (the sum of the terms printed)"]

@@ -134,7 +134,9 @@ def _classify_whole(norm: str, raw: str, user: tuple) -> tuple[str, str | None, 
     elif _ON_TRAINING.search(norm):
         words = training_words(words) or words
         norm = " ".join(words)
-    lossy = (len(words) <= _KEY_MAX_WORDS and any(_is_loss_word(w) for w in words)
+    lossy = (len(words) <= _KEY_MAX_WORDS and (any(_is_loss_word(w) for w in words) or (
+        # BasicSR's (and mmediting's) loss dict: `l_pix`, `l_g_percep`, `l_d_real`, each a term
+        words[0] == "l" and len(words) > 1 and raw[:2] in ("l_", "L_")))
              and not _SETTING_WORDS.intersection(words))
     got = _lookup(norm, words)
     if got is not None:
