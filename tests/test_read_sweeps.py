@@ -232,3 +232,17 @@ def test_basicsrs_loss_dict_names_are_terms_of_the_loss(tmp_path):
     got, account = records_of(tmp_path, text)
     assert [s for s, _ in got] == list(range(100, 5001, 100))
     assert account.keys["loss"] == ["l_g_pix + l_g_gan + l_d_real (the sum of the terms printed)"]
+
+
+def test_rsl_rls_learning_iteration_numbers_its_blocks(tmp_path):
+    # rsl_rl (legged_gym, Isaac Lab): a block per iteration under `Learning iteration 100/1500`, centred and
+    # bold. Before, the header's words were taken as one unknown name: the records numbered in order, and a
+    # resumed run's NaN dated by its place in the log
+    blocks = []
+    for it in range(300, 400):
+        blocks.append("#" * 80 + f"\n\x1b[1m{'Learning iteration ' + str(it) + '/1500':^80}\x1b[0m \n\n"
+                      f"{'Total steps:':>40} {it * 98304} \n{'Mean value loss:':>40} {0.05 + it / 1e4:.4f}\n"
+                      f"{'Mean surrogate loss:':>40} -0.0043\n{'Mean reward:':>40} {it / 100:.2f}\n" + "-" * 80 + "\n"
+                      f"{'Iteration time:':>40} 0.60s\n")
+    got, account = records_of(tmp_path, "\n".join(blocks))
+    assert [s for s, _ in got] == list(range(300, 400)) and account.numbering == {"counter": ["iteration"]}

@@ -74,6 +74,9 @@ _LEARNED = 6                  # the rank of a counter found by what its numbers 
 _BAR = 9                      # the rank of a keyless `n/N` counter
 UNNAMED = "(unnamed)"
 _EACH = frozenset({"per", "each", "every"})
+#: A step's names in the singular: after words that name nothing they still name the step (`Learning
+#: iteration 100/1500`); a plural after them counts something (`max steps`, `total steps`).
+_ONE_STEP = frozenset({"iteration", "iter", "step", "update"})
 _KEY_WORDS = 5                # a longer name is prose ending in a key (_last_words)
 # How a line's loss was found, best first: a log that prints the loss itself anywhere takes no
 # statistic or sum of terms for it elsewhere (see Assembler.record).
@@ -668,9 +671,11 @@ def _last_words(name: str, user) -> str:
     if len(name) < 2 * _KEY_WORDS or sum(map(name.count, " /_-.")) < _KEY_WORDS \
             or len(normalise_key(name).split()) <= _KEY_WORDS:
         words = name.split()
-        if len(words) > 1 and words[-2].lower() not in _EACH and classify(words[-1], user)[0] == "epoch" \
-                and classify(name, user)[0] == "other":
-            return words[-1]            # `Starting epoch 3`, `Begin epoch 3` (not `steps per epoch`)
+        if len(words) > 1 and words[-2].lower() not in _EACH and classify(name, user)[0] == "other":
+            if classify(words[-1], user)[0] == "epoch":
+                return words[-1]        # `Starting epoch 3`, `Begin epoch 3` (not `steps per epoch`)
+            if len(words) == 2 and words[0].istitle() and words[-1] in _ONE_STEP:
+                return words[-1]        # rsl_rl's `Learning iteration 100/1500`
         return name                     # (the counts first: most names are short)
     words = name.split()
     for k in range(1, min(_KEY_WORDS, len(words))):
