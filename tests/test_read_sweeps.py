@@ -246,3 +246,16 @@ def test_rsl_rls_learning_iteration_numbers_its_blocks(tmp_path):
                       f"{'Iteration time:':>40} 0.60s\n")
     got, account = records_of(tmp_path, "\n".join(blocks))
     assert [s for s, _ in got] == list(range(300, 400)) and account.numbering == {"counter": ["iteration"]}
+
+
+def test_guided_diffusions_lg_loss_scale_is_the_scales_log2(tmp_path, capsys):
+    # guided-diffusion's fp16 trainer logs `lg_loss_scale` (its scale's log2; `Found NaN, decreased lg_loss_scale
+    # to ..` as it drops): before, an unknown name, and a collapse of the scale missed
+    rows = ["grad_norm,lg_loss_scale,loss,mse,samples,step"]
+    for i in range(160):
+        lg = 20.0 + i * 0.001 if i < 140 else 20.0 - (i - 139)
+        rows.append(f"1.2,{lg},{0.05 + 0.5 * math.exp(-i / 20)},0.04,{128 * (i + 1)},{i * 10}")
+    path = tmp_path / "progress.csv"
+    path.write_text("\n".join(rows) + "\n")
+    _, _, found = replay_json(capsys, path)
+    assert ("loss_scale_collapse", "critical") in {(f["kind"], f["severity"]) for f in found}

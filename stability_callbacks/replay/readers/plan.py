@@ -206,7 +206,8 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
             summary = True
         elif role == "other" and ppl is None and _PERPLEXITY.intersection(normalise_key(name).split()[-1:]):
             ppl = i
-        elif role == "other" and scale_log2 is None and _SCALE_LOG2.issubset(normalise_key(name).split()):
+        elif role == "other" and scale_log2 is None and _SCALE_LOG2.issubset(
+                w if w != "lg" else "log2" for w in normalise_key(name).split()):   # (guided-diffusion's `lg_loss_scale`)
             scale_log2 = i
     ordered = sorted(((i, k, neg) for k, (_, i, _, neg) in metrics.items()))
     last_value = max((i for i, _, _ in ordered), default=-1)
