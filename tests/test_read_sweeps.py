@@ -259,3 +259,16 @@ def test_guided_diffusions_lg_loss_scale_is_the_scales_log2(tmp_path, capsys):
     path.write_text("\n".join(rows) + "\n")
     _, _, found = replay_json(capsys, path)
     assert ("loss_scale_collapse", "critical") in {(f["kind"], f["severity"]) for f in found}
+
+
+def test_mxnets_evaluation_metric_line_prints_the_training_metric(tmp_path):
+    # GluonTS's MXNet trainer logs each epoch's training loss as `Epoch[3] Evaluation metric 'epoch_loss'=4.91`
+    # (a validation's as 'validation_epoch_loss'): before, an evaluation, and a log without bars refused
+    lines = []
+    for e in range(40):
+        lines += [f"INFO:gluonts.mx.trainer._base:Epoch[{e}] Learning rate is 0.001",
+                  f"INFO:gluonts.mx.trainer._base:Epoch[{e}] Elapsed time 2.512 seconds",
+                  f"INFO:gluonts.mx.trainer._base:Epoch[{e}] Evaluation metric 'epoch_loss'={3 + 2 * 0.9 ** e:.6f}",
+                  f"INFO:gluonts.mx.trainer._base:Epoch[{e}] Evaluation metric 'validation_epoch_loss'=5.5"]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert len(got) == 40 and account.keys["loss"] == ["epoch_loss"] and got[0][1]["loss"] == 5.0

@@ -42,6 +42,7 @@ _EVAL_LABEL = re.compile(r"\W*(?:val|valid|validation|eval|evaluation|test|testi
 _ON_TRAINING_ALONE = re.compile(r"(?:on|for|over) (?:the )?(?:train|training)(?: (?:set|data|dataset|split))?",
                                 re.I)
 _TRAINING = re.compile(r"\b(?:train|training)\b", re.I)
+_METRIC_NAMED = re.compile(r"\bevaluation metric\W*$", re.I)   # (MXNet's: the metric's name follows)
 _SPLIT_QUALIFIED_LOSS = frozenset({"train loss", "training loss", "loss train"})
 # `--lr 3e-4`, `Namespace(lr=...)`, `args.lr`: argument echoes, never metrics.
 _ARG_ECHO = ("--", "namespace(", "args.", "argument", "config")
@@ -654,9 +655,11 @@ def _evaluation_named(rest: str, name: str, opens_line: bool) -> bool:
 
 def _training_named(rest: str, name: str) -> bool:
     """Whether the split words around a key only say it was evaluated, on the training split
-    (`[7] Evaluation metric train-loss:`): the training set's value, no evaluation's."""
+    (`[7] Evaluation metric train-loss:`): the training set's value, no evaluation's. MXNet's
+    trainers (GluonTS's) print every metric so, the training one under its own name and a
+    validation's with its split (`Evaluation metric 'epoch_loss'=`, `'validation_epoch_loss'=`)."""
     return all(m.group(0).lower() in EVALUATING for m in _EVAL_CONTEXT.finditer(rest)) \
-        and bool(_TRAINING.search(rest) or _TRAINING.search(name))
+        and bool(_TRAINING.search(rest) or _TRAINING.search(name) or _METRIC_NAMED.search(rest))
 
 
 def _last_words(name: str, user) -> str:
