@@ -3,6 +3,7 @@ sweeps): each tool's print format taken from its source, a log written here in t
 the reader and the detectors must make of it."""
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -272,3 +273,24 @@ def test_mxnets_evaluation_metric_line_prints_the_training_metric(tmp_path):
                   f"INFO:gluonts.mx.trainer._base:Epoch[{e}] Evaluation metric 'validation_epoch_loss'=5.5"]
     got, account = records_of(tmp_path, "\n".join(lines) + "\n")
     assert len(got) == 40 and account.keys["loss"] == ["epoch_loss"] and got[0][1]["loss"] == 5.0
+
+
+def test_a_notebooks_printed_output_is_the_log(tmp_path, capsys):
+    # a Colab / Jupyter notebook saved with its outputs: HF's NotebookProgressCallback draws its table in HTML
+    # (`<td>500</td><td>1.040000</td>`, its plain form a placeholder), other cells print text. Before, refused
+    # ("no jsonl records found")
+    rows = "".join(f"<tr><td>{s}</td><td>{(0.9 if s == 3600 else 0.3 - s / 1e5):.6f}</td><td>0.41</td></tr>\n"
+                   for s in range(100, 6001, 100))
+    nb = {"cells": [{"cell_type": "code", "source": ["trainer.train()"], "outputs": [
+        {"output_type": "stream", "name": "stderr", "text": ["`use_cache = True` is incompatible with gradient checkpointing.\n"]},
+        {"output_type": "display_data", "data": {
+            "text/html": ["<div><progress value='6000' max='6000'></progress> [6000/6000 7:41:12, Epoch 3/4]</div>\n",
+                          "<table border=\"1\"><thead><tr><th>Step</th><th>Training Loss</th><th>Validation Loss</th></tr>"
+                          "</thead><tbody>\n", rows, "</tbody></table>\n"],
+            "text/plain": ["<IPython.core.display.HTML object>"]}}]}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    path = tmp_path / "finetune.ipynb"
+    path.write_text(json.dumps(nb, indent=1))
+    code, out, found = replay_json(capsys, path)
+    assert [(f["kind"], f["step"]) for f in found if f["severity"] != "info"] == [("loss_spike", 3600)]
+    got, account = records_of(tmp_path, path.read_text(), name="finetune.ipynb")
+    assert len(got) == 60 and account.keys["loss"] == ["Training Loss"] and "a Jupyter notebook" in account.notes[0]

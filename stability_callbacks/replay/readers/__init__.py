@@ -138,7 +138,11 @@ def read_records(path, format: str = "auto", tag_map: Mapping[str, str | None] |
     if not followed and fmt in ("auto", "tensorboard") and _is_tensorboard(p):
         fmt = "tensorboard"
     elif not followed:
-        lines = Source(p, fifo_wait_s=fifo_wait_s, on_ignore=account).lines(progress=progress)
+        source = Source(p, fifo_wait_s=fifo_wait_s, on_ignore=account)
+        if source.notebook:
+            account.note("a Jupyter notebook: its cells' printed output read in order (an HTML table's rows as "
+                         "tab-separated cells); line numbers count those lines, not the file's")
+        lines = source.lines(progress=progress)
     guess = consumed = None
     if fmt == "auto" and not pattern:
         # The user's names (--keys) skip the formats with semantics of their own; JSON and

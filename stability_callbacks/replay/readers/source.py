@@ -11,6 +11,8 @@ log becomes U+FFFD; memory stays O(chunk + longest line).
 """
 from __future__ import annotations
 
+import io
+import json
 import os
 import re
 import stat
@@ -252,6 +254,22 @@ class Source:
             self._close()
             raise
         self._done = len(head)
+        self.notebook = _NOTEBOOK.match(head) is not None and self._from_notebook(head)
+
+    def _from_notebook(self, head: bytes) -> bool:
+        """A Jupyter notebook (``.ipynb``: Colab's, with its outputs): its cells' printed output is
+        the log, read in their order (a table drawn in HTML, HF's ``Step | Training Loss``, as its
+        rows' cells separated by tabs); line numbers count those lines. False: no notebook after all."""
+        try:
+            data = head + self._raw.read(NOTEBOOK_MAX_BYTES)
+            text = notebook_text(json.loads(data))
+        except (ValueError, TypeError, AttributeError, OSError):
+            return False
+        self._close()
+        self._cut = TextLines(self.path)
+        self._first = self._cut.feed(text.encode()) + list(self._cut.end())
+        self._raw = io.BytesIO(b"")
+        return True
 
     def lines(self, *, progress: bool = False) -> Iterator[tuple[int, str]]:
         """``(line_no, text)`` (1-based; see :class:`TextLines`), in one pass."""
@@ -279,6 +297,39 @@ class Source:
     def _close(self) -> None:
         if self._raw is not sys.stdin.buffer:
             self._raw.close()
+
+
+_NOTEBOOK = re.compile(rb'\s*\{\s*"(?:cells|metadata|nbformat)"')
+#: The most of a notebook read (its outputs are the log; a notebook is read whole, as JSON).
+NOTEBOOK_MAX_BYTES = 256 * 1024 * 1024
+_ROW = re.compile(r"<tr\b.*?</tr>", re.S | re.I)
+_CELL = re.compile(r"<t[dh]\b[^>]*>(.*?)</t[dh]>", re.S | re.I)
+_TAG = re.compile(r"<[^>]+>")
+
+
+def notebook_text(nb: dict) -> str:
+    """The printed output of a notebook's cells, in order: streams and plain text as printed, an
+    HTML table's rows as cells separated by tabs (a table's only text where its plain form is a
+    placeholder, as HF's notebook progress shows it); the code itself is no log."""
+    out: list[str] = []
+    for cell in nb["cells"]:
+        for o in cell.get("outputs", ()):
+            if o.get("output_type") == "stream":
+                out.append(_joined(o.get("text", "")))
+                continue
+            data = o.get("data", {})
+            html, plain = _joined(data.get("text/html", "")), _joined(data.get("text/plain", ""))
+            if html and (not plain or plain.startswith("<IPython")):
+                out += ["\t".join(_TAG.sub("", c).strip() for c in _CELL.findall(row)) for row in _ROW.findall(html)]
+                out += [_TAG.sub("", line).strip() for line in html.split("\n")
+                        if "<t" not in line and "</t" not in line and _TAG.sub("", line).strip()][:3]
+            elif plain:
+                out.append(plain)
+    return "\n".join(x.rstrip("\n") for x in out) + "\n"
+
+
+def _joined(text) -> str:
+    return "".join(text) if isinstance(text, list) else str(text)
 
 
 def open_input(path: str) -> tuple[IO[bytes], bool] | None:
