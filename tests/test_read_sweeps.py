@@ -7,7 +7,7 @@ import json
 import math
 import random
 
-from shapes import records_of, replay_json
+from shapes import records_of, replay, replay_json
 
 
 def _wenet(epochs: int, v3: bool, spike_at: int | None = None) -> str:
@@ -294,3 +294,19 @@ def test_a_notebooks_printed_output_is_the_log(tmp_path, capsys):
     assert [(f["kind"], f["step"]) for f in found if f["severity"] != "info"] == [("loss_spike", 3600)]
     got, account = records_of(tmp_path, path.read_text(), name="finetune.ipynb")
     assert len(got) == 60 and account.keys["loss"] == ["Training Loss"] and "a Jupyter notebook" in account.notes[0]
+
+
+def test_a_loss_of_1e300_among_the_records_takes_no_detector_down(tmp_path, capsys):
+    # a fuzzed log: `loss 1e300` and `99999999999999999999` among ordinary records made a spike's noise so large
+    # that its recovery level overflowed (`math range error`): loss_spike said it failed and went off
+    rng = random.Random(153)
+    lines = []
+    for s in range(1, 120):
+        v = f"{2.3 * math.exp(-s / 100) + 0.1:.4f}"
+        if rng.random() < 0.08:
+            v = rng.choice(["1e300", "99999999999999999999", "1e-300", "0", "inf"])
+        lines.append(f"step {s} | loss {v} | lr 0.001 | grad_norm 1.5")
+    path = tmp_path / "fuzz.log"
+    path.write_text("\n".join(lines) + "\n")
+    _, _, err = replay(capsys, path, "--json", tmp_path / "f.jsonl")
+    assert "failed" not in err

@@ -13,6 +13,7 @@ from .base import Context, Detector, check, count, fmt, positive, positive_int
 
 _SQRT2 = math.sqrt(2.0)   # the σ of a difference of two noisy points, in σ
 _HALF_SQRT_PI = 0.5 * math.sqrt(math.pi)
+_EXP_MAX = 700.0   # the largest argument math.exp takes (e^709 is the largest float)
 #: Near its floor, the part of its largest value a rise must undo to be a warning at once.
 _NEAR_FLOOR_WARN = 0.1
 #: Below zero, a jump of this many times z_threshold σ (600σ) is orders of magnitude past the
@@ -519,10 +520,10 @@ class LossSpike(Detector):
         ep = self.episode
         if self.base.cold:
             noise = base0
-        elif ep is not None and not ep.warm:
-            noise = base0 * math.exp(3.0 * max(ep.noise, 0.0))
+        elif ep is not None and not ep.warm:   # (a noise measured on 1e300s: capped where exp overflows)
+            noise = base0 * math.exp(min(3.0 * max(ep.noise, 0.0), _EXP_MAX))
         else:
-            noise = base0 * math.exp(3.0 * self.base.scale)
+            noise = base0 * math.exp(min(3.0 * self.base.scale, _EXP_MAX))
         unit = max(base0, floor)
         return max(base0 + unit * math.expm1(self.recover_fraction * math.log1p(max(peak - base0, 0.0) / unit)),
                    noise)
