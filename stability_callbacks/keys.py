@@ -24,6 +24,7 @@ BATCH_FINGERPRINT = "batch_fingerprint"   # a hash of the batch's token ids (res
 LOSS_STREAM_PREFIX = "loss/"       # per-dataset losses: loss/cm4, loss/pmd
 LOSS_RESOLUTION = "loss_resolution"  # a printed loss's last digit: 1e-4 for `2.3456`, 1e-6 for `1.000000`
 LOSS_WINDOW = "loss_window"        # the steps a printed loss summarises (a window median: 20)
+EVAL_LOSS = "eval_loss"            # an evaluation's loss printed on a training record's line (a results table's row)
 LOSS_TERMS_ZERO = "loss_terms_zero"  # of a loss read as the sum of its printed terms, how many are 0, or a
                                      # discriminator's within 0.1% of the sum (absent: none): a player that has won
 
@@ -56,7 +57,7 @@ LAYER_KEYS = (LAYERS_LOWER_UPDATE_RATIO, LAYERS_UPPER_UPDATE_RATIO, LAYERS_LOWER
 
 ALL = (LOSS, GRAD_NORM, LR, LOSS_SCALE, OVERFLOW_SKIPPED, SKIPPED_BY_POLICY, ADAM_V_MAX, ADAM_V_L1, ADAM_V_NUMEL, ADAM_BETA2,
        ADAM_STEP, ADAM_M_NORM, ADAM_BETA1, PARAM_NORM, UPDATE_NORM, CONSUMED_SAMPLES, BATCH_FINGERPRINT,
-       LOSS_RESOLUTION, LOSS_WINDOW, LOSS_TERMS_ZERO)   # LAYER_KEYS apart: the probe's summary, no log column maps to them
+       LOSS_RESOLUTION, LOSS_WINDOW, LOSS_TERMS_ZERO, EVAL_LOSS)   # LAYER_KEYS apart: the probe's summary, no log column maps to them
 
 
 def is_known(key: str) -> bool:

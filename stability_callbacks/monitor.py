@@ -26,7 +26,7 @@ log = logging.getLogger("stability_callbacks")
 #: The detectors a record's keys feed: those before the main loss spike, it (if fed), those after.
 _Plan = tuple[tuple[Detector, ...], LossSpike | None, tuple[Detector, ...]]
 
-STATE_VERSION = 17  # 2: latches and EW means are statistics objects; streams are a detector;
+STATE_VERSION = 18  # 2: latches and EW means are statistics objects; streams are a detector;
                     # 3: baselines keep their bias and cold start, divergence its swing horizon;
                     # 4: loss_spike keeps its right tail, not_learning its chance level per point;
                     # 5: divergence keeps its run of rising epochs and where its scale closes,
@@ -48,6 +48,8 @@ STATE_VERSION = 17  # 2: latches and EW means are statistics objects; streams ar
                     #     its last warning quoted
                     # 17: stall keeps the grad norm beside the last loss (a repeat beside another
                     #     gradient is no freeze); the policy a start-up spike's onset (no episode's)
+                    # 18: stall keeps an evaluation's loss repeated and the zeros from the start counted;
+                    #     nonfinite an evaluation's loss episode (eval_loss, a results table's column)
 
 #: The records :meth:`Monitor.update_many` runs one detector at a time over, at most: long enough
 #: for a detector's code to stay hot, short enough for their contexts to stay in the cache.
@@ -130,9 +132,14 @@ class Monitor:
         reinforcement learner's, built from returns that grow as the policy improves: a critic's
         regression on them, a TD error, a return-weighted policy term): judged from now on as a
         loss that went below zero is (:class:`LossSpike`'s additive scale), its level rules
-        standing aside. A replayed log whose names say so declares it."""
+        standing aside. A replayed log whose names say so declares it. Such an objective can be
+        exactly 0 (GRPO's at its start): :class:`Stall` does not read zeros from the start as a
+        loss cut from the model unless the LR or the grad norm says so."""
         if self._loss_spike is not None:
             self._loss_spike.declare_objective()
+        for d in self.detectors:
+            if isinstance(d, Stall):
+                d.objective = True
 
     def declare_game(self) -> None:
         """The loss is players' losses pulling against each other (a GAN's discriminator and

@@ -19,11 +19,14 @@ def loss(s: float) -> float:
 
 
 def records_of(tmp_path, text: str, name: str = "run.log"):
-    """``([(step, metrics)], account)`` of ``text`` written to ``tmp_path / name``."""
+    """``([(step, metrics)], account)`` of ``text`` written to ``tmp_path / name``; the reader's facts
+    about a printed loss and an evaluation's loss beside a record (``eval_loss``: test_read_sweeps.py
+    asserts it) left out."""
     path = tmp_path / name
     path.write_text(text)
     account = ReadAccount(path)
-    got = [(r.step, {k: v for k, v in r.metrics.items() if k not in ("loss_resolution", "loss_window", "loss_terms_zero")})
+    got = [(r.step, {k: v for k, v in r.metrics.items()
+                     if k not in ("loss_resolution", "loss_window", "loss_terms_zero", "eval_loss")})
            for r in read_records(path, account=account)]
     return got, account
 

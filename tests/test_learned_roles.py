@@ -107,7 +107,7 @@ SHAPES = [
     # An excerpt that opens with a complete Keras bar: the epoch before the first header.
     ("Keras excerpt", "1562/1562 [====] - 524s - loss: 1.0897 - val_loss: 0.9240\nEpoch 175/200\n"
      "1562/1562 [====] - 539s - loss: 1.0843 - val_loss: 0.8596\n",
-     [(174, {"loss": 1.0897}), (175, {"loss": 1.0843})]),
+     [(174, {"loss": 1.0897, "eval_loss": 0.924}), (175, {"loss": 1.0843, "eval_loss": 0.8596})]),
     # A split word naming a counter makes the line an evaluation.
     ("evaluation counters", "train epoch: 1, loss: 0.2\ntest epoch: 1, loss: 0.07\ntrain epoch: 2, loss: 0.05\n"
      "Test: [  0/30]  Time: 6.5  Loss:   6.723\n", [(1, {"loss": 0.2}), (2, {"loss": 0.05})]),
@@ -130,9 +130,9 @@ def test_shapes_read_without_flags(tmp_path, text, want):
     ("results.csv", "   epoch,   train/box_loss,   train/cls_loss,   metrics/mAP50(B),   val/box_loss,   lr/pg0\n"
      + "".join(f"   {e},   1.2{e},   2.0{e},   0.3,   1.3,   0.001\n" for e in (1, 2, 3)),
      [(e, {"loss": round(float(f"1.2{e}") + float(f"2.0{e}"), 2), "lr": 0.001}) for e in (1, 2, 3)]),
-    # timm's summary.csv: one row per epoch, the evaluation loss beside the training loss.
+    # timm's summary.csv: one row per epoch, the evaluation loss beside the training loss (read beside it).
     ("summary.csv", "epoch,train_loss,eval_loss,eval_top1,lr\n" + "".join(f"{e},{_loss(e)},2.5,50.0,0.001\n" for e in range(3)),
-     [(e, {"loss": _loss(e), "lr": 0.001}) for e in range(3)]),
+     [(e, {"loss": _loss(e), "lr": 0.001, "eval_loss": 2.5}) for e in range(3)]),
     # A counter column under a name no vocabulary holds.
     ("progress.csv", "it_count,loss,acc\n" + "".join(f"{s},{_loss(s)},0.5\n" for s in (10, 20, 30)),
      [(s, {"loss": _loss(s)}) for s in (10, 20, 30)]),

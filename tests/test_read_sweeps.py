@@ -8,6 +8,7 @@ import math
 import random
 
 from shapes import records_of, replay_json
+from stability_callbacks.replay.readers import read_records
 
 
 def _wenet(epochs: int, v3: bool, spike_at: int | None = None) -> str:
@@ -310,3 +311,50 @@ def test_a_loss_of_1e300_among_the_records_takes_no_detector_down(tmp_path, caps
     path.write_text("\n".join(lines) + "\n")
     replay_json(capsys, path)
     assert [r.getMessage() for r in caplog.records if "failed" in r.getMessage()] == []
+
+
+def _model_card(rows) -> str:
+    # the results table the HF Trainer writes into a model card: `| Training Loss | Epoch | Step | Validation Loss |`
+    head = "| Training Loss | Epoch | Step | Validation Loss | Accuracy |\n|:-------------:|:-----:|:----:|:---------------:|:--------:|\n"
+    return head + "".join(f"| {t} | {e} | {s} | {v} | 0.81 |\n" for t, e, s, v in rows)
+
+
+def test_an_evaluations_loss_not_finite_on_a_results_tables_rows_is_a_warning(tmp_path, capsys):
+    # the seventeenth scoring's class: a results table whose validation loss is NaN on every row while the
+    # training loss falls. Before, the validation column was not read: 0 findings
+    rows = [(f"{1.2 * 0.9 ** e:.4f}", f"{e}.0", 500 * e, "nan") for e in range(1, 11)]
+    path = tmp_path / "README.md"
+    path.write_text(_model_card(rows))
+    got = list(read_records(path))
+    assert len(got) == 10 and math.isnan(got[0].metrics["eval_loss"]) and got[0].metrics["loss"] == 1.08
+    _, _, found = replay_json(capsys, path)
+    assert [(f["kind"], f["severity"], f["step"], f["signal"]) for f in found if f["severity"] != "info"] == [
+        ("nonfinite", "warning", 500, "eval_loss")]
+
+
+def test_an_evaluations_loss_that_stops_changing_says_the_weights_stopped(tmp_path, capsys):
+    # the seventeenth scoring's class: every evaluation from some epoch on prints the same loss to every digit
+    # while the training loss jitters on a plateau. Before: 0 findings
+    rows = [(f"{1.5 * 0.7 ** min(e, 6) + 0.01 * math.sin(e):.4f}", f"{e}.0", 100 * e, f"{0.9 * 0.95 ** min(e, 6):.4f}")
+            for e in range(1, 16)]
+    path = tmp_path / "README.md"
+    path.write_text(_model_card(rows))
+    _, _, found = replay_json(capsys, path)
+    assert [(f["kind"], f["severity"], f["step"]) for f in found if f["severity"] != "info"] == [("stall", "warning", 900)]
+    # NeMo prints the last validation's loss on every step's line until the next: those repeats are one evaluation
+    lines = [f"Training epoch 0, iteration {i}/999 | lr: 3e-05 | global_step: {i} | reduced_train_loss: "
+             f"{1.2 + 0.05 * math.sin(i):.3f} | val_loss: {4.0 - (i // 25) * 0.01:.3f}" for i in range(1, 400)]
+    path = tmp_path / "nemo.log"
+    path.write_text("\n".join(lines) + "\n")
+    _, _, found = replay_json(capsys, path)
+    assert [f for f in found if f["severity"] != "info"] == []
+
+
+def test_a_loss_exactly_zero_from_the_first_point_warns_without_the_lr(tmp_path, capsys):
+    # a results table whose training loss prints 0.0 on every row (the seventeenth scoring's class; kohya's
+    # `avr_loss=0`): before, silent without the LR logged (a GRPO start prints zeros too, and logs its grad norm)
+    rows = [("0.0", f"{e}.0", 100 * e, f"{2.0 - e / 100:.4f}") for e in range(1, 9)]
+    path = tmp_path / "README.md"
+    path.write_text(_model_card(rows))
+    _, _, found = replay_json(capsys, path)
+    assert [(f["kind"], f["severity"], f["step"]) for f in found if f["severity"] != "info"] == [("stall", "warning", 500)]

@@ -47,7 +47,8 @@ def expected_rows(csv_path: Path) -> tuple[list[str], list[dict[str, str]]]:
 def assert_same(records: list[StepRecord], csv_path: Path, allowed_extra=()):
     """Every record's step and every metric of the CSV: NaN == NaN, empty cell = key absent.
     ``loss_resolution`` (the printed digits a float loses: ``1.000000``) and ``loss_window`` (a
-    window median: ``loss: 6.9733 (6.9704)``) and ``loss_terms_zero`` (a sum's terms at 0) may come with any log."""
+    window median: ``loss: 6.9733 (6.9704)``) and ``loss_terms_zero`` (a sum's terms at 0) may come with any log,
+    and ``eval_loss`` (an evaluation's loss printed on a record's line) with any that prints one."""
     columns, rows = expected_rows(csv_path)
     assert [r.step for r in records] == [int(row["step"]) for row in rows]
     for rec, row in zip(records, rows):
@@ -59,7 +60,8 @@ def assert_same(records: list[StepRecord], csv_path: Path, allowed_extra=()):
             want, got = float(cell), rec.metrics.get(col)
             assert got is not None, (rec.step, col)
             assert got == want or (math.isnan(want) and math.isnan(got)), (rec.step, col, got, want)
-        assert set(rec.metrics) - set(columns) <= {*allowed_extra, "loss_resolution", "loss_window", "loss_terms_zero"}, (
+        assert set(rec.metrics) - set(columns) <= {*allowed_extra, "loss_resolution", "loss_window", "loss_terms_zero",
+                                                   "eval_loss"}, (
             rec.step, rec.metrics)
 
 
@@ -321,7 +323,7 @@ NAN = float("nan")
      "{'loss': 1.2, 'grad_norm': 0.9, 'learning_rate': 2e-05, 'epoch': 1.0}\n",
      [(1, {"loss": 1.23, "grad_norm": NAN, "lr": 3e-05}), (2, {"loss": 1.2, "grad_norm": 0.9, "lr": 2e-05})]),
     ('[log] {"step": 7, "train": {"loss": 2.5, "grad_norm": 0.3}, "eval": {"loss": 2.9}}\n',
-     [(7, {"loss": 2.5, "grad_norm": 0.3})]),
+     [(7, {"loss": 2.5, "grad_norm": 0.3, "eval_loss": 2.9})]),
     # Step N/M, units and %, `|` separated, key=value, the DeepSpeed engine line (cumulative).
     ("Step 10/1000 | loss 2.5 | lr 3.0e-4 | 412.3 ms | mfu 41%\n", [(10, {"loss": 2.5, "lr": 3e-4})]),
     ("[Rank 0] step=10, skipped=2, lr=[1e-05, 1e-05], mom=[(0.9, 0.95)]\n"
@@ -336,15 +338,16 @@ NAN = float("nan")
      "Epoch 1 | eval_loss: 2.2\n", [(0, {"loss": 10.95}), (10, {"loss": 9.54})]),
     # ... but a log whose records all say `train_loss` keeps the ones printed beside a test loss.
     ('{"train_loss": 3.2, "epoch": 1}\n{"train_loss": 3.1, "test_loss": 0.9, "epoch": 2}\n',
-     [(1, {"loss": 3.2}), (2, {"loss": 3.1})]),
-    # Run summaries and argument echoes are no records.
+     [(1, {"loss": 3.2}), (2, {"loss": 3.1, "eval_loss": 0.9})]),
+    # Run summaries and argument echoes are no records. (An evaluation's loss on a record's line is read beside
+    # it: `eval_loss`.)
     ("python train.py --lr 3e-4\nlearning_rate: 0.0003\n{'loss': 2.0, 'epoch': 1.0}\n"
      "{'train_runtime': 6.1, 'train_loss': 2.1, 'epoch': 2.0}\nbest loss 1.9\n",
      [(1, {"loss": 2.0, "loss_resolution": 0.1})]),
     # Epoch headers + batch counters (Keras): (epoch - 1) x batches per epoch + batch.
     ("Epoch 1/3\n100/100 [====] - 1s - loss: 0.69 - val_loss: 0.70\nEpoch 2/3\n"
      " 50/100 [==>.] - ETA: 1s - loss: 0.60\n",
-     [(100, {"loss": 0.69}), (150, {"loss": 0.6, "loss_resolution": 0.01})]),
+     [(100, {"loss": 0.69, "eval_loss": 0.7}), (150, {"loss": 0.6, "loss_resolution": 0.01})]),
     # DeepSpeed overflow lines fold into the next record; at the end each is a record.
     ("step 1 loss 2.0\n[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, "
      "reducing to 32768\nOVERFLOW! Rank 0 Skipping step. Attempted loss scale: 32768, reducing to 16384\n"
@@ -389,7 +392,7 @@ NAN = float("nan")
     # than the epoch is printed, so the epoch is the step.
     ("Epoch 1/3\n60000/60000 [==============================] - 5s 83us/sample - loss: 0.5000\n"
      "Epoch 2/3\n60000/60000 [==============================] - 5s 81us/sample - loss: 0.4000 - val_loss: 0.45\n",
-     [(1, {"loss": 0.5, "loss_resolution": 1e-4}), (2, {"loss": 0.4, "loss_resolution": 1e-4})]),
+     [(1, {"loss": 0.5, "loss_resolution": 1e-4}), (2, {"loss": 0.4, "loss_resolution": 1e-4, "eval_loss": 0.45})]),
     # An epoch that is the only counter is the step; two records of one epoch: order of appearance.
     ("epoch: 1 loss: 2.3\nepoch: 2 loss: nan\n", [(1, {"loss": 2.3}), (2, {"loss": NAN})]),
     ("epoch 1 loss 2.0\nepoch 1 loss 1.9\nepoch 2 loss 1.8\n",
@@ -407,7 +410,8 @@ NAN = float("nan")
      [(510, {"lr": 1e-05}), (520, {"lr": 1e-05, "skipped": 1.0})]),
     # A table: a header row of names, rows of values (HF notebook tables, ultralytics).
     ("Step | Training Loss | Validation Loss | reward\n-- | -- | -- | --\n1 | 0.500000 | 0.6 | 1.0\n"
-     "2 | 0.400000 | No log | 1.5\n", [(1, {"loss": 0.5, "loss_resolution": 1e-6}), (2, {"loss": 0.4, "loss_resolution": 1e-6})]),
+     "2 | 0.400000 | No log | 1.5\n",
+     [(1, {"loss": 0.5, "loss_resolution": 1e-6, "eval_loss": 0.6}), (2, {"loss": 0.4, "loss_resolution": 1e-6})]),
     # Named terms of the objective and no total: the loss is their sum.
     ("      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size\n"
      "        1/3      1.95G        1.0        2.0        0.5         33        640: 100%|##| 8/8 [00:02<00:00]\n",

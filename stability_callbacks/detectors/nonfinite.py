@@ -31,10 +31,11 @@ class NonFinite(Detector):
     name = "nonfinite"
     kind = "nonfinite"
     signals = ()   # looks at every record
-    _state = ("latch",)
+    _state = ("latch", "eval_latch")
 
     def __init__(self):
         self.latch = Latch()
+        self.eval_latch = Latch()   # an evaluation's loss not finite beside a finite training loss
 
     def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context], cols: Columns | None = None) -> None:
         """update()'s first test inline (all values finite: the latch re-armed, nothing found),
@@ -42,7 +43,7 @@ class NonFinite(Detector):
         for record, ctx in zip(run, ctxs):
             total = sum(record.metrics.values())
             if total - total == 0.0:
-                self.latch.armed = True
+                self.latch.armed = self.eval_latch.armed = True
                 continue
             found = self.update(record, ctx)
             if found:
@@ -60,7 +61,7 @@ class NonFinite(Detector):
             bad.remove(keys.GRAD_NORM)   # an overflow on a skipped fp16 step is not a NaN
         if not bad:
             self.latch.armed = True   # a finite step ends the episode (hot path: no call)
-            return []
+            return self._evaluation(record, ctx)
         if not self.latch.update(True):
             return []
         what = ", ".join(f"{k}={m[k]}" for k in bad)
@@ -84,3 +85,25 @@ class NonFinite(Detector):
             record.step, severity="critical", signal=bad[0], value=m[bad[0]],
             message=f"Non-finite values at {unit} {record.step}: {what}.{why}{todo}",
             keys=bad, zero_loss=zero_loss)]
+
+    def _evaluation(self, record: StepRecord, ctx: Context) -> list[Finding]:
+        """An evaluation's loss printed on the record not finite while the training values are (a results
+        table's row): a warning, once per episode. The model's outputs on held-out data are not finite:
+        an evaluation in fp16 that overflows, an empty evaluation batch, or weights gone bad that the
+        training loss (a mean taken before them) does not show yet."""
+        v = record.metrics.get(keys.EVAL_LOSS)
+        if v is None or v - v == 0.0:
+            self.eval_latch.armed = True
+            return []
+        if not self.eval_latch.update(True):
+            return []
+        unit = "epoch" if ctx.steps_are_epochs else "step"
+        x = record.metrics.get(keys.LOSS)
+        beside = f" while the training loss is {x!r}" if x is not None else ""
+        return [self.finding(
+            record.step, severity="warning", signal=keys.EVAL_LOSS, value=v,
+            message=(f"The evaluation loss is {v!r} at {unit} {record.step}{beside}: the model's outputs on "
+                     f"the evaluation data are not finite. An evaluation run in fp16 that overflows, an empty "
+                     f"evaluation batch, or weights gone bad that the training loss does not show yet. Evaluate "
+                     f"the last checkpoint in fp32 before trusting or resuming from it."),
+            keys=[keys.EVAL_LOSS])]

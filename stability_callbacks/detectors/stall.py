@@ -10,6 +10,15 @@ from ..stats import Latch
 from .base import Columns, Context, Detector, check, count, fmt, positive, positive_int
 
 
+#: The points of a loss exactly 0.0 from the first with neither the LR nor the grad norm logged (an
+#: objective that can be 0, GRPO's, logs its grad norm beside it): a warning from here.
+_ZEROS_UNSEEN = 5
+#: Evaluations in a row whose loss prints the same to every digit (the *frozen evaluation* rule), and
+#: the coarsest print that can tell (four significant digits).
+_EVALS_FROZEN = 4
+_EVAL_RESOLUTION = 1e-3
+
+
 def half_precision_grid(x: float, before: float | None) -> float:
     """The spacing of the grid a loss computed in bf16 (or fp16) lies on, when two consecutive
     values both fit that format's mantissa (8 significant bits for bf16, 11 for fp16), else 0.
@@ -118,7 +127,8 @@ class Stall(Detector):
     signals = (keys.LOSS,)
     _state = ("last", "last_step", "before", "run_start", "count", "need", "latch", "positive", "peak",
               "seen", "seen_count", "period", "run", "repeats", "evidence", "repeat_latch", "last_spiked",
-              "zero_since", "zero_told", "recent", "cross_entropy", "game", "player", "need_floor", "last_grad")
+              "zero_since", "zero_told", "recent", "cross_entropy", "game", "player", "need_floor", "last_grad",
+              "zero_points", "eval_run", "objective")
 
     def __init__(self, *, num_samples: int = 16, min_samples: int = 3, noise_floor: float = 1e-3,
                  epoch_noise_floor: float = 5e-3, false_alarm_rate: float = 1e-6, zero_from: float = 0.01,
@@ -160,6 +170,10 @@ class Stall(Detector):
         self.last_spiked = False              # the previous point was inside a loss-spike episode
         self.zero_since: int | None = None    # the first step, while every loss so far is exactly 0.0
         self.zero_told = False                # ... and that was reported
+        self.zero_points = 0                  # ... how many points
+        self.objective = False                # an objective that can be 0 (Monitor.declare_objective)
+        self.eval_run: list = [None, None, 0, False, 0, 0]   # an evaluation's loss printed the same on
+        # the records in a row: [value, first step, records, told, the longest run before, changes]
         self.recent_samples = positive_int("recent_samples", recent_samples)
         self.recent: list[float] = []         # the last recent_samples positive losses, oldest first
         self._prune_at = 4 * self.max_period_samples
@@ -185,10 +199,13 @@ class Stall(Detector):
                 self.cross_entropy[1] = True
                 ctx.found.append(self._impossible(step, x))
                 continue
+            if keys.EVAL_LOSS in m:
+                ctx.found += self._evaluation(step, m[keys.EVAL_LOSS], ctx)
             if x == 0.0 and (prev is None or self.zero_since is not None):
                 if prev is None:
-                    self.zero_since = step
-                found = self._zero_from_start(step, m)
+                    self.zero_since, self.zero_points = step, 0
+                self.zero_points += 1
+                found = self._zero_from_start(step, m, ctx.run_start is not None)
                 if found is not None:
                     self.last, self.last_step = x, step
                     ctx.found.append(found)
@@ -416,26 +433,72 @@ class Stall(Detector):
                      f"precision before training on."),
             rule="zero" if x == 0.0 else "collapse", previous=prev)
 
-    def _zero_from_start(self, step: int, m) -> Finding | None:
+    def _zero_from_start(self, step: int, m, from_nothing: bool) -> Finding | None:
         """The *zero from the start* rule: every loss so far, from the first, is exactly 0.0, the LR
         is not 0 and the gradient is 0 or unknown (None: not yet, or an objective whose value can
-        be 0 while its gradient is not — GRPO prints 0.0 with a grad norm of ~0.1)."""
+        be 0 while its gradient is not — GRPO prints 0.0 with a grad norm of ~0.1). With neither
+        logged, a warning after ``_ZEROS_UNSEEN`` points, unless the log names an objective that can
+        be 0 (:meth:`Monitor.declare_objective`) or prints its zeros to fixed decimals on an excerpt
+        from mid-run (``0.0000``: a trained model's loss below the print, not a zero)."""
         lr, g = m.get(keys.LR), m.get(keys.GRAD_NORM)
-        if self.zero_told or lr is None or not 0.0 < lr < math.inf or (g is not None and 0.0 < g < math.inf):
+        res = m.get(keys.LOSS_RESOLUTION)
+        blind = lr is None and g is None and self.zero_points >= _ZEROS_UNSEEN and not self.objective \
+            and (from_nothing or res is None or res >= 0.1)
+        if self.zero_told or not blind and (
+                lr is None or not 0.0 < lr < math.inf or (g is not None and 0.0 < g < math.inf)):
             return None
         self.zero_told = True
         grad = ("no grad norm is logged" if g is None else
                 f"the grad norm is {g!r}" + (": nothing reaches the weights" if g == 0.0 else ""))
+        if blind:
+            said = (f"with neither the LR nor the grad norm logged ({self.zero_points} points). A loss "
+                    f"computed from a model's predictions is not exactly 0 point after point (no model "
+                    f"predicts every label with certainty, least of all before training)")
+            unless = ("(If this is an objective that can be 0 — GRPO, a reward-weighted loss — the log "
+                      "prints neither the LR nor the grad norm that would tell: ignore this then.)")
+        else:
+            said = (f"with the LR at {fmt(lr)} and {grad}. A cross-entropy-like loss is 0 only for a "
+                    f"model that predicts every label with certainty, which no model does before training")
+            unless = ("(An objective that can be 0 — GRPO, a reward-weighted loss — shows a non-zero grad "
+                      "norm, and then this is silent.)")
         return self.finding(
-            step, severity="critical", value=0.0, onset_step=self.zero_since,
+            step, severity="warning" if blind else "critical", value=0.0, onset_step=self.zero_since,
             message=(f"The loss has been exactly 0.0 on every logged step since the first (step "
-                     f"{self.zero_since}) up to step {step}, with the LR at {fmt(lr)} and {grad}. A "
-                     f"cross-entropy-like loss is 0 only for a model that predicts every label with "
-                     f"certainty, which no model does before training: the loss is masked away (no "
-                     f"label tokens, all labels -100), multiplied by 0, or cut from the model. Stop and "
-                     f"check the labels and the loss path. (An objective that can be 0 — GRPO, a "
-                     f"reward-weighted loss — shows a non-zero grad norm, and then this is silent.)"),
+                     f"{self.zero_since}) up to step {step}, {said}: the loss is masked away (no label "
+                     f"tokens, all labels -100), multiplied by 0, or cut from the model. Stop and check "
+                     f"the labels and the loss path. {unless}"),
             rule="zero_from_start", lr=lr, grad_norm=g)
+
+    def _evaluation(self, step: int, v: float, ctx: Context) -> list[Finding]:
+        """The *frozen evaluation* rule: an evaluation's loss printed on the records (a results table's
+        rows) the same, to every printed digit, over ``_EVALS_FROZEN`` evaluations in a row. The same
+        weights on the same data give the same loss; weights that moved at all change it in some digit
+        of four or more. A log may print the last evaluation's loss on every record until the next
+        (NeMo's `val_loss` on each step's line): the records between two evaluations are learned from
+        the changes seen before (the longest stretch without one), and a repeat counts evaluations in
+        those stretches; before two changes, nothing is judged. A warning: the weights stopped
+        changing (an LR at 0, parameters frozen, an optimizer that skips every step)."""
+        r = self.eval_run   # [value, first step, records in the run, told, longest run ended, changes]
+        if v != r[0]:
+            if r[0] is not None:
+                r[4], r[5] = max(r[4], r[2]), r[5] + 1
+            r[:4] = [v, step, 1, False]
+            return []
+        r[2] += 1
+        if r[3] or r[5] < 2 or not math.isfinite(v) or printed_resolution(v) > _EVAL_RESOLUTION * abs(v) \
+                or r[2] < _EVALS_FROZEN * r[4]:
+            return []
+        r[3] = True
+        unit = "epoch" if ctx.steps_are_epochs else "step"
+        each = "" if r[4] == 1 else f" (the log evaluates every {r[4]} records or so)"
+        return [self.finding(
+            step, severity="warning", signal=keys.EVAL_LOSS, value=v, onset_step=r[1],
+            message=(f"The evaluation loss has been exactly {v!r} from {unit} {r[1]} to {unit} {step}, "
+                     f"{r[2] // r[4]} evaluations in a row{each}. The same weights on the same data give the "
+                     f"same loss, and weights that moved at all would change it in some printed digit: the "
+                     f"weights have stopped changing (an LR at 0, frozen parameters, an optimizer or fp16 "
+                     f"scaler that skips every step). Check the LR and that the optimizer updates the weights."),
+            rule="frozen_evaluation", evaluations=r[2] // r[4], records_per_evaluation=r[4])]
 
     def _repeating(self, step: int, x: float) -> Finding:
         period, k, first = self.period or 0, self.repeats, self.run[0][0]

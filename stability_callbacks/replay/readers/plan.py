@@ -170,6 +170,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
     steps: list[tuple[int, int, str]] = []
     comps: list[tuple[int, bool]] = []
     eval_loss = summary = False
+    eval_at = 0
     named = []
     bar_label = None
     ppl: int | None = None
@@ -202,6 +203,7 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
             if not any(p == _BAR for p, _, _ in steps):
                 steps.append((_BAR, i, "batch" if role == "batch" else ""))   # `100/500 [==>..]`
         elif role == "eval" and key == keys.LOSS:
+            eval_at = i if not eval_loss else eval_at
             eval_loss = True
         elif role == "summary":
             summary = True
@@ -299,6 +301,12 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
     plan.score = len(named) + 2 * (len(ordered) + len(plan.components)) + (2 if steps else 0)
     plan.marker = any(m in joined for m in STEP_MARKERS)
     plan = _kind(plan, texts, nums, roles, joined, summary, eval_context, eval_loss)
+    if eval_loss and plan.kind == "record" and plan.loss_at is not None:
+        # an evaluation's loss on a training record's line (a results table's `Validation Loss`): read
+        # beside the record, as its own signal (an evaluation gone NaN, weights that stopped changing)
+        plan.metrics += ((eval_at, keys.EVAL_LOSS, _negative(texts[eval_at])),)
+        plan.printed += ((keys.EVAL_LOSS, roles[eval_at][3]),)
+        plan.values = _extractor(tuple((i, k) for i, k, _ in plan.metrics)) if plan.values is not None else None
     plan.loss_rank = LOSS_KINDS.index(plan.loss_kind) if plan.loss_kind else len(LOSS_KINDS)
     if plan.kind == "record" and plan.step is not None and plan.epoch is None:
         plan.outer = tuple(i for i in range(plan.step) if roles[i][0] == "other"

@@ -233,7 +233,7 @@ def ours(name: str) -> str | None:
     n = name.strip()
     if n.startswith(keys.PREFIX) or any(n.startswith(p + keys.PREFIX) for p in keys.FRAMEWORK_PREFIXES):
         return keys.from_tag(n)
-    if keys.is_known(n):
+    if keys.is_known(n) and n != keys.EVAL_LOSS:   # (HF's `eval_loss` is an evaluation's line, no record's)
         return n
     for p in keys.FRAMEWORK_PREFIXES:
         if n.startswith(p) and keys.is_known(n[len(p):]):
