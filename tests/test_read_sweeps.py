@@ -358,3 +358,14 @@ def test_a_loss_exactly_zero_from_the_first_point_warns_without_the_lr(tmp_path,
     path.write_text(_model_card(rows))
     _, _, found = replay_json(capsys, path)
     assert [(f["kind"], f["severity"], f["step"]) for f in found if f["severity"] != "info"] == [("stall", "warning", 500)]
+
+
+def test_a_loss_not_finite_to_the_logs_end_says_so_at_the_end(tmp_path, capsys):
+    # the seventeenth scoring's honesty class: a loss non-finite on every epoch from the first, the finding and
+    # the advice speaking of one epoch's batches. The end of the replay now says every record after it was too
+    path = tmp_path / "run.csv"
+    path.write_text("epoch,loss\n1,2.3\n2,2.2\n3,2.1\n" + "".join(f"{e},nan\n" for e in range(4, 10)))
+    _, _, found = replay_json(capsys, path)
+    end = [f for f in found if f["kind"] == "nonfinite" and f["severity"] == "info"]
+    assert [(f["step"], f["details"]["records"]) for f in end] == [(9, 6)]
+    assert "not one bad batch" in end[0]["message"] and "epoch 4" in end[0]["message"]

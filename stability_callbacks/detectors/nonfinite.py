@@ -31,11 +31,13 @@ class NonFinite(Detector):
     name = "nonfinite"
     kind = "nonfinite"
     signals = ()   # looks at every record
-    _state = ("latch", "eval_latch")
+    _state = ("latch", "eval_latch", "nan_run")
 
     def __init__(self):
         self.latch = Latch()
         self.eval_latch = Latch()   # an evaluation's loss not finite beside a finite training loss
+        self.nan_run: list | None = None   # [first step, records, last step] of a loss not finite on
+        # every record in a row (the episode's, while no finite record came between: see at_end)
 
     def update_run(self, run: Sequence[StepRecord], ctxs: Sequence[Context], cols: Columns | None = None) -> None:
         """update()'s first test inline (all values finite: the latch re-armed, nothing found),
@@ -62,6 +64,12 @@ class NonFinite(Detector):
         if not bad:
             self.latch.armed = True   # a finite step ends the episode (hot path: no call)
             return self._evaluation(record, ctx)
+        if keys.LOSS in bad:
+            r = self.nan_run
+            if self.latch.armed or r is None:
+                self.nan_run = [record.step, 1, record.step]
+            else:
+                r[1], r[2] = r[1] + 1, record.step
         if not self.latch.update(True):
             return []
         what = ", ".join(f"{k}={m[k]}" for k in bad)
@@ -85,6 +93,23 @@ class NonFinite(Detector):
             record.step, severity="critical", signal=bad[0], value=m[bad[0]],
             message=f"Non-finite values at {unit} {record.step}: {what}.{why}{todo}",
             keys=bad, zero_loss=zero_loss)]
+
+    def at_end(self, ctx: Context) -> list[Finding]:
+        """A replayed log whose loss was not finite on every record from its episode's first to the
+        log's last (3 at least): no single bad batch does that, and skipping batches will not help
+        (``info``, once: the critical finding came at the first)."""
+        r = self.nan_run
+        if r is None or self.latch.armed or r[1] < 3:
+            return []
+        unit = "epoch" if ctx.steps_are_epochs else "step"
+        return [self.finding(
+            r[2], severity="info", signal=keys.LOSS, onset_step=r[0],
+            message=(f"The loss stayed non-finite on all {r[1]} records from {unit} {r[0]} to the log's last "
+                     f"({unit} {r[2]}): not one bad batch, whose skip would let training go on, but the "
+                     f"weights gone to NaN at {unit} {r[0]} or a setup that makes every step overflow (an LR "
+                     f"too high, fp16, a loss that divides by zero). Roll back to before {unit} {r[0]} and "
+                     f"change the LR or the precision, not just the data order."),
+            records=r[1], rule="to_the_end")]
 
     def _evaluation(self, record: StepRecord, ctx: Context) -> list[Finding]:
         """An evaluation's loss printed on the record not finite while the training values are (a results
