@@ -369,3 +369,16 @@ def test_a_loss_not_finite_to_the_logs_end_says_so_at_the_end(tmp_path, capsys):
     end = [f for f in found if f["kind"] == "nonfinite" and f["severity"] == "info"]
     assert [(f["step"], f["details"]["records"]) for f in end] == [(9, 6)]
     assert "not one bad batch" in end[0]["message"] and "epoch 4" in end[0]["message"]
+
+
+def test_hfs_train_metrics_block_after_the_records_is_no_record(tmp_path):
+    # HF's (LLaMA-Factory's) end of training: `***** train metrics *****` then `  train_loss = 0.8123` among
+    # padded `key = value` lines. Before, that line was one more record, numbered in order after the last
+    lines = [f"{{'loss': {2.0 - s / 1000:.4f}, 'grad_norm': 1.2, 'learning_rate': 1e-05, 'epoch': {s / 500:.2f}}}"
+             for s in range(10, 1510, 10)]
+    lines += ["{'train_runtime': 3450.12, 'train_samples_per_second': 6.956, 'train_loss': 1.25, 'epoch': 3.0}",
+              "***** train metrics *****", "  epoch                    =        3.0",
+              "  total_flos               = 123456789GF", "  train_loss               =     1.25",
+              "  train_runtime            = 0:57:30.12"]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert len(got) == 150 and account.keys["loss"] == ["loss"]

@@ -699,7 +699,8 @@ class Assembler:
                 # `epoch: 1, lr: .. - train loss: ..` after the bar): the records after it are the next epoch's
                 self.epoch, self.epoch_made = self.epoch + 1, self.made
             return []
-        if self.counted and plan.merged != self.counted_template and self._split_named(plan):
+        if self.made and self._noted_plan is not None and plan.merged != self._noted_plan.merged \
+                and self._split_named(plan):
             self.dropped = DROPPED[0]
             return []
         if step is None and plan.epoch is not None:
