@@ -382,3 +382,16 @@ def test_hfs_train_metrics_block_after_the_records_is_no_record(tmp_path):
               "  train_runtime            = 0:57:30.12"]
     got, account = records_of(tmp_path, "\n".join(lines) + "\n")
     assert len(got) == 150 and account.keys["loss"] == ["loss"]
+
+
+def test_a_pretty_printed_dict_of_many_keys_is_one_record(tmp_path):
+    # EasyLM: `tqdm.write("\n" + pprint.pformat(log_metrics) + "\n")`, one key per line, its values numpy arrays.
+    # Before, only 3 lines were joined to the first: each record split in two, the steps numbered twice
+    blocks = [f"{s}/7500 [00:00<00:00, 2.01it/s]\n{{'accuracy': array(0.2, dtype=float32),\n"
+              f" 'dataset_example_index': {61 * s},\n 'dataset_total_tokens': {524288 * (s + 1)},\n"
+              f" 'gradient_norm': array(2.5, dtype=float32),\n 'learning_rate': array(1.5e-07, dtype=float32),\n"
+              f" 'loss': array({10.5 - s / 1000:.4f}, dtype=float32),\n 'param_norm': array(812.3, dtype=float32),\n"
+              f" 'step': {s}}}\n" for s in range(0, 3000, 50)]
+    got, account = records_of(tmp_path, "\n".join(blocks))
+    assert [s for s, _ in got] == list(range(0, 3000, 50)) and account.numbering == {"counter": ["step"]}
+    assert got[1][1] == {"grad_norm": 2.5, "lr": 1.5e-07, "loss": 10.45, "param_norm": 812.3}

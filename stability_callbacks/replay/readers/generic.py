@@ -72,8 +72,10 @@ HEAD_DROPPED = "partial records dropped at a line's start (the line cuts the rec
 CUT_JOINED = "records cut by a line's end, read with the next line"
 CUT_DROPPED = "partial records dropped at a line's end (no line goes on with it)"
 WRAPPED_JOINED = "lines wrapped inside a record (a dict left open, a key with its value on the next line), read joined"
-#: Lines a wrapped record may span beyond its first.
+#: Lines a wrapped record may span beyond its first; a dict still open, as many as a pretty-printed
+#: one has keys (``pprint.pformat`` of EasyLM's metrics: one key per line).
 _WRAP_JOINS = 3
+_DICT_JOINS = 64
 _KEY_CUT = re.compile(r"[A-Za-z_)\]'\"]\s*[:=]\s*$")
 #: A field's value, then a separator, then the key a wrap cut from its value (`loss 2.7 | lr:`).
 _FIELD_BEFORE_KEY = re.compile(r"\d\s*(?:[|,;]|\s-\s|\s{2,})\s*([A-Za-z_][\w/ .-]*?)\s*[:=]\s*$")
@@ -519,7 +521,7 @@ class Reading:
             else:
                 out += self._one(first, held)        # no continuation: the line as it was
                 joins = 0
-        if joins < _WRAP_JOINS and _wraps(text):
+        if (joins < _WRAP_JOINS or (joins < _DICT_JOINS and _open_braces(text) > 0)) and _wraps(text):
             self.wrapped = (line_no, text.rstrip(), joins + 1)
             self.busy = True
             return out
