@@ -79,7 +79,8 @@ def test_a_summary_line_after_the_records_is_no_record_going_back(tmp_path, caps
     last = got[-1][1]
     assert last["lr"] == 0.035 and "grad_norm" not in last   # (the fourth pass: a summary adds no value)
     code, out, found = _replay_json(capsys, path)
-    assert code == 1 and [(f["step"], f["kind"]) for f in found] == [(31, "nonfinite"), (31, "rollback_advice")]
+    assert code == 1 and [(f["step"], f["kind"]) for f in found] == [
+        (31, "nonfinite"), (31, "rollback_advice"), (35, "nonfinite")]   # (the last: NaN to the log's end, info)
 
 
 def test_a_second_run_in_another_template_is_not_a_summary(tmp_path):
@@ -1715,8 +1716,10 @@ def test_hf_notebooks_table_copied_with_tabs_and_no_log_cells(tmp_path):
     rows = "".join(f"{s}\t{'No log' if s % 500 else f'{1.5 - s / 4000:.6f}'}\t{1.8 - s / 3000:.6f}\n"
                    for s in range(100, 3001, 100))
     got, account = records_of(tmp_path, " [3000/3000 41:12, Epoch 3/3]\nStep\tTraining Loss\tValidation Loss\n" + rows)
-    assert got == [(s, {"loss": round(1.5 - s / 4000, 6)}) for s in range(500, 3001, 500)]
+    assert [(s, m) for s, m in got if m] == [(s, {"loss": round(1.5 - s / 4000, 6)}) for s in range(500, 3001, 500)]
     assert account.keys["loss"] == ["Training Loss"]
+    # the rows of `No log`: their evaluation's loss, a record at its step (test_read_sweeps.py)
+    assert [s for s, m in got if not m] == [s for s in range(100, 3001, 100) if s % 500]
 
 
 def test_improved_diffusions_tables_with_keys_ending_in_digits_are_one_record_each(tmp_path):

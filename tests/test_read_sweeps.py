@@ -395,3 +395,17 @@ def test_a_pretty_printed_dict_of_many_keys_is_one_record(tmp_path):
     got, account = records_of(tmp_path, "\n".join(blocks))
     assert [s for s, _ in got] == list(range(0, 3000, 50)) and account.numbering == {"counter": ["step"]}
     assert got[1][1] == {"grad_norm": 2.5, "lr": 1.5e-07, "loss": 10.45, "param_norm": 812.3}
+
+
+def test_a_results_table_without_a_logged_training_loss_is_judged_on_its_evaluations(tmp_path, capsys):
+    # a short fine-tune's model card: `No log` in every Training Loss cell (its logging interval longer than the
+    # run), the validation loss NaN from epoch 4. Before, refused
+    rows = [("No log", f"{e}.0", 7 * e, "nan" if e >= 4 else f"{0.69 - 0.01 * e:.4f}") for e in range(1, 11)]
+    path = tmp_path / "README.md"
+    path.write_text(_model_card(rows))
+    code, out, found = replay_json(capsys, path)
+    assert code == 0 and [(f["kind"], f["severity"], f["step"]) for f in found] == [("nonfinite", "warning", 28)]
+    healthy = [("No log", f"{e}.0", 7 * e, f"{0.69 * 0.9 ** e:.4f}") for e in range(1, 11)]
+    path.write_text(_model_card(healthy))
+    code, out, found = replay_json(capsys, path)
+    assert code == 0 and found == []

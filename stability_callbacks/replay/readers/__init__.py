@@ -45,8 +45,8 @@ _READERS: dict[str, Callable[..., Iterator[StepRecord]]] = {
     "tensorboard": tensorboard_events.read, "wandb-csv": csv_table.read_wandb,
 }
 #: What a log without a training loss is judged on (replay says so first): the fp16 loss scale,
-#: overflow skips, the grad norm.
-JUDGED_WITHOUT_LOSS = (keys.GRAD_NORM, keys.LOSS_SCALE, keys.OVERFLOW_SKIPPED)
+#: overflow skips, the grad norm, an evaluation's loss printed in a results table's rows.
+JUDGED_WITHOUT_LOSS = (keys.GRAD_NORM, keys.LOSS_SCALE, keys.OVERFLOW_SKIPPED, keys.EVAL_LOSS)
 #: The first lines a log's names are looked for in, beyond the records (a reinforcement
 #: learner's: :func:`.vocabulary.value_term`).
 NAMES_HEAD_LINES = 500

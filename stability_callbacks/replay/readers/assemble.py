@@ -235,6 +235,14 @@ class Assembler:
             return out
         elif kind == "eval" and plan.counter and self.pending is not None and self.pending_how == "counter":
             self.validating = self.pending.metrics   # (a validation bar after the epoch's training records)
+        elif kind == "eval" and self.row and plan.eval_at is not None:
+            # a results table's row whose training loss is not logged (HF's `No log`): its evaluation's
+            # loss, a record of its own at its step (an evaluation gone NaN, weights that stopped changing)
+            step, how = self._step_of(nums, plan)
+            if step is not None:
+                v = float(nums[plan.eval_at])
+                return self.emit(step, {keys.EVAL_LOSS: -v if plan.eval_at in plan.signs else v}, plan, how,
+                                 plan.step_name)
         return []
 
     def _in_epoch(self, nums, plan: Plan) -> None:

@@ -248,8 +248,8 @@ class LineReader:
         if not len(names) <= len(cells) <= len(names) + 8:
             return None
         if any(not cells[i][:1].isdigit() and cells[i][:2] != "-0" and cells[i][:1] != "-"
-               and cells[i].lower() != "nan" for i in key_cols):
-            return None
+               and cells[i].lower() not in ("nan", "no log") for i in key_cols):
+            return None                   # (HF's `No log`: a training loss not logged by that row's step)
         if not self.table_width:
             self.table_width = len(cells)
         elif len(cells) != self.table_width and report_row(cells):

@@ -147,6 +147,7 @@ class Plan:
     # record printed by the loop's body while the bar shows the batches done before it
     others: tuple[tuple[int, str], ...] = ()   # (index, name) of the other integers beside the step
     # that may count instead (a step that stays: Assembler._stays)
+    eval_at: int | None = None       # an evaluation's loss (a results table's row without a training loss)
     slash: bool = False              # a named count and its total, both integers: the template's
     # second line says which moves (:func:`count_after_slash`)
 
@@ -301,6 +302,9 @@ def make_plan(texts: list[str], nums: list[str], user: Mapping[str, str] | None 
     plan.score = len(named) + 2 * (len(ordered) + len(plan.components)) + (2 if steps else 0)
     plan.marker = any(m in joined for m in STEP_MARKERS)
     plan = _kind(plan, texts, nums, roles, joined, summary, eval_context, eval_loss)
+    if eval_loss and plan.kind == "eval" and plan.step is not None:
+        plan.eval_at = eval_at        # (read where the line is a table's row: Assembler.feed)
+        plan.printed += ((keys.EVAL_LOSS, roles[eval_at][3]),)
     if eval_loss and plan.kind == "record" and plan.loss_at is not None:
         # an evaluation's loss on a training record's line (a results table's `Validation Loss`): read
         # beside the record, as its own signal (an evaluation gone NaN, weights that stopped changing)

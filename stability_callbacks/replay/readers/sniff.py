@@ -151,8 +151,9 @@ def _line_kind(text, reader, closest, line_no, explicit) -> str | None:
         plan = got[1]
         parts = [p for _, _, p in plan.parts] if plan.kind == "multi" else [plan]
         if any(p.kind == "record" and (explicit or p.components or any(
-                k in (keys.LOSS, keys.GRAD_NORM) for _, k, _ in p.metrics)) for p in parts):
-            return "generic"
+                k in (keys.LOSS, keys.GRAD_NORM) for _, k, _ in p.metrics)) for p in parts) \
+                or (plan.kind == "eval" and plan.eval_at is not None and reader.row):
+            return "generic"          # (a results table's rows of evaluations: read, judged on them)
         if plan.kind in ("record", "overflow"):
             tentative = True          # an LR, a skip count, an overflow: maybe Megatron's
         elif plan.kind not in ("overflow", "summary", "eval"):
