@@ -409,3 +409,33 @@ def test_a_results_table_without_a_logged_training_loss_is_judged_on_its_evaluat
     path.write_text(_model_card(healthy))
     code, out, found = replay_json(capsys, path)
     assert code == 0 and found == []
+
+
+def _frame(nan_from: int | None = None) -> str:
+    # `print(pd.DataFrame(trainer.state.log_history))` in a notebook: an unnamed index column, the training
+    # columns NaN on the evaluation's rows and the evaluation's NaN on the training rows (pandas' missing value)
+    lines = ["      loss  grad_norm  learning_rate     epoch  step  eval_loss  eval_runtime"]
+    i = 0
+    for s in range(10, 610, 10):
+        bad = nan_from is not None and s >= nan_from
+        x = "NaN" if bad else f"{2.3 * math.exp(-s / 300) + 0.5:.4f}"
+        lines.append(f"{i:<3d} {x:>7}  {'NaN' if bad else '1.2':>9}  {5e-05:>13}  {s / 600:.6f}  {s:>4}  {'NaN':>9}  {'NaN':>12}")
+        i += 1
+        if s % 100 == 0:
+            lines.append(f"{i:<3d} {'NaN':>7}  {'NaN':>9}  {'NaN':>13}  {s / 600:.6f}  {s:>4}  {1.1:>9}  {3.2:>12}")
+            i += 1
+    return "\n".join(lines) + "\n"
+
+
+def test_a_pandas_frame_of_a_trainers_history_reads_its_rows(tmp_path, capsys):
+    # before: the index column shifted every name by one (2 records of 60), and pandas' NaN (a missing value)
+    # would be a NaN loss on every evaluation's row
+    got, account = records_of(tmp_path, _frame())
+    assert [s for s, _ in got] == list(range(10, 610, 10)) and got[0][1] == {"loss": 2.7246, "grad_norm": 1.2, "lr": 5e-05}
+    path = tmp_path / "frame.log"
+    path.write_text(_frame())
+    assert replay_json(capsys, path)[2] == []
+    path.write_text(_frame(nan_from=400))
+    _, _, found = replay_json(capsys, path)
+    assert [(f["kind"], f["severity"], f["step"]) for f in found if f["severity"] != "info"] == [
+        ("nonfinite", "critical", 400), ("rollback_advice", "critical", 400)]

@@ -87,6 +87,15 @@ def _open_braces(text: str) -> int:
     return text.count("{") - text.count("}") if "{" in text or "}" in text else 0
 
 
+def _one_side(cells: list[str], training: list[int], evals: list[int]) -> bool:
+    """Whether a table's row has numbers on one side only, training columns or an evaluation's, the
+    other side's cells all ``NaN`` (pandas' missing value): a row of one kind in a frame of both."""
+    def side(cols):
+        return {"NaN" if cells[i] == "NaN" else "number" if cells[i][:1].isdigit() else "" for i in cols if i < len(cells)}
+    a, b = side(training), side(evals)
+    return (a == {"number"} and b == {"NaN"}) or (b == {"number"} and a == {"NaN"})
+
+
 def _wraps(text: str) -> bool:
     """Whether a line stops inside a record a wrap cut (an e-mail or terminal wrap of a pasted
     log): a dict it opens and does not close (``{'loss': 2.7, 'grad_norm': 1.9,``), or a key
@@ -132,7 +141,8 @@ class LineReader:
         self.names = dict(names or {})                # how the account names the pattern's groups
         self.learn = learn
         self.last: Plan | None = None
-        self.table: tuple[list[str], list[int], str] | None = None   # header, key columns, separator
+        self.table: tuple[list[str], list[int], str, tuple[list[int], list[int]]] | None = None   # header,
+        # key columns, separator, (the loss's columns, an evaluation's)
         self.table_width = 0                  # the cells of the table's first row
         self.templates: dict[str, Template] = {}      # this log's templates that were watched
         self.row = False                              # the last line tokenized was a table's row
@@ -238,15 +248,22 @@ class LineReader:
         counters = [i for i, (r, _) in enumerate(roles) if r in ("step", "epoch")]
         losses = [i for i, (r, k) in enumerate(roles) if k == "loss" and r in ("metric", "component")]
         if counters and losses:
-            self.table, self.table_width = (cells, counters + losses, tokens.separator(line)), 0
+            evals = [i for i, (r, _) in enumerate(roles) if r == "eval"]
+            self.table, self.table_width = (cells, counters + losses, tokens.separator(line), (losses, evals)), 0
 
     def _table_row(self, line: str) -> str | None:
         """A table row as ``name: value | ...``, or None when the line is no row of it."""
         assert self.table is not None
-        names, key_cols, sep = self.table
+        names, key_cols, sep, (losses, evals) = self.table
         cells = tokens.cells(line, sep)
+        if len(cells) == len(names) + 1 and sep not in ("|", ",", "\t") and cells[0].isdigit():
+            cells = cells[1:]             # a pandas frame's index, a column with no name
         if not len(names) <= len(cells) <= len(names) + 8:
             return None
+        if "NaN" in cells and evals and _one_side(cells, losses, evals):
+            # pandas' missing value in a frame of a trainer's history (HF's log_history: the training
+            # columns NaN on an evaluation's rows and the evaluation's on the training rows): no NaN
+            cells = ["" if c == "NaN" else c for c in cells]
         if any(not cells[i][:1].isdigit() and cells[i][:2] != "-0" and cells[i][:1] != "-"
                and cells[i].lower() not in ("nan", "no log") for i in key_cols):
             return None                   # (HF's `No log`: a training loss not logged by that row's step)
