@@ -256,10 +256,14 @@ class LineReader:
         assert self.table is not None
         names, key_cols, sep, (losses, evals) = self.table
         cells = tokens.cells(line, sep)
-        if len(cells) == len(names) + 1 and sep not in ("|", ",", "\t") and cells[0].isdigit():
-            cells = cells[1:]             # a pandas frame's index, a column with no name
         if not len(names) <= len(cells) <= len(names) + 8:
             return None
+        width = len(cells)
+        if self.table_width and width != self.table_width and report_row(cells):
+            return None                   # a report after the table (a classification report's rows)
+        if width == len(names) + 1 and self.table_width in (0, width) and sep not in ("|", ",", "\t") \
+                and cells[0].isdigit():
+            cells = cells[1:]             # a pandas frame's index, a column with no name, on every row
         if "NaN" in cells and evals and _one_side(cells, losses, evals):
             # pandas' missing value in a frame of a trainer's history (HF's log_history: the training
             # columns NaN on an evaluation's rows and the evaluation's on the training rows): no NaN
@@ -267,10 +271,7 @@ class LineReader:
         if any(not cells[i][:1].isdigit() and cells[i][:2] != "-0" and cells[i][:1] != "-"
                and cells[i].lower() not in ("nan", "no log") for i in key_cols):
             return None                   # (HF's `No log`: a training loss not logged by that row's step)
-        if not self.table_width:
-            self.table_width = len(cells)
-        elif len(cells) != self.table_width and report_row(cells):
-            return None                   # a report after the table (a classification report's rows)
+        self.table_width = self.table_width or width
         return " | ".join(f"{name}: {cell.rstrip(':')}" for name, cell in zip(names, cells)
                           if cell[:1].isdigit() or cell[:1] == "-" or cell.lower() == "nan")
 
