@@ -439,3 +439,15 @@ def test_a_pandas_frame_of_a_trainers_history_reads_its_rows(tmp_path, capsys):
     _, _, found = replay_json(capsys, path)
     assert [(f["kind"], f["severity"], f["step"]) for f in found if f["severity"] != "info"] == [
         ("nonfinite", "critical", 400), ("rollback_advice", "critical", 400)]
+
+
+def test_a_game_log_ending_with_a_player_at_zero_says_so_at_its_end(tmp_path, capsys):
+    # the seventeenth scoring's class: a GAN whose discriminator saturates within a handful of records (the
+    # player rule wants 5 points in a row). Before: nothing but a jump at info
+    path = tmp_path / "gan.log"
+    path.write_text("[Epoch 0/200] [Batch 0/938] [D loss: 0.693100] [G loss: 0.701200]\n" + "".join(
+        f"[Epoch 0/200] [Batch {b}/938] [D loss: 0.000000] [G loss: {g}]\n"
+        for b, g in ((100, 27.63), (200, 27.59), (300, 27.7))))
+    _, _, found = replay_json(capsys, path)
+    end = [f for f in found if f["kind"] == "stall"]
+    assert [(f["severity"], f["step"], f["onset_step"], f["details"]["points"]) for f in end] == [("info", 300, 100, 3)]

@@ -400,6 +400,21 @@ class Stall(Detector):
                      f"Wasserstein loss."),
             rule="player", points=p[1], past_startup=True)]
 
+    def at_end(self, ctx: Context) -> list[Finding]:
+        """A replayed game's log that ends inside a run of a player's term at 0 too short for the *player*
+        rule (3 points or 4): said once, as an ``info`` (the points say it; too few to be sure)."""
+        p = self.player
+        if not self.game or p[2] or p[0] is None or p[1] < self.min_samples:
+            return []
+        return [self.finding(
+            ctx.step, severity="info", value=0.0, onset_step=p[0],
+            message=(f"The log ends with one of the game's terms at 0 (or a discriminator's under 0.1% of their "
+                     f"sum) on its last {count(p[1], 'point')}, from step {p[0]}: too few to call (the rule wants "
+                     f"{self.min_samples + 2}), but a discriminator at 0 has won outright and gives the generator "
+                     f"no useful gradient. If the run went on like this, weaken the discriminator (a lower LR, "
+                     f"label smoothing or input noise) or use a non-saturating or Wasserstein loss."),
+            rule="player", points=p[1])]
+
     def declare_cross_entropy(self, printed: str) -> None:
         """The loss is a cross-entropy (``printed``: its name in the log), never below zero."""
         if self.cross_entropy is None:
