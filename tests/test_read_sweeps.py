@@ -451,3 +451,15 @@ def test_a_game_log_ending_with_a_player_at_zero_says_so_at_its_end(tmp_path, ca
     _, _, found = replay_json(capsys, path)
     end = [f for f in found if f["kind"] == "stall"]
     assert [(f["severity"], f["step"], f["onset_step"], f["details"]["points"]) for f in end] == [("info", 300, 100, 3)]
+
+
+def test_acmes_learner_steps_number_its_learners_records(tmp_path):
+    # ACME's terminal logger: `[Learner] Actor Episodes = 1 | Actor Steps = 250 | .. | Learner Steps = 1003 | ..
+    # Total Loss = 1.041` beside `[Actor] ..` lines. Before, numbered by the actors' steps
+    lines = []
+    for i in range(1, 60):
+        lines.append(f"I1130 07:00:06.047037 139872 terminal.py:91] [Learner] Actor Episodes = {i // 4} | Actor Steps = "
+                     f"{125 * i} | Evaluator Episodes = 0 | Evaluator Steps = 0 | Learner Steps = {500 * i + 3} | "
+                     f"Learner Walltime = {i:.3f} | Steps Per Second = 480.403 | Total Loss = {1.0 - i / 100:.3f}")
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [s for s, _ in got] == [500 * i + 3 for i in range(1, 60)] and account.numbering == {"counter": ["Learner Steps"]}
