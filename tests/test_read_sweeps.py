@@ -463,3 +463,33 @@ def test_acmes_learner_steps_number_its_learners_records(tmp_path):
                      f"Learner Walltime = {i:.3f} | Steps Per Second = 480.403 | Total Loss = {1.0 - i / 100:.3f}")
     got, account = records_of(tmp_path, "\n".join(lines) + "\n")
     assert [s for s, _ in got] == [500 * i + 3 for i in range(1, 60)] and account.numbering == {"counter": ["Learner Steps"]}
+
+
+def _running_mean_log(seed: int) -> str:
+    # the PyTorch tutorials' loop printing the epoch's running mean so far (`running_loss / (i + 1)`) to 3
+    # decimals every 50 batches: late in an epoch it moves by a batch's difference over the batches so far
+    rng = random.Random(seed)
+    lines = []
+    for e in range(1, 3):
+        total = 0.0
+        for i in range(1, 10001):
+            total += max(0.05, 0.9 + 1.5 * math.exp(-((e - 1) * 10000 + i) / 300) + rng.gauss(0.0, 0.3))
+            if i % 50 == 0:
+                lines.append(f"[{e}, {i:5d}] loss: {total / i:.3f}")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_epochs_running_mean_holding_its_last_digit_is_no_freeze(tmp_path, capsys):
+    # the eighteenth scoring's false alarm: a cumulative within-epoch mean printed to a few decimals held its
+    # last digit late in the epoch and was called a critical stall. The run's own moves before the repeats,
+    # about one printed digit, make repeats likely: the frozen rule counts on them, not on a 0.1% floor
+    path = tmp_path / "tutorial.log"
+    for seed in range(6):
+        path.write_text(_running_mean_log(seed))
+        _, _, found = replay_json(capsys, path)
+        assert [f for f in found if f["severity"] != "info"] == [], seed
+    # a loss that froze after moving is still frozen
+    frozen = "".join(f"[1, {i:5d}] loss: {0.9 + 0.05 * math.sin(i) if i < 600 else 0.731:.3f}\n" for i in range(20, 1200, 20))
+    path.write_text(frozen)
+    _, _, found = replay_json(capsys, path)
+    assert [(f["kind"], f["severity"]) for f in found if f["kind"] == "stall"] == [("stall", "critical")]

@@ -10,6 +10,10 @@ from ..stats import Latch
 from .base import Columns, Context, Detector, check, count, fmt, positive, positive_int
 
 
+#: The loss's own moves per point (Stall._moving): the EW weight of the last, and the points it needs.
+_MOVE_ALPHA = 0.1
+_MOVE_POINTS = 20
+_HALF_SQRT_PI_INV = math.sqrt(math.pi) / 2.0   # E|N(0, σ)| = σ √(2/π); a σ from a mean |change| of √2 σ
 #: The points of a loss exactly 0.0 from the first with neither the LR nor the grad norm logged (an
 #: objective that can be 0, GRPO's, logs its grad norm beside it): a warning from here.
 _ZEROS_UNSEEN = 5
@@ -128,7 +132,7 @@ class Stall(Detector):
     _state = ("last", "last_step", "before", "run_start", "count", "need", "latch", "positive", "peak",
               "seen", "seen_count", "period", "run", "repeats", "evidence", "repeat_latch", "last_spiked",
               "zero_since", "zero_told", "recent", "cross_entropy", "game", "player", "need_floor", "last_grad",
-              "zero_points", "eval_run", "objective")
+              "zero_points", "eval_run", "objective", "move")
 
     def __init__(self, *, num_samples: int = 16, min_samples: int = 3, noise_floor: float = 1e-3,
                  epoch_noise_floor: float = 5e-3, false_alarm_rate: float = 1e-6, zero_from: float = 0.01,
@@ -172,6 +176,7 @@ class Stall(Detector):
         self.zero_told = False                # ... and that was reported
         self.zero_points = 0                  # ... how many points
         self.objective = False                # an objective that can be 0 (Monitor.declare_objective)
+        self.move: list = [0.0, 0]            # [EW mean of |change| per point, its points] (see _moving)
         self.eval_run: list = [None, None, 0, False, 0, 0]   # an evaluation's loss printed the same on
         # the records in a row: [value, first step, records, told, the longest run before, changes]
         self.recent_samples = positive_int("recent_samples", recent_samples)
@@ -202,9 +207,7 @@ class Stall(Detector):
             if keys.EVAL_LOSS in m:
                 ctx.found += self._evaluation(step, m[keys.EVAL_LOSS], ctx)
             if x == 0.0 and (prev is None or self.zero_since is not None):
-                if prev is None:
-                    self.zero_since, self.zero_points = step, 0
-                self.zero_points += 1
+                self.zero_since, self.zero_points = (step, 1) if prev is None else (self.zero_since, self.zero_points + 1)
                 found = self._zero_from_start(step, m, ctx.run_start is not None)
                 if found is not None:
                     self.last, self.last_step = x, step
@@ -234,11 +237,12 @@ class Stall(Detector):
             if x <= 0.0:
                 self.positive = False
             else:
-                if x > self.peak:   # max(peak, x)
-                    self.peak = x
+                self.peak = x if x > self.peak else self.peak   # max(peak, x), less a call
                 self.recent.append(x)
                 if len(self.recent) > self.recent_samples:
                     del self.recent[0]
+            if prev is not None:   # (the loss's own moves: _moving)
+                self.move = [self.move[0] + _MOVE_ALPHA * (abs(x - prev) - self.move[0]), self.move[1] + 1]
             self.last, self.last_step, self.before, self.count = x, step, prev, 1
             self.last_grad = m.get(keys.GRAD_NORM)
             self.latch.armed = True   # the loss moved: re-armed (hot path: no call)
@@ -266,10 +270,16 @@ class Stall(Detector):
             self.latch.armed = True
             return None
         self.count += 1
+        mv = self.move
+        mv[0] -= _MOVE_ALPHA * mv[0]          # (a point that did not move)
+        mv[1] += 1
         if self.count == 2:
             self.run_start = self.last_step
             self.need_floor = self.epoch_noise_floor if ctx.steps_are_epochs else self.noise_floor
-            self.need = self._samples_needed(x, m.get(keys.LOSS_RESOLUTION), self.need_floor)
+            # (a grad norm printed the same beside it is one computation again: no slow statistic's repeat;
+            # a window the reader knows is counted below)
+            moving = math.inf if g is not None or m.get(keys.LOSS_WINDOW) else self._moving(x)
+            self.need = self._samples_needed(x, m.get(keys.LOSS_RESOLUTION), min(self.need_floor, moving))
             if self.need is not None and m.get(keys.LOSS_WINDOW):
                 # a window statistic repeats while its window turns over: count from there
                 self.need += int(m[keys.LOSS_WINDOW])
@@ -347,6 +357,17 @@ class Stall(Detector):
         else:   # the finer of the repeated value and the value before the run: 1.000000 after 0.923512
             q = min(printed_resolution(x), printed_resolution(before) if before else math.inf)
         return max(q, half_precision_grid(x, before))   # a bf16 loss is no finer than its grid
+
+    def _moving(self, x: float) -> float:
+        """How far, of itself, the loss moved per point before it repeated (an EW mean of its changes,
+        the points that did not move counted, over ~``1/_MOVE_ALPHA`` points, as a σ): a statistic that
+        moves by less than its last printed digit a point repeats it by chance (an epoch's running mean
+        late in the epoch moves by a batch's difference over the batches so far). ``inf`` before
+        ``_MOVE_POINTS`` points (a log frozen from its start has no moves to go by)."""
+        mv = self.move
+        if mv[1] < _MOVE_POINTS or x == 0.0 or mv[0] <= 0.0:
+            return math.inf
+        return mv[0] * _HALF_SQRT_PI_INV / abs(x)
 
     def _samples_needed(self, x: float, printed: float | None, floor: float) -> int | None:
         p = self._chance_equal(x, printed, floor)
