@@ -493,3 +493,13 @@ def test_an_epochs_running_mean_holding_its_last_digit_is_no_freeze(tmp_path, ca
     path.write_text(frozen)
     _, _, found = replay_json(capsys, path)
     assert [(f["kind"], f["severity"]) for f in found if f["kind"] == "stall"] == [("stall", "critical")]
+
+
+def test_a_records_line_wrapped_onto_an_indented_line_is_one_record(tmp_path):
+    # the eighteenth scoring's class: a self-supervised run's records wrapped onto a second, indented line
+    # holding the grad norm. Before, that line was dropped (or a record of its own): the grad norm lost
+    text = "".join(f"Epoch: [3][{100 * i}/500]  total_loss: 6.9315  contrastive_loss: 6.9315\n"
+                   f"    grad_norm: 1.2e-09  lr: 0.0300\n" for i in range(1, 8))
+    got, account = records_of(tmp_path, text)
+    assert len(got) == 7 and got[0][1] == {"loss": 6.9315, "grad_norm": 1.2e-09, "lr": 0.03}
+    assert account.keys["grad_norm"] == ["grad_norm"]

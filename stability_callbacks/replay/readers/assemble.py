@@ -161,6 +161,7 @@ class Assembler:
         self.bar_drawn: tuple[int, int] = (-2, 0)   # (line, count) of the last bar drawn on a line of its own
         self.nums: list[str] = []             # the numbers of the record line fed, and of the held record's
         self.pending_nums: list[str] = []
+        self.pending_indent = 0               # the indent of the held record's line
         self.stays: dict[int, tuple] = {}     # id(plan) -> (plan, the plan that numbers its lines: _stays, _stayed)
         self.kept: list[dict] = []            # the records of one step printed again by its template (_keep)
         self.released: list[StepRecord] = []  # ... made records after all (_stayed)
@@ -677,6 +678,8 @@ class Assembler:
         if plan.step is not None and metrics.get(keys.LOSS) == 0.0 and nums[plan.step] == "0":
             self.dropped = DROPPED[3]     # (DeepSpeech's `Steps: 0 | Loss: 0.000000` as each epoch's bar opens)
             return []
+        if plan.step is None and not plan.loss_kind and self._indented_more(plan, metrics):
+            return []
         if plan.loss_rank != self.loss_rank and self._another_loss(nums, plan, metrics):
             return []
         if plan.counter and self._another_bar(plan, nums, metrics):
@@ -718,6 +721,20 @@ class Assembler:
         if plan.micro is not None and step is not None:
             return self._micro(step, metrics, plan, how)
         return self.emit(step, metrics, plan, how, self._printed_step(plan) or (BAR_DRAWN if how == "counter" else ""))
+
+    def _indented_more(self, plan: Plan, metrics: dict) -> bool:
+        """Whether a line of values with no step and no loss, indented deeper than the held record's
+        line, is that record's line wrapped (`Epoch: [3][100/500]  loss: 6.93` then `    grad_norm:
+        1.2e-09  lr: 0.03`): its values, other keys than the record's, read into it and said."""
+        rec = self.pending
+        if rec is None or self.indent <= self.pending_indent or not metrics or metrics.keys() & rec.metrics.keys():
+            return False
+        rec.metrics.update(metrics)
+        for key, printed in plan.printed:
+            if key != "step":
+                self.account.saw(key, printed)
+        self.account.change(self.line_no, MERGED[6])
+        return True
 
     def _split_named(self, plan: Plan) -> bool:
         """Whether a line names the loss of the log's counted records with the training split's word
@@ -902,7 +919,7 @@ class Assembler:
         if self.epoch is not None and how != "epoch":   # a step inside the epoch the log last named
             rec.epoch = self.epoch
         self._keep_copy(step, metrics)
-        self.pending_nums = self.nums
+        self.pending_nums, self.pending_indent = self.nums, self.indent
         self.pending_how, self.pending_line = how, self.line_no
         self.made += 1
         if self.repeat[0]:
