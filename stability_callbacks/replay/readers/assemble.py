@@ -675,11 +675,10 @@ class Assembler:
             text = nums[plan.step]             # (its loss printed as such: Plan.simple)
             return self.emit(int(text) if text.isdigit() else int(float(text)), metrics, plan,
                              "counter", plan.step_name)
-        if plan.step is not None and metrics.get(keys.LOSS) == 0.0 and nums[plan.step] == "0":
-            self.dropped = DROPPED[3]     # (DeepSpeech's `Steps: 0 | Loss: 0.000000` as each epoch's bar opens)
+        if self._first_draw(nums, plan, metrics):
             return []
         if plan.step is None and not plan.loss_kind and self._indented_more(plan, metrics):
-            return []
+            return []   # (a record's line wrapped onto an indented one)
         if plan.loss_rank != self.loss_rank and self._another_loss(nums, plan, metrics):
             return []
         if plan.counter and self._another_bar(plan, nums, metrics):
@@ -721,6 +720,14 @@ class Assembler:
         if plan.micro is not None and step is not None:
             return self._micro(step, metrics, plan, how)
         return self.emit(step, metrics, plan, how, self._printed_step(plan) or (BAR_DRAWN if how == "counter" else ""))
+
+    def _first_draw(self, nums, plan: Plan, metrics: dict) -> bool:
+        """Whether a line is a progress display's first draw, its count 0 and its loss 0 (DeepSpeech's
+        `Steps: 0 | Loss: 0.000000` as each epoch's bar opens): nothing computed yet, dropped and said."""
+        if plan.step is None or metrics.get(keys.LOSS) != 0.0 or nums[plan.step] != "0":
+            return False
+        self.dropped = DROPPED[3]
+        return True
 
     def _indented_more(self, plan: Plan, metrics: dict) -> bool:
         """Whether a line of values with no step and no loss, indented deeper than the held record's
