@@ -357,7 +357,7 @@ def test_a_loss_exactly_zero_from_the_first_point_warns_without_the_lr(tmp_path,
     path = tmp_path / "README.md"
     path.write_text(_model_card(rows))
     _, _, found = replay_json(capsys, path)
-    assert [(f["kind"], f["severity"], f["step"]) for f in found if f["severity"] != "info"] == [("stall", "warning", 500)]
+    assert [(f["kind"], f["severity"], f["step"]) for f in found if f["severity"] != "info"] == [("stall", "warning", 300)]
 
 
 def test_a_loss_not_finite_to_the_logs_end_says_so_at_the_end(tmp_path, capsys):
@@ -503,3 +503,11 @@ def test_a_records_line_wrapped_onto_an_indented_line_is_one_record(tmp_path):
     got, account = records_of(tmp_path, text)
     assert len(got) == 7 and got[0][1] == {"loss": 6.9315, "grad_norm": 1.2e-09, "lr": 0.03}
     assert account.keys["grad_norm"] == ["grad_norm"]
+
+
+def test_a_results_tables_bold_row_is_a_row(tmp_path):
+    # a model card marking its best row in bold (`| **0.4120** | **3.0** | **1500** | **0.3900** |`): before, dropped
+    rows = [(f"{0.9 - 0.1 * e:.4f}", f"{e}.0", 500 * e, f"{0.8 - 0.1 * e:.4f}") for e in range(1, 6)]
+    text = _model_card(rows).replace("| 0.4000 | 5.0 | 2500 | 0.3000 | 0.81 |", "| **0.4000** | **5.0** | **2500** | **0.3000** | **0.81** |")
+    got, _ = records_of(tmp_path, text)
+    assert [s for s, _ in got] == [500, 1000, 1500, 2000, 2500] and got[-1][1]["loss"] == 0.4

@@ -15,8 +15,8 @@ _MOVE_ALPHA = 0.1
 _MOVE_POINTS = 20
 _HALF_SQRT_PI_INV = math.sqrt(math.pi) / 2.0   # E|N(0, σ)| = σ √(2/π); a σ from a mean |change| of √2 σ
 #: The points of a loss exactly 0.0 from the first with neither the LR nor the grad norm logged (an
-#: objective that can be 0, GRPO's, logs its grad norm beside it): a warning from here.
-_ZEROS_UNSEEN = 5
+#: objective that can be 0, GRPO's, logs its grad norm beside it, or names itself): a warning from here.
+_ZEROS_UNSEEN = 3
 #: Evaluations in a row whose loss prints the same to every digit (the *frozen evaluation* rule), and
 #: the coarsest print that can tell (four significant digits).
 _EVALS_FROZEN = 4

@@ -255,7 +255,7 @@ class LineReader:
         """A table row as ``name: value | ...``, or None when the line is no row of it."""
         assert self.table is not None
         names, key_cols, sep, (losses, evals) = self.table
-        cells = tokens.cells(line, sep)
+        cells = [c.strip("*_`") for c in tokens.cells(line, sep)]   # (markdown's emphasis on a row: `**0.412**`)
         if not len(names) <= len(cells) <= len(names) + 8:
             return None
         width = len(cells)
