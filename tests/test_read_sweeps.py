@@ -324,6 +324,9 @@ def test_an_evaluations_loss_not_finite_on_a_results_tables_rows_is_a_warning(tm
     # training loss falls. Before, the validation column was not read: 0 findings
     rows = [(f"{1.2 * 0.9 ** e:.4f}", f"{e}.0", 500 * e, "nan") for e in range(1, 11)]
     path = tmp_path / "README.md"
+    path.write_text(_model_card([(t, e, s, "inf") for t, e, s, _ in rows]))   # (infinite: the same; the
+    _, _, found = replay_json(capsys, path)                                   # eighteenth scoring's class)
+    assert [(f["kind"], f["severity"], f["step"]) for f in found if f["severity"] != "info"] == [("nonfinite", "warning", 500)]
     path.write_text(_model_card(rows))
     got = list(read_records(path))
     assert len(got) == 10 and math.isnan(got[0].metrics["eval_loss"]) and got[0].metrics["loss"] == 1.08

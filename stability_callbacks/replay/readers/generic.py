@@ -269,11 +269,11 @@ class LineReader:
             # columns NaN on an evaluation's rows and the evaluation's on the training rows): no NaN
             cells = ["" if c == "NaN" else c for c in cells]
         if any(not cells[i][:1].isdigit() and cells[i][:2] != "-0" and cells[i][:1] != "-"
-               and cells[i].lower() not in ("nan", "no log") for i in key_cols):
+               and cells[i].lower() not in ("nan", "inf", "infinity", "no log") for i in key_cols):
             return None                   # (HF's `No log`: a training loss not logged by that row's step)
         self.table_width = self.table_width or width
         return " | ".join(f"{name}: {cell.rstrip(':')}" for name, cell in zip(names, cells)
-                          if cell[:1].isdigit() or cell[:1] == "-" or cell.lower() == "nan")
+                          if cell[:1].isdigit() or cell[:1] == "-" or cell.lower() in ("nan", "inf", "infinity"))
 
     def _parse_pattern(self, seg: str):
         m = self.pattern.search(seg) if self.pattern is not None else None
