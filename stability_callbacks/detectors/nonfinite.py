@@ -124,11 +124,14 @@ class NonFinite(Detector):
             return []
         unit = "epoch" if ctx.steps_are_epochs else "step"
         x = record.metrics.get(keys.LOSS)
-        beside = f" while the training loss is {x!r}" if x is not None else ""
+        beside = ("" if x is None else " while the training loss reads exactly 0.0 (itself a sign: a loss masked "
+                  "away or zeroed after an overflow)" if x == 0.0 else f" while the training loss is {x!r}")
+        why = ("the loss path or the weights broke, as the zero says" if x == 0.0 else
+               "weights gone bad that the training loss does not show yet")
         return [self.finding(
             record.step, severity="warning", signal=keys.EVAL_LOSS, value=v,
             message=(f"The evaluation loss is {v!r} at {unit} {record.step}{beside}: the model's outputs on "
                      f"the evaluation data are not finite. An evaluation run in fp16 that overflows, an empty "
-                     f"evaluation batch, or weights gone bad that the training loss does not show yet. Evaluate "
-                     f"the last checkpoint in fp32 before trusting or resuming from it."),
+                     f"evaluation batch, or {why}. Evaluate the last checkpoint in fp32 before trusting or "
+                     f"resuming from it."),
             keys=[keys.EVAL_LOSS])]
