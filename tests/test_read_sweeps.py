@@ -524,3 +524,30 @@ def test_a_log_numbered_in_order_does_not_say_nothing_was_trained_before_its_fir
     _, _, found = replay_json(capsys, path)
     nf = [f for f in found if f["kind"] == "nonfinite" and f["severity"] == "critical"]
     assert len(nf) == 1 and "Nothing was trained before" not in nf[0]["message"]
+
+
+def test_a_sanity_check_that_found_no_nan_marks_nothing(tmp_path, capsys):
+    # the nineteenth scoring's honesty class: a debug line answering a NaN check (`Loss is NaN: False, Loss is Inf:
+    # False`) beside records whose loss prints 0 was read as a warning that the loss was not finite: each zero
+    # became a NaN with a critical finding the log contradicts
+    lines = []
+    for s in range(1, 30):
+        lines.append(f"step {s} loss {0.0 if s > 20 else 2.0 - s / 20:.4f} lr 0.0001 grad_norm {0.0 if s > 20 else 1.1}")
+        lines.append("Loss is NaN: False, Loss is Inf: False")
+    path = tmp_path / "debug.log"
+    path.write_text("\n".join(lines) + "\n")
+    got, _ = records_of(tmp_path, path.read_text())
+    assert [m["loss"] for _, m in got[20:23]] == [0.0, 0.0, 0.0]
+    _, _, found = replay_json(capsys, path)
+    assert not [f for f in found if f["kind"] == "nonfinite"]
+
+
+def test_an_epoch_logs_spike_messages_count_epochs(tmp_path, capsys):
+    # the nineteenth scoring's honesty class: "1 step after its onset" on a log whose steps are epochs
+    path = tmp_path / "epochs.csv"
+    path.write_text("epoch,loss\n" + "".join(f"{e},{x}\n" for e, x in enumerate(
+        [2.0, 1.8, 1.7, 1.6, 1.55, 1.5, 1.45, 9.0, 1.4, 1.38, 1.36, 1.35], 1)))
+    _, _, found = replay_json(capsys, path)
+    said = {f["kind"]: f["message"] for f in found}
+    assert "1 epoch after its onset at epoch 8" in said["spike_recovered"]
+    assert "inside one epoch" in said["loss_spike"] and " step " not in said["spike_recovered"]

@@ -529,11 +529,13 @@ def said_of(f: Finding, account: "ReadAccount") -> Finding:
     if f.kind != "rollback_advice" and account.counts_epochs(f.step) and _STEP_NUMBER.search(f.message):
         # (the advice beside it says "epoch 40": so does the finding, of the steps it names)
         from dataclasses import replace
-        return replace(f, message=_STEP_NUMBER.sub(r"epoch\1 ", f.message))
+        said = _STEPS_LATER.sub(r"\1 epoch\2 \3", _STEP_NUMBER.sub(r"epoch\1 ", f.message))
+        return replace(f, message=said.replace("within ~100 steps;", "within ~100 optimizer steps, inside one epoch;"))
     return f
 
 
 _STEP_NUMBER = re.compile(r"\bstep(s?) (?=-?\d)")
+_STEPS_LATER = re.compile(r"\b(\d[\d,]*) step(s?) (later|after)\b")   # (`3 steps later`, `1 step after its onset`)
 
 
 def epoch_numbered(f: Finding) -> Finding:

@@ -50,8 +50,10 @@ _ARG_ECHO = ("--", "namespace(", "args.", "argument", "config")
 _NAN_WARNING = re.compile(r"\bloss\b.*\b(?:is|are|was|were|became|got|detected|found|"
                           r"encountered)\b|\bdetected\b|\bnon-?finite\s+loss", re.I)
 # ... unless the line says there was none: `no NaN found`, `loss is not nan`, `without inf`.
-_NO_NAN = re.compile(r"\b(?:no|not|never|without|zero)\b(?:\s+\w+){0,2}?\s+(?:nan|inf|infinity|non-?finite)\b",
-                     re.I)
+_NO_NAN = re.compile(r"\b(?:no|not|never|without|zero)\b(?:\s+\w+){0,2}?\s+(?:nan|inf|infinity|non-?finite)\b"
+                     # ... or a check's answer (`Loss is NaN: False`, `NaN in loss: 0`, `nan check passed`)
+                     r"|\b(?:nan|inf|infinite|non-?finite)\b[^,;|\n]{0,12}?[:=?]\s*(?:false|0|no|none)\b"
+                     r"|\b(?:nan|inf)\b\s+checks?\s+(?:passed|ok)\b", re.I)
 _OVERFLOW = re.compile(r"overflow", re.I)
 # a name of an integer that counts the loop (`Episode`, `update`, `iteration`), not a process
 # (`[rank1]`, `GPU 3`) or an amount that grows (`tokens`, `samples`)
@@ -801,6 +803,10 @@ def warning(line: str) -> str:
 
 def _kind(plan: Plan, texts, nums, roles, joined, summary, eval_context, eval_loss) -> Plan:
     metrics = plan.metrics
+    if all(v.lstrip("+-")[:1] in "nNiI" for v in nums) \
+            and _NO_NAN.search("".join(t + v for t, v in zip(texts, nums)) + texts[-1]):
+        plan.kind = "ignore"          # a check's answer (`Loss is NaN: False, Loss is Inf: False`): no value
+        return plan
     if _OVERFLOW.search(joined):
         # `OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768`,
         # `Gradient overflow.  Skipping step, ... reducing loss scale to 1024.0`, fairseq's
