@@ -500,10 +500,13 @@ class Monitor:
         for d in self.detectors:
             d.on_segment(start_step, reason)
         self._forget_plans()   # what a detector wants may change at a segment (Detector.wants)
+        what = (f"Training restarted at step {start_step} (segment {self.segment}): a second run in the same log, "
+                f"or one rolled back to its start" if reason == "rollback" and start_step <= 1 else
+                f"Training {'rolled back and ' if reason == 'rollback' else ''}resumed at step {start_step} "
+                f"(segment {self.segment})")
         return [Finding(step=start_step, kind="resume", severity="info", phase=self.phase.phase,
-                        message=(f"Training {'rolled back and ' if reason == 'rollback' else ''}resumed at "
-                                 f"step {start_step} (segment {self.segment}). Watching the next steps for "
-                                 f"a resume spike, an LR discontinuity and repeated data."),
+                        message=(f"{what}. Watching the next steps for a resume spike, an LR discontinuity and "
+                                 f"repeated data."),
                         details={"reason": reason, "segment": self.segment})]
 
     def _forget_future(self) -> None:

@@ -551,3 +551,14 @@ def test_an_epoch_logs_spike_messages_count_epochs(tmp_path, capsys):
     said = {f["kind"]: f["message"] for f in found}
     assert "1 epoch after its onset at epoch 8" in said["spike_recovered"]
     assert "inside one epoch" in said["loss_spike"] and " step " not in said["spike_recovered"]
+
+
+def test_a_second_run_in_the_same_log_is_said_as_one(tmp_path, capsys):
+    # the nineteenth scoring's honesty class: two runs printed back to back, the second's epochs from 1 again,
+    # were said as "rolled back and resumed"
+    text = "".join(f"Epoch {e}/10 - loss: {1.0 * 0.9 ** e:.4f}\n" for e in range(1, 11)) * 2
+    path = tmp_path / "two.log"
+    path.write_text(text)
+    _, _, found = replay_json(capsys, path)
+    resumes = [f["message"] for f in found if f["kind"] == "resume"]
+    assert len(resumes) == 1 and "a second run in the same log, or one rolled back to its start" in resumes[0]
