@@ -48,8 +48,9 @@ STATE_VERSION = 18  # 2: latches and EW means are statistics objects; streams ar
                     #     its last warning quoted
                     # 17: stall keeps the grad norm beside the last loss (a repeat beside another
                     #     gradient is no freeze); the policy a start-up spike's onset (no episode's)
-                    # 18: stall keeps an evaluation's loss repeated and the zeros from the start counted;
-                    #     nonfinite an evaluation's loss episode (eval_loss, a results table's column)
+                    # 18: stall keeps an evaluation's loss repeated, the zeros from the start counted, the
+                    #     loss's own moves per point and whether it is an objective; nonfinite an
+                    #     evaluation's loss episode (eval_loss) and a non-finite run to the log's end
 
 #: The records :meth:`Monitor.update_many` runs one detector at a time over, at most: long enough
 #: for a detector's code to stay hot, short enough for their contexts to stay in the cache.

@@ -11,6 +11,18 @@ from shapes import records_of, replay_json
 from stability_callbacks.replay.readers import read_records
 
 
+def _loud(found: list[dict]) -> list[dict]:
+    """The findings at warning or above."""
+    return [f for f in found if f["severity"] != "info"]
+
+
+def _quiet_for_seeds(capsys, path, make, seeds: int) -> None:
+    """``make(seed)`` written to ``path`` and replayed for each seed: no warning or critical on any."""
+    for seed in range(seeds):
+        path.write_text(make(seed))
+        assert _loud(replay_json(capsys, path)[2]) == [], seed
+
+
 def _wenet(epochs: int, v3: bool, spike_at: int | None = None) -> str:
     # WeNet's executor: `TRAIN Batch {epoch}/{batch_idx} loss {:.6f} loss_att .. lr {:.8f} rank 0` (v2), and
     # `TRAIN | steps/sec {:.3f}| Batch {epoch}/{batch_idx} loss ..` (v3), its cross-validation's `CV Batch
@@ -157,7 +169,7 @@ def test_deepspeechs_bar_opening_at_zero_and_its_validation_are_no_records(tmp_p
     assert len(got) == 240 and all(m["loss"] > 50 for _, m in got)
     assert account.ignored["evaluation"][0] == 66
     _, _, found = replay_json(capsys, path)
-    assert [f for f in found if f["severity"] != "info"] == []
+    assert _loud(found) == []
 
 
 def _lightning1(seed: int, rise_from: int | None = None) -> str:
@@ -178,10 +190,7 @@ def test_lightning1s_running_loss_is_judged_as_a_window_mean(tmp_path, capsys):
     # before: its steps moved it by a twentieth of a batch's change, so the divergence rule took its noise for
     # that small and called the running mean's wander over 20 batches a critical divergence (16 runs of 20)
     path = tmp_path / "pl1.log"
-    for seed in range(10):
-        path.write_text(_lightning1(seed))
-        _, _, found = replay_json(capsys, path)
-        assert [f for f in found if f["severity"] != "info"] == [], seed
+    _quiet_for_seeds(capsys, path, _lightning1, 10)
     path.write_text(_lightning1(0, rise_from=150))
     _, _, found = replay_json(capsys, path)
     assert {f["kind"] for f in found if f["severity"] == "critical"} >= {"divergence"}
@@ -222,7 +231,7 @@ def test_litgpts_optimizer_step_staying_as_an_epoch_ends_is_still_its_step(tmp_p
     steps = [s for s, _ in got]
     assert steps == sorted(steps) and steps[-1] == 485 // 4 and account.numbering == {"counter": ["step"]}
     _, _, found = replay_json(capsys, path)
-    assert [f for f in found if f["severity"] != "info"] == []
+    assert _loud(found) == []
 
 
 def test_basicsrs_loss_dict_names_are_terms_of_the_loss(tmp_path):
@@ -350,7 +359,7 @@ def test_an_evaluations_loss_that_stops_changing_says_the_weights_stopped(tmp_pa
     path = tmp_path / "nemo.log"
     path.write_text("\n".join(lines) + "\n")
     _, _, found = replay_json(capsys, path)
-    assert [f for f in found if f["severity"] != "info"] == []
+    assert _loud(found) == []
 
 
 def test_a_loss_exactly_zero_from_the_first_point_warns_without_the_lr(tmp_path, capsys):
@@ -487,10 +496,7 @@ def test_an_epochs_running_mean_holding_its_last_digit_is_no_freeze(tmp_path, ca
     # last digit late in the epoch and was called a critical stall. The run's own moves before the repeats,
     # about one printed digit, make repeats likely: the frozen rule counts on them, not on a 0.1% floor
     path = tmp_path / "tutorial.log"
-    for seed in range(6):
-        path.write_text(_running_mean_log(seed))
-        _, _, found = replay_json(capsys, path)
-        assert [f for f in found if f["severity"] != "info"] == [], seed
+    _quiet_for_seeds(capsys, path, _running_mean_log, 6)
     # a loss that froze after moving is still frozen
     frozen = "".join(f"[1, {i:5d}] loss: {0.9 + 0.05 * math.sin(i) if i < 600 else 0.731:.3f}\n" for i in range(20, 1200, 20))
     path.write_text(frozen)

@@ -13,7 +13,7 @@ from .base import Columns, Context, Detector, check, count, fmt, positive, posit
 #: The loss's own moves per point (Stall._moving): the EW weight of the last, and the points it needs.
 _MOVE_ALPHA = 0.1
 _MOVE_POINTS = 20
-_HALF_SQRT_PI_INV = math.sqrt(math.pi) / 2.0   # E|N(0, σ)| = σ √(2/π); a σ from a mean |change| of √2 σ
+_HALF_SQRT_PI = 0.5 * math.sqrt(math.pi)   # σ of one point from the mean |change| of two (as loss_spike's)
 #: The points of a loss exactly 0.0 from the first with neither the LR nor the grad norm logged (an
 #: objective that can be 0, GRPO's, logs its grad norm beside it, or names itself): a warning from here.
 _ZEROS_UNSEEN = 3
@@ -132,7 +132,7 @@ class Stall(Detector):
     _state = ("last", "last_step", "before", "run_start", "count", "need", "latch", "positive", "peak",
               "seen", "seen_count", "period", "run", "repeats", "evidence", "repeat_latch", "last_spiked",
               "zero_since", "zero_told", "recent", "cross_entropy", "game", "player", "need_floor", "last_grad",
-              "zero_points", "eval_run", "objective", "move")
+              "zero_points", "eval_run", "objective", "move", "move_points")
 
     def __init__(self, *, num_samples: int = 16, min_samples: int = 3, noise_floor: float = 1e-3,
                  epoch_noise_floor: float = 5e-3, false_alarm_rate: float = 1e-6, zero_from: float = 0.01,
@@ -176,7 +176,8 @@ class Stall(Detector):
         self.zero_told = False                # ... and that was reported
         self.zero_points = 0                  # ... how many points
         self.objective = False                # an objective that can be 0 (Monitor.declare_objective)
-        self.move: list = [0.0, 0]            # [EW mean of |change| per point, its points] (see _moving)
+        self.move = 0.0                       # an EW mean of the loss's |change| per point (see _moving)
+        self.move_points = 0                  # ... and its points
         self.eval_run: list = [None, None, 0, False, 0, 0]   # an evaluation's loss printed the same on
         # the records in a row: [value, first step, records, told, the longest run before, changes]
         self.recent_samples = positive_int("recent_samples", recent_samples)
@@ -242,7 +243,7 @@ class Stall(Detector):
                 if len(self.recent) > self.recent_samples:
                     del self.recent[0]
             if prev is not None:   # (the loss's own moves: _moving)
-                self.move = [self.move[0] + _MOVE_ALPHA * (abs(x - prev) - self.move[0]), self.move[1] + 1]
+                self.move, self.move_points = self.move + _MOVE_ALPHA * (abs(x - prev) - self.move), self.move_points + 1
             self.last, self.last_step, self.before, self.count = x, step, prev, 1
             self.last_grad = m.get(keys.GRAD_NORM)
             self.latch.armed = True   # the loss moved: re-armed (hot path: no call)
@@ -270,9 +271,7 @@ class Stall(Detector):
             self.latch.armed = True
             return None
         self.count += 1
-        mv = self.move
-        mv[0] -= _MOVE_ALPHA * mv[0]          # (a point that did not move)
-        mv[1] += 1
+        self.move, self.move_points = self.move - _MOVE_ALPHA * self.move, self.move_points + 1   # (no move)
         if self.count == 2:
             self.run_start = self.last_step
             self.need_floor = self.epoch_noise_floor if ctx.steps_are_epochs else self.noise_floor
@@ -364,10 +363,9 @@ class Stall(Detector):
         moves by less than its last printed digit a point repeats it by chance (an epoch's running mean
         late in the epoch moves by a batch's difference over the batches so far). ``inf`` before
         ``_MOVE_POINTS`` points (a log frozen from its start has no moves to go by)."""
-        mv = self.move
-        if mv[1] < _MOVE_POINTS or x == 0.0 or mv[0] <= 0.0:
+        if self.move_points < _MOVE_POINTS or x == 0.0 or self.move <= 0.0:
             return math.inf
-        return mv[0] * _HALF_SQRT_PI_INV / abs(x)
+        return self.move * _HALF_SQRT_PI / abs(x)
 
     def _samples_needed(self, x: float, printed: float | None, floor: float) -> int | None:
         p = self._chance_equal(x, printed, floor)

@@ -168,7 +168,7 @@ class LineReader:
         """``(texts, numbers)`` of a line (a table row as its ``name: value`` pairs), or None for
         a line without numbers (which may start a table)."""
         texts, nums = tokens.split(seg)
-        if not nums or ("|" in seg and all(tokens.noise(texts, nums))):
+        if not nums or ("|" in seg and texts[0][-1:].isalpha() and all(tokens.noise(texts, nums))):
             self._table_header(seg)       # (a header's names may hold digits: `Overall F1`, `Top5 Acc`)
             return None
         if self.model_summary:
