@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from stability_callbacks.cli import main
-from stability_callbacks.replay.readers import LogFormatError, ReadAccount, read_records
+from stability_callbacks.replay.readers import LogFormatError, ReadAccount, read_records, source
 
 from shapes import NAN, records_of
 from shapes import loss as _loss
@@ -574,3 +574,53 @@ def test_a_redraw_of_the_same_count_does_not_undo_its_nan(tmp_path):
     text += "".join(bar.format(n=n, t=n % 10, x=f"{_loss(n):.4f}") for n in range(6, 9))
     got, _ = records_of(tmp_path, text)
     assert [s for s, _ in got] == list(range(1, 9)) and math.isnan(got[4][1]["loss"])
+
+
+def _nan_run(fmt: str, n: int = 30, nan_at: int = 25) -> list[str]:
+    """``n`` records of a falling loss printed with ``fmt`` (``{i}``: step, ``{l}``: loss), NaN from ``nan_at``."""
+    return [fmt.format(i=10 * i, l=_loss(i) if i < nan_at else math.nan) for i in range(1, n + 1)]
+
+
+@pytest.mark.parametrize("prose", [
+    "The log shows loss = 0.4123 then nan:",
+    "I get `loss: 1.2345` at the start and then",
+    "> My loss went from 2.3 to nan after 250 steps, see below",
+])
+def test_a_posts_prose_around_its_fenced_log_is_no_record(tmp_path, prose):
+    # an issue's text: a sentence that quotes a number, then the log in a fence. Before, the sentence was
+    # record 1 and every record after it one step late (a NaN at record 26, not 25)
+    for body in (_nan_run("{l:.4f}"), _nan_run("loss: {l:.4f}")):
+        got, account = records_of(tmp_path, "\n".join([prose, "", "```text", *body, "```", "Any idea?"]) + "\n")
+        assert len(got) == 30 and [s for s, _ in got][:2] == [1, 2]
+        assert got[24][1]["loss"] != got[24][1]["loss"] and got[23][1]["loss"] == _loss(24)
+        assert account.ignored[source.PROSE] == [1, 1]
+
+
+def test_a_sentence_in_a_log_with_no_fence_is_read_as_before(tmp_path):
+    # only a markdown post's prose is no record: a program's line of four words keeps its numbers
+    got, _ = records_of(tmp_path, "\n".join(_nan_run("step {i} | loss {l:.4f} | time per step in seconds 0.31")) + "\n")
+    assert len(got) == 30 and got[0] == (10, {"loss": _loss(1)})
+
+
+def test_a_pretty_printed_json_history_with_nested_metrics_is_one_record_each(tmp_path):
+    # `{"train": {"loss": .., "lr": ..}, "step": 10}` printed with indent=2: the step after the nested object
+    # closes. Before, the nested object's `}` ended the record: the loss numbered in order, the step a header
+    rows = [{"train": {"loss": _loss(i) if i < 25 else math.nan, "lr": 1e-3}, "val": {"loss": 9.5}, "step": 10 * i}
+            for i in range(1, 31)]
+    for text in (json.dumps(rows, indent=2), "\n".join(json.dumps(r, indent=4) for r in rows),
+                 "Here is the history:\n" + json.dumps(rows, indent=2) + "\nThe loss is NaN after that.\n"):
+        got, account = records_of(tmp_path, text + "\n")
+        assert [s for s, _ in got] == [10 * i for i in range(1, 31)]
+        assert got[0][1] == {"loss": _loss(1), "lr": 1e-3} and got[24][1]["loss"] != got[24][1]["loss"]
+        assert account.numbering == {"counter": ["step"]}
+
+
+@pytest.mark.parametrize("fmt, name", [("iter {i}: average loss over the window = {l:.4f}", "average loss over the window"),
+                                       ("Epoch {i} | mean loss of the batch: {l:.4f} | acc 0.5", "mean loss of the batch"),
+                                       ("step {i}, loss per token: {l:.4f}, lr: 0.001", "loss per token")])
+def test_a_loss_named_with_the_span_it_was_taken_over_is_the_loss(tmp_path, fmt, name):
+    # the phrase after the loss (`over the window`, `of the batch`, `per token`) names no other quantity.
+    # Before, the first two were refused (`window` marks a setting; `mean loss of` a statistic of nothing)
+    got, account = records_of(tmp_path, "\n".join(_nan_run(fmt)) + "\n")
+    assert [s for s, _ in got] == [10 * i for i in range(1, 31)] and got[0][1]["loss"] == _loss(1)
+    assert account.keys["loss"][0].split(" (")[0] == name

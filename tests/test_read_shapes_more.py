@@ -623,6 +623,20 @@ def test_a_loss_said_in_prose_on_many_lines_is_read_in_order(tmp_path, capsys, s
     assert code == 1 and [(f["step"], f["kind"]) for f in found][:1] == [(25, "nonfinite")]
 
 
+@pytest.mark.parametrize("say", ["Step {n}: the loss is {x}", "[iteration {n}] loss went down to {x}"])
+def test_a_loss_said_in_prose_beside_a_counter_is_numbered_by_it(tmp_path, capsys, say):
+    """Before, numbered in order: the counter before the prose was dropped with the rest of the line."""
+    xs = [f"{_loss(n):.4f}" if n != 25 else "nan" for n in range(1, 41)]
+    path = tmp_path / "prose.log"
+    path.write_text("".join(say.format(n=10 * n, x=x) + "\n" for n, x in enumerate(xs, 1)))
+    got, account = records_of(tmp_path, path.read_text())
+    assert [(s, m["loss"]) for s, m in got] == [(10 * n, pytest.approx(float(x), nan_ok=True)) for n, x in enumerate(xs, 1)]
+    assert any(x.startswith("  note: the log prints the loss only in prose (") and "numbered by the counter" in x
+               for x in account.lines())
+    code, _, found = _replay_json(capsys, path)
+    assert code == 1 and [(f["step"], f["kind"]) for f in found][:1] == [(250, "nonfinite")]
+
+
 def test_a_loss_said_in_prose_twice_is_still_refused(tmp_path):
     path = tmp_path / "prose.log"
     path.write_text("the training loss is 2.31\nthe training loss is 2.05\n")

@@ -29,7 +29,7 @@ from ...record import StepRecord
 from . import caffe, csv_table, fairseq, generic, hf, jsonl, megatron, tensorboard_events
 from .account import ReadAccount
 from .sniff import DETECT_MAX_LINES, SETTLE_S, NoRecords, detect_lines
-from .source import FIFO_WAIT_S, LogFormatError, Source
+from .source import FENCE, FIFO_WAIT_S, LogFormatError, Source, pasted_blocks
 from .user_keys import compile_pattern, parse_keys
 from .vocabulary import value_term
 
@@ -143,6 +143,11 @@ def read_records(path, format: str = "auto", tag_map: Mapping[str, str | None] |
             account.note("a Jupyter notebook: its cells' printed output read in order (an HTML table's rows as "
                          "tab-separated cells); line numbers count those lines, not the file's")
         lines = source.lines(progress=progress)
+        if os.path.isfile(p):
+            peek = list(islice(lines, NAMES_HEAD_LINES))
+            lines = chain(peek, lines)
+            if any(text is not None and FENCE(text) for _, text in peek):
+                lines = pasted_blocks(lines, account.ignore)
     guess = consumed = None
     if fmt == "auto" and not pattern:
         # The user's names (--keys) skip the formats with semantics of their own; JSON and

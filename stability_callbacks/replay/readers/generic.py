@@ -32,7 +32,7 @@ from .assemble import NAN_WARNING, Assembler
 from .checkpoints import saved, says_saved
 from .history import Histories
 from .plan import LOSS_KINDS, Plan, choose_counter, count_after_slash, make_plan, report_row, signed, warning
-from .source import segments, strip_prefix
+from .source import FENCE, segments, strip_prefix
 from .vocabulary import classify, normalise_key
 
 MAX_TEMPLATES = 4096
@@ -51,8 +51,6 @@ _TEMPLATE_NUMBER = f"({tokens.NUM})"
 _TEMPLATE_NUMBER_HELD = r"(\d++(?:\.\d++)?+(?:[eE][-+]?\d++)?+)"
 _SPACES = re.compile(r"(?:\\[ \t])+")
 _DIGIT = re.compile(r"\d").search
-# A markdown code fence (```` ``` ````, ```` ```text ````, `~~~`): markup around a pasted block, no line of it.
-_FENCE = re.compile(r"\s*(?:```|~~~)[\w-]*\s*$").match
 _RULE_CELL = re.compile(r"^:?-{2,}:?$")
 _NAME_CELL = re.compile(r"^[A-Za-z][\w ()./%-]*$")
 # A model summary's header (Lightning's `| Name | Type | Params | Mode`, Keras's `Layer (type)  Output Shape
@@ -413,6 +411,7 @@ class Blocks:
     one line is that line. Memory: one block (``MAX_LINES``)."""
 
     MAX_LINES = 256
+    MAX_DEPTH = 64
 
     def __init__(self, heads=None):
         self.items: list[tuple] = []          # (unit, key, value text)
@@ -422,12 +421,17 @@ class Blocks:
         self.above: tuple | None = None       # the unit above, which may head a block
         self.head: str = ""
         self.summary = False                  # the block opened with a run summary's key
+        # the JSON objects open around a pretty-printed record: a named one (`"train": {`) nests
+        # keys in it (`train/loss`), an unnamed one (`{`) is the record's own
+        self.objects: list[str | None] = []
 
     def offer(self, unit: tuple) -> list[tuple]:
         """A unit ``(line_no, seg, indent, texts, nums, row)`` (``texts`` None: no numbers) -> the
         units that are final now."""
         _, seg, _, texts, nums, _ = unit
         if texts is None:
+            if self._nests(seg):
+                return []
             section = _SECTION.match(tokens.pipes(seg).strip())
             if section is not None:           # a section row inside a block, or above one
                 self.section = section.group(1)
@@ -460,6 +464,21 @@ class Blocks:
         self.keys.add(key)
         return out
 
+    def _nests(self, seg: str) -> bool:
+        """Whether a line of a pretty-printed JSON record opens or closes an object nested in it
+        (``"train": {`` ... ``},``: its keys stay in the record, named ``train/...``); a record's
+        own ``{`` and ``}`` end a block as any line without numbers does."""
+        opened = _JSON_OPENS(seg)
+        if opened is not None:
+            del self.objects[:-self.MAX_DEPTH]      # (braces a log never closes: bounded)
+            self.objects.append(opened.group(1))
+            if opened.group(1) is None:
+                return False
+        elif not (self.objects and _JSON_CLOSES(seg)) or self.objects.pop() is None:
+            return False
+        self.section = (self.objects[-1] or "") if self.objects else ""
+        return True
+
     def end(self) -> list[tuple]:
         """The block so far, as units (one joined line, or the one line it holds)."""
         items, self.items = self.items, []
@@ -470,6 +489,10 @@ class Blocks:
         joined = " | ".join([self.head] * bool(self.head) + [f"{key}: {value}" for _, key, value in items])
         texts, nums = tokens.split(joined)
         return [(line_no, joined, indent, texts, nums, False)]
+
+
+_JSON_OPENS = re.compile(r'\s*(?:"([^"]+)"\s*:\s*)?\{\s*$').match
+_JSON_CLOSES = re.compile(r"\s*\}\s*,?\s*$").match
 
 
 def _list_value(texts: list[str]) -> bool:
@@ -681,7 +704,7 @@ class Reading:
         post's `Step 1200:`, a blank, then its fenced values), or a line at the header's margin
         that is none of its lines (:meth:`Assembler.goes_on`)."""
         asm = self.asm
-        if not seg.strip() or _FENCE(seg):
+        if not seg.strip() or FENCE(seg):
             return bool(asm.block)
         return indent <= asm.block_indent and not asm.goes_on(plan)
 

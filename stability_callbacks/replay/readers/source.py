@@ -497,6 +497,28 @@ def segments(line: str) -> list[str]:
     return [strip_quote(p) for p in line.split("\r") if p and not p.isspace()]
 
 
+# A markdown code fence (```` ``` ````, ```` ```text ````, `~~~`): markup around a pasted block, no line of it.
+FENCE = re.compile(r"\s*(?:```|~~~)[\w-]*\s*$").match
+# A person's sentence: four words in a row (`The log shows loss = 0.41 then nan`), which no
+# program's record prints between its numbers.
+_SENTENCE = re.compile(r"(?<![\w/.-])[A-Za-z][a-z']*(?: [A-Za-z][a-z']*){3}(?![\w/.-])").search
+PROSE = "prose around the pasted blocks (a markdown post: its log lies between the fences)"
+
+
+def pasted_blocks(lines: Iterator[tuple[int, str]], ignore) -> Iterator[tuple[int, str]]:
+    """The lines of a markdown post (an issue's text, with its log fenced): a line outside the
+    fences that reads as a sentence and quotes a number (``I see loss: 0.41 and then nan``) is
+    the post's prose, no record: ``ignore(line_no, text, PROSE)``, and not given on."""
+    inside = False
+    for line_no, text in lines:
+        if text is not None and FENCE(text):
+            inside = not inside
+        elif text is not None and not inside and _SENTENCE(text) and any(c.isdigit() for c in text):
+            ignore(line_no, text, PROSE)
+            continue
+        yield line_no, text
+
+
 def numbered_lines(path, *, progress: bool = False, max_lines: int | None = None
                    ) -> Iterator[tuple[int, str]]:
     """``(line_no, text)`` of a text file (see :meth:`Source.lines`), at most ``max_lines``."""

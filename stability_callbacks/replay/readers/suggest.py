@@ -195,11 +195,11 @@ def guess(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
     suggestions that point at these lines)."""
     if len(samples) < 3:
         return None
-    prose = _prose_loss(texts, samples)
-    if prose is not None:
-        return prose
     roles = slot_roles(texts, list(samples[0]))
     counters = _rising(roles, samples, texts)
+    prose = _prose_loss(texts, samples, roles, _finest(counters, samples) if counters else None)
+    if prose is not None:
+        return prose
     unnamed = [i for i, (role, _, _, name) in enumerate(roles)
                if role not in ("noise", "total") and not name and not _unit(texts, i)
                and not all(s[i].isdigit() for s in samples if i < len(s))]
@@ -410,18 +410,25 @@ _PROSE_LOSS = re.compile(r"\bloss(?:\s+\w+){0,2}?\s+(?:is|now|to|was|of|at)\s*$"
 PROSE = "the number after it, in prose on {n} lines or more, no counter: a guess"
 
 
-def _prose_loss(texts: list[str], samples: Sequence[Sequence[str]]) -> Guess | None:
-    """The loss of lines that say it in prose with no counter (``the training loss is 2.31``,
-    printed again and again in the same words): the number right after the word ``loss`` and
-    a verb or preposition, where it varies across the lines and is no integer."""
+def _prose_loss(texts: list[str], samples: Sequence[Sequence[str]], roles, step: int | None) -> Guess | None:
+    """The loss of lines that say it in prose (``the training loss is 2.31``, printed again and
+    again in the same words): the number right after the word ``loss`` and a verb or preposition,
+    where it varies across the lines and is no integer; ``step``: the counter that rises across
+    them (``Step 120: the loss is 2.31``), if any, numbers the records."""
     for i in range(len(texts) - 1):
         values = [s[i] for s in samples if i < len(s)]
         if _PROSE_LOSS.search(texts[i]) and len(set(values)) > 1 and not all(v.isdigit() for v in values):
             name = _key_part(texts[i]).strip()
-            return Guess(re.compile(_pattern(texts, None, i)), {"loss": f"{name!r} ({PROSE.format(n=len(samples))})"},
+            names = {"loss": f"{name!r} ({PROSE.format(n=len(samples))})"}
+            numbered = "the records are numbered in order"
+            if step is not None and step != i:
+                names["step"] = roles[step][3] or f"#{step + 1}"
+                names["loss"] = names["loss"].replace(", no counter", "")
+                numbered = f"the records are numbered by the counter {names['step']!r}"
+            return Guess(re.compile(_pattern(texts, step if "step" in names else None, i)), names,
                          template=tokens.fold(texts), said=(
-                             f"the log prints the loss only in prose ({name!r}, on {len(samples)} lines or more) and no "
-                             "counter: the loss is the number after it, a guess, and the records are numbered in order"))
+                             f"the log prints the loss only in prose ({name!r}, on {len(samples)} lines or more): "
+                             f"the loss is the number after it, a guess, and {numbered}"))
     return None
 
 

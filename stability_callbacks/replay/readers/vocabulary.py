@@ -134,6 +134,9 @@ def _classify_whole(norm: str, raw: str, user: tuple) -> tuple[str, str | None, 
     elif _ON_TRAINING.search(norm):
         words = training_words(words) or words
         norm = " ".join(words)
+    if len(words) > 2 and _SPAN_OPEN.intersection(words):
+        words = _over_a_span(words)
+        norm = " ".join(words)
     lossy = (len(words) <= _KEY_MAX_WORDS and (any(_is_loss_word(w) for w in words) or (
         # BasicSR's (and mmediting's) loss dict: `l_pix`, `l_g_percep`, `l_d_real`, each a term
         words[0] == "l" and len(words) > 1 and raw[:2] in ("l_", "L_")))
@@ -177,6 +180,24 @@ def _classify_whole(norm: str, raw: str, user: tuple) -> tuple[str, str | None, 
             return "metric", keys.LOSS, 1   # `loss_total`, `loss_sum`, `Loss/total_loss`: the terms' total, no term
         return "component", keys.LOSS, 0
     return "other", None, 0
+
+
+#: A loss named with the span it was taken over (`average loss over the window`, `mean loss of the
+#: batch`, `loss per token`, `total training loss for this epoch`): the words before it name it, the
+#: phrase names no other quantity (a phrase that does, `loss of generator`, is kept).
+_SPAN_OPEN = frozenset({"of", "over", "for", "per", "in", "across", "during", "since"})
+_SPAN_WORDS = frozenset({"the", "a", "an", "this", "that", "each", "every", "last", "current", "past", "recent",
+                         "whole", "all", "window", "batch", "batches", "minibatch", "epoch", "epochs", "step",
+                         "steps", "iteration", "iterations", "iter", "iters", "interval", "token", "tokens", "sample",
+                         "samples", "example", "examples", "update", "updates", "period", "log", "run"})
+
+
+def _over_a_span(words: list[str]) -> list[str]:
+    for k in range(1, len(words) - 1):
+        if words[k] in _SPAN_OPEN and any(_is_loss_word(w) for w in words[:k]) \
+                and all(w in _SPAN_WORDS for w in words[k + 1:]):
+            return words[:k]
+    return words
 
 
 #: What follows `lr` in the name of one parameter group's LR (`lr_group0`, `lr/pg1`, `lr_0`,
