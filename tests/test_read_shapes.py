@@ -624,3 +624,50 @@ def test_a_loss_named_with_the_span_it_was_taken_over_is_the_loss(tmp_path, fmt,
     got, account = records_of(tmp_path, "\n".join(_nan_run(fmt)) + "\n")
     assert [s for s, _ in got] == [10 * i for i in range(1, 31)] and got[0][1]["loss"] == _loss(1)
     assert account.keys["loss"][0].split(" (")[0] == name
+
+
+@pytest.mark.parametrize("fmt, name, eval_name", [
+    ("epoch {s}: trn_loss {l:.4f} tst_loss {v:.4f}", "trn_loss", "tst_loss"),
+    ("Epoch {s}: loss_tr={l:.4f} loss_te={v:.4f}", "loss_tr", "loss_te"),
+    ("Epoch {s} trainLoss: {l:.4f} valLoss: {v:.4f}", "trainLoss", "valLoss"),
+])
+def test_a_training_and_a_test_loss_named_by_abbreviated_or_camelcase_splits_are_not_summed(tmp_path, fmt, name, eval_name):
+    # before, `trn_loss + tst_loss` (and `loss_tr + loss_te`, `trainLoss + valLoss`) were read as the loss's
+    # terms and summed: the evaluation's loss in the training loss
+    text = "\n".join(fmt.format(s=s, l=_loss(s), v=_loss(s) + 0.3) for s in range(1, 31)) + "\n"
+    got, account = records_of(tmp_path, text)
+    assert got == [(s, {"loss": _loss(s)}) for s in range(1, 31)]
+    assert account.keys["loss"] == [name] and account.keys["eval_loss"] == [eval_name]
+
+
+@pytest.mark.parametrize("name, role", [("AvgCost", ("statistic", None, 0)), ("CurrentCost", ("metric", "loss", 1)),
+                                        ("gradNorm", ("metric", "grad_norm", 1)), ("lossG", ("component", "loss", 0)),
+                                        ("learningRate", ("metric", "lr", 1)), ("testAcc", ("eval", None, 0))])
+def test_camelcase_names_are_read_word_by_word(name, role):
+    from stability_callbacks.replay.readers.vocabulary import classify
+    assert classify(name) == role
+
+
+def _paddle_v2(passes: int, nan_at: tuple[int, int] | None = None) -> str:
+    # PaddlePaddle v2's book examples: `Pass %d, Batch %d, Cost %f, %s` every 100 batches, a dot per batch
+    # between, then `Test with Pass %d, Cost %f, %s` after each pass (paddle/v2 event_handler)
+    lines = []
+    for p in range(passes):
+        for b in range(0, 400, 100):
+            cost = math.nan if (p, b) == nan_at else _loss(p * 4 + b // 100)
+            lines += [f"Pass {p}, Batch {b}, Cost {cost:.6f}, {{'classification_error_evaluator': 0.4}}", "." * 99]
+        lines.append(f"Test with Pass {p}, Cost {9.5:.6f}, {{'classification_error_evaluator': 0.31}}")
+    return "\n".join(lines) + "\n"
+
+
+def test_paddles_passes_are_epochs_and_its_test_lines_evaluations(tmp_path, capsys):
+    # before, `Test with Pass 0, Cost ..` was a record (the test cost read as the training loss) and the
+    # batches restarting every pass numbered the log in 9 parts
+    got, account = records_of(tmp_path, _paddle_v2(5))
+    assert len(got) == 20 and [s for s, _ in got] == sorted({s for s, _ in got})
+    assert [m["loss"] for _, m in got] == [_loss(k) for k in range(20)]
+    assert account.ignored["evaluation"] == [5, 9]
+    path = tmp_path / "paddle.log"
+    path.write_text(_paddle_v2(5, nan_at=(3, 200)))
+    code, _, found = _replay_json(capsys, path)
+    assert code == 1 and [(f["kind"], f["severity"]) for f in found][:1] == [("nonfinite", "critical")]

@@ -706,16 +706,16 @@ def _last_words(name: str, user) -> str:
 #: Words around a split and a counter that name no quantity: a report's nouns and prepositions
 #: (MaxText's `eval metrics after step: 99, loss=4.242`).
 _REPORT_WORDS = frozenset({"metrics", "metric", "results", "result", "stats", "statistics", "after", "at", "for",
-                           "of", "on", "in"})
+                           "of", "on", "in", "with"})
 
 
 def _counts_a_split(name: str) -> bool:
     """Whether a name is a split word alone or with a counter's word (``Test``, ``test epoch``,
-    ``val_step``, ``eval metrics after step``): the number it names counts an evaluation's lines."""
+    ``val_step``, ``eval metrics after step``, PaddlePaddle's ``Test with Pass`` and ``Test samples=``): the number it names counts an evaluation's lines."""
     from .vocabulary import WORD_ROLES
     words = normalise_key(name).split()
     return any(WORD_ROLES.get(w) == "split" for w in words) and all(
-        WORD_ROLES.get(w) == "split" or w in _COUNTER_WORDS or w in ("epoch", "ep") or w in _REPORT_WORDS
+        WORD_ROLES.get(w) in ("split", "amount") or w in _COUNTER_WORDS or w in ("epoch", "ep", "pass") or w in _REPORT_WORDS
         for w in words)
 
 

@@ -102,6 +102,12 @@ def classify(name: str, user: Mapping[str, str] | None = None) -> tuple[str, str
 @lru_cache(maxsize=8192)
 def _classify(norm: str, raw: str, user: tuple) -> tuple[str, str | None, int]:
     got = _classify_whole(norm, raw, user)
+    if got[0] in ("other", "component") and _CAMEL.search(raw):
+        # camelCase words (`trainLoss`, `valLoss`, `AvgCost`, `gradNorm`), lowered whole above
+        split = _CAMEL.sub(" ", raw)
+        words = _classify_whole(normalise_key(split), split, user)
+        if words[0] != "other":
+            return words
     if got[0] in ("other", "component") and "/" in raw.rstrip("/"):
         # a namespace of words that name nothing (ESPnet's chainer reporter `main/loss` beside `main/loss_ctc`,
         # Detectron's `json_stats: {"loss": ..}`): the loss, where its last part alone is
@@ -111,6 +117,9 @@ def _classify(norm: str, raw: str, user: tuple) -> tuple[str, str | None, int]:
             if whole[:2] == ("metric", keys.LOSS):
                 return whole
     return got
+
+
+_CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])")
 
 
 def names_nothing(space: str) -> bool:
