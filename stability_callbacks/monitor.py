@@ -26,7 +26,7 @@ log = logging.getLogger("stability_callbacks")
 #: The detectors a record's keys feed: those before the main loss spike, it (if fed), those after.
 _Plan = tuple[tuple[Detector, ...], LossSpike | None, tuple[Detector, ...]]
 
-STATE_VERSION = 18  # 2: latches and EW means are statistics objects; streams are a detector;
+STATE_VERSION = 19  # 2: latches and EW means are statistics objects; streams are a detector;
                     # 3: baselines keep their bias and cold start, divergence its swing horizon;
                     # 4: loss_spike keeps its right tail, not_learning its chance level per point;
                     # 5: divergence keeps its run of rising epochs and where its scale closes,
@@ -51,6 +51,8 @@ STATE_VERSION = 18  # 2: latches and EW means are statistics objects; streams ar
                     # 18: stall keeps an evaluation's loss repeated, the zeros from the start counted, the
                     #     loss's own moves per point and whether it is an objective; nonfinite an
                     #     evaluation's loss episode (eval_loss) and a non-finite run to the log's end
+                    # 19: the phase tracker keeps the ramp under way (the LR it rose from, its samples, its
+                    #     smallest rise: a coarse print's staircase is one warmup)
 
 #: The records :meth:`Monitor.update_many` runs one detector at a time over, at most: long enough
 #: for a detector's code to stay hot, short enough for their contexts to stay in the cache.
@@ -501,11 +503,14 @@ class Monitor:
         for d in self.detectors:
             d.on_segment(start_step, reason)
         self._forget_plans()   # what a detector wants may change at a segment (Detector.wants)
-        what = (f"Training restarted at step {start_step} (segment {self.segment}): a second run in the same log, "
-                f"or one rolled back to its start" if reason == "rollback" and start_step <= 1 else
+        restarted = reason == "rollback" and start_step <= 1
+        # (dated at the step it resumes from, as any resume; a count from 0 restarts from no step: -1)
+        at = max(start_step, 0) if restarted else start_step
+        what = (f"Training restarted from its start (its first step again: {start_step + 1}; segment {self.segment}): "
+                f"a second run in the same log, or one rolled back to its start" if restarted else
                 f"Training {'rolled back and ' if reason == 'rollback' else ''}resumed at step {start_step} "
                 f"(segment {self.segment})")
-        return [Finding(step=start_step, kind="resume", severity="info", phase=self.phase.phase,
+        return [Finding(step=at, kind="resume", severity="info", phase=self.phase.phase,
                         message=(f"{what}. Watching the next steps for a resume spike, an LR discontinuity and "
                                  f"repeated data."),
                         details={"reason": reason, "segment": self.segment})]

@@ -57,9 +57,15 @@ class PhaseTracker:
         self.last_rise_step: int | None = None
         self.decayed = False
         self.first_lr_step: int | None = None   # the step of the first LR seen
+        # The ramp under way: the LR it rose from, its samples to its last rise, its smallest rise (a
+        # coarse print's quantum: DINOv2's `lr: 0.0012` rises 1e-4 every third print, flat in between).
+        self.ramp_lr = 0.0
+        self.ramp_samples = 0
+        self.quantum = 0.0
 
     _STATE = ("phase", "warmup_end_step", "warmup_start_step", "risk_window_end", "peak_lr",
-              "prev_lr", "prev_step", "rising_samples", "flat", "last_rise_step", "decayed", "first_lr_step")
+              "prev_lr", "prev_step", "rising_samples", "flat", "last_rise_step", "decayed", "first_lr_step",
+              "ramp_lr", "ramp_samples", "quantum")
 
     def declare_warmup(self, warmup_steps: int | None) -> None:
         """Set the warmup length once an integration reads it from the scheduler."""
@@ -104,6 +110,11 @@ class PhaseTracker:
             return out
         rising = lr > prev * _RISEN and lr > 0
         falling = lr < prev * _FALLEN
+        if rising and self.rising_samples == 0:
+            # (from a printed 0: the LR was below the print's resolution, its plateau at 0 the ramp's first)
+            self.ramp_lr, self.ramp_samples, self.quantum = prev, self.flat + 1 if prev == 0.0 else 1, lr - prev
+        elif rising:   # (its samples to this rise: the plateau before it too)
+            self.quantum, self.ramp_samples = min(self.quantum, lr - prev), self.ramp_samples + self.flat + 1
         self.flat = 0 if (rising or falling) else self.flat + 1
         if rising:
             if self.rising_samples == 0 and self.phase not in ("warmup", "rewarm"):
@@ -118,14 +129,14 @@ class PhaseTracker:
             # the phase changes only once the rise has lasted a ramp's samples.
             if self.phase not in ("warmup", "rewarm") and self.rising_samples >= self._ramp_samples():
                 self.phase = "rewarm" if self.decayed else "warmup"
-        elif self.rising_samples and (falling or self.flat >= self.flat_samples):
+        elif self.rising_samples and (falling or self.flat >= self._flat_needed()):
             if self.phase in ("warmup", "rewarm") and self.rising_samples >= self._ramp_samples() and (
                     self.warmup_steps is None or self.phase == "rewarm"):
                 out.append(self._end_warmup(self.last_rise_step or prev_step or step, self.warmup_start_step or 0,
                                             self.peak_lr, rewarm=self.phase == "rewarm"))
             self.rising_samples = 0
             self.phase = "decay" if falling else "peak"
-        elif self.phase in ("warmup", "rewarm") and (falling or self.flat >= self.flat_samples):
+        elif self.phase in ("warmup", "rewarm") and (falling or self.flat >= self._flat_needed()):
             self.phase = "decay" if falling else "peak"   # a run that starts at LR 0 and never rises
         elif falling:
             self.phase = "decay"
@@ -136,6 +147,13 @@ class PhaseTracker:
         if lr > self.peak_lr:
             self.peak_lr = lr
         return out
+
+    def _flat_needed(self) -> int:
+        """Flat samples that end a ramp: ``flat_samples``, or twice the plateaus a coarse print
+        makes of it (its quantum over its rise per sample to its last rise), 50 at most."""
+        rate = (self.peak_lr - self.ramp_lr) / self.ramp_samples if self.ramp_samples else 0.0
+        stair = self.quantum / rate if rate > 0.0 else 0.0
+        return max(self.flat_samples, min(math.ceil(2.0 * stair), 50))
 
     def _ramp_samples(self) -> int:
         """Rising samples that make a ramp: the run's first rise may be one sample (a log every

@@ -671,3 +671,21 @@ def test_paddles_passes_are_epochs_and_its_test_lines_evaluations(tmp_path, caps
     path.write_text(_paddle_v2(5, nan_at=(3, 200)))
     code, _, found = _replay_json(capsys, path)
     assert code == 1 and [(f["kind"], f["severity"]) for f in found][:1] == [("nonfinite", "critical")]
+
+
+def _keras_regression(xs) -> str:
+    return "".join(f"Epoch {e}/{len(xs)}\n100/100 [==============================] - 1s 5ms/step - loss: {x:.4f} - mae: "
+                   f"{x ** 0.5:.4f} - val_loss: {1.05 * x:.4f}\n" for e, x in enumerate(xs, 1))
+
+
+def test_a_regressions_first_epoch_mean_falling_433x_is_no_collapse(tmp_path, capsys):
+    # a mean squared error on unscaled targets: its first epoch's mean holds the untrained model's errors.
+    # Before, a critical stall ("the loss was masked to 0 ... or the loss path broke") at epoch 2
+    xs = [15234.5, 35.2, 20.1, 15.3, 12.2, 10.9, 10.1, 9.7, 9.4, 9.2, 9.1, 9.0]
+    path = tmp_path / "fit.log"
+    path.write_text(_keras_regression(xs))
+    assert _replay_json(capsys, path)[2] == []
+    # a fall to exactly zero is still one, from the first epoch too
+    for ys, at in ((xs + [0.0], 13), ([15234.5, 0.0], 2)):
+        path.write_text(_keras_regression(ys))
+        assert [(f["step"], f["kind"], f["severity"]) for f in _replay_json(capsys, path)[2]][:1] == [(at, "stall", "critical")]

@@ -8,7 +8,7 @@ import math
 import random
 
 from shapes import records_of, replay_json
-from stability_callbacks.replay.readers import read_records
+from stability_callbacks.replay.readers import assemble, read_records
 
 
 def _loud(found: list[dict]) -> list[dict]:
@@ -568,3 +568,113 @@ def test_a_second_run_in_the_same_log_is_said_as_one(tmp_path, capsys):
     _, _, found = replay_json(capsys, path)
     resumes = [f["message"] for f in found if f["kind"] == "resume"]
     assert len(resumes) == 1 and "a second run in the same log, or one rolled back to its start" in resumes[0]
+
+
+# -- the third round (sweeps K and L) -------------------------------------------------------------------
+
+def test_nanot5s_arrow_between_a_key_and_its_value_is_a_colon(tmp_path):
+    # nanoT5's logging_utils: `[train] Step 100 out of 65536 | Loss --> 5.386 | Grad_l2 --> 0.314 | Lr --> 0.000 |`.
+    # Before, refused: no key before any number
+    lines = [f"11/30/2026 09:01:42 - INFO - Main - [train] Step {s} out of 65536 | Loss --> {_wave(s):.3f} | "
+             f"Grad_l2 --> 0.314 | Weights_l2 --> 11004.200 | Lr --> 0.001 | Seconds_per_step --> 0.505 | "
+             for s in range(100, 3100, 100)]
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [s for s, _ in got] == list(range(100, 3100, 100))
+    assert got[0][1] == {"loss": round(_wave(100), 3), "grad_norm": 0.314, "lr": 0.001}
+    assert account.keys["loss"] == ["Loss"] and account.numbering == {"counter": ["Step"]}
+
+
+def _wave(s: int) -> float:
+    return 2.0 + 3.0 * math.exp(-s / 900.0) + 0.02 * math.sin(s)
+
+
+def _returnn(epochs: int, spike_at: int | None = None) -> str:
+    # RETURNN's torch engine (_print_process): `ep E train, step i, ce .., fer .., num_seqs .., .. sec/step, elapsed
+    # .., exp. remaining .., complete ..%`, the step counting within the epoch, a `start epoch E global train step G`
+    # line before each epoch, the epoch's totals and its dev evaluation after it
+    out, g = [], 0
+    for ep in range(1, epochs + 1):
+        out.append(f"start epoch {ep} global train step {g} with effective learning rate 0.0003 ...")
+        out.append(f"ep {ep} train num_seqs: 1840")
+        for st in range(80):
+            ce = _wave(g) * (4.0 if g == spike_at else 1.0)
+            out.append(f"ep {ep} train, step {st}, ce {ce:.3f}, fer 0.400, num_seqs 21, max_size:time 1390, 0.800 sec/step, "
+                       f"elapsed 0:00:05, exp. remaining 0:00:59, complete {(st + 1) / 0.8:.2f}%")
+            g += 1
+        out.append(f"Epoch {ep}: Total train loss: ce 2.500 fer 0.400")
+        out.append(f"ep {ep} dev eval, step 0, ce 2.862, fer 0.623, num_seqs 30, elapsed 0:00:01, complete 16.67%")
+        out.append(f"Save model under output/models/epoch.{ep:03d}.pt")
+    return "\n".join(out) + "\n"
+
+
+def test_returnns_ce_is_the_loss_and_its_step_counts_within_the_epoch(tmp_path, capsys):
+    # before, refused (`ce` named no loss); read with `--keys`, the step restarting every epoch gave 3 "resumes"
+    # at step -1: the header's global step beside it had been taken for the records' count going on
+    got, account = records_of(tmp_path, _returnn(4))
+    assert [s for s, _ in got] == list(range(320)) and got[81][1]["loss"] == round(_wave(81), 3)
+    assert account.keys["loss"] == ["ce"]
+    path = tmp_path / "returnn.log"
+    path.write_text(_returnn(4, spike_at=180))
+    code, _, found = replay_json(capsys, path)
+    assert [(f["step"], f["kind"], f["severity"]) for f in _loud(found)] == [(180, "loss_spike", "warning")]
+
+
+def _yolov7(epochs: int) -> str:
+    # YOLOv7's train.py: one tqdm bar per epoch under its header, its description `('%10s' * 2 + '%10.4g' * 6) %
+    # ('%g/%g' % (epoch, epochs - 1), mem, *mloss, targets, img_size)`, redrawn with `\r` after each batch: the
+    # epoch's running means of the box, objectness and class losses and their total
+    from tqdm import tqdm
+    out = []
+    for ep in range(epochs):
+        out.append(("\n" + "%10s" * 8) % ("Epoch", "gpu_mem", "box", "obj", "cls", "total", "labels", "img_size"))
+        m, frames = [0.0, 0.0, 0.0], [tqdm.format_meter(0, 30, 0)]
+        for i in range(30):
+            f = math.exp(-(ep * 30 + i) / 700.0)
+            li = [(0.028 + 0.05 * f) * (1 + 0.08 * math.sin(7 * i + k)) for k in range(3)]
+            m = [(m[k] * i + li[k]) / (i + 1) for k in range(3)]
+            desc = ("%10s" * 2 + "%10.4g" * 6) % (f"{ep}/{epochs - 1}", "7.41G", *m, sum(m), 60 + (7 * i) % 80, 640)
+            frames.append(tqdm.format_meter(i + 1, 30, (i + 1) * 0.27, prefix=desc))
+        out.append("\r".join(frames))
+    return "\n".join(out) + "\n"
+
+
+def test_yolov7s_bar_redrawn_on_one_line_keeps_its_last_running_means(tmp_path):
+    # before, the 30 redraws of an epoch's bar were averaged as ranks printing one step: 0.0764 read for an
+    # epoch whose bar ended at 0.1283
+    got, account = records_of(tmp_path, _yolov7(40))
+    assert [s for s, _ in got] == list(range(40))
+    assert account.changed[assemble.MERGED[0]][0] == 40 * 29
+    last = _yolov7(40).split("\n")[2].split("\r")[-1].split()[5]   # the total of the epoch's last redraw
+    assert got[0][1]["loss"] == float(last)
+
+
+def _keras_epochs(n: int, step_up_at: int) -> str:
+    out, x = [], 1.0
+    for e in range(1, n + 1):
+        x = x * 0.97 if e < step_up_at else x
+        v = x * (4.0 if e >= step_up_at else 1.0) * (1.0 + 0.01 * math.sin(e))
+        out += [f"Epoch {e}/{n}", f"500/500 [==============================] - 3s 6ms/step - loss: {v:.4f} - accuracy: 0.8"]
+    return "\n".join(out) + "\n"
+
+
+def test_a_spike_that_stays_on_an_epoch_log_is_unrecovered_after_ten_epochs(tmp_path, capsys):
+    # an epoch holds many optimizer steps: 300 steps of the horizon are never reached by 50 epochs. Before, the
+    # step-up at epoch 30 was a warning and nothing after, for 20 epochs at x4
+    path = tmp_path / "fit.log"
+    path.write_text(_keras_epochs(50, 30))
+    code, _, found = replay_json(capsys, path)
+    assert [(f["step"], f["kind"], f["severity"]) for f in _loud(found)] == [
+        (30, "loss_spike", "warning"), (39, "spike_unrecovered", "critical"), (39, "rollback_advice", "critical")]
+
+
+def test_a_warmup_printed_to_four_decimals_is_one_warmup(tmp_path, capsys):
+    # DINOv2's MetricLogger: `lr: 0.0012 (0.0007)` every 10 iterations, the LR rising 3.2e-6 an iteration: a
+    # staircase, flat for 3 prints between its steps. Before, each plateau ended a warmup: 6 `warmup_end`s
+    lines = [f"I20261130 09:00:00 1234 dinov2 helpers.py:103] Training  [{it:>5}/3000]  eta: 0:10:00  "
+             f"lr: {4e-3 * min(it, 1250) / 1250:.4f} (0.0010)  total_loss: {_wave(it):.4f} ({_wave(it) + 0.1:.4f})  "
+             f"time: 0.500000  data: 0.010000  max mem: 30000" for it in range(0, 3000, 10)]
+    path = tmp_path / "dinov2.log"
+    path.write_text("\n".join(lines) + "\n")
+    code, _, found = replay_json(capsys, path)
+    # (at 1240 the print reaches 0.0040 already: the last rise it shows)
+    assert [(f["step"], f["kind"]) for f in found] == [(1240, "warmup_end")]

@@ -455,10 +455,12 @@ class LossSpike(Detector):
                     ep.warned, ep.orders, ep.startup = True, orders or ep.orders, ctx.in_startup
                     out.append(self._escalation_finding(step, x, thr, ep, grew or orders or again, held, further))
                     ep.said = x
-                if step - onset >= self.horizon_steps and not ep.warm:
+                # (an epoch is many optimizer steps: a log numbered by epochs reaches the horizon at its points')
+                far = step - onset >= self.horizon_steps or (ctx.steps_are_epochs and ep.samples >= self.horizon_samples)
+                if far and not ep.warm:
                     # Judged against a cold baseline: no verdict; the loss's level is where it is now.
                     self._restart_at(x)
-                elif step - onset >= self.horizon_steps and ep.samples >= self.horizon_samples:
+                elif far and ep.samples >= self.horizon_samples:
                     out.append(self.finding(
                         step, kind="spike_unrecovered", severity="critical", value=x, baseline=base0,
                         onset_step=onset, threshold=self._recovery_level(base0, peak, floor),

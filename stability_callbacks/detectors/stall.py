@@ -232,13 +232,16 @@ class Stall(Detector):
                 # a fall the loss's own pace explains is no collapse: a likelihood crossing zero lands
                 # anywhere near it (0.22 -> 0.002 in a curve falling 0.24 a point)
                 pace = abs(ctx.loss_step_mean) + 1.13 * ctx.loss_step_noise
+                # (a first epoch's mean holds the untrained model's errors, which a regression's scale
+                # leaves unbounded: 15234 -> 35 from epoch 1 to 2 is learning, no collapse)
                 if x == 0.0 or (math.log(prev / x) >= gap * -math.log(zf) and x <= zf * min(self.recent)
-                                and prev - x > 3.0 * pace * gap):
+                                and prev - x > 3.0 * pace * gap and not (ctx.steps_are_epochs and self.before is None)):
                     out.append(self._zero(step, x, prev, self.last_step))
             if x <= 0.0:
                 self.positive = False
             else:
-                self.peak = x if x > self.peak else self.peak   # max(peak, x), less a call
+                if prev is not None or not ctx.steps_are_epochs:   # (nor is a first epoch's mean a level)
+                    self.peak = x if x > self.peak else self.peak   # max(peak, x), less a call
                 self.recent.append(x)
                 if len(self.recent) > self.recent_samples:
                     del self.recent[0]

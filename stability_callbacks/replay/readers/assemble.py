@@ -152,7 +152,7 @@ class Assembler:
         self.fine_counter = False             # a bar below its total was printed
         self.epoch_bars = False               # ... in the last epoch of a log numbered by epochs
         self.bar: tuple = (0, 0)              # (epochs done, total) of the last complete bar
-        self.counter_global: set = set()      # the totals of batch counters that went on across an epoch change
+        self.counter_global: set = set()      # (name, total) of batch counters that went on across an epoch change
         self.counter_restarts = False         # ... or restarted, no epoch length printed
         self.restart: list | None = None      # see _restarting
         self.bar_offset: int | None = None    # see _bar_lag
@@ -169,7 +169,7 @@ class Assembler:
         self.kept_plan: Plan | None = None
         self.unit: int | None = None          # samples per step of a bar that counts samples
         self.sample_first: tuple | None = None   # (record, epochs done, total) of its 0 count
-        self.counter_last: dict = {}          # total -> (epoch, value) of the last batch counter
+        self.counter_last: dict = {}          # (name, total) or total -> (epoch, value) of the last batch counter
         self.step_beside_epoch: tuple[int | None, int] | None = None   # see _constant_step
         self.step_stays = False
         self.step_moved = False               # a step-named count moved within an epoch (see _constant_step)
@@ -181,7 +181,7 @@ class Assembler:
         self.ahead = False                    # beside or warned is set (emit's one test)
         self.epoch_made = 0                   # records made before the epoch at hand began
         self.attached = False                 # the line fed was read into a record (no ignored line)
-        self.per_epoch_said = False           # the account heard of epoch x batches + batch
+        self.per_epoch_said = ""              # what the account heard of epoch x batches + batch
         self.block: dict | None = None        # metrics of the indented block under a step header
         self.block_ranks: dict[str, tuple[int, int]] = {}   # (how the loss is printed, the name's rank)
         self.block_step: tuple = (None, "order", "")
@@ -353,12 +353,7 @@ class Assembler:
         # without one, `100it [.., loss=1.8]` under `Epoch 2`), is one too if it goes down when
         # the epoch moves, and a global count if it goes on: the same test decides.
         if plan.within_epoch or (total is None and self.per_epoch is None):
-            last_epoch, last_value = self.counter_last.get(total, (None, 0))
-            if last_epoch is not None and self.epoch > last_epoch and (
-                    value > last_value or (value == last_value and self.step_moved)):
-                self.counter_global.add(total)   # it did not restart: a global count
-            self.counter_last[total] = (self.epoch, value)
-            if total in self.counter_global and not (self.restart and self.restart[0] is None):
+            if self._counts_the_run(plan, total, value):
                 return value, "counter"
             unit = self._sample_unit(value, total, plan, done) if plan.counter and total is not None else 0
             if plan.counter and self.epoch_bars:
@@ -376,9 +371,9 @@ class Assembler:
             per_epoch = total if total is not None else self.per_epoch
             if per_epoch is not None:
                 if not self.per_epoch_said:
-                    self.per_epoch_said = True
-                    self.account.note(f"{plan.step_name!r} counts batches within an epoch of {per_epoch:,}: "
-                                      f"{self._epochs_times(plan.step_name, per_epoch)}")
+                    self.per_epoch_said = (f"{plan.step_name!r} counts batches within an epoch of {per_epoch:,}: "
+                                           f"{self._epochs_times(plan.step_name, per_epoch)}")
+                    self.account.note(self.per_epoch_said)
                 return done * per_epoch + value, "counter"
             return self._restarting(value, plan, done)
         elif self.per_epoch is not None:
@@ -386,6 +381,22 @@ class Assembler:
         if total is not None and not plan.counter:
             return self._named_restart(value, total, done, plan), "counter"
         return (value, "counter") if value >= done and not plan.counter else (None, "order")
+
+    def _counts_the_run(self, plan: Plan, total: int | None, value: int) -> bool:
+        """Whether a count beside the epoch went on as the epoch moved (a global count, the step as
+        printed), not restarted, per counter: a header's own count (RETURNN's `start epoch 2 global
+        train step 80`) is not its records' (`step 0`)."""
+        counter = (plan.step_name, total)
+        last_epoch, last_value = self.counter_last.get(counter, (None, 0))
+        if last_epoch is not None and self.epoch is not None and self.epoch > last_epoch and (
+                value > last_value or (value == last_value and self.step_moved)):
+            self.counter_global.add(counter)   # it did not restart: a global count
+            if self.per_epoch_said in self.account.notes:   # (said at the first epoch: taken back)
+                self.account.notes.remove(self.per_epoch_said)
+                self.account.note(f"{plan.step_name!r} goes on counting as the epoch moves: the run's own "
+                                  f"count, the step as printed")
+        self.counter_last[counter] = (self.epoch, value)
+        return counter in self.counter_global and not (self.restart and self.restart[0] is None)
 
     def _named_restart(self, value: int, total: int, done: int, plan: Plan) -> int:
         """A step-named count with its total beside the epoch (``Epoch [2/5], Step [100/600]``, or
@@ -1046,8 +1057,11 @@ class Assembler:
             return False
         if self.cumulative_first is not None and self.cumulative_first[0] is None:
             self.cumulative_first = (prev, *self.cumulative_first[1:])
-        if plan is not None and (plan.counter or plan.step_total is not None or self.reprinted):
-            _redrawn(prev.metrics, metrics)   # a progress bar redrawn (`n/N`): its last values count
+        if plan is not None and (plan.counter or plan.step_total is not None or self.reprinted
+                                 or self.line_no == self.pending_line):
+            # a progress bar redrawn (`n/N`, or the same physical line again after a `\r`: YOLOv7's row
+            # of running means, its counter guessed): its last values count
+            _redrawn(prev.metrics, metrics)
             self.account.change(self.line_no, MERGED[0])
         elif self._terms_apart(prev, metrics, plan):
             pass   # merged: another term of the step's loss

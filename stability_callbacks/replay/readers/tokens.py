@@ -94,6 +94,9 @@ def split(line: str) -> tuple[list[str], list[str]]:
     return parts[0::2], parts[1::2]
 
 
+_ARROW = re.compile(r"\s*(?:-+>|=+>|\u2192|\u21d2)$")
+
+
 def key_before(piece: str, glued: bool) -> str:
     """The key a piece of text gives the number after it (``" | lm loss: "`` -> ``lm loss``).
 
@@ -114,6 +117,8 @@ def key_before(piece: str, glued: bool) -> str:
         s = _POSSESSIVE.sub("", s)
     s = s.rstrip(_QUOTES + _MARKDOWN + "[(~")       # (markdown's code and emphasis: loss: `2.31`, **loss**:)
     s = s.rstrip(" \t:=\uff1a").rstrip(_QUOTES + _MARKDOWN)   # (and a full-width colon: `损失：2.3`)
+    if s[-1:] in ">\u2192\u21d2":
+        s = _ARROW.sub("", s)                  # an arrow for a colon: nanoT5's `Loss --> 5.386`, `loss => 2.3`
     if s[-1:] == "_" and s[-2:-1].isalnum():   # a key glued to its value by an underscore: `loss_2.31`
         s = s[:-1]
     qualifier = ""
