@@ -689,3 +689,15 @@ def test_a_regressions_first_epoch_mean_falling_433x_is_no_collapse(tmp_path, ca
     for ys, at in ((xs + [0.0], 13), ([15234.5, 0.0], 2)):
         path.write_text(_keras_regression(ys))
         assert [(f["step"], f["kind"], f["severity"]) for f in _replay_json(capsys, path)[2]][:1] == [(at, "stall", "critical")]
+
+
+@pytest.mark.parametrize("note", ["   <-- here it breaks", "  # nan from here", "  // ???"])
+def test_a_note_after_a_value_in_a_pretty_printed_history_keeps_its_record_whole(tmp_path, note):
+    # a person's note after the value that broke (`"loss": NaN,   <-- here it breaks`). Before, the line ended the
+    # record's block: the record split in two, the rest numbered in order
+    rows = [{"epoch": round(i / 10, 2), "grad_norm": 1.2, "learning_rate": 1e-4, "loss": _loss(i) if i < 15 else math.nan,
+             "step": 10 * i} for i in range(1, 21)]
+    text = "\n".join(line + (note if '"loss": NaN' in line else "") for line in json.dumps(rows, indent=2).split("\n"))
+    got, account = records_of(tmp_path, text + "\n")
+    assert [s for s, _ in got] == [10 * i for i in range(1, 21)] and account.numbering == {"counter": ["step"]}
+    assert got[14][1]["loss"] != got[14][1]["loss"] and got[13][1]["loss"] == _loss(14)

@@ -501,15 +501,21 @@ def _list_value(texts: list[str]) -> bool:
             and all(t.strip() == "," for t in texts[1:-1]) and bool(tokens.key_before(texts[0], False)))
 
 
+#: A person's note after a value in a pasted block (`"loss": NaN,   <-- here it breaks`, `# spike`).
+_NOTE_AFTER = re.compile(r"[\s,;]*(?:<-+|\u2190|#|//)").match
+
+
 def _key_value(texts: list[str], nums: list[str]) -> tuple[str, str] | None:
     """``(key, value)`` of a line that prints one named value and nothing after it, its name
     ending in digits too (improved-diffusion's `| loss_q0 | 0.572 |`, composer's `lr-X/group0: 1e-4`;
-    not a counter's glued number, `epoch3 0.5`)."""
+    not a counter's glued number, `epoch3 0.5`); a person's note after the value is no part of it."""
+    if len(nums) > 1 and _NOTE_AFTER(texts[1]):
+        texts, nums = texts[:2], nums[:1]   # (`"loss": NaN,  # nan from here`: the note's words are no value)
     if len(nums) == 2 and (texts[0][-1:].isalpha() or texts[0][-1:] == "_") and not any(c.isalnum() for c in texts[1]) \
             and not texts[2].strip(_AFTER_VALUE) and tokens.glued_names(texts, nums)[0] is None:   # (`epoch3 0.5`: a counter's)
         key = tokens.key_before(texts[0] + nums[0], glued=False)
         return (key, nums[1]) if key[:1].isalpha() and key.endswith(nums[0]) else None
-    if len(nums) != 1 or texts[1].strip(_AFTER_VALUE) or tokens.noise(texts, nums)[0]:
+    if len(nums) != 1 or (texts[1].strip(_AFTER_VALUE) and not _NOTE_AFTER(texts[1])) or tokens.noise(texts, nums)[0]:
         return None
     key = tokens.key_before(texts[0], glued=False)
     if not key or not key[0].isalpha() or "/" == texts[0].rstrip()[-1:]:
