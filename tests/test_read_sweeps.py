@@ -678,3 +678,21 @@ def test_a_warmup_printed_to_four_decimals_is_one_warmup(tmp_path, capsys):
     code, _, found = replay_json(capsys, path)
     # (at 1240 the print reaches 0.0040 already: the last rise it shows)
     assert [(f["step"], f["kind"]) for f in found] == [(1240, "warmup_end")]
+
+
+def test_a_bar_whose_total_doubles_goes_on_from_the_epochs_before_it(tmp_path):
+    # bubbliiiing's YOLO trainers: `Epoch e/100: ..| i/60 [.., loss=.., lr=..]`, 120 batches an epoch once the
+    # backbone unfreezes (its batch halved). Before, every epoch was numbered (epoch - 1) x 120 from then on:
+    # steps 3,000-6,000 never printed, an event at epoch 70 said at step 8,282 instead of 5,282
+    from tqdm import tqdm
+    lines = []
+    for e in range(1, 101):
+        total = 60 if e <= 50 else 120
+        lines.append("\r".join(tqdm.format_meter(i, total, i * 0.17, prefix=f"Epoch {e}/100", postfix=(
+            f"loss={_wave(e * 100 + i):.3g}, lr=0.001")) for i in range(2, total + 1, 2)))
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    steps = [s for s, _ in got]
+    assert steps[:2] == [2, 4] and steps[-1] == 50 * 60 + 50 * 120 and steps == sorted(set(steps))
+    assert len(steps) == 50 * 30 + 50 * 60 and got[steps.index(50 * 60 + 19 * 120 + 2)][1]["loss"] == float(
+        f"{_wave(7002):.3g}")   # epoch 70's first
+    assert any("counts to 120 from epoch 51: steps go on from 3,000" in n for n in account.notes)

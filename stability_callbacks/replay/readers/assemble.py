@@ -182,6 +182,7 @@ class Assembler:
         self.epoch_made = 0                   # records made before the epoch at hand began
         self.attached = False                 # the line fed was read into a record (no ignored line)
         self.per_epoch_said = ""              # what the account heard of epoch x batches + batch
+        self.epoch_lengths: list | None = None   # see _epochs_before
         self.block: dict | None = None        # metrics of the indented block under a step header
         self.block_ranks: dict[str, tuple[int, int]] = {}   # (how the loss is printed, the name's rank)
         self.block_step: tuple = (None, "order", "")
@@ -374,13 +375,26 @@ class Assembler:
                     self.per_epoch_said = (f"{plan.step_name!r} counts batches within an epoch of {per_epoch:,}: "
                                            f"{self._epochs_times(plan.step_name, per_epoch)}")
                     self.account.note(self.per_epoch_said)
-                return done * per_epoch + value, "counter"
+                return self._epochs_before(done, per_epoch, plan) + value, "counter"
             return self._restarting(value, plan, done)
         elif self.per_epoch is not None:
             return done * self.per_epoch + value, "counter"
         if total is not None and not plan.counter:
             return self._named_restart(value, total, done, plan), "counter"
         return (value, "counter") if value >= done and not plan.counter else (None, "order")
+
+    def _epochs_before(self, done: int, per_epoch: int, plan: Plan) -> int:
+        """The steps of the epochs before this one, each as long as its bar's total: ``done x
+        total`` until the total changes (YOLO's bars double when the backbone unfreezes, its batch
+        halved: 60 batches an epoch, then 120), then on from where the epochs before it ended."""
+        base = self.epoch_lengths
+        if base is None:
+            base = self.epoch_lengths = [per_epoch, 0, 0]   # total, from epochs done, steps before them
+        elif per_epoch != base[0] and done > base[1]:
+            base[:] = [per_epoch, done, base[2] + (done - base[1]) * base[0]]
+            self.account.note(f"{plan.step_name!r} counts to {per_epoch:,} from epoch {self.epoch}: steps go on "
+                              f"from {base[2]:,}, the steps of the epochs before it")
+        return base[2] + (done - base[1]) * per_epoch
 
     def _counts_the_run(self, plan: Plan, total: int | None, value: int) -> bool:
         """Whether a count beside the epoch went on as the epoch moved (a global count, the step as
