@@ -26,7 +26,7 @@ LOSS_RESOLUTION = "loss_resolution"  # a printed loss's last digit: 1e-4 for `2.
 LOSS_WINDOW = "loss_window"        # the steps a printed loss summarises (a window median: 20)
 EVAL_LOSS = "eval_loss"            # an evaluation's loss printed on a training record's line (a results table's row)
 LOSS_TERMS_ZERO = "loss_terms_zero"  # of a loss read as the sum of its printed terms, how many are 0, or a
-                                     # discriminator's within 0.1% of the sum (absent: none): a player that has won
+                                     # discriminator's within 0.1% of the sum, 1% once it doubled (absent: none): a player that has won
 
 # Per-parameter-tensor Adam statistics, summarised (docs/design.md, Metric keys). A tensor's
 # "ratio" is its value over its own baseline (a running geometric mean of its earlier samples):

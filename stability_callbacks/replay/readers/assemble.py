@@ -83,6 +83,7 @@ ONE_OFF_AFTER = ("records dropped: a line after the log's last record, of a form
 
 #: A loss's term this small beside their sum is a player of a game that has won (LOSS_TERMS_ZERO).
 _WON = 1e-3
+_WON_CLIMBED = 1e-2
 MEAN_NAN = ("records whose loss is read as NaN: a mean of the loss printed right after them (their epoch's) is not "
             "finite, so one of the steps it averages was not, whatever the record printed")
 DROPPED_BLOCK = ("records dropped: a block under a step header whose loss is a statistic (an average) where the "
@@ -183,6 +184,8 @@ class Assembler:
         self.attached = False                 # the line fed was read into a record (no ignored line)
         self.per_epoch_said = ""              # what the account heard of epoch x batches + batch
         self.epoch_lengths: list | None = None   # see _epochs_before
+        self.passes = 0                       # see _next_pass: the batches of the passes before
+        self.game_low = [math.inf]            # the lowest sum of a loss's terms so far (_loss_of_others)
         self.block: dict | None = None        # metrics of the indented block under a step header
         self.block_ranks: dict[str, tuple[int, int]] = {}   # (how the loss is printed, the name's rank)
         self.block_step: tuple = (None, "order", "")
@@ -333,7 +336,7 @@ class Assembler:
             unit = self._sample_unit(value, total, plan, 0) if plan.counter and total is not None else 0
             if unit:
                 return -(-value // unit), "samples"
-            return (self._outer_step(nums, plan, value) if plan.outer else value), "counter"
+            return (self._outer_step(nums, plan, value) if plan.outer else value) + self.passes, "counter"
         self._epoch_context(nums, plan)
         if plan.step is None:
             own = nums[plan.epoch] if plan.epoch is not None else ""
@@ -382,6 +385,32 @@ class Assembler:
         if total is not None and not plan.counter:
             return self._named_restart(value, total, done, plan), "counter"
         return (value, "counter") if value >= done and not plan.counter else (None, "order")
+
+    def _moved(self, prev: StepRecord, metrics: dict, plan: Plan | None, how: str) -> int | None:
+        """The step of a record at the held one's that is a step of its own after all: a count that
+        stays (:meth:`_stays`), or a complete bar's next pass (:meth:`_next_pass`); None: it is not."""
+        moved = self._stays(prev, plan, metrics) if how == "counter" and plan is not None and plan.others else None
+        if moved is not None:
+            return moved
+        extra = self._next_pass(prev, metrics, plan)
+        return prev.step + extra if extra else None
+
+    def _next_pass(self, prev: StepRecord, metrics: dict, plan: Plan | None) -> int:
+        """The batches of a complete bar printed again on a line of its own, with other values, where
+        no epoch is named (0 where it is not so): the next pass over the data (Keras' `fit` pasted without its `Epoch N/M`
+        lines: `1875/1875 [====] - loss: 0.41`, then `1875/1875 [====] - loss: 0.33`), numbered on
+        from the one before by the bar's total (``passes``), as an epoch's batches; not a redraw."""
+        if plan is None or not plan.counter or self.epoch is not None or self.line_no == self.pending_line \
+                or metrics == prev.metrics or plan.step is None:
+            return 0
+        total = total_of(self.nums, plan)
+        if total is None or float(self.nums[plan.step]) != total or prev.step != total + self.passes:
+            return 0
+        if not self.passes:
+            self.account.note(f"a complete bar printed again on a line of its own, no epoch named: each is the next "
+                              f"pass over the data (an epoch of {total:,} batches), numbered on from the one before")
+        self.passes += total
+        return total
 
     def _epochs_before(self, done: int, per_epoch: int, plan: Plan) -> int:
         """The steps of the epochs before this one, each as long as its bar's total: ``done x
@@ -682,7 +711,7 @@ class Assembler:
             metrics = {key: (-float(nums[i]) if negative else float(nums[i]))
                        for i, key, negative in plan.metrics}
         if plan.components or plan.ppl_at is not None:
-            _loss_of_others(nums, plan, metrics)
+            _loss_of_others(nums, plan, metrics, self.game_low)
         if plan.scale_log2_at is not None:
             metrics[keys.LOSS_SCALE] = 2.0 ** float(nums[plan.scale_log2_at])
         if plan.loss_at is not None:
@@ -934,7 +963,7 @@ class Assembler:
                 and ((one_off := self._one_off(plan)) or step > prev.step + 1):
             prev = self._before_the_records(prev, step, one_off)   # (a lone record, then the log's steps)
         elif prev is not None and prev.step == step:
-            moved = self._stays(prev, plan, metrics) if how == "counter" and plan is not None and plan.others else None
+            moved = self._moved(prev, metrics, plan, how)
             if moved is not None:
                 step = moved
             elif self._again(prev, step, metrics, plan, how):
@@ -1482,14 +1511,20 @@ def total_of(nums, plan: Plan) -> int | None:
     return int(float(nums[plan.step_total])) if plan.step_total is not None else None
 
 
-def _loss_of_others(nums, plan: Plan, metrics: dict) -> None:
-    """The loss of a line that prints its terms (their sum) or a perplexity (its log), into ``metrics``."""
+def _loss_of_others(nums, plan: Plan, metrics: dict, low: list) -> None:
+    """The loss of a line that prints its terms (their sum) or a perplexity (its log), into ``metrics``;
+    ``low``: [the lowest sum of terms so far], kept across lines."""
     if plan.components:
         total = metrics[keys.LOSS] = _sum_of_terms(nums, plan.components)
+        before, low[0] = low[0], min(low[0], total) if total == total else low[0]
         # a term at 0, or a discriminator's within 0.1% of the sum: a GAN's player that has won (a
         # discriminator's 0.0004 beside a generator's 8.3 tells real from generated perfectly, printed or
-        # not as 0; an identity or reconstruction term may near 0 in a healthy game)
-        zeros = sum(float(nums[i]) == 0.0 or (i in plan.discriminators and abs(float(nums[i])) <= _WON * abs(total))
+        # not as 0; an identity or reconstruction term may near 0 in a healthy game); or within 1% of it
+        # where the sum has doubled since its low (the generator's loss climbing as the discriminator wins:
+        # DCGAN's 0.05 beside 7.2, after 0.8 beside 2.5 — a healthy DCGAN's stays above 3% of it; a game
+        # that sits at 0.01 beside 6 from its start has not moved)
+        won = _WON_CLIMBED if 0.0 < before < math.inf and total >= 2.0 * before else _WON
+        zeros = sum(float(nums[i]) == 0.0 or (i in plan.discriminators and abs(float(nums[i])) <= won * abs(total))
                     for i, _ in plan.components) if len(plan.components) > 1 else 0
         if zeros:
             metrics[keys.LOSS_TERMS_ZERO] = float(zeros)

@@ -34,6 +34,7 @@ from typing import Sequence
 from ... import keys
 from . import tokens
 from .plan import Plan, slot_roles
+from .source import strip_prefix
 from .user_keys import parse_keys
 from .vocabulary import EVAL_SPLITS, TRAIN_SPLITS, normalise_key
 
@@ -129,7 +130,7 @@ def _outer(roles, samples, texts, step: int) -> int | None:
 def _unit(texts, i: int) -> bool:
     """Whether number ``i`` is glued to a unit (``47s``, ``1m``, ``6%``)."""
     after = texts[i + 1][:1] if i + 1 < len(texts) else ""
-    return after.isalpha() or after == "%"
+    return (after.isalpha() and not tokens.key_run_in(texts[i + 1])) or after == "%"
 
 
 def _varying(roles, samples, texts) -> list[int]:
@@ -332,12 +333,15 @@ def _non_finite(samples: Sequence[Sequence[str]], i: int) -> bool:
 
 def _falls(samples: Sequence[Sequence[str]], i: int) -> bool:
     """Whether number ``i`` of the sample lines moves like a loss: it varies, stays above 0 and
-    does not end above where it began (an accuracy, a time, a count climb)."""
+    does not end above where it began (an accuracy, a time, a count climb), up to where it goes
+    NaN or Inf, if it does (a loss gone NaN a few lines in: `5000 5% (0m 4s) nan ..`)."""
     try:
         values = [float(s[i]) for s in samples]
     except (ValueError, IndexError):
         return False
-    return len(set(values)) > 1 and all(0 < v < float("inf") for v in values) and values[-1] <= values[0]
+    gone = next((k for k, v in enumerate(values) if not math.isfinite(v)), len(values))
+    values = values[:gone]
+    return len(set(values)) > 1 and all(0 < v for v in values) and values[-1] <= values[0]
 
 
 def _loss(roles, samples, step, texts) -> int | None:
@@ -492,7 +496,7 @@ class ClosestLines:
 
     def offer(self, line_no: int, text: str, plan: Plan) -> None:
         text = text.strip()[:200]
-        texts, nums = tokens.split(text)
+        texts, nums = tokens.split(strip_prefix(text))   # (as the reader reads it: `tensor(2.5, device=..)` is 2.5)
         # free text after the last number (the PyTorch name-classification tutorial's `5000 5% (0m
         # 8s) 2.6379 Ahn / Chinese ✗ (Korean)`: each line's prediction) is no part of the template
         key = tokens.fold(texts[:-1] + ["\x01"] if _PROSE_TAIL(texts[-1]) else texts)

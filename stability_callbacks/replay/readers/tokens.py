@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import re
 
+from .vocabulary import NORM_BARS, classify
+
 # Numbers: digits with an optional fraction and exponent (the sign stays in the template, so a
 # template does not change with it), and the non-finite words, which only lines that contain
 # them pay for. `nanxxx` (PaddleOCR) and `nanms` are NaNs with text glued on; `INFO` is no inf.
@@ -97,6 +99,23 @@ def split(line: str) -> tuple[list[str], list[str]]:
 _ARROW = re.compile(r"\s*(?:-+>|=+>|\u2192|\u21d2)$")
 
 
+def key_run_in(piece: str, i: int | None = None) -> bool:
+    """Whether the word right after a number (``piece[:i]``, up to a cut) is the next key run into
+    it, no unit: `100loss: 2.31`, or a name the vocabulary knows before `:` or `=` (a log pasted
+    without its tabs: CatBoost's `0.6677535test: 0.7177535`; not `53.3msremaining:`, a unit and
+    the next key)."""
+    if i is None:
+        i = 0
+        while i < len(piece) and not piece[i].isspace() and piece[i] not in _CUTS:
+            i += 1
+    word = piece[:i]
+    if not word:
+        return False
+    if _KEY_NOT_UNIT.fullmatch(word) is not None:
+        return True
+    return piece[i:i + 1] in (":", "=") and i > 2 and word.isalpha() and classify(word)[0] != "other"
+
+
 def key_before(piece: str, glued: bool) -> str:
     """The key a piece of text gives the number after it (``" | lm loss: "`` -> ``lm loss``).
 
@@ -111,7 +130,7 @@ def key_before(piece: str, glued: bool) -> str:
         i = 0
         while i < len(s) and not s[i].isspace() and s[i] not in _CUTS:
             i += 1
-        if not _KEY_NOT_UNIT.fullmatch(s[:i]):   # (`100loss: 2.31`: a key run into the count, no unit)
+        if not key_run_in(s, i):
             s = s[i:]
     if "s " in s:
         s = _POSSESSIVE.sub("", s)
@@ -119,6 +138,10 @@ def key_before(piece: str, glued: bool) -> str:
     s = s.rstrip(" \t:=\uff1a").rstrip(_QUOTES + _MARKDOWN)   # (and a full-width colon: `损失：2.3`)
     if s[-1:] in ">\u2192\u21d2":
         s = _ARROW.sub("", s)                  # an arrow for a colon: nanoT5's `Loss --> 5.386`, `loss => 2.3`
+    if s[-1:] in "|2\u2016":
+        bars = NORM_BARS.search(s)             # a norm's bars around the gradient: `||g||`, `|grad|`, `||grad||_2`
+        if bars is not None:
+            return bars.group(0).strip()
     if s[-1:] == "_" and s[-2:-1].isalnum():   # a key glued to its value by an underscore: `loss_2.31`
         s = s[:-1]
     qualifier = ""
@@ -180,7 +203,8 @@ def noise(texts: list[str], nums: list[str]) -> list[bool]:
     out = [False] * n
     for i in range(n):
         before, after = texts[i], texts[i + 1]
-        if before and (before[-1].isalpha() or before[-1] == "." or (before[-1] == "_" and "." not in nums[i])):
+        if before and (before[-1].isalpha() or before[-1] == "." or (
+                before[-1] == "_" and "." not in nums[i] and not _counter_glued(before, after))):
             out[i] = True   # digits inside a name (`resnet_50`); a fraction after `_` is a value (`loss_2.31`)
         if (after == ":" and i + 1 < n) or (before == ":" and i > 0):
             out[i] = True
@@ -201,6 +225,17 @@ def noise(texts: list[str], nums: list[str]) -> list[bool]:
                 and _day_or_month(nums[i]) and _day_or_month(nums[i + 1]):
             out[i] = out[i + 1] = True                                 # 10/30 22:18:02 (not `12/100 0:00:01`)
     return out
+
+
+_LAST_WORD = re.compile(r"([A-Za-z]+)$")
+
+
+def _counter_glued(before: str, after: str) -> bool:
+    """Whether an integer after `_` is a counter's, glued to its name (`step_1200 loss_-0.53`,
+    `iter_100`): the name a counter's word, the integer ending the name (not `step_10_ckpt`)."""
+    word = _LAST_WORD.search(before[:-1])   # (`global_step_1200`: its last word)
+    return word is not None and word.group(1).lower() in _RANGE_WORDS | {"epoch", "ep"} \
+        and not after[:1].isalnum() and after[:1] not in "_."
 
 
 def _day_or_month(num: str) -> bool:

@@ -102,6 +102,8 @@ def classify(name: str, user: Mapping[str, str] | None = None) -> tuple[str, str
 @lru_cache(maxsize=8192)
 def _classify(norm: str, raw: str, user: tuple) -> tuple[str, str | None, int]:
     got = _classify_whole(norm, raw, user)
+    if got[0] == "other" and ("|" in raw or "\u2016" in raw) and NORM_BARS.fullmatch(raw):
+        return "metric", keys.GRAD_NORM, 1
     if got[0] in ("other", "component") and _CAMEL.search(raw):
         # camelCase words (`trainLoss`, `valLoss`, `AvgCost`, `gradNorm`), lowered whole above
         split = _CAMEL.sub(" ", raw)
@@ -120,6 +122,8 @@ def _classify(norm: str, raw: str, user: tuple) -> tuple[str, str | None, int]:
 
 
 _CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])")
+#: A norm's bars around the gradient (`||g||`, `|grad|`, `||grad||_2`, `‖∇‖`): the grad norm.
+NORM_BARS = re.compile(r"(?:\|\|?|\u2016)\s*(?:g|grad|grads|gradient|gradients|\u2207)\s*(?:\|\|?|\u2016)(?:_2)?$", re.I)
 
 
 def names_nothing(space: str) -> bool:
