@@ -135,6 +135,7 @@ def read_records(path, format: str = "auto", tag_map: Mapping[str, str | None] |
     account = account if account is not None else ReadAccount(path, on_ignore)
     p = str(path)
     followed = lines is not None
+    peek: list = []                    # a file's first lines, read before detection
     if not followed and fmt in ("auto", "tensorboard") and _is_tensorboard(p):
         fmt = "tensorboard"
     elif not followed:
@@ -164,11 +165,7 @@ def read_records(path, format: str = "auto", tag_map: Mapping[str, str | None] |
     if lines is not None:
         # A reinforcement learner's names in the first lines (detection may stop short of them);
         # a followed log, a pipe or a FIFO is not waited on for more lines than detection read.
-        if followed or not os.path.isfile(p):
-            head = list(islice(consumed or (), NAMES_HEAD_LINES))
-        else:
-            head = list(islice(lines, NAMES_HEAD_LINES))   # after what detection read, if any
-            lines = chain(head, lines)
+        head = peek if peek else list(islice(consumed or (), NAMES_HEAD_LINES))
         account.value_term(value_term(text for _, text in head if text is not None))
     if followed and fmt not in LINE_READERS:
         raise ValueError(f"format {fmt} cannot be followed (one of {', '.join(LINE_READERS)})")
