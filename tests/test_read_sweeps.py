@@ -696,3 +696,18 @@ def test_a_bar_whose_total_doubles_goes_on_from_the_epochs_before_it(tmp_path):
     assert len(steps) == 50 * 30 + 50 * 60 and got[steps.index(50 * 60 + 19 * 120 + 2)][1]["loss"] == float(
         f"{_wave(7002):.3g}")   # epoch 70's first
     assert any("counts to 120 from epoch 51: steps go on from 3,000" in n for n in account.notes)
+
+
+def test_a_loss_flat_through_a_warmup_the_log_ends_in_is_said_too_early_to_tell(tmp_path, capsys):
+    # SwAV's `Epoch: [e][it]  ..  Loss 8.0064 (8.0064)  Lr: ..` collapsed at ln 3000 while its 10-epoch warmup ramps
+    # the LR: `not_learning` waits the warmup out, and the log ends inside it. Before, no finding at all
+    rng = random.Random(0)
+    lines = [f"INFO - 11/30/26 09:00:00 - 0:00:{it % 60:02d} - Epoch: [{e}][{it}]\tTime 0.5 (0.5)\tData 0.01 (0.01)\t"
+             f"Loss {8.0064 + rng.gauss(0, 0.002):.4f} ({8.0064:.4f})\tLr: {0.3 + 4.5 * (e * 2502 + it) / 25020:.4f}"
+             for e in range(6) for it in range(0, 2502, 50)]
+    path = tmp_path / "swav.log"
+    path.write_text("\n".join(lines) + "\n")
+    code, _, found = replay_json(capsys, path)
+    assert code == 0 and [(f["kind"], f["severity"], f["details"].get("in_warmup")) for f in found] == [
+        ("not_learning", "info", True)]
+    assert "the LR was still warming up when the log ended" in found[0]["message"]

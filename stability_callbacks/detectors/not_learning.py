@@ -323,6 +323,8 @@ class NotLearning(Detector):
             self.told = bool(out)
             return out
         f, h = self.first, self.horizon
+        if h is None and ctx.phase == "warmup":
+            return self._in_warmup(ctx)
         # (at the end, a horizon of 2 points will do: a 5-epoch log flat at ln 2 is said, as too
         # short to call, rather than nothing)
         if h is None or not f[0] or self.prev_log is None or h[1] < min(2, self._horizon_points()):
@@ -340,6 +342,30 @@ class NotLearning(Detector):
         self.told = True
         return [self._finding(ctx.step, "flat", first, since, fell, se, self.num_outputs or self.outputs,
                               ctx.steps_are_epochs, short=short, by_order=ctx.steps_by_order, mid_run=mid_run)]
+
+    def _in_warmup(self, ctx: Context) -> list[Finding]:
+        """The end of a replayed log still inside its LR warmup (SwAV's ten epochs at ln 3000), whose
+        loss never left its first level: its first ``first_samples`` points against its last level
+        (the EW mean of log(loss)), within half ``min_fall`` and 3σ of that level, over the horizon's
+        points and steps after them — an ``info``: a loss may wait for its LR, so it cannot tell."""
+        f, k = self.first, self.first_samples
+        if self.start is None or not self.start[2] or f[0] < k + self._horizon_points() or not f[3] \
+                or ctx.step - f[2] < 0 or self._noise() > self.max_noise:
+            return []
+        first, last = f[3] / k, self.fast.mean
+        spread = 3.0 * self._noise() * math.sqrt(1.0 / k + self.fast.alpha / (2.0 - self.fast.alpha))
+        if abs(first - last) > max(self._need / 2, spread) or ctx.step - self.start[0] < self.horizon_steps:
+            return []
+        self.told = True
+        unit = "epoch" if ctx.steps_are_epochs else "step"
+        return [self.finding(
+            ctx.step, severity="info", value=math.exp(last), baseline=math.exp(first), onset_step=self.start[0],
+            message=(f"Too early to tell whether the run learns: the loss has not left its first level, "
+                     f"{fmt(math.exp(first))} over its first {k} points and {fmt(math.exp(last))} at {unit} {ctx.step} "
+                     f"({abs(math.expm1(last - first)):.1%} {'lower' if last < first else 'higher'}), over {f[0]} points "
+                     f"— but the LR was still warming up when the log ended, and a loss may wait for its LR. If it "
+                     f"stays there once the LR has peaked, the run is not learning; usual causes then: {CAUSES}."),
+            rule="flat", in_warmup=True, noise=self._noise(), first_samples=k)]
 
     def _undecided(self, ctx: Context, first: float, since: float, fell: float, se: float, short: bool,
                    mid_run: bool) -> list[Finding]:
