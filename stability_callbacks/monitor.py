@@ -52,7 +52,8 @@ STATE_VERSION = 19  # 2: latches and EW means are statistics objects; streams ar
                     #     loss's own moves per point and whether it is an objective; nonfinite an
                     #     evaluation's loss episode (eval_loss) and a non-finite run to the log's end
                     # 19: the phase tracker keeps the ramp under way (the LR it rose from, its samples, its
-                    #     smallest rise: a coarse print's staircase is one warmup)
+                    #     smallest rise: a coarse print's staircase is one warmup); a spike episode its
+                    #     lowest loss since the onset
 
 #: The records :meth:`Monitor.update_many` runs one detector at a time over, at most: long enough
 #: for a detector's code to stay hot, short enough for their contexts to stay in the cache.

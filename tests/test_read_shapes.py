@@ -780,3 +780,26 @@ def test_a_norms_bars_around_the_gradient_name_the_grad_norm(tmp_path, name):
     got, account = records_of(tmp_path, "".join(f"epoch {e} | loss {_loss(e):.4f} | {name} {0.5 + e / 100:.3f}\n"
                                                 for e in range(1, 31)))
     assert got[0] == (1, {"loss": _loss(1), "grad_norm": 0.51}) and account.keys["grad_norm"] == [name]
+
+
+def test_a_short_log_that_jumps_at_its_second_record_and_stays_is_a_warning_at_its_end(tmp_path, capsys):
+    # one loss per record, no step: 0.5, then 15, 16, 14, 15.5. The cold start's median took the spike's points in
+    # (the 14 below it), so the end did not call it stayed. Before, one info
+    path = tmp_path / "short.log"
+    path.write_text("".join(f"loss: {x}\n" for x in (0.5, 15, 16, 14, 15.5)))
+    found = _replay_json(capsys, path)[2]
+    assert [(f["step"], f["kind"], f["severity"]) for f in found] == [(2, "loss_spike", "info"), (5, "loss_spike", "warning")]
+    assert found[1]["details"]["stayed_to_end"] is True
+
+
+def test_detectrons_nan_error_then_its_loss_dict_is_one_record_at_the_iteration_it_names(tmp_path, capsys):
+    # `FloatingPointError: Loss became infinite or NaN at iteration=3131!`, then `loss_dict = {'loss_cls': nan, ..}`
+    # after the last record at 3119. Before, the dict, printing no step, took the step after the last: 3120
+    lines = [f"[03/05 10:35:39 d2.utils.events]:  eta: 0:06:54  iter: {i}  total_loss: {_loss(i):.3f}  lr: 0.02"
+             for i in range(19, 3120, 100)]
+    lines += ["FloatingPointError: Loss became infinite or NaN at iteration=3131!",
+              "loss_dict = {'loss_cls': nan, 'loss_box_reg': nan, 'loss_mask': 0.6931}"]
+    path = tmp_path / "d2.log"
+    path.write_text("\n".join(lines) + "\n")
+    found = _replay_json(capsys, path)[2]
+    assert [(f["step"], f["kind"], f["severity"]) for f in found][:1] == [(3131, "nonfinite", "critical")]

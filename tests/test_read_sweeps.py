@@ -7,6 +7,8 @@ import json
 import math
 import random
 
+import pytest
+
 from shapes import records_of, replay_json
 from stability_callbacks.replay.readers import assemble, read_records
 
@@ -711,3 +713,23 @@ def test_a_loss_flat_through_a_warmup_the_log_ends_in_is_said_too_early_to_tell(
     assert code == 0 and [(f["kind"], f["severity"], f["details"].get("in_warmup")) for f in found] == [
         ("not_learning", "info", True)]
     assert "the LR was still warming up when the log ended" in found[0]["message"]
+
+
+def test_a_bars_redraws_glued_without_their_carriage_returns_are_redraws(tmp_path):
+    # ultralytics' epoch bar pasted from a Colab cell, its `\r`s lost: `.. 1/8 [00:00<00:04, 1.67it/s]       1/40 2.38G
+    # 1.385 ..`. Before, one record per epoch from the first redraw's first column (its box loss after batch 1): a
+    # NaN from batch 3 found an epoch late
+    from tqdm import tqdm
+    lines = []
+    for e in range(1, 41):
+        lines.append(("%11s" * 7) % ("Epoch", "GPU_mem", "box_loss", "cls_loss", "dfl_loss", "Instances", "Size"))
+        draws = [tqdm.format_meter(0, 8, 0)]
+        for b in range(1, 9):
+            box = math.nan if (e, b) >= (23, 3) else 1.4 - e / 100 + 0.01 * b
+            desc = ("%11s" * 2 + "%11.4g" * 5) % (f"{e}/40", "2.32G", box, 3.0 - e / 50, 1.5, 53, 640)
+            draws.append(tqdm.format_meter(b, 8, b * 0.6, prefix=desc))
+        lines.append("       ".join(draws))
+    got, account = records_of(tmp_path, "\n".join(lines) + "\n")
+    assert [s for s, _ in got] == list(range(1, 41)) and account.keys["loss"][0].startswith("box_loss + cls_loss + dfl_loss")
+    assert got[21][1]["loss"] == pytest.approx(1.4 - 0.22 + 0.08 + 3.0 - 22 / 50 + 1.5, abs=2e-3)   # epoch 22's last draw
+    assert got[22][1]["loss"] != got[22][1]["loss"]

@@ -93,6 +93,7 @@ class SpikeEpisode:
     few: float = 1.0       # how much less than σ its cold noise may be, from that few points (_few)
     held: bool = False     # a warning-sized jump near the floor, told as info: the next point decides
     said: float = 0.0      # the loss when its last warning was said (0: none yet): grown x10 past it, said again
+    least: float = math.inf   # the lowest loss of the points since the onset (a cold median moves with them)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -434,6 +435,7 @@ class LossSpike(Detector):
                 enters = True
             else:
                 ep.low = z if ep.low is None else min(ep.low, z)
+                ep.least = x if x < ep.least else ep.least
                 orders = not ep.orders and _by_orders(x, max(base0, floor))
                 # (a warning said inside the start-up, which the policy made info, is said once more
                 # past it while the spike is still there: a loss climbing x10 from step 15 on)
@@ -694,8 +696,9 @@ class LossSpike(Detector):
         if ep is None or (ep.warned and not ctx.in_startup) or self.signed or ep.samples < 2 or self.prev_x is None:
             return []
         least = ep.baseline * (1.0 + self.large_rise)
-        if self.prev_x < least or (ep.low is not None and ep.low <= 0.0):
-            return []
+        if self.prev_x < least or (ep.low is not None and ep.low <= 0.0 and ep.least < least):
+            return []   # (above its level on every point since; or, where a cold median took the spike's
+            # points in, up by large_rise on every one against the onset's baseline)
         ep.warned = True
         return [self.finding(
             ctx.step, severity="warning", value=self.prev_x, baseline=ep.baseline, threshold=least,

@@ -1462,6 +1462,8 @@ class Assembler:
         a step of its own if no record follows (:meth:`finish`; one that does says the rest).
         ``ignored``: why the line is ignored until then."""
         rec = self.pending
+        if at is None and self.nan_after is not None:
+            at = self.nan_after[0]   # (the same event's next line printing no step: detectron2's loss_dict after it)
         if rec is not None and math.isfinite(rec.metrics.get(keys.LOSS, math.nan)) and (at is None or at > rec.step):
             self.nan_after = (at, value, self.line_no, ignored)
 

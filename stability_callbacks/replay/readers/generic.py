@@ -589,7 +589,8 @@ class Reading:
         if not stripped:
             units.append((line_no, "", indent, None, None, False))
         else:
-            for seg in (segments(text) if ("\r" in text or "\x1b" in text or "\b" in text) else (text,)):
+            for seg in (segments(text) if ("\r" in text or "\x1b" in text or "\b" in text or "/s]" in text
+                                           or "/s," in text) else (text,)):
                 seg = strip_prefix(seg)   # a coloured prefix shows once the colour codes are gone
                 if self.reader.pattern is not None:
                     units.append((line_no, seg, indent, seg, None, self.rows))
