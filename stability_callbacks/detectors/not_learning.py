@@ -350,7 +350,7 @@ class NotLearning(Detector):
         points and steps after them — an ``info``: a loss may wait for its LR, so it cannot tell."""
         f, k = self.first, self.first_samples
         if self.start is None or not self.start[2] or f[0] < k + self._horizon_points() or not f[3] \
-                or ctx.step - f[2] < 0 or self._noise() > self.max_noise:
+                or self._noise() > self.max_noise:
             return []
         first, last = f[3] / k, self.fast.mean
         spread = 3.0 * self._noise() * math.sqrt(1.0 / k + self.fast.alpha / (2.0 - self.fast.alpha))

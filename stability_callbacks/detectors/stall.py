@@ -400,9 +400,10 @@ class Stall(Detector):
             rule="frozen", samples=self.count, needed=self.need, **extra)
 
     def _player_won(self, step: int, zeros: float) -> list[Finding]:
-        """*player*: in a game (a GAN's summed terms), a term at 0 or a discriminator's within 0.1% (1% once their sum has doubled since its low)
-        of their sum (``loss_terms_zero``) on ``min_samples`` + 2 points in a row: one player has won outright (a
-        discriminator at 0 gives the generator no useful gradient). A warning, once per run of such points."""
+        """*player*: in a game (a GAN's summed terms), a term at 0 or a discriminator's within 0.1% of
+        their sum, 1% once the sum has doubled since its low (``loss_terms_zero``), on ``min_samples``
+        + 2 points in a row: one player has won outright (a discriminator at 0 gives the generator no
+        useful gradient). A warning, once per run of such points."""
         p = self.player
         if not zeros:
             p[0], p[1], p[2] = None, 0, False
@@ -415,7 +416,7 @@ class Stall(Detector):
         return [self.finding(
             step, severity="warning", value=0.0, onset_step=p[0],
             message=(f"A player of the game has won outright: one of the loss's terms has been 0 (or a "
-                     f"discriminator's under 0.1% of their sum, or 1% of it doubled) on every point since step {p[0]} ({count(p[1], 'point')} "
+                     f"discriminator's under 0.1% of their sum, 1% once the sum had doubled) on every point since step {p[0]} ({count(p[1], 'point')} "
                      f"up to step {step}). A discriminator whose loss is 0 tells real from generated perfectly, and the generator gets no useful gradient: the "
                      f"game has collapsed. Roll back to a checkpoint before step {p[0]} and weaken the "
                      f"discriminator (a lower LR, label smoothing or input noise) or use a non-saturating or "
@@ -430,8 +431,8 @@ class Stall(Detector):
             return []
         return [self.finding(
             ctx.step, severity="info", value=0.0, onset_step=p[0],
-            message=(f"The log ends with one of the game's terms at 0 (or a discriminator's under 0.1% of their sum, or 1% of it "
-                     f"doubled) on its last {count(p[1], 'point')}, from step {p[0]}: too few to call (the rule wants "
+            message=(f"The log ends with one of the game's terms at 0 (or a discriminator's under 0.1% of their sum, 1% once the sum "
+                     f"had doubled) on its last {count(p[1], 'point')}, from step {p[0]}: too few to call (the rule wants "
                      f"{self.min_samples + 2}), but a discriminator at 0 has won outright and gives the generator "
                      f"no useful gradient. If the run went on like this, weaken the discriminator (a lower LR, "
                      f"label smoothing or input noise) or use a non-saturating or Wasserstein loss."),

@@ -170,7 +170,7 @@ class Assembler:
         self.kept_plan: Plan | None = None
         self.unit: int | None = None          # samples per step of a bar that counts samples
         self.sample_first: tuple | None = None   # (record, epochs done, total) of its 0 count
-        self.counter_last: dict = {}          # (name, total) or total -> (epoch, value) of the last batch counter
+        self.counter_last: dict = {}          # (name, total) -> (epoch, value) of the last batch counter
         self.step_beside_epoch: tuple[int | None, int] | None = None   # see _constant_step
         self.step_stays = False
         self.step_moved = False               # a step-named count moved within an epoch (see _constant_step)
@@ -185,7 +185,7 @@ class Assembler:
         self.per_epoch_said = ""              # what the account heard of epoch x batches + batch
         self.epoch_lengths: list | None = None   # see _epochs_before
         self.passes = 0                       # see _next_pass: the batches of the passes before
-        self.game_low = [math.inf]            # the lowest sum of a loss's terms so far (_loss_of_others)
+        self.game_low = math.inf              # the lowest sum of a loss's terms so far (_loss_of_others)
         self.block: dict | None = None        # metrics of the indented block under a step header
         self.block_ranks: dict[str, tuple[int, int]] = {}   # (how the loss is printed, the name's rank)
         self.block_step: tuple = (None, "order", "")
@@ -397,9 +397,9 @@ class Assembler:
 
     def _next_pass(self, prev: StepRecord, metrics: dict, plan: Plan | None) -> int:
         """The batches of a complete bar printed again on a line of its own, with other values, where
-        no epoch is named (0 where it is not so): the next pass over the data (Keras' `fit` pasted without its `Epoch N/M`
-        lines: `1875/1875 [====] - loss: 0.41`, then `1875/1875 [====] - loss: 0.33`), numbered on
-        from the one before by the bar's total (``passes``), as an epoch's batches; not a redraw."""
+        no epoch is named (0 where it is not so): the next pass over the data (Keras' `fit` pasted
+        without its `Epoch N/M` lines: `1875/1875 [====] - loss: 0.41`, then `.. - loss: 0.33`),
+        numbered on from the one before by the bar's total (``passes``), as an epoch's batches."""
         if plan is None or not plan.counter or self.epoch is not None or self.line_no == self.pending_line \
                 or metrics == prev.metrics or plan.step is None:
             return 0
@@ -447,13 +447,14 @@ class Assembler:
         the run's own count (``Epoch 3/10 | Step 12000/40000``) until it goes down as the epoch
         moves; from then on it counts the epoch's batches: steps are epochs done x its total +
         the count (the records before the restart, of the log's first epoch, keep their count)."""
-        if plan.epoch is None and total not in self.counter_last and self.pending is not None \
+        counter = (plan.step_name, total)
+        if plan.epoch is None and counter not in self.counter_last and self.pending is not None \
                 and self.pending.epoch is None and value < self.pending.step and self.epoch is not None:
             # the epoch known only from a summary after its records (SimCLR's `Step [0/390]` lines,
             # then `Epoch [0/100] Loss:`): the count before it was the epoch before's
-            self.counter_last[total] = (self.epoch - 1, self.pending.step)
-        last_epoch, last_value = self.counter_last.get(total, (None, 0))
-        self.counter_last[total] = (self.epoch, value)
+            self.counter_last[counter] = (self.epoch - 1, self.pending.step)
+        last_epoch, last_value = self.counter_last.get(counter, (None, 0))
+        self.counter_last[counter] = (self.epoch, value)
         if not self.step_restarts and last_epoch is not None and self.epoch is not None \
                 and self.epoch > last_epoch and value < last_value:
             self.step_restarts = True
@@ -711,7 +712,7 @@ class Assembler:
             metrics = {key: (-float(nums[i]) if negative else float(nums[i]))
                        for i, key, negative in plan.metrics}
         if plan.components or plan.ppl_at is not None:
-            _loss_of_others(nums, plan, metrics, self.game_low)
+            self._loss_of_others(nums, plan, metrics)
         if plan.scale_log2_at is not None:
             metrics[keys.LOSS_SCALE] = 2.0 ** float(nums[plan.scale_log2_at])
         if plan.loss_at is not None:
@@ -774,6 +775,29 @@ class Assembler:
         if plan.micro is not None and step is not None:
             return self._micro(step, metrics, plan, how)
         return self.emit(step, metrics, plan, how, self._printed_step(plan) or (BAR_DRAWN if how == "counter" else ""))
+
+    def _loss_of_others(self, nums, plan: Plan, metrics: dict) -> None:
+        """The loss of a line that prints its terms (their sum) or a perplexity (its log), into ``metrics``."""
+        if plan.components:
+            total = metrics[keys.LOSS] = _sum_of_terms(nums, plan.components)
+            before = self.game_low
+            if total < before:
+                self.game_low = total
+            # a term at 0, or a discriminator's within 0.1% of the sum: a GAN's player that has won (a
+            # discriminator's 0.0004 beside a generator's 8.3 tells real from generated perfectly, printed or
+            # not as 0; an identity or reconstruction term may near 0 in a healthy game); or within 1% of it
+            # where the sum has doubled since its low (the generator's loss climbing as the discriminator wins:
+            # DCGAN's 0.05 beside 7.2, after 0.8 beside 2.5 — a healthy DCGAN's stays above 3% of it; a game
+            # that sits at 0.01 beside 6 from its start has not moved)
+            won = _WON_CLIMBED if 0.0 < before < math.inf and total >= 2.0 * before else _WON
+            zeros = sum(float(nums[i]) == 0.0 or (i in plan.discriminators and abs(float(nums[i])) <= won * abs(total))
+                        for i, _ in plan.components) if len(plan.components) > 1 else 0
+            if zeros:
+                metrics[keys.LOSS_TERMS_ZERO] = float(zeros)
+        elif plan.ppl_at is not None:
+            ppl = float(nums[plan.ppl_at])
+            if ppl > 0.0 or ppl != ppl:
+                metrics[keys.LOSS] = math.log(ppl) if ppl == ppl else ppl
 
     def _first_draw(self, nums, plan: Plan, metrics: dict) -> bool:
         """Whether a line is a progress display's first draw, its count 0 and its loss 0 (DeepSpeech's
@@ -1302,7 +1326,7 @@ class Assembler:
         with its step (d3rlpy's `Epoch 1/100: 100%|..| 1000/1000 [.., loss=0.201]` then `epoch=1 step=1000
         metrics={'loss': 0.2013..}`): the same loss to the bar's digits. Then one record, at the line's step
         with its values, and the bars after it are the epochs' summaries (:meth:`record`)."""
-        if self.bar is None or not _printed_same(prev.metrics.get(keys.LOSS), metrics.get(keys.LOSS)):
+        if not _printed_same(prev.metrics.get(keys.LOSS), metrics.get(keys.LOSS)):
             return False
         prev.step = self.last_step = step
         prev.metrics.update(metrics)
@@ -1511,29 +1535,6 @@ class Assembler:
 def total_of(nums, plan: Plan) -> int | None:
     """The printed total of a line's counter (``176/800``: 800), or None."""
     return int(float(nums[plan.step_total])) if plan.step_total is not None else None
-
-
-def _loss_of_others(nums, plan: Plan, metrics: dict, low: list) -> None:
-    """The loss of a line that prints its terms (their sum) or a perplexity (its log), into ``metrics``;
-    ``low``: [the lowest sum of terms so far], kept across lines."""
-    if plan.components:
-        total = metrics[keys.LOSS] = _sum_of_terms(nums, plan.components)
-        before, low[0] = low[0], min(low[0], total) if total == total else low[0]
-        # a term at 0, or a discriminator's within 0.1% of the sum: a GAN's player that has won (a
-        # discriminator's 0.0004 beside a generator's 8.3 tells real from generated perfectly, printed or
-        # not as 0; an identity or reconstruction term may near 0 in a healthy game); or within 1% of it
-        # where the sum has doubled since its low (the generator's loss climbing as the discriminator wins:
-        # DCGAN's 0.05 beside 7.2, after 0.8 beside 2.5 — a healthy DCGAN's stays above 3% of it; a game
-        # that sits at 0.01 beside 6 from its start has not moved)
-        won = _WON_CLIMBED if 0.0 < before < math.inf and total >= 2.0 * before else _WON
-        zeros = sum(float(nums[i]) == 0.0 or (i in plan.discriminators and abs(float(nums[i])) <= won * abs(total))
-                    for i, _ in plan.components) if len(plan.components) > 1 else 0
-        if zeros:
-            metrics[keys.LOSS_TERMS_ZERO] = float(zeros)
-    elif plan.ppl_at is not None:
-        ppl = float(nums[plan.ppl_at])
-        if ppl > 0.0 or ppl != ppl:
-            metrics[keys.LOSS] = math.log(ppl) if ppl == ppl else ppl
 
 
 def _printed_same(printed: float | None, value: float | None) -> bool:

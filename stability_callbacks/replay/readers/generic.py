@@ -32,7 +32,7 @@ from .assemble import NAN_WARNING, Assembler
 from .checkpoints import saved, says_saved
 from .history import Histories
 from .plan import LOSS_KINDS, Plan, choose_counter, count_after_slash, make_plan, report_row, signed, warning
-from .source import FENCE, segments, strip_prefix
+from .source import FENCE, segments, several, strip_prefix
 from .vocabulary import classify, normalise_key
 
 MAX_TEMPLATES = 4096
@@ -589,8 +589,7 @@ class Reading:
         if not stripped:
             units.append((line_no, "", indent, None, None, False))
         else:
-            for seg in (segments(text) if ("\r" in text or "\x1b" in text or "\b" in text or "/s]" in text
-                                           or "/s," in text) else (text,)):
+            for seg in (segments(text) if several(text) else (text,)):
                 seg = strip_prefix(seg)   # a coloured prefix shows once the colour codes are gone
                 if self.reader.pattern is not None:
                     units.append((line_no, seg, indent, seg, None, self.rows))

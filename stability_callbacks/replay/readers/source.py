@@ -491,12 +491,11 @@ def segments(line: str) -> list[str]:
     if "\x1b" in line:
         line = _ANSI.sub("", line)
     if "\r" not in line and "\b" not in line:
-        if "/s" in line and glued_redraws(line):
-            # a bar's redraws whose `\r` a copy lost (a Colab cell pasted: `.. 1/8 [00:00<00:04, 1.67it/s]
-            # 1/40 2.38G ..`): a redraw ends at its bar's status, the next begins after it
-            line = _BAR_STATUS.sub(lambda m: m.group(0) + "\r", line)
-        else:
+        if not _glued_redraws(line):
             return [line]
+        # a bar's redraws whose `\r` a copy lost (a Colab cell pasted: `.. 1/8 [00:00<00:04, 1.67it/s]
+        # 1/40 2.38G ..`): a redraw ends at its bar's status, the next begins after it
+        line = _BAR_STATUS.sub(lambda m: m.group(0) + "\r", line)
     if "\b" in line:
         line = line.replace("\b", "\r")
     return [strip_quote(p) for p in line.split("\r") if p and not p.isspace()]
@@ -506,9 +505,15 @@ def segments(line: str) -> list[str]:
 _BAR_STATUS = re.compile(r"\[\d+:\d\d(?::\d\d)?<[^\[\]]*?(?:it/s|s/it)[^\[\]]*\](?=\s+\S)")
 
 
-def glued_redraws(line: str) -> bool:
+def _glued_redraws(line: str) -> bool:
     """Whether a line holds a bar's redraws glued without their `\r`: a bar's status with more text after it."""
-    return _BAR_STATUS.search(line) is not None
+    return ("it/s" in line or "s/it" in line) and _BAR_STATUS.search(line) is not None
+
+
+def several(line: str) -> bool:
+    """Whether a line may show as more than one (:func:`segments` cuts it): redraws, colour codes,
+    redraws glued without their `\r`."""
+    return "\r" in line or "\x1b" in line or "\b" in line or _glued_redraws(line)
 
 
 # A markdown code fence (```` ``` ````, ```` ```text ````, `~~~`): markup around a pasted block, no line of it.

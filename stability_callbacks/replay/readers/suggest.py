@@ -411,7 +411,7 @@ def _reads_keys(spec: str, line: str, loss: int) -> bool:
 # `the training loss is 2.31`, `Loss went down to 0.95`, `train loss now 1.2`: a number right
 # after the word "loss" and at most a few words that end in a verb or preposition of prose.
 _PROSE_LOSS = re.compile(r"\bloss(?:\s+\w+){0,2}?\s+(?:is|now|to|was|of|at)\s*$", re.I)
-PROSE = "the number after it, in prose on {n} lines or more, no counter: a guess"
+PROSE = "the number after it, in prose on {n} lines or more{counter}: a guess"
 
 
 def _prose_loss(texts: list[str], samples: Sequence[Sequence[str]], roles, step: int | None) -> Guess | None:
@@ -423,13 +423,14 @@ def _prose_loss(texts: list[str], samples: Sequence[Sequence[str]], roles, step:
         values = [s[i] for s in samples if i < len(s)]
         if _PROSE_LOSS.search(texts[i]) and len(set(values)) > 1 and not all(v.isdigit() for v in values):
             name = _key_part(texts[i]).strip()
-            names = {"loss": f"{name!r} ({PROSE.format(n=len(samples))})"}
+            step = step if step != i else None
+            counter = ", no counter" if step is None else ""
+            names = {"loss": f"{name!r} ({PROSE.format(n=len(samples), counter=counter)})"}
             numbered = "the records are numbered in order"
-            if step is not None and step != i:
+            if step is not None:
                 names["step"] = roles[step][3] or f"#{step + 1}"
-                names["loss"] = names["loss"].replace(", no counter", "")
                 numbered = f"the records are numbered by the counter {names['step']!r}"
-            return Guess(re.compile(_pattern(texts, step if "step" in names else None, i)), names,
+            return Guess(re.compile(_pattern(texts, step, i)), names,
                          template=tokens.fold(texts), said=(
                              f"the log prints the loss only in prose ({name!r}, on {len(samples)} lines or more): "
                              f"the loss is the number after it, a guess, and {numbered}"))

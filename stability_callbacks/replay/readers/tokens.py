@@ -99,15 +99,20 @@ def split(line: str) -> tuple[list[str], list[str]]:
 _ARROW = re.compile(r"\s*(?:-+>|=+>|\u2192|\u21d2)$")
 
 
+def _word_end(piece: str) -> int:
+    """Where the first word of a piece ends: at a space or a cut."""
+    i = 0
+    while i < len(piece) and not piece[i].isspace() and piece[i] not in _CUTS:
+        i += 1
+    return i
+
+
 def key_run_in(piece: str, i: int | None = None) -> bool:
     """Whether the word right after a number (``piece[:i]``, up to a cut) is the next key run into
     it, no unit: `100loss: 2.31`, or a name the vocabulary knows before `:` or `=` (a log pasted
     without its tabs: CatBoost's `0.6677535test: 0.7177535`; not `53.3msremaining:`, a unit and
     the next key)."""
-    if i is None:
-        i = 0
-        while i < len(piece) and not piece[i].isspace() and piece[i] not in _CUTS:
-            i += 1
+    i = _word_end(piece) if i is None else i
     word = piece[:i]
     if not word:
         return False
@@ -127,9 +132,7 @@ def key_before(piece: str, glued: bool) -> str:
     if signed(s, "-+"):
         s = s[:-1]                             # the number's sign: `loss: -1.0000`, `nll_-3.45`
     if glued:
-        i = 0
-        while i < len(s) and not s[i].isspace() and s[i] not in _CUTS:
-            i += 1
+        i = _word_end(s)
         if not key_run_in(s, i):
             s = s[i:]
     if "s " in s:
